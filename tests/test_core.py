@@ -1,0 +1,232 @@
+"""trainers/core: config loading, run directory, log-probs, schedule, aggregation, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainers.core.config import (
+    ConfigError,
+    OptimSection,
+    apply_overrides,
+    config_diff,
+    load_config,
+    parse_override,
+)
+from trainers.core.logprobs import completion_logps, hidden_to_logps, selective_log_softmax
+from trainers.core.rundir import RunDir, append_jsonl, atomic_write_json, read_jsonl
+from trainers.core.training import (
+    StepMetrics,
+    build_optimizer,
+    clip_and_measure,
+    epoch_order,
+    list_checkpoints,
+    load_checkpoint,
+    lr_multiplier,
+    save_checkpoint,
+)
+from trainers.direct_alignment.config import DirectAlignmentConfig
+
+# --------------------------------------------------------------------------------- config
+
+
+def test_override_parsing_types():
+    assert parse_override("train.learning_rate=1e-5") == (["train", "learning_rate"], 1e-5)
+    assert parse_override("a=true") == (["a"], True)
+    assert parse_override("a=null") == (["a"], None)
+    assert parse_override("a=[1, 2]") == (["a"], [1, 2])
+    assert parse_override("model.name=tiny") == (["model", "name"], "tiny")
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("no_equals_sign")
+    with pytest.raises(ConfigError, match="dotted identifiers"):
+        parse_override("../etc=1")
+
+
+def test_apply_overrides_nested_and_copy():
+    base = {"train": {"batch_size": 4}}
+    out = apply_overrides(base, ["train.batch_size=8", "data.max_samples=64"])
+    assert out == {"train": {"batch_size": 8}, "data": {"max_samples": 64}}
+    assert base == {"train": {"batch_size": 4}}
+    with pytest.raises(ConfigError, match="is a value"):
+        apply_overrides({"seed": 1}, ["seed.x=2"])
+
+
+def test_unknown_key_suggests_closest(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("loss: dpo\ntrain:\n  learning_rat: 1.0e-5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, DirectAlignmentConfig)
+    msg = str(err.value)
+    assert "train.learning_rat" in msg and "Did you mean: learning_rate" in msg
+
+
+def test_wrong_type_and_unknown_loss_named(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("loss: dpx\n")
+    with pytest.raises(ConfigError, match="'loss'"):
+        load_config(path, DirectAlignmentConfig)
+    path.write_text("loss: dpo\n")
+    with pytest.raises(ConfigError, match="train.batch_size"):
+        load_config(path, DirectAlignmentConfig, ["train.batch_size=many"])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml", DirectAlignmentConfig)
+
+
+def test_beta_defaults_per_loss():
+    assert DirectAlignmentConfig(loss="simpo").beta == 2.0
+    assert DirectAlignmentConfig(loss="dpo").beta == 0.1
+    assert DirectAlignmentConfig(loss="dpo_norm").beta == 2.0
+    assert DirectAlignmentConfig(loss="dpo", beta=0.3).beta == 0.3
+
+
+def test_config_diff():
+    d = config_diff({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5, "d": 3}, "e": 0})
+    assert d == {"b.c": (2, 5), "e": (None, 0)}
+
+
+# ------------------------------------------------------------------------------ run dir
+
+
+def test_atomic_json_and_whole_lines(tmp_path):
+    atomic_write_json(tmp_path / "x.json", {"a": float("nan"), "b": torch.tensor(2.5)})
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": "nan", "b": 2.5}
+    assert not list(tmp_path.glob(".x.json.*"))  # no temp file left
+    p = tmp_path / "m.jsonl"
+    append_jsonl(p, {"step": 1})
+    with open(p, "a") as fh:
+        fh.write('{"step": 2, "lo')  # a torn last line, as after a kill
+    assert read_jsonl(p) == [{"step": 1}]
+
+
+def test_rundir_truncate_on_resume(tmp_path):
+    run = RunDir(tmp_path / "run")
+    for s in range(1, 5):
+        run.log_metrics(s, "train", {"loss": s})
+    run.truncate_metrics_after(2)
+    assert [r["step"] for r in read_jsonl(run.metrics_path)] == [1, 2]
+    run.write_summary("failed", error="boom")
+    assert json.loads((run.path / "summary.json").read_text())["outcome"] == "failed"
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def test_selective_log_softmax_matches_naive():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 37, 101, dtype=torch.bfloat16)
+    labels = torch.randint(0, 101, (3, 37))
+    naive = torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None]).squeeze(-1)
+    for chunk in (1, 5, 37, 256):
+        got = selective_log_softmax(logits, labels, chunk_size=chunk)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, naive, rtol=0, atol=1e-5)
+
+
+def test_hidden_to_logps_matches_naive_with_gradients():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(2, 23, 16, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 23))
+    naive = torch.log_softmax(head(hidden), -1).gather(-1, labels[..., None]).squeeze(-1)
+    g_naive = torch.autograd.grad(naive.sum(), [hidden, head.weight])
+    chunked = hidden_to_logps(hidden, head, labels, chunk_size=4)
+    torch.testing.assert_close(chunked, naive, rtol=0, atol=1e-5)
+    g_chunked = torch.autograd.grad(chunked.sum(), [hidden, head.weight])
+    for a, b in zip(g_naive, g_chunked, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_completion_logps_masks_prompt_and_padding():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids = torch.randint(1, 64, (2, 10))
+    attn = torch.ones_like(ids)
+    attn[1, 7:] = 0  # padding
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[0, 4:] = 1
+    loss_mask[1, 5:7] = 1
+    sums, counts = completion_logps(model, ids, attn, loss_mask, chunk_size=3)
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    tok = F.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    m = loss_mask[:, 1:].float()
+    torch.testing.assert_close(sums, (tok * m).sum(-1), rtol=1e-5, atol=1e-5)
+    assert counts.tolist() == [6.0, 2.0]
+
+
+# ------------------------------------------------------------------ schedule and metrics
+
+
+def test_lr_schedule_warmup_then_linear_decay():
+    mult = [lr_multiplier(s, total_steps=10, warmup_steps=2, schedule="linear") for s in range(10)]
+    assert mult[0] == pytest.approx(1 / 3) and mult[1] == pytest.approx(2 / 3)
+    assert mult[2] == pytest.approx(1.0)
+    assert mult[9] == pytest.approx(1 / 8)
+    assert all(a >= b for a, b in zip(mult[2:], mult[3:], strict=False))
+    assert lr_multiplier(7, 10, 0, "constant") == 1.0
+
+
+def test_step_metrics_weighted_over_micro_batches():
+    agg = StepMetrics()
+    agg.add({"accuracy": 1.0, "loss": 0.2}, weight=3)
+    agg.add({"accuracy": 0.0, "loss": 0.6}, weight=1)
+    agg.add({"kl": 0.5}, weight=2)  # a key only some micro-batches report
+    out = agg.mean()
+    assert out["accuracy"] == pytest.approx(0.75)
+    assert out["loss"] == pytest.approx(0.3)
+    assert out["kl"] == pytest.approx(0.5)
+
+
+def test_grad_norm_is_pre_clip_norm():
+    w = torch.nn.Parameter(torch.zeros(2))
+    w.grad = torch.tensor([3.0, 4.0])
+    assert clip_and_measure([w], max_norm=1.0) == pytest.approx(5.0)
+    assert torch.linalg.norm(w.grad).item() == pytest.approx(1.0, rel=1e-4)
+    w.grad = torch.tensor([3.0, 4.0])
+    assert clip_and_measure([w], max_norm=None) == pytest.approx(5.0)
+    assert w.grad.tolist() == [3.0, 4.0]
+
+
+def test_epoch_order_depends_only_on_seed_and_epoch():
+    assert epoch_order(50, 1, 0) == epoch_order(50, 1, 0)
+    assert epoch_order(50, 1, 0) != epoch_order(50, 1, 1)
+    assert sorted(epoch_order(50, 1, 3)) == list(range(50))
+
+
+def test_checkpoint_roundtrip_restores_everything(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt, sched = build_optimizer(model.parameters(), OptimSection(learning_rate=0.1), 10)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    sched.step()
+    path = save_checkpoint(tmp_path, 1, model, opt, sched, {"epoch": 0, "batch": 1})
+    expected_next = torch.rand(3)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+
+    other = torch.nn.Linear(4, 2)
+    opt2, sched2 = build_optimizer(other.parameters(), OptimSection(learning_rate=0.1), 10)
+    state = load_checkpoint(path, other, opt2, sched2)
+    assert state["data_position"] == {"epoch": 0, "batch": 1} and state["step"] == 1
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, weights[k])
+    assert sched2.get_last_lr() == sched.get_last_lr()
+    assert torch.equal(torch.rand(3), expected_next)  # RNG restored
+    # keep_last prunes older checkpoints
+    save_checkpoint(tmp_path, 2, model, opt, sched, {"epoch": 0, "batch": 2}, keep_last=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-0000002"]
+    assert not math.isnan(sched2.get_last_lr()[0])

@@ -1,0 +1,200 @@
+"""Config loading shared by every family: YAML + dotted overrides, validated by pydantic.
+
+Torch-free on purpose: the lab imports this module to validate configs without loading torch.
+
+A family declares its config as a subclass of :class:`StrictModel` (unknown keys are errors).
+``load_config(path, Model, ["train.learning_rate=1e-5"])`` reads the YAML, applies the overrides
+and validates. Every failure raises :class:`ConfigError` with one message that names the bad
+field and, for a misspelt key, the closest valid names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+class ConfigError(ValueError):
+    """A config could not be loaded or validated. The message says what to change."""
+
+
+class StrictModel(BaseModel):
+    """Base for every config section: unknown keys are rejected, assignment is validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections shared by several families
+# ---------------------------------------------------------------------------------------------
+
+
+class ModelSection(StrictModel):
+    name: str = Field(description="preset (tiny), local folder, .gguf file or hub id")
+    ref_name: str | None = Field(
+        default=None, description="reference model; None means the same as `name`"
+    )
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    gradient_checkpointing: bool = False
+
+
+class OptimSection(StrictModel):
+    learning_rate: float = Field(default=5e-6, gt=0)
+    num_epochs: int = Field(default=1, ge=1)
+    max_steps: int | None = Field(
+        default=None, ge=1, description="stop after this many optimizer steps (None: epochs)"
+    )
+    batch_size: int = Field(default=4, ge=1, description="micro-batch size (examples)")
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    schedule: Literal["linear", "constant"] = "linear"
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+
+
+class LoggingSection(StrictModel):
+    log_every: int = Field(default=1, ge=1)
+    wandb_project: str | None = None
+    wandb_entity: str | None = None
+    wandb_run_name: str | None = None
+
+
+class CheckpointSection(StrictModel):
+    save_every: int | None = Field(
+        default=None, ge=1, description="optimizer steps between checkpoints (None: only at end)"
+    )
+    keep_last: int = Field(default=1, ge=1)
+    save_final_model: bool = Field(
+        default=True, description="write the trained model to <run-dir>/final_model"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}. Pass an existing YAML file.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"train.learning_rate=1e-5"`` -> (["train", "learning_rate"], 1e-5).
+
+    The value is parsed as YAML so numbers, booleans, null and lists work; a value YAML cannot
+    parse stays a string.
+    """
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key=value, e.g. data.max_samples=64")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise ConfigError(f"override key {key!r} must be dotted identifiers, e.g. train.batch_size")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+        value = float(value)  # YAML 1.1 reads "1e-5" as a string
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``a.b=c`` override applied (nested dicts created)."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for text in overrides or []:
+        parts, value = parse_override(text)
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Valid keys at the config location ``loc`` (walks nested StrictModel sections)."""
+    current: Any = model
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            break
+        current = fields[part].annotation
+    return list(getattr(current, "model_fields", {}).keys())
+
+
+def describe_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = tuple(str(p) for p in e["loc"])
+        dotted = ".".join(loc) or "<root>"
+        if e["type"] == "extra_forbidden":
+            valid = _field_names(model, loc[:-1])
+            close = difflib.get_close_matches(loc[-1], valid, n=3, cutoff=0.5)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            lines.append(f"  - unknown key '{dotted}'.{hint} Valid keys here: {', '.join(valid)}")
+        else:
+            got = e.get("input")
+            got_text = f" (got {got!r})" if not isinstance(got, dict) else ""
+            lines.append(f"  - '{dotted}': {e['msg']}{got_text}")
+    return "\n".join(lines)
+
+
+def validate_config(data: dict[str, Any], model: type[M], source: str = "config") -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(describe_validation_error(err, model, source)) from None
+
+
+def load_config(path: str | Path, model: type[M], overrides: list[str] | None = None) -> M:
+    """Read ``path``, apply dotted ``overrides`` and validate with ``model``."""
+    data = apply_overrides(read_yaml(path), overrides)
+    return validate_config(data, model, source=str(path))
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The fully resolved config as YAML (what the run directory's config.yaml holds)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_diff(base: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple]:
+    """Dotted key -> (old, new) for every leaf value that differs."""
+    diff: dict[str, tuple] = {}
+    for key in sorted(set(base) | set(new)):
+        a, b = base.get(key), new.get(key)
+        dotted = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            diff.update(config_diff(a, b, prefix=f"{dotted}."))
+        elif a != b:
+            diff[dotted] = (a, b)
+    return diff

@@ -1,0 +1,144 @@
+"""The run directory a trainer writes (DESIGN.md §3). Torch-free.
+
+Files: ``config.yaml`` (resolved config), ``metrics.jsonl`` and ``samples.jsonl`` (one whole JSON
+object per line, appended), ``progress.json`` and ``summary.json`` (replaced atomically).
+JSON files are written to a temporary name in the same folder and renamed into place, so a reader
+never sees half a file and a kill never leaves one behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _jsonable(value: Any) -> Any:
+    """Turn tensors / numpy scalars into plain numbers; NaN and inf become strings JSON can hold."""
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
+
+
+def append_jsonl(path: str | Path, obj: Any) -> None:
+    """Append one JSON object as one line with a single write call (whole lines only)."""
+    line = json.dumps(_jsonable(obj)) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Every whole line of a JSONL file; a truncated last line is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class RunDir:
+    """Writer for one run directory. Create it once per process; it never deletes anything."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.start_time = time.time()
+
+    # paths -----------------------------------------------------------------------------------
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def samples_path(self) -> Path:
+        return self.path / "samples.jsonl"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    # writers ---------------------------------------------------------------------------------
+    def write_config(self, yaml_text: str) -> None:
+        atomic_write_text(self.path / "config.yaml", yaml_text)
+
+    def elapsed(self) -> float:
+        return time.time() - self.start_time
+
+    def log_metrics(self, step: int, phase: str, metrics: dict[str, Any]) -> dict[str, Any]:
+        row = {"step": step, "time_s": round(self.elapsed(), 3), "phase": phase, **metrics}
+        append_jsonl(self.metrics_path, row)
+        return row
+
+    def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        for sample in samples:
+            append_jsonl(self.samples_path, {"step": step, **sample})
+
+    def write_progress(self, step: int, total_steps: int, **extra: Any) -> None:
+        atomic_write_json(
+            self.path / "progress.json",
+            {
+                "step": step,
+                "total_steps": total_steps,
+                "elapsed_s": round(self.elapsed(), 3),
+                "updated_at": time.time(),
+                **extra,
+            },
+        )
+
+    def write_summary(self, outcome: str, **fields: Any) -> None:
+        """outcome: succeeded | failed | stopped. Also called from the failure path."""
+        atomic_write_json(
+            self.path / "summary.json",
+            {"outcome": outcome, "wall_time_s": round(self.elapsed(), 3), **fields},
+        )
+
+    def truncate_metrics_after(self, step: int) -> None:
+        """On resume: drop metric/sample rows logged after the checkpoint's step (they will be
+        logged again), so the files hold exactly one history."""
+        for path in (self.metrics_path, self.samples_path):
+            if not path.exists():
+                continue
+            kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))

@@ -1,0 +1,190 @@
+"""Training-loop building blocks shared by every family: seeding, the optimizer and its schedule,
+per-step metric aggregation, gradient clipping, and checkpoints that resume exactly."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainers.core.config import OptimSection
+
+# ---------------------------------------------------------------------------------------------
+# Seeding
+# ---------------------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The example order of one epoch: a permutation that depends only on (seed, epoch), so a
+    resumed run can skip to its data position without replaying the loader."""
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer and schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
+    """Linear warmup over ``warmup_steps`` then linear decay to 0 at ``total_steps`` (or constant).
+    ``step`` counts optimizer steps already taken (0-based)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+def build_optimizer(
+    params, cfg: OptimSection, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    params = [p for p in params if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=cfg.learning_rate,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        weight_decay=cfg.weight_decay,
+    )
+    warmup = int(total_steps * cfg.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_multiplier(s, total_steps, warmup, cfg.schedule)
+    )
+    return optimizer, scheduler
+
+
+def clip_and_measure(params, max_norm: float | None) -> float:
+    """Clip gradients (if ``max_norm``) and return the true, pre-clip global L2 norm."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return 0.0
+    limit = max_norm if max_norm is not None else float("inf")
+    return float(torch.nn.utils.clip_grad_norm_(params, limit))
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics aggregated over every micro-batch of one optimizer step
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepMetrics:
+    """Weighted means over the micro-batches of one optimizer step (weights = examples or tokens
+    per micro-batch), so a step's metric never reflects only its last micro-batch."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, Any], weight: float) -> None:
+        for key, value in metrics.items():
+            value = float(value.item() if hasattr(value, "item") else value)
+            self.sums[key] = self.sums.get(key, 0.0) + value * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def mean(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: model, optimizer, scheduler, RNG, data position
+# ---------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    checkpoints_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    data_position: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    keep_last: int = 1,
+) -> Path:
+    """Write ``checkpoints/step-<N>`` atomically (temp folder + rename) and prune old ones."""
+    checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    final = checkpoints_dir / f"step-{step:07d}"
+    tmp = checkpoints_dir / f".tmp-step-{step:07d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(model.state_dict(), tmp / "model.pt")
+    torch.save(
+        {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+            "data_position": data_position,
+            "extra": extra or {},
+        },
+        tmp / "state.pt",
+    )
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    if not checkpoints_dir.is_dir():
+        return []
+    done = [p for p in checkpoints_dir.glob("step-*") if (p / "state.pt").is_file()]
+    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
+
+
+def load_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler
+) -> dict[str, Any]:
+    """Restore everything saved by :func:`save_checkpoint`; returns the state dict (step,
+    data_position, extra). RNG state is restored last so nothing after it consumes randomness."""
+    model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB -> GB (Linux)
+    except Exception:
+        return 0.0
