@@ -159,5 +159,4 @@ def run_trainer(
         traceback.print_exc()
         return EXIT_FAILED
     run.write_summary("succeeded", **summary)
-    print(f"run directory: {run.path}")
     return 0

@@ -23,7 +23,9 @@ def _chunk_logps(logits: Tensor, labels: Tensor) -> Tensor:
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def selective_log_softmax(logits: Tensor, labels: Tensor, chunk_size: int = DEFAULT_CHUNK) -> Tensor:
+def selective_log_softmax(
+    logits: Tensor, labels: Tensor, chunk_size: int = DEFAULT_CHUNK
+) -> Tensor:
     """``log_softmax(logits.float())`` gathered at ``labels``; (B, T, V), (B, T) -> (B, T) fp32."""
     pieces = [
         _chunk_logps(logits[:, s : s + chunk_size], labels[:, s : s + chunk_size])
@@ -32,7 +34,9 @@ def selective_log_softmax(logits: Tensor, labels: Tensor, chunk_size: int = DEFA
     return torch.cat(pieces, dim=1)
 
 
-def _head_chunk_logps(hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor) -> Tensor:
+def _head_chunk_logps(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor
+) -> Tensor:
     return _chunk_logps(F.linear(hidden, weight, bias), labels)
 
 

@@ -14,9 +14,7 @@ from trainers.core.config import (
     StrictModel,
 )
 
-LossName = Literal[
-    "dpo", "cdpo", "dpo_norm", "ipo", "simpo", "orpo", "kto", "apo_zero", "apo_down"
-]
+LossName = Literal["dpo", "cdpo", "dpo_norm", "ipo", "simpo", "orpo", "kto", "apo_zero", "apo_down"]
 LOSS_NAMES: tuple[str, ...] = LossName.__args__
 
 # β when the config leaves it unset (ALGORITHMS.md). For ORPO β plays the paper's λ.
@@ -34,7 +32,7 @@ DEFAULT_BETA: dict[str, float] = {
 # Losses whose objective needs no reference model (nothing is loaded or cached for them).
 REFERENCE_FREE: frozenset[str] = frozenset({"simpo", "orpo"})
 
-BUILTIN_DATASET = "builtin:reasoning-preferences"
+BUILTIN_DATASET = "builtin:reasoning-preferences"  # data.py re-exports it
 
 
 class DataSection(StrictModel):

@@ -1,0 +1,453 @@
+"""Direct alignment from preferences: DPO and its relatives, one loop for all nine losses.
+
+    python -m trainers.direct_alignment.train --config configs/dpo.yaml --run-dir DIR \
+        [--set loss=simpo] [--set data.max_samples=64] [--resume]
+
+The loop, per optimizer step:
+  1. take the next `batch_size × gradient_accumulation_steps` preference pairs;
+  2. for each micro-batch, one forward pass over [chosen; rejected (; KTO mismatched pairs)],
+     summed completion log-probs per sequence;
+  3. look up the cached reference log-probs (computed once per dataset before training);
+  4. loss = LOSSES[cfg.loss](...), scaled by the micro-batch's share of the step, backward;
+  5. clip, step, schedule; log the step's metrics aggregated over all its micro-batches.
+Held-out evaluation (`eval/` metrics) and sample generations run every N steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from trainers.core.config import ConfigError
+from trainers.core.generation import generate_completions
+from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.logprobs import completion_logps
+from trainers.core.models import (
+    load_causal_lm,
+    load_tokenizer,
+    model_fingerprint,
+    pick_attn_implementation,
+    pick_device,
+    pick_dtype,
+)
+from trainers.core.rundir import RunDir
+from trainers.core.tiny import cache_root
+from trainers.core.training import (
+    StepMetrics,
+    build_optimizer,
+    clip_and_measure,
+    epoch_order,
+    list_checkpoints,
+    load_checkpoint,
+    peak_memory_gb,
+    save_checkpoint,
+    seed_everything,
+)
+from trainers.direct_alignment.config import BUILTIN_DATASET, DirectAlignmentConfig
+from trainers.direct_alignment.data import (
+    TokenizedExample,
+    attach_kl_responses,
+    builtin_preference_records,
+    collate,
+    fingerprint_examples,
+    load_preference_records,
+    split_train_eval,
+    tokenize_records,
+)
+from trainers.direct_alignment.losses import LOSSES, LossInputs, LossParams
+
+DATA_EXTENSIONS = (".json", ".jsonl", ".parquet", ".csv")
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+def preflight(cfg: DirectAlignmentConfig) -> None:
+    """Checks that need no model: fail before anything is written."""
+    ds = cfg.data.dataset
+    looks_local = ds.startswith((".", "/", "~")) or ds.endswith(DATA_EXTENSIONS)
+    if looks_local and not Path(ds).expanduser().exists():
+        raise ConfigError(
+            f"data.dataset: file not found: {ds}. Use an existing file, a hub id, or the "
+            f"offline set {BUILTIN_DATASET}"
+        )
+    if cfg.data.max_prompt_length and cfg.data.max_prompt_length >= cfg.data.max_length:
+        raise ConfigError("data.max_prompt_length must be smaller than data.max_length")
+
+
+def load_records(cfg: DirectAlignmentConfig):
+    d = cfg.data
+    if d.dataset == BUILTIN_DATASET:
+        n = d.max_samples or 1000
+        return builtin_preference_records(n, seed=cfg.seed, tasks=d.builtin_tasks)
+    return load_preference_records(d.dataset, d.split, d.format, d.max_samples, seed=cfg.seed)
+
+
+def prepare_examples(cfg: DirectAlignmentConfig, tokenizer):
+    records = load_records(cfg)
+    train_records, eval_records = split_train_eval(
+        records, eval_size=cfg.data.eval_size, seed=cfg.seed
+    )
+    train, train_stats = tokenize_records(
+        train_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
+    )
+    held_out, _ = tokenize_records(
+        eval_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
+    )
+    if cfg.loss == "kto":
+        cap = cfg.data.max_length
+        train = attach_kl_responses(train, max_length=cap)
+        held_out = attach_kl_responses(held_out, max_length=cap)
+    elif not all(ex.chosen_ids is not None and ex.rejected_ids is not None for ex in train):
+        raise ConfigError(
+            f"loss {cfg.loss} needs paired data (chosen and rejected); unpaired data works "
+            "only with loss=kto"
+        )
+    if not train:
+        raise ConfigError("no training pairs left after tokenisation; raise data.max_length")
+    return train, held_out, eval_records, train_stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-probs for a micro-batch, and the reference cache
+# ---------------------------------------------------------------------------------------------
+
+
+def batch_logps(model, examples: list[TokenizedExample], pad_id: int, device, with_kl: bool):
+    """One concatenated forward over every sequence of the micro-batch.
+    Returns {"chosen"|"rejected"|"kl": (sum_logps, n_tokens)} and the token count."""
+    batch = collate(examples, pad_id, with_kl=with_kl)
+    sums, counts = completion_logps(
+        model,
+        batch["input_ids"].to(device),
+        batch["attention_mask"].to(device),
+        batch["loss_mask"].to(device),
+    )
+    parts = {}
+    for name in ("chosen", "rejected", "kl"):
+        idx = batch.get(f"{name}_index")
+        if idx is not None and len(idx) > 0:
+            idx = idx.to(device)
+            parts[name] = (sums[idx], counts[idx])
+    return parts, int(batch["attention_mask"].sum())
+
+
+def _present(examples, name):
+    attr = {"chosen": "chosen_ids", "rejected": "rejected_ids", "kl": "kl_response_ids"}[name]
+    return [i for i, ex in enumerate(examples) if getattr(ex, attr) is not None]
+
+
+@torch.no_grad()
+def compute_reference_logps(model, examples, pad_id, device, batch_size, with_kl):
+    """Summed reference log-prob of every example's chosen / rejected / kl response (NaN where
+    absent), as {"chosen": tensor(n), ...}."""
+    model.eval()
+    out = {k: torch.full((len(examples),), float("nan")) for k in ("chosen", "rejected", "kl")}
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        parts, _ = batch_logps(model, chunk, pad_id, device, with_kl)
+        for name, (sums, _) in parts.items():
+            rows = torch.tensor(_present(chunk, name)) + start
+            out[name][rows] = sums.float().cpu()
+    return out
+
+
+def reference_cache_path(cfg: DirectAlignmentConfig, examples, dtype) -> Path:
+    ref = cfg.model.ref_name or cfg.model.name
+    key = hashlib.sha256(
+        f"{model_fingerprint(ref)}|{fingerprint_examples(examples)}|{dtype}|v1".encode()
+    ).hexdigest()[:24]
+    return cache_root() / "ref_logps" / f"{key}.pt"
+
+
+def load_or_compute_reference(cfg, examples, pad_id, device, dtype, attn) -> tuple[dict, dict]:
+    """Reference log-probs from the disk cache, or computed once with a temporary reference
+    model that is freed afterwards. Returns (logps, info)."""
+    path = reference_cache_path(cfg, examples, dtype)
+    if path.is_file():
+        return torch.load(path, weights_only=True), {
+            "ref_cache": "hit",
+            "ref_cache_path": str(path),
+        }
+    t0 = time.time()
+    ref = load_causal_lm(
+        cfg.model.ref_name or cfg.model.name,
+        device=device,
+        dtype=dtype,
+        attn_implementation=attn,
+        trainable=False,
+    )
+    logps = compute_reference_logps(
+        ref, examples, pad_id, device, cfg.eval.eval_batch_size, with_kl=cfg.loss == "kto"
+    )
+    del ref
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{time.time_ns()}")
+    torch.save(logps, tmp)
+    tmp.replace(path)
+    info = {
+        "ref_cache": "miss",
+        "ref_cache_path": str(path),
+        "timing/reference_s": time.time() - t0,
+    }
+    return logps, info
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss on one micro-batch
+# ---------------------------------------------------------------------------------------------
+
+
+def loss_params(cfg: DirectAlignmentConfig) -> LossParams:
+    return LossParams(
+        beta=cfg.beta,
+        gamma=cfg.gamma,
+        label_smoothing=cfg.label_smoothing,
+        lambda_d=cfg.lambda_d,
+        lambda_u=cfg.lambda_u,
+        ipo_sum=cfg.ipo_sum,
+    )
+
+
+def micro_batch_loss(cfg, model, examples, ids, ref, pad_id, device):
+    """Loss and metrics of the examples at dataset indices ``ids``."""
+    batch = [examples[i] for i in ids]
+    parts, n_tokens = batch_logps(model, batch, pad_id, device, with_kl=cfg.loss == "kto")
+    empty = torch.zeros(0, device=device)
+    (c_sum, c_n), (r_sum, r_n) = (
+        parts.get("chosen", (empty, empty)),
+        parts.get("rejected", (empty, empty)),
+    )
+
+    def ref_of(name):
+        rows = [ids[i] for i in _present(batch, name)]
+        return ref[name][rows].to(device) if ref is not None else None
+
+    inputs = LossInputs(
+        chosen_logps=c_sum,
+        rejected_logps=r_sum,
+        chosen_tokens=c_n,
+        rejected_tokens=r_n,
+        ref_chosen_logps=ref_of("chosen"),
+        ref_rejected_logps=ref_of("rejected"),
+        paired=all(ex.chosen_ids is not None and ex.rejected_ids is not None for ex in batch),
+    )
+    if "kl" in parts:
+        inputs.kl_logps, inputs.kl_tokens = parts["kl"]
+        inputs.ref_kl_logps = ref_of("kl")
+    loss, metrics = LOSSES[cfg.loss](inputs, loss_params(cfg))
+    return loss, metrics, n_tokens
+
+
+@torch.no_grad()
+def evaluate(cfg, model, examples, ref, pad_id, device) -> dict[str, float]:
+    model.eval()
+    agg = StepMetrics()
+    for start in range(0, len(examples), cfg.eval.eval_batch_size):
+        ids = list(range(start, min(start + cfg.eval.eval_batch_size, len(examples))))
+        _, metrics, _ = micro_batch_loss(cfg, model, examples, ids, ref, pad_id, device)
+        agg.add(metrics, weight=len(ids))
+    model.train()
+    return {f"eval/{k}": v for k, v in agg.mean().items()}
+
+
+def sample_generations(cfg, model, tokenizer, eval_records, event: int) -> list[dict]:
+    """Round-robin over held-out prompts: event k samples prompts k·n .. k·n+n-1."""
+    n = min(cfg.eval.num_samples, len(eval_records))
+    if n == 0:
+        return []
+    picked = [eval_records[(event * n + j) % len(eval_records)] for j in range(n)]
+    completions = generate_completions(
+        model,
+        tokenizer,
+        [r.prompt for r in picked],
+        max_new_tokens=cfg.eval.sample_max_new_tokens,
+        do_sample=cfg.eval.sample_do_sample,
+        temperature=cfg.eval.sample_temperature,
+        top_p=cfg.eval.sample_top_p,
+    )
+    return [
+        {"prompt": r.prompt[-1]["content"], "completion": c, "chosen": r.chosen}
+        for r, c in zip(picked, completions, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The training loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> dict:
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.model.device)
+    dtype = pick_dtype(cfg.model.dtype, device)
+    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    tokenizer = load_tokenizer(cfg.model.name)
+    pad_id = tokenizer.pad_token_id
+
+    train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
+    info: dict = {"data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}}
+    print(f"data: {info['data']}", flush=True)
+
+    ref = ref_eval = None
+    if cfg.needs_reference:
+        ref, cache_info = load_or_compute_reference(
+            cfg, train_ex + eval_ex, pad_id, device, dtype, attn
+        )
+        ref_eval = {k: v[len(train_ex) :] for k, v in ref.items()}
+        ref = {k: v[: len(train_ex)] for k, v in ref.items()}
+        info.update(cache_info)
+        print(f"reference log-probs: cache {cache_info['ref_cache']}", flush=True)
+
+    model = load_causal_lm(
+        cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
+    )
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
+    steps_per_epoch = -(-len(train_ex) // per_step)
+    total_steps = steps_per_epoch * cfg.train.num_epochs
+    if cfg.train.max_steps:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
+
+    step, start_epoch, start_batch = 0, 0, 0
+    if resume:
+        checkpoints = list_checkpoints(run.checkpoints_dir)
+        if not checkpoints:
+            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
+        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
+        step = state["step"]
+        start_epoch, start_batch = state["data_position"]["epoch"], state["data_position"]["batch"]
+        run.truncate_metrics_after(step)
+        print(f"resumed from {checkpoints[-1].name}", flush=True)
+
+    tracker = Tracker(
+        cfg.logging, run.path, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}"
+    )
+    info["wandb_url"] = tracker.url
+    last_train: dict = {}
+    last_eval: dict = {}
+    best_eval_accuracy = None
+    tokens_seen = 0
+
+    def checkpoint(epoch: int, batch: int) -> None:
+        save_checkpoint(
+            run.checkpoints_dir,
+            step,
+            model,
+            optimizer,
+            scheduler,
+            {"epoch": epoch, "batch": batch},
+            keep_last=cfg.checkpoint.keep_last,
+        )
+
+    def periodic(every: int) -> bool:
+        return step == total_steps or (every > 0 and step % every == 0)
+
+    if not resume and cfg.eval.eval_every > 0 and eval_ex:  # the starting point, for contrast
+        run.log_metrics(0, "eval", evaluate(cfg, model, eval_ex, ref_eval, pad_id, device))
+
+    done = step >= total_steps
+    for epoch in range(start_epoch, cfg.train.num_epochs):
+        if done:
+            break
+        order = epoch_order(len(train_ex), cfg.seed, epoch)
+        first = start_batch if epoch == start_epoch else 0
+        for b in range(first, steps_per_epoch):
+            t0 = time.time()
+            step_ids = order[b * per_step : (b + 1) * per_step]
+            agg, step_tokens = StepMetrics(), 0
+            for m in range(0, len(step_ids), cfg.train.batch_size):
+                ids = step_ids[m : m + cfg.train.batch_size]
+                loss, metrics, n_tok = micro_batch_loss(
+                    cfg, model, train_ex, ids, ref, pad_id, device
+                )
+                (loss * len(ids) / len(step_ids)).backward()
+                agg.add(metrics, weight=len(ids))
+                step_tokens += n_tok
+            grad_norm = clip_and_measure(model.parameters(), cfg.train.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens_seen += step_tokens
+            dt = time.time() - t0
+            last_train = {
+                **agg.mean(),
+                "grad_norm": grad_norm,
+                "learning_rate": lr,
+                "epoch": epoch + (b + 1) / steps_per_epoch,
+                "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
+                "timing/step_s": dt,
+                "memory/peak_gb": peak_memory_gb(device),
+            }
+            if step % cfg.logging.log_every == 0 or step == total_steps:
+                run.log_metrics(step, "train", last_train)
+                tracker.log(last_train, step)
+            if periodic(cfg.eval.eval_every) and eval_ex:
+                last_eval = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
+                run.log_metrics(step, "eval", last_eval)
+                tracker.log(last_eval, step)
+                acc = last_eval.get("eval/accuracy")
+                if acc is not None and (best_eval_accuracy is None or acc > best_eval_accuracy):
+                    best_eval_accuracy = acc
+            if periodic(cfg.eval.sample_every):
+                event = step // max(cfg.eval.sample_every, 1)
+                run.log_samples(
+                    step, sample_generations(cfg, model, tokenizer, eval_records, event)
+                )
+            run.write_progress(step, total_steps, epoch=epoch, tokens_seen=tokens_seen)
+            print(
+                f"step {step}/{total_steps} loss {last_train.get('loss', float('nan')):.4f} "
+                f"acc {last_train.get('accuracy', float('nan')):.3f} ({dt:.2f}s)",
+                flush=True,
+            )
+            next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
+            save_now = cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0
+            if save_now or step == total_steps or stop_requested():
+                checkpoint(*next_position)
+            if stop_requested():
+                tracker.finish(exit_code=143)
+                raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+            if step >= total_steps:
+                done = True
+                break
+
+    if cfg.checkpoint.save_final_model:
+        model.save_pretrained(run.path / "final_model")
+        tokenizer.save_pretrained(run.path / "final_model")
+    tracker.finish()
+    return {
+        "algorithm": cfg.loss,
+        "steps": step,
+        "total_steps": total_steps,
+        "final_metrics": last_train,
+        "final_eval": last_eval,
+        "best_metrics": {"eval/accuracy": best_eval_accuracy},
+        "peak_memory_gb": peak_memory_gb(device),
+        "tokens_seen": tokens_seen,
+        **info,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_trainer(
+        argv,
+        description=__doc__.splitlines()[0],
+        config_model=DirectAlignmentConfig,
+        preflight=preflight,
+        train=train,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
