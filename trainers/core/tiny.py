@@ -23,14 +23,15 @@ import os
 import random
 import shutil
 import tempfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainers.core.tasks import SYSTEM_PROMPT, import_reasoning_gym
+
 # Bump whenever the corpus, the tokenizer recipe, the architecture or the init change: the
 # version is part of the folder name, so an old build is never mistaken for a new one.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # bump whenever the built preset changes
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -89,10 +90,6 @@ CORPUS_TASKS = (
     "sentence_reordering",
 )
 
-SYSTEM_PROMPT = (
-    "You are a helpful assistant. Think inside <think></think>, then give the final answer "
-    "inside <answer></answer>."
-)
 
 # Openings of the reasoning inside <think>; picked by a seeded generator.
 _THINK_OPENINGS = (
@@ -261,15 +258,6 @@ def ensure_preset(name: str) -> Path:
 # corpus
 
 
-def _import_reasoning_gym():
-    # reasoning-gym's dependencies emit SyntaxWarnings (and a few DeprecationWarnings) when
-    # first compiled; none of them concern us.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import reasoning_gym
-    return reasoning_gym
-
-
 def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
     """Pure-Python rendering of :data:`CHAT_TEMPLATE` (used for the corpus; no jinja needed)."""
     out = [f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages]
@@ -290,7 +278,7 @@ def iter_corpus(spec: TinySpec) -> Iterator[str]:
     One chat-formatted conversation per reasoning-gym item (system prompt on every other one),
     then the English filler a few times over.
     """
-    rg = _import_reasoning_gym()
+    rg = import_reasoning_gym()
     rng = random.Random(spec.seed)
     for task_index, task in enumerate(CORPUS_TASKS):
         dataset = rg.create_dataset(task, size=spec.examples_per_task, seed=spec.seed + task_index)

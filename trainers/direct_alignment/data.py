@@ -24,14 +24,12 @@ Differences from the reference book's data handling, on purpose:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
 import os
 import random
 import re
-import warnings
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +38,18 @@ from typing import Any, TypeVar
 
 import torch
 
+from trainers.core.tasks import (  # noqa: F401  (SYSTEM_PROMPT, extract_answer re-exported)
+    SYSTEM_PROMPT,
+    TASK_CONFIGS,
+    TASK_KITS,
+    extract_answer,
+    format_response,
+    import_reasoning_gym,
+    reason_generic,
+    score_fn,
+    score_response,
+    wrong_generic,
+)
 from trainers.direct_alignment.config import BUILTIN_DATASET
 
 logger = logging.getLogger(__name__)
@@ -62,7 +72,7 @@ __all__ = [
     "fingerprint_examples",
     "load_preference_records",
     "parse_hh_conversation",
-    "score_builtin_response",
+    "score_builtin_response",  # = trainers.core.tasks.score_response
     "split_train_eval",
     "tokenize_records",
 ]
@@ -70,13 +80,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Constants
 # --------------------------------------------------------------------------------------------
-
-SYSTEM_PROMPT = (
-    "Think about the question step by step inside <think> </think> tags. "
-    "Then write only the final answer inside <answer> </answer> tags, "
-    "in the format the question asks for."
-)
-"""System message of the reasoning tasks: reasoning in ``<think>``, final answer in ``<answer>``."""
 
 BUILTIN_DEFAULT_SIZE = 2000
 """Number of built-in records generated when ``max_samples`` is not given."""
@@ -501,155 +504,11 @@ def split_train_eval(
 # Built-in offline preference set (reasoning-gym)
 # --------------------------------------------------------------------------------------------
 
-_TASK_CONFIGS: dict[str, dict] = {
-    "spell_backward": {"min_word_len": 3, "max_word_len": 7},
-    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
-    "letter_counting": {"min_words": 3, "max_words": 6},
-    "basic_arithmetic": {
-        "min_terms": 2,
-        "max_terms": 3,
-        "min_digits": 1,
-        "max_digits": 2,
-        "operators": ("+", "-"),
-        "allow_parentheses": False,
-        "allow_negation": False,
-    },
-}
-"""Easy settings for the known tasks; other reasoning-gym tasks use their default config."""
-
-_ANSWER_RE = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
-
-
-def extract_answer(text: str) -> str | None:
-    """Content of the last ``<answer>...</answer>`` block, stripped; None when there is none."""
-    matches = _ANSWER_RE.findall(text)
-    return matches[-1].strip() if matches else None
-
-
-def _import_reasoning_gym():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import reasoning_gym
-    return reasoning_gym
-
-
-@functools.lru_cache(maxsize=64)
-def _score_fn(task: str):
-    return _import_reasoning_gym().get_score_answer_fn(task)
-
-
-def score_builtin_response(response: str, meta: dict) -> float:
-    """Score a response to a built-in record with reasoning-gym (answer taken from its tags)."""
-    return float(_score_fn(meta["task"])(extract_answer(response), meta["entry"]))
-
-
-# ---- per-task reasoning text and wrong answers ---------------------------------------------
-
-
-def _reason_spell(entry: dict, final: str) -> str:
-    word = entry["metadata"]["word"]
-    return f"The word is {word}. From the last letter to the first: {' '.join(final)}."
-
-
-def _wrong_spell(entry: dict, rng: random.Random) -> list[str]:
-    answer = entry["answer"]
-    word = entry["metadata"]["word"]
-    cands = [word]  # forgot to reverse
-    positions = [i for i in range(len(answer) - 1) if answer[i] != answer[i + 1]]
-    if positions:
-        i = rng.choice(positions)
-        cands.append(answer[:i] + answer[i + 1] + answer[i] + answer[i + 2 :])
-    if len(answer) > 3:
-        j = rng.randrange(len(answer))
-        cands.append(answer[:j] + answer[j + 1 :])  # a letter dropped
-    j = rng.randrange(len(answer))
-    cands.append(answer[: j + 1] + answer[j] + answer[j + 1 :])  # a letter doubled
-    return cands
-
-
-def _chain_steps(expression: str) -> list[tuple[str, str, str, int]]:
-    tokens = expression.split()
-    total = int(tokens[0])
-    steps = []
-    for op, num in zip(tokens[1::2], tokens[2::2], strict=True):
-        before = total
-        total = total + int(num) if op == "+" else total - int(num)
-        steps.append((str(before), op, num, total))
-    return steps
-
-
-def _reason_chain(entry: dict, final: str) -> str:
-    steps = _chain_steps(entry["metadata"]["expression"])
-    parts = [f"{a} {op} {b} = {res}" for a, op, b, res in steps[:-1]]
-    a, op, b, _ = steps[-1]
-    parts.append(f"{a} {op} {b} = {final}")
-    return ". ".join(parts) + "."
-
-
-def _wrong_number(answer: str, rng: random.Random) -> list[str]:
-    try:
-        value = int(answer)
-    except ValueError:
-        return []
-    cands = [value + 1, value - 1, value + 10, value - 10, value + 2]
-    if value != 0:
-        cands.append(-value)
-    return [str(c) for c in cands]
-
-
-def _wrong_chain(entry: dict, rng: random.Random) -> list[str]:
-    cands = _wrong_number(entry["answer"], rng)
-    steps = _chain_steps(entry["metadata"]["expression"])
-    a, op, b, _ = steps[-1]
-    flipped = int(a) - int(b) if op == "+" else int(a) + int(b)  # last sign misread
-    cands.append(str(flipped))
-    return cands
-
-
-def _reason_letters(entry: dict, final: str) -> str:
-    letter = entry["metadata"]["target_letter"]
-    hits = [(w, w.lower().count(letter)) for w in entry["metadata"]["span"]]
-    listed = ", ".join(f"{w} {c}" for w, c in hits if c > 0)
-    return f'Words with "{letter}": {listed}. Total {final}.'
-
-
-def _wrong_letters(entry: dict, rng: random.Random) -> list[str]:
-    value = int(entry["answer"])
-    cands = [value + 1, value + 2]
-    if value > 0:
-        cands.append(value - 1)
-    return [str(c) for c in cands]
-
-
-def _reason_generic(entry: dict, final: str) -> str:
-    return f"I work through the question step by step and get {final}."
-
-
-def _wrong_generic(entry: dict, rng: random.Random) -> list[str]:
-    answer = str(entry["answer"])
-    cands = _wrong_number(answer, rng)
-    if len(answer) >= 2:
-        cands.append(answer[1:] + answer[0])
-        cands.append(answer[:-1])
-    cands.append(answer + answer[-1:] if answer else "0")
-    return cands
-
-
-_TASK_KITS: dict[str, tuple[Callable[[dict, str], str], Callable[[dict, random.Random], list]]] = {
-    "spell_backward": (_reason_spell, _wrong_spell),
-    "chain_sum": (_reason_chain, _wrong_chain),
-    "basic_arithmetic": (_reason_generic, _wrong_generic),
-    "letter_counting": (_reason_letters, _wrong_letters),
-}
+score_builtin_response = score_response
 
 # Mix of rejected kinds: right format + wrong answer, no tags at all, answer outside the tags.
 _REJECT_KINDS = ("wrong_answer", "no_tags", "answer_outside_tags")
 _REJECT_WEIGHTS = (0.5, 0.25, 0.25)
-
-
-def _format_response(reasoning: str, answer: str) -> str:
-    return f"<think>{reasoning}</think>\n<answer>{answer}</answer>"
 
 
 def _make_rejected(dataset, entry: dict, reason, wrong, rng: random.Random) -> tuple[str, str]:
@@ -660,7 +519,7 @@ def _make_rejected(dataset, entry: dict, reason, wrong, rng: random.Random) -> t
         cands = list(dict.fromkeys(c for c in wrong(entry, rng) if c and c != answer))
         rng.shuffle(cands)
         for cand in cands:
-            text = _format_response(reason(entry, cand), cand)
+            text = format_response(reason(entry, cand), cand)
             if dataset.score_answer(extract_answer(text), entry) < 1.0:
                 return text, kind
         kind = "no_tags"  # no perturbation scored below 1: fall back to a format error
@@ -696,12 +555,12 @@ def builtin_preference_records(
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     tasks = list(tasks) if tasks else list(DEFAULT_BUILTIN_TASKS)
-    rg = _import_reasoning_gym()
+    rg = import_reasoning_gym()
     rng = random.Random(seed)
     per_task = -(-n // len(tasks)) if n else 0
     datasets_by_task = {}
     for t_idx, name in enumerate(tasks):
-        cfg = dict(_TASK_CONFIGS.get(name, {}))
+        cfg = dict(TASK_CONFIGS.get(name, {}))
         try:
             datasets_by_task[name] = rg.create_dataset(
                 name, seed=seed + 100_003 * t_idx, size=max(2 * per_task + 16, 16), **cfg
@@ -715,12 +574,12 @@ def builtin_preference_records(
     for i in range(n):
         name = tasks[i % len(tasks)]
         ds = datasets_by_task[name]
-        reason, wrong = _TASK_KITS.get(name, (_reason_generic, _wrong_generic))
+        reason, wrong = TASK_KITS.get(name, (reason_generic, wrong_generic))
         while True:
             entry = ds[cursors[name]]
             cursors[name] += 1
             answer = str(entry["answer"])
-            chosen = _format_response(reason(entry, answer), answer)
+            chosen = format_response(reason(entry, answer), answer)
             if ds.score_answer(extract_answer(chosen), entry) == 1.0:
                 break
             misses += 1
