@@ -1,0 +1,156 @@
+"""Advantage estimators of the policy-gradient family, as pure tensor functions.
+
+Sequence-level estimators take the rewards ``r`` of N = (number of prompts)·G completions, where
+the G completions of one prompt are contiguous (rows g·G … g·G+G−1), and return one advantage
+per completion (shape (N,)); the trainer broadcasts it over the completion tokens. PPO's
+:func:`gae` works per token on (B, T) tensors with a completion mask.
+
+A group whose rewards are all equal carries no contrast: every group-relative estimator returns
+exactly 0 for it (the centred rewards are set to 0 rather than left as float round-off, so no
+tiny advantage is divided by a tiny standard deviation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+def _grouped(r: Tensor, G: int, min_G: int = 1) -> Tensor:
+    """View ``r`` (N,) as (N/G, G), checking the shapes."""
+    if r.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(r.shape)}")
+    if G < min_G:
+        raise ValueError(f"this estimator needs G >= {min_G} rollouts per prompt, got G={G}")
+    if r.numel() % G:
+        raise ValueError(f"{r.numel()} rewards do not split into groups of G={G}")
+    return r.float().view(-1, G)
+
+
+def _centred(groups: Tensor) -> tuple[Tensor, Tensor]:
+    """(r − mean_G r, constant-group flag (N/G, 1)); exactly 0 in groups with no contrast."""
+    constant = groups.max(dim=1, keepdim=True).values == groups.min(dim=1, keepdim=True).values
+    centred = groups - groups.mean(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(centred), centred), constant
+
+
+def reinforce_advantages(r: Tensor, G: int) -> Tensor:
+    """REINFORCE (Williams 1992): A_i = r_i, no baseline."""
+    return _grouped(r, G).reshape(-1).clone()
+
+
+def rloo_advantages(r: Tensor, G: int) -> Tensor:
+    """RLOO (Ahmadian et al. 2024): A_i = r_i − mean_{j≠i} r_j = G/(G−1)·(r_i − mean_G r)."""
+    centred, _ = _centred(_grouped(r, G, min_G=2))
+    return (centred * (G / (G - 1))).reshape(-1)
+
+
+def grpo_advantages(r: Tensor, G: int, eps: float = 1e-8) -> Tensor:
+    """GRPO (Shao et al. 2024, DeepSeekMath): A_i = (r_i − mean_G r) / (std_G r + eps).
+
+    std is the unbiased (N−1) estimate, as in DeepSeekMath and TRL (``torch.std``); a group with
+    all-equal rewards gets A = 0 exactly.
+    """
+    groups = _grouped(r, G, min_G=2)
+    centred, constant = _centred(groups)
+    std = groups.std(dim=1, correction=1, keepdim=True)
+    std = torch.where(constant, torch.zeros_like(std), std)
+    return (centred / (std + eps)).reshape(-1)
+
+
+def drgrpo_advantages(r: Tensor, G: int) -> Tensor:
+    """Dr. GRPO (Liu et al. 2025): A_i = r_i − mean_G r (no division by the group std)."""
+    centred, _ = _centred(_grouped(r, G))
+    return centred.reshape(-1)
+
+
+def maxrl_advantages(b: Tensor, G: int) -> Tensor:
+    """MaxRL: A_i = (b_i − mean_G b) / mean_G b if mean_G b > 0 else 0, on the binary reward b.
+
+    Dividing by the group success rate p̂ weights a prompt by 1/p̂, so hard prompts with a rare
+    success get large advantages (the maximum-likelihood gradient of log p rather than p).
+    """
+    groups = _grouped(b, G)
+    centred, _ = _centred(groups)
+    mean = groups.mean(dim=1, keepdim=True)
+    safe = torch.where(mean > 0, mean, torch.ones_like(mean))
+    return torch.where(mean > 0, centred / safe, torch.zeros_like(centred)).reshape(-1)
+
+
+def _on_total(fn: Callable[[Tensor, int], Tensor]) -> Callable[[dict[str, Tensor], int], Tensor]:
+    def advantage(rewards: dict[str, Tensor], G: int) -> Tensor:
+        return fn(rewards["total"], G)
+
+    advantage.__doc__ = f"{fn.__name__} on rewards['total']"
+    return advantage
+
+
+def _maxrl(rewards: dict[str, Tensor], G: int) -> Tensor:
+    return maxrl_advantages(rewards["binary"], G)
+
+
+ADVANTAGES: dict[str, Callable[[dict[str, Tensor], int], Tensor]] = {
+    "reinforce": _on_total(reinforce_advantages),
+    "rloo": _on_total(rloo_advantages),
+    "grpo": _on_total(grpo_advantages),
+    "drgrpo": _on_total(drgrpo_advantages),
+    "gspo": _on_total(grpo_advantages),
+    "cispo": _on_total(grpo_advantages),
+    "sapo": _on_total(grpo_advantages),
+    "dapo": _on_total(grpo_advantages),
+    "maxrl": _maxrl,
+}
+"""Sequence advantage per algorithm from the rewards dict (keys total, correctness, format,
+penalty, binary) and G. PPO is absent: it uses :func:`gae` on a learned value model."""
+
+
+def frac_zero_std(r: Tensor, G: int) -> float:
+    """Share of groups whose G rewards are all equal (no contrast, so nothing to learn)."""
+    groups = _grouped(r, G)
+    constant = groups.max(dim=1).values == groups.min(dim=1).values
+    return constant.float().mean().item()
+
+
+def sequence_reward_to_tokens(r: Tensor, mask: Tensor) -> Tensor:
+    """Place each sequence reward r_b at the last completion token of row b (zeros elsewhere).
+
+    A row with an empty mask gets no reward.
+    """
+    on = mask > 0
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(on, positions, torch.full_like(positions, -1)).max(dim=1).values
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    out[rows, last[rows]] = r.detach().float().to(mask.device)[rows]
+    return out
+
+
+@torch.no_grad()
+def gae(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2015, used by PPO, Schulman et al. 2017).
+
+    Backwards over t, with m the completion mask:
+        δ_t = r_t + γ·V_{t+1}·m_{t+1} − V_t
+        A_t = δ_t + γλ·m_{t+1}·A_{t+1}
+    so the episode ends after the last completion token (V beyond it bootstraps nothing). A and
+    the returns R = A + V are 0 outside the mask; works with right (or left) padded contiguous
+    masks. Advantages are not whitened. Inputs are treated as constants (no gradient).
+    """
+    on = mask > 0
+    r = torch.where(on, token_rewards.float(), 0.0)
+    v = torch.where(on, values.float(), 0.0)
+    m = on.float()
+    T = r.shape[1]
+    adv = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0])
+    for t in reversed(range(T)):
+        m_next = m[:, t + 1] if t + 1 < T else torch.zeros_like(running)
+        v_next = v[:, t + 1] if t + 1 < T else torch.zeros_like(running)
+        delta = r[:, t] + gamma * v_next * m_next - v[:, t]
+        running = (delta + gamma * lam * m_next * running) * m[:, t]
+        adv[:, t] = running
+    return adv, (adv + v) * m
