@@ -10,6 +10,8 @@ from pathlib import Path
 
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 MAX_SLUG = 80
+RUN_ID_RE = SLUG_RE  # run ids use the slug alphabet: dpo-20260101-120000-ab12
+MAX_RUN_ID = 120
 
 
 class LabError(ValueError):
@@ -29,7 +31,7 @@ def experiments_dir() -> Path:
 
 
 def check_slug(slug: str) -> str:
-    if not isinstance(slug, str) or len(slug) > MAX_SLUG or not SLUG_RE.match(slug):
+    if not isinstance(slug, str) or len(slug) > MAX_SLUG or not SLUG_RE.fullmatch(slug):
         raise LabError(
             f"bad campaign slug {slug!r}: use lowercase letters, digits and single hyphens "
             f"(at most {MAX_SLUG} characters), e.g. simpo-gamma-sweep"
@@ -53,3 +55,31 @@ def new_run_id(algorithm: str) -> str:
     """'<algorithm>-<UTC yyyymmdd-hhmmss>-<4 hex>'."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     return f"{check_slug(algorithm.replace('_', '-'))}-{stamp}-{secrets.token_hex(2)}"
+
+
+def check_run_id(run_id: str) -> str:
+    """Reject anything that is not a plain run id (no '..', '/', NUL, absolute path) before it
+    reaches the file system."""
+    if not isinstance(run_id, str) or len(run_id) > MAX_RUN_ID or not RUN_ID_RE.fullmatch(run_id):
+        raise LabError(
+            f"bad run id {str(run_id)[:MAX_RUN_ID]!r}: a run id looks like "
+            "dpo-20260101-120000-ab12 (lowercase letters, digits, single hyphens); "
+            "list runs with `rlhf-lab runs`"
+        )
+    return run_id
+
+
+def find_run(run_id: str) -> Path:
+    """The folder experiments/<campaign>/runs/<run-id> of a run (ids are globally unique)."""
+    check_run_id(run_id)
+    root = experiments_dir()
+    hits = sorted(p for p in root.glob(f"*/runs/{run_id}") if p.is_dir())
+    if not hits:
+        raise LabError(f"no run {run_id!r} under {root}/*/runs/; list runs with `rlhf-lab runs`")
+    if len(hits) > 1:
+        where = ", ".join(str(p.relative_to(root)) for p in hits)
+        raise LabError(f"run id {run_id!r} is in several campaigns ({where}); keep one of them")
+    path = hits[0]
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise LabError(f"run folder {path} points outside {root}; refusing to read it")
+    return path

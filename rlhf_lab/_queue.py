@@ -1,0 +1,113 @@
+"""The queue worker: starts queued runs one after another, in creation order.
+
+    python -m rlhf_lab._queue
+
+Started detached by :func:`rlhf_lab.runs.ensure_queue_worker`. Only one worker runs at a time:
+it holds ``experiments/.lab/queue.lock`` for its whole life (a second worker finds the lock taken
+and exits at once). For each queued run it waits until the run's device has no active job,
+starts it, waits for it to end, then calls the ledger hook ``rlhf_lab.ledger.record_run(run_id)``
+when that exists (in a thread, so the next run starts at once). When the queue is empty it releases the lock, looks once more (a launch may have
+queued a run while it held the lock) and exits. Output goes to ``experiments/.lab/queue.log``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import threading
+import time
+import traceback
+
+from filelock import FileLock, Timeout
+
+POLL_S = 1.0
+
+
+def _say(text: str) -> None:
+    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    print(f"[rlhf-lab queue {stamp}] {text}", flush=True)
+
+
+def record_hook(run_id: str) -> None:
+    """Record a finished run in its campaign ledger, if the ledger module offers it."""
+    try:
+        from rlhf_lab import ledger
+    except ImportError:
+        return
+    fn = getattr(ledger, "record_run", None)
+    if not callable(fn):
+        return
+    try:
+        fn(run_id)
+    except Exception:  # the ledger must never stop the queue
+        _say(f"ledger hook failed for {run_id}:")
+        traceback.print_exc()
+
+
+def _next_queued(tried: set[str]) -> str | None:
+    """The oldest queued run this worker has not tried yet (a run it could not start is never
+    retried, so a broken run.json cannot spin the worker)."""
+    from rlhf_lab.runs import queued_runs
+
+    return next((s.id for s in queued_runs() if s.id not in tried), None)
+
+
+def run_one(run_id: str) -> None:
+    from rlhf_lab.paths import LabError
+    from rlhf_lab.runs import _start_when_free, wait_for_end
+
+    try:
+        info = _start_when_free(run_id, poll_s=POLL_S)
+    except LabError as err:  # e.g. its family's trainer is gone; a stopped run is left alone
+        _say(f"could not start {run_id}: {err}")
+        from rlhf_lab.runs import _mark_failed, find_run
+
+        try:
+            _mark_failed(find_run(run_id), f"queue worker could not start it: {err}")
+        except LabError:
+            pass
+        return
+    if info is None:
+        _say(f"{run_id} left the queue before it started")
+        return
+    _say(f"started {run_id} (pid {info.pid}) on {info.device}")
+    status = wait_for_end(run_id, poll_s=POLL_S)
+    _say(f"{run_id} ended: {status.state}")
+    # Record in the background so the next run can take the device at once; the thread is not
+    # a daemon, so the worker finishes recording before it exits.
+    threading.Thread(target=record_hook, args=(run_id,), name=f"record-{run_id}").start()
+
+
+def main() -> int:
+    from rlhf_lab.runs import _lab_dir
+
+    lock = FileLock(str(_lab_dir() / "queue.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return 0  # another worker is running
+    _say("worker started")
+    tried: set[str] = set()
+    try:
+        while True:
+            run_id = _next_queued(tried)
+            if run_id is None:
+                lock.release()
+                if _next_queued(tried) is None:
+                    _say("queue empty; worker exits")
+                    return 0
+                try:
+                    lock.acquire(timeout=0)
+                except Timeout:
+                    return 0  # a newer worker took over
+                continue
+            tried.add(run_id)
+            run_one(run_id)
+            time.sleep(0.05)
+    finally:
+        if lock.is_locked:
+            lock.release()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Resolve a config the way a trainer will see it: YAML + dotted overrides, validated by the
+family's pydantic model, and compared with the shipped default.
+
+The family's config module (``trainers/<family>/config.py``) is imported lazily, on first use,
+and is torch-free by contract. A family whose module does not exist yet gives a clear
+:class:`LabError` instead of an ImportError; an invalid config gives a :class:`LabError` carrying
+the trainer's own :class:`ConfigError` message (the same text the trainer would print).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+
+from rlhf_lab.catalog import (
+    FAMILIES,
+    Recipe,
+    family_info,
+    find_recipe,
+    get_dotted,
+    list_recipes,
+)
+from rlhf_lab.paths import LabError
+from trainers.core.config import (
+    ConfigError,
+    apply_overrides,
+    config_diff,
+    read_yaml,
+    validate_config,
+)
+
+__all__ = [
+    "ConfigChange",
+    "ResolvedConfig",
+    "config_model",
+    "diff_configs",
+    "families_accepting",
+    "resolve_config",
+    "shipped_default",
+    "validate_data",
+]
+
+
+class ConfigChange(BaseModel):
+    """One leaf that differs from the shipped default."""
+
+    key: str = Field(description="dotted key, e.g. train.learning_rate")
+    default: Any = None
+    value: Any = None
+
+
+class ResolvedConfig(BaseModel):
+    family: str
+    algorithm: str
+    recipe: Recipe
+    source: str = Field(description="the YAML file the config starts from")
+    overrides: list[str] = Field(default_factory=list)
+    data: dict[str, Any] = Field(description="the validated config, as the trainer will dump it")
+    default: dict[str, Any] = Field(description="the shipped default it is compared with")
+    default_source: str = Field(description="where `default` comes from")
+    diff: list[ConfigChange] = Field(default_factory=list)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.data, sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Config models (lazy imports)
+# ---------------------------------------------------------------------------------------------
+
+
+def _module_missing(err: ModuleNotFoundError, module: str) -> bool:
+    name = err.name or ""
+    return bool(name) and (module == name or module.startswith(name + "."))
+
+
+def _pick_class(module, info) -> type[BaseModel] | None:
+    """The config model of a module whose class is not named as the registry expects: the
+    top-level pydantic model defined there (the one no other model uses as a section)."""
+    models = [
+        obj
+        for _, obj in inspect.getmembers(module, inspect.isclass)
+        if issubclass(obj, BaseModel) and obj.__module__ == module.__name__
+    ]
+    if info.algorithm_field:
+        top_key = info.algorithm_field.split(".")[0]
+        with_field = [m for m in models if top_key in m.model_fields]
+        if with_field:
+            models = with_field
+    used = {
+        field.annotation
+        for m in models
+        for field in m.model_fields.values()
+        if isinstance(field.annotation, type)
+    }
+    top = [m for m in models if m not in used and "model" in m.model_fields]
+    return top[0] if len(top) == 1 else None
+
+
+def config_model(family: str) -> type[BaseModel]:
+    """The family's pydantic config class (imported on first use)."""
+    info = family_info(family)
+    try:
+        module = importlib.import_module(info.config_module)
+    except ModuleNotFoundError as err:
+        if _module_missing(err, info.config_module):
+            raise LabError(
+                f"family {family} has no config model yet: {info.config_module} does not exist "
+                "in this checkout, so its configs cannot be validated or shrunk."
+            ) from None
+        raise LabError(f"cannot import {info.config_module}: {err}") from None
+    except Exception as err:  # a broken module must not take the lab down
+        raise LabError(f"cannot import {info.config_module}: {type(err).__name__}: {err}") from None
+    cls = getattr(module, info.config_class, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+        cls = _pick_class(module, info)
+    if cls is None:
+        raise LabError(
+            f"{info.config_module} defines no config model named {info.config_class} (and no "
+            "single top-level pydantic model to use instead)"
+        )
+    return cls
+
+
+def validate_data(family: str, data: dict[str, Any], source: str = "config") -> BaseModel:
+    """Validate ``data`` with the family's model; a bad config raises LabError (same message
+    as the trainer's ConfigError)."""
+    model = config_model(family)
+    try:
+        return validate_config(data, model, source=source)
+    except ConfigError as err:
+        raise LabError(str(err)) from None
+
+
+def dump(cfg: BaseModel) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")
+
+
+def families_accepting(data: dict[str, Any]) -> list[str]:
+    """Families whose config model (when importable) validates ``data``."""
+    out = []
+    for family in FAMILIES:
+        try:
+            validate_data(family, data)
+        except LabError:
+            continue
+        out.append(family)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        return read_yaml(path)
+    except ConfigError as err:
+        raise LabError(str(err)) from None
+
+
+def shipped_default(recipe: Recipe) -> tuple[dict[str, Any], str]:
+    """(validated data, source) of the shipped config a config is compared with: the recipe
+    itself when shipped; for a user file, the shipped recipe of the same algorithm, else the
+    config model's defaults."""
+    if recipe.shipped:
+        data = _load_yaml(recipe.path())
+        return dump(validate_data(recipe.family, data, recipe.config_path)), recipe.config_path
+    same = [r for r in list_recipes(recipe.family) if r.algorithm == recipe.algorithm]
+    if same:
+        same.sort(key=lambda r: (r.name != recipe.algorithm, len(r.name), r.name))
+        return shipped_default(same[0])
+    info = family_info(recipe.family)
+    seed: dict[str, Any] = {}
+    if info.algorithm_field:
+        seed = apply_overrides({}, [f"{info.algorithm_field}={recipe.algorithm}"])
+    try:
+        return dump(validate_data(recipe.family, seed)), f"{info.config_class} defaults"
+    except LabError:
+        return {}, "none (the config model has required fields)"
+
+
+def diff_configs(default: dict[str, Any], data: dict[str, Any]) -> list[ConfigChange]:
+    return [
+        ConfigChange(key=key, default=old, value=new)
+        for key, (old, new) in config_diff(default, data).items()
+    ]
+
+
+def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    try:
+        return apply_overrides(data, overrides)
+    except ConfigError as err:
+        raise LabError(str(err)) from None
+
+
+def resolve_config(
+    recipe_or_file: str | Path | Recipe, overrides: list[str] | None = None
+) -> ResolvedConfig:
+    """Load a recipe (name, ``family/name``, algorithm or YAML path), apply ``--set``-style
+    ``overrides``, validate with the family's model and diff against the shipped default."""
+    recipe = find_recipe(recipe_or_file)
+    overrides = list(overrides or [])
+    raw = _apply(_load_yaml(recipe.path()), overrides)
+    source = recipe.config_path
+    if overrides:
+        source += " + " + " ".join(f"--set {o}" for o in overrides)
+    data = dump(validate_data(recipe.family, raw, source))
+    default, default_source = shipped_default(recipe)
+    info = family_info(recipe.family)
+    algorithm = recipe.algorithm
+    if info.algorithm_field:
+        value = get_dotted(data, info.algorithm_field)
+        if isinstance(value, str):
+            algorithm = value
+    return ResolvedConfig(
+        family=recipe.family,
+        algorithm=algorithm,
+        recipe=recipe,
+        source=recipe.config_path,
+        overrides=overrides,
+        data=data,
+        default=default,
+        default_source=default_source,
+        diff=diff_configs(default, data),
+    )

@@ -1,0 +1,622 @@
+"""Reading a run: tail train.log with a cursor, read metrics (down-sampled), diagnose failure
+modes (alerts with one-line hints). Torch-free; reads the run directory only."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.paths import LabError
+from rlhf_lab.runs import find_run, run_state
+
+__all__ = [
+    "Alert",
+    "LogChunk",
+    "MetricSeries",
+    "diagnose",
+    "fold_carriage_returns",
+    "last_traceback",
+    "read_metrics",
+    "repetition_reason",
+    "tail_log",
+]
+
+# A trailing line without its newline is returned by a cursor read once the writer has been
+# quiet this long (or when the caller says the run is over).
+PARTIAL_LINE_IDLE_S = 2.0
+STALL_AFTER_S = 900.0
+ZERO_STD_THRESHOLD = 0.9
+ZERO_STD_ROWS = 3
+FLAT_WINDOW = 6
+# Per family: (metric, phase) candidates for "is it learning?", first present wins.
+KEY_METRICS: dict[str, tuple[tuple[str, str], ...]] = {
+    "direct_alignment": (("eval/accuracy", "eval"), ("accuracy", "train")),
+    "policy_gradients": (("avg_correctness", "train"), ("eval/avg_correctness", "eval")),
+    "reward_models": (
+        ("eval/accuracy", "eval"),
+        ("eval/auroc", "eval"),
+        ("eval/step_accuracy", "eval"),
+    ),
+    "sft": (("loss", "train"),),
+}
+DOWNLOAD_PATTERNS = (
+    "OfflineModeIsEnabled",
+    "ModelNotAvailableError",
+    "DatasetNotFoundError",
+    "Couldn't reach",
+    "ConnectionError",
+)
+OOM_RE = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|MPS backend out of memory|"
+    r"DefaultCPUAllocator: (?:can't allocate|not enough) memory|^Killed\s*$",
+    re.MULTILINE,
+)
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+
+class LogChunk(BaseModel):
+    text: str = Field(description="log text, progress-bar carriage returns folded")
+    cursor: int = Field(description="byte offset to pass as `cursor` next time")
+    eof: bool = Field(description="the read reached the end of the file")
+    truncated: bool = Field(description="output was capped by max_bytes (more is available)")
+    size: int = Field(default=0, description="size of train.log in bytes at read time")
+
+
+class MetricSeries(BaseModel):
+    run_id: str
+    phase: str | None = None
+    keys: list[str] = Field(description="metric names in the returned rows")
+    rows: list[dict[str, Any]] = Field(
+        description="step, phase, time_s and the metrics; non-finite values stay as 'nan'/'inf'"
+    )
+    total_rows: int = Field(description="matching rows before down-sampling")
+    downsampled: bool = False
+
+
+class Alert(BaseModel):
+    kind: Literal[
+        "oom",
+        "nan_loss",
+        "stalled",
+        "no_reward_contrast",
+        "repetition",
+        "flat_learning",
+        "download_failure",
+        "failed",
+        "died",
+    ]
+    severity: Literal["error", "warning", "info"]
+    message: str
+    hint: str = Field(description="one actionable line")
+    step: int | None = None
+    detail: str | None = Field(default=None, description="e.g. the last traceback")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tail
+# ---------------------------------------------------------------------------------------------
+
+
+def fold_carriage_returns(text: str) -> str:
+    """Keep what a terminal would show of each line: the text after its last carriage return."""
+    out = []
+    for line in text.split("\n"):
+        line = line.rstrip("\r")
+        if "\r" in line:
+            line = line.rsplit("\r", 1)[1]
+        out.append(line)
+    return "\n".join(out)
+
+
+def _utf8_cut(data: bytes, limit: int) -> int:
+    """The largest cut <= limit that does not split a UTF-8 character."""
+    cut = min(limit, len(data))
+    while 0 < cut < len(data) and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def tail_log(
+    run_id: str,
+    lines: int = 50,
+    cursor: int | None = None,
+    max_bytes: int = 16_000,
+    *,
+    final: bool = False,
+) -> LogChunk:
+    """Read train.log.
+
+    ``cursor=None``: the last ``lines`` lines (at most ``max_bytes`` of text, newest kept);
+    the returned cursor is the end of the file. ``cursor=N``: the bytes after offset N (whole
+    lines, at most ``max_bytes``); pass the returned cursor next time. A trailing line still
+    being written is held back until the writer has been idle ``PARTIAL_LINE_IDLE_S`` (or
+    ``final=True``). Carriage-return progress bars are folded to their last state.
+    """
+    if lines < 1 or max_bytes < 1:
+        raise LabError("lines and max_bytes must be positive")
+    if cursor is not None and (not isinstance(cursor, int) or cursor < 0):
+        raise LabError(f"bad cursor {cursor!r}: pass the cursor a previous tail returned")
+    path = find_run(run_id) / "train.log"
+    try:
+        size = path.stat().st_size
+        mtime = path.stat().st_mtime
+    except OSError:
+        return LogChunk(text="", cursor=cursor or 0, eof=True, truncated=False, size=0)
+
+    if cursor is not None:
+        start = min(cursor, size)
+        with path.open("rb") as fh:
+            fh.seek(start)
+            data = fh.read(min(size - start, max_bytes))
+        end = start + len(data)
+        if end < size:  # capped: stop at a line boundary when there is one
+            nl = data.rfind(b"\n")
+            cut = nl + 1 if nl >= 0 else _utf8_cut(data, len(data))
+        else:
+            nl = data.rfind(b"\n")
+            idle = time.time() - mtime >= PARTIAL_LINE_IDLE_S
+            cut = len(data) if (final or idle or data.endswith(b"\n")) else nl + 1
+        data = data[:cut]
+        new_cursor = start + len(data)
+        return LogChunk(
+            text=fold_carriage_returns(_decode(data)),
+            cursor=new_cursor,
+            eof=new_cursor >= size,
+            truncated=new_cursor < size and end < size,
+            size=size,
+        )
+
+    window = min(size, max(4 * max_bytes, 256 * 1024))
+    with path.open("rb") as fh:
+        fh.seek(size - window)
+        data = fh.read(window)
+    text = _decode(data)
+    parts = text.split("\n")
+    if window < size:
+        parts = parts[1:]  # the first line is partial
+    if parts and parts[-1] == "":
+        parts = parts[:-1]
+    folded = [fold_carriage_returns(p) for p in parts]
+    want = folded[-lines:]
+    truncated = False
+    kept: list[str] = []
+    used = 0
+    for line in reversed(want):
+        cost = len(line.encode()) + 1
+        if used + cost > max_bytes:
+            truncated = True
+            if not kept:  # one huge line: keep its end
+                raw = line.encode()[-max(max_bytes - 1, 1) :]
+                while raw and (raw[0] & 0xC0) == 0x80:  # do not start inside a character
+                    raw = raw[1:]
+                kept.append(_decode(raw))
+            break
+        kept.append(line)
+        used += cost
+    out = "\n".join(reversed(kept))
+    if kept:
+        out += "\n"
+    return LogChunk(text=out, cursor=size, eof=True, truncated=truncated, size=size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """Every whole JSON object line; a truncated or garbled line is skipped."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    rows = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(_decode(line))
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _even_indices(n: int, k: int) -> list[int]:
+    """k indices spread evenly over range(n), always including the first and the last."""
+    if k >= n:
+        return list(range(n))
+    if k == 1:
+        return [n - 1]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def read_metrics(
+    run_id: str,
+    keys: list[str] | None = None,
+    phase: str | None = None,
+    max_points: int | None = None,
+) -> MetricSeries:
+    """metrics.jsonl rows of a run. ``keys`` keeps only those metrics (rows holding none of them
+    are dropped); ``phase`` keeps one phase (train / eval / rollout); ``max_points`` down-samples
+    each phase evenly, always keeping its last row."""
+    if max_points is not None and max_points < 1:
+        raise LabError("max_points must be at least 1")
+    rows = _read_rows(find_run(run_id) / "metrics.jsonl")
+    if phase is not None:
+        rows = [r for r in rows if r.get("phase") == phase]
+    meta = ("step", "phase", "time_s")
+    if keys:
+        wanted = list(dict.fromkeys(keys))
+        rows = [
+            {**{m: r[m] for m in meta if m in r}, **{k: r[k] for k in wanted if k in r}}
+            for r in rows
+            if any(k in r for k in wanted)
+        ]
+    total = len(rows)
+    downsampled = False
+    if max_points is not None:
+        by_phase: dict[Any, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_phase.setdefault(r.get("phase"), []).append(i)
+        keep: list[int] = []
+        for idx in by_phase.values():
+            picked = _even_indices(len(idx), max_points)
+            keep.extend(idx[j] for j in picked)
+            downsampled = downsampled or len(picked) < len(idx)
+        rows = [rows[i] for i in sorted(keep)]
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k not in meta:
+                seen.setdefault(k, None)
+    return MetricSeries(
+        run_id=run_id,
+        phase=phase,
+        keys=list(seen),
+        rows=rows,
+        total_rows=total,
+        downsampled=downsampled,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnose
+# ---------------------------------------------------------------------------------------------
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf", "+inf"):
+        return float(value)
+    return None
+
+
+def _read_log(path: Path, head: int = 256 * 1024, tail: int = 1 << 20) -> str:
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            if size <= head + tail:
+                return _decode(fh.read())
+            first = fh.read(head)
+            fh.seek(size - tail)
+            return _decode(first) + "\n" + _decode(fh.read())
+    except OSError:
+        return ""
+
+
+def last_traceback(text: str) -> str | None:
+    """The last ``Traceback (most recent call last):`` block of a log, through its error line."""
+    at = text.rfind(TRACEBACK_HEAD)
+    if at < 0:
+        return None
+    lines = fold_carriage_returns(text[at:]).split("\n")
+    block = [lines[0]]
+    for line in lines[1:]:
+        block.append(line)
+        if line and not line[0].isspace():
+            break
+    return "\n".join(block).rstrip()
+
+
+def _last_error_line(text: str) -> str | None:
+    for line in reversed(text.splitlines()):
+        s = line.strip()
+        if s and not s.startswith("[rlhf-lab]"):
+            return s
+    return None
+
+
+def repetition_reason(text: str, min_tokens: int = 16) -> str | None:
+    """Why a completion looks collapsed (None if it does not): one token repeated many times in
+    a row, one n-gram (n = 2..4) covering most of it, a loop (few distinct 4-grams), or one
+    character repeated at length."""
+    run_ch = max((len(m.group(0)) for m in re.finditer(r"(\S)\1*", text)), default=0)
+    if run_ch >= 40:
+        return f"one character repeated {run_ch} times in a row"
+    toks = re.findall(r"\w+|[^\w\s]", text)
+    if len(toks) < min_tokens:
+        return None
+    longest, cur = 1, 1
+    for a, b in zip(toks, toks[1:], strict=False):
+        cur = cur + 1 if a == b else 1
+        longest = max(longest, cur)
+    if longest >= 10:
+        return f"one token repeated {longest} times in a row"
+    for n in (2, 3, 4):
+        grams = Counter(tuple(toks[i : i + n]) for i in range(len(toks) - n + 1))
+        gram, count = grams.most_common(1)[0]
+        coverage = min(1.0, count * n / len(toks))
+        if count >= 4 and coverage >= 0.6:
+            return f"the {n}-gram {' '.join(gram)!r} covers {coverage:.0%} of it"
+    fours = [tuple(toks[i : i + 4]) for i in range(len(toks) - 3)]
+    distinct = len(set(fours)) / len(fours)
+    if len(toks) >= 24 and distinct <= 0.25:
+        return f"it loops: only {distinct:.0%} of its 4-grams are distinct"
+    return None
+
+
+def _sample_text(row: dict) -> str | None:
+    for key in ("completion", "response", "output", "text", "generation"):
+        value = row.get(key)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _check_samples(path: Path) -> Alert | None:
+    rows = [r for r in _read_rows(path) if _sample_text(r) is not None]
+    if not rows:
+        return None
+    last_step = rows[-1].get("step")
+    latest = [r for r in rows if r.get("step") == last_step]
+    collapsed = [(r, why) for r in latest if (why := repetition_reason(_sample_text(r) or ""))]
+    if not collapsed or len(collapsed) * 2 < len(latest):
+        return None
+    row, why = collapsed[0]
+    excerpt = (_sample_text(row) or "")[:160].replace("\n", " ")
+    return Alert(
+        kind="repetition",
+        severity="warning",
+        step=last_step if isinstance(last_step, int) else None,
+        message=f"{len(collapsed)}/{len(latest)} samples at step {last_step} repeat themselves "
+        f"({why}): {excerpt!r}",
+        hint="lower the learning rate or raise the KL/β penalty; check the chat template and "
+        "the end-of-turn token so generation stops",
+    )
+
+
+def _check_nan(rows: list[dict]) -> Alert | None:
+    for r in rows:
+        bad = [
+            k
+            for k, v in r.items()
+            if k not in ("step", "time_s", "phase")
+            and (f := _float(v)) is not None
+            and not math.isfinite(f)
+        ]
+        if bad:
+            step = r.get("step")
+            shown = ", ".join(bad[:5])
+            return Alert(
+                kind="nan_loss",
+                severity="error",
+                step=step if isinstance(step, int) else None,
+                message=f"non-finite values (nan/inf) from step {step} on: {shown}",
+                hint="lower train.learning_rate, keep train.max_grad_norm set, and prefer bf16 or "
+                "fp32 to fp16",
+            )
+    return None
+
+
+def _check_zero_std(rows: list[dict]) -> Alert | None:
+    streak, first = 0, None
+    for r in rows:
+        v = _float(r.get("frac_reward_zero_std"))
+        if v is not None and math.isfinite(v) and v >= ZERO_STD_THRESHOLD:
+            streak += 1
+            first = r.get("step") if streak == 1 else first
+            if streak >= ZERO_STD_ROWS:
+                return Alert(
+                    kind="no_reward_contrast",
+                    severity="warning",
+                    step=first if isinstance(first, int) else None,
+                    message=f"frac_reward_zero_std ≥ {ZERO_STD_THRESHOLD} for {streak}+ "
+                    f"consecutive rows from step {first}: most groups score the same, so the "
+                    "advantage (and the gradient) is zero",
+                    hint="warm-start with SFT, use an easier task, or raise rollout.num_rollouts "
+                    "so groups contain both right and wrong answers",
+                )
+        elif v is not None:
+            streak = 0
+    return None
+
+
+def _infer_family(rows: list[dict]) -> str | None:
+    keys = {k for r in rows for k in r}
+    if "avg_correctness" in keys or "frac_reward_zero_std" in keys:
+        return "policy_gradients"
+    if "margins" in keys or "chosen_rewards" in keys:
+        return "direct_alignment"
+    if "eval/reward_margin" in keys or "eval/auroc" in keys or "eval/step_accuracy" in keys:
+        return "reward_models"
+    return None
+
+
+def _check_flat(family: str | None, rows: list[dict]) -> Alert | None:
+    family = family if family in KEY_METRICS else _infer_family(rows)
+    for key, phase in KEY_METRICS.get(family or "", ()):
+        series = [
+            (r.get("step"), f)
+            for r in rows
+            if r.get("phase") == phase
+            and (f := _float(r.get(key))) is not None
+            and math.isfinite(f)
+        ]
+        if not series:
+            continue
+        if len(series) < FLAT_WINDOW:
+            return None
+        window = [v for _, v in series[-FLAT_WINDOW:]]
+        lo, hi = min(window), max(window)
+        if key.endswith("loss"):
+            mean = sum(window) / len(window)
+            flat = mean > 0.01 and hi - lo <= 0.005 * abs(mean)
+        else:
+            flat = hi < 0.99 and hi - lo <= 1e-3
+        if not flat:
+            return None
+        first_step = series[-FLAT_WINDOW][0]
+        return Alert(
+            kind="flat_learning",
+            severity="warning",
+            step=first_step if isinstance(first_step, int) else None,
+            message=f"{key} has not moved over the last {FLAT_WINDOW} {phase} rows "
+            f"(from step {first_step}: {lo:.4g}..{hi:.4g})",
+            hint="raise train.learning_rate or the number of steps, and check the data and "
+            "the model can learn the task (warm-start tiny models with SFT)",
+        )
+    return None
+
+
+def _check_stalled(status, run_dir: Path, stall_after_s: float) -> Alert | None:
+    if status.state != "running":
+        return None
+    marks = [status.progress_updated_at or 0.0]
+    for name in ("train.log", "metrics.jsonl", "progress.json"):
+        try:
+            marks.append((run_dir / name).stat().st_mtime)
+        except OSError:
+            pass
+    idle = time.time() - max(marks)
+    if idle <= stall_after_s:
+        return None
+    return Alert(
+        kind="stalled",
+        severity="warning",
+        step=status.step,
+        message=f"running, but nothing was logged or progressed for {idle / 60:.0f} min "
+        f"(at step {status.step}/{status.total_steps})",
+        hint="look at the end of the log (`rlhf-lab tail`) and `py-spy dump --pid "
+        f"{status.trainer_pid or status.pid}`; stop it and resume if it is stuck",
+    )
+
+
+def diagnose(run_id: str, stall_after_s: float = STALL_AFTER_S) -> list[Alert]:
+    """Known failure modes of a run, most serious first, each with a one-line hint."""
+    run_dir = find_run(run_id)
+    status = run_state(run_id)
+    log = _read_log(run_dir / "train.log")
+    rows = _read_rows(run_dir / "metrics.jsonl")
+    summary = {}
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    summary = summary if isinstance(summary, dict) else {}
+    alerts: list[Alert] = []
+
+    killed = status.signal == signal.SIGKILL and not status.stop_requested
+    oom = OOM_RE.search(log)
+    if oom or killed:
+        if oom and oom.group(0).strip() != "Killed":
+            start = log.rfind("\n", 0, oom.start()) + 1
+            end = log.find("\n", oom.end())
+            line = log[start : end if end >= 0 else len(log)].strip()
+            what = f"out of memory: {line[:300]}"
+        else:
+            what = "the trainer was killed by SIGKILL, likely the kernel's OOM killer (out of RAM)"
+        alerts.append(
+            Alert(
+                kind="oom",
+                severity="error",
+                step=status.step,
+                message=what,
+                hint="lower train.batch_size or data.max_length (raise "
+                "train.gradient_accumulation_steps to keep the batch), enable "
+                "model.gradient_checkpointing, or check `dmesg | grep -i oom`",
+            )
+        )
+    elif status.state == "died":
+        alerts.append(
+            Alert(
+                kind="died",
+                severity="error",
+                step=status.step,
+                message="the run's processes are gone without an exit status "
+                "(SIGKILL of the whole group, OOM killer or a reboot)",
+                hint="resume from the last checkpoint with --resume, or relaunch; if it recurs, "
+                "lower memory use",
+            )
+        )
+
+    hits = [p for p in DOWNLOAD_PATTERNS if p in log]
+    if hits:
+        line = next((ln for ln in reversed(log.splitlines()) if any(p in ln for p in hits)), "")
+        alerts.append(
+            Alert(
+                kind="download_failure",
+                severity="error",
+                message=f"a model or dataset could not be fetched from the hub: {line.strip()[:300]}",
+                hint="work offline: model.name=tiny or a local folder / .gguf, "
+                "data.dataset=builtin:..., or `rlhf-lab models pull` while online",
+            )
+        )
+
+    nonzero = status.exit_code not in (None, 0)
+    if status.state == "failed" or (nonzero and status.state != "stopped"):
+        tb = summary.get("traceback") if isinstance(summary.get("traceback"), str) else None
+        tb = last_traceback(tb) if tb else last_traceback(log)
+        error_line = None
+        if summary.get("error"):
+            error_line = str(summary["error"])
+        elif tb:
+            error_line = tb.splitlines()[-1].strip()
+        else:
+            error_line = _last_error_line(log)
+        code = status.exit_code
+        if code == 2 and not tb:
+            hint = "the trainer rejected the config before starting: fix the key named above"
+        else:
+            hint = "fix the error above (the traceback is in `detail`), then relaunch or --resume"
+        alerts.append(
+            Alert(
+                kind="failed",
+                severity="error",
+                step=status.step,
+                message=(
+                    f"the trainer exited with code {code}" if code is not None else "the run failed"
+                )
+                + f": {error_line or 'no error text'}",
+                hint=hint,
+                detail=tb[-4000:] if tb else None,
+            )
+        )
+
+    for check in (
+        _check_nan(rows),
+        _check_zero_std([r for r in rows if r.get("phase") in ("train", "rollout")]),
+        _check_samples(run_dir / "samples.jsonl"),
+        _check_flat(status.family, rows),
+        _check_stalled(status, run_dir, stall_after_s),
+    ):
+        if check is not None:
+            alerts.append(check)
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(alerts, key=lambda a: order[a.severity])

@@ -1,0 +1,301 @@
+"""What this machine has free right now: GPUs through NVML (``nvidia-ml-py``, import name
+``pynvml``; no CUDA context is created and torch is not imported), CPU and RAM through psutil,
+and which lab runs hold which device.
+
+"No GPU" is an answer, not a crash: without the NVML library, a driver or a device the result
+has ``gpus=[]`` and a note saying why.
+
+Lab runs are found by reading (never writing) ``experiments/*/runs/*/run.json``: runs in state
+``starting`` or ``running`` with their pid and, when the launcher recorded it, their ``device``.
+A run is matched to a GPU by that field or by its process (or a child of it) appearing in the
+GPU's process list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.paths import experiments_dir
+
+__all__ = ["GpuInfo", "GpuProcess", "LabRunHold", "Resources", "check_resources", "gpu_index"]
+
+GIB = 2**30
+ACTIVE_STATES = ("starting", "running")
+
+
+class GpuProcess(BaseModel):
+    pid: int
+    used_memory_gb: float | None = Field(description="None where the driver does not report it")
+    name: str | None = None
+    lab_run: str | None = Field(default=None, description="the lab run this process belongs to")
+
+
+class GpuInfo(BaseModel):
+    index: int
+    name: str
+    uuid: str | None = None
+    total_gb: float
+    used_gb: float
+    free_gb: float
+    utilization_pct: int | None = None
+    processes: list[GpuProcess] = Field(default_factory=list)
+    lab_runs: list[str] = Field(default_factory=list, description="lab runs holding this GPU")
+
+
+class LabRunHold(BaseModel):
+    run_id: str
+    campaign: str
+    state: str
+    pid: int | None = None
+    device: str | None = None
+    alive: bool = Field(
+        description="the process exists (and, when recorded, has the same create time)"
+    )
+    gpu_indices: list[int] = Field(default_factory=list)
+
+
+class Resources(BaseModel):
+    host: str
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    driver_version: str | None = None
+    cpu_count: int
+    cpu_load: list[float] = Field(description="1, 5 and 15 minute load averages")
+    ram_total_gb: float
+    ram_available_gb: float
+    lab_runs: list[LabRunHold] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lab runs (read only)
+# ---------------------------------------------------------------------------------------------
+
+
+def gpu_index(device: Any) -> int | None:
+    """GPU index named by a run's ``device`` field: ``cuda:1`` / ``1`` / ``"1"`` -> 1; ``cuda``
+    -> 0; ``cpu`` / None -> None."""
+    if device is None or isinstance(device, bool):
+        return None
+    if isinstance(device, int):
+        return device if device >= 0 else None
+    text = str(device).strip().lower()
+    if text in ("cuda", "gpu", "auto"):
+        return 0 if text != "auto" else None
+    for prefix in ("cuda:", "gpu:"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return int(text) if text.isdigit() else None
+
+
+def _alive(pid: int | None, create_time: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if isinstance(create_time, (int, float)) and abs(proc.create_time() - create_time) > 1.0:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+
+
+def _family_pids(pid: int | None) -> set[int]:
+    """The run's pid and its children's (a launcher wrapper may own the CUDA process)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return set()
+    import psutil
+
+    pids = {pid}
+    try:
+        pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+    except (psutil.Error, OSError):
+        pass
+    return pids
+
+
+def active_lab_runs(root: Path | None = None) -> list[LabRunHold]:
+    """Runs whose run.json says starting or running (read only)."""
+    base = Path(root) if root is not None else experiments_dir()
+    out: list[LabRunHold] = []
+    if not base.is_dir():
+        return out
+    for path in sorted(base.glob("*/runs/*/run.json")):
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict) or info.get("state") not in ACTIVE_STATES:
+            continue
+        pid = info.get("pid") if isinstance(info.get("pid"), int) else None
+        device = info.get("device")
+        idx = gpu_index(device)
+        out.append(
+            LabRunHold(
+                run_id=str(info.get("id") or path.parent.name),
+                campaign=str(info.get("campaign") or path.parent.parent.parent.name),
+                state=str(info["state"]),
+                pid=pid,
+                device=None if device is None else str(device),
+                alive=_alive(pid, info.get("create_time")),
+                gpu_indices=[idx] if idx is not None else [],
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs
+# ---------------------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _query_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
+    try:
+        import pynvml
+    except ImportError:
+        notes.append("no GPU: nvidia-ml-py (pynvml) is not installed")
+        return [], None
+    try:
+        pynvml.nvmlInit()
+    except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        notes.append(f"no GPU: NVML is not available ({_text(err) or type(err).__name__})")
+        return [], None
+    gpus: list[GpuInfo] = []
+    driver = None
+    try:
+        try:
+            driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        except Exception:
+            driver = None
+        count = pynvml.nvmlDeviceGetCount()
+        for index in range(count):
+            try:
+                gpus.append(_one_gpu(pynvml, index))
+            except Exception as err:
+                notes.append(f"GPU {index}: could not be queried ({_text(err)})")
+    except Exception as err:
+        notes.append(f"no GPU: NVML query failed ({_text(err)})")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    if not gpus and not any(n.startswith("no GPU") for n in notes):
+        notes.append("no GPU: NVML reports no devices")
+    return gpus, driver
+
+
+def _one_gpu(pynvml, index: int) -> GpuInfo:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    name = _text(pynvml.nvmlDeviceGetName(handle))
+    try:
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+    except Exception:
+        uuid = None
+    try:
+        util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:
+        util = None
+    procs: dict[int, GpuProcess] = {}
+    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        fn = getattr(pynvml, getter, None)
+        if fn is None:
+            continue
+        try:
+            items = fn(handle) or []
+        except Exception:
+            continue
+        for p in items:
+            pid = int(getattr(p, "pid", 0) or 0)
+            used = getattr(p, "usedGpuMemory", None)
+            if pid and pid not in procs:
+                procs[pid] = GpuProcess(
+                    pid=pid,
+                    used_memory_gb=round(used / GIB, 3) if isinstance(used, int) else None,
+                    name=_process_name(pid),
+                )
+    return GpuInfo(
+        index=index,
+        name=name,
+        uuid=uuid,
+        total_gb=round(mem.total / GIB, 3),
+        used_gb=round(mem.used / GIB, 3),
+        free_gb=round(mem.free / GIB, 3),
+        utilization_pct=util,
+        processes=list(procs.values()),
+    )
+
+
+def _process_name(pid: int) -> str | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.Error, OSError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything
+# ---------------------------------------------------------------------------------------------
+
+
+def check_resources(include_runs: bool = True) -> Resources:
+    """GPUs (memory, processes), CPU count and load, RAM, and the lab runs holding devices."""
+    import psutil
+
+    notes: list[str] = []
+    gpus, driver = _query_gpus(notes)
+    runs = active_lab_runs() if include_runs else []
+
+    for run in runs:
+        pids = _family_pids(run.pid) if run.alive else set()
+        for gpu in gpus:
+            for proc in gpu.processes:
+                if proc.pid in pids:
+                    proc.lab_run = run.run_id
+                    if gpu.index not in run.gpu_indices:
+                        run.gpu_indices.append(gpu.index)
+        for idx in run.gpu_indices:
+            for gpu in gpus:
+                if gpu.index == idx and run.run_id not in gpu.lab_runs:
+                    gpu.lab_runs.append(run.run_id)
+        if not run.alive:
+            notes.append(
+                f"run {run.run_id} is marked {run.state} but its process is gone "
+                "(`rlhf-lab status` will mark it died)"
+            )
+    if gpus and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        notes.append(
+            f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}: NVML lists every GPU in "
+            "nvidia-smi order; CUDA renumbers the visible ones"
+        )
+
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        load = [round(psutil.cpu_percent(interval=None) / 100 * (psutil.cpu_count() or 1), 2)]
+    vm = psutil.virtual_memory()
+    return Resources(
+        host=socket.gethostname(),
+        gpus=gpus,
+        driver_version=driver,
+        cpu_count=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
+        cpu_load=load,
+        ram_total_gb=round(vm.total / GIB, 3),
+        ram_available_gb=round(vm.available / GIB, 3),
+        lab_runs=runs,
+        notes=notes,
+    )

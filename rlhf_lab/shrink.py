@@ -1,0 +1,495 @@
+"""Turn a full recipe into a quick sanity run, with the diff and the number of optimizer steps
+to expect.
+
+The rules follow the reference book's habits for short runs, per family:
+
+* direct alignment: a few hundred pairs (``data.max_samples`` 640), one epoch, shorter sequences,
+  an effective batch of 16 so that 10-20 optimizer steps pass early (the acceptance window);
+* SFT: the same shape as direct alignment (640 examples, one epoch);
+* policy gradients: ``train.max_steps`` 20 rollout steps over a ``data.size`` of exactly that many
+  prompts (10 on a tiny preset, with 64 new tokens);
+* reward models: fewer samples (512 pairs / solutions; ORM 128 prompts × 8 completions) and one
+  epoch;
+* rejection sampling: fewer training prompts, test prompts and completions per prompt, one SFT
+  epoch.
+
+Everything runs often: evaluation every few steps, metrics every step, no intermediate
+checkpoints. The model is kept unless ``model`` is given; a built-in preset (``tiny``,
+``tiny-llama``, ``small``) also switches to the offline ``builtin:*`` data sets and to sizes,
+lengths and learning rates that suit a ~1M-parameter model (direct alignment: the tested recipe
+of ``rlhf_lab/demo.py``; SFT: the warm-start recipe's values).
+
+User ``overrides`` are applied after the rules, so they always win.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.catalog import Recipe, family_info, find_recipe, get_dotted
+from rlhf_lab.configs import ConfigChange, config_model, resolve_config
+from rlhf_lab.paths import LabError
+from trainers.core.config import parse_override
+
+__all__ = [
+    "ShrinkResult",
+    "StepsEstimate",
+    "estimate_steps",
+    "expected_optimizer_steps",
+    "format_override",
+    "shrink_config",
+]
+
+_MISSING = object()
+
+
+class ShrinkResult(BaseModel):
+    family: str
+    algorithm: str
+    recipe: Recipe
+    model: str | None = Field(description="model.name of the shrunk config")
+    model_swap: str | None = Field(description="the model asked for (None: kept)")
+    overrides: list[str] = Field(
+        description="every --set applied to the recipe, in order: the shrink rules, then the "
+        "user's overrides"
+    )
+    shrink_overrides: list[str]
+    user_overrides: list[str]
+    config: dict[str, Any] = Field(description="the validated shrunk config")
+    diff: list[ConfigChange] = Field(description="changes from the shipped recipe")
+    expected_optimizer_steps: int | None
+    expected_progress_steps: int | None = Field(
+        description="the total_steps the trainer's progress.json will report"
+    )
+    progress_unit: str = Field(description="what progress.json counts for this family")
+    steps_detail: str
+    notes: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def format_override(key: str, value: Any) -> str:
+    """``key=value`` in the form ``--set`` parses back to the same value."""
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float):
+        text = repr(value)
+    elif isinstance(value, (list, dict)):
+        text = json.dumps(value)
+    else:
+        text = str(value)
+    return f"{key}={text}"
+
+
+def _cap(current: Any, limit: int) -> int:
+    """``min(current, limit)``; ``None`` (meaning "all") becomes ``limit``."""
+    if current is None or not isinstance(current, (int, float)):
+        return limit
+    return int(min(current, limit))
+
+
+def _find_key(data: dict[str, Any], leaf: str, prefix: str = "") -> str | None:
+    """Dotted path of the first leaf named ``leaf`` (for families whose layout varies)."""
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key == leaf and not isinstance(value, dict):
+            return dotted
+    for key, value in data.items():
+        if isinstance(value, dict):
+            found = _find_key(value, leaf, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
+
+
+def _is_preset(model: str | None) -> bool:
+    if not model:
+        return False
+    from trainers.core.tiny import PRESETS
+
+    return model in PRESETS
+
+
+class _Rules:
+    """Collects ``key -> value`` rules against the current config, keeping only keys the config
+    has and values that change something."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.items: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.items.get(key, get_dotted(self.data, key, default))
+
+    def set(self, key: str | None, value: Any) -> None:
+        if key is None or get_dotted(self.data, key, _MISSING) is _MISSING:
+            return
+        self.items[key] = value
+
+    def cap(self, key: str | None, limit: int) -> None:
+        if key is None:
+            return
+        self.set(key, _cap(get_dotted(self.data, key), limit))
+
+    def overrides(self) -> list[str]:
+        return [
+            format_override(k, v)
+            for k, v in self.items.items()
+            if get_dotted(self.data, k, _MISSING) != v
+        ]
+
+
+def _common_quiet(r: _Rules, big_model: bool) -> None:
+    r.set("logging.log_every", 1)
+    r.set("checkpoint.save_every", None)
+    if big_model:
+        r.set("checkpoint.save_final_model", False)
+
+
+def _swap_model(r: _Rules, model: str, preset: bool) -> None:
+    r.set("model.name", model)
+    r.set("model.ref_name", None)
+    if preset:
+        r.set("model.gradient_checkpointing", False)
+        if get_dotted(r.data, "model.chat_template_source") is not None:
+            r.set("model.chat_template_source", None)  # presets ship a chat template
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-family rules
+# ---------------------------------------------------------------------------------------------
+
+
+def _direct_alignment(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+    r.set("train.num_epochs", 1)
+    r.set("eval.eval_every", 10)
+    r.set("eval.sample_every", 20)
+    r.cap("eval.num_samples", 2)
+    if preset:
+        # the tested recipe of rlhf_lab/demo.py (DPO_SANITY_OVERRIDES)
+        r.set("data.dataset", family_info("direct_alignment").builtin_datasets["*"])
+        r.set("data.max_samples", 640)
+        r.set("data.eval_size", 128)
+        r.set("data.max_length", 160)
+        r.set("train.batch_size", 16)
+        r.set("train.gradient_accumulation_steps", 1)
+        r.set("train.learning_rate", 3.0e-4)
+        r.set("eval.sample_max_new_tokens", 48)
+        if algorithm != "dpo":
+            notes.append(
+                f"the tiny-model settings (lr 3e-4, batch 16) were tested with dpo; {algorithm} "
+                "may want a different learning rate"
+            )
+    else:
+        r.cap("data.max_samples", 640)
+        r.cap("data.eval_size", 64)
+        r.cap("data.max_length", 512)
+        r.cap("train.batch_size", 4)
+        r.cap("train.gradient_accumulation_steps", 4)
+        r.cap("eval.sample_max_new_tokens", 128)
+    _common_quiet(r, big_model=not preset)
+
+
+def _sft(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+    r.set("train.num_epochs", 1)
+    r.set("eval.eval_every", 10)
+    r.set("eval.sample_every", 20)
+    r.cap("eval.num_samples", 2)
+    if preset:
+        # the values of the tiny warm-start recipe (trainers.sft.train.warm_start_overrides)
+        r.set("data.dataset", family_info("sft").builtin_datasets["*"])
+        r.set("data.max_samples", 640)
+        r.set("data.eval_size", 64)
+        r.set("data.max_length", 160)
+        r.set("train.batch_size", 16)
+        r.set("train.gradient_accumulation_steps", 1)
+        r.set("train.learning_rate", 3.0e-3)
+        r.set("train.warmup_ratio", 0.05)
+        r.set("eval.sample_max_new_tokens", 64)
+    else:
+        r.cap("data.max_samples", 640)
+        r.cap("data.eval_size", 64)
+        r.cap("data.max_length", 1024)
+        r.cap("train.gradient_accumulation_steps", 4)
+        r.cap("eval.sample_max_new_tokens", 128)
+    _common_quiet(r, big_model=not preset)
+
+
+def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+    steps = 10 if preset else 20
+    prompts = int(r.get("rollout.prompts_per_step", 4) or 4)
+    r.set("train.num_epochs", 1)
+    r.cap("train.max_steps", steps)
+    r.cap("data.size", prompts * steps)
+    r.cap("data.eval_size", 16 if preset else 32)
+    r.set("eval.eval_every", 5)
+    r.cap("eval.num_samples", 2)
+    if preset:
+        r.set("rollout.max_new_tokens", 64)
+        r.set("eval.max_new_tokens", None)
+        r.set("train.learning_rate", 1.0e-3)  # what tests/test_pg_train.py uses on tiny
+        notes.append(
+            "a tiny preset is randomly initialised: expect little reward contrast "
+            "(frac_reward_zero_std near 1) unless it starts from an SFT warm start (run the "
+            "sft_tiny_warmstart recipe, then --set model.name=<its run dir>/final_model); "
+            "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
+            "not a tuned value"
+        )
+    _common_quiet(r, big_model=not preset)
+
+
+def _reward_models(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+    r.set("train.num_epochs", 1)
+    r.set("eval.eval_every", 10)
+    if preset:
+        builtin = family_info("reward_models").builtin_datasets.get(algorithm)
+        r.set("data.dataset", builtin)
+        r.set("train.batch_size", 16)
+        r.set("train.gradient_accumulation_steps", 1)
+        r.set("train.learning_rate", 3.0e-4)
+        if algorithm == "orm":
+            r.set("data.max_samples", 400)
+            r.set("data.eval_size", 64)
+            r.set("data.rollouts_per_prompt", 4)
+            r.set("data.max_length", 256)
+        else:
+            r.set("data.max_samples", 640)
+            r.set("data.eval_size", 64)
+            r.set("data.max_length", 256 if algorithm == "prm" else 160)
+        notes.append("lr 3e-4 for a tiny reward model is a starting point, not a tuned value")
+    elif algorithm == "orm":
+        r.cap("data.max_samples", 128)
+        r.cap("data.eval_size", 16)
+        r.cap("data.rollouts_per_prompt", 8)
+    else:
+        r.cap("data.max_samples", 512)
+        r.cap("data.eval_size", 64)
+    _common_quiet(r, big_model=not preset)
+
+
+def _rejection_sampling(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+    data = r.data
+    r.cap(_find_key(data, "max_train_samples"), 64)
+    r.cap(_find_key(data, "max_test_samples"), 32)
+    r.cap(_find_key(data, "num_completions_per_prompt"), 4)
+    r.cap(_find_key(data, "top_k"), 64)
+    r.set(_find_key(data, "num_epochs"), 1)
+    if preset:
+        r.cap(_find_key(data, "max_new_tokens"), 64)
+        r.cap(_find_key(data, "eval_max_new_tokens"), 64)
+    _common_quiet(r, big_model=not preset)
+
+
+_RULES = {
+    "direct_alignment": _direct_alignment,
+    "sft": _sft,
+    "policy_gradients": _policy_gradients,
+    "reward_models": _reward_models,
+    "rejection_sampling": _rejection_sampling,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Expected optimizer steps
+# ---------------------------------------------------------------------------------------------
+
+
+def _epochs_steps(n: int, per_step: int, epochs: int, max_steps: int | None) -> int:
+    total = math.ceil(max(n, 0) / per_step) * epochs
+    return min(total, max_steps) if max_steps else total
+
+
+class StepsEstimate(BaseModel):
+    optimizer_steps: int | None
+    progress_steps: int | None = Field(description="total_steps in progress.json")
+    progress_unit: str
+    detail: str
+
+
+def estimate_steps(family: str, config: dict[str, Any]) -> StepsEstimate:
+    """Optimizer steps a run of ``config`` should take, and the total progress.json will show
+    (rollout steps for policy gradients, optimizer steps elsewhere)."""
+    steps, detail = expected_optimizer_steps(family, config)
+    if family == "policy_gradients":
+        max_steps = get_dotted(config, "train.max_steps")
+        if max_steps:
+            rollout = int(max_steps)
+        else:
+            epochs = int(get_dotted(config, "train.num_epochs", 1) or 1)
+            size = int(get_dotted(config, "data.size", 0) or 0)
+            prompts = int(get_dotted(config, "rollout.prompts_per_step", 1) or 1)
+            rollout = max(1, epochs * (size // prompts))
+        return StepsEstimate(
+            optimizer_steps=steps,
+            progress_steps=rollout,
+            progress_unit="rollout steps",
+            detail=detail,
+        )
+    return StepsEstimate(
+        optimizer_steps=steps, progress_steps=steps, progress_unit="optimizer steps", detail=detail
+    )
+
+
+def expected_optimizer_steps(family: str, config: dict[str, Any]) -> tuple[int | None, str]:
+    """(optimizer steps a run of ``config`` should take, how it was computed). None when it
+    depends on a data set size the config does not fix."""
+    g = lambda key, default=None: get_dotted(config, key, default)  # noqa: E731
+    batch = int(g("train.batch_size", 1) or 1)
+    accum = int(g("train.gradient_accumulation_steps", 1) or 1)
+    epochs = int(g("train.num_epochs", 1) or 1)
+    max_steps = g("train.max_steps")
+    per_step = batch * accum
+
+    if family in ("direct_alignment", "sft", "reward_models"):
+        n = g("data.max_samples")
+        dataset = str(g("data.dataset") or "")
+        if n is None and dataset.startswith("builtin:"):
+            n = 1000 if family == "direct_alignment" else 2000 if family == "sft" else None
+        if n is None:
+            if max_steps:
+                return int(max_steps), f"train.max_steps = {max_steps} (data size not fixed)"
+            return None, "depends on the data set size (data.max_samples is null)"
+        eval_size = int(g("data.eval_size", 0) or 0)
+        train_n = int(n) - eval_size
+        unit = "examples"
+        if family == "reward_models" and g("kind") == "orm":
+            rollouts = int(g("data.rollouts_per_prompt", 1) or 1)
+            train_n *= rollouts
+            unit = f"completions ({int(n) - eval_size} prompts × {rollouts})"
+        steps = _epochs_steps(train_n, per_step, epochs, max_steps)
+        detail = (
+            f"ceil(({n} - {eval_size} held out) {unit} / ({batch} × {accum})) × {epochs} epoch(s)"
+        )
+        if max_steps:
+            detail += f", capped by train.max_steps = {max_steps}"
+        if family == "reward_models" and g("kind") == "prm":
+            detail += " (approximate: long solutions are split into several windows)"
+        elif family != "sft":
+            detail += " (slightly fewer if pairs are dropped after truncation)"
+        return steps, detail
+
+    if family == "policy_gradients":
+        prompts = int(g("rollout.prompts_per_step", 4))
+        rollouts = int(g("rollout.num_rollouts", 8))
+        updates = int(g("loss.updates_per_rollout", 1) or 1)
+        size = int(g("data.size", 0))
+        rollout_steps = int(max_steps) if max_steps else max(1, epochs * (size // max(prompts, 1)))
+        micro = (prompts * rollouts) // batch
+        per_update = math.ceil(micro / accum)
+        steps = rollout_steps * per_update * updates
+        detail = (
+            f"{rollout_steps} rollout steps × ceil({prompts}×{rollouts} sequences / {batch} per "
+            f"micro-batch / {accum} accumulation) = {per_update} optimizer step(s) per update × "
+            f"{updates} update(s) per rollout"
+        )
+        return steps, detail
+
+    if family == "rejection_sampling":
+        m = get_dotted(config, _find_key(config, "max_train_samples") or "", None)
+        if m is None:
+            return None, "depends on the number of training prompts"
+        strategy = str(get_dotted(config, _find_key(config, "strategy") or "", "") or "")
+        n = int(m)
+        if strategy.endswith("k_overall"):
+            k = get_dotted(config, _find_key(config, "top_k") or "", None)
+            c = get_dotted(config, _find_key(config, "num_completions_per_prompt") or "", 1)
+            if k is not None:
+                n = min(int(k), n * int(c or 1))
+        bkey = _find_key(config, "batch_size") or _find_key(config, "train_batch_size")
+        akey = _find_key(config, "gradient_accumulation_steps") or _find_key(config, "batch_acc")
+        ekey = _find_key(config, "num_epochs")
+        b = int(get_dotted(config, bkey or "", 1) or 1)
+        a = int(get_dotted(config, akey or "", 1) or 1)
+        e = int(get_dotted(config, ekey or "", 1) or 1)
+        steps = math.ceil(n / (b * a)) * e
+        return steps, f"SFT on {n} selected completions: ceil({n} / ({b} × {a})) × {e} epoch(s)"
+
+    return None, f"no step rule for family {family}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Shrinking
+# ---------------------------------------------------------------------------------------------
+
+
+def _user_model(overrides: list[str]) -> str | None:
+    model = None
+    for text in overrides:
+        try:
+            parts, value = parse_override(text)
+        except Exception:
+            continue
+        if parts == ["model", "name"] and isinstance(value, str):
+            model = value
+    return model
+
+
+def shrink_config(
+    recipe_or_file: str | Path | Recipe,
+    overrides: list[str] | None = None,
+    model: str | None = None,
+) -> ShrinkResult:
+    """Shrink a recipe into a quick sanity run.
+
+    ``model``: swap the model (None keeps the recipe's; a preset such as ``tiny`` also switches
+    to the offline data sets and tiny-model sizes). ``overrides``: the user's ``--set`` items,
+    applied last. Raises :class:`LabError` for an unknown recipe, a family whose config model
+    does not exist yet, or a shrunk config that does not validate.
+    """
+    recipe = find_recipe(recipe_or_file)
+    user = list(overrides or [])
+    config_model(recipe.family)  # a clear LabError when the family has no config model yet
+    base = resolve_config(recipe, user)  # the rules see the user's values
+    swap = model or _user_model(user)
+    preset = _is_preset(swap)
+
+    notes: list[str] = []
+    rules = _Rules(base.data)
+    if model:
+        _swap_model(rules, model, preset)
+    elif preset:  # model.name=<preset> came with --set: treat it as the swap
+        _swap_model(rules, swap, preset=True)
+    family_rules = _RULES.get(recipe.family)
+    if family_rules is None:
+        raise LabError(f"no shrink rules for family {recipe.family}")
+    family_rules(rules, base.algorithm, preset, notes)
+    shrink = rules.overrides()
+
+    try:
+        final = resolve_config(recipe, shrink + user)
+    except LabError as err:
+        raise LabError(
+            f"the shrunk {recipe.id} config does not validate: {err}\n(shrink overrides: "
+            f"{' '.join(shrink) or 'none'}; yours: {' '.join(user) or 'none'}). Adjust with --set."
+        ) from None
+    steps = estimate_steps(recipe.family, final.data)
+    name = get_dotted(final.data, "model.name")
+    if not model and not preset:
+        swap = None  # a non-preset model.name given with --set is an ordinary override
+    return ShrinkResult(
+        family=recipe.family,
+        algorithm=final.algorithm,
+        recipe=recipe,
+        model=name if isinstance(name, str) else None,
+        model_swap=swap,
+        overrides=shrink + user,
+        shrink_overrides=shrink,
+        user_overrides=user,
+        config=final.data,
+        diff=final.diff,
+        expected_optimizer_steps=steps.optimizer_steps,
+        expected_progress_steps=steps.progress_steps,
+        progress_unit=steps.progress_unit,
+        steps_detail=steps.detail,
+        notes=notes,
+    )

@@ -1,0 +1,496 @@
+"""The launcher end to end with REAL short direct-alignment runs on the `tiny` model (started
+detached through rlhf_lab._wrapper), plus cheap fake trainers for the process-control edge cases.
+
+The real runs all start together in one module fixture so that their start-up (importing torch)
+overlaps on the machine's two cores; each test then checks one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import psutil
+import pytest
+
+import rlhf_lab
+from rlhf_lab import _queue, runs
+from rlhf_lab.demo import DPO_SANITY_OVERRIDES
+from rlhf_lab.logs import diagnose
+from rlhf_lab.paths import LabError
+from trainers.core.config import load_config
+from trainers.direct_alignment.config import DirectAlignmentConfig
+
+SRC = Path(rlhf_lab.__file__).resolve().parents[1]
+RECIPE = SRC / "trainers" / "direct_alignment" / "configs" / "dpo.yaml"
+QUICK = DPO_SANITY_OVERRIDES + [
+    "data.max_samples=32",
+    "data.eval_size=8",
+    "data.max_length=96",
+    "train.batch_size=8",
+    "train.max_steps=3",
+    "eval.eval_every=0",
+    "eval.sample_every=0",
+    "eval.num_samples=1",
+    "eval.sample_max_new_tokens=8",
+    "checkpoint.save_final_model=false",
+]
+# Runs until it is stopped or killed (thousands of steps).
+LONG = QUICK + ["train.num_epochs=1000", "train.max_steps=3000", "model.device=cpu"]
+# The queued pair runs on its own device label so it need not wait for the other real runs;
+# the config pins the CPU, so the label only matters to the lab's bookkeeping.
+QUEUE_DEVICE = "cuda:7"
+
+
+def config(overrides: list[str]) -> dict:
+    return load_config(RECIPE, DirectAlignmentConfig, overrides).model_dump(mode="json")
+
+
+def launch(overrides: list[str], campaign: str = "launcher-test", **kw) -> runs.LaunchResult:
+    return runs.launch(
+        "direct_alignment", "dpo", config(overrides), campaign, str(RECIPE), overrides, **kw
+    )
+
+
+def wait_until(predicate, timeout: float, what: str, poll: float = 0.25):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def kill_leftovers(root: Path) -> None:
+    """Never leave a test's processes behind (only groups whose identity still matches)."""
+    for path in root.glob("experiments/*/runs/*/run.json"):
+        record = read_json(path)
+        if runs._process_alive(record.get("pid"), record.get("create_time")):
+            try:
+                os.killpg(record["pgid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, KeyError):
+                pass
+
+
+@pytest.fixture(scope="module")
+def lab_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("labroot")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RLHF_LAB_ROOT", str(root))
+    mp.setenv("OMP_NUM_THREADS", "1")  # several trainers share two cores
+    mp.setenv("MKL_NUM_THREADS", "1")
+    yield root
+    kill_leftovers(root)
+    mp.undo()
+
+
+LAUNCHER = """
+import sys
+from rlhf_lab import runs
+from trainers.core.config import load_config
+from trainers.direct_alignment.config import DirectAlignmentConfig
+overrides = sys.argv[2:]
+cfg = load_config(sys.argv[1], DirectAlignmentConfig, overrides).model_dump(mode="json")
+result = runs.launch("direct_alignment", "dpo", cfg, "orphan-test", sys.argv[1], overrides,
+                     device="cpu")
+print(result.run.id)
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet(lab_root):
+    """Every real run this module needs, started at once (three trainers):
+
+    orphan launched on cpu by a process that exits at once: running, then succeeded;
+    q1, q2 queued on QUEUE_DEVICE, both long: q1 runs first and is stopped; q2 starts only after
+    q1 ended, and its trainer is then killed with SIGKILL.
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, str(RECIPE), *QUICK],
+        cwd=SRC,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    fleet = {"orphan": out.stdout.strip().splitlines()[-1]}
+    fleet["orphan_first_state"] = runs.run_state(fleet["orphan"]).state
+    fleet["q1"] = launch(LONG, campaign="queue-test", device=QUEUE_DEVICE, queue=True)
+    fleet["q2"] = launch(LONG, campaign="queue-test", device=QUEUE_DEVICE, queue=True)
+    return fleet
+
+
+# ---------------------------------------------------------------------------------------------
+# Cheap checks (no trainer)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "..",
+        "../x",
+        "a/b",
+        "/etc/passwd",
+        "dpo\x00x",
+        "dpo-1\n",
+        "DPO-1",
+        "dpo_1",
+        "a--b",
+        "x" * 200,
+        "-a",
+        " a",
+    ],
+)
+def test_bad_run_ids_are_rejected(bad, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    with pytest.raises(LabError, match="bad run id"):
+        runs.find_run(bad)
+    with pytest.raises(LabError, match="bad run id"):
+        runs.run_state(bad)
+    with pytest.raises(LabError):
+        runs.stop_run(bad)
+    assert not (tmp_path / "experiments").exists()
+
+
+def test_unknown_run_and_bad_inputs_create_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    with pytest.raises(LabError, match="no run"):
+        runs.find_run("dpo-20260101-000000-abcd")
+    cfg = config(QUICK)
+    with pytest.raises(LabError, match="campaign slug"):
+        runs.prepare_run("direct_alignment", "dpo", cfg, "../evil", "x", [])
+    with pytest.raises(LabError, match="unknown family"):
+        runs.prepare_run("../trainers", "dpo", cfg, "ok", "x", [])
+    with pytest.raises(LabError, match="algorithm"):
+        runs.prepare_run("direct_alignment", "dpo/../x", cfg, "ok", "x", [])
+    with pytest.raises(LabError, match="device"):
+        runs.prepare_run("direct_alignment", "dpo", cfg, "ok", "x", [], device="tpu")
+    with pytest.raises(LabError, match="mapping"):
+        runs.prepare_run("direct_alignment", "dpo", {}, "ok", "x", [])
+    assert list(tmp_path.glob("experiments/*/runs/*")) == []
+
+
+def test_prepare_run_writes_config_and_run_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    cfg = config(QUICK)
+    info = runs.prepare_run(
+        "direct_alignment", "dpo", cfg, "prep", str(RECIPE), QUICK, state="queued", device="cpu"
+    )
+    run_dir = Path(info.run_dir)
+    assert run_dir.parent.parent.name.endswith("-prep") and run_dir.name == info.id
+    assert runs.find_run(info.id) == run_dir
+    record = read_json(run_dir / "run.json")
+    assert record["state"] == "queued" and record["overrides"] == QUICK
+    assert record["argv"][1:3] == ["-m", "trainers.direct_alignment.train"]
+    from trainers.core.config import read_yaml
+
+    assert read_yaml(run_dir / "config.yaml") == cfg
+    # a queued run that is stopped before it starts is simply marked stopped
+    status = runs.stop_run(info.id)
+    assert status.state == "stopped" and not status.alive
+    assert runs.list_runs(campaign="prep", state="stopped")[0].id == info.id
+    with pytest.raises(LabError, match="unknown state"):
+        runs.list_runs(state="bogus")
+
+
+def test_reused_pid_is_not_reported_as_running(tmp_path, monkeypatch):
+    """run.json names this very test process's pid but a different create time."""
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    info = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "reuse", "x", [])
+    path = Path(info.run_dir) / "run.json"
+    record = read_json(path)
+    me = psutil.Process()
+    record.update(state="running", pid=os.getpid(), pgid=os.getpgid(0))
+    record["create_time"] = me.create_time() - 1000.0
+    path.write_text(json.dumps(record))
+    status = runs.run_state(info.id)
+    assert status.state == "died" and not status.alive
+    assert read_json(path)["state"] == "died"  # run.json updated
+    assert runs.active_runs() == []
+    # the same pid with the right create time *is* alive
+    info2 = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "reuse", "x", [])
+    path2 = Path(info2.run_dir) / "run.json"
+    record2 = {**read_json(path2), "state": "running", "pid": os.getpid()}
+    record2["create_time"] = me.create_time()
+    path2.write_text(json.dumps(record2))
+    assert runs.run_state(info2.id).state == "running"
+    assert [s.id for s in runs.active_runs()] == [info2.id]
+
+
+def test_status_reads_progress_metrics_summary_and_stale_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    info = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "status", "x", [])
+    run_dir = Path(info.run_dir)
+    record = {**read_json(run_dir / "run.json"), "state": "running", "pid": os.getpid()}
+    record["create_time"] = psutil.Process().create_time()  # "alive": this test process
+    (run_dir / "run.json").write_text(json.dumps(record))
+    (run_dir / "progress.json").write_text(
+        json.dumps({"step": 10, "total_steps": 110, "elapsed_s": 100.0, "updated_at": 1.0})
+    )
+    rows = [
+        {"step": 0, "time_s": 30.0, "phase": "eval", "eval/accuracy": 0.5},
+        {"step": 5, "time_s": 60.0, "phase": "train", "loss": 0.7},
+        {"step": 10, "time_s": 70.0, "phase": "train", "loss": 0.6},
+        {"step": 10, "time_s": 71.0, "phase": "eval", "eval/accuracy": 0.75},
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 11, "ti'  # cut mid-line
+    (run_dir / "metrics.jsonl").write_text(text)
+    status = runs.run_state(info.id)
+    assert status.state == "running" and status.alive
+    assert status.step == 10 and status.total_steps == 110
+    assert status.eta_s == pytest.approx(200.0)  # 2 s per step between the logged train rows
+    assert status.last_train["loss"] == 0.6 and status.last_eval["eval/accuracy"] == 0.75
+
+    # it ends: a summary with a W&B link, an exit status from the wrapper
+    (run_dir / "summary.json").write_text(
+        json.dumps({"outcome": "succeeded", "wandb_url": "https://wandb.ai/x/y/runs/z"})
+    )
+    (run_dir / "exit.json").write_text(json.dumps({"exit_code": 0, "signal": None}))
+    record["create_time"] -= 1000  # the process is gone (a different process holds the pid)
+    (run_dir / "run.json").write_text(json.dumps(record))
+    status = runs.run_state(info.id)
+    assert status.state == "succeeded" and status.eta_s is None
+    assert status.wandb_url == read_json(run_dir / "run.json")["wandb_url"]
+    assert status.wandb_url.startswith("https://wandb.ai/")
+    assert runs.stop_run(info.id).state == "succeeded"  # stopping a finished run changes nothing
+
+    # a run left in "starting" by a launcher that died before starting the process
+    stale = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "status", "x", [])
+    path = Path(stale.run_dir) / "run.json"
+    assert runs.run_state(stale.id).state == "starting"
+    path.write_text(json.dumps({**read_json(path), "created_at": "2020-01-01T00:00:00+00:00"}))
+    status = runs.run_state(stale.id)
+    assert status.state == "died" and "launcher" in status.error
+
+
+def fake_trainer(code: str):
+    def argv(family, run_dir):  # noqa: ARG001
+        return [sys.executable, "-c", code]
+
+    return argv
+
+
+def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
+    cfg = config(QUICK)
+    results, errors, extra = [], [], []
+    barrier = threading.Barrier(4)
+
+    def go():
+        barrier.wait()
+        try:
+            results.append(runs.launch("direct_alignment", "dpo", cfg, "race", "x", []))
+        except LabError as err:
+            errors.append(str(err))
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    try:
+        assert len(results) == 1 and len(errors) == 3, (results, errors)
+        winner = results[0].run
+        assert all(winner.id in e and "--force" in e and "--queue" in e for e in errors)
+        assert len(list(tmp_path.glob("experiments/*/runs/*"))) == 1  # losers wrote nothing
+        # fits_together (the caller's memory check) lets a second job share the device
+        shared = runs.launch("direct_alignment", "dpo", cfg, "race", "x", [], fits_together=True)
+        extra.append(shared.run)
+        assert shared.sharing_device_with == [winner.id]
+        assert {s.id for s in runs.active_runs("cpu")} == {winner.id, shared.run.id}
+        with pytest.raises(LabError, match="both do not fit"):
+            runs.launch("direct_alignment", "dpo", cfg, "race", "x", [], fits_together=False)
+    finally:
+        for info in [r.run for r in results] + extra:
+            runs.stop_run(info.id, grace_s=5)
+    assert runs.active_runs() == []
+
+
+def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
+    cfg = config(QUICK)
+    info = runs.launch("direct_alignment", "dpo", cfg, "kill", "x", []).run
+    assert runs.run_state(info.id).state == "running"
+    os.killpg(info.pgid, signal.SIGKILL)  # wrapper and trainer both gone: no exit.json
+    status = wait_until(
+        lambda: (s := runs.run_state(info.id)).state != "running" and s, 10, "died state"
+    )
+    assert status.state == "died" and not (Path(info.run_dir) / "exit.json").exists()
+    assert "died" in [a.kind for a in diagnose(info.id)]
+
+    # A trainer that ignores SIGTERM is killed after the grace period; the run is "stopped".
+    monkeypatch.setattr(
+        runs,
+        "trainer_argv",
+        fake_trainer(
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(30)"
+        ),
+    )
+    info = runs.launch("direct_alignment", "dpo", cfg, "kill", "x", []).run
+    wait_until(lambda: "ready" in (Path(info.run_dir) / "train.log").read_text(), 20, "ready")
+    t0 = time.time()
+    status = runs.stop_run(info.id, grace_s=1.0)
+    assert status.state == "stopped" and not status.alive
+    assert time.time() - t0 < 8
+
+
+def test_exit_code_is_recorded_by_the_wrapper(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(
+        runs, "trainer_argv", fake_trainer("import sys; print('boom', flush=True); sys.exit(3)")
+    )
+    info = runs.launch("direct_alignment", "dpo", config(QUICK), "exit", "x", []).run
+    status = wait_until(lambda: (s := runs.run_state(info.id)).terminal and s, 20, "end")
+    assert status.state == "failed" and status.exit_code == 3 and status.signal is None
+    assert read_json(Path(info.run_dir) / "exit.json")["exit_code"] == 3
+    record = read_json(Path(info.run_dir) / "run.json")
+    assert record["state"] == "failed" and record["exit_code"] == 3 and record["ended_at"]
+
+
+def test_queue_hook_calls_ledger_record_run_and_survives_errors(monkeypatch):
+    calls = []
+    fake = types.ModuleType("rlhf_lab.ledger")
+    fake.record_run = calls.append
+    monkeypatch.setitem(sys.modules, "rlhf_lab.ledger", fake)
+    monkeypatch.setattr(rlhf_lab, "ledger", fake, raising=False)
+    _queue.record_hook("dpo-20260101-000000-abcd")
+    assert calls == ["dpo-20260101-000000-abcd"]
+
+    def broken(run_id):
+        raise RuntimeError("ledger is broken")
+
+    fake.record_run = broken
+    _queue.record_hook("dpo-20260101-000000-abcd")  # must not raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Real trainer runs
+# ---------------------------------------------------------------------------------------------
+
+
+def wait_for_step(run_id: str, step: int = 1, timeout: float = 150) -> runs.RunStatus:
+    return wait_until(
+        lambda: (s := runs.run_state(run_id)).step is not None and s.step >= step and s,
+        timeout,
+        f"{run_id} to reach step {step}",
+    )
+
+
+def test_launch_records_the_run_and_holds_the_device(fleet, lab_root):
+    run_id = fleet["orphan"]  # launched by a process that has exited since
+    assert fleet["orphan_first_state"] == "running"
+    run_dir = runs.find_run(run_id)
+    record = read_json(run_dir / "run.json")
+    for key in ("pid", "pgid", "create_time", "host", "git_commit", "versions", "argv", "cwd"):
+        assert record.get(key) is not None, key
+    assert record["pgid"] == record["pid"] and record["device"] == "cpu"
+    assert record["argv"][1:3] == ["-m", "trainers.direct_alignment.train"]
+    assert "torch" in record["versions"] and record["cwd"] == str(SRC)
+    assert record["overrides"] == QUICK and record["config_source"] == str(RECIPE)
+    assert runs.run_state(run_id).state == "running"  # start-up alone takes seconds
+    wrapper = psutil.Process(record["pid"])
+    assert wrapper.create_time() == pytest.approx(record["create_time"], abs=0.05)
+    assert wrapper.ppid() != os.getpid()  # its launcher is gone; it was re-parented
+    assert os.getpgid(record["pid"]) == record["pid"] != os.getpgid(0)  # its own group
+
+    # the device is taken: another launch names the running job, suggests --force/--queue
+    before = set(lab_root.glob("experiments/*/runs/*"))
+    with pytest.raises(LabError) as err:
+        launch(QUICK, device="cpu")
+    text = str(err.value)
+    assert run_id in text and f"pid {record['pid']}" in text and "step" in text
+    assert "busy" in text and "--force" in text and "--queue" in text
+    assert set(lab_root.glob("experiments/*/runs/*")) == before
+
+
+@pytest.mark.slow  # waits for the shared fleet's start-up: ~35 s on a busy 2-core box
+def test_run_outlives_its_launcher_and_succeeds(fleet):
+    run_id = fleet["orphan"]
+    seen, logs = [], []
+    final = runs.follow_run(run_id, seen.append, logs.append, poll_s=0.3, timeout_s=240)
+    assert final.state == "succeeded", (final, "".join(logs)[-2000:])
+    assert final.outcome == "succeeded" and final.exit_code == 0 and final.ended_at
+    assert final.step == final.total_steps == 3 and seen[-1].state == "succeeded"
+    assert "loss" in final.last_train and "eval/accuracy" in final.last_eval
+    text = "".join(logs)
+    assert "step 3/3" in text and "trainer exited with code 0" in text
+    run_dir = Path(final.run_dir)
+    assert read_json(run_dir / "summary.json")["outcome"] == "succeeded"
+    assert read_json(run_dir / "run.json")["state"] == "succeeded"
+    assert read_json(run_dir / "exit.json")["exit_code"] == 0
+    assert [s.id for s in runs.list_runs(campaign="orphan-test", state="succeeded")] == [run_id]
+
+
+def stop_first_queued(fleet) -> runs.RunStatus:
+    first = fleet["q1"].run.id
+    status = runs.run_state(first)
+    if status.terminal:
+        return status
+    wait_for_step(first)
+    return runs.stop_run(first, grace_s=60)
+
+
+def test_queue_starts_the_first_and_stop_ends_it(fleet):
+    first, second = fleet["q1"], fleet["q2"]
+    assert first.queued and second.queued and first.device == QUEUE_DEVICE
+    assert first.state == "queued" and first.queue_position == 1
+    assert second.queue_position in (1, 2)  # 1 if the worker already took the first
+    status = wait_for_step(first.run.id)  # the worker started it
+    assert status.state == "running" and status.device == QUEUE_DEVICE
+    assert status.total_steps == 3000 and status.eta_s > 0
+    assert runs.run_state(second.run.id).state == "queued"  # waits for the device
+
+    status = stop_first_queued(fleet)
+    assert status.state == "stopped" and not status.alive and status.stop_requested
+    run_dir = Path(status.run_dir)
+    assert read_json(run_dir / "summary.json")["outcome"] == "stopped"
+    assert read_json(run_dir / "exit.json")["exit_code"] == 143  # the harness's stop code
+    assert read_json(run_dir / "run.json")["state"] == "stopped"
+    assert list((run_dir / "checkpoints").iterdir())  # the trainer checkpointed on SIGTERM
+
+
+def test_queue_starts_the_second_after_the_first_then_kill_9_is_died(fleet, lab_root):
+    s1 = stop_first_queued(fleet)
+    run_id = fleet["q2"].run.id
+    run_dir = runs.find_run(run_id)
+    # kill the trainer as soon as it exists (no need to wait for training to begin)
+    wait_until(lambda: (run_dir / "process.json").exists(), 60, "the second run to start")
+    status = runs.run_state(run_id)
+    assert status.state == "running"
+    assert runs._parse_time(s1.ended_at) <= runs._parse_time(status.started_at)
+    queue_log = (lab_root / "experiments" / ".lab" / "queue.log").read_text()
+    assert queue_log.index(f"started {s1.id}") < queue_log.index(f"started {run_id}")
+
+    proc = read_json(run_dir / "process.json")
+    trainer = psutil.Process(proc["trainer_pid"])
+    assert str(run_dir) in " ".join(trainer.cmdline())
+    trainer.send_signal(signal.SIGKILL)
+    status = wait_until(lambda: (s := runs.run_state(run_id)).terminal and s, 30, "died")
+    assert status.state == "died" and status.signal == signal.SIGKILL and not status.alive
+    assert read_json(run_dir / "exit.json")["signal"] == 9  # the wrapper survived to record it
+    assert read_json(run_dir / "run.json")["state"] == "died"
+    alerts = diagnose(run_id)
+    oom = [a for a in alerts if a.kind == "oom"]
+    assert oom and oom[0].severity == "error" and "SIGKILL" in oom[0].message and oom[0].hint
+
+    path = lab_root / "experiments" / ".lab" / "queue.log"
+    wait_until(lambda: "worker exits" in path.read_text(), 30, "the queue worker to exit")
+    assert path.read_text().count("worker started") == 1  # one worker ran both
