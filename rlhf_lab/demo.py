@@ -1,18 +1,17 @@
-"""The main job: a short, offline DPO sanity run on the built-in `tiny` model and the built-in
-reasoning-gym preference set. Runs the trainer as a separate process (as every lab launch will)
-and prints where its run directory is."""
+"""`rlhf-lab demo`: an offline campaign on the built-in `tiny` model that walks the whole lab flow:
+plan → shrink → launch in the background (queued, one job at a time) → watch → record → compare,
+ending with the path of the dated markdown ledger.
+
+The campaign compares DPO and SimPO on the built-in reasoning-gym preference set with matched
+settings (the shrink rules for `tiny`), which takes about a minute on two CPU cores.
+"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+import time
 
-from rlhf_lab.paths import campaign_name, experiments_dir, new_run_id, repo_root
-
-# Shrink the book's DPO recipe to a CPU sanity run: tiny model, built-in data, a few hundred
-# pairs, one epoch. Everything else (β, schedule, clipping) stays as shipped.
+# The tested direct-alignment recipe for the `tiny` model (the shrink rules reuse it): the built-in
+# preference data, a few hundred pairs, one epoch, a learning rate suited to a 1M-parameter model.
 DPO_SANITY_OVERRIDES = [
     "model.name=tiny",
     "model.gradient_checkpointing=false",
@@ -32,40 +31,97 @@ DPO_SANITY_OVERRIDES = [
     "checkpoint.save_every=null",
 ]
 
-
-def sanity_command(config: Path, run_dir: Path, overrides: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "trainers.direct_alignment.train"]
-    cmd += ["--config", str(config), "--run-dir", str(run_dir)]
-    for item in overrides:
-        cmd += ["--set", item]
-    return cmd
+DEMO_RECIPES = ("dpo", "simpo")
 
 
-def run_demo(campaign_slug: str = "dpo-sanity") -> Path:
-    config = repo_root() / "trainers" / "direct_alignment" / "configs" / "dpo.yaml"
-    run_dir = experiments_dir() / campaign_name(campaign_slug) / "runs" / new_run_id("dpo")
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = sanity_command(config, run_dir, DPO_SANITY_OVERRIDES)
-    print("$ " + " ".join(cmd), flush=True)
-    code = subprocess.call(cmd, cwd=repo_root(), env={**_env(), "PYTHONUNBUFFERED": "1"})
-    summary_path = run_dir / "summary.json"
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-        ev = summary.get("final_eval", {})
-        print(
-            f"outcome: {summary.get('outcome')}  eval/accuracy {ev.get('eval/accuracy')}  "
-            f"eval/margins {ev.get('eval/margins')}"
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def watch(run_ids: list[str], poll_s: float = 2.0, timeout_s: float = 1800.0) -> dict[str, str]:
+    """Poll the runs until each ends; print one line per change (state, step, alerts)."""
+    from rlhf_lab.api import run_status
+
+    seen: dict[str, tuple] = {}
+    final: dict[str, str] = {}
+    deadline = time.time() + timeout_s
+    while len(final) < len(run_ids) and time.time() < deadline:
+        for run_id in run_ids:
+            if run_id in final:
+                continue
+            view = run_status(run_id)
+            s = view.status
+            acc = s.last_eval.get("eval/accuracy")
+            key = (s.state, acc)  # print when the state or the held-out accuracy changes
+            if key != seen.get(run_id):
+                seen[run_id] = key
+                extra = f" eval/accuracy {acc:.3f}" if isinstance(acc, float) else ""
+                _say(f"  {run_id}: {s.state} step {s.step or 0}/{s.total_steps or '?'}{extra}")
+                for alert in view.alerts:
+                    _say(f"    ! {alert.kind}: {alert.message} ({alert.hint})")
+            if s.terminal:
+                final[run_id] = s.state
+        time.sleep(poll_s)
+    return final
+
+
+def run_demo(campaign_slug: str = "demo") -> str:
+    from rlhf_lab.api import (
+        compare_runs,
+        launch_experiment,
+        plan_experiment,
+        record_run,
+        show_campaign,
+    )
+
+    _say("== plan")
+    plan = plan_experiment(
+        "compare " + " and ".join(DEMO_RECIPES) + " sanity check",
+        model="tiny",
+        campaign=campaign_slug,
+    )
+    for run in plan.runs:
+        _say(
+            f"  {run.recipe.id}: {run.expected_optimizer_steps} optimizer steps; watch "
+            + ", ".join(run.key_metrics[:4])
         )
-    print(f"run directory: {run_dir}")
-    if code != 0:
-        raise SystemExit(code)
-    return run_dir
+        _say(f"  launch: {run.launch_command}")
+    for warning in plan.warnings:
+        _say(f"  warning: {warning}")
 
+    _say("== launch (background, queued one after another)")
+    launched = []
+    for recipe in DEMO_RECIPES:
+        result = launch_experiment(
+            recipe,
+            shrink=True,
+            model="tiny",
+            campaign=campaign_slug,
+            question="Do DPO and SimPO both learn the built-in preferences on the tiny model?",
+            queue=True,
+        )
+        launched.append(result.run.id)
+        _say(f"  {result.run.id}: {result.message}")
+        _say(f"    log: {result.run.run_dir}/train.log")
 
-def _env() -> dict[str, str]:
-    import os
+    _say("== watch")
+    final = watch(launched)
 
-    env = dict(os.environ)
-    env.setdefault("WANDB_MODE", "disabled")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
+    _say("== record")
+    for run_id in launched:
+        rec = record_run(run_id, note="rlhf-lab demo")
+        shown = ", ".join(
+            f"{m.name} {m.final:.3f}" for m in rec.metrics if isinstance(m.final, float)
+        )[:200]
+        _say(f"  {run_id} [{final.get(run_id, rec.state)}]: {shown}")
+
+    _say("== compare")
+    comparison = compare_runs(launched, record_in=campaign_slug)
+    _say(comparison.table)
+
+    ledger = show_campaign(campaign_slug)
+    _say(f"\nledger: {ledger.campaign.path}")
+    failed = [r for r, state in final.items() if state != "succeeded"]
+    if failed or len(final) < len(launched):
+        raise SystemExit(f"demo runs did not all succeed: {final}")
+    return ledger.campaign.path

@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
-from trainers.core.tiny import BUILDER_VERSION, PRESETS, ensure_preset, preset_dir, quiet_hf
+from trainers.core.tiny import (
+    BUILDER_VERSION,
+    PRESETS,
+    cache_root,
+    ensure_preset,
+    preset_dir,
+    quiet_hf,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -98,6 +105,18 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
+# Real models that `rlhf-lab models pull` can bring in without the hub: short name -> hub id.
+PULLABLE: dict[str, str] = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def pulled_dir(name: str) -> Path:
+    """Where a pulled model lives: ``<cache>/models/pulled/<short name>``; a hub id of a pullable
+    model maps to the same folder, so configs naming the hub id work offline once pulled."""
+    short = {v.lower(): k for k, v in PULLABLE.items()}.get(name.lower(), name.lower())
+    safe = re.sub(r"[^a-z0-9._-]+", "--", short)
+    return cache_root() / "models" / "pulled" / safe
+
+
 def resolve_model(name: str) -> ModelSource:
     """Say what ``name`` refers to, without loading anything (and without torch)."""
     if not isinstance(name, str) or not name.strip():
@@ -107,6 +126,9 @@ def resolve_model(name: str) -> ModelSource:
     name = name.strip()
     if name in PRESETS:
         return ModelSource("preset", preset_dir(name), None, None, name)
+    pulled = pulled_dir(name)
+    if (pulled / "config.json").is_file():  # `rlhf-lab models pull` put it there
+        return ModelSource("local", pulled, None, None, name)
 
     # absolute(), not resolve(): symlinks keep their names (a hub-cache snapshot file is a
     # link to a blob whose name is a hash, without the .gguf suffix)
