@@ -22,8 +22,10 @@ app = typer.Typer(
 )
 campaign_app = typer.Typer(help="Create, show and list campaigns (ledgers).", no_args_is_help=True)
 models_app = typer.Typer(help="Built-in presets, cached models, pulling a real model.")
+skills_app = typer.Typer(help="Claude Code skills and the .mcp.json entry.", no_args_is_help=True)
 app.add_typer(campaign_app, name="campaign")
 app.add_typer(models_app, name="models")
+app.add_typer(skills_app, name="skills")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 SetOpt = Annotated[
@@ -523,6 +525,45 @@ def demo(
     from rlhf_lab.demo import run_demo
 
     run_demo(campaign)
+
+
+# ----------------------------------------------------------------------------- MCP and skills
+
+
+@app.command()
+@lab_errors
+def mcp(
+    http: Annotated[bool, typer.Option("--http", help="streamable HTTP instead of stdio")] = False,
+    host: Annotated[str, typer.Option(help="HTTP bind address (loopback only by default)")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(help="HTTP port; the endpoint is /mcp")] = 8765,
+    allow_remote: Annotated[
+        bool, typer.Option("--allow-remote", help="allow a non-loopback --host (no auth)")
+    ] = False,
+) -> None:
+    """Serve the lab's MCP server: stdio by default (what .mcp.json starts), or --http."""
+    from rlhf_lab.mcp_server import main as serve
+
+    serve(http=http, host=host, port=port, allow_remote=allow_remote)
+
+
+@skills_app.command("install")
+@lab_errors
+def skills_install(
+    target: Annotated[str, typer.Option(help="repository folder to install into")] = ".",
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy skills/ into TARGET/.claude/skills/ and add the rlhf-lab server to TARGET/.mcp.json."""
+    from rlhf_lab.skills import install_skills
+
+    def human(r):
+        typer.echo(f"skills in {r.skills_dir}: {', '.join(r.installed + r.unchanged)}")
+        typer.echo(f"{r.mcp_json}: servers {', '.join(r.servers)}")
+        for note in r.notes:
+            typer.echo(f"note: {note}")
+
+    emit(install_skills(target), as_json, human)
 
 
 @app.command()
