@@ -72,6 +72,7 @@ __all__ = [
     "read_metrics",
     "record_run",
     "resolve_config",
+    "run_state",
     "run_status",
     "show_campaign",
     "shrink_config",
@@ -94,7 +95,8 @@ class SweepResult(BaseModel):
 
 
 def run_status(run_id: str) -> RunView:
-    return RunView(status=run_state(run_id), alerts=diagnose(run_id))
+    status = run_state(run_id)
+    return RunView(status=status, alerts=diagnose(run_id, status=status))
 
 
 def _device_free_gb(device: str) -> float | None:

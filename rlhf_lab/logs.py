@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.paths import LabError
-from rlhf_lab.runs import find_run, run_state
+from rlhf_lab.runs import RunStatus, find_run, run_state
 
 __all__ = [
     "Alert",
@@ -308,7 +308,8 @@ def _float(value: Any) -> float | None:
     return None
 
 
-def _read_log(path: Path, head: int = 256 * 1024, tail: int = 1 << 20) -> str:
+def _read_log(path: Path, head: int = 64 * 1024, tail: int = 256 * 1024) -> str:
+    """The head and tail of a log: errors, OOM text and tracebacks sit at the end."""
     try:
         size = path.stat().st_size
         with path.open("rb") as fh:
@@ -518,10 +519,13 @@ def _check_stalled(status, run_dir: Path, stall_after_s: float) -> Alert | None:
     )
 
 
-def diagnose(run_id: str, stall_after_s: float = STALL_AFTER_S) -> list[Alert]:
-    """Known failure modes of a run, most serious first, each with a one-line hint."""
+def diagnose(
+    run_id: str, stall_after_s: float = STALL_AFTER_S, status: RunStatus | None = None
+) -> list[Alert]:
+    """Known failure modes of a run, most serious first, each with a one-line hint.
+    ``status``: the run's state if the caller already has it (saves a second look-up)."""
     run_dir = find_run(run_id)
-    status = run_state(run_id)
+    status = status or run_state(run_id)
     log = _read_log(run_dir / "train.log")
     rows = _read_rows(run_dir / "metrics.jsonl")
     summary = {}

@@ -638,7 +638,7 @@ def _run_view(run_id: str) -> RunView:
     if key is not None and cached is not None and cached[0] == key:
         alerts = [a.model_copy() for a in cached[1]]
     else:
-        alerts = api.diagnose(run_id)
+        alerts = api.diagnose(run_id, status=status)
         if key is not None:
             if len(_ALERT_CACHE) >= _ALERT_CACHE_SIZE:
                 _ALERT_CACHE.pop(next(iter(_ALERT_CACHE)))
