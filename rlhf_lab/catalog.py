@@ -197,19 +197,20 @@ FAMILIES: dict[str, FamilyInfo] = {
         algorithms=["top_per_prompt", "top_k_overall", "random_per_prompt", "random_k_overall"],
         trainer_module="trainers.rejection_sampling.train",
         configs_dir="trainers/rejection_sampling/configs",
-        key_metrics=["eval/exact_match", "decidable_fraction", "loss"],
+        key_metrics=["eval/exact_match", "diagnostics/decidable_frac", "loss"],
         acceptance=[
             "each reward-selected strategy's held-out exact match is reported beside its "
             "matched random control (top_per_prompt vs random_per_prompt, top_k_overall vs "
             "random_k_overall); a gain counts only against that control",
-            "decidable_fraction is well above 0 (prompts with both correct and incorrect "
+            "diagnostics/decidable_frac is well above 0 (prompts with both correct and incorrect "
             "completions), otherwise selection cannot help",
         ],
         watch=[
-            "decidable_fraction after scoring",
+            "diagnostics/decidable_frac after scoring",
             "the SFT loss falling on the selection",
             "exact match of the strategy vs its matched random control",
         ],
+        builtin_datasets={"*": "builtin:chain_sum"},
         comparison="always beside the matched random control with the same selection size",
     ),
     "sft": FamilyInfo(

@@ -656,6 +656,12 @@ def _pick_device(device: str | None, config: dict[str, Any]) -> Literal["cuda", 
     return "cuda"  # auto: estimate for the accelerator a real run would use
 
 
+def _scorer_model(config: dict[str, Any]) -> str | None:
+    """The rejection-sampling scorer's reward-model folder (`verifier` needs no model)."""
+    name = get_dotted(config, "scorer.name")
+    return name if isinstance(name, str) and name != "verifier" else None
+
+
 def estimate_memory(
     family: str,
     algorithm: str | None,
@@ -857,7 +863,8 @@ def estimate_memory(
             gb, how = _kv_gb(arch, b, gen_prompts * n, prompt_tokens + new_tokens)
             bld.add("generation KV cache", gb, ["generate"], how)
         rm_name = (
-            get_dotted(config, "reward_model.name")
+            _scorer_model(config)
+            or get_dotted(config, "reward_model.name")
             or _leaf(config, "reward_model_name")
             or _leaf(config, "reward_model")
         )

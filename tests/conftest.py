@@ -15,3 +15,8 @@ os.environ.pop("WANDB_PROJECT", None)
 os.environ.setdefault("RLHF_LAB_CACHE", _SESSION_CACHE)
 os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(_SESSION_CACHE, "datasets"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# One math thread per process: the lab tests run trainer subprocesses beside pytest on 2 cores,
+# and oversubscribed OpenMP threads slow a tiny model's step by an order of magnitude.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
