@@ -1,0 +1,280 @@
+"""Policy-gradient config (torch-free; the lab validates with it).
+
+One config model serves all ten algorithms; ``algorithm`` picks the advantage estimator, the
+per-token loss, where the KL term goes and the default loss aggregation (ALGORITHMS.md, "Policy
+gradients"). Fields left at ``None`` mean "the algorithm's default" and are filled in at
+validation time, so the run directory's ``config.yaml`` always records the values used.
+
+Units: ``train.max_steps`` counts *rollout steps* (sample prompts -> generate -> score -> update);
+one rollout step holds ``prompts_per_step × num_rollouts`` sequences, split into micro-batches of
+``train.batch_size`` sequences, with an optimizer step every ``gradient_accumulation_steps``
+micro-batches (and on the last one), repeated ``loss.updates_per_rollout`` times.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trainers.core.config import (
+    CheckpointSection,
+    LoggingSection,
+    ModelSection,
+    OptimSection,
+    StrictModel,
+)
+
+Algorithm = Literal[
+    "reinforce", "rloo", "ppo", "grpo", "drgrpo", "gspo", "cispo", "sapo", "dapo", "maxrl"
+]
+ALGORITHMS: tuple[str, ...] = Algorithm.__args__
+
+LossAgg = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
+
+# Advantages computed within a prompt's group of rollouts: they need at least two rollouts.
+GROUP_ALGORITHMS: frozenset[str] = frozenset(
+    {"rloo", "grpo", "drgrpo", "gspo", "cispo", "sapo", "dapo", "maxrl"}
+)
+# Where β·KL(π‖π_ref) goes. DAPO and MaxRL have no KL term at all (as in the book's code).
+KL_IN_LOSS: frozenset[str] = frozenset({"grpo", "drgrpo", "gspo", "cispo", "sapo"})
+KL_IN_REWARD: frozenset[str] = frozenset({"reinforce", "rloo", "ppo"})
+KL_IGNORED: frozenset[str] = frozenset({"dapo", "maxrl"})
+# Losses built on the ratio π/π_old (they need the rollout-time log-probs).
+RATIO_ALGORITHMS: frozenset[str] = frozenset(
+    {"ppo", "grpo", "drgrpo", "gspo", "cispo", "sapo", "dapo"}
+)
+
+# Mirrors losses.DEFAULT_LOSS_AGG (kept here because this module must not import torch; a test
+# pins the two tables together).
+DEFAULT_LOSS_AGG: dict[str, str] = {
+    "reinforce": "seq_mean_token_mean",
+    "rloo": "seq_mean_token_mean",
+    "ppo": "seq_mean_token_mean",
+    "grpo": "seq_mean_token_mean",
+    "drgrpo": "seq_mean_token_sum_norm",
+    "gspo": "seq_mean_token_mean",
+    "cispo": "token_mean",
+    "sapo": "seq_mean_token_mean",
+    "dapo": "token_mean",
+    "maxrl": "seq_mean_token_mean",
+}
+# (ε_lo, ε_hi) when the config leaves them unset: GSPO's paper values (its ratio is a per-token
+# geometric mean, so it lives much closer to 1); CISPO's weight capped at ρ ≤ 5 with no lower
+# bound, which is TRL's / ScaleRL's epsilon_high = 5 and MiniMax-M1's "no lower bound" in our
+# clip(ρ, 1 − ε_lo, 1 + ε_hi) form (the book's cispo.yaml used 0.2/0.4); DAPO's clip-higher.
+DEFAULT_CLIP_EPS: dict[str, tuple[float, float]] = {
+    "ppo": (0.2, 0.2),
+    "grpo": (0.2, 0.2),
+    "drgrpo": (0.2, 0.2),
+    "gspo": (3e-4, 4e-4),
+    "cispo": (1.0, 4.0),
+    "sapo": (0.2, 0.2),
+    "dapo": (0.2, 0.28),
+    "reinforce": (0.2, 0.2),
+    "rloo": (0.2, 0.2),
+    "maxrl": (0.2, 0.2),
+}
+
+
+class DatasetSpecSection(StrictModel):
+    name: str = Field(min_length=1, description="reasoning-gym task, e.g. spell_backward")
+    weight: float = Field(default=1.0, gt=0)
+    config: dict = Field(default_factory=dict, description="the task's reasoning-gym settings")
+
+
+class DataSection(StrictModel):
+    specs: list[DatasetSpecSection] = Field(
+        default_factory=lambda: [
+            DatasetSpecSection(
+                name="spell_backward", config={"min_word_len": 3, "max_word_len": 10}
+            )
+        ],
+        min_length=1,
+        description="reasoning-gym `composite` of these tasks",
+    )
+    size: int = Field(default=3000, ge=1, description="training prompts (one epoch)")
+    eval_size: int = Field(
+        default=64, ge=0, description="held-out prompts for the greedy eval/ metrics"
+    )
+
+
+class RolloutSection(StrictModel):
+    prompts_per_step: int = Field(default=4, ge=1)
+    num_rollouts: int = Field(default=8, ge=1, description="completions per prompt (G)")
+    max_new_tokens: int = Field(default=512, ge=1)
+    temperature: float = Field(default=0.6, gt=0)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    top_k: int = Field(default=20, ge=0, description="0 = off")
+    min_p: float = Field(default=0.0, ge=0, lt=1, description="0 = off")
+    generation_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="sequences per generate call, rounded to whole prompt groups "
+        "(None: the whole step in one call)",
+    )
+
+
+class PGOptimSection(OptimSection):
+    """The shared optimizer section with the book's policy-gradient defaults. ``max_steps`` and
+    ``num_epochs`` count rollout steps and passes over ``data.size`` prompts."""
+
+    learning_rate: float = Field(default=5e-6, gt=0)
+    batch_size: int = Field(default=2, ge=1, description="micro-batch (sequences)")
+    gradient_accumulation_steps: int = Field(default=4, ge=1)
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="rollout steps (None: num_epochs × data.size // prompts_per_step)",
+    )
+    schedule: Literal["linear", "constant"] = "constant"
+    warmup_ratio: float = Field(default=0.0, ge=0, lt=1)
+
+
+class LossSection(StrictModel):
+    loss_agg: LossAgg | None = Field(default=None, description="None: the algorithm's default")
+    beta: float = Field(default=0.0, ge=0, description="KL coefficient (0: no reference model)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    clip_eps_lo: float | None = Field(default=None, ge=0, le=1, description="None: default")
+    clip_eps_hi: float | None = Field(default=None, ge=0, description="None: default")
+    updates_per_rollout: int = Field(
+        default=1, ge=1, description="passes over each rollout batch (PPO epochs)"
+    )
+    sapo_tau_pos: float = Field(default=1.0, gt=0)
+    sapo_tau_neg: float = Field(default=1.05, gt=0)
+    # PPO
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    lam: float = Field(default=0.98, ge=0, le=1)
+    vf_coef: float = Field(default=0.5, ge=0)
+    clip_eps_val: float = Field(default=0.4, gt=0)
+    # DAPO
+    l_max: int = Field(default=512, ge=1, description="overlong penalty: hard limit (tokens)")
+    l_cache: int = Field(default=128, ge=1, description="overlong penalty: soft band (tokens)")
+    max_draw_factor: int = Field(
+        default=8,
+        ge=1,
+        description="dynamic sampling gives up after drawing this many × prompts_per_step "
+        "prompts in one rollout step",
+    )
+    accuracy_min_reward: float = 0.0
+    accuracy_max_reward: float = 1.0
+
+
+class RewardSection(StrictModel):
+    format_weight: float = Field(default=0.5, ge=0)
+
+
+class EvalSection(StrictModel):
+    eval_every: int = Field(
+        default=25, ge=0, description="rollout steps between greedy held-out evals; 0 = end only"
+    )
+    eval_batch_size: int = Field(default=32, ge=1, description="prompts per generate call")
+    max_new_tokens: int | None = Field(
+        default=None, ge=1, description="None: rollout.max_new_tokens"
+    )
+    sample_every: int = Field(
+        default=1, ge=0, description="rollout steps between samples.jsonl rows; 0 = none"
+    )
+    num_samples: int = Field(default=2, ge=0, description="rollouts written per sample event")
+
+
+class PolicyGradientConfig(StrictModel):
+    algorithm: Algorithm = "grpo"
+    model: ModelSection = ModelSection(name="Qwen/Qwen3-1.7B", gradient_checkpointing=True)
+    data: DataSection = DataSection()
+    rollout: RolloutSection = RolloutSection()
+    train: PGOptimSection = PGOptimSection()
+    loss: LossSection = LossSection()
+    reward: RewardSection = RewardSection()
+    eval: EvalSection = EvalSection()
+    logging: LoggingSection = LoggingSection()
+    checkpoint: CheckpointSection = CheckpointSection(save_final_model=True)
+    seed: int = 42
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_defaults(cls, data):
+        """Fill loss_agg and the clip range from the algorithm so config.yaml records them."""
+        if not isinstance(data, dict):
+            return data
+        algorithm = data.get("algorithm", "grpo")
+        loss = data.get("loss")
+        if loss is None:
+            loss = {}
+        if not isinstance(loss, dict) or algorithm not in DEFAULT_LOSS_AGG:
+            return data  # field validation reports the problem
+        loss = dict(loss)
+        if loss.get("loss_agg") is None:
+            loss["loss_agg"] = DEFAULT_LOSS_AGG[algorithm]
+        lo, hi = DEFAULT_CLIP_EPS[algorithm]
+        if loss.get("clip_eps_lo") is None:
+            loss["clip_eps_lo"] = lo
+        if loss.get("clip_eps_hi") is None:
+            loss["clip_eps_hi"] = hi
+        return {**data, "loss": loss}
+
+    @model_validator(mode="after")
+    def _check(self):
+        r, t, loss = self.rollout, self.train, self.loss
+        if self.algorithm in GROUP_ALGORITHMS and r.num_rollouts < 2:
+            raise ValueError(
+                f"algorithm {self.algorithm} computes advantages within each prompt's group of "
+                f"rollouts and needs rollout.num_rollouts >= 2 (got {r.num_rollouts}); use "
+                "reinforce or ppo for one rollout per prompt"
+            )
+        n_seq = r.prompts_per_step * r.num_rollouts
+        if n_seq % t.batch_size:
+            raise ValueError(
+                f"rollout.prompts_per_step × rollout.num_rollouts = {n_seq} sequences per rollout "
+                f"step is not divisible by train.batch_size = {t.batch_size}; pick a micro-batch "
+                "size that divides it"
+            )
+        if self.data.size < r.prompts_per_step:
+            raise ValueError(
+                f"data.size ({self.data.size}) must be at least rollout.prompts_per_step "
+                f"({r.prompts_per_step})"
+            )
+        if loss.l_cache >= loss.l_max:
+            raise ValueError(
+                f"loss.l_cache ({loss.l_cache}) must be smaller than loss.l_max ({loss.l_max})"
+            )
+        if loss.accuracy_min_reward >= loss.accuracy_max_reward:
+            raise ValueError("loss.accuracy_min_reward must be smaller than accuracy_max_reward")
+        names = [s.name for s in self.data.specs]
+        if len(names) != len(set(names)):
+            raise ValueError(f"data.specs names must be unique (got {names})")
+        return self
+
+    # ---- derived facts the loop and the lab share ---------------------------------------------
+    @property
+    def sequences_per_step(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.num_rollouts
+
+    @property
+    def micro_batches_per_rollout(self) -> int:
+        return self.sequences_per_step // self.train.batch_size
+
+    @property
+    def optimizer_steps_per_update(self) -> int:
+        """Optimizer steps in one pass over the rollout batch (a short last one included)."""
+        return -(-self.micro_batches_per_rollout // self.train.gradient_accumulation_steps)
+
+    @property
+    def total_rollout_steps(self) -> int:
+        if self.train.max_steps is not None:
+            return self.train.max_steps
+        return max(1, self.train.num_epochs * (self.data.size // self.rollout.prompts_per_step))
+
+    @property
+    def uses_kl(self) -> bool:
+        """β > 0 for an algorithm that has a KL term (the reference model is loaded)."""
+        return self.loss.beta > 0 and self.algorithm not in KL_IGNORED
+
+    @property
+    def needs_old_logps(self) -> bool:
+        """Whether π_old must be computed by an extra forward at rollout time. When the whole
+        rollout batch is used in a single optimizer step, π = π_old exactly during the update,
+        so the update uses logπ.detach() instead (and losses without a ratio never need it)."""
+        if self.algorithm not in RATIO_ALGORITHMS:
+            return False
+        return self.loss.updates_per_rollout > 1 or self.optimizer_steps_per_update > 1

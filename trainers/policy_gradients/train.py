@@ -1,0 +1,494 @@
+"""Policy-gradient RL on verifiable reasoning tasks: REINFORCE, RLOO, PPO, GRPO, Dr. GRPO, GSPO,
+CISPO, SAPO, DAPO and MaxRL, one loop for all ten.
+
+    python -m trainers.policy_gradients.train --config configs/grpo.yaml --run-dir DIR \
+        [--set model.name=tiny] [--set train.max_steps=20] [--resume]
+
+One rollout step, as in the algorithm box:
+  1. sample ``prompts_per_step`` prompts (DAPO: keep sampling until enough groups show contrast);
+  2. roll out ``num_rollouts`` completions per prompt with the current policy (= π_old);
+  3. score them (correctness + format_weight·format (+ DAPO overlong penalty));
+  4. advantages (group baselines, or GAE on a learned value model for PPO; KL shaping of the
+     reward for reinforce / rloo / ppo when β > 0);
+  5. for each of ``updates_per_rollout`` passes: shuffle, micro-batches, per-token losses,
+     aggregate over the whole optimizer step (``loss_agg``), backward; clip and step every
+     ``gradient_accumulation_steps`` micro-batches;
+  6. log: reward statistics (phase ``rollout``), optimisation statistics (phase ``train``),
+     greedy held-out correctness (phase ``eval``) every ``eval.eval_every`` steps.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from trainers.core.config import ConfigError
+from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.models import (
+    load_causal_lm,
+    load_tokenizer,
+    pick_attn_implementation,
+    pick_device,
+    pick_dtype,
+)
+from trainers.core.rundir import RunDir
+from trainers.core.tiny import quiet_hf
+from trainers.core.training import (
+    StepMetrics,
+    build_optimizer,
+    clip_and_measure,
+    epoch_order,
+    list_checkpoints,
+    load_checkpoint,
+    peak_memory_gb,
+    save_checkpoint,
+    seed_everything,
+)
+from trainers.policy_gradients.advantages import frac_zero_std
+from trainers.policy_gradients.config import (
+    KL_IGNORED,
+    KL_IN_LOSS,
+    PolicyGradientConfig,
+)
+from trainers.policy_gradients.data import PromptStream, check_specs, load_prompts
+from trainers.policy_gradients.losses import (
+    POLICY_LOSSES,
+    PolicyLossInputs,
+    PolicyLossParams,
+    aggregate,
+    value_loss,
+)
+from trainers.policy_gradients.rewards import compute_rewards
+from trainers.policy_gradients.rollout import (
+    Experience,
+    completion_token_stats,
+    greedy_completions,
+    load_value_model,
+    prepare_update,
+    rollout_step,
+    trim,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Checks before anything is written
+# ---------------------------------------------------------------------------------------------
+
+
+def preflight(cfg: PolicyGradientConfig) -> None:
+    check_specs(cfg.data.specs)
+
+
+def config_notes(cfg: PolicyGradientConfig) -> list[str]:
+    """Things a reader of the run should know about this config (printed and in summary)."""
+    notes = []
+    if cfg.loss.beta > 0 and cfg.algorithm in KL_IGNORED:
+        notes.append(
+            f"loss.beta={cfg.loss.beta} is ignored: {cfg.algorithm} has no KL term (as in the "
+            "book's code); no reference model is loaded"
+        )
+    if cfg.algorithm == "dapo" and cfg.loss.l_max - cfg.loss.l_cache >= cfg.rollout.max_new_tokens:
+        notes.append(
+            f"the overlong penalty never applies: rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens} <= l_max - l_cache = {cfg.loss.l_max - cfg.loss.l_cache}"
+        )
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _mean(x: torch.Tensor) -> float:
+    return float(x.float().mean()) if x.numel() else float("nan")
+
+
+def reward_metrics(drawn: Experience, cfg: PolicyGradientConfig) -> dict[str, float]:
+    """Reward statistics of every rollout the step sampled (DAPO: before filtering)."""
+    r = drawn.rewards
+    out = {f"avg_{k}": _mean(r[k]) for k in ("total", "correctness", "format", "binary", "penalty")}
+    G = cfg.rollout.num_rollouts
+    if G >= 2:
+        signal = r["binary"] if cfg.algorithm == "maxrl" else r["total"]
+        out["frac_reward_zero_std"] = float(frac_zero_std(signal, G))
+    lengths = drawn.lengths
+    out["response_length/mean"] = _mean(lengths)
+    out["response_length/clipped_frac"] = _mean(drawn.truncated.float())
+    return out
+
+
+def _token_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x.detach().float() * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# The update phase
+# ---------------------------------------------------------------------------------------------
+
+
+def loss_params(cfg: PolicyGradientConfig) -> PolicyLossParams:
+    loss = cfg.loss
+    return PolicyLossParams(
+        clip_eps_lo=loss.clip_eps_lo,
+        clip_eps_hi=loss.clip_eps_hi,
+        beta=loss.beta if cfg.uses_kl else 0.0,
+        kl_estimator=loss.kl_estimator,
+        kl_in_loss=cfg.algorithm in KL_IN_LOSS and cfg.uses_kl,
+        sapo_tau_pos=loss.sapo_tau_pos,
+        sapo_tau_neg=loss.sapo_tau_neg,
+    )
+
+
+def _rows(t: torch.Tensor | None, idx: torch.Tensor, width_t: int, device):
+    return None if t is None else t[idx, :width_t].to(device)
+
+
+def micro_batch_loss(
+    cfg, policy, value_model, exp: Experience, rows, step_seqs, step_tokens, device
+):
+    """The loss contribution of ``rows`` to its optimizer step, and its metrics."""
+    idx = torch.tensor(rows, dtype=torch.long)
+    ids, attn, width_t, width_p = trim(
+        exp.input_ids[idx],
+        exp.attention_mask[idx],
+        exp.prompt_lens[idx],
+        exp.completion_mask[idx],
+        exp.prompt_width,
+    )
+    ids, attn = ids.to(device), attn.to(device)
+    mask = exp.completion_mask[idx, :width_t].to(device)
+    logp, entropy = completion_token_stats(policy, ids, attn, width_p, with_entropy=True)
+    old = _rows(exp.old_logps, idx, width_t, device)
+    params = loss_params(cfg)
+    inputs = PolicyLossInputs(
+        logp=logp,
+        old_logp=old if old is not None and cfg.needs_old_logps else logp.detach(),
+        advantages=_rows(exp.advantages, idx, width_t, device),
+        mask=mask,
+        ref_logp=_rows(exp.ref_logps, idx, width_t, device),
+    )
+    per_token, stats = POLICY_LOSSES[cfg.algorithm](inputs, params)
+    agg = dict(
+        mode=cfg.loss.loss_agg,
+        step_num_seqs=step_seqs,
+        step_num_tokens=step_tokens,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+    )
+    pg_contrib = aggregate(stats["pg_loss"], mask, **agg)  # the policy term without β·KL
+    total = per_token
+    metrics = {"entropy": _token_mean(entropy, mask)}
+    if "kl" in stats:
+        metrics["kl"] = _token_mean(stats["kl"], mask)
+    if "clipped" in stats:
+        metrics["clip_frac"] = _token_mean(stats["clipped"].float(), mask)
+    if "ratio" in stats:
+        metrics["ratio/mean"] = _token_mean(stats["ratio"], mask)
+    if value_model is not None:
+        values = value_model(ids, attn, width_p)
+        vl = value_loss(
+            values,
+            _rows(exp.values, idx, width_t, device),
+            _rows(exp.returns, idx, width_t, device),
+            mask,
+            cfg.loss.clip_eps_val,
+        )
+        total = total + cfg.loss.vf_coef * vl
+        metrics["value_loss"] = _token_mean(vl, mask)
+    contrib = aggregate(total, mask, **agg)
+    return contrib, float(pg_contrib.detach()), metrics, float(mask.sum())
+
+
+def update(cfg, policy, value_model, optimizer, scheduler, params, exp: Experience, step, device):
+    """``updates_per_rollout`` passes over the rollout batch; returns the phase's metrics."""
+    n = exp.num_sequences
+    bs, acc = cfg.train.batch_size, cfg.train.gradient_accumulation_steps
+    per_opt = bs * acc
+    token_stats = StepMetrics()
+    step_losses, step_pg, grad_norms, lrs = [], [], [], []
+    skipped = 0
+    for epoch in range(cfg.loss.updates_per_rollout):
+        order = epoch_order(n, cfg.seed, step * cfg.loss.updates_per_rollout + epoch)
+        for start in range(0, n, per_opt):
+            step_rows = order[start : start + per_opt]
+            step_seqs = len(step_rows)
+            step_tokens = float(exp.completion_mask[step_rows].sum())
+            loss_sum = pg_sum = 0.0
+            for m in range(0, step_seqs, bs):
+                rows = step_rows[m : m + bs]
+                contrib, pg, metrics, n_tok = micro_batch_loss(
+                    cfg, policy, value_model, exp, rows, step_seqs, step_tokens, device
+                )
+                if not torch.isfinite(contrib):
+                    skipped += 1  # as the book's loop: a non-finite micro-batch is skipped
+                    continue
+                contrib.backward()
+                loss_sum += float(contrib.detach())
+                pg_sum += pg
+                token_stats.add(metrics, weight=n_tok)
+            grad_norms.append(clip_and_measure(params, cfg.train.max_grad_norm))
+            lrs.append(scheduler.get_last_lr()[0])
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step_losses.append(loss_sum)
+            step_pg.append(pg_sum)
+    out = {
+        "loss": sum(step_losses) / len(step_losses),
+        "pg_loss": sum(step_pg) / len(step_pg),
+        **token_stats.mean(),
+        "grad_norm": sum(grad_norms) / len(grad_norms),
+        "learning_rate": lrs[-1],
+        "optimizer_steps": len(grad_norms),
+    }
+    if skipped:
+        out["nonfinite_micro_batches"] = skipped
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Held-out evaluation and samples
+# ---------------------------------------------------------------------------------------------
+
+
+def evaluate(cfg, policy, tokenizer, held_out) -> tuple[dict[str, float], list[dict]]:
+    """Greedy completions on the held-out prompts: eval/avg_correctness, eval/avg_format, ..."""
+    max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    texts, lengths, truncated = greedy_completions(
+        policy, tokenizer, held_out, max_new, cfg.eval.eval_batch_size
+    )
+    r = compute_rewards(
+        texts, [p.meta for p in held_out], lengths, format_weight=cfg.reward.format_weight
+    )
+    metrics = {f"eval/avg_{k}": _mean(r[k]) for k in ("correctness", "format", "binary", "total")}
+    metrics["eval/response_length/mean"] = sum(lengths) / max(1, len(lengths))
+    metrics["eval/response_length/clipped_frac"] = sum(truncated) / max(1, len(truncated))
+    samples = [
+        {
+            "kind": "eval",
+            "question": p.question,
+            "answer": p.answer,
+            "completion": t,
+            **{k: float(r[k][i]) for k in ("correctness", "format", "binary")},
+        }
+        for i, (p, t) in enumerate(zip(held_out, texts, strict=True))
+    ][: cfg.eval.num_samples]
+    return metrics, samples
+
+
+def rollout_samples(cfg, exp: Experience) -> list[dict]:
+    G = cfg.rollout.num_rollouts
+    n_groups = exp.num_sequences // G
+    out = []
+    for g in range(min(cfg.eval.num_samples, n_groups)):
+        i = g * G
+        row = {
+            "kind": "rollout",
+            "question": exp.prompts[i].question,
+            "answer": exp.prompts[i].answer,
+            "completion": exp.texts[i],
+            **{k: float(v[i]) for k, v in exp.rewards.items()},
+        }
+        if cfg.algorithm != "ppo" and exp.advantages is not None:
+            row["advantage"] = float(exp.advantages[i, 0])
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The training loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> dict:
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.model.device)
+    dtype = pick_dtype(cfg.model.dtype, device)
+    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    notes = config_notes(cfg)
+    for note in notes:
+        print(f"note: {note}", flush=True)
+
+    tokenizer = load_tokenizer(cfg.model.name)
+    train_prompts, held_out = load_prompts(
+        cfg.data.specs, cfg.data.size, cfg.data.eval_size, cfg.seed
+    )
+    info: dict = {"data": {"n_train": len(train_prompts), "n_eval": len(held_out)}}
+    if len(held_out) < cfg.data.eval_size:
+        notes.append(
+            f"only {len(held_out)} of data.eval_size={cfg.data.eval_size} held-out prompts: the "
+            "task has few distinct questions beyond the training ones"
+        )
+        print(f"note: {notes[-1]}", flush=True)
+    print(f"data: {info['data']}", flush=True)
+
+    load = dict(device=device, dtype=dtype, attn_implementation=attn)
+    policy = load_causal_lm(cfg.model.name, trainable=True, **load)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ref_model = None
+    if cfg.uses_kl:
+        ref_model = load_causal_lm(cfg.model.ref_name or cfg.model.name, trainable=False, **load)
+    value_model = None
+    params = [p for p in policy.parameters() if p.requires_grad]
+    if cfg.algorithm == "ppo":
+        value_model = load_value_model(cfg.model.name, **load)
+        if cfg.model.gradient_checkpointing:
+            value_model.body.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        value_model.train()
+        params += [p for p in value_model.parameters() if p.requires_grad]
+
+    total_steps = cfg.total_rollout_steps
+    opt_steps = total_steps * cfg.loss.updates_per_rollout * cfg.optimizer_steps_per_update
+    optimizer, scheduler = build_optimizer(params, cfg.train, opt_steps)
+    stream = PromptStream(len(train_prompts), cfg.seed)
+
+    step, tokens_seen, best_eval = 0, 0, None
+    if resume:
+        checkpoints = list_checkpoints(run.checkpoints_dir)
+        if not checkpoints:
+            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
+        state = load_checkpoint(checkpoints[-1], policy, optimizer, scheduler)
+        step = state["step"]
+        stream = PromptStream.from_state(len(train_prompts), cfg.seed, state["data_position"])
+        extra = state.get("extra", {})
+        if value_model is not None:
+            value_model.load_state_dict(extra["value_model"])
+        tokens_seen = extra.get("tokens_seen", 0)
+        best_eval = extra.get("best_eval")
+        run.truncate_metrics_after(step)
+        print(f"resumed from {checkpoints[-1].name}", flush=True)
+
+    tracker = Tracker(
+        cfg.logging, run.path, cfg.model_dump(mode="json"), f"{cfg.algorithm}-{run.path.name}"
+    )
+    info["wandb_url"] = tracker.url
+    last_rollout: dict = {}
+    last_train: dict = {}
+    last_eval: dict = {}
+
+    def log(phase: str, metrics: dict) -> None:
+        run.log_metrics(step, phase, metrics)
+        tracker.log(metrics, step)
+
+    def run_eval() -> None:
+        nonlocal last_eval, best_eval
+        if not held_out:
+            return
+        last_eval, samples = evaluate(cfg, policy, tokenizer, held_out)
+        log("eval", last_eval)
+        run.log_samples(step, samples)
+        acc = last_eval["eval/avg_correctness"]
+        best_eval = acc if best_eval is None else max(best_eval, acc)
+
+    def checkpoint() -> None:
+        extra = {"tokens_seen": tokens_seen, "best_eval": best_eval}
+        if value_model is not None:
+            extra["value_model"] = value_model.state_dict()
+        save_checkpoint(
+            run.checkpoints_dir,
+            step,
+            policy,
+            optimizer,
+            scheduler,
+            stream.state(),
+            extra=extra,
+            keep_last=cfg.checkpoint.keep_last,
+        )
+
+    if not resume and cfg.eval.eval_every > 0:
+        run_eval()  # the starting point (e.g. the warm start's level), for contrast
+
+    while step < total_steps:
+        t_step = time.time()
+        # 1-3. sample prompts, roll out, score (on CPU afterwards)
+        exp, ri = rollout_step(policy, tokenizer, stream, train_prompts, cfg)
+        # 4. log-probs / values / advantages
+        t_prep = time.time()
+        exp, prep_info = prepare_update(exp, cfg, policy, ref_model, value_model, device)
+        prepare_s = time.time() - t_prep
+        # 5. update
+        t_train = time.time()
+        train_metrics = update(
+            cfg, policy, value_model, optimizer, scheduler, params, exp, step, device
+        )
+        train_s = time.time() - t_train
+        step += 1
+        step_tokens = int(exp.attention_mask.sum())
+        tokens_seen += step_tokens
+        dt = time.time() - t_step
+
+        # 6. log
+        last_rollout = {
+            **reward_metrics(ri.drawn, cfg),
+            **prep_info,
+            "timing/generate_s": ri.generate_s,
+            "timing/score_s": ri.score_s,
+            "timing/prepare_s": prepare_s,
+        }
+        if cfg.algorithm == "dapo":
+            last_rollout["dynamic_sampling/kept_frac"] = ri.groups_kept / ri.groups_drawn
+            last_rollout["dynamic_sampling/prompts_drawn"] = ri.prompts_drawn
+        last_train = {
+            **train_metrics,
+            "timing/train_s": train_s,
+            "timing/step_s": dt,
+            "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
+            "memory/peak_gb": peak_memory_gb(device),
+        }
+        if step % cfg.logging.log_every == 0 or step == total_steps:
+            log("rollout", last_rollout)
+            log("train", last_train)
+        every = cfg.eval.sample_every
+        if every and (step % every == 0 or step == total_steps):
+            run.log_samples(step, rollout_samples(cfg, exp))
+        if step == total_steps or (cfg.eval.eval_every > 0 and step % cfg.eval.eval_every == 0):
+            run_eval()
+        run.write_progress(step, total_steps, tokens_seen=tokens_seen, data=stream.state())
+        print(
+            f"step {step}/{total_steps} correctness {last_rollout['avg_correctness']:.3f} "
+            f"format {last_rollout['avg_format']:.3f} loss {last_train['loss']:.4f} "
+            f"gen {ri.generate_s:.1f}s train {train_s:.1f}s",
+            flush=True,
+        )
+        save_now = cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0
+        if save_now or step == total_steps or stop_requested():
+            checkpoint()
+        if stop_requested():
+            tracker.finish(exit_code=143)
+            raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+
+    if cfg.checkpoint.save_final_model:
+        with quiet_hf():
+            policy.save_pretrained(run.path / "final_model")
+            tokenizer.save_pretrained(run.path / "final_model")
+    tracker.finish()
+    return {
+        "algorithm": cfg.algorithm,
+        "steps": step,
+        "total_steps": total_steps,
+        "final_metrics": {**last_rollout, **last_train},
+        "final_eval": last_eval,
+        "best_metrics": {"eval/avg_correctness": best_eval},
+        "peak_memory_gb": peak_memory_gb(device),
+        "tokens_seen": tokens_seen,
+        "notes": notes,
+        **info,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_trainer(
+        argv,
+        description=__doc__.splitlines()[0],
+        config_model=PolicyGradientConfig,
+        preflight=preflight,
+        train=train,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
