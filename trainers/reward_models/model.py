@@ -1,0 +1,196 @@
+"""Reward model = a causal LM's decoder body + a linear head on its last hidden states.
+
+The LM head (vocabulary projection) is kept in memory so the backbone can be saved and reloaded
+as an ordinary causal LM, but it is never used: hidden states come from ``get_decoder()``.
+The head runs in float32 whatever the backbone's dtype.
+
+* preference / orm: scalar head (no bias, as in the book); the sequence's score is the head's
+  output at its last non-pad token (sequences are right-padded).
+* prm: ``num_labels``-class head with bias; logits are read at the step-separator positions.
+
+Saved folder (:func:`save_reward_model`): the backbone and tokenizer via ``save_pretrained``
+(so the folder also loads as a causal LM), ``reward_head.safetensors`` (head weights) and
+``reward_model.json`` (kind, num_labels, separator, max_length, format version).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.rundir import atomic_write_json
+
+HEAD_FILE = "reward_head.safetensors"
+META_FILE = "reward_model.json"
+FORMAT_VERSION = 1
+PRM_LABEL_NAMES = {2: ["bad", "good"], 3: ["bad", "neutral", "good"]}
+
+
+class RewardModelError(ValueError):
+    """A folder is not a saved reward model, or its files disagree."""
+
+
+class RewardModel(nn.Module):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        kind: str,
+        num_labels: int = 1,
+        separator: str | None = None,
+        max_length: int | None = None,
+    ):
+        super().__init__()
+        if kind not in ("preference", "orm", "prm"):
+            raise ValueError(f"unknown reward-model kind {kind!r}")
+        if kind == "prm" and num_labels not in (2, 3):
+            raise ValueError(f"a prm head has 2 or 3 labels, got {num_labels}")
+        if kind != "prm" and num_labels != 1:
+            raise ValueError(f"a {kind} head is scalar (num_labels=1), got {num_labels}")
+        self.backbone = backbone
+        self.kind = kind
+        self.num_labels = num_labels
+        self.separator = separator
+        self.max_length = max_length
+        hidden = getattr(backbone.config, "hidden_size", None)
+        if hidden is None:
+            hidden = backbone.get_input_embeddings().embedding_dim
+        device = next(backbone.parameters()).device
+        self.head = nn.Linear(hidden, num_labels, bias=num_labels > 1).to(device, torch.float32)
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        out = self.backbone.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        )
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Head logits at every position, float32: (B, T, num_labels)."""
+        return self.head(self.hidden_states(input_ids, attention_mask).float())
+
+    def token_scores(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Scalar head at every position (B, T); scalar kinds only."""
+        if self.num_labels != 1:
+            raise ValueError("token_scores needs a scalar head (preference or orm)")
+        return self.forward(input_ids, attention_mask).squeeze(-1)
+
+    def sequence_scores(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Scalar score of each right-padded sequence at its last non-pad token (B,)."""
+        scores = self.token_scores(input_ids, attention_mask)
+        last = attention_mask.long().sum(dim=1) - 1
+        return scores.gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "kind": self.kind,
+            "num_labels": self.num_labels,
+            "label_names": PRM_LABEL_NAMES.get(self.num_labels) if self.kind == "prm" else None,
+            "separator": self.separator,
+            "max_length": self.max_length,
+            "hidden_size": self.head.in_features,
+            "score": {
+                "preference": "scalar head at the last token (Bradley–Terry reward)",
+                "orm": "sigmoid of the scalar head at the last token = P(correct)",
+                "prm": "softmax over classes at each step separator's last token",
+            }[self.kind],
+        }
+
+
+def build_reward_model(
+    name: str,
+    kind: str,
+    *,
+    num_labels: int = 1,
+    separator: str | None = None,
+    max_length: int | None = None,
+    device="auto",
+    dtype="auto",
+    attn_implementation: str = "auto",
+    trainable: bool = True,
+    freeze_backbone: bool = False,
+) -> RewardModel:
+    """A fresh reward model on top of the causal LM ``name`` (preset, folder, gguf or hub id).
+    The head is initialised by ``nn.Linear``'s default under the current torch seed."""
+    backbone = load_causal_lm(
+        name, device=device, dtype=dtype, attn_implementation=attn_implementation, trainable=True
+    )
+    model = RewardModel(backbone, kind, num_labels, separator, max_length)
+    _set_trainable(model, trainable, freeze_backbone)
+    return model
+
+
+def _set_trainable(model: RewardModel, trainable: bool, freeze_backbone: bool) -> None:
+    model.requires_grad_(trainable)
+    if trainable and freeze_backbone:
+        model.backbone.requires_grad_(False)
+    model.train(trainable)
+
+
+def save_reward_model(model: RewardModel, tokenizer, folder: str | Path) -> Path:
+    """Write backbone + tokenizer (save_pretrained), head weights and ``reward_model.json``.
+    The json is written last: its presence marks a complete folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.backbone.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    head = {k: v.detach().float().cpu().contiguous() for k, v in model.head.state_dict().items()}
+    save_file(head, str(folder / HEAD_FILE))
+    atomic_write_json(folder / META_FILE, model.metadata())
+    return folder
+
+
+def read_reward_metadata(folder: str | Path) -> dict[str, Any]:
+    folder = Path(folder)
+    meta_path = folder / META_FILE
+    if not meta_path.is_file():
+        raise RewardModelError(
+            f"{folder} is not a saved reward model (no {META_FILE}); pass a folder written by "
+            "save_reward_model, e.g. a reward-model run's final_model/"
+        )
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise RewardModelError(
+            f"{meta_path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}"
+        )
+    return meta
+
+
+def load_reward_model(
+    folder: str | Path,
+    *,
+    device="auto",
+    dtype="auto",
+    attn_implementation: str = "auto",
+    trainable: bool = False,
+):
+    """Load a folder written by :func:`save_reward_model`; returns ``(model, tokenizer)``.
+    ``trainable=False`` (default) gives eval mode with every parameter frozen."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    meta = read_reward_metadata(folder)
+    backbone = load_causal_lm(
+        str(folder), device=device, dtype=dtype, attn_implementation=attn_implementation
+    )
+    model = RewardModel(
+        backbone, meta["kind"], meta["num_labels"], meta.get("separator"), meta.get("max_length")
+    )
+    head = load_file(str(folder / HEAD_FILE))
+    try:
+        model.head.load_state_dict({k: v.to(model.device) for k, v in head.items()})
+    except RuntimeError as err:
+        raise RewardModelError(f"{folder / HEAD_FILE} does not fit the backbone: {err}") from None
+    _set_trainable(model, trainable, freeze_backbone=False)
+    return model, load_tokenizer(str(folder))

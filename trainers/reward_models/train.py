@@ -1,0 +1,613 @@
+"""Reward models: Bradley–Terry preference RM, outcome RM and process RM, one loop for all three.
+
+    python -m trainers.reward_models.train --config trainers/reward_models/configs/orm.yaml \
+        --run-dir DIR [--set model.name=tiny] [--set data.dataset=builtin:reasoning-outcomes] \
+        [--resume]
+
+The loop, per optimizer step:
+  1. take the next `batch_size × gradient_accumulation_steps` training units (preference pairs,
+     ORM completions, PRM solution windows) in a per-epoch seeded order;
+  2. for each micro-batch, one forward pass of the backbone + head and the kind's loss
+     (losses.py), scaled by the micro-batch's share of the step (pairs, completions, or
+     labelled steps for the PRM), backward;
+  3. clip, step, schedule; log the step's metrics aggregated over all its micro-batches.
+Held-out evaluation (`eval/` metrics, computed over the whole held-out set at once) runs at
+step 0, every `eval.eval_every` steps and at the end, with a few scored held-out examples
+written to samples.jsonl. The trained model is saved with `save_reward_model` to final_model/.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trainers.core.config import ConfigError
+from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
+from trainers.core.rundir import RunDir
+from trainers.core.training import (
+    StepMetrics,
+    build_optimizer,
+    clip_and_measure,
+    epoch_order,
+    list_checkpoints,
+    load_checkpoint,
+    peak_memory_gb,
+    save_checkpoint,
+    seed_everything,
+)
+from trainers.reward_models.config import RewardModelConfig
+from trainers.reward_models.data import (
+    DatasetNotFoundError,
+    collate_outcomes,
+    collate_pairs,
+    collate_steps,
+    load_outcome_records,
+    load_preference_records,
+    load_step_records,
+    split_train_eval,
+    tokenize_outcomes,
+    tokenize_records,
+    tokenize_steps,
+)
+from trainers.reward_models.losses import auroc as auroc_metric
+from trainers.reward_models.losses import (
+    bradley_terry_loss,
+    first_error_accuracy,
+    first_error_baseline,
+    last_token_index,
+    majority_baseline,
+    orm_loss,
+    orm_per_sequence_loss,
+    prm_loss,
+    ranking_accuracy,
+    step_accuracy,
+    top1_accuracy,
+)
+from trainers.reward_models.model import RewardModel, build_reward_model, save_reward_model
+
+DATA_EXTENSIONS = (".json", ".jsonl", ".parquet", ".csv")
+KEY_METRIC = {
+    "preference": "eval/accuracy",
+    "orm": "eval/ranking_accuracy",
+    "prm": "eval/step_accuracy",
+}
+
+# ---------------------------------------------------------------------------------------------
+# Checks that need no model
+# ---------------------------------------------------------------------------------------------
+
+
+def preflight(cfg: RewardModelConfig) -> None:
+    ds = cfg.data.dataset or ""
+    looks_local = ds.startswith((".", "/", "~")) or ds.endswith(DATA_EXTENSIONS)
+    if looks_local and not Path(ds).expanduser().exists():
+        raise ConfigError(
+            f"data.dataset: file not found: {ds}. Use an existing file, a hub id, or the "
+            f"offline set for kind {cfg.kind} (see configs/{cfg.algorithm}.yaml)"
+        )
+    try:
+        resolve_model(cfg.model.name)
+    except ModelError as err:
+        raise ConfigError(f"model.name: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# One class per kind: data, micro-batch loss, held-out evaluation, samples
+# ---------------------------------------------------------------------------------------------
+
+
+def _decode(tokenizer, ids) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class PreferenceKind:
+    """Bradley–Terry on (prompt, chosen, rejected) pairs; score = head at the last token."""
+
+    unit = "pairs"
+
+    def __init__(self, cfg: RewardModelConfig, tokenizer):
+        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
+        d = cfg.data
+        load_stats: dict = {}
+        records = load_preference_records(
+            d.dataset, d.split, "auto", d.max_samples, seed=cfg.seed, stats=load_stats
+        )
+        if not all(r.paired for r in records):
+            raise ConfigError(
+                "kind preference needs paired data (chosen and rejected); this dataset is "
+                "unpaired (prompt, completion, label)"
+            )
+        if d.eval_size >= len(records):
+            raise ConfigError(
+                f"data.eval_size ({d.eval_size}) must be smaller than the {len(records)} pairs"
+            )
+        train_r, eval_r = split_train_eval(records, eval_size=d.eval_size, seed=cfg.seed)
+        self.train, train_stats = tokenize_records(train_r, tokenizer, d.max_length)
+        self.held_out, eval_stats = tokenize_records(eval_r, tokenizer, d.max_length)
+        self.stats = {
+            **{f"load_{k}": v for k, v in load_stats.items() if k != "format"},
+            "format": load_stats.get("format", "builtin"),
+            "n_train": len(self.train),
+            "n_eval": len(self.held_out),
+            "dropped_identical": train_stats["dropped_identical"] + eval_stats["dropped_identical"],
+            "truncated_response": train_stats["truncated_response"]
+            + eval_stats["truncated_response"],
+        }
+
+    def weight(self, example) -> float:
+        return 1.0
+
+    def scores(self, model: RewardModel, examples):
+        batch = collate_pairs(examples, self.pad_id)
+        ids, mask = batch["input_ids"].to(model.device), batch["attention_mask"].to(model.device)
+        s = model.sequence_scores(ids, mask)
+        n = len(examples)
+        return s[:n], s[n:], int(mask.sum())
+
+    def micro_batch(self, model, examples):
+        r_c, r_r, n_tok = self.scores(model, examples)
+        loss, metrics = bradley_terry_loss(r_c, r_r)
+        return loss, metrics, n_tok
+
+    @torch.no_grad()
+    def evaluate(self, model) -> tuple[dict, dict]:
+        chosen, rejected = [], []
+        bs = max(1, self.cfg.eval.eval_batch_size // 2)
+        for start in range(0, len(self.held_out), bs):
+            r_c, r_r, _ = self.scores(model, self.held_out[start : start + bs])
+            chosen.append(r_c.float().cpu())
+            rejected.append(r_r.float().cpu())
+        r_c, r_r = torch.cat(chosen), torch.cat(rejected)
+        _, metrics = bradley_terry_loss(r_c, r_r)
+        return metrics, {"r_chosen": r_c.tolist(), "r_rejected": r_r.tolist()}
+
+    def samples(self, cache: dict, picks: list[int]) -> list[dict]:
+        out = []
+        for i in picks:
+            ex = self.held_out[i]
+            out.append(
+                {
+                    "prompt": _decode(self.tokenizer, ex.prompt_ids),
+                    "chosen": _decode(self.tokenizer, ex.chosen_ids),
+                    "rejected": _decode(self.tokenizer, ex.rejected_ids),
+                    "r_chosen": cache["r_chosen"][i],
+                    "r_rejected": cache["r_rejected"][i],
+                }
+            )
+        return out
+
+
+class OutcomeKind:
+    """ORM: BCE on correctness labels; score = head at the last completion token."""
+
+    unit = "completions"
+
+    def __init__(self, cfg: RewardModelConfig, tokenizer):
+        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
+        d = cfg.data
+        load_stats: dict = {}
+        records = load_outcome_records(
+            d.dataset,
+            d.split,
+            d.max_samples,
+            d.rollouts_per_prompt,
+            seed=cfg.seed,
+            stats=load_stats,
+        )
+        if d.eval_size >= len(records):
+            raise ConfigError(
+                f"data.eval_size ({d.eval_size}) must be smaller than the {len(records)} prompts"
+            )
+        train_r, eval_r = split_train_eval(records, eval_size=d.eval_size, seed=cfg.seed)
+        self.train, train_stats = tokenize_outcomes(train_r, tokenizer, d.max_length)
+        self.held_out, eval_stats = tokenize_outcomes(eval_r, tokenizer, d.max_length)
+        self.stats = {
+            **{f"load_{k}": v for k, v in load_stats.items()},
+            "n_train_prompts": len(train_r),
+            "n_eval_prompts": len(eval_r),
+            "n_train": len(self.train),
+            "n_eval": len(self.held_out),
+            "train_correct_share": _share(ex.label for ex in self.train),
+            "eval_correct_share": _share(ex.label for ex in self.held_out),
+            "dropped_too_long": train_stats["dropped_too_long"] + eval_stats["dropped_too_long"],
+        }
+
+    def weight(self, example) -> float:
+        return 1.0
+
+    def _forward(self, model, examples):
+        batch = collate_outcomes(examples, self.pad_id)
+        dev = model.device
+        ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        logits = model.token_scores(ids, mask)
+        return logits, batch["labels"].to(dev), batch["completion_mask"].to(dev), int(mask.sum())
+
+    def micro_batch(self, model, examples):
+        logits, labels, cmask, n_tok = self._forward(model, examples)
+        loss, metrics = orm_loss(logits, labels, cmask, self.cfg.orm_loss_tokens)
+        return loss, metrics, n_tok
+
+    @torch.no_grad()
+    def evaluate(self, model) -> tuple[dict, dict]:
+        scores, losses = [], []
+        bs = self.cfg.eval.eval_batch_size
+        for start in range(0, len(self.held_out), bs):
+            logits, labels, cmask, _ = self._forward(model, self.held_out[start : start + bs])
+            last = last_token_index(cmask)
+            scores.append(logits.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu())
+            per_seq = orm_per_sequence_loss(logits, labels, cmask, self.cfg.orm_loss_tokens)
+            losses.append(per_seq.float().cpu())
+        s = torch.cat(scores)
+        labels = [ex.label for ex in self.held_out]
+        groups = [ex.group for ex in self.held_out]
+        probs = torch.sigmoid(s)
+        y = torch.tensor(labels, dtype=torch.bool)
+        metrics = {
+            "loss": float(torch.cat(losses).mean()),
+            "accuracy": float(((s > 0) == y).float().mean()),
+            "auroc": auroc_metric(s.tolist(), labels),
+            "ranking_accuracy": ranking_accuracy(s.tolist(), labels, groups),
+            "top1_accuracy": top1_accuracy(s.tolist(), labels, groups),
+            "reward_correct_mean": float(probs[y].mean()) if bool(y.any()) else math.nan,
+            "reward_incorrect_mean": float(probs[~y].mean()) if bool((~y).any()) else math.nan,
+        }
+        return metrics, {"scores": s.tolist()}
+
+    def samples(self, cache: dict, picks: list[int]) -> list[dict]:
+        groups: dict[int, list[int]] = {}
+        for i, ex in enumerate(self.held_out):
+            groups.setdefault(ex.group, []).append(i)
+        keys = sorted(groups)
+        out = []
+        for p in picks:
+            members = groups[keys[p % len(keys)]]
+            first = self.held_out[members[0]]
+            out.append(
+                {
+                    "prompt": _decode(self.tokenizer, first.input_ids[: first.prompt_len]),
+                    "completions": [
+                        {
+                            "completion": _decode(
+                                self.tokenizer,
+                                self.held_out[i].input_ids[self.held_out[i].prompt_len :],
+                            ),
+                            "label": self.held_out[i].label,
+                            "score": cache["scores"][i],
+                            "p_correct": 1 / (1 + math.exp(-cache["scores"][i])),
+                        }
+                        for i in members
+                    ],
+                }
+            )
+        return out
+
+    def n_sample_sources(self) -> int:
+        return len({ex.group for ex in self.held_out})
+
+
+class StepKind:
+    """PRM: cross-entropy at step separators; per-step class probabilities."""
+
+    unit = "labelled steps"
+
+    def __init__(self, cfg: RewardModelConfig, tokenizer):
+        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
+        d = cfg.data
+        load_stats: dict = {}
+        records = load_step_records(
+            d.dataset, d.split, d.max_samples, seed=cfg.seed, stats=load_stats
+        )
+        if d.eval_size >= len(records):
+            raise ConfigError(
+                f"data.eval_size ({d.eval_size}) must be smaller than the {len(records)} solutions"
+            )
+        train_r, eval_r = split_train_eval(records, eval_size=d.eval_size, seed=cfg.seed)
+        args = (tokenizer, d.max_length, d.step_separator, d.num_labels)
+        self.train, train_stats = tokenize_steps(train_r, *args)
+        self.held_out, eval_stats = tokenize_steps(eval_r, *args)
+        self.stats = {
+            **{f"load_{k}": v for k, v in load_stats.items()},
+            "n_train_solutions": len(train_r),
+            "n_eval_solutions": len(eval_r),
+            "n_train": len(self.train),
+            "n_eval": len(self.held_out),
+            "n_train_steps": train_stats["n_steps"],
+            "n_eval_steps": eval_stats["n_steps"],
+            "split_solutions": train_stats["split_solutions"] + eval_stats["split_solutions"],
+            "truncated_solutions": train_stats["truncated_solutions"]
+            + eval_stats["truncated_solutions"],
+        }
+
+    def weight(self, example) -> float:
+        return float(sum(1 for y in example.labels if y != -100))
+
+    def _forward(self, model, examples):
+        batch = collate_steps(examples, self.pad_id)
+        dev = model.device
+        ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+        logits = model(ids, mask)
+        step_logits = logits[batch["rows"].to(dev), batch["positions"].to(dev)]
+        return step_logits, batch["labels"].to(dev), int(mask.sum())
+
+    def micro_batch(self, model, examples):
+        step_logits, labels, n_tok = self._forward(model, examples)
+        loss, metrics = prm_loss(step_logits, labels)
+        return loss, metrics, n_tok
+
+    @torch.no_grad()
+    def evaluate(self, model) -> tuple[dict, dict]:
+        all_logits = []
+        bs = self.cfg.eval.eval_batch_size
+        for start in range(0, len(self.held_out), bs):
+            step_logits, _, _ = self._forward(model, self.held_out[start : start + bs])
+            all_logits.append(step_logits.float().cpu())
+        logits = torch.cat(all_logits)
+        labels = torch.tensor([y for ex in self.held_out for y in ex.labels])
+        preds = logits.argmax(dim=-1)
+        keep = labels != -100
+        loss = F.cross_entropy(logits[keep], labels[keep]) if bool(keep.any()) else math.nan
+        per_solution: dict[int, list[tuple[int, int, int]]] = {}
+        k = 0
+        for ex in self.held_out:
+            for j, y in enumerate(ex.labels):
+                per_solution.setdefault(ex.solution, []).append(
+                    (ex.first_step + j, int(preds[k]), y)
+                )
+                k += 1
+        ordered = [sorted(v) for _, v in sorted(per_solution.items())]
+        metrics = {
+            "loss": float(loss),
+            "step_accuracy": step_accuracy(preds.tolist(), labels.tolist()),
+            "majority_baseline": majority_baseline(labels.tolist()),
+            "first_error_accuracy": first_error_accuracy(
+                [[p for _, p, _ in sol] for sol in ordered],
+                [[y for _, _, y in sol] for sol in ordered],
+            ),
+            "first_error_baseline": first_error_baseline([[y for _, _, y in s] for s in ordered]),
+        }
+        probs = torch.softmax(logits, dim=-1)
+        return metrics, {"probs": probs.tolist()}
+
+    def samples(self, cache: dict, picks: list[int]) -> list[dict]:
+        offsets, k = [], 0
+        for ex in self.held_out:
+            offsets.append(k)
+            k += len(ex.labels)
+        names = ["bad", "good"] if self.cfg.data.num_labels == 2 else ["bad", "neutral", "good"]
+        out = []
+        for i in picks:
+            ex = self.held_out[i]
+            probs = cache["probs"][offsets[i] : offsets[i] + len(ex.labels)]
+            out.append(
+                {
+                    "text": _decode(self.tokenizer, ex.input_ids),
+                    "solution": ex.solution,
+                    "first_step": ex.first_step,
+                    "labels": [names[y] if y != -100 else None for y in ex.labels],
+                    "predicted": [names[max(range(len(p)), key=p.__getitem__)] for p in probs],
+                    "p_bad": [p[0] for p in probs],
+                }
+            )
+        return out
+
+
+def _share(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan
+
+
+KINDS = {"preference": PreferenceKind, "orm": OutcomeKind, "prm": StepKind}
+
+
+def prepare_kind(cfg: RewardModelConfig, tokenizer):
+    try:
+        kind = KINDS[cfg.kind](cfg, tokenizer)
+    except DatasetNotFoundError as err:
+        raise ConfigError(f"data.dataset: {err}") from None
+    if not kind.train:
+        raise ConfigError(
+            "no training examples left after tokenisation; raise data.max_length or "
+            "data.max_samples"
+        )
+    return kind
+
+
+# ---------------------------------------------------------------------------------------------
+# The training loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> dict:
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.model.device)
+    dtype = pick_dtype(cfg.model.dtype, device)
+    tokenizer = load_tokenizer(cfg.model.name)
+    if tokenizer.pad_token_id is None:
+        raise ConfigError("the tokenizer has neither a pad nor an eos token")
+
+    kind = prepare_kind(cfg, tokenizer)
+    info: dict = {"data": kind.stats}
+    print(f"data: {kind.stats}", flush=True)
+
+    model = build_reward_model(
+        cfg.model.name,
+        cfg.kind,
+        num_labels=cfg.head_size,
+        separator=cfg.data.step_separator if cfg.kind == "prm" else None,
+        max_length=cfg.data.max_length,
+        device=device,
+        dtype=dtype,
+        attn_implementation=cfg.model.attn_implementation,
+        trainable=True,
+        freeze_backbone=cfg.freeze_backbone,
+    )
+    if cfg.model.gradient_checkpointing and not cfg.freeze_backbone:
+        model.backbone.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    info["trainable_parameters"] = sum(p.numel() for p in trainable)
+
+    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
+    steps_per_epoch = -(-len(kind.train) // per_step)
+    total_steps = steps_per_epoch * cfg.train.num_epochs
+    if cfg.train.max_steps:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    optimizer, scheduler = build_optimizer(trainable, cfg.train, total_steps)
+
+    step, start_epoch, start_batch = 0, 0, 0
+    if resume:
+        checkpoints = list_checkpoints(run.checkpoints_dir)
+        if not checkpoints:
+            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
+        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
+        step = state["step"]
+        start_epoch, start_batch = state["data_position"]["epoch"], state["data_position"]["batch"]
+        run.truncate_metrics_after(step)
+        print(f"resumed from {checkpoints[-1].name}", flush=True)
+
+    tracker = Tracker(
+        cfg.logging, run.path, cfg.model_dump(mode="json"), f"{cfg.algorithm}-{run.path.name}"
+    )
+    info["wandb_url"] = tracker.url
+    key = KEY_METRIC[cfg.kind]
+    last_train: dict = {}
+    last_eval: dict = {}
+    best: float | None = None
+    tokens_seen = 0
+
+    def run_eval() -> dict:
+        nonlocal best
+        model.eval()
+        t0 = time.time()
+        metrics, cache = kind.evaluate(model)
+        model.train()
+        row = {f"eval/{k}": v for k, v in metrics.items()}
+        row["timing/eval_s"] = time.time() - t0
+        run.log_metrics(step, "eval", row)
+        tracker.log(row, step)
+        value = row.get(key)
+        if value is not None and not math.isnan(value) and (best is None or value > best):
+            best = value
+        n = min(cfg.eval.num_samples, len(kind.held_out))
+        if n:
+            event = step // max(cfg.eval.eval_every, 1)
+            sources = getattr(kind, "n_sample_sources", lambda: len(kind.held_out))()
+            picks = [(event * n + j) % sources for j in range(n)]
+            run.log_samples(step, kind.samples(cache, picks))
+        return row
+
+    def periodic() -> bool:
+        every = cfg.eval.eval_every
+        return step == total_steps or (every > 0 and step % every == 0)
+
+    if not resume and cfg.eval.eval_every > 0 and kind.held_out:
+        last_eval = run_eval()  # the starting point, for contrast
+
+    def checkpoint(epoch: int, batch: int) -> None:
+        save_checkpoint(
+            run.checkpoints_dir,
+            step,
+            model,
+            optimizer,
+            scheduler,
+            {"epoch": epoch, "batch": batch},
+            keep_last=cfg.checkpoint.keep_last,
+        )
+
+    done = step >= total_steps
+    for epoch in range(start_epoch, cfg.train.num_epochs):
+        if done:
+            break
+        order = epoch_order(len(kind.train), cfg.seed, epoch)
+        first = start_batch if epoch == start_epoch else 0
+        for b in range(first, steps_per_epoch):
+            t0 = time.time()
+            step_ids = order[b * per_step : (b + 1) * per_step]
+            step_weight = sum(kind.weight(kind.train[i]) for i in step_ids)
+            agg, step_tokens = StepMetrics(), 0
+            for m in range(0, len(step_ids), cfg.train.batch_size):
+                batch = [kind.train[i] for i in step_ids[m : m + cfg.train.batch_size]]
+                weight = sum(kind.weight(ex) for ex in batch)
+                if weight <= 0:
+                    continue
+                loss, metrics, n_tok = kind.micro_batch(model, batch)
+                (loss * weight / step_weight).backward()
+                agg.add(metrics, weight=weight)
+                step_tokens += n_tok
+            grad_norm = clip_and_measure(trainable, cfg.train.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens_seen += step_tokens
+            dt = time.time() - t0
+            last_train = {
+                **agg.mean(),
+                "grad_norm": grad_norm,
+                "learning_rate": lr,
+                "epoch": epoch + (b + 1) / steps_per_epoch,
+                "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
+                "timing/step_s": dt,
+                "memory/peak_gb": peak_memory_gb(device),
+            }
+            if step % cfg.logging.log_every == 0 or step == total_steps:
+                run.log_metrics(step, "train", last_train)
+                tracker.log(last_train, step)
+            if periodic() and kind.held_out:
+                last_eval = run_eval()
+            run.write_progress(step, total_steps, epoch=epoch, tokens_seen=tokens_seen)
+            print(
+                f"step {step}/{total_steps} loss {last_train.get('loss', float('nan')):.4f} "
+                f"({dt:.2f}s)",
+                flush=True,
+            )
+            next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
+            save_now = cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0
+            if save_now or step == total_steps or stop_requested():
+                checkpoint(*next_position)
+            if stop_requested():
+                tracker.finish(exit_code=143)
+                raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+            if step >= total_steps:
+                done = True
+                break
+
+    if cfg.checkpoint.save_final_model:
+        save_reward_model(model, tokenizer, run.path / "final_model")
+        info["final_model"] = str(run.path / "final_model")
+    tracker.finish()
+    return {
+        "algorithm": cfg.algorithm,
+        "kind": cfg.kind,
+        "steps": step,
+        "total_steps": total_steps,
+        "final_metrics": last_train,
+        "final_eval": last_eval,
+        "best_metrics": {key: best},
+        "peak_memory_gb": peak_memory_gb(device),
+        "tokens_seen": tokens_seen,
+        **info,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_trainer(
+        argv,
+        description=__doc__.splitlines()[0],
+        config_model=RewardModelConfig,
+        preflight=preflight,
+        train=train,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
