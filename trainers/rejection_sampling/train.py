@@ -1,0 +1,656 @@
+"""Rejection sampling: generate N completions per prompt, score them, select, SFT, evaluate.
+
+    python -m trainers.rejection_sampling.train --config configs/top_per_prompt.yaml \
+        --run-dir DIR [--set data.dataset=builtin:chain_sum] [--set model.name=tiny] [--resume]
+
+Stages, all writing into the run directory:
+  1. generate N sampled completions for each training prompt with the policy;
+  2. score every completion (the verifier, or a trained reward model) and mark its verifier
+     correctness; stages 1-2 are cached in $RLHF_LAB_CACHE/rs_generations/ under a key that
+     leaves the strategy out, so the four strategies share one pool (summary.json: cache);
+  3a. select with the strategy (selection.py) and write the selection to selection.jsonl;
+      pool, selection and diagnostic metrics (phase "rollout", step 0) and plots/*.png;
+  3b. evaluate the starting policy on the held-out prompts (greedy exact match, step 0);
+  3c. SFT on the selection with trainers.sft (phase "train" rows, checkpoints/, final_model/);
+  4. evaluate the SFT model the same way (phase "eval" at the last SFT step).
+Read every reward-selected run beside its matched random control (README.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainers.core.config import ConfigError, validate_config
+from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.models import (
+    ModelError,
+    hub_offline,
+    hub_reachable,
+    load_causal_lm,
+    load_tokenizer,
+    pick_attn_implementation,
+    pick_device,
+    pick_dtype,
+    resolve_model,
+)
+from trainers.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_jsonl
+from trainers.core.tasks import import_reasoning_gym
+from trainers.core.training import list_checkpoints, peak_memory_gb, seed_everything
+from trainers.rejection_sampling import pipeline
+from trainers.rejection_sampling.config import (
+    MATCHED_CONTROL,
+    RejectionSamplingConfig,
+    selection_size,
+)
+from trainers.rejection_sampling.diagnostics import (
+    diagnose,
+    diagnostic_metrics,
+    summary_view,
+    write_plots,
+)
+from trainers.rejection_sampling.pipeline import DataError, RSPrompt
+from trainers.rejection_sampling.selection import Pick, select
+
+SELECTION_FILE = "selection.jsonl"
+DIAGNOSTICS_FILE = "diagnostics.json"
+
+# ---------------------------------------------------------------------------------------------
+# Checks before anything is written
+# ---------------------------------------------------------------------------------------------
+
+
+def preflight(cfg: RejectionSamplingConfig) -> None:
+    """Checks that need no model weights: fail before anything is written."""
+    try:
+        resolve_model(cfg.model.name)
+    except ModelError as err:
+        raise ConfigError(f"model.name: {err}") from None
+    if not cfg.scorer.is_verifier:
+        folder = Path(cfg.scorer.name).expanduser()
+        if not (folder / "reward_model.json").is_file():
+            raise ConfigError(
+                f"scorer.name: {cfg.scorer.name!r} is neither 'verifier' nor a saved reward "
+                "model folder (no reward_model.json); pass a trainers.reward_models run's "
+                "final_model/ or use scorer.name=verifier"
+            )
+    d = cfg.data
+    if d.is_builtin:
+        known = set(import_reasoning_gym().factory.DATASETS)
+        unknown = [t for t in d.builtin_tasks if t not in known]
+        if unknown:
+            raise ConfigError(
+                f"data.dataset: unknown reasoning-gym task(s) {unknown}; e.g. builtin:chain_sum"
+            )
+    for name in (d.dataset, d.test_dataset):
+        if name and not name.startswith("builtin:") and pipeline.looks_like_path(name):
+            if not Path(name).expanduser().exists():
+                raise ConfigError(
+                    f"data: file not found: {name}. Use an existing GSM8K-schema file "
+                    "(question, answer), openai/gsm8k, or builtin:<task> (offline)"
+                )
+    local = (
+        d.is_builtin or pipeline.looks_like_path(d.dataset) or Path(d.dataset).expanduser().exists()
+    )
+    if local:  # cheap to load: check the schema and the sizes now
+        try:
+            train_prompts, _ = pipeline.load_prompts(cfg)
+        except DataError as err:
+            raise ConfigError(f"data: {err}") from None
+        size = selection_size(
+            cfg.strategy,
+            len(train_prompts),
+            cfg.generation.num_completions_per_prompt,
+            cfg.top_k,
+        )
+        if cfg.sft.eval_size >= size:
+            raise ConfigError(
+                f"sft.eval_size ({cfg.sft.eval_size}) must be smaller than the selection "
+                f"({size} examples)"
+            )
+    elif hub_offline():
+        import datasets
+
+        try:
+            datasets.load_dataset_builder(d.dataset, d.subset)
+        except Exception as err:
+            raise ConfigError(
+                f"data.dataset: {d.dataset!r} is a hub id and is not in the local cache "
+                f"(HF_HUB_OFFLINE is set: {type(err).__name__}). Offline, use a local "
+                "GSM8K-schema file or builtin:<task> (e.g. builtin:chain_sum)"
+            ) from None
+    elif not hub_reachable():
+        raise ConfigError(
+            f"data.dataset: {d.dataset!r} is a hub id but the Hugging Face Hub cannot be "
+            "reached. Set HF_HUB_OFFLINE=1 to use a cached copy, or use a local file or "
+            "builtin:<task>"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy, loaded once and only when needed
+# ---------------------------------------------------------------------------------------------
+
+
+class PolicyHolder:
+    """Loads the starting policy on first use (a full cache hit never loads it)."""
+
+    def __init__(self, cfg: RejectionSamplingConfig, device, dtype, attn):
+        self.cfg, self.device, self.dtype, self.attn = cfg, device, dtype, attn
+        self.model = None
+
+    def get(self):
+        if self.model is None:
+            self.model = load_causal_lm(
+                self.cfg.model.name,
+                device=self.device,
+                dtype=self.dtype,
+                attn_implementation=self.attn,
+                trainable=False,
+            )
+        return self.model
+
+    def release(self) -> None:
+        self.model = None
+        free_memory(self.device)
+
+
+def free_memory(device) -> None:
+    gc.collect()
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages 1-2: the scored pool (cached)
+# ---------------------------------------------------------------------------------------------
+
+
+def build_pool(
+    cfg: RejectionSamplingConfig,
+    run: RunDir,
+    policy: PolicyHolder,
+    tokenizer,
+    prompts: list[RSPrompt],
+    system_prompt: str,
+    runtime: dict[str, str],
+    total_steps: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scored pool {completions, lengths, scores, correct, predictions, timing} and the
+    cache record {status, rollouts, scores, key, path}. Generation and scoring run only on a
+    cache miss."""
+    fields_r = pipeline.cache_fields(cfg, prompts, with_scorer=False, **runtime)
+    fields_s = pipeline.cache_fields(cfg, prompts, with_scorer=True, **runtime)
+    key_r, key_s = pipeline.cache_key(fields_r), pipeline.cache_key(fields_s)
+    path_r = pipeline.cache_dir() / f"{key_r}.rollouts.json"
+    path_s = pipeline.cache_dir() / f"{key_s}.json"
+    info: dict[str, Any] = {"key": key_s, "path": str(path_s), "enabled": cfg.use_cache}
+    timing = {"generate_s": 0.0, "score_s": 0.0}
+
+    scored = pipeline.read_cache(path_s, fields_s) if cfg.use_cache else None
+    if scored is not None:
+        info.update(status="hit", rollouts="hit", scores="hit")
+        print(f"generations + scores: cache hit ({path_s.name})", flush=True)
+        return _pool_from(scored), {**info, "timing": timing, "cached_timing": scored["timing"]}
+
+    rollouts = pipeline.read_cache(path_r, fields_r) if cfg.use_cache else None
+    if rollouts is None:
+        info["rollouts"] = "miss"
+
+        def on_batch(done: int, total: int) -> None:
+            run.write_progress(0, total_steps, stage="generate", prompts_done=done)
+            print(f"generated {done}/{total} prompts", flush=True)
+            if stop_requested():
+                raise StopRequested(
+                    "SIGTERM during generation: nothing to checkpoint (the cache is written "
+                    "only when the pool is complete); --resume starts generation again"
+                )
+
+        t0 = time.time()
+        seed_everything(cfg.seed)
+        completions = pipeline.generate_pool(
+            policy.get(), tokenizer, prompts, system_prompt, cfg, on_batch=on_batch
+        )
+        timing["generate_s"] = time.time() - t0
+        rollouts = {
+            "completions": completions,
+            "lengths": pipeline.token_lengths(tokenizer, completions),
+            "questions": [p.question for p in prompts],
+            "timing": {"generate_s": timing["generate_s"]},
+        }
+        if cfg.use_cache:
+            pipeline.write_cache(path_r, fields_r, rollouts)
+    else:
+        info["rollouts"] = "hit"
+        print(f"generations: cache hit ({path_r.name}); scoring", flush=True)
+
+    run.write_progress(0, total_steps, stage="score")
+    if not cfg.scorer.is_verifier:
+        policy.release()  # the reward model takes its place in memory
+    scored_part = pipeline.score_pool(cfg, prompts, rollouts["completions"], system_prompt)
+    timing["score_s"] = scored_part.pop("score_s")
+    scored = {
+        "prompts": [
+            {
+                "question": p.question,
+                "gold": p.gold,
+                "task": p.task,
+                "completions": rollouts["completions"][i],
+                "lengths": rollouts["lengths"][i],
+                "scores": [pipeline.finite_or_none(s) for s in scored_part["scores"][i]],
+                "correct": scored_part["correct"][i],
+                "predictions": scored_part["predictions"][i],
+            }
+            for i, p in enumerate(prompts)
+        ],
+        "timing": {**rollouts["timing"], "score_s": timing["score_s"]},
+    }
+    if cfg.use_cache:
+        pipeline.write_cache(path_s, fields_s, scored)
+    info.update(status="partial" if info["rollouts"] == "hit" else "miss", scores="miss")
+    if not cfg.use_cache:
+        info.update(status="disabled", rollouts="disabled", scores="disabled")
+    return _pool_from(scored), {**info, "timing": timing}
+
+
+def _pool_from(scored: dict) -> dict[str, Any]:
+    rows = scored["prompts"]
+    nan = float("nan")
+    return {
+        "completions": [r["completions"] for r in rows],
+        "lengths": [r["lengths"] for r in rows],
+        "scores": [[nan if s is None else float(s) for s in r["scores"]] for r in rows],
+        "correct": [[bool(c) for c in r["correct"]] for r in rows],
+        "predictions": [r["predictions"] for r in rows],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3a: selection
+# ---------------------------------------------------------------------------------------------
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if v == v]  # drop NaN
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def selection_stats(picks: list[Pick], pool: dict[str, Any], prefix: str) -> dict[str, float]:
+    correct = [float(pool["correct"][i][j]) for i, j in picks]
+    scores = [pool["scores"][i][j] for i, j in picks]
+    lengths = [float(pool["lengths"][i][j]) for i, j in picks]
+    return {
+        f"{prefix}size": float(len(picks)),
+        f"{prefix}mean_correctness": _mean(correct),
+        f"{prefix}mean_score": _mean(scores),
+        f"{prefix}unique_prompts": float(len({i for i, _ in picks})),
+        f"{prefix}response_length": _mean(lengths),
+    }
+
+
+def pool_stats(pool: dict[str, Any], max_new_tokens: int) -> dict[str, float]:
+    flat_c = [float(c) for row in pool["correct"] for c in row]
+    flat_s = [s for row in pool["scores"] for s in row]
+    flat_l = [float(x) for row in pool["lengths"] for x in row]
+    return {
+        "pool/num_prompts": float(len(pool["correct"])),
+        "pool/size": float(len(flat_c)),
+        "pool/mean_correctness": _mean(flat_c),
+        "pool/mean_score": _mean(flat_s),
+        "pool/response_length": _mean(flat_l),
+        "pool/clipped_frac": _mean([float(x >= max_new_tokens) for x in flat_l]),
+    }
+
+
+def write_selection(
+    path: Path, picks: list[Pick], prompts: list[RSPrompt], pool: dict, system_prompt: str
+) -> None:
+    """The SFT data: one conversation (system + user + selected completion) per pick."""
+    import json
+
+    lines = []
+    for i, j in picks:
+        score = pool["scores"][i][j]
+        row = {
+            "messages": [
+                *prompts[i].messages(system_prompt),
+                {"role": "assistant", "content": pool["completions"][i][j]},
+            ],
+            "prompt_index": i,
+            "completion_index": j,
+            "score": None if score != score else float(score),
+            "correct": bool(pool["correct"][i][j]),
+        }
+        lines.append(json.dumps(row) + "\n")
+    atomic_write_text(path, "".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3c: SFT on the selection, with trainers.sft
+# ---------------------------------------------------------------------------------------------
+
+
+def sft_config(cfg: RejectionSamplingConfig, selection_path: Path):
+    """The trainers.sft config of the SFT stage (validated by SFTConfig)."""
+    from trainers.sft.config import SFTConfig
+
+    optim = cfg.sft.model_dump(exclude={"max_seq_length", "eval_size"})
+    data = {
+        "model": {
+            "name": cfg.model.name,
+            "device": cfg.model.device,
+            "dtype": cfg.model.dtype,
+            "attn_implementation": cfg.model.attn_implementation,
+            "gradient_checkpointing": cfg.model.gradient_checkpointing,
+            "chat_template_source": None,
+        },
+        "data": {
+            "dataset": str(selection_path),
+            "split": "train",
+            "max_samples": None,
+            "eval_size": cfg.sft.eval_size,
+            "max_length": cfg.sft.max_seq_length,
+            "train_on": "final",
+        },
+        "train": optim,
+        "eval": {
+            "eval_every": 0,  # only at the end (and only if sft.eval_size > 0)
+            "eval_batch_size": cfg.eval.eval_batch_size,
+            "sample_every": 0,
+            "num_samples": 0,  # the held-out exact-match evaluation writes the samples
+        },
+        "logging": cfg.logging.model_dump(),
+        "checkpoint": {**cfg.checkpoint.model_dump(), "save_final_model": True},
+        "seed": cfg.seed,
+    }
+    return validate_config(data, SFTConfig, source="rejection-sampling SFT stage")
+
+
+class _StageTracker:
+    """Hands the SFT stage's W&B logging to this run's tracker: one W&B run per RS run."""
+
+    def __init__(self, parent: Tracker):
+        self.parent = parent
+
+    @property
+    def url(self) -> str | None:
+        return self.parent.url
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.parent.log(metrics, step)
+
+    def finish(self, exit_code: int = 0) -> None:  # noqa: ARG002 - the RS run finishes it
+        return None
+
+
+@contextmanager
+def _sft_logs_to(tracker: Tracker):
+    from trainers.sft import train as sft_train
+
+    original = sft_train.Tracker
+    sft_train.Tracker = lambda *args, **kwargs: _StageTracker(tracker)
+    try:
+        yield
+    finally:
+        sft_train.Tracker = original
+
+
+def run_sft(
+    cfg: RejectionSamplingConfig, run: RunDir, selection_path: Path, tracker: Tracker, resume: bool
+) -> dict[str, Any]:
+    """trainers.sft's training loop, in-process, writing into this run directory: its train
+    rows go to metrics.jsonl, its checkpoints to checkpoints/, its model to final_model/."""
+    from trainers.sft import train as sft_train
+
+    scfg = sft_config(cfg, selection_path)
+    try:
+        sft_train.preflight(scfg)
+    except ConfigError as err:
+        raise ConfigError(f"SFT stage: {err}") from None
+    with _sft_logs_to(tracker):
+        return sft_train.train(scfg, run, resume)
+
+
+def _drop_rows(path: Path, drop) -> None:
+    import json
+
+    if path.exists():
+        kept = [r for r in read_jsonl(path) if not drop(r)]
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+# ---------------------------------------------------------------------------------------------
+
+
+def planned_sft_steps(cfg: RejectionSamplingConfig, size: int) -> int:
+    n = max(size - cfg.sft.eval_size, 0)
+    per_step = cfg.sft.batch_size * cfg.sft.gradient_accumulation_steps
+    steps = -(-n // per_step) * cfg.sft.num_epochs
+    return min(steps, cfg.sft.max_steps) if cfg.sft.max_steps else steps
+
+
+def evaluate_policy(cfg, model, tokenizer, prompts, system_prompt) -> tuple[dict, list[dict]]:
+    t0 = time.time()
+    completions = pipeline.greedy_completions(model, tokenizer, prompts, system_prompt, cfg)
+    metrics, samples = pipeline.exact_match_metrics(tokenizer, prompts, completions, cfg)
+    return {**metrics, "timing/eval_s": time.time() - t0}, samples
+
+
+def baseline_eval(
+    cfg, policy, tokenizer, prompts, system_prompt, runtime
+) -> tuple[dict, list, str]:
+    """The starting policy's held-out exact match, cached like the pool (same for all four
+    strategies). Returns (metrics, samples, 'hit' | 'miss')."""
+    fields = pipeline.eval_cache_fields(cfg, prompts, **runtime)
+    path = pipeline.cache_dir() / f"{pipeline.cache_key(fields)}.eval.json"
+    cached = pipeline.read_cache(path, fields) if cfg.use_cache else None
+    if cached is not None:
+        metrics, samples = pipeline.exact_match_metrics(
+            tokenizer, prompts, cached["completions"], cfg
+        )
+        return {**metrics, "timing/eval_s": 0.0}, samples, "hit"
+    t0 = time.time()
+    completions = pipeline.greedy_completions(policy.get(), tokenizer, prompts, system_prompt, cfg)
+    if cfg.use_cache:
+        pipeline.write_cache(path, fields, {"completions": completions})
+    metrics, samples = pipeline.exact_match_metrics(tokenizer, prompts, completions, cfg)
+    return {**metrics, "timing/eval_s": time.time() - t0}, samples, "miss"
+
+
+def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> dict:
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.model.device)
+    dtype = pick_dtype(cfg.model.dtype, device)
+    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    runtime = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "attn": attn}
+    system_prompt = pipeline.system_prompt_for(cfg)
+    try:
+        train_prompts, test_prompts = pipeline.load_prompts(cfg)
+    except DataError as err:
+        raise ConfigError(f"data: {err}") from None
+    n = cfg.generation.num_completions_per_prompt
+    size = selection_size(cfg.strategy, len(train_prompts), n, cfg.top_k)
+    total_steps = planned_sft_steps(cfg, size)
+    data_info = {"num_train_prompts": len(train_prompts), "num_test_prompts": len(test_prompts)}
+    print(f"data: {data_info}", flush=True)
+
+    tokenizer = load_tokenizer(cfg.model.name)
+    policy = PolicyHolder(cfg, device, dtype, attn)
+    tracker = Tracker(
+        cfg.logging, run.path, cfg.model_dump(mode="json"), f"rs-{cfg.strategy}-{run.path.name}"
+    )
+    earlier = read_jsonl(run.metrics_path) if resume else []
+    rollout_logged = any(r.get("phase") == "rollout" for r in earlier)
+    baseline_row = next(
+        (
+            r
+            for r in earlier
+            if r.get("phase") == "eval" and r.get("step") == 0 and "eval/exact_match" in r
+        ),
+        None,
+    )
+
+    # ---- stages 1-2: generate and score (cached) ---------------------------------------------
+    run.write_progress(0, total_steps, stage="generate")
+    pool, cache_info = build_pool(
+        cfg, run, policy, tokenizer, train_prompts, system_prompt, runtime, total_steps
+    )
+    diag = diagnose(pool["scores"], pool["correct"])
+
+    # ---- stage 3a: select -------------------------------------------------------------------
+    picks = select(cfg.strategy, pool["scores"], top_k=cfg.top_k, seed=cfg.seed)
+    control_picks = select(cfg.matched_control, pool["scores"], top_k=cfg.top_k, seed=cfg.seed)
+    if not picks:
+        raise ConfigError("the selection is empty: no completions were generated")
+    selection_path = run.path / SELECTION_FILE
+    write_selection(selection_path, picks, train_prompts, pool, system_prompt)
+    selected = selection_stats(picks, pool, "selection/")
+    control = selection_stats(control_picks, pool, "selection/control_")
+    rollout_metrics = {
+        **pool_stats(pool, cfg.generation.max_new_tokens),
+        **selected,
+        "selection/control_mean_correctness": control["selection/control_mean_correctness"],
+        "selection/control_mean_score": control["selection/control_mean_score"],
+        **diagnostic_metrics(diag),
+        "cache/hit": float(cache_info["status"] == "hit"),
+        "timing/generate_s": cache_info["timing"]["generate_s"],
+        "timing/score_s": cache_info["timing"]["score_s"],
+    }
+    atomic_write_json(run.path / DIAGNOSTICS_FILE, summary_view(diag))
+    plots = []
+    if cfg.diagnostics.plots:
+        plots = [p.name for p in write_plots(diag, run.path / "plots", title=cfg.strategy)]
+    print(
+        f"pool correctness {rollout_metrics['pool/mean_correctness']:.3f}, decidable "
+        f"{diag['decidable']['decidable_frac']}, selection ({cfg.strategy}, {len(picks)}) "
+        f"correctness {selected['selection/mean_correctness']:.3f} vs control "
+        f"{control['selection/control_mean_correctness']:.3f}",
+        flush=True,
+    )
+    if not rollout_logged:
+        run.log_metrics(0, "rollout", rollout_metrics)
+        tracker.log(rollout_metrics, 0)
+        shown = picks[: cfg.diagnostics.num_selection_samples]
+        run.log_samples(
+            0,
+            [
+                {
+                    "kind": "selection",
+                    "strategy": cfg.strategy,
+                    "prompt": train_prompts[i].question,
+                    "completion": pool["completions"][i][j],
+                    "gold": train_prompts[i].gold,
+                    "score": pool["scores"][i][j],
+                    "correct": pool["correct"][i][j],
+                }
+                for i, j in shown
+            ],
+        )
+
+    # ---- stage 3b: the starting policy on held-out prompts ----------------------------------
+    baseline: dict = {}
+    baseline_cache = None
+    if baseline_row is not None:
+        baseline = {k: v for k, v in baseline_row.items() if k.startswith("eval/")}
+    elif cfg.eval.baseline and test_prompts:
+        run.write_progress(0, total_steps, stage="baseline_eval")
+        baseline, samples, baseline_cache = baseline_eval(
+            cfg, policy, tokenizer, test_prompts, system_prompt, runtime
+        )
+        run.log_metrics(0, "eval", baseline)
+        tracker.log(baseline, 0)
+        run.log_samples(0, [{**s, "stage": "baseline"} for s in samples])
+        print(f"baseline exact match {baseline['eval/exact_match']:.3f}", flush=True)
+    policy.release()
+
+    # ---- stage 3c: SFT on the selection -----------------------------------------------------
+    resume_sft = resume and bool(list_checkpoints(run.checkpoints_dir))
+    if resume and not resume_sft:  # stopped before SFT checkpointed: SFT starts over
+        _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0)
+        _drop_rows(run.samples_path, lambda r: r.get("step", 0) > 0)
+    elif resume_sft:  # the final evaluation runs again after SFT
+        _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0 and "eval/exact_match" in r)
+        _drop_rows(run.samples_path, lambda r: r.get("step", 0) > 0)
+    t0 = time.time()
+    sft_summary = run_sft(cfg, run, selection_path, tracker, resume_sft)
+    sft_s = time.time() - t0
+    steps, total_steps = sft_summary["steps"], sft_summary["total_steps"]
+
+    # ---- stage 4: the SFT model on held-out prompts -----------------------------------------
+    final_model = run.path / "final_model"
+    final_eval: dict = {}
+    if test_prompts:
+        run.write_progress(steps, total_steps, stage="final_eval")
+        model = load_causal_lm(
+            str(final_model), device=device, dtype=dtype, attn_implementation=attn, trainable=False
+        )
+        final_tokenizer = load_tokenizer(str(final_model))
+        final_eval, samples = evaluate_policy(
+            cfg, model, final_tokenizer, test_prompts, system_prompt
+        )
+        del model
+        free_memory(device)
+        run.log_metrics(steps, "eval", final_eval)
+        tracker.log(final_eval, steps)
+        run.log_samples(steps, [{**s, "stage": "final"} for s in samples])
+        print(
+            f"exact match {baseline.get('eval/exact_match', float('nan')):.3f} -> "
+            f"{final_eval['eval/exact_match']:.3f}",
+            flush=True,
+        )
+    if not cfg.checkpoint.save_final_model:
+        shutil.rmtree(final_model, ignore_errors=True)
+    run.write_progress(steps, total_steps, stage="done", tokens_seen=sft_summary["tokens_seen"])
+    tracker.finish()
+
+    evals = [m["eval/exact_match"] for m in (baseline, final_eval) if "eval/exact_match" in m]
+    return {
+        "algorithm": cfg.strategy,
+        "strategy": cfg.strategy,
+        "matched_control": MATCHED_CONTROL[cfg.strategy],
+        "steps": steps,
+        "total_steps": total_steps,
+        "final_metrics": sft_summary["final_metrics"],
+        "final_eval": final_eval,
+        "baseline_eval": baseline,
+        "best_metrics": {"eval/exact_match": max(evals) if evals else None},
+        "exact_match_gain": (
+            final_eval["eval/exact_match"] - baseline["eval/exact_match"]
+            if "eval/exact_match" in final_eval and "eval/exact_match" in baseline
+            else None
+        ),
+        "rollout_metrics": rollout_metrics,
+        "diagnostics": summary_view(diag),
+        "cache": {**cache_info, "baseline_eval": baseline_cache},
+        "selection_file": str(selection_path),
+        "plots": plots,
+        "data": {**data_info, "sft": sft_summary.get("data")},
+        "timing": {**cache_info["timing"], "sft_s": sft_s},
+        "peak_memory_gb": peak_memory_gb(device),
+        "tokens_seen": sft_summary["tokens_seen"],
+        "final_model": str(final_model) if cfg.checkpoint.save_final_model else None,
+        "wandb_url": tracker.url,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_trainer(
+        argv,
+        description=__doc__.splitlines()[0],
+        config_model=RejectionSamplingConfig,
+        preflight=preflight,
+        train=train,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

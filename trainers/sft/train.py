@@ -1,0 +1,576 @@
+"""Supervised fine-tuning on demonstrations: masked cross-entropy on assistant turns.
+
+    python -m trainers.sft.train --config trainers/sft/configs/sft.yaml --run-dir DIR \
+        [--set data.dataset=builtin:reasoning-sft] [--set model.name=tiny] [--resume]
+
+The loop, per optimizer step:
+  1. take the next `batch_size × gradient_accumulation_steps` conversations and count the
+     step's target tokens N (assistant tokens after the label shift, over all micro-batches);
+  2. for each micro-batch (padded to its longest row): summed token NLL of its targets,
+     backward on NLL_mb / N, so the step's gradient is that of sum(NLL) / N over the whole
+     step, whatever the micro-batch split;
+  3. clip, step, schedule; log `loss` (= sum NLL / N), `mean_token_accuracy` and the rest.
+Held-out `eval/loss` and `eval/mean_token_accuracy` and sample generations every N steps; the
+trained model and tokenizer go to <run-dir>/final_model (the warm start other families load
+with model.name=<run-dir>/final_model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
+from trainers.core.generation import generate_completions
+from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.logprobs import DEFAULT_CHUNK, hidden_to_logps, selective_log_softmax
+from trainers.core.models import (
+    hub_offline,
+    hub_reachable,
+    load_causal_lm,
+    load_tokenizer,
+    pick_attn_implementation,
+    pick_device,
+    pick_dtype,
+)
+from trainers.core.rundir import RunDir
+from trainers.core.tasks import TASK_KITS, import_reasoning_gym
+from trainers.core.tiny import BUILDER_VERSION, cache_root
+from trainers.core.training import (
+    StepMetrics,
+    build_optimizer,
+    clip_and_measure,
+    epoch_order,
+    list_checkpoints,
+    load_checkpoint,
+    peak_memory_gb,
+    save_checkpoint,
+    seed_everything,
+)
+from trainers.sft.config import BUILTIN_DATASET, DEFAULT_BUILTIN_TASKS, SFTConfig
+from trainers.sft.data import (
+    DatasetNotFoundError,
+    SFTRecord,
+    TokenizedSFT,
+    builtin_hint,
+    collate,
+    has_tag_format,
+    load_sft_records,
+    looks_like_path,
+    parse_builtin_name,
+    score_record_response,
+    split_train_eval,
+    tokenize_records,
+)
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+# ---------------------------------------------------------------------------------------------
+# The warm-start recipe for policy-gradient runs on the tiny preset
+# ---------------------------------------------------------------------------------------------
+
+WARM_START_CONFIG = CONFIGS / "sft_tiny_warmstart.yaml"
+
+WARM_START_TASKS: dict[str, dict] = {
+    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1},
+}
+"""The reasoning-gym tasks and settings the warm start is trained on. Policy-gradient runs that
+start from the warm-start model should draw their prompts from the same tasks and settings (the
+model gets some of these right; two-digit sums or spelling backward it mostly gets wrong)."""
+
+
+def _flow(mapping: dict) -> str:
+    return json.dumps(mapping, separators=(", ", ": "))
+
+
+def warm_start_overrides() -> list[str]:
+    """``--set`` overrides that turn ``configs/sft.yaml`` into the tiny warm-start recipe
+    (the same config as ``configs/sft_tiny_warmstart.yaml``): one-digit chain sums, a few
+    hundred steps at a high learning rate. About 1–2 minutes on 2 CPU cores; greedy completions
+    then carry the <think>/<answer> format and get some, not all, answers right (README.md has
+    the measured numbers)."""
+    return [
+        "model.name=tiny",
+        "model.chat_template_source=null",
+        "model.gradient_checkpointing=false",
+        f"data.dataset={BUILTIN_DATASET}:{','.join(WARM_START_TASKS)}",
+        "data.max_samples=2600",
+        "data.eval_size=200",
+        "data.max_length=160",
+        f"data.builtin_task_configs={_flow(WARM_START_TASKS)}",
+        "train.learning_rate=3.0e-3",
+        "train.num_epochs=4",
+        "train.batch_size=16",
+        "train.gradient_accumulation_steps=1",
+        "train.warmup_ratio=0.05",
+        "eval.eval_every=100",
+        "eval.sample_every=100",
+        "eval.num_samples=4",
+        "eval.sample_max_new_tokens=64",
+        "eval.sample_do_sample=false",
+        "logging.log_every=10",
+        "checkpoint.save_every=null",
+        "checkpoint.save_final_model=true",
+    ]
+
+
+def warm_start_config() -> SFTConfig:
+    data = apply_overrides(read_yaml(CONFIGS / "sft.yaml"), warm_start_overrides())
+    return validate_config(data, SFTConfig, source="warm-start recipe")
+
+
+def warm_start_model(root: str | Path | None = None) -> Path:
+    """The tiny warm-start model folder, trained once and cached (under
+    ``cache_root()/sft-warmstart/<key>`` unless ``root`` is given; the key hashes the recipe and
+    the tiny preset's builder version). Safe to call from several processes: one trains under a
+    file lock, the others wait. Trains with one torch thread (restored afterwards): for a model
+    this small a second CPU thread costs more than it brings, and the results are the same."""
+    from filelock import FileLock
+
+    cfg = warm_start_config()
+    recipe = {"config": cfg.model_dump(mode="json"), "tiny": BUILDER_VERSION, "version": 1}
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    base = Path(root) if root is not None else cache_root() / "sft-warmstart"
+    run_dir = base / key
+    final = run_dir / "final_model"
+    if (final / "config.json").is_file():
+        return final
+    base.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(base / f".{key}.lock")):
+        if (final / "config.json").is_file():
+            return final
+        if run_dir.exists():  # a killed earlier attempt
+            import shutil
+
+            shutil.rmtree(run_dir)
+        argv = ["--config", str(WARM_START_CONFIG), "--run-dir", str(run_dir)]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            code = main(argv)
+        finally:
+            torch.set_num_threads(threads)
+        if code != 0:
+            raise RuntimeError(f"the SFT warm-start run failed; see {run_dir / 'summary.json'}")
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before anything is written
+# ---------------------------------------------------------------------------------------------
+
+
+def preflight(cfg: SFTConfig) -> None:
+    """Checks that need no model: fail before anything is written."""
+    ds = cfg.data.dataset
+    if ds.startswith("builtin:"):
+        try:
+            tasks = parse_builtin_name(ds) or cfg.data.builtin_tasks or DEFAULT_BUILTIN_TASKS
+        except DatasetNotFoundError as err:
+            raise ConfigError(f"data.dataset: {err}") from None
+        known = set(import_reasoning_gym().factory.DATASETS)
+        unknown = [t for t in tasks if t not in known]
+        if unknown:
+            raise ConfigError(
+                f"unknown reasoning-gym task(s) {unknown}; tasks with worked demonstrations: "
+                f"{sorted(TASK_KITS)}"
+            )
+        return
+    if cfg.data.builtin_tasks or cfg.data.builtin_task_configs:
+        raise ConfigError(
+            f"data.builtin_tasks / data.builtin_task_configs apply only to {BUILTIN_DATASET}"
+        )
+    if looks_like_path(ds) or Path(ds).expanduser().exists():
+        if not Path(ds).expanduser().exists():
+            raise ConfigError(f"data.dataset: file not found: {ds}. " + builtin_hint())
+        return
+    # a hub id: offline or unreachable must fail here, with the offline alternatives
+    if hub_offline():
+        import datasets
+
+        try:
+            datasets.load_dataset_builder(ds)
+        except Exception as err:
+            raise ConfigError(
+                f"data.dataset: {ds!r} is a hub id and is not in the local cache "
+                f"(HF_HUB_OFFLINE is set: {type(err).__name__}). " + builtin_hint()
+            ) from None
+    elif not hub_reachable():
+        raise ConfigError(
+            f"data.dataset: {ds!r} is a hub id but the Hugging Face Hub cannot be reached. "
+            "Set HF_HUB_OFFLINE=1 to use a cached copy. " + builtin_hint()
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+def load_tokenizer_with_template(cfg: SFTConfig):
+    tokenizer = load_tokenizer(cfg.model.name)
+    if getattr(tokenizer, "chat_template", None) is None and cfg.model.chat_template_source:
+        donor = load_tokenizer(cfg.model.chat_template_source)
+        if getattr(donor, "chat_template", None) is None:
+            raise ConfigError(
+                f"model.chat_template_source {cfg.model.chat_template_source!r} has no chat "
+                "template either"
+            )
+        tokenizer.chat_template = donor.chat_template
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def prepare_examples(cfg: SFTConfig, tokenizer):
+    d = cfg.data
+    load_stats: dict = {}
+    try:
+        records = load_sft_records(
+            d.dataset,
+            d.split,
+            d.max_samples,
+            seed=cfg.seed,
+            builtin_tasks=d.builtin_tasks,
+            builtin_task_configs=d.builtin_task_configs,
+            stats=load_stats,
+        )
+    except DatasetNotFoundError as err:
+        raise ConfigError(str(err)) from None
+    if len(records) <= d.eval_size:
+        raise ConfigError(
+            f"{len(records)} usable conversations, not more than data.eval_size ({d.eval_size}); "
+            "lower data.eval_size or use more data"
+        )
+    train_records, eval_records = split_train_eval(records, d.eval_size, cfg.seed)
+    train, train_stats = tokenize_records(train_records, tokenizer, d.max_length, d.train_on)
+    held_out, _ = tokenize_records(eval_records, tokenizer, d.max_length, d.train_on)
+    if not train:
+        raise ConfigError("no training examples left after tokenisation; raise data.max_length")
+    return train, held_out, eval_records, {**load_stats, **train_stats}
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss
+# ---------------------------------------------------------------------------------------------
+
+
+def token_nll(
+    model, input_ids, attention_mask, loss_mask, chunk_size: int = DEFAULT_CHUNK
+) -> tuple[torch.Tensor, int, int]:
+    """Summed negative log-likelihood of the target tokens, their count, and how many of them
+    the model's argmax predicts. Targets: positions t >= 1 with ``loss_mask[t] == 1``, predicted
+    from positions < t. Only target positions go through the LM head (chunked, fp32
+    log-softmax one chunk at a time)."""
+    labels = input_ids[:, 1:]
+    mask = loss_mask[:, 1:].bool()
+    targets = labels[mask]
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if decoder is not None and isinstance(lm_head, torch.nn.Linear):
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        picked = hidden[:, :-1][mask]  # (N, H): the positions that predict a target
+        logps = hidden_to_logps(picked.unsqueeze(0), lm_head, targets.unsqueeze(0), chunk_size)
+        with torch.no_grad():
+            hits = sum(
+                int(
+                    F.linear(picked[s : s + chunk_size].detach(), lm_head.weight, lm_head.bias)
+                    .argmax(-1)
+                    .eq(targets[s : s + chunk_size])
+                    .sum()
+                )
+                for s in range(0, picked.shape[0], chunk_size)
+            )
+    else:  # generic fallback: the model builds logits itself
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][mask]
+        logps = selective_log_softmax(logits.unsqueeze(0), targets.unsqueeze(0), chunk_size)
+        hits = int(logits.detach().argmax(-1).eq(targets).sum())
+    return -logps.sum(), int(targets.numel()), hits
+
+
+def micro_batch_terms(model, examples: list[TokenizedSFT], pad_id: int, device):
+    """(summed NLL, target tokens, correct argmax tokens, non-pad tokens) of a micro-batch."""
+    batch = collate(examples, pad_id)
+    nll, n, hits = token_nll(
+        model,
+        batch["input_ids"].to(device),
+        batch["attention_mask"].to(device),
+        batch["loss_mask"].to(device),
+    )
+    return nll, n, hits, int(batch["attention_mask"].sum())
+
+
+@torch.no_grad()
+def evaluate(cfg: SFTConfig, model, examples, pad_id, device) -> dict[str, float]:
+    """Token-weighted held-out loss and accuracy over the whole held-out set."""
+    model.eval()
+    nll_sum, n_sum, hit_sum = 0.0, 0, 0
+    for start in range(0, len(examples), cfg.eval.eval_batch_size):
+        chunk = examples[start : start + cfg.eval.eval_batch_size]
+        nll, n, hits, _ = micro_batch_terms(model, chunk, pad_id, device)
+        nll_sum, n_sum, hit_sum = nll_sum + float(nll), n_sum + n, hit_sum + hits
+    model.train()
+    return {"eval/loss": nll_sum / n_sum, "eval/mean_token_accuracy": hit_sum / n_sum}
+
+
+# ---------------------------------------------------------------------------------------------
+# Generations: periodic samples and the format / correctness measurement
+# ---------------------------------------------------------------------------------------------
+
+
+def score_generations(
+    model,
+    tokenizer,
+    records: list[SFTRecord],
+    *,
+    max_new_tokens: int = 64,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    batch_size: int = 32,
+) -> dict:
+    """Generate one completion per record's prompt and measure it.
+
+    Returns ``format_rate`` (share with exactly <think>…</think><answer>…</answer>),
+    ``correct_rate`` (share scoring 1.0; built-in records only), ``score_mean`` and the
+    ``completions`` themselves."""
+    completions = generate_completions(
+        model,
+        tokenizer,
+        [r.prompt for r in records],
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_p=top_p,
+        batch_size=batch_size,
+    )
+    fmt = [has_tag_format(c) for c in completions]
+    scores = [score_record_response(c, r) for c, r in zip(completions, records, strict=True)]
+    scored = [s for s in scores if s is not None]
+    return {
+        "n": len(records),
+        "format_rate": sum(fmt) / max(len(fmt), 1),
+        "correct_rate": sum(s == 1.0 for s in scored) / len(scored) if scored else None,
+        "score_mean": sum(scored) / len(scored) if scored else None,
+        "completions": completions,
+    }
+
+
+def sample_generations(cfg: SFTConfig, model, tokenizer, eval_records, event: int):
+    """Round-robin over held-out prompts: event k samples prompts k·n .. k·n+n-1. Returns the
+    sample rows and, for built-in data, their format rate and mean score."""
+    n = min(cfg.eval.num_samples, len(eval_records))
+    if n == 0:
+        return [], {}
+    picked = [eval_records[(event * n + j) % len(eval_records)] for j in range(n)]
+    completions = generate_completions(
+        model,
+        tokenizer,
+        [r.prompt for r in picked],
+        max_new_tokens=cfg.eval.sample_max_new_tokens,
+        do_sample=cfg.eval.sample_do_sample,
+        temperature=cfg.eval.sample_temperature,
+        top_p=cfg.eval.sample_top_p,
+        max_input_tokens=cfg.eval.sample_max_input_tokens,
+    )
+    rows, scores, formats = [], [], []
+    for rec, completion in zip(picked, completions, strict=True):
+        row = {
+            "prompt": rec.prompt[-1]["content"],
+            "completion": completion,
+            "reference": rec.reference,
+        }
+        if "task" in rec.meta:
+            row["task"] = rec.meta["task"]
+            row["score"] = score_record_response(completion, rec)
+            row["tag_format"] = has_tag_format(completion)
+            scores.append(row["score"])
+            formats.append(row["tag_format"])
+        rows.append(row)
+    metrics = {}
+    if scores:
+        metrics = {
+            "eval/sample_score": sum(scores) / len(scores),
+            "eval/sample_format_rate": sum(formats) / len(formats),
+        }
+    return rows, metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# The training loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(cfg: SFTConfig, run: RunDir, resume: bool) -> dict:
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.model.device)
+    dtype = pick_dtype(cfg.model.dtype, device)
+    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    tokenizer = load_tokenizer_with_template(cfg)
+    pad_id = tokenizer.pad_token_id
+
+    train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
+    info: dict = {"data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}}
+    print(f"data: {info['data']}", flush=True)
+
+    model = load_causal_lm(
+        cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
+    )
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
+    steps_per_epoch = -(-len(train_ex) // per_step)
+    total_steps = steps_per_epoch * cfg.train.num_epochs
+    if cfg.train.max_steps:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
+
+    step, start_epoch, start_batch, tokens_seen = 0, 0, 0, 0
+    if resume:
+        checkpoints = list_checkpoints(run.checkpoints_dir)
+        if not checkpoints:
+            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
+        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
+        step = state["step"]
+        start_epoch, start_batch = state["data_position"]["epoch"], state["data_position"]["batch"]
+        tokens_seen = state["extra"].get("tokens_seen", 0)
+        run.truncate_metrics_after(step)
+        print(f"resumed from {checkpoints[-1].name}", flush=True)
+
+    tracker = Tracker(cfg.logging, run.path, cfg.model_dump(mode="json"), f"sft-{run.path.name}")
+    info["wandb_url"] = tracker.url
+    last_train: dict = {}
+    last_eval: dict = {}
+    best_eval_loss = None
+
+    def checkpoint(epoch: int, batch: int) -> None:
+        save_checkpoint(
+            run.checkpoints_dir,
+            step,
+            model,
+            optimizer,
+            scheduler,
+            {"epoch": epoch, "batch": batch},
+            extra={"tokens_seen": tokens_seen},
+            keep_last=cfg.checkpoint.keep_last,
+        )
+
+    def periodic(every: int) -> bool:
+        return step == total_steps or (every > 0 and step % every == 0)
+
+    def eval_and_samples(at_start: bool) -> None:
+        nonlocal last_eval, best_eval_loss
+        row: dict = {}
+        if eval_ex and (periodic(cfg.eval.eval_every) or (at_start and cfg.eval.eval_every)):
+            row.update(evaluate(cfg, model, eval_ex, pad_id, device))
+            if best_eval_loss is None or row["eval/loss"] < best_eval_loss:
+                best_eval_loss = row["eval/loss"]
+        if periodic(cfg.eval.sample_every) or (at_start and cfg.eval.sample_every):
+            event = step // max(cfg.eval.sample_every, 1)
+            samples, sample_metrics = sample_generations(cfg, model, tokenizer, eval_records, event)
+            run.log_samples(step, samples)
+            row.update(sample_metrics)
+        if row:
+            run.log_metrics(step, "eval", row)
+            tracker.log(row, step)
+            last_eval = {**last_eval, **row}
+
+    if not resume:  # the starting point, for contrast
+        eval_and_samples(at_start=True)
+
+    done = step >= total_steps
+    for epoch in range(start_epoch, cfg.train.num_epochs):
+        if done:
+            break
+        order = epoch_order(len(train_ex), cfg.seed, epoch)
+        first = start_batch if epoch == start_epoch else 0
+        for b in range(first, steps_per_epoch):
+            t0 = time.time()
+            step_ids = order[b * per_step : (b + 1) * per_step]
+            step_targets = sum(train_ex[i].n_targets for i in step_ids)
+            agg, step_tokens = StepMetrics(), 0
+            for m in range(0, len(step_ids), cfg.train.batch_size):
+                chunk = [train_ex[i] for i in step_ids[m : m + cfg.train.batch_size]]
+                nll, n, hits, n_tok = micro_batch_terms(model, chunk, pad_id, device)
+                (nll / step_targets).backward()
+                agg.add(
+                    {"loss": float(nll.detach()) / n, "mean_token_accuracy": hits / n}, weight=n
+                )
+                step_tokens += n_tok
+            grad_norm = clip_and_measure(model.parameters(), cfg.train.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens_seen += step_tokens
+            dt = time.time() - t0
+            last_train = {
+                **agg.mean(),
+                "grad_norm": grad_norm,
+                "learning_rate": lr,
+                "epoch": epoch + (b + 1) / steps_per_epoch,
+                "num_tokens": step_targets,
+                "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
+                "timing/step_s": dt,
+                "memory/peak_gb": peak_memory_gb(device),
+            }
+            if step % cfg.logging.log_every == 0 or step == total_steps:
+                run.log_metrics(step, "train", last_train)
+                tracker.log(last_train, step)
+            eval_and_samples(at_start=False)
+            run.write_progress(step, total_steps, epoch=epoch, tokens_seen=tokens_seen)
+            print(
+                f"step {step}/{total_steps} loss {last_train['loss']:.4f} "
+                f"acc {last_train['mean_token_accuracy']:.3f} ({dt:.2f}s)",
+                flush=True,
+            )
+            next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
+            save_now = cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0
+            if save_now or step == total_steps or stop_requested():
+                checkpoint(*next_position)
+            if stop_requested():
+                tracker.finish(exit_code=143)
+                raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+            if step >= total_steps:
+                done = True
+                break
+
+    if cfg.checkpoint.save_final_model:
+        model.save_pretrained(run.path / "final_model")
+        tokenizer.save_pretrained(run.path / "final_model")
+    tracker.finish()
+    return {
+        "algorithm": "sft",
+        "steps": step,
+        "total_steps": total_steps,
+        "final_metrics": last_train,
+        "final_eval": last_eval,
+        "best_metrics": {"eval/loss": best_eval_loss},
+        "peak_memory_gb": peak_memory_gb(device),
+        "tokens_seen": tokens_seen,
+        "final_model": str(run.path / "final_model") if cfg.checkpoint.save_final_model else None,
+        **info,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_trainer(
+        argv,
+        description=__doc__.splitlines()[0],
+        config_model=SFTConfig,
+        preflight=preflight,
+        train=train,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
