@@ -48,6 +48,19 @@ def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
     _stop_flag["set"] = True
 
 
+def checkpoint_or_stop(
+    step: int, total_steps: int, save_every: int | None, save, tracker, *, stopping: bool
+) -> None:
+    """The end of every optimizer step: checkpoint every ``save_every`` steps, at the last step
+    and when SIGTERM asked to stop (``stopping``, from the caller's ``stop_requested()``); when
+    stopping, close W&B and raise StopRequested so the harness writes outcome ``stopped``."""
+    if stopping or step == total_steps or (save_every and step % save_every == 0):
+        save()
+    if stopping:
+        tracker.finish(exit_code=EXIT_STOPPED)
+        raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+
+
 def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--config", required=True, help="YAML config file (see configs/)")

@@ -18,13 +18,19 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from trainers.core.config import ConfigError
 from trainers.core.generation import generate_completions
-from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.harness import (
+    Tracker,
+    checkpoint_or_stop,
+    run_trainer,
+    stop_requested,
+)
 from trainers.core.logprobs import completion_logps
 from trainers.core.models import (
     load_causal_lm,
@@ -412,12 +418,14 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> dict:
                 flush=True,
             )
             next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
-            save_now = cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0
-            if save_now or step == total_steps or stop_requested():
-                checkpoint(*next_position)
-            if stop_requested():
-                tracker.finish(exit_code=143)
-                raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+            checkpoint_or_stop(
+                step,
+                total_steps,
+                cfg.checkpoint.save_every,
+                partial(checkpoint, *next_position),
+                tracker,
+                stopping=stop_requested(),
+            )
             if step >= total_steps:
                 done = True
                 break

@@ -25,7 +25,12 @@ import time
 import torch
 
 from trainers.core.config import ConfigError
-from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.harness import (
+    Tracker,
+    checkpoint_or_stop,
+    run_trainer,
+    stop_requested,
+)
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
@@ -454,12 +459,14 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> dict:
             f"gen {ri.generate_s:.1f}s train {train_s:.1f}s",
             flush=True,
         )
-        save_now = cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0
-        if save_now or step == total_steps or stop_requested():
-            checkpoint()
-        if stop_requested():
-            tracker.finish(exit_code=143)
-            raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+        checkpoint_or_stop(
+            step,
+            total_steps,
+            cfg.checkpoint.save_every,
+            checkpoint,
+            tracker,
+            stopping=stop_requested(),
+        )
 
     if cfg.checkpoint.save_final_model:
         with quiet_hf():

@@ -21,13 +21,19 @@ from __future__ import annotations
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError
-from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.harness import (
+    Tracker,
+    checkpoint_or_stop,
+    run_trainer,
+    stop_requested,
+)
 from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
 from trainers.core.rundir import RunDir
 from trainers.core.training import (
@@ -571,12 +577,14 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> dict:
                 flush=True,
             )
             next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
-            save_now = cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0
-            if save_now or step == total_steps or stop_requested():
-                checkpoint(*next_position)
-            if stop_requested():
-                tracker.finish(exit_code=143)
-                raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+            checkpoint_or_stop(
+                step,
+                total_steps,
+                cfg.checkpoint.save_every,
+                partial(checkpoint, *next_position),
+                tracker,
+                stopping=stop_requested(),
+            )
             if step >= total_steps:
                 done = True
                 break
