@@ -287,6 +287,12 @@ def _rejection_sampling(r: _Rules, algorithm: str, preset: bool, notes: list[str
     if preset:
         r.cap(_find_key(data, "max_new_tokens"), 64)
         r.cap(_find_key(data, "eval_max_new_tokens"), 64)
+        r.set("data.dataset", family_info("rejection_sampling").builtin_datasets["*"])
+        notes.append(
+            "a random-init preset gets nothing right, so there is nothing to select: warm-start "
+            "it first (trainers/sft/configs/sft_tiny_warmstart.yaml, then --set "
+            "model.name=<its run dir>/final_model)"
+        )
     _common_quiet(r, big_model=not preset)
 
 
