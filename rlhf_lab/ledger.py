@@ -1459,9 +1459,12 @@ def list_campaigns() -> list[Campaign]:
 def show_campaign(slug: str) -> CampaignView:
     """The campaign's markdown and its run records (read-only)."""
     name = resolve_campaign(slug)
-    campaign, data = _read_campaign(name)
-    md = _md_path(name)
-    markdown = md.read_text(errors="replace") if md.is_file() else ""
+    # Under the writers' lock: a writer replaces ledger.json, then the markdown, so an unlocked
+    # reader could pair the new rows with the old markdown.
+    with _acquire(_locked(name), name):
+        campaign, data = _read_campaign(name)
+        md = _md_path(name)
+        markdown = md.read_text(errors="replace") if md.is_file() else ""
     return CampaignView(
         campaign=campaign,
         markdown=markdown,
