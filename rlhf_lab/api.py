@@ -32,6 +32,7 @@ from rlhf_lab.runs import (
     active_runs,
     list_runs,
     resolve_device,
+    resume_run,
     run_state,
     stop_run,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "read_metrics",
     "record_run",
     "resolve_config",
+    "resume_run",
     "run_state",
     "run_status",
     "show_campaign",

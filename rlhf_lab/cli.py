@@ -388,6 +388,22 @@ def stop(
     emit(stop_run(run, grace), as_json, lambda s: typer.echo(f"{s.id}: {s.state}"))
 
 
+@app.command()
+@lab_errors
+def resume(
+    run: Annotated[str, typer.Argument(help="run id of a died, stopped or failed run")],
+    device: Annotated[
+        str | None, typer.Option(help="auto, cpu or cuda:N (default: the run's device)")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="start even if the device is busy")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Continue a died, stopped or failed run from its last checkpoint, in the same run folder."""
+    from rlhf_lab.api import resume_run
+
+    emit(resume_run(run, device=device, force=force), as_json, lambda r: typer.echo(r.message))
+
+
 # ---------------------------------------------------------------------------------------- ledger
 
 

@@ -565,8 +565,8 @@ def diagnose(
                 step=status.step,
                 message="the run's processes are gone without an exit status "
                 "(SIGKILL of the whole group, OOM killer or a reboot)",
-                hint="resume from the last checkpoint with --resume, or relaunch; if it recurs, "
-                "lower memory use",
+                hint="continue from the last checkpoint with `rlhf-lab resume <run-id>` (or "
+                "relaunch); if it recurs, lower memory use",
             )
         )
 

@@ -505,6 +505,10 @@ def _launch(
         force=force,
         queue=queue,
     )
+    return _launch_run_result(result)
+
+
+def _launch_run_result(result: LaunchResult) -> LaunchRunResult:
     info = result.run
     if result.queued:
         nxt = (
@@ -748,6 +752,30 @@ def stop_run(
 
 
 @server.tool(
+    title="Resume a run",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+    ),
+    description="Continue a died, stopped or failed run from its last checkpoint in the same run "
+    "folder (model, optimizer, scheduler, RNG and data position restored; metrics rows after the "
+    "checkpoint are dropped), detached like launch_run. Use it after a kill, an OOM fixed by "
+    "freeing the device, or a stop you want to undo; poll run_status afterwards.",
+)
+def resume_run(
+    run_id: RunIdArg,
+    force: Annotated[bool, Field(description="start even if the device is busy")] = False,
+) -> LaunchRunResult:
+    result = _call(
+        "resume_run",
+        "call run_status: only a died, stopped or failed run with a checkpoint can be resumed.",
+        api.resume_run,
+        run_id,
+        force=force,
+    )
+    return _clean(_launch_run_result(result), LaunchRunResult)
+
+
+@server.tool(
     title="List runs",
     annotations=READ_ONLY,
     description="List runs (oldest first) with state, step and latest metrics, optionally of one "
@@ -837,6 +865,7 @@ def list_campaigns() -> CampaignList:
 
 
 TOOL_NAMES = (
+    "resume_run",
     "list_recipes",
     "plan_experiment",
     "shrink_config",

@@ -77,6 +77,7 @@ __all__ = [
     "prepare_run",
     "queued_runs",
     "resolve_device",
+    "resume_run",
     "run_state",
     "start_run",
     "stop_run",
@@ -146,6 +147,10 @@ class RunInfo(BaseModel):
     exit_code: int | None = None
     signal: int | None = None
     wandb_url: str | None = None
+    resumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="one entry per `rlhf-lab resume`: how the attempt before it ended",
+    )
 
 
 class RunStatus(BaseModel):
@@ -392,9 +397,9 @@ def resolve_device(device: str | None, config_data: dict | None = None) -> str:
     return device
 
 
-def trainer_argv(family: str, run_dir: Path) -> list[str]:
+def trainer_argv(family: str, run_dir: Path, resume: bool = False) -> list[str]:
     """The trainer's command line: the resolved config.yaml already holds every override."""
-    return [
+    argv = [
         sys.executable,
         "-m",
         f"trainers.{family}.train",
@@ -403,6 +408,7 @@ def trainer_argv(family: str, run_dir: Path) -> list[str]:
         "--run-dir",
         str(run_dir),
     ]
+    return [*argv, "--resume"] if resume else argv
 
 
 def _trainer_env(device: str) -> dict[str, str]:
@@ -519,7 +525,7 @@ def start_run(run_id: str) -> RunInfo:
             )
         family = _check_family(record.get("family", ""))
         device = resolve_device(record.get("device") or "auto")
-        argv = trainer_argv(family, run_dir)
+        argv = trainer_argv(family, run_dir, resume=bool(record.get("resumes")))
         wrapper = [sys.executable, "-m", "rlhf_lab._wrapper", str(run_dir), "--", *argv]
         cwd = _source_dir()
         commit, dirty = _git_info(cwd)
@@ -601,7 +607,7 @@ def _derive_state(
     if alive:
         return "running", None
     if state == "starting" and not record.get("pid"):
-        created = _parse_time(record.get("created_at"))
+        created = _parse_time(record.get("starting_at") or record.get("created_at"))
         if created is not None and time.time() - created > STARTING_TIMEOUT_S:
             return "died", "the launcher exited before it started the process"
         return "starting", None
@@ -965,6 +971,105 @@ def launch(
         msg += f", sharing the device with {', '.join(shared)}"
     return LaunchResult(
         run=info, state="running", device=dev, sharing_device_with=shared, message=msg
+    )
+
+
+RESUMABLE_STATES = ("died", "stopped", "failed")
+_ATTEMPT_FILES = ("exit.json", "process.json", "summary.json")
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints (``checkpoints/step-<N>``; temp folders are partial)."""
+    steps = []
+    for path in (run_dir / "checkpoints").glob("step-*"):
+        tail = path.name.removeprefix("step-")
+        if path.is_dir() and tail.isdigit() and (path / "state.pt").is_file():
+            steps.append(int(tail))
+    return sorted(steps)
+
+
+def resume_run(
+    run_id: str,
+    *,
+    device: str | None = None,
+    force: bool = False,
+    fits_together: bool | None = None,
+) -> LaunchResult:
+    """Start a died, stopped or failed run again from its last checkpoint, in the same folder.
+
+    The trainer runs with ``--resume``: it loads the model, optimizer, scheduler, RNG and data
+    position of the last checkpoint and drops the metrics rows logged after it, so the run ends
+    where an uninterrupted one would. How the previous attempt ended is kept in run.json
+    (``resumes``) and its exit/process/summary files are moved to ``attempts/<n>/``.
+    The device rule of :func:`launch` applies.
+    """
+    run_dir = find_run(run_id)
+    status = _status(run_dir)
+    if status.state not in RESUMABLE_STATES:
+        hint = {
+            "succeeded": "it finished; launch a new run to train further",
+            "queued": "it has not started yet",
+        }.get(status.state, "stop it first with `rlhf-lab stop`")
+        raise LabError(
+            f"run {run_id} is {status.state}; only a died, stopped or failed run can "
+            f"be resumed ({hint})"
+        )
+    steps = _checkpoint_steps(run_dir)
+    if not steps:
+        raise LabError(
+            f"run {run_id} has no checkpoint in {run_dir / 'checkpoints'} (it ended before the "
+            "first one; `checkpoint.every` sets how often they are written); launch it again "
+            "instead"
+        )
+    dev = resolve_device(device or status.device or "auto")
+    with _device_lock(dev):
+        busy = [s for s in active_runs(dev) if s.id != run_id]
+        if busy and not force and not fits_together:
+            raise LabError(
+                f"device {dev} is busy: run {_describe(busy[0])} is training on it; one training "
+                "job per device. Wait for it, or pass --force to resume anyway"
+            )
+        with _run_lock(run_dir):
+            record = _read_record(run_dir)
+            if record.get("state") not in RESUMABLE_STATES:
+                raise LabError(f"run {run_id} became {record.get('state')} meanwhile; not resumed")
+            previous = {
+                k: record.get(k)
+                for k in ("state", "started_at", "ended_at", "exit_code", "signal", "error")
+            }
+            previous.update(from_step=steps[-1], resumed_at=_now())
+            resumes = [*record.get("resumes", []), previous]
+            keep = run_dir / "attempts" / str(len(resumes))
+            keep.mkdir(parents=True, exist_ok=True)
+            for name in _ATTEMPT_FILES:  # a stale exit/summary must not decide the new state
+                if (run_dir / name).exists():
+                    os.replace(run_dir / name, keep / name)
+            for key in (
+                "pid",
+                "pgid",
+                "create_time",
+                "ended_at",
+                "exit_code",
+                "signal",
+                "error",
+                "stop_requested_at",
+                "started_at",
+            ):
+                record.pop(key, None)
+            record.update(state="starting", starting_at=_now(), device=dev, resumes=resumes)
+            _atomic_write_json(run_dir / "run.json", record)
+        try:
+            info = start_run(run_id)
+        except Exception as err:
+            _mark_failed(run_dir, f"could not start: {err}")
+            raise
+    msg = f"resumed {run_id} from checkpoint step {steps[-1]} on {dev} (pid {info.pid})"
+    return LaunchResult(
+        run=info,
+        state="running",
+        device=dev,
+        sharing_device_with=[s.id for s in busy],
+        message=msg,
     )
 
 

@@ -48,12 +48,23 @@ def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
     _stop_flag["set"] = True
 
 
+FAULT_ENV = "RLHF_LAB_FAULT_AT_STEP"
+
+
+class InjectedFault(RuntimeError):
+    """Raised at the end of optimizer step ``$RLHF_LAB_FAULT_AT_STEP`` (before its checkpoint):
+    fault injection for the reliability tests and for trying the lab's failure handling."""
+
+
 def checkpoint_or_stop(
     step: int, total_steps: int, save_every: int | None, save, tracker, *, stopping: bool
 ) -> None:
     """The end of every optimizer step: checkpoint every ``save_every`` steps, at the last step
     and when SIGTERM asked to stop (``stopping``, from the caller's ``stop_requested()``); when
     stopping, close W&B and raise StopRequested so the harness writes outcome ``stopped``."""
+    fault_at = os.environ.get(FAULT_ENV)
+    if fault_at and fault_at.strip() == str(step):
+        raise InjectedFault(f"injected fault at step {step} ({FAULT_ENV}={fault_at})")
     if stopping or step == total_steps or (save_every and step % save_every == 0):
         save()
     if stopping:
