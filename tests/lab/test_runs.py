@@ -279,10 +279,47 @@ def test_status_reads_progress_metrics_summary_and_stale_starts(tmp_path, monkey
 
 
 def fake_trainer(code: str):
-    def argv(family, run_dir):  # noqa: ARG001
-        return [sys.executable, "-c", code]
+    def argv(family, run_dir, resume=False):  # noqa: ARG001
+        return [sys.executable, "-c", code, *(["--resume"] if resume else [])]
 
     return argv
+
+
+def test_resume_restarts_a_died_run_with_resume_and_keeps_the_attempt(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
+    info = runs.launch("direct_alignment", "dpo", config(QUICK), "resume", "x", []).run
+    run_dir = Path(info.run_dir)
+    with pytest.raises(LabError, match="stop it first"):
+        runs.resume_run(info.id)  # still running
+    os.killpg(info.pgid, signal.SIGKILL)
+    wait_until(lambda: runs.run_state(info.id).state == "died", 10, "died state")
+    with pytest.raises(LabError, match="no checkpoint"):
+        runs.resume_run(info.id)
+    (run_dir / "checkpoints" / ".tmp-step-0000004-1").mkdir(parents=True)  # partial: ignored
+    (run_dir / "checkpoints" / "step-0000002").mkdir()
+    (run_dir / "checkpoints" / "step-0000002" / "state.pt").write_bytes(b"x")
+    (run_dir / "summary.json").write_text('{"outcome": "failed", "error": "old"}')
+    try:
+        result = runs.resume_run(info.id)
+        assert "step 2" in result.message and result.run.argv[-1] == "--resume"
+        status = runs.run_state(info.id)
+        assert status.state == "running" and status.pid != info.pid
+        record = read_json(run_dir / "run.json")
+        assert [r["state"] for r in record["resumes"]] == ["died"]
+        assert record["resumes"][0]["from_step"] == 2
+        assert "error" not in record and "ended_at" not in record
+        # the old attempt's files no longer decide the state
+        assert not (run_dir / "summary.json").exists()
+        assert read_json(run_dir / "attempts" / "1" / "summary.json")["error"] == "old"
+    finally:
+        runs.stop_run(info.id, grace_s=2)
+    assert runs.run_state(info.id).state == "stopped"
+    # a stopped run can be resumed again; a second attempt folder keeps the first
+    runs.resume_run(info.id)
+    runs.stop_run(info.id, grace_s=2)
+    assert len(read_json(run_dir / "run.json")["resumes"]) == 2
+    assert (run_dir / "attempts" / "2").is_dir()
 
 
 def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
