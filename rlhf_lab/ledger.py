@@ -27,6 +27,7 @@ import math
 import os
 import re
 import shlex
+import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -79,6 +80,7 @@ __all__ = [
     "resolve_campaign",
     "show_campaign",
     "summarize_metrics",
+    "summarize_performance",
 ]
 
 FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
@@ -214,6 +216,10 @@ class RunRecord(_Model):
     config_file: str | None = Field(default=None, description="the run's resolved config.yaml")
     changes: list[ConfigChange] = Field(default_factory=list)
     metrics: list[MetricSummary] = Field(default_factory=list)
+    performance: dict[str, float] = Field(
+        default_factory=dict,
+        description="median throughput/tokens_per_s, max memory/peak_gb, median timing/* (s)",
+    )
     steps: int | None = None
     total_steps: int | None = None
     wall_time_s: float | None = None
@@ -569,6 +575,42 @@ def summarize_metrics(
     return out
 
 
+def summarize_performance(rows: Sequence[dict]) -> dict[str, float]:
+    """Speed and memory of a run from its train rows: the median ``throughput/tokens_per_s``,
+    the highest ``memory/peak_gb`` and the median seconds of each ``timing/*`` phase per step.
+    The first train row is left out of the medians when there are others (it carries warm-up)."""
+    train = [r for r in rows if r.get("phase", "train") == "train"]
+    steady = train[1:] if len(train) > 1 else train
+    out: dict[str, float] = {}
+
+    def values(key: str, of: Sequence[dict]) -> list[float]:
+        return [v for r in of if (v := as_float(r.get(key))) is not None and math.isfinite(v)]
+
+    tokens = values("throughput/tokens_per_s", steady)
+    if tokens:
+        out["throughput/tokens_per_s"] = statistics.median(tokens)
+    peaks = values("memory/peak_gb", train)
+    if peaks:
+        out["memory/peak_gb"] = max(peaks)
+    phases = sorted({k for r in steady for k in r if k.startswith("timing/")})
+    for key in phases:
+        if found := values(key, steady):
+            out[key] = statistics.median(found)
+    return out
+
+
+def _performance_text(perf: dict[str, float]) -> str | None:
+    parts = []
+    if "throughput/tokens_per_s" in perf:
+        parts.append(f"{perf['throughput/tokens_per_s']:.0f} tokens/s (median)")
+    if "memory/peak_gb" in perf:
+        parts.append(f"peak memory {perf['memory/peak_gb']:.2f} GB")
+    timing = [(k.removeprefix("timing/"), v) for k, v in perf.items() if k.startswith("timing/")]
+    if timing:
+        parts.append("per step: " + ", ".join(f"{name} {v:.3g} s" for name, v in timing))
+    return "; ".join(parts) or None
+
+
 def _resolve_source(source: str, cwd: str | None) -> Path | None:
     path = Path(source)
     candidates = [path] if path.is_absolute() else []
@@ -803,6 +845,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         config_file=os.path.relpath(path / "config.yaml", root) if cfg is not None else None,
         changes=changes,
         metrics=metrics,
+        performance=summarize_performance(rows),
         steps=steps,
         total_steps=total,
         wall_time_s=as_float((summary or {}).get("wall_time_s")),
@@ -1085,6 +1128,7 @@ def _run_view(r: RunRecord) -> dict[str, Any]:
         "note": r.note,
         "command": r.command,
         "metrics": r.metrics,
+        "performance": _performance_text(r.performance),
     }
 
 

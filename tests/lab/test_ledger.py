@@ -641,3 +641,28 @@ def test_lab_modules_import_neither_torch_nor_matplotlib():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr + done.stdout
+
+
+def test_performance_summary_skips_warm_up_and_reaches_the_markdown():
+    rows = da_rows(steps=4)
+    for row, (tps, peak, fwd) in zip(
+        [r for r in rows if r["phase"] == "train"],
+        [(10.0, 0.5, 9.0), (100.0, 0.7, 0.2), (300.0, 0.6, 0.4), (200.0, 0.4, 0.3)],
+        strict=True,
+    ):
+        row.update({"throughput/tokens_per_s": tps, "memory/peak_gb": peak, "timing/train": fwd})
+    perf = ledger.summarize_performance(rows)
+    # the first (warm-up) row is left out of the medians, not out of the peak
+    assert perf == {
+        "throughput/tokens_per_s": 200.0,
+        "memory/peak_gb": 0.7,
+        "timing/train": 0.3,
+    }
+    assert ledger.summarize_performance(da_rows(steps=2)) == {}
+
+    camp = ledger.create_campaign("speed", "how fast?")
+    make_run(camp.id, "dpo-20260101-000001-5eed", rows=rows)
+    record = ledger.record_run("dpo-20260101-000001-5eed", plot=False)
+    assert record.performance["throughput/tokens_per_s"] == 200.0
+    text = ledger.show_campaign("speed").markdown
+    assert "Speed: 200 tokens/s (median); peak memory 0.70 GB; per step: train 0.3 s." in text
