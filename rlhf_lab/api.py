@@ -7,6 +7,8 @@ compose several of them (launch with campaign + memory check, status with alerts
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import Recipe, find_recipe, list_recipes
@@ -29,6 +31,7 @@ from rlhf_lab.resources import Resources, check_resources
 from rlhf_lab.runs import (
     LaunchResult,
     RunStatus,
+    _visible_gpu_count,
     active_runs,
     list_runs,
     resolve_device,
@@ -127,6 +130,25 @@ def _fits_beside_running(family, algorithm, data, device) -> bool | None:
     return fits(estimate.total_gb, free)
 
 
+def _check_gpu_present(device: str, data: dict) -> None:
+    """Refuse a GPU run on a machine that shows no such GPU before anything is written: the
+    trainer would otherwise fail after start-up (model.device=cuda) or quietly train on the CPU
+    under a cuda label (--device cuda with model.device=auto)."""
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    if not (device.startswith("cuda") or model.get("device") == "cuda"):
+        return
+    index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
+    count = _visible_gpu_count()
+    if index < count:
+        return
+    asked = device if device.startswith("cuda") else "model.device=cuda"
+    raise LabError(
+        f"{asked} was asked for but this machine shows {count} GPU(s) (CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); launch with --device cpu and "
+        "model.device=auto (or cpu), or on a machine with a GPU (`rlhf-lab gpu` lists them)"
+    )
+
+
 def launch_experiment(
     recipe: str,
     overrides: list[str] | None = None,
@@ -150,8 +172,11 @@ def launch_experiment(
         resolved = resolve_config(recipe, overrides)
         family, data, applied = resolved.family, resolved.data, overrides
         algorithm, source = resolved.algorithm, resolved.recipe.config_path
-    slug = campaign or f"{algorithm.replace('_', '-')}-sanity"
+    # campaign="" is a bad slug, not "use the default" (it would launch into another campaign)
+    slug = campaign if campaign is not None else f"{algorithm.replace('_', '-')}-sanity"
     campaign_name(slug)  # validates the slug before anything is written
+    dev = resolve_device(device, data)  # a bad device is refused before the campaign exists
+    _check_gpu_present(dev, data)
     model_name = (data.get("model") or {}).get("name")
     dataset = (data.get("data") or {}).get("dataset")
     create_campaign(
@@ -162,7 +187,6 @@ def launch_experiment(
         dataset=dataset if isinstance(dataset, str) else None,
         seeds=[data["seed"]] if isinstance(data.get("seed"), int) else None,
     )
-    dev = resolve_device(device, data)
     fits_together = None if force or queue else _fits_beside_running(family, algorithm, data, dev)
     return _launch(
         family,
@@ -192,7 +216,11 @@ def sweep(
     if not recipes:
         raise LabError("a sweep needs at least one recipe, e.g. dpo,ipo,simpo")
     names = [find_recipe(r).algorithm for r in recipes]
-    slug = campaign or "-vs-".join(n.replace("_", "-") for n in names)[:60].strip("-")
+    slug = (
+        campaign
+        if campaign is not None
+        else "-vs-".join(n.replace("_", "-") for n in names)[:60].strip("-")
+    )
     launches = [
         launch_experiment(
             r,

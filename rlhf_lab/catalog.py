@@ -19,7 +19,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, Field
 
 from rlhf_lab.paths import LabError
@@ -472,12 +471,17 @@ def _first_comment(text: str) -> str:
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str]:
+    # yaml is imported here (commands that read no recipe skip it) and parses with libyaml's
+    # safe loader when present: the same documents as yaml.safe_load, about five times faster,
+    # which is most of `rlhf-lab recipes`.
+    import yaml
+
     try:
         text = path.read_text()
     except OSError as err:
         raise LabError(f"cannot read config {path}: {err}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         raise LabError(f"{path} is not valid YAML: {err}") from None
     if data is None:
@@ -631,14 +635,22 @@ def infer_family(path: Path, data: dict[str, Any] | None = None) -> str:
     )
 
 
+def _is_file(path: str | Path) -> bool:
+    """Path.is_file for any text a caller may pass: a name too long for the file system, an
+    unknown ~user or a NUL byte is simply not a file (Path raises for those)."""
+    try:
+        return Path(path).expanduser().is_file()
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
 def recipe_for_file(path: str | Path) -> Recipe:
     """A recipe for any YAML file: the shipped one when the path is a shipped recipe."""
-    p = Path(path).expanduser()
-    if not p.is_file():
+    if not _is_file(path):
         raise LabError(
             f"config file not found: {path}. Pass an existing YAML file or a recipe name"
         )
-    resolved = p.resolve()
+    resolved = Path(path).expanduser().resolve()
     for recipe in list_recipes():
         if recipe.path().resolve() == resolved:
             return recipe
@@ -679,7 +691,7 @@ def find_recipe(name_or_path: str | Path | Recipe) -> Recipe:
     by_id = {r.id: r for r in recipes}
     if text in by_id:
         return by_id[text]
-    if _looks_like_path(text) or Path(text).expanduser().is_file():
+    if _looks_like_path(text) or _is_file(text):
         return recipe_for_file(text)
 
     named = [r for r in recipes if r.name == text]

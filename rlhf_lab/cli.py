@@ -1,8 +1,10 @@
 """The `rlhf-lab` command line: a thin typer adapter over `rlhf_lab.api`.
 
 Every command imports its lab module inside the function, so `rlhf-lab --help`, `status`,
-`runs`, `tail` and `gpu` start without torch or transformers. Expected failures (LabError) print
-one line on stderr and exit with code 2; reading commands take `--json`.
+`runs`, `tail` and `gpu` start without torch or transformers. The reading commands import the one
+module they need rather than `rlhf_lab.api` (which pulls in the ledger, jinja2, the planner and
+the config models), which keeps their cold start short (bench/cli_startup.py). Expected failures
+(LabError) print one line on stderr and exit with code 2; reading commands take `--json`.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def recipes(
     as_json: JsonOpt = False,
 ) -> None:
     """List families, algorithms and their shipped configs."""
-    from rlhf_lab.api import list_recipes
+    from rlhf_lab.catalog import list_recipes
 
     def human(items):
         _table(
@@ -285,13 +287,19 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """State, step / total, ETA, latest metrics and alerts of a run (or of every active run)."""
-    from rlhf_lab.api import list_runs, run_status
+    from rlhf_lab.runs import unfinished_runs
 
     if run is not None:
+        from rlhf_lab.api import run_status
+
         emit(run_status(run), as_json, _print_status)
         return
-    active = [r for r in list_runs() if r.state in ("queued", "starting", "running")]
-    views = [run_status(r.id) for r in active]
+    active = unfinished_runs()
+    views = []
+    if active:
+        from rlhf_lab.api import run_status
+
+        views = [run_status(r.id) for r in active]
     if as_json:
         typer.echo(json.dumps([v.model_dump(mode="json") for v in views], indent=2))
     elif not views:
@@ -308,7 +316,7 @@ def runs(
     as_json: JsonOpt = False,
 ) -> None:
     """List runs, newest last."""
-    from rlhf_lab.api import list_runs
+    from rlhf_lab.runs import list_runs
 
     def human(items):
         _table(
@@ -330,7 +338,8 @@ def tail(
     as_json: JsonOpt = False,
 ) -> None:
     """The run's train.log: capped, progress bars folded, with a cursor for the next call."""
-    from rlhf_lab.api import run_state, tail_log
+    from rlhf_lab.logs import tail_log
+    from rlhf_lab.runs import run_state
 
     chunk = tail_log(run, lines=n, cursor=cursor)
     if as_json:
@@ -359,7 +368,7 @@ def metrics(
     as_json: JsonOpt = False,
 ) -> None:
     """Metric series from metrics.jsonl."""
-    from rlhf_lab.api import read_metrics
+    from rlhf_lab.logs import read_metrics
 
     wanted = [k.strip() for k in keys.split(",")] if keys else None
     series = read_metrics(run, wanted, phase, max_points)
@@ -465,7 +474,7 @@ def campaign_show(slug: str, as_json: JsonOpt = False) -> None:
 @lab_errors
 def campaign_list(as_json: JsonOpt = False) -> None:
     """List campaigns, newest first."""
-    from rlhf_lab.api import list_campaigns
+    from rlhf_lab.ledger import list_campaigns
 
     def human(items):
         _table(
@@ -484,7 +493,7 @@ def campaign_list(as_json: JsonOpt = False) -> None:
 @lab_errors
 def gpu(as_json: JsonOpt = False) -> None:
     """GPU memory and who holds it, CPU and RAM, and which lab runs hold which device."""
-    from rlhf_lab.api import check_resources
+    from rlhf_lab.resources import check_resources
 
     def human(r):
         if not r.gpus:

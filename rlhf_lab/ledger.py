@@ -770,6 +770,9 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         algorithm = str(algorithm)
 
     outcome = summary.get("outcome") if summary else None
+    if outcome is not None and not isinstance(outcome, str):
+        warnings.append(f"summary.json outcome {outcome!r} is not a string; ignored")
+        outcome = None
     state = meta.get("state") if isinstance(meta.get("state"), str) else None
     if outcome in TERMINAL_STATES and (state is None or state in ACTIVE_STATES):
         state = outcome

@@ -557,6 +557,16 @@ def diagnose(
                 "model.gradient_checkpointing, or check `dmesg | grep -i oom`",
             )
         )
+    elif status.state == "died" and "launcher" in (status.error or ""):
+        alerts.append(
+            Alert(
+                kind="died",
+                severity="error",
+                step=status.step,
+                message=status.error,
+                hint="nothing ran: launch it again (`rlhf-lab launch`)",
+            )
+        )
     elif status.state == "died":
         alerts.append(
             Alert(

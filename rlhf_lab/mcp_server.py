@@ -1088,7 +1088,7 @@ def main(
     """Serve over stdio (default) or streamable HTTP at http://<host>:<port>/mcp."""
     _configure_logging()
     if http:
-        check_bind_host(host, allow_remote)
+        host = check_bind_host(host, allow_remote)  # the checked, stripped name is served
         if not 0 < port < 65536:
             raise LabError(f"bad --port {port}: use 1-65535")
         if allow_remote:

@@ -20,7 +20,12 @@ fp32 on the CPU, as the trainers pick it.
 * Trained model: weights ``P·b``, gradients ``P·b`` and AdamW's two moment buffers ``2·P·b``.
   The trainers keep AdamW's state in the parameter dtype and no fp32 master copy;
   ``master_weights=True`` models mixed precision instead (bf16 weights + fp32 master copy + fp32
-  gradients + fp32 moments = 18 bytes per parameter).
+  gradients + fp32 moments = 18 bytes per parameter). The gradients are freed after every
+  optimizer step, so with one micro-batch per step (no gradient accumulation) they never sit
+  beside the full activations: backward writes them while it frees the activations, and only
+  the larger of the LM head's gradient and what the gradients exceed activations + logits by is
+  added. With accumulation the first micro-batch's gradients stay through the next forward and
+  count in full.
 * Frozen models (reference, reward): weights ``P·b``; their no-grad forward holds about one
   layer's activations at a time.
 * Activations saved for backward, per layer and per token, in bytes:
@@ -34,10 +39,13 @@ fp32 on the CPU, as the trainers pick it.
   recomputed at a time: ``tokens · b · (L·h + 2·full_layer)``.
   Tokens per micro-batch = micro-batch sequences × padded length (the configured maximum, a
   worst case).
-* Logits: the trainers compute token log-probs chunk by chunk (256 positions at a time) and
-  never build the full ``batch × seq × vocab`` tensor. One chunk costs
-  ``rows · 256 · V · (2b + 12)`` bytes while training (the chunk in the model dtype, its fp32
-  copy, the fp32 exp buffer and their gradients) and ``rows · 256 · V · (b + 8)`` without grad.
+* Logits: the trainers apply the LM head chunk by chunk (256 positions at a time, recomputed in
+  backward) and never build the full ``batch × seq × vocab`` tensor. One position of a chunk
+  costs ``V · (2b + 12)`` bytes while training (the chunk in the model dtype, its fp32 copy, the
+  fp32 exp buffer and their gradients) and ``V · (b + 8)`` without grad. Direct alignment and
+  SFT pack the completion tokens of the whole micro-batch into one row first, so a chunk holds
+  ``min(256, rows · seq)`` positions; the policy-gradient trainer chunks each row's completion,
+  ``rows · min(256, new tokens)`` positions.
 * Generation KV cache: ``2 · L · kv_heads · head_dim · sequences · (prompt + new) · b``.
 * Runtime: on a GPU the CUDA context (about 0.75 GiB; 0.5–1 GiB in practice); on the CPU the
   Python + torch + transformers + reasoning-gym baseline (about 0.8 GiB RSS measured); plus 10%
@@ -541,11 +549,28 @@ def _forward_gb(arch: ModelArch, b: int, rows: int, seq: int, eager: bool) -> fl
     return rows * seq * _layer_bytes_per_token(arch, b, seq, eager) / GIB
 
 
-def _logits_gb(arch: ModelArch, b: int, rows: int, seq: int, grad: bool) -> tuple[float, str]:
-    width = min(seq, LOGP_CHUNK)
+def _packed_positions(rows: int, seq: int) -> int:
+    """Logit positions alive at once when the completion tokens of a micro-batch are packed
+    into one row before the LM head (trainers.core.logprobs.completion_logps, the SFT loss):
+    one chunk, at most ``rows · seq`` positions."""
+    return min(LOGP_CHUNK, rows * seq)
+
+
+def _per_row_positions(rows: int, completion: int) -> int:
+    """Logit positions alive at once when the LM head runs on (rows, completion) chunked along
+    the sequence (the policy-gradient trainer): every row's chunk."""
+    return rows * min(LOGP_CHUNK, completion)
+
+
+def _logits_gb(arch: ModelArch, b: int, positions: int, grad: bool) -> tuple[float, str]:
     per = (2 * b + 12) if grad else (b + 8)
-    gb = rows * width * arch.vocab_size * per / GIB
-    return gb, f"{rows} rows × {width}-position chunk × vocab {arch.vocab_size} × {per} B"
+    gb = positions * arch.vocab_size * per / GIB
+    return gb, f"{positions} positions (one chunk) × vocab {arch.vocab_size} × {per} B"
+
+
+def _lm_head_grad_gb(arch: ModelArch, grad_bytes: int) -> float:
+    """The output projection's gradient (vocab × hidden), the first one backward writes."""
+    return arch.vocab_size * arch.hidden_size * grad_bytes / GIB
 
 
 def _kv_gb(arch: ModelArch, b: int, sequences: int, length: int) -> tuple[float, str]:
@@ -556,6 +581,21 @@ def _kv_gb(arch: ModelArch, b: int, sequences: int, length: int) -> tuple[float,
         f"{sequences} seqs × {length} tokens × {b} B"
     )
     return (elems * b + sampling) / GIB, detail
+
+
+def _gradients_beyond_activations(
+    grads_gb: float, transient_gb: float, head_gb: float, how: str
+) -> tuple[float, str]:
+    """With one micro-batch per optimizer step the gradients (set to None after every step) are
+    written while backward frees that micro-batch's activations and logits, so the train peak is
+    ``weights + optimizer + max(activations + logits + LM-head gradient, all gradients)``. This
+    returns the part of the gradients that adds to activations + logits: the LM head's gradient
+    (written first) or whatever the full gradients exceed them by, whichever is larger."""
+    extra = max(head_gb, grads_gb - transient_gb)
+    return extra, (
+        f"{how} = {grads_gb:.3f} GiB, written while backward frees {transient_gb:.3f} GiB of "
+        f"activations and logits (one micro-batch per step): adds {extra:.3f} GiB"
+    )
 
 
 class _Builder:
@@ -579,10 +619,31 @@ class _Builder:
         seq: int,
         ckpt: bool,
         eager: bool,
-        logits: bool,
+        logit_positions: int,
+        accumulating: bool,
         resident: list[str],
         master_weights: bool,
     ) -> None:
+        """A trained model: weights, gradients and AdamW state, plus (with ``arch``) the
+        activations of one micro-batch and, when ``logit_positions`` > 0, its LM-head chunk.
+        ``accumulating``: several micro-batches per optimizer step, so the gradients of the
+        first stay alive through the next forward; otherwise they only fill in as backward frees
+        the activations (see :func:`_gradients_beyond_activations`)."""
+        grad_bytes = 4 if master_weights else b
+        grads_gb = params * grad_bytes / GIB
+        grads_how = f"{params:,} × {grad_bytes} B" + (" (fp32)" if master_weights else "")
+        transient: list[tuple[str, float, str]] = []
+        if arch is not None:
+            gb, how = _activations_gb(arch, b, rows, seq, ckpt, eager)
+            transient.append((f"{label} activations", gb, how))
+            if logit_positions > 0:
+                gb, how = _logits_gb(arch, b, logit_positions, grad=True)
+                transient.append((f"{label} logits (chunked log-probs)", gb, how))
+            if not accumulating:
+                head = _lm_head_grad_gb(arch, grad_bytes) if logit_positions > 0 else 0.0
+                grads_gb, grads_how = _gradients_beyond_activations(
+                    grads_gb, sum(t[1] for t in transient), head, grads_how
+                )
         if master_weights:
             self.add(
                 f"{label} weights",
@@ -590,7 +651,7 @@ class _Builder:
                 resident,
                 f"{params:,} params × ({b} B + 4 B fp32 master copy)",
             )
-            self.add(f"{label} gradients", params * 4 / GIB, ["train"], f"{params:,} × 4 B (fp32)")
+            self.add(f"{label} gradients", grads_gb, ["train"], grads_how)
             self.add(
                 f"{label} optimizer (AdamW)",
                 params * 8 / GIB,
@@ -599,20 +660,15 @@ class _Builder:
             )
         else:
             self.add(f"{label} weights", params * b / GIB, resident, f"{params:,} params × {b} B")
-            self.add(f"{label} gradients", params * b / GIB, ["train"], f"{params:,} × {b} B")
+            self.add(f"{label} gradients", grads_gb, ["train"], grads_how)
             self.add(
                 f"{label} optimizer (AdamW)",
                 params * 2 * b / GIB,
                 resident,
                 f"{params:,} × 2 moments × {b} B (kept in the parameter dtype)",
             )
-        if arch is None:
-            return
-        gb, how = _activations_gb(arch, b, rows, seq, ckpt, eager)
-        self.add(f"{label} activations", gb, ["train"], how)
-        if logits:
-            gb, how = _logits_gb(arch, b, rows, seq, grad=True)
-            self.add(f"{label} logits (chunked log-probs)", gb, ["train"], how)
+        for name, gb, how in transient:
+            self.add(name, gb, ["train"], how)
 
     def frozen(self, label: str, params: int, b: int, phases: list[str]) -> None:
         self.add(
@@ -703,6 +759,12 @@ def estimate_memory(
 
     common = dict(b=b, ckpt=ckpt, eager=eager, master_weights=master_weights)
 
+    def accumulates(key: str = "train.gradient_accumulation_steps") -> bool:
+        """Several micro-batches per optimizer step (an absent setting counts as yes: the
+        larger estimate)."""
+        value = get_dotted(config, key) if "." in key else _leaf(config, key)
+        return value is None or int(value) > 1
+
     if family == "direct_alignment":
         algo = algorithm or cfg("loss", "dpo")
         per_example = 3 if algo == "kto" else 2
@@ -714,7 +776,8 @@ def estimate_memory(
             arch,
             rows=rows,
             seq=seq,
-            logits=True,
+            logit_positions=_packed_positions(rows, seq),
+            accumulating=accumulates(),
             resident=["train", "generate"],
             **common,
         )
@@ -735,7 +798,7 @@ def estimate_memory(
             if ref_pc is not None and ref_pc.arch is not None:
                 eval_rows = int(cfg("eval.eval_batch_size", 8)) * per_example
                 fwd = _forward_gb(ref_pc.arch, b, eval_rows, seq, eager)
-                lg, _ = _logits_gb(ref_pc.arch, b, eval_rows, seq, grad=False)
+                lg, _ = _logits_gb(ref_pc.arch, b, _packed_positions(eval_rows, seq), grad=False)
                 bld.add(
                     "reference forward (no grad)",
                     fwd + lg,
@@ -765,7 +828,8 @@ def estimate_memory(
             arch,
             rows=rows,
             seq=seq,
-            logits=True,
+            logit_positions=_packed_positions(rows, seq),
+            accumulating=accumulates(),
             resident=["train", "generate"],
             **common,
         )
@@ -781,13 +845,18 @@ def estimate_memory(
         new_tokens = int(cfg("rollout.max_new_tokens", 512))
         seq = prompt_tokens + new_tokens
         rows = int(cfg("train.batch_size", 2))
+        per_step = int(cfg("rollout.prompts_per_step", 4)) * int(cfg("rollout.num_rollouts", 8))
+        # micro-batches per optimizer step: the rollout batch split into train.batch_size rows,
+        # gradient_accumulation_steps of them per step (fewer when the batch is smaller)
+        micro = min(int(cfg("train.gradient_accumulation_steps", 4)), -(-per_step // rows))
         bld.trained(
             "policy",
             params,
             arch,
             rows=rows,
             seq=seq,
-            logits=True,
+            logit_positions=_per_row_positions(rows, new_tokens),
+            accumulating=micro > 1,
             resident=["train", "generate"],
             **common,
         )
@@ -801,13 +870,13 @@ def estimate_memory(
                 arch,
                 rows=rows,
                 seq=seq,
-                logits=False,
+                logit_positions=0,
+                accumulating=micro > 1,
                 resident=["train", "generate"],
                 **common,
             )
             trainable = 2 * params
         if arch is not None:
-            per_step = int(cfg("rollout.prompts_per_step", 4)) * int(cfg("rollout.num_rollouts", 8))
             gen_rows = int(cfg("rollout.generation_batch_size") or per_step)
             eval_rows = int(cfg("eval.eval_batch_size", 32))
             eval_new = int(cfg("eval.max_new_tokens") or new_tokens)
@@ -848,7 +917,8 @@ def estimate_memory(
                 arch,
                 rows=rows,
                 seq=seq,
-                logits=False,
+                logit_positions=0,
+                accumulating=accumulates(),
                 resident=["train"],
                 **common,
             )
@@ -888,7 +958,8 @@ def estimate_memory(
             arch,
             rows=rows,
             seq=seq,
-            logits=True,
+            logit_positions=_packed_positions(rows, seq),
+            accumulating=accumulates("gradient_accumulation_steps"),
             resident=["train"],
             **common,
         )

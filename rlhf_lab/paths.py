@@ -32,8 +32,9 @@ def experiments_dir() -> Path:
 
 def check_slug(slug: str) -> str:
     if not isinstance(slug, str) or len(slug) > MAX_SLUG or not SLUG_RE.fullmatch(slug):
+        shown = slug[: MAX_SLUG + 20] if isinstance(slug, str) else slug  # never echo 5000 chars
         raise LabError(
-            f"bad campaign slug {slug!r}: use lowercase letters, digits and single hyphens "
+            f"bad campaign slug {shown!r}: use lowercase letters, digits and single hyphens "
             f"(at most {MAX_SLUG} characters), e.g. simpo-gamma-sweep"
         )
     return slug

@@ -473,7 +473,7 @@ def plan_experiment(
         except LabError as err:
             notes.append(f"its matched random control {control} cannot be planned: {err}")
 
-    if campaign:
+    if campaign is not None:  # "" is a bad slug, not "use the default"
         slug = check_slug(campaign)
     elif intent == "compare":
         slug = "-vs-".join(r.algorithm.replace("_", "-") for r in recipes)

@@ -42,10 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-import psutil
-import yaml
-from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.paths import (
@@ -82,6 +79,7 @@ __all__ = [
     "start_run",
     "stop_run",
     "trainer_argv",
+    "unfinished_runs",
 ]
 
 RunState = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "died"]
@@ -253,8 +251,9 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _tail_rows(path: Path, max_bytes: int = 256 * 1024) -> list[dict]:
-    """Whole JSON lines from the end of a JSONL file (a truncated last line is skipped)."""
+def _tail_lines(path: Path, max_bytes: int = 256 * 1024) -> list[bytes]:
+    """The last ``max_bytes`` of a JSONL file split into lines (a line cut by the window's
+    start is dropped)."""
     try:
         size = path.stat().st_size
         with path.open("rb") as fh:
@@ -264,27 +263,50 @@ def _tail_rows(path: Path, max_bytes: int = 256 * 1024) -> list[dict]:
     except OSError:
         return []
     lines = data.split(b"\n")
-    if start > 0:
-        lines = lines[1:]
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return lines[1:] if start > 0 else lines
+
+
+def _json_row(line: bytes) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def _tail_rows(path: Path, max_bytes: int = 256 * 1024) -> list[dict]:
+    """Whole JSON lines from the end of a JSONL file (a truncated last line is skipped)."""
+    rows = (_json_row(line) for line in _tail_lines(path, max_bytes))
+    return [row for row in rows if row is not None]
+
+
+def _last_train_eval(path: Path) -> tuple[dict, dict]:
+    """The last train row and the last eval row of the same window as :func:`_tail_rows`,
+    decoding lines from the end only until both are found: a finished run's status needs no
+    more, and listing many runs then parses a few lines of each instead of 256 KiB."""
+    last: dict[str, dict] = {}
+    for line in reversed(_tail_lines(path)):
+        row = _json_row(line)
+        phase = row.get("phase") if row is not None else None
+        if phase in ("train", "eval") and phase not in last:
+            last[phase] = row
+            if len(last) == 2:
+                break
+    return last.get("train", {}), last.get("eval", {})
 
 
 @contextmanager
 def _run_lock(run_dir: Path):
+    from filelock import FileLock  # imported here: reading commands never lock
+
     with FileLock(str(run_dir / ".run.lock"), timeout=30):
         yield
 
 
 @contextmanager
 def _device_lock(device: str):
+    from filelock import FileLock
+
     name = device.replace(":", "-")
     with FileLock(str(_lab_dir() / f"launch-{name}.lock"), timeout=60):
         yield
@@ -295,6 +317,8 @@ def _process_alive(pid: int | None, create_time: float | None, marker: str | Non
     With no recorded create time, ``marker`` must appear in the command line instead."""
     if not pid:
         return False
+    import psutil  # imported where used (here and below): listing finished runs needs none
+
     try:
         proc = psutil.Process(int(pid))
         if create_time is not None:
@@ -452,6 +476,8 @@ def prepare_run(
     name = campaign_name(campaign)
     if not isinstance(config_data, dict) or not config_data:
         raise LabError("config_data must be the resolved config as a non-empty mapping")
+    import yaml
+
     try:
         config_text = yaml.safe_dump(config_data, sort_keys=False)
     except yaml.YAMLError as err:
@@ -555,6 +581,8 @@ def start_run(run_id: str) -> RunInfo:
                 )
             except OSError as err:
                 raise LabError(f"could not start {sys.executable}: {err}") from None
+        import psutil
+
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -596,9 +624,15 @@ def _alive(run_dir: Path, record: dict, proc_info: dict | None) -> bool:
 
 
 def _derive_state(
-    record: dict, alive: bool, exit_info: dict | None, summary: dict | None
+    record: dict,
+    alive: bool,
+    exit_info: dict | None,
+    summary: dict | None,
+    proc_info: dict | None = None,
 ) -> tuple[str, str | None]:
-    """(state, error) from what is on disk and whether the processes live."""
+    """(state, error) from what is on disk and whether the processes live. A ``starting`` run
+    with no pid whose wrapper wrote process.json or exit.json was started (its launcher died
+    before recording the pid): those files decide, not the start timeout."""
     state = record.get("state")
     if state not in STATES:
         state = "died"
@@ -606,7 +640,7 @@ def _derive_state(
         return state, None
     if alive:
         return "running", None
-    if state == "starting" and not record.get("pid"):
+    if state == "starting" and not record.get("pid") and proc_info is None and exit_info is None:
         created = _parse_time(record.get("starting_at") or record.get("created_at"))
         if created is not None and time.time() - created > STARTING_TIMEOUT_S:
             return "died", "the launcher exited before it started the process"
@@ -652,23 +686,34 @@ def _status(run_dir: Path) -> RunStatus:
     # before it exits, so "gone and no exit.json" really means no exit status.
     exit_info = _read_json(run_dir / "exit.json")
     summary = _read_json(run_dir / "summary.json")
-    state, error = _derive_state(record, alive, exit_info, summary)
+    state, error = _derive_state(record, alive, exit_info, summary, proc_info)
     if state != record.get("state"):
-        record, state, error = _update_record(run_dir, alive, exit_info, summary)
+        record, state, error = _update_record(run_dir, alive, exit_info, summary, proc_info)
     progress = _read_json(run_dir / "progress.json") or {}
-    return _build_status(
-        run_dir, record, state, alive, proc_info, exit_info, summary, progress, error
-    )
+    try:
+        return _build_status(
+            run_dir, record, state, alive, proc_info, exit_info, summary, progress, error
+        )
+    except ValidationError as err:  # valid JSON holding a value of the wrong type (hand-edited)
+        where = ".".join(str(part) for part in err.errors()[0]["loc"])
+        raise LabError(
+            f"{run_dir}: a run file holds a value of the wrong type for {where!r} "
+            f"({err.errors()[0]['msg']}); fix run.json, progress.json, exit.json or summary.json"
+        ) from None
 
 
 def _update_record(
-    run_dir: Path, alive: bool, exit_info: dict | None, summary: dict | None
+    run_dir: Path,
+    alive: bool,
+    exit_info: dict | None,
+    summary: dict | None,
+    proc_info: dict | None = None,
 ) -> tuple[dict, str, str | None]:
     """Re-derive the state from a fresh run.json under the run's lock (a stop may have been
     requested since it was read) and write it when it changed."""
     with _run_lock(run_dir):
         record = _read_json(run_dir / "run.json") or {}
-        state, error = _derive_state(record, alive, exit_info, summary)
+        state, error = _derive_state(record, alive, exit_info, summary, proc_info)
         if state == record.get("state"):
             return record, state, error
         record["state"] = state
@@ -723,13 +768,17 @@ def _build_status(
     run_dir, record, state, alive, proc_info, exit_info, summary, progress, error
 ) -> RunStatus:
     summary = summary or {}
-    rows = _tail_rows(run_dir / "metrics.jsonl")
-    last_train = next((r for r in reversed(rows) if r.get("phase") == "train"), {})
-    last_eval = next((r for r in reversed(rows) if r.get("phase") == "eval"), {})
     step = progress.get("step")
     total = progress.get("total_steps")
     elapsed = progress.get("elapsed_s")
-    eta = _eta(step, total, elapsed, rows) if state in ACTIVE_STATES else None
+    eta = None
+    if state in ACTIVE_STATES:  # the ETA needs every timed row of the window
+        rows = _tail_rows(run_dir / "metrics.jsonl")
+        last_train = next((r for r in reversed(rows) if r.get("phase") == "train"), {})
+        last_eval = next((r for r in reversed(rows) if r.get("phase") == "eval"), {})
+        eta = _eta(step, total, elapsed, rows)
+    else:
+        last_train, last_eval = _last_train_eval(run_dir / "metrics.jsonl")
     sig = (exit_info or {}).get("signal")
     error = error or record.get("error")
     if summary.get("error"):
@@ -788,6 +837,8 @@ def _signal_run(run_dir: Path, record: dict, proc_info: dict | None, sig: int) -
             os.kill(int(trainer), sig)
         except (ProcessLookupError, PermissionError):
             pass
+        import psutil
+
         try:  # children the trainer started (data workers) that left the group
             for child in psutil.Process(int(trainer)).children(recursive=True):
                 child.send_signal(sig)
@@ -869,11 +920,24 @@ def _collect(dirs: list[Path], campaign: str | None, state: str | None) -> list[
     for path in dirs:
         try:
             status = _status(path)
-        except LabError:
-            continue
+        except LabError as err:
+            status = _unreadable_run(path, str(err))
         if state is None or status.state == state:
             out.append(status)
     return sorted(out, key=_created_key)
+
+
+def _unreadable_run(run_dir: Path, error: str) -> RunStatus:
+    """A run folder whose run.json cannot be read is listed as died with the reason, so a
+    damaged run never silently drops out of `rlhf-lab runs`."""
+    return RunStatus(
+        id=run_dir.name,
+        campaign=run_dir.parent.parent.name,
+        state="died",
+        run_dir=str(run_dir),
+        alive=False,
+        error=error,
+    )
 
 
 def active_runs(device: str | None = None) -> list[RunStatus]:
@@ -889,6 +953,14 @@ def active_runs(device: str | None = None) -> list[RunStatus]:
 def queued_runs() -> list[RunStatus]:
     """Queued runs in the order the worker will start them (creation order)."""
     return _collect(_all_run_dirs(frozenset({"queued"})), None, "queued")
+
+
+def unfinished_runs() -> list[RunStatus]:
+    """Queued, starting and running runs, oldest first: what ``list_runs()`` filtered to those
+    states returns, but only runs whose run.json records one of them are examined (a recorded
+    finished state never changes back), so `rlhf-lab status` does not read every finished run."""
+    found = _collect(_all_run_dirs(ACTIVE_STATES | {"queued"}), None, None)
+    return [s for s in found if s.state in ACTIVE_STATES or s.state == "queued"]
 
 
 def _describe(status: RunStatus) -> str:
@@ -1018,8 +1090,8 @@ def resume_run(
     if not steps:
         raise LabError(
             f"run {run_id} has no checkpoint in {run_dir / 'checkpoints'} (it ended before the "
-            "first one; `checkpoint.every` sets how often they are written); launch it again "
-            "instead"
+            "first one; `checkpoint.save_every` sets how often they are written); launch it "
+            "again instead"
         )
     dev = resolve_device(device or status.device or "auto")
     with _device_lock(dev):
@@ -1085,6 +1157,8 @@ def _mark_failed(run_dir: Path, error: str) -> None:
 
 def ensure_queue_worker() -> int | None:
     """Start the queue worker unless one is running; returns the new worker's pid or None."""
+    from filelock import FileLock
+
     lock_path = _lab_dir() / "queue.lock"
     probe = FileLock(str(lock_path))
     try:

@@ -19,7 +19,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
-_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+# "1e-5", "1.5E3", ".5e1" (YAML 1.1 reads them as strings). A run of digits matches only one
+# way here; "\d+\.?\d*" could split it anywhere and took seconds on a long number.
+_FLOAT_RE = re.compile(r"^[-+]?(\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d+$")
 
 
 class ConfigError(ValueError):
@@ -27,9 +29,10 @@ class ConfigError(ValueError):
 
 
 class StrictModel(BaseModel):
-    """Base for every config section: unknown keys are rejected, assignment is validated."""
+    """Base for every config section: unknown keys are rejected, assignment is validated, and a
+    float must be finite (an inf learning rate or a NaN beta only fails later, inside training)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +118,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override key {key!r} must be dotted identifiers, e.g. train.batch_size")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):
+        # Not YAML, or YAML Python cannot hold (an int of thousands of digits, nesting deeper
+        # than the recursion limit): keep the text; validation then names the field's type.
         value = raw
     if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
         value = float(value)  # YAML 1.1 reads "1e-5" as a string
@@ -152,6 +157,12 @@ def _field_names(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(getattr(current, "model_fields", {}).keys())
 
 
+def _clip_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters so a huge bad value keeps the message short."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} chars)"
+
+
 def describe_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
@@ -164,7 +175,7 @@ def describe_validation_error(err: ValidationError, model: type[BaseModel], sour
             lines.append(f"  - unknown key '{dotted}'.{hint} Valid keys here: {', '.join(valid)}")
         else:
             got = e.get("input")
-            got_text = f" (got {got!r})" if not isinstance(got, dict) else ""
+            got_text = f" (got {_clip_repr(got)})" if not isinstance(got, dict) else ""
             lines.append(f"  - '{dotted}': {e['msg']}{got_text}")
     return "\n".join(lines)
 

@@ -88,6 +88,19 @@ class DirectAlignmentConfig(StrictModel):
                 data = {**data, "beta": DEFAULT_BETA[loss]}
         return data
 
+    @model_validator(mode="after")
+    def _check_lengths(self):
+        """A prompt budget that leaves no room for the response is refused here, so the lab
+        rejects it before a run starts (the trainer used to find it only after loading)."""
+        d = self.data
+        if d.max_prompt_length is not None and d.max_prompt_length >= d.max_length:
+            raise ValueError(
+                f"data.max_prompt_length ({d.max_prompt_length}) must be smaller than "
+                f"data.max_length ({d.max_length}), which holds prompt and response; raise "
+                "data.max_length or lower data.max_prompt_length"
+            )
+        return self
+
     @property
     def needs_reference(self) -> bool:
         return self.loss not in REFERENCE_FREE
