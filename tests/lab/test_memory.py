@@ -307,12 +307,66 @@ def test_kto_carries_a_third_sequence():
 
 
 def test_logits_are_chunked():
+    """Direct alignment packs the completion tokens of the micro-batch into one row before the
+    LM head (trainers.core.logprobs.completion_logps): one 256-position chunk is alive."""
     arch = count_parameters(QWEN25_05B)
     cfg = _dpo_config(**{"train.batch_size": 2, "data.max_length": 4096})
     got = _by_name(estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda"))
-    # 4 rows × 256 positions × vocab × (2·2 + 12) bytes, independent of the 4096 length
-    expected = 4 * 256 * 151936 * 16 / GIB
+    # 256 positions × vocab × (2·2 + 12) bytes, independent of the 4 rows and the 4096 length
+    expected = 256 * 151936 * 16 / GIB
     assert got["policy logits (chunked log-probs)"] == pytest.approx(expected, abs=1e-3)
+    # fewer tokens than a chunk: 1 pair = 2 rows × 64 tokens = 128 positions
+    cfg = _dpo_config(**{"train.batch_size": 1, "data.max_length": 64})
+    got = _by_name(estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda"))
+    assert got["policy logits (chunked log-probs)"] == pytest.approx(
+        128 * 151936 * 16 / GIB, abs=1e-4
+    )
+
+
+def test_policy_gradient_logits_are_chunked_per_row():
+    """The policy-gradient trainer runs the LM head on (rows, completion) chunks of 256 positions
+    along the sequence: every row's chunk is alive, prompts excluded."""
+    pytest.importorskip("trainers.policy_gradients.config")
+    arch = count_parameters(QWEN3_06B)
+
+    def logits_gb(new_tokens: int) -> float:
+        cfg = _pg_config("grpo", "train.batch_size=2", f"rollout.max_new_tokens={new_tokens}")
+        est = estimate_memory("policy_gradients", "grpo", cfg, arch, device="cuda")
+        return _by_name(est)["policy logits (chunked log-probs)"]
+
+    assert logits_gb(512) == pytest.approx(2 * 256 * 151936 * 16 / GIB, abs=1e-4)
+    assert logits_gb(64) == pytest.approx(2 * 64 * 151936 * 16 / GIB, abs=1e-4)
+
+
+def test_gradients_without_accumulation_fill_in_as_activations_are_freed():
+    """One micro-batch per optimizer step: backward writes the gradients while it frees the
+    activations, so only max(LM-head gradient, gradients - activations - logits) is added."""
+    arch = count_parameters(QWEN25_05B)
+    h, q, kv, i, layers, vocab = 896, 896, 128, 4864, 24, 151936
+    grads = 494_032_768 * 2  # bf16
+    head = vocab * h * 2
+    per_token = (layers + 1) * 2 * (4 * h + 2 * q + 2 * kv + 4 * i)
+
+    def grads_gb(**changes) -> float:
+        base = {"model.gradient_checkpointing": "false", "train.gradient_accumulation_steps": 1}
+        cfg = _dpo_config(**{**base, **changes})
+        est = estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda")
+        return _by_name(est)["policy gradients"]
+
+    # 1 pair × 64 tokens: activations 128 tokens, logits 128 positions; the gradients exceed them
+    small = grads - 128 * per_token - 128 * vocab * 16
+    assert small > head
+    got = grads_gb(**{"train.batch_size": 1, "data.max_length": 64})
+    assert got == pytest.approx(small / GIB, abs=1e-4)
+    # 8 pairs × 512 tokens: the activations dwarf the gradients; the LM head's gradient remains
+    got = grads_gb(**{"train.batch_size": 8, "data.max_length": 512})
+    assert got == pytest.approx(head / GIB, abs=1e-4)
+    # with accumulation (the recipe's 8 micro-batches) the gradients count in full
+    got = grads_gb(**{"train.batch_size": 1, "data.max_length": 64})
+    accumulating = grads_gb(
+        **{"train.batch_size": 1, "data.max_length": 64, "train.gradient_accumulation_steps": 8}
+    )
+    assert accumulating == pytest.approx(grads / GIB, abs=1e-4) and accumulating > got
 
 
 def _pg_config(recipe: str, *overrides: str) -> dict:
