@@ -168,6 +168,62 @@ def test_completion_logps_masks_prompt_and_padding():
     assert counts.tolist() == [6.0, 2.0]
 
 
+def test_completion_logps_projects_only_completion_positions(monkeypatch):
+    """The LM head sees exactly the positions that predict a completion token, and the sums and
+    gradients still equal the full-logits computation; a batch with no completion token gives
+    zeros that backward accepts."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import trainers.core.logprobs as logprobs
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = Qwen2ForCausalLM(cfg).train()
+    ids = torch.randint(1, 64, (3, 12))
+    attn = torch.ones_like(ids)
+    attn[2, 9:] = 0
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[0, 6:] = 1
+    loss_mask[1, 10:] = 1
+    loss_mask[2, 4:9] = 1
+
+    seen = []
+    original = logprobs._head_chunk_logps
+
+    def counting(hidden, weight, bias, labels):
+        seen.append(hidden.shape[:-1].numel())
+        return original(hidden, weight, bias, labels)
+
+    monkeypatch.setattr(logprobs, "_head_chunk_logps", counting)
+    sums, counts = completion_logps(model, ids, attn, loss_mask, chunk_size=4)
+    scored = int(loss_mask[:, 1:].sum())
+    assert counts.tolist() == [6.0, 2.0, 5.0]
+    assert sum(seen) == scored  # forward only; no prompt or padding position reached the head
+    grads = torch.autograd.grad(sums.sum(), [model.lm_head.weight, model.model.embed_tokens.weight])
+
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    tok = F.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    naive = (tok * loss_mask[:, 1:].float()).sum(-1)
+    torch.testing.assert_close(sums, naive, rtol=1e-5, atol=1e-5)
+    naive_grads = torch.autograd.grad(
+        naive.sum(), [model.lm_head.weight, model.model.embed_tokens.weight]
+    )
+    for got, want in zip(grads, naive_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+    empty, n = completion_logps(model, ids, attn, torch.zeros_like(ids))
+    assert empty.tolist() == [0.0, 0.0, 0.0] and n.tolist() == [0.0, 0.0, 0.0]
+    empty.sum().backward()  # stays connected to the graph, like a sum over nothing
+
+
 # ------------------------------------------------------------------ schedule and metrics
 
 

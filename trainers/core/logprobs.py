@@ -70,16 +70,25 @@ def completion_logps(
     ``loss_mask`` marks completion tokens aligned with ``input_ids``; position t is predicted
     from positions < t, so the first token can never be scored.
     Returns (sum_logps (B,), n_tokens (B,)), both float32.
+
+    Only the positions that predict a completion token go through the LM head: prompt and
+    padding positions (most of a preference batch) never pay for the vocabulary projection or
+    its log-softmax, forward or backward.
     """
     labels = input_ids[:, 1:]
-    mask = loss_mask[:, 1:].float()
+    mask = loss_mask[:, 1:].bool()
+    counts = mask.sum(-1).float()
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if decoder is not None and isinstance(lm_head, torch.nn.Linear):
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        token_logps = hidden_to_logps(hidden[:, :-1], lm_head, labels, chunk_size)
+        if bool(mask.any()):
+            picked = hidden[:, :-1][mask].unsqueeze(0)  # (1, N, H), row-major over (sequence, t)
+            logps = hidden_to_logps(picked, lm_head, labels[mask].unsqueeze(0), chunk_size)[0]
+            token_logps = logps.new_zeros(mask.shape).masked_scatter(mask, logps)
+        else:  # nothing to score: zeros that stay connected to the graph
+            token_logps = hidden[:, :-1, 0].float() * 0.0
     else:  # generic fallback: the model materialises logits, we still avoid fp32 log_softmax
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-        token_logps = selective_log_softmax(logits[:, :-1], labels, chunk_size)
-    token_logps = token_logps * mask
-    return token_logps.sum(-1), mask.sum(-1)
+        token_logps = selective_log_softmax(logits[:, :-1], labels, chunk_size) * mask
+    return token_logps.sum(-1), counts
