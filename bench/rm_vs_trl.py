@@ -326,9 +326,18 @@ RM_NOTES = [
 ]
 
 
+def add_fused_flag(parser) -> None:
+    parser.add_argument(
+        "--fused-adamw",
+        action="store_true",
+        help="ours with train.fused_adamw=true (the fused kernel TRL uses by default)",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     shared.quiet_offline_env()
-    args = shared.parse_args(argv, __doc__, MODEL_DEFAULTS)
+    args = shared.parse_args(argv, __doc__, MODEL_DEFAULTS, add_fused_flag)
+    ours_extra = ["train.fused_adamw=true"] if args.fused_adamw else []
     threads = shared.set_threads(args.threads)
     shared.ensure_models(args.models)
 
@@ -341,7 +350,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[{model}] {args.rounds} round(s) x {total} steps, batch {bs} pairs", flush=True)
             runs = alternate(
                 {
-                    "ours": lambda m=model, b=bs, t=total: run_ours_rm(m, b, t, args.warmup),
+                    "ours": lambda m=model, b=bs, t=total: run_ours_rm(
+                        m, b, t, args.warmup, extra=ours_extra
+                    ),
                     "trl": lambda m=model, b=bs, t=total: run_trl_rm(m, b, t, args.warmup),
                 },
                 args.rounds,
@@ -398,6 +409,7 @@ def main(argv: list[str] | None = None) -> None:
                 "quick": args.quick,
                 "torch_threads": threads,
                 "alternating": True,
+                "ours_fused_adamw": args.fused_adamw,
             },
             "notes": RM_NOTES,
             "results": results,

@@ -65,6 +65,11 @@ class OptimSection(StrictModel):
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
+    fused_adamw: bool = Field(
+        default=False,
+        description="torch's fused AdamW kernel (TRL's default): ~5x faster optimizer step on "
+        "CPU, the same update up to float rounding; off so shipped recipes keep their results",
+    )
 
 
 class LoggingSection(StrictModel):

@@ -78,6 +78,7 @@ def build_optimizer(
         lr=cfg.learning_rate,
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         weight_decay=cfg.weight_decay,
+        fused=True if cfg.fused_adamw else None,
     )
     warmup = int(total_steps * cfg.warmup_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
