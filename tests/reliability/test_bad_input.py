@@ -25,6 +25,7 @@ import signal
 import typing
 from pathlib import Path
 
+import _synthetic as synthetic
 import anyio.from_thread
 import jsonschema
 import pytest
@@ -357,31 +358,12 @@ def mcp(lab_root, no_trainer):
 
 
 def finished_run(run_id: str) -> Path:
-    """A succeeded DPO run as the launcher and a trainer leave it."""
-    run_dir = api.experiments_dir() / CAMPAIGN / "runs" / run_id
-    run_dir.mkdir(parents=True)
+    """A succeeded DPO run (its real shrunk config) as the launcher and a trainer leave it."""
     config = api.shrink_config("dpo", QUICK, model="tiny").config
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    record = {
-        "id": run_id,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": CAMPAIGN,
-        "device": "cpu",
-        "argv": ["python", "-m", "trainers.direct_alignment.train"],
-        "state": "succeeded",
-        "created_at": "2026-03-01T12:00:00.000+00:00",
-        "exit_code": 0,
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
-    rows = [
-        {"step": s, "time_s": s, "phase": "train", "loss": 0.7 - 0.05 * s, "accuracy": 0.5}
-        for s in range(1, 5)
-    ]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "train.log").write_text("".join(f"step {i} loss 0.6\n" for i in range(20)))
-    (run_dir / "summary.json").write_text(json.dumps({"outcome": "succeeded"}))
-    return run_dir
+    return synthetic.finished_run(
+        api.experiments_dir() / CAMPAIGN / "runs" / run_id,
+        config_text=yaml.safe_dump(config, sort_keys=False),
+    )
 
 
 def mcp_values(tmp_root: Path) -> dict[str, st.SearchStrategy]:

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import _synthetic as synthetic
 import pytest
 import yaml
 
@@ -92,44 +93,6 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.25):
 # ---------------------------------------------------------------------------------------------
 
 
-def finished_run(campaign: str, run_id: str, steps: int = 6) -> Path:
-    """A succeeded direct-alignment run folder, the files shaped as the launcher and a trainer
-    leave them (see bench/mcp_latency.py synthetic_run)."""
-    run_dir = api.experiments_dir() / campaign / "runs" / run_id
-    run_dir.mkdir(parents=True)
-    record = {
-        "id": run_id,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": campaign,
-        "device": "cpu",
-        "argv": [sys.executable, "-m", "trainers.direct_alignment.train"],
-        "state": "succeeded",
-        "created_at": "2026-01-05T12:00:00.000+00:00",
-        "exit_code": 0,
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
-    (run_dir / "config.yaml").write_text("model:\n  name: tiny\nseed: 42\n")
-    rows = []
-    for step in range(1, steps + 1):
-        rows.append(
-            {
-                "step": step,
-                "time_s": 0.1 * step,
-                "phase": "train",
-                "loss": 0.69 - 0.01 * step,
-                "accuracy": 0.5 + 0.05 * step,
-                "margins": 0.02 * step,
-            }
-        )
-    rows.append({"step": steps, "time_s": 0.1 * steps, "phase": "eval", "eval/accuracy": 0.75})
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "train.log").write_text("".join(f"step {s} loss 0.6\n" for s in range(steps)))
-    (run_dir / "progress.json").write_text(json.dumps({"step": steps, "total_steps": steps}))
-    (run_dir / "summary.json").write_text(json.dumps({"outcome": "succeeded", "wall_time_s": 1.0}))
-    return run_dir
-
-
 def storm_campaign(slug: str) -> tuple[api.Campaign, list[str]]:
     """A campaign with hand-written text in its markdown and N_RUNS finished runs to record."""
     camp = api.create_campaign(slug, "Do concurrent writers keep every row?")
@@ -142,7 +105,7 @@ def storm_campaign(slug: str) -> tuple[api.Campaign, list[str]]:
     md.write_text(text + "\n" + HAND_SECTION)
     run_ids = [f"dpo-20260105-120000-{i:04d}" for i in range(N_RUNS)]
     for run_id in run_ids:
-        finished_run(camp.id, run_id)
+        synthetic.finished_run(api.experiments_dir() / camp.id / "runs" / run_id, steps=6)
     return camp, run_ids
 
 

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import _synthetic as synthetic
 import psutil
 import pytest
 from typer.testing import CliRunner
@@ -432,39 +433,8 @@ def test_launcher_killed_after_starting_the_wrapper_still_tracks_the_run(monkeyp
 CAMPAIGN = "2026-01-01-damaged"
 
 
-def finished_run(root: Path, run_id: str, state: str = "succeeded", steps: int = 4) -> Path:
-    """A run folder as a finished direct-alignment run leaves it (the lab only reads files)."""
-    run_dir = root / "experiments" / CAMPAIGN / "runs" / run_id
-    run_dir.mkdir(parents=True)
-    record = {
-        "id": run_id,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": CAMPAIGN,
-        "device": "cpu",
-        "argv": [sys.executable, "-m", "trainers.direct_alignment.train"],
-        "state": state,
-        "created_at": "2026-01-01T00:00:00.000+00:00",
-        "ended_at": "2026-01-01T00:01:00.000+00:00",
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
-    (run_dir / "config.yaml").write_text("algorithm: dpo\nmodel:\n  name: tiny\nseed: 42\n")
-    rows = []
-    for step in range(1, steps + 1):
-        rows.append({"step": step, "time_s": step * 0.5, "phase": "train", "loss": 0.7 / step})
-        rows.append({"step": step, "time_s": step * 0.5, "phase": "eval", "eval/accuracy": 0.5})
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "samples.jsonl").write_text("")
-    (run_dir / "train.log").write_text(
-        "".join(f"step {s}/{steps} loss 0.5\n" for s in range(1, steps + 1))
-    )
-    (run_dir / "progress.json").write_text(json.dumps({"step": steps, "total_steps": steps}))
-    outcome = {"succeeded": "succeeded", "died": None}.get(state, state)
-    if outcome:
-        (run_dir / "summary.json").write_text(json.dumps({"outcome": outcome, "steps": steps}))
-        code = 0 if outcome == "succeeded" else 1
-        (run_dir / "exit.json").write_text(json.dumps({"exit_code": code, "signal": None}))
-    return run_dir
+def finished_run(root: Path, run_id: str, state: str = "succeeded") -> Path:
+    return synthetic.finished_run(root / "experiments" / CAMPAIGN / "runs" / run_id, state=state)
 
 
 def cut_last_metrics_line(run_dir: Path) -> None:
