@@ -310,3 +310,31 @@ def test_checkpoint_roundtrip_restores_everything(tmp_path):
     save_checkpoint(tmp_path, 2, model, opt, sched, {"epoch": 0, "batch": 2}, keep_last=1)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-0000002"]
     assert not math.isnan(sched2.get_last_lr()[0])
+
+
+# ------------------------------------------------------------------ dataset opening
+
+
+def test_open_split_reads_files_and_names_missing_paths_and_offline_hub(tmp_path, monkeypatch):
+    from trainers.core.datasets import DatasetNotFoundError, looks_like_path, open_split
+
+    assert (
+        looks_like_path("data/pairs.jsonl") and looks_like_path("~/x") and looks_like_path("a/b/c")
+    )
+    assert not looks_like_path("HuggingFaceH4/no_robots") and not looks_like_path("gsm8k")
+    rows = [
+        {"prompt": "p", "chosen": "a", "rejected": "b"},
+        {"prompt": "q", "chosen": "c", "rejected": "d"},
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [dict(r) for r in open_split(str(path), "train", "HINT")] == rows
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="unsupported data file"):
+        open_split(str(tmp_path / "notes.txt"), "train", "HINT")
+    with pytest.raises(DatasetNotFoundError, match=r"does not exist .*HINT$"):
+        open_split(str(tmp_path / "missing.jsonl"), "train", "HINT")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DatasetNotFoundError, match="HF_HUB_OFFLINE is set") as info:
+        open_split("someone/not-cached-dataset", "train", "HINT")
+    assert str(info.value).endswith("HINT")

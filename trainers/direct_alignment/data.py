@@ -27,17 +27,16 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
 import re
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from trainers.core.datasets import DatasetNotFoundError, open_split
 from trainers.core.tasks import (  # noqa: F401  (SYSTEM_PROMPT, extract_answer re-exported)
     SYSTEM_PROMPT,
     TASK_CONFIGS,
@@ -91,12 +90,6 @@ FORMATS = ("ultrafeedback", "hh", "plain", "unpaired")
 MIN_PROMPT_TOKENS = 8
 """Left truncation never shortens a prompt below this many tokens (or its full length if shorter)."""
 
-_DATA_EXTENSIONS = {
-    ".json": "json",
-    ".jsonl": "json",
-    ".parquet": "parquet",
-    ".csv": "csv",
-}
 
 _EXPECTED_COLUMNS = {
     "ultrafeedback": ("chosen", "rejected"),  # lists of messages; `prompt` optional
@@ -104,10 +97,6 @@ _EXPECTED_COLUMNS = {
     "plain": ("prompt", "chosen", "rejected"),
     "unpaired": ("prompt", "completion", "label"),
 }
-
-
-class DatasetNotFoundError(ValueError):
-    """A local dataset path does not exist, or a hub dataset cannot be reached."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,19 +133,6 @@ def _builtin_hint() -> str:
         f"For offline runs use the built-in preference set `{BUILTIN_DATASET}` "
         "(generated from reasoning-gym tasks), or a local .jsonl/.json/.parquet/.csv file or folder."
     )
-
-
-def _looks_like_path(name: str) -> bool:
-    """True for strings meant as local paths rather than hub ids (``org/name``).
-
-    A hub id has at most one ``/`` and no data-file extension; anything starting with ``/``, ``.``
-    or ``~``, containing a backslash or several ``/``, or ending in a data extension is a path.
-    """
-    if Path(name).suffix.lower() in _DATA_EXTENSIONS:
-        return True
-    if name.startswith(("/", ".", "~")) or "\\" in name:
-        return True
-    return name.count("/") > 1
 
 
 def load_preference_records(
@@ -252,63 +228,8 @@ def load_preference_records(
 
 
 def _load_hf_dataset(dataset: str, split: str):
-    """Open ``dataset`` with ``datasets.load_dataset`` and return one split."""
-    import datasets
-
-    path = Path(dataset).expanduser()
-    if path.exists():
-        if path.is_file():
-            builder = _DATA_EXTENSIONS.get(path.suffix.lower())
-            if builder is None:
-                raise ValueError(
-                    f"unsupported data file {str(path)!r}: expected one of "
-                    f"{sorted(_DATA_EXTENSIONS)}"
-                )
-            return datasets.load_dataset(builder, data_files={"train": str(path)}, split="train")
-        return datasets.load_dataset(str(path), split=split)
-
-    if _looks_like_path(dataset):
-        raise DatasetNotFoundError(
-            f"dataset path {dataset!r} does not exist (resolved to {str(path.absolute())!r}). "
-            + _builtin_hint()
-        )
-
-    try:
-        return datasets.load_dataset(dataset, split=split)
-    except Exception as err:  # classify: only connection / not-found errors become ours
-        if _is_unreachable_error(err):
-            offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
-            why = (
-                "HF_HUB_OFFLINE is set"
-                if offline
-                else "the hub is unreachable or has no such dataset"
-            )
-            raise DatasetNotFoundError(
-                f"could not load dataset {dataset!r} from the Hugging Face Hub ({why}; "
-                f"{type(err).__name__}: {err}). If you meant a local path, it does not exist. "
-                + _builtin_hint()
-            ) from err
-        raise
-
-
-def _is_unreachable_error(err: BaseException) -> bool:
-    if isinstance(err, (ConnectionError, TimeoutError, FileNotFoundError)):
-        return True
-    try:
-        from datasets.exceptions import DatasetNotFoundError as HFDatasetNotFoundError
-
-        if isinstance(err, HFDatasetNotFoundError):
-            return True
-    except ImportError:  # pragma: no cover - older datasets
-        pass
-    try:
-        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-        if isinstance(err, (HfHubHTTPError, OfflineModeIsEnabled)):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    return isinstance(err, OSError)
+    """Open ``dataset`` (file, folder or hub id) and return one split."""
+    return open_split(dataset, split, _builtin_hint())
 
 
 def detect_format(columns: Sequence[str], first_row: dict) -> str:

@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import re
 import zlib
@@ -61,6 +60,7 @@ from typing import Any
 
 import torch
 
+from trainers.core.datasets import hub_dataset_error, is_hub_error, looks_like_path
 from trainers.core.tasks import (
     SYSTEM_PROMPT,
     TASK_CONFIGS,
@@ -189,15 +189,6 @@ class StepExample:
 # ---------------------------------------------------------------------------------------------
 
 
-def _looks_like_path(name: str) -> bool:
-    return (
-        Path(name).suffix.lower() in _FILE_BUILDERS
-        or name.startswith(("/", ".", "~"))
-        or "\\" in name
-        or name.count("/") > 1
-    )
-
-
 def _hint(kind: str) -> str:
     builtin = {"orm": BUILTIN_OUTCOMES, "prm": BUILTIN_STEPS}[kind]
     return (
@@ -225,34 +216,8 @@ def _read_json_file(path: Path) -> list[dict]:
     return rows
 
 
-def _unreachable(err: BaseException) -> bool:
-    if isinstance(err, (ConnectionError, TimeoutError, FileNotFoundError)):
-        return True
-    try:
-        from datasets.exceptions import DatasetNotFoundError as HFNotFound
-
-        if isinstance(err, HFNotFound):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-        if isinstance(err, (HfHubHTTPError, OfflineModeIsEnabled)):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    return isinstance(err, OSError)
-
-
 def _hub_error(dataset: str, kind: str, err: BaseException) -> DatasetNotFoundError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
-    why = "HF_HUB_OFFLINE is set" if offline else "the hub is unreachable or has no such dataset"
-    return DatasetNotFoundError(
-        f"could not load dataset {dataset!r} from the Hugging Face Hub ({why}; "
-        f"{type(err).__name__}: {err}). If you meant a local path, it does not exist. "
-        + _hint(kind)
-    )
+    return hub_dataset_error(dataset, err, _hint(kind))
 
 
 def read_rows(dataset: str, split: str, kind: str) -> list[dict]:
@@ -276,7 +241,7 @@ def read_rows(dataset: str, split: str, kind: str) -> list[dict]:
         import datasets
 
         return list(datasets.load_dataset(str(path), split=split))
-    if _looks_like_path(dataset):
+    if looks_like_path(dataset):
         raise DatasetNotFoundError(
             f"dataset path {dataset!r} does not exist (resolved to {str(path.absolute())!r}). "
             + _hint(kind)
@@ -286,7 +251,7 @@ def read_rows(dataset: str, split: str, kind: str) -> list[dict]:
     try:
         return list(datasets.load_dataset(dataset, split=split))
     except Exception as err:
-        if _unreachable(err):
+        if is_hub_error(err):
             raise _hub_error(dataset, kind, err) from err
         raise
 
@@ -302,7 +267,7 @@ def _stream_prm800k(dataset: str, split: str, limit: int | None) -> list[dict]:
         files = [f"datasets/{dataset}/phase{p}_{split}.jsonl" for p in (1, 2)]
         files = [f for f in files if fs.exists(f)]
     except Exception as err:
-        if _unreachable(err):
+        if is_hub_error(err):
             raise _hub_error(dataset, "prm", err) from err
         raise
     if not files:
@@ -575,7 +540,7 @@ def load_step_records(
         out.update({"n_rows": len(records), "n_records": len(records), "skipped": 0})
         return records
     path = Path(dataset).expanduser()
-    if path.exists() or _looks_like_path(dataset):
+    if path.exists() or looks_like_path(dataset):
         rows = _shuffled(read_rows(dataset, split, "prm"), seed)
     else:
         rows = _shuffled(_stream_prm800k(dataset, split, max_samples), seed)

@@ -28,17 +28,21 @@ never trained.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from trainers.core.datasets import (  # noqa: F401  (re-exported for the SFT trainer)
+    DATA_EXTENSIONS,
+    DatasetNotFoundError,
+    looks_like_path,
+    open_split,
+)
 from trainers.core.generation import end_of_turn_ids
 from trainers.core.tasks import (
     SYSTEM_PROMPT,
@@ -76,13 +80,7 @@ __all__ = [
 BUILTIN_DEFAULT_SIZE = 2000
 """Built-in demonstrations generated when ``max_samples`` is not given."""
 
-DATA_EXTENSIONS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
-
 T = TypeVar("T")
-
-
-class DatasetNotFoundError(ValueError):
-    """A local dataset path does not exist, or a hub dataset cannot be reached."""
 
 
 def builtin_hint() -> str:
@@ -118,15 +116,6 @@ class SFTRecord:
     def reference(self) -> str:
         """The final assistant turn (the demonstration)."""
         return self.messages[-1]["content"]
-
-
-def looks_like_path(name: str) -> bool:
-    """True for strings meant as local paths rather than hub ids (``org/name``)."""
-    if Path(name).suffix.lower() in DATA_EXTENSIONS:
-        return True
-    if name.startswith(("/", ".", "~")) or "\\" in name:
-        return True
-    return name.count("/") > 1
 
 
 def _as_messages(value: Any) -> list[dict]:
@@ -250,47 +239,8 @@ def load_sft_records(
 
 
 def _load_hf_dataset(dataset: str, split: str):
-    import datasets
-
-    path = Path(dataset).expanduser()
-    if path.exists():
-        if path.is_file():
-            builder = DATA_EXTENSIONS.get(path.suffix.lower())
-            if builder is None:
-                raise ValueError(
-                    f"unsupported data file {str(path)!r}: expected one of "
-                    f"{sorted(DATA_EXTENSIONS)}"
-                )
-            return datasets.load_dataset(builder, data_files={"train": str(path)}, split="train")
-        return datasets.load_dataset(str(path), split=split)
-    if looks_like_path(dataset):
-        raise DatasetNotFoundError(f"dataset file not found: {dataset!r}. " + builtin_hint())
-    try:
-        return datasets.load_dataset(dataset, split=split)
-    except (ConnectionError, TimeoutError, FileNotFoundError) as err:
-        raise hub_dataset_error(dataset, err) from err
-    except Exception as err:
-        if _is_hub_error(err):
-            raise hub_dataset_error(dataset, err) from err
-        raise
-
-
-def _is_hub_error(err: BaseException) -> bool:
-    try:
-        from datasets.exceptions import DatasetNotFoundError as HFDatasetNotFoundError
-        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-    except ImportError:  # pragma: no cover - other library versions
-        return isinstance(err, OSError)
-    return isinstance(err, HFDatasetNotFoundError | HfHubHTTPError | OfflineModeIsEnabled | OSError)
-
-
-def hub_dataset_error(dataset: str, err: BaseException) -> DatasetNotFoundError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-    why = "HF_HUB_OFFLINE is set" if offline else "the hub is unreachable or has no such dataset"
-    return DatasetNotFoundError(
-        f"could not load dataset {dataset!r} from the Hugging Face Hub or its local cache "
-        f"({why}; {type(err).__name__}: {err}). " + builtin_hint()
-    )
+    """Open ``dataset`` (file, folder or hub id) and return one split."""
+    return open_split(dataset, split, builtin_hint())
 
 
 def split_train_eval(records: Sequence[T], eval_size: int, seed: int) -> tuple[list[T], list[T]]:
