@@ -5,11 +5,32 @@ from __future__ import annotations
 import torch
 
 
+def _token_ids(output):
+    """``apply_chat_template(tokenize=True)`` output -> plain lists (transformers 5.x returns a
+    ``BatchEncoding``, 4.x a list; tensors become lists)."""
+    if isinstance(output, dict) or hasattr(output, "input_ids"):
+        output = output["input_ids"]
+    if hasattr(output, "tolist"):
+        output = output.tolist()
+    return list(output)
+
+
+def chat_template_ids(
+    tokenizer, conversations: list[list[dict]], add_generation_prompt: bool
+) -> list[list[int]]:
+    """Token ids of each conversation through the tokenizer's chat template (one batched call)."""
+    if not conversations:
+        return []
+    out = tokenizer.apply_chat_template(
+        conversations, add_generation_prompt=add_generation_prompt, tokenize=True
+    )
+    return [list(ids) for ids in _token_ids(out)]
+
+
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """One conversation's ids, ending with the assistant turn's opening (a generation prompt)."""
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    return list(out)
+    return _token_ids(out)
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

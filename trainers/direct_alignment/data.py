@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import torch
 
 from trainers.core.datasets import DatasetNotFoundError, open_split
+from trainers.core.generation import chat_template_ids
 from trainers.core.tasks import (  # noqa: F401  (SYSTEM_PROMPT, extract_answer re-exported)
     SYSTEM_PROMPT,
     TASK_CONFIGS,
@@ -561,28 +562,6 @@ class TokenizedExample:
     kl_response_ids: list[int] | None = None
 
 
-def _ids_of(output: Any) -> list:
-    """``apply_chat_template(tokenize=True)`` output -> ids.
-
-    transformers 5.x returns a ``BatchEncoding`` by default (``return_dict=True``); 4.x returned a
-    plain list. Both are accepted.
-    """
-    if isinstance(output, dict) or hasattr(output, "input_ids"):
-        output = output["input_ids"]
-    if hasattr(output, "tolist"):
-        output = output.tolist()
-    return list(output)
-
-
-def _chat_ids(tokenizer, conversations: list[list[dict]], add_generation_prompt: bool) -> list:
-    if not conversations:
-        return []
-    out = tokenizer.apply_chat_template(
-        conversations, add_generation_prompt=add_generation_prompt, tokenize=True
-    )
-    return [list(ids) for ids in _ids_of(out)]
-
-
 def _fit(
     prompt: list[int],
     responses: list[list[int] | None],
@@ -654,7 +633,9 @@ def tokenize_records(
     chunk = 256
     for start in range(0, len(records), chunk):
         batch = records[start : start + chunk]
-        prompts = _chat_ids(tokenizer, [r.prompt for r in batch], add_generation_prompt=True)
+        prompts = chat_template_ids(
+            tokenizer, [r.prompt for r in batch], add_generation_prompt=True
+        )
         responses: dict[str, list] = {}
         for side in ("chosen", "rejected"):
             which = [i for i, r in enumerate(batch) if getattr(r, side) is not None]
@@ -662,7 +643,7 @@ def tokenize_records(
                 batch[i].prompt + [{"role": "assistant", "content": getattr(batch[i], side)}]
                 for i in which
             ]
-            fulls = _chat_ids(tokenizer, convs, add_generation_prompt=False)
+            fulls = chat_template_ids(tokenizer, convs, add_generation_prompt=False)
             ids: list = [None] * len(batch)
             for i, full in zip(which, fulls, strict=True):
                 p = prompts[i]

@@ -61,6 +61,7 @@ from typing import Any
 import torch
 
 from trainers.core.datasets import hub_dataset_error, is_hub_error, looks_like_path
+from trainers.core.generation import chat_template_ids
 from trainers.core.tasks import (
     SYSTEM_PROMPT,
     TASK_CONFIGS,
@@ -817,14 +818,6 @@ def builtin_step_records(
 # ---------------------------------------------------------------------------------------------
 
 
-def _ids_of(output: Any) -> list:
-    if isinstance(output, dict) or hasattr(output, "input_ids"):
-        output = output["input_ids"]
-    if hasattr(output, "tolist"):
-        output = output.tolist()
-    return list(output)
-
-
 def chat_ids(tokenizer, conversations: list[list[dict]], add_generation_prompt: bool) -> list:
     """Token ids of each conversation through the tokenizer's chat template."""
     if not conversations:
@@ -834,10 +827,7 @@ def chat_ids(tokenizer, conversations: list[list[dict]], add_generation_prompt: 
             "the tokenizer has no chat template; reward models format prompts with "
             "apply_chat_template. Use a tokenizer with one or set tokenizer.chat_template."
         )
-    out = tokenizer.apply_chat_template(
-        conversations, add_generation_prompt=add_generation_prompt, tokenize=True
-    )
-    return [list(ids) for ids in _ids_of(out)]
+    return chat_template_ids(tokenizer, conversations, add_generation_prompt)
 
 
 def tokenize_outcomes(

@@ -43,7 +43,7 @@ from trainers.core.datasets import (  # noqa: F401  (re-exported for the SFT tra
     looks_like_path,
     open_split,
 )
-from trainers.core.generation import end_of_turn_ids
+from trainers.core.generation import chat_template_ids, end_of_turn_ids
 from trainers.core.tasks import (
     SYSTEM_PROMPT,
     TASK_CONFIGS,
@@ -400,24 +400,6 @@ class TokenizedSFT:
         return int(sum(self.loss_mask[1:]))
 
 
-def _ids_of(output: Any) -> list:
-    """``apply_chat_template(tokenize=True)`` output -> ids (5.x BatchEncoding or 4.x list)."""
-    if isinstance(output, dict) or hasattr(output, "input_ids"):
-        output = output["input_ids"]
-    if hasattr(output, "tolist"):
-        output = output.tolist()
-    return list(output)
-
-
-def _render(tokenizer, conversations: list[list[dict]], add_generation_prompt: bool) -> list:
-    if not conversations:
-        return []
-    out = tokenizer.apply_chat_template(
-        conversations, add_generation_prompt=add_generation_prompt, tokenize=True
-    )
-    return [list(ids) for ids in _ids_of(out)]
-
-
 def tokenize_records(
     records: Sequence[SFTRecord],
     tokenizer,
@@ -450,7 +432,9 @@ def tokenize_records(
     chunk = 256
     for start in range(0, len(records), chunk):
         batch = records[start : start + chunk]
-        fulls = _render(tokenizer, [r.messages for r in batch], add_generation_prompt=False)
+        fulls = chat_template_ids(
+            tokenizer, [r.messages for r in batch], add_generation_prompt=False
+        )
         # every (record, assistant turn) to mark
         spans = []
         for b, rec in enumerate(batch):
@@ -458,8 +442,8 @@ def tokenize_records(
             if train_on == "final":
                 turns = turns[-1:]
             spans += [(b, i) for i in turns]
-        heads = _render(tokenizer, [batch[b].messages[:i] for b, i in spans], True)
-        upto = _render(tokenizer, [batch[b].messages[: i + 1] for b, i in spans], False)
+        heads = chat_template_ids(tokenizer, [batch[b].messages[:i] for b, i in spans], True)
+        upto = chat_template_ids(tokenizer, [batch[b].messages[: i + 1] for b, i in spans], False)
         masks = [[0] * len(f) for f in fulls]
         for (b, i), head, part in zip(spans, heads, upto, strict=True):
             full = fulls[b]
