@@ -187,6 +187,11 @@ def test_fifty_threads_record_while_readers_never_see_a_torn_ledger(monkeypatch)
     done = threading.Event()
     torn: list[str] = []
     reads = [0, 0]
+    unread: list[str] = []  # records no reader read after within 10 s
+    # On two busy cores the lock may go to the eight writers again and again and starve the
+    # readers; each writer therefore waits, after its record, until some reader has finished a
+    # read that began after it. Reads and writes interleave by construction, not by luck.
+    read_done = threading.Condition()
 
     def reader(slot: int) -> None:
         while not done.is_set():
@@ -197,11 +202,18 @@ def test_fifty_threads_record_while_readers_never_see_a_torn_ledger(monkeypatch)
                 return
             problems = ledger_problems(view.markdown, [r.run_id for r in view.runs])
             torn.extend(f"read {reads[slot]}: {p}" for p in problems)
-            reads[slot] += 1
+            with read_done:
+                reads[slot] += 1
+                read_done.notify_all()
             time.sleep(0.002)  # let the writers at the lock between two reads
 
     def writer(run_id: str) -> api.RunRecord:
-        return api.record_run(run_id, notes[run_id], plot=run_id.endswith("0"))
+        record = api.record_run(run_id, notes[run_id], plot=run_id.endswith("0"))
+        with read_done:
+            before = sum(reads)
+            if not read_done.wait_for(lambda: sum(reads) >= before + 2, timeout=10):
+                unread.append(run_id)
+        return record
 
     readers = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
     for thread in readers:
@@ -215,7 +227,8 @@ def test_fifty_threads_record_while_readers_never_see_a_torn_ledger(monkeypatch)
             thread.join(timeout=60)
     assert [r.run_id for r in records] == run_ids
     assert torn == [], torn[:5]
-    assert min(reads) >= 5, f"the readers barely ran ({reads}); the race was not exercised"
+    assert unread == [], f"no read followed these records: {unread}; the race was not exercised"
+    assert sum(reads) >= 10, reads
     assert_complete(camp, run_ids, notes)
     plots = sorted(p.stem for p in (Path(camp.asset_dir) / "plots").glob("*.png"))
     assert plots == [r for r in run_ids if r.endswith("0")]
