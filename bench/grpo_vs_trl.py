@@ -13,7 +13,8 @@ prompt stream serves them, unshuffled, so step k of both sees the same prompts),
 (trainers.policy_gradients.rewards.compute_rewards, correctness + 0.5·format, wrapped in TRL's
 reward-function signature), the group size (num_generations = num_rollouts), the completion
 length (max_completion_length = max_new_tokens), sampling (temperature 1.0, top_p 1.0, top_k off,
-KV cache, the same end-of-turn ids), β = 0 (no reference model), one optimizer step per rollout
+KV cache, the same end-of-turn ids; ours samples with trainers/core/decoding.py, TRL with
+``model.generate``), β = 0 (no reference model), one optimizer step per rollout
 step (TRL num_iterations 1 and generation batch = micro-batch × accumulation; ours
 updates_per_rollout 1 with the whole rollout batch in one optimizer step, so neither runs a π_old
 forward), the loss aggregation (ours ``seq_mean_token_mean`` = TRL ``loss_type="grpo"``: each
@@ -35,8 +36,8 @@ machine, two threads each are far slower than one: OpenMP workers wait on each o
 
 Also: our trainer with a switch flipped (π_old recomputed by an extra forward as if the shortcut
 were off; gradient checkpointing on); micro-benchmarks of the fast paths without a switch (KV
-cache in generation, chunked log-probs, per-micro-batch padding trim) and of one our trainer does
-not take (prefilling each prompt once for its group of rollouts); and a loss agreement check on
+cache in generation, our sampling loop with one prefill per group against ``model.generate``,
+chunked log-probs, per-micro-batch padding trim); and a loss agreement check on
 one fixed rollout batch (sampled and oracle-written completions, scored by our reward): our loss
 (the trainer's micro-batch path; losses.py + advantages.py with a perturbed π_old) against TRL's
 own ``GRPOTrainer._compute_loss``, loss value and gradient, for each pair of aggregations that
@@ -72,7 +73,14 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from _common import ROOT, alternate, median_of, print_table, write_results  # noqa: E402
 
-from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, left_pad  # noqa: E402
+from trainers.core.decoding import (  # noqa: E402
+    GREEDY,
+    Sampling,
+    cut_after_first_stop,
+    left_pad,
+    sample_tokens,
+)
+from trainers.core.generation import chat_prompt_ids, end_of_turn_ids  # noqa: E402
 from trainers.core.models import load_causal_lm, load_tokenizer  # noqa: E402
 from trainers.core.tasks import format_response  # noqa: E402
 from trainers.policy_gradients import rollout as pg_rollout  # noqa: E402
@@ -815,8 +823,8 @@ def prompt_batch(tokenizer, prompts: list[Prompt], pad: int) -> tuple[torch.Tens
 
 def fast_paths(w: Workload, prompts: list[Prompt], repeats: int) -> dict[str, Any]:
     """The fast paths without a trainer switch, each against the path it replaces on the same
-    inputs: KV cache in generation, chunked log-probs, per-micro-batch padding trim; plus one
-    our trainer does not take (yet): prefilling each prompt once for its whole group."""
+    inputs: KV cache in generation, our sampling loop (one prefill per group) against generate,
+    chunked log-probs, per-micro-batch padding trim."""
     tokenizer = load_tokenizer(w.model)
     model = load_causal_lm(w.model, device="cpu", dtype="fp32", attn_implementation="sdpa")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -853,35 +861,51 @@ def fast_paths(w: Workload, prompts: list[Prompt], repeats: int) -> dict[str, An
         new_tokens=tokens,
     )
 
-    # 2. Not in our trainer: the G rollouts of a prompt share it, so its prefill could run once
-    # and the KV cache be repeated G times (greedy output is identical, checked here).
-    group_prompts = prompts[: w.prompts_per_step]
-    uniq_ids, uniq_mask = prompt_batch(tokenizer, group_prompts, pad)
+    # 2. Our sampling loop (trainers/core/decoding.py) against generate on the same rows: the G
+    # rollouts of a prompt share it, so the loop prefills each prompt once and repeats its KV
+    # cache G times; split into that (ours on G copies of each prompt) and the leaner loop.
+    # Greedy output is identical to generate's (checked here); no stop token, so every row
+    # decodes max_new_tokens on both sides.
+    group_rows = [chat_prompt_ids(tokenizer, p.messages) for p in prompts[: w.prompts_per_step]]
     G = w.num_generations
-    ids, mask = uniq_ids.repeat_interleave(G, 0), uniq_mask.repeat_interleave(G, 0)
+    copies = [row for row in group_rows for _ in range(G)]
+    ids, mask = left_pad(copies, pad)
 
-    def shared_prefill(**kwargs):
-        with torch.no_grad():
-            cache = model(
-                input_ids=uniq_ids[:, :-1],
-                attention_mask=uniq_mask[:, :-1],
-                position_ids=position_ids_of(uniq_mask)[:, :-1],
-                use_cache=True,
-            ).past_key_values
-        cache.batch_repeat_interleave(G)
-        return generate(ids, mask, w.max_new_tokens, past_key_values=cache, **kwargs)
+    def ours(rows, repeats: int, greedy: bool = False, stop_ids=()):
+        torch.manual_seed(0)
+        return sample_tokens(
+            model,
+            rows,
+            max_new_tokens=w.max_new_tokens,
+            stop_ids=list(stop_ids),
+            pad_id=pad,
+            sampling=GREEDY if greedy else Sampling(temperature=1.0),
+            repeats=repeats,
+        )
 
-    same = torch.equal(
-        generate(ids, mask, w.max_new_tokens, greedy=True),
-        shared_prefill(greedy=True),
-    )
-    out["shared_prompt_prefill"] = versus(
-        timed(shared_prefill, repeats),
-        timed(lambda: generate(ids, mask, w.max_new_tokens), repeats),
-        rows=len(ids),
+    with torch.no_grad():
+        theirs = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=w.max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=stops,
+        )[:, ids.shape[1] :].tolist()
+    same = ours(group_rows, G, greedy=True, stop_ids=stops) == [
+        cut_after_first_stop(r, set(stops)) for r in theirs
+    ]
+    loop = timed(lambda: ours(group_rows, G), repeats)
+    loop_without_shared_prefill = timed(lambda: ours(copies, 1), repeats)
+    hf = timed(lambda: generate(ids, mask, w.max_new_tokens), repeats)
+    out["sampling_loop"] = versus(
+        loop,
+        hf,
+        rows=len(copies),
         new_tokens=w.max_new_tokens,
         greedy_identical=same,
-        in_our_trainer=False,
+        prefill_once_speedup=round(loop_without_shared_prefill["wall_s"] / loop["wall_s"], 3),
+        lean_loop_speedup=round(hf["wall_s"] / loop_without_shared_prefill["wall_s"], 3),
     )
 
     # 3. Log-probs of a full-length micro-batch, forward + backward: our chunked head (LM head
@@ -1148,9 +1172,13 @@ def print_fast_paths(paths: dict[str, Any], results: dict[str, Any]) -> None:
                 f"{p['step_completion_width']} tokens"
             ),
         ),
-        "shared_prompt_prefill": (
-            "NOT IN OURS: prefill once per group",
-            lambda p: f"{p['rows']} rows; greedy identical: {p['greedy_identical']}",
+        "sampling_loop": (
+            "our sampling loop vs generate",
+            lambda p: (
+                f"{p['rows']} rows; prefill once x{p['prefill_once_speedup']:.2f}, "
+                f"lean loop x{p['lean_loop_speedup']:.2f}; "
+                f"greedy identical: {p['greedy_identical']}"
+            ),
         ),
     }
     for key, (label, note) in notes.items():

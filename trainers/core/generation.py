@@ -1,8 +1,11 @@
-"""Batched chat generation with the KV cache and left padding (shared by every family)."""
+"""Chat prompts to token ids, and batched chat generation (shared by every family); the sampling
+loop itself is trainers/core/decoding.py."""
 
 from __future__ import annotations
 
 import torch
+
+from trainers.core.decoding import GREEDY, Sampling, sample_tokens
 
 
 def _token_ids(output):
@@ -33,16 +36,6 @@ def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return _token_ids(out)
 
 
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-        mask[row, width - len(seq) :] = 1
-    return ids, mask
-
-
 def end_of_turn_ids(tokenizer) -> list[int]:
     ids = {tokenizer.eos_token_id}
     for tok in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
@@ -66,34 +59,36 @@ def generate_completions(
     min_p: float | None = None,
     max_input_tokens: int | None = None,
     batch_size: int = 16,
+    samples_per_prompt: int = 1,
 ) -> list[str]:
-    """Generate one completion per chat prompt; returns the decoded completion texts (cut at the
-    first end-of-turn token; special tokens such as <think> are kept)."""
+    """Generate ``samples_per_prompt`` completions per chat prompt (a prompt's samples
+    consecutive, its prefill computed once); returns the decoded texts, cut at the first
+    end-of-turn token (special tokens such as <think> are kept). ``batch_size`` counts prompts."""
+    sampling = (
+        Sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p or 0.0)
+        if do_sample
+        else GREEDY
+    )
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stop_ids = end_of_turn_ids(tokenizer)
+    stop_ids = set(end_of_turn_ids(tokenizer))
     texts: list[str] = []
     for start in range(0, len(prompts), batch_size):
         encoded = [chat_prompt_ids(tokenizer, p) for p in prompts[start : start + batch_size]]
         if max_input_tokens:
             encoded = [e[-max_input_tokens:] for e in encoded]
-        ids, mask = left_pad(encoded, pad_id)
-        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, use_cache=True)
-        if do_sample:
-            kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
-            if min_p:
-                kwargs["min_p"] = min_p
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            pad_token_id=pad_id,
-            eos_token_id=stop_ids,
-            **kwargs,
+        rows = sample_tokens(
+            model,
+            encoded,
+            max_new_tokens=max_new_tokens,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            sampling=sampling,
+            repeats=samples_per_prompt,
         )
-        for row in out[:, ids.shape[1] :].tolist():
-            cut = next((i for i, t in enumerate(row) if t in stop_ids), len(row))
-            texts.append(tokenizer.decode(row[:cut], skip_special_tokens=False))
+        for row in rows:
+            body = row[:-1] if row and row[-1] in stop_ids else row
+            texts.append(tokenizer.decode(body, skip_special_tokens=False))
     model.train(was_training)
     return texts

@@ -2,9 +2,10 @@
 
 One rollout step, as in the algorithm box:
 
-1. ``generate_group_batch`` — each prompt's ``num_rollouts`` completions come from one batched
-   ``generate`` call (KV cache, left padding, temperature / top-p / top-k / min-p). The
-   completion mask ends after the *first* end-of-turn token (inclusive).
+1. ``generate_group_batch`` — each prompt is prefilled once and its ``num_rollouts``
+   completions are sampled from the repeated KV cache (``trainers/core/decoding.py``: left
+   padding, temperature / top-k / top-p / min-p). The completion mask ends after the *first*
+   end-of-turn token (inclusive).
 2. ``score`` — rewards.compute_rewards on the decoded completions (DAPO adds the overlong
    penalty).
 3. DAPO only (``rollout_step``): dynamic sampling keeps drawing prompts until
@@ -18,7 +19,7 @@ The result is an :class:`Experience` that lives on the CPU between phases.
 Layout of a batch: ``input_ids`` is ``[left-padded prompt | completion, right-padded]``; every row
 shares the prompt width ``P``, so completion position ``t`` is column ``P + t`` and all per-token
 tensors (``completion_mask``, log-probs, values, advantages) are ``(N, T)``. Position ids are
-``cumsum(attention_mask) − 1``, as ``generate`` uses, so scoring a left-padded row reproduces the
+``cumsum(attention_mask) − 1``, as the sampling loop uses, so scoring a left-padded row reproduces the
 log-probs of its generation.
 """
 
@@ -32,9 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from trainers.core.decoding import Sampling, sample_tokens
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
 from trainers.core.logprobs import DEFAULT_CHUNK, selective_log_softmax
-from trainers.core.tiny import quiet_hf
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     gae,
@@ -174,50 +175,24 @@ def cut_at_first_stop(tokens: list[int], stop_ids: set[int]) -> tuple[list[int],
 # ---------------------------------------------------------------------------------------------
 
 
-def _generate(model, ids: Tensor, mask: Tensor, pad_id: int, stop_ids: list[int], **kwargs):
-    """``model.generate`` on a left-padded batch; returns only the new tokens (CPU lists)."""
-    device = next(model.parameters()).device
-    with quiet_hf():
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            pad_token_id=pad_id,
-            eos_token_id=stop_ids,
-            use_cache=True,
-            **kwargs,
-        )
-    return out[:, ids.shape[1] :].tolist()
-
-
-def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r) :] = 1
-    return ids, mask
+def _sampling(cfg: PolicyGradientConfig) -> Sampling:
+    rc = cfg.rollout
+    return Sampling(
+        temperature=rc.temperature, top_k=rc.top_k, top_p=rc.top_p, min_p=rc.min_p or 0.0
+    )
 
 
 @torch.no_grad()
 def generate_group_batch(
     model, tokenizer, prompts: list[Prompt], cfg: PolicyGradientConfig
 ) -> Experience:
-    """``num_rollouts`` sampled completions per prompt (rows of a group contiguous)."""
+    """``num_rollouts`` sampled completions per prompt (rows of a group contiguous). Each prompt
+    is prefilled once and its KV cache repeated for the group (trainers/core/decoding.py)."""
     rc = cfg.rollout
     G = rc.num_rollouts
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stop_list = end_of_turn_ids(tokenizer)
-    stop_ids = set(stop_list)
-    sampling = dict(
-        max_new_tokens=rc.max_new_tokens,
-        do_sample=True,
-        temperature=rc.temperature,
-        top_p=rc.top_p,
-        top_k=rc.top_k,
-    )
-    if rc.min_p:
-        sampling["min_p"] = rc.min_p
+    stop_ids = set(end_of_turn_ids(tokenizer))
+    sampling = _sampling(cfg)
     groups_per_call = max(1, (rc.generation_batch_size or len(prompts) * G) // G)
 
     was_training = model.training
@@ -226,12 +201,18 @@ def generate_group_batch(
     for start in range(0, len(prompts), groups_per_call):
         chunk = prompts[start : start + groups_per_call]
         encoded = [chat_prompt_ids(tokenizer, p.messages) for p in chunk]
-        rows = [e for e in encoded for _ in range(G)]
-        ids, mask = _left_pad(rows, pad_id)
-        new_tokens = _generate(model, ids, mask, pad_id, stop_list, **sampling)
-        for row, (prompt_ids, tokens) in enumerate(zip(rows, new_tokens, strict=True)):
+        new_tokens = sample_tokens(
+            model,
+            encoded,
+            max_new_tokens=rc.max_new_tokens,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            sampling=sampling,
+            repeats=G,
+        )
+        for row, tokens in enumerate(new_tokens):
             kept, cut = cut_at_first_stop(tokens, stop_ids)
-            prompt_rows.append(prompt_ids)
+            prompt_rows.append(encoded[row // G])
             completion_rows.append(kept)
             truncated.append(cut)
             body = kept if cut else kept[:-1]
@@ -256,16 +237,14 @@ def greedy_completions(
 ) -> tuple[list[str], list[int], list[bool]]:
     """Greedy completions for held-out evaluation: (texts, lengths, truncated)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stop_list = end_of_turn_ids(tokenizer)
-    stop_ids = set(stop_list)
+    stop_ids = set(end_of_turn_ids(tokenizer))
     was_training = model.training
     model.eval()
     texts, lengths, truncated = [], [], []
     for start in range(0, len(prompts), batch_size):
         rows = [chat_prompt_ids(tokenizer, p.messages) for p in prompts[start : start + batch_size]]
-        ids, mask = _left_pad(rows, pad_id)
-        new_tokens = _generate(
-            model, ids, mask, pad_id, stop_list, max_new_tokens=max_new_tokens, do_sample=False
+        new_tokens = sample_tokens(
+            model, rows, max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id
         )
         for tokens in new_tokens:
             kept, cut = cut_at_first_stop(tokens, stop_ids)

@@ -475,7 +475,7 @@ def generate_pool(
     out: list[list[str]] = []
     for start in range(0, len(prompts), g.rollout_batch_size):
         chunk = prompts[start : start + g.rollout_batch_size]
-        chats = [p.messages(system_prompt) for p in chunk for _ in range(n)]
+        chats = [p.messages(system_prompt) for p in chunk]
         texts = generate_completions(
             model,
             tokenizer,
@@ -487,6 +487,7 @@ def generate_pool(
             top_k=g.top_k,
             min_p=g.min_p or None,
             batch_size=len(chats),
+            samples_per_prompt=n,
         )
         out += [texts[i * n : (i + 1) * n] for i in range(len(chunk))]
         if on_batch is not None:

@@ -1,0 +1,220 @@
+"""The sampling loop (trainers/core/decoding.py), checked against transformers as the independent
+source: its logits warpers for the filters, ``model.generate`` for greedy decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from trainers.core.decoding import (
+    GREEDY,
+    Sampling,
+    choose_next,
+    cut_after_first_stop,
+    filter_logits,
+    left_pad,
+    sample_tokens,
+)
+from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, generate_completions
+from trainers.core.models import load_causal_lm, load_tokenizer
+
+QUESTIONS = [
+    "What is 3 + 4?",
+    "Sort these words alphabetically: pear, apple, fig, banana, cherry.",
+    "Spell 'cat' backward.",
+]
+
+
+def hf_filter(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """transformers' warpers in the order ``generate`` builds them."""
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(s.temperature)])
+    if s.top_k:
+        warpers.append(TopKLogitsWarper(top_k=s.top_k))
+    if s.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=s.top_p))
+    if s.min_p:
+        warpers.append(MinPLogitsWarper(min_p=s.min_p))
+    return warpers(torch.zeros(logits.shape[0], 1, dtype=torch.long), logits.clone())
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        Sampling(temperature=0.7),
+        Sampling(temperature=1.0, top_k=5),
+        Sampling(temperature=0.6, top_p=0.9),
+        Sampling(temperature=1.3, min_p=0.1),
+        Sampling(temperature=0.6, top_k=20, top_p=0.95),
+        Sampling(temperature=0.8, top_k=50, top_p=0.5, min_p=0.05),
+        Sampling(temperature=1.0, top_k=1),
+        Sampling(temperature=2.0, top_p=0.01),
+    ],
+    ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}-minp{s.min_p}",
+)
+def test_filters_equal_transformers_warpers(sampling):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=gen) * 3
+    logits[0, :10] = 4.0  # ties at the top: top-k keeps every tied token, as transformers does
+    ours, theirs = filter_logits(logits, sampling), hf_filter(logits, sampling)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    kept = ~torch.isinf(ours)
+    assert torch.allclose(ours[kept], theirs[kept])
+    assert kept.any(dim=-1).all(), "every filter keeps at least the most likely token"
+
+
+def test_top_k_one_is_greedy_and_draws_follow_the_filtered_distribution():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 50, generator=gen)
+    assert torch.equal(choose_next(logits, Sampling(top_k=1)), logits.argmax(-1))
+    assert torch.equal(choose_next(logits, GREEDY), logits.argmax(-1))
+
+    row = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    sampling = Sampling(temperature=0.8, top_k=4)
+    expected = filter_logits(row, sampling).softmax(-1)[0]
+    draws = choose_next(row.expand(20000, -1), sampling, torch.Generator().manual_seed(2))
+    freq = torch.bincount(draws, minlength=6).float() / draws.numel()
+    assert freq[4:].sum() == 0, "a token outside the top 4 was drawn"
+    assert torch.allclose(freq, expected, atol=0.015), (freq, expected)
+
+
+def test_bad_sampling_settings_are_refused_with_the_rule():
+    for kwargs, words in [
+        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"top_k": -1}, "top_k must be >= 0"),
+        ({"min_p": 1.5}, "min_p must be in [0, 1]"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            Sampling(**kwargs)
+        assert words in str(err.value)
+    Sampling(do_sample=False, temperature=0.0)  # greedy ignores the temperature
+
+
+def test_left_pad_and_cut_after_first_stop():
+    ids, mask = left_pad([[5, 6, 7], [8], []], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 0]]
+    assert cut_after_first_stop([1, 2, 9, 3, 9], {9}) == [1, 2, 9]
+    assert cut_after_first_stop([1, 2, 3], {9}) == [1, 2, 3]
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-llama"])
+def lm(request):
+    tok = load_tokenizer(request.param)
+    model = load_causal_lm(request.param, device="cpu", dtype="fp32", trainable=False)
+    model.eval()
+    prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
+    assert len({len(p) for p in prompts}) == len(prompts), "rows of different lengths (padding)"
+    return model, tok, prompts
+
+
+def hf_greedy(model, prompts, pad_id, stop_ids, max_new_tokens):
+    ids, mask = left_pad(prompts, pad_id)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        eos_token_id=sorted(stop_ids),
+    )
+    return [cut_after_first_stop(r, set(stop_ids)) for r in out[:, ids.shape[1] :].tolist()]
+
+
+def test_greedy_tokens_equal_transformers_generate_on_left_padded_rows(lm):
+    model, tok, prompts = lm
+    pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
+    ours = sample_tokens(model, prompts, max_new_tokens=20, stop_ids=stops, pad_id=pad_id)
+    assert ours == hf_greedy(model, prompts, pad_id, stops, 20)
+    assert [len(r) for r in ours] == [20, 20, 20]
+
+    # Make a token the greedy rows produce a stop token: rows end at different steps, a finished
+    # row stops growing, and the loop ends when every row has stopped.
+    stop = {ours[0][5], *stops}
+    cut = sample_tokens(model, prompts, max_new_tokens=20, stop_ids=stop, pad_id=pad_id)
+    assert cut == hf_greedy(model, prompts, pad_id, stop, 20)
+    assert cut[0] == ours[0][: ours[0].index(ours[0][5]) + 1]
+    assert all(r == cut_after_first_stop(o, stop) for r, o in zip(cut, ours, strict=True))
+
+
+def test_one_prefill_repeated_equals_repeating_the_prompt(lm):
+    model, tok, prompts = lm
+    pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
+    once = sample_tokens(model, prompts, max_new_tokens=12, stop_ids=stops, pad_id=pad_id)
+    grouped = sample_tokens(
+        model, prompts, max_new_tokens=12, stop_ids=stops, pad_id=pad_id, repeats=3
+    )
+    assert grouped == [row for row in once for _ in range(3)]
+
+    # Sampled: the rows of a group are independent draws from the same prompt.
+    torch.manual_seed(0)
+    sampled = sample_tokens(
+        model,
+        prompts,
+        max_new_tokens=12,
+        stop_ids=stops,
+        pad_id=pad_id,
+        sampling=Sampling(temperature=1.0),
+        repeats=4,
+    )
+    assert len(sampled) == 12
+    for g in range(3):
+        group = [tuple(r) for r in sampled[4 * g : 4 * g + 4]]
+        assert len(set(group)) > 1, f"group {g}: four identical samples"
+
+
+def test_sampled_first_tokens_stay_inside_top_k(lm):
+    model, tok, prompts = lm
+    pad_id = tok.pad_token_id
+    ids, mask = left_pad(prompts, pad_id)
+    with torch.no_grad():
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+        ).logits[:, -1]
+    top3 = logits.topk(3, dim=-1).indices.tolist()
+    torch.manual_seed(3)
+    rows = sample_tokens(
+        model,
+        prompts,
+        max_new_tokens=1,
+        stop_ids=[],
+        pad_id=pad_id,
+        sampling=Sampling(temperature=5.0, top_k=3),
+        repeats=30,
+    )
+    firsts = [row[0] for row in rows]
+    for p in range(len(prompts)):
+        drawn = set(firsts[30 * p : 30 * p + 30])
+        assert drawn <= set(top3[p]) and len(drawn) > 1, (drawn, top3[p])
+
+
+def test_generate_completions_groups_samples_and_decodes_up_to_the_stop(lm):
+    model, tok, _ = lm
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS[:2]]
+    model.train()
+    greedy = generate_completions(model, tok, chats, max_new_tokens=8, do_sample=False)
+    assert model.training, "the model's mode is restored"
+    many = generate_completions(
+        model, tok, chats, max_new_tokens=8, do_sample=False, samples_per_prompt=2, batch_size=1
+    )
+    assert many == [greedy[0], greedy[0], greedy[1], greedy[1]]
+    ids = [chat_prompt_ids(tok, c) for c in chats]
+    model.eval()
+    tokens = sample_tokens(
+        model, ids, max_new_tokens=8, stop_ids=end_of_turn_ids(tok), pad_id=tok.pad_token_id
+    )
+    assert greedy == [tok.decode(t, skip_special_tokens=False) for t in tokens]
+
+
+def test_bad_lengths_are_refused(lm):
+    model, tok, prompts = lm
+    with pytest.raises(ValueError, match="max_new_tokens and repeats must be >= 1"):
+        sample_tokens(model, prompts, max_new_tokens=0, stop_ids=[], pad_id=0)
+    assert sample_tokens(model, [], max_new_tokens=4, stop_ids=[], pad_id=0) == []
