@@ -331,6 +331,67 @@ def test_left_padding_does_not_change_log_probs():
         assert torch.allclose(together[row, : len(c)], alone[0], atol=1e-5)
 
 
+def _grads(model) -> torch.Tensor:
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-llama"])
+def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, monkeypatch):
+    """A group's prompt runs once (KV cache gathered per row): log-probs, entropies, values and
+    every gradient equal one forward of the full rows; the prompt really runs once."""
+    from trainers.core.models import load_causal_lm
+
+    model = load_causal_lm(preset, device="cpu", dtype="fp32", trainable=True)
+    # Two groups of three rollouts (one of them with a shorter prompt: left padding) and one
+    # lone row, shuffled as a micro-batch would be; ragged completions (right padding).
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    prompts += [[30, 31, 32, 33], [11, 12, 13], [5, 6, 7, 8, 9, 10]]
+    completions = [[20, 21, 22], [23, 24, 25, 26], [27], [20, 21], [40, 41, 42, 43], [44], [9, 8]]
+    ids, attn, lens, cmask = pg_rollout.assemble(prompts, completions, pad_id=0)
+    width_p = ids.shape[1] - cmask.shape[1]
+    decoder = model.get_decoder()
+    forwards: list[int] = []
+    counting = decoder.forward
+
+    def count_rows(*args, **kwargs):
+        forwards.append(kwargs["input_ids"].shape[0] * kwargs["input_ids"].shape[1])
+        return counting(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", count_rows)
+    shared, shared_ent = pg_rollout.completion_token_stats(model, ids, attn, width_p, True)
+    (shared * cmask).sum().backward()
+    shared_grads = _grads(model)
+    # 3 distinct prompts x width_p, then 7 rows x (completion width - 1)
+    assert forwards == [3 * width_p, 7 * (cmask.shape[1] - 1)]
+
+    monkeypatch.setattr(pg_rollout, "_checkpointing", lambda decoder: True)  # the full-row path
+    forwards.clear()
+    full, full_ent = pg_rollout.completion_token_stats(model, ids, attn, width_p, True)
+    (full * cmask).sum().backward()
+    full_grads = _grads(model)
+    assert forwards == [7 * ids.shape[1]]
+
+    m = cmask.bool()
+    assert torch.allclose(shared[m], full[m], atol=1e-5)
+    assert torch.allclose(shared_ent[m], full_ent[m], atol=1e-5)
+    assert torch.allclose(shared_grads, full_grads, rtol=1e-4, atol=1e-6)
+    assert full_grads.abs().sum() > 0
+
+    value = pg_rollout.ValueModel(model)
+    torch.nn.init.normal_(value.head.weight)
+    v_full = value(ids, attn, width_p)
+    monkeypatch.setattr(pg_rollout, "_checkpointing", lambda decoder: False)
+    v_shared = value(ids, attn, width_p)
+    assert torch.allclose(v_shared[m], v_full[m], atol=1e-5)
+
+    one_token = pg_rollout.completion_token_stats(
+        model, ids[:, : width_p + 1], attn[:, : width_p + 1], width_p
+    )[0]
+    assert torch.allclose(one_token[:, 0], full[:, 0], atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------
 # Resume
 # ---------------------------------------------------------------------------------------------
