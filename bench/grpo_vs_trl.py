@@ -969,6 +969,29 @@ def fast_paths(w: Workload, prompts: list[Prompt], repeats: int) -> dict[str, An
         completion_lengths=[int(x) for x in lengths[1:]],
         step_completion_width=w.max_new_tokens,
     )
+
+    # 5. The training forward + backward of a micro-batch whose rows come from few prompts (a
+    # shuffled GRPO micro-batch): each distinct prompt once, its KV cache gathered per row
+    # (rollout.completion_hidden_states), against full rows.
+    rows = [group_rows[i % len(group_rows)] for i in range(n)]
+    completions = [sampled[i, : int(lengths[i])].tolist() for i in range(n)]
+    g_ids, g_attn, _, g_cmask = assemble(rows, completions, pad)
+    g_width_p = g_ids.shape[1] - g_cmask.shape[1]
+
+    def group_forward_backward(shared: bool):
+        with mock.patch.object(pg_rollout, "_checkpointing", lambda decoder: not shared):
+            logp, _ = completion_token_stats(model, g_ids, g_attn, g_width_p, with_entropy=True)
+        (logp * g_cmask).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    out["shared_prompt_forward"] = versus(
+        timed(lambda: group_forward_backward(True), repeats),
+        timed(lambda: group_forward_backward(False), repeats),
+        rows=n,
+        distinct_prompts=len(group_rows),
+        prompt_tokens=g_width_p,
+        completion_width=g_cmask.shape[1],
+    )
     return out
 
 
@@ -1170,6 +1193,13 @@ def print_fast_paths(paths: dict[str, Any], results: dict[str, Any]) -> None:
                 "completions "
                 f"{min(p['completion_lengths'])}-{max(p['completion_lengths'])} of "
                 f"{p['step_completion_width']} tokens"
+            ),
+        ),
+        "shared_prompt_forward": (
+            "one prompt forward per group (fwd+bwd)",
+            lambda p: (
+                f"{p['rows']} rows, {p['distinct_prompts']} prompts of {p['prompt_tokens']} tokens, "
+                f"completions {p['completion_width']}"
             ),
         ),
         "sampling_loop": (
