@@ -73,6 +73,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from _common import ROOT, alternate, median_of, print_table, write_results  # noqa: E402
 
+from trainers.core import logprobs as core_logprobs  # noqa: E402
 from trainers.core.decoding import (  # noqa: E402
     GREEDY,
     Sampling,
@@ -972,14 +973,14 @@ def fast_paths(w: Workload, prompts: list[Prompt], repeats: int) -> dict[str, An
 
     # 5. The training forward + backward of a micro-batch whose rows come from few prompts (a
     # shuffled GRPO micro-batch): each distinct prompt once, its KV cache gathered per row
-    # (rollout.completion_hidden_states), against full rows.
+    # (trainers.core.logprobs.shared_prompt_hidden), against full rows.
     rows = [group_rows[i % len(group_rows)] for i in range(n)]
     completions = [sampled[i, : int(lengths[i])].tolist() for i in range(n)]
     g_ids, g_attn, _, g_cmask = assemble(rows, completions, pad)
     g_width_p = g_ids.shape[1] - g_cmask.shape[1]
 
     def group_forward_backward(shared: bool):
-        with mock.patch.object(pg_rollout, "_checkpointing", lambda decoder: not shared):
+        with mock.patch.object(core_logprobs, "_checkpointing", lambda decoder: not shared):
             logp, _ = completion_token_stats(model, g_ids, g_attn, g_width_p, with_entropy=True)
         (logp * g_cmask).sum().backward()
         model.zero_grad(set_to_none=True)

@@ -18,7 +18,13 @@ from trainers.core.config import (
     load_config,
     parse_override,
 )
-from trainers.core.logprobs import completion_logps, hidden_to_logps, selective_log_softmax
+from trainers.core.logprobs import (
+    completion_logps,
+    hidden_to_logps,
+    selective_log_softmax,
+    split_completion_logps,
+    split_rows,
+)
 from trainers.core.rundir import RunDir, append_jsonl, atomic_write_json, read_jsonl
 from trainers.core.training import (
     StepMetrics,
@@ -223,6 +229,84 @@ def test_completion_logps_projects_only_completion_positions(monkeypatch):
     empty, n = completion_logps(model, ids, attn, torch.zeros_like(ids))
     assert empty.tolist() == [0.0, 0.0, 0.0] and n.tolist() == [0.0, 0.0, 0.0]
     empty.sum().backward()  # stays connected to the graph, like a sum over nothing
+
+
+def _tiny_qwen(seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return Qwen2ForCausalLM(cfg).train()
+
+
+def test_split_rows_layout():
+    ids, attn, cmask, width_p = split_rows([[1, 2, 3], [4]], [[5], [6, 7, 8]], pad_id=0)
+    assert width_p == 3
+    assert ids.tolist() == [[1, 2, 3, 5, 0, 0], [0, 0, 4, 6, 7, 8]]
+    assert attn.tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]
+    assert cmask.tolist() == [[1, 0, 0], [1, 1, 1]]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_split_completion_logps_share_prompts_and_equal_naive_full_rows(monkeypatch, checkpointing):
+    """Chosen / rejected / KL-style rows of three prompts (two repeated): each distinct prompt
+    runs through the decoder once, and the sums and gradients equal the naive full-logits
+    computation on right-padded [prompt + response] rows."""
+
+    model = _tiny_qwen()
+    prompts = [[3, 4, 5, 6, 7], [8, 9], [3, 4, 5, 6, 7], [8, 9], [10, 11, 12], [3, 4, 5, 6, 7]]
+    responses = [[20, 21, 22], [23], [24, 25], [26, 27, 28, 29], [30], [31, 32]]
+    ids, attn, cmask, width_p = split_rows(prompts, responses, pad_id=0)
+    decoder = model.get_decoder()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    forwards = []
+    original = decoder.forward
+
+    def count(*args, **kwargs):
+        forwards.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", count)
+    sums, counts = split_completion_logps(model, ids, attn, width_p, cmask, chunk_size=2)
+    if checkpointing:  # a cache cannot live through recomputation: full rows
+        assert forwards[0] == (6, ids.shape[1] - 1)
+    else:  # 3 distinct prompts once, then the responses of all 6 rows (the last token predicts
+        # nothing, so it is not fed)
+        assert forwards == [(3, width_p), (6, ids.shape[1] - 1 - width_p)]
+    params = [
+        model.lm_head.weight,
+        model.model.embed_tokens.weight,
+        model.model.layers[0].mlp.up_proj.weight,
+    ]
+    grads = torch.autograd.grad(sums.sum(), params)
+
+    monkeypatch.setattr(decoder, "forward", original)
+    rows = [p + r for p, r in zip(prompts, responses, strict=True)]
+    width = max(len(r) for r in rows)
+    full = torch.zeros((len(rows), width), dtype=torch.long)
+    full_attn = torch.zeros_like(full)
+    for i, r in enumerate(rows):
+        full[i, : len(r)] = torch.tensor(r)
+        full_attn[i, : len(r)] = 1
+    logits = model(input_ids=full, attention_mask=full_attn).logits.float()
+    tok = F.log_softmax(logits[:, :-1], -1).gather(-1, full[:, 1:, None]).squeeze(-1)
+    mask = torch.zeros_like(tok)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        mask[i, len(p) - 1 : len(p) + len(r) - 1] = 1
+    naive = (tok * mask).sum(-1)
+    torch.testing.assert_close(sums, naive, rtol=1e-5, atol=1e-5)
+    assert counts.tolist() == [float(len(r)) for r in responses]
+    for got, want in zip(grads, torch.autograd.grad(naive.sum(), params), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------ schedule and metrics

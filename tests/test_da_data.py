@@ -22,6 +22,7 @@ from trainers.direct_alignment.data import (
     attach_kl_responses,
     builtin_preference_records,
     collate,
+    collate_split,
     fingerprint_examples,
     load_preference_records,
     parse_hh_conversation,
@@ -519,6 +520,27 @@ def test_collate_unpaired_and_kl():
     assert batch["kl_index"].tolist() == [3, 4, 5]
     assert batch["input_ids"][3].tolist()[:2] == [1, 4]  # prompt 0 + rejected of example 1
     assert batch["loss_mask"][5].tolist() == [0, 0, 1]  # prompt of example 2, response of 0
+
+
+def test_collate_split_holds_the_same_rows_prompt_left_response_right():
+    examples = attach_kl_responses(
+        [_ex([1, 2, 3], [4, 5], [6]), _ex([7], [8, 9, 10, 11], [12, 13]), _ex([14, 15], [16], None)]
+    )
+    right, split = collate(examples, 0, with_kl=True), collate_split(examples, 0, with_kl=True)
+    for key in ("chosen_index", "rejected_index", "kl_index", "row_example"):
+        assert torch.equal(right[key], split[key]), key
+    assert split["paired"] is right["paired"] is False
+    width_p = split["prompt_width"]
+    assert width_p == 3 and split["completion_mask"].shape == (8, 4)
+    assert split["input_ids"][1].tolist() == [0, 0, 7, 8, 9, 10, 11]
+    assert split["attention_mask"][1].tolist() == [0, 0, 1, 1, 1, 1, 1]
+    assert split["input_ids"][3].tolist() == [1, 2, 3, 6, 0, 0, 0]
+    for row in range(8):  # the same tokens, in the same order
+        kept = split["input_ids"][row][split["attention_mask"][row].bool()]
+        assert (
+            kept.tolist() == right["input_ids"][row][right["attention_mask"][row].bool()].tolist()
+        )
+        assert split["completion_mask"][row].sum() == right["loss_mask"][row].sum()
 
 
 def test_attach_kl_responses_mismatches_prompts(tokenizer):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainers.core import logprobs as core_logprobs
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import losses as pg_losses
 from trainers.policy_gradients import rollout as pg_rollout
@@ -366,12 +367,12 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, monkeypat
     # 3 distinct prompts x width_p, then 7 rows x (completion width - 1)
     assert forwards == [3 * width_p, 7 * (cmask.shape[1] - 1)]
 
-    monkeypatch.setattr(pg_rollout, "_checkpointing", lambda decoder: True)  # the full-row path
+    monkeypatch.setattr(core_logprobs, "_checkpointing", lambda decoder: True)  # the full-row path
     forwards.clear()
     full, full_ent = pg_rollout.completion_token_stats(model, ids, attn, width_p, True)
     (full * cmask).sum().backward()
     full_grads = _grads(model)
-    assert forwards == [7 * ids.shape[1]]
+    assert forwards == [7 * (ids.shape[1] - 1)]  # the last token predicts nothing
 
     m = cmask.bool()
     assert torch.allclose(shared[m], full[m], atol=1e-5)
@@ -382,7 +383,7 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, monkeypat
     value = pg_rollout.ValueModel(model)
     torch.nn.init.normal_(value.head.weight)
     v_full = value(ids, attn, width_p)
-    monkeypatch.setattr(pg_rollout, "_checkpointing", lambda decoder: False)
+    monkeypatch.setattr(core_logprobs, "_checkpointing", lambda decoder: False)
     v_shared = value(ids, attn, width_p)
     assert torch.allclose(v_shared[m], v_full[m], atol=1e-5)
 

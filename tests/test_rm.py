@@ -429,6 +429,47 @@ def test_save_load_score_round_trip_is_exact(tmp_path, tokenizer, kind):
     assert len(set(s_after)) == len(items)
 
 
+def test_pair_rows_share_the_prompt_and_score_like_right_padded_rows(monkeypatch):
+    """The training path (collate_pairs_split + split_sequence_scores: a pair's prompt forwarded
+    once) gives the scores and gradients of right-padded full rows (collate_pairs +
+    sequence_scores)."""
+    from trainers.direct_alignment.data import TokenizedExample
+    from trainers.reward_models.data import collate_pairs, collate_pairs_split
+
+    torch.manual_seed(5)
+    model = build_reward_model("tiny", "preference", device="cpu")
+    with torch.no_grad():
+        model.head.weight.normal_(0, 0.5)
+    examples = [
+        TokenizedExample(prompt_ids=[5, 6, 7, 8], chosen_ids=[20, 21, 22], rejected_ids=[23]),
+        TokenizedExample(prompt_ids=[9, 10], chosen_ids=[24], rejected_ids=[25, 26, 27, 28]),
+        TokenizedExample(prompt_ids=[11, 12, 13], chosen_ids=[29, 30], rejected_ids=[31, 32]),
+    ]
+    decoder = model.backbone.get_decoder()
+    widths = []
+    original = decoder.forward
+
+    def count(*args, **kwargs):
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", count)
+    split = collate_pairs_split(examples, pad_id=0)
+    shared = model.split_sequence_scores(
+        split["input_ids"], split["attention_mask"], split["prompt_width"]
+    )
+    assert widths == [(3, 4), (6, 4)]  # three prompts once, then six responses
+    params = [model.head.weight, *list(decoder.parameters())[:3]]
+    shared_grads = torch.autograd.grad(shared.sum(), params)
+
+    right = collate_pairs(examples, pad_id=0)
+    full = model.sequence_scores(right["input_ids"], right["attention_mask"])
+    torch.testing.assert_close(shared, full, rtol=1e-5, atol=1e-5)
+    for got, want in zip(shared_grads, torch.autograd.grad(full.sum(), params), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert full[:3].tolist() != full[3:].tolist()
+
+
 def test_heads_and_freeze_backbone():
     frozen = build_reward_model("tiny", "orm", device="cpu", freeze_backbone=True)
     assert [n for n, p in frozen.named_parameters() if p.requires_grad] == ["head.weight"]

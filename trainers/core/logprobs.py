@@ -92,3 +92,100 @@ def completion_logps(
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         token_logps = selective_log_softmax(logits[:, :-1], labels, chunk_size) * mask
     return token_logps.sum(-1), counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows that share a prompt: [left-padded prompt | right-padded completion]
+# ---------------------------------------------------------------------------------------------
+
+
+def position_ids_of(attention_mask: Tensor) -> Tensor:
+    """Positions that skip padding: ``cumsum(attention_mask) − 1`` (0 on left padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def split_rows(
+    prompts: list[list[int]], completions: list[list[int]], pad_id: int
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    """``[left-padded prompt | right-padded completion]`` rows: (input_ids, attention_mask,
+    completion_mask, prompt width). Every row's prompt ends at column ``width_p − 1`` and its
+    completion starts at ``width_p``."""
+    width_p = max(len(p) for p in prompts)
+    width_c = max(1, max(len(c) for c in completions))
+    n = len(prompts)
+    ids = torch.full((n, width_p + width_c), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width_p + width_c), dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids[i, width_p - len(p) : width_p + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        attn[i, width_p - len(p) : width_p + len(c)] = 1
+    return ids, attn, attn[:, width_p:].clone(), width_p
+
+
+def _checkpointing(decoder) -> bool:
+    return bool(getattr(decoder, "gradient_checkpointing", False)) and decoder.training
+
+
+def shared_prompt_hidden(decoder, input_ids: Tensor, attention_mask: Tensor, width_p: int):
+    """The decoder's last hidden states at positions ``width_p − 1 … width − 1`` of
+    ``[left-padded prompt | right-padded completion]`` rows: (B, 1 + T, H). Position
+    ``width_p − 1 + t`` predicts completion token ``t``.
+
+    Rows with the same prompt (a GRPO group; the chosen, rejected and KL responses of one
+    preference example) share its forward: each distinct prompt runs through the decoder once,
+    its KV cache and last hidden state are gathered for every row that has it (a differentiable
+    gather), and only the completion tokens run per row. The numbers and gradients are those of
+    one forward of the full rows; the prompt's share of the compute is divided by the number of
+    rows per distinct prompt. Falls back to the full-row forward when no prompt repeats, and
+    under gradient checkpointing (which cannot keep a cache)."""
+    pos = position_ids_of(attention_mask)
+    prompts = torch.cat([input_ids[:, :width_p], attention_mask[:, :width_p]], dim=1)
+    distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)
+    if distinct.shape[0] == input_ids.shape[0] or _checkpointing(decoder):
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
+        return out.last_hidden_state[:, width_p - 1 :]
+    p_ids, p_mask = distinct[:, :width_p], distinct[:, width_p:]
+    prefix = decoder(
+        input_ids=p_ids, attention_mask=p_mask, position_ids=position_ids_of(p_mask), use_cache=True
+    )
+    last = prefix.last_hidden_state[owner, -1:]
+    if input_ids.shape[1] == width_p:
+        return last
+    cache = prefix.past_key_values
+    cache.batch_select_indices(owner)  # row i gets its prompt's keys and values
+    rest = decoder(
+        input_ids=input_ids[:, width_p:],
+        attention_mask=attention_mask,
+        position_ids=pos[:, width_p:],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([last, rest.last_hidden_state], dim=1)
+
+
+def split_completion_logps(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    width_p: int,
+    completion_mask: Tensor,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> tuple[Tensor, Tensor]:
+    """:func:`completion_logps` for ``[left-padded prompt | right-padded completion]`` rows
+    (:func:`split_rows`), with each distinct prompt forwarded once
+    (:func:`shared_prompt_hidden`). ``completion_mask`` (B, T) marks the scored completion
+    tokens. Returns (sum_logps (B,), n_tokens (B,)), float32."""
+    labels = input_ids[:, width_p:]
+    mask = completion_mask.bool()
+    counts = mask.sum(-1).float()
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if decoder is None or not isinstance(lm_head, torch.nn.Linear):  # generic: full rows
+        loss_mask = torch.cat([torch.zeros_like(input_ids[:, :width_p]), completion_mask], dim=1)
+        return completion_logps(model, input_ids, attention_mask, loss_mask, chunk_size)
+    hidden = shared_prompt_hidden(decoder, input_ids[:, :-1], attention_mask[:, :-1], width_p)
+    if not bool(mask.any()):
+        return (hidden[:, :, 0].float() * 0.0).sum(-1), counts
+    picked = hidden[mask].unsqueeze(0)
+    logps = hidden_to_logps(picked, lm_head, labels[mask].unsqueeze(0), chunk_size)[0]
+    token_logps = logps.new_zeros(mask.shape).masked_scatter(mask, logps)
+    return token_logps.sum(-1), counts

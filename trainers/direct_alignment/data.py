@@ -2,7 +2,8 @@
 
 Pipeline: ``load_preference_records`` (hub id, local file or folder, or the built-in offline set)
 -> ``split_train_eval`` -> ``tokenize_records`` (chat template, truncation, identical-pair drop)
--> optionally ``attach_kl_responses`` (KTO) -> ``collate`` per micro-batch.
+-> optionally ``attach_kl_responses`` (KTO) -> ``collate_split`` per micro-batch (``collate``:
+the same rows right-padded).
 ``fingerprint_examples`` keys the on-disk reference log-prob cache.
 
 Differences from the reference book's data handling, on purpose:
@@ -38,6 +39,7 @@ import torch
 
 from trainers.core.datasets import DatasetNotFoundError, open_split
 from trainers.core.generation import chat_template_ids
+from trainers.core.logprobs import split_rows
 from trainers.core.tasks import (  # noqa: F401  (SYSTEM_PROMPT, extract_answer re-exported)
     SYSTEM_PROMPT,
     TASK_CONFIGS,
@@ -67,6 +69,7 @@ __all__ = [
     "attach_kl_responses",
     "builtin_preference_records",
     "collate",
+    "collate_split",
     "detect_format",
     "extract_answer",
     "fingerprint_examples",
@@ -705,18 +708,13 @@ def attach_kl_responses(
     return out
 
 
-def collate(
-    examples: Sequence[TokenizedExample], pad_id: int, with_kl: bool = False
-) -> dict[str, torch.Tensor | bool]:
-    """Right-padded batch of prompt + response rows, padded to the longest row of this batch.
-
-    Row order: every chosen (desirable) response, then every rejected (undesirable) one, then
-    (``with_kl``) every KL response, each in example order. Returns ``input_ids``,
-    ``attention_mask`` and ``loss_mask`` (N, T) long tensors (``loss_mask`` is 1 on response
-    tokens, aligned with ``input_ids``: the trainer shifts it with the labels), ``chosen_index``,
-    ``rejected_index``, ``kl_index`` (row positions), ``row_example`` (the example each row came
-    from) and ``paired`` (every example has both responses; paired losses need it).
-    """
+def preference_rows(
+    examples: Sequence[TokenizedExample], with_kl: bool = False
+) -> tuple[list[tuple[list[int], list[int], int]], dict[str, list[int]]]:
+    """The sequences of a micro-batch as (prompt ids, response ids, example index), in the row
+    order every collate uses: every chosen (desirable) response, then every rejected
+    (undesirable) one, then (``with_kl``) every KL response, each in example order; and the row
+    positions of each kind."""
     if not examples:
         raise ValueError("collate got an empty batch")
     rows: list[tuple[list[int], list[int], int]] = []
@@ -737,7 +735,32 @@ def collate(
             rows.append((ex.prompt_ids, ex.kl_response_ids, ex_i))
     if not rows:
         raise ValueError("collate: no responses in the batch")
+    return rows, index
 
+
+def _row_index(examples, rows, index) -> dict[str, torch.Tensor | bool]:
+    return {
+        "chosen_index": torch.tensor(index["chosen"], dtype=torch.long),
+        "rejected_index": torch.tensor(index["rejected"], dtype=torch.long),
+        "kl_index": torch.tensor(index["kl"], dtype=torch.long),
+        "row_example": torch.tensor([e for _, _, e in rows], dtype=torch.long),
+        "paired": all(ex.chosen_ids is not None and ex.rejected_ids is not None for ex in examples),
+    }
+
+
+def collate(
+    examples: Sequence[TokenizedExample], pad_id: int, with_kl: bool = False
+) -> dict[str, torch.Tensor | bool]:
+    """Right-padded batch of prompt + response rows, padded to the longest row of this batch
+    (row order: :func:`preference_rows`).
+
+    Returns ``input_ids``, ``attention_mask`` and ``loss_mask`` (N, T) long tensors
+    (``loss_mask`` is 1 on response tokens, aligned with ``input_ids``: the trainer shifts it
+    with the labels), ``chosen_index``, ``rejected_index``, ``kl_index`` (row positions),
+    ``row_example`` (the example each row came from) and ``paired`` (every example has both
+    responses; paired losses need it).
+    """
+    rows, index = preference_rows(examples, with_kl)
     width = max(len(p) + len(r) for p, r, _ in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -751,11 +774,28 @@ def collate(
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "loss_mask": loss_mask,
-        "chosen_index": torch.tensor(index["chosen"], dtype=torch.long),
-        "rejected_index": torch.tensor(index["rejected"], dtype=torch.long),
-        "kl_index": torch.tensor(index["kl"], dtype=torch.long),
-        "row_example": torch.tensor([e for _, _, e in rows], dtype=torch.long),
-        "paired": all(ex.chosen_ids is not None and ex.rejected_ids is not None for ex in examples),
+        **_row_index(examples, rows, index),
+    }
+
+
+def collate_split(
+    examples: Sequence[TokenizedExample], pad_id: int, with_kl: bool = False
+) -> dict[str, torch.Tensor | bool | int]:
+    """The same rows as :func:`collate` laid out ``[left-padded prompt | right-padded
+    response]`` (``trainers.core.logprobs.split_rows``), so the chosen, rejected and KL rows of
+    an example can share one forward of its prompt. Returns ``input_ids``, ``attention_mask``,
+    ``completion_mask`` (N, T_response), ``prompt_width`` and the row index of :func:`collate`.
+    """
+    rows, index = preference_rows(examples, with_kl)
+    ids, attn, completion_mask, width_p = split_rows(
+        [p for p, _, _ in rows], [r for _, r, _ in rows], pad_id
+    )
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "completion_mask": completion_mask,
+        "prompt_width": width_p,
+        **_row_index(examples, rows, index),
     }
 
 

@@ -31,7 +31,7 @@ from trainers.core.harness import (
     run_trainer,
     stop_requested,
 )
-from trainers.core.logprobs import completion_logps
+from trainers.core.logprobs import split_completion_logps
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
@@ -58,7 +58,7 @@ from trainers.direct_alignment.data import (
     TokenizedExample,
     attach_kl_responses,
     builtin_preference_records,
-    collate,
+    collate_split,
     fingerprint_examples,
     load_preference_records,
     split_train_eval,
@@ -125,14 +125,16 @@ def prepare_examples(cfg: DirectAlignmentConfig, tokenizer):
 
 
 def batch_logps(model, examples: list[TokenizedExample], pad_id: int, device, with_kl: bool):
-    """One concatenated forward over every sequence of the micro-batch.
+    """One concatenated forward over every sequence of the micro-batch, each example's prompt
+    run once for its chosen, rejected (and KL) responses.
     Returns {"chosen"|"rejected"|"kl": (sum_logps, n_tokens)} and the token count."""
-    batch = collate(examples, pad_id, with_kl=with_kl)
-    sums, counts = completion_logps(
+    batch = collate_split(examples, pad_id, with_kl=with_kl)
+    sums, counts = split_completion_logps(
         model,
         batch["input_ids"].to(device),
         batch["attention_mask"].to(device),
-        batch["loss_mask"].to(device),
+        batch["prompt_width"],
+        batch["completion_mask"].to(device),
     )
     parts = {}
     for name in ("chosen", "rejected", "kl"):

@@ -35,7 +35,12 @@ from torch.utils.checkpoint import checkpoint
 
 from trainers.core.decoding import Sampling, sample_tokens
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
-from trainers.core.logprobs import DEFAULT_CHUNK, selective_log_softmax
+from trainers.core.logprobs import (
+    DEFAULT_CHUNK,
+    position_ids_of,
+    selective_log_softmax,
+    shared_prompt_hidden,
+)
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     gae,
@@ -287,10 +292,6 @@ def _head_chunk(hidden, weight, bias, labels, with_entropy: bool):
     return logp, entropy
 
 
-def position_ids_of(attention_mask: Tensor) -> Tensor:
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 def trim(exp_ids: Tensor, attn: Tensor, prompt_lens: Tensor, cmask: Tensor, width_p: int):
     """Cut the columns every row of a micro-batch pads: returns ids, attn, completion width,
     and the new prompt width."""
@@ -300,51 +301,12 @@ def trim(exp_ids: Tensor, attn: Tensor, prompt_lens: Tensor, cmask: Tensor, widt
     return ids, attn[:, left : width_p + width_t], width_t, width_p - left
 
 
-def _checkpointing(decoder) -> bool:
-    return bool(getattr(decoder, "gradient_checkpointing", False)) and decoder.training
-
-
-def completion_hidden_states(decoder, input_ids: Tensor, attention_mask: Tensor, width_p: int):
-    """The decoder's last hidden states that predict each completion token: (B, T, H), positions
-    ``width_p − 1 … width − 2`` of ``[prompt | completion]`` rows.
-
-    Rows with the same prompt (the ``G`` rollouts of a group) share its forward: each distinct
-    prompt runs through the decoder once, its KV cache (and last hidden state) is gathered for
-    every row that has it, and only the completion tokens run per row. The numbers and the
-    gradients are those of one forward of the full rows (tests/test_pg_train.py); the prompt's
-    share of the compute drops by the number of rows per distinct prompt. Plain full-row forward
-    when no prompt repeats or when gradient checkpointing is on (it cannot keep a cache)."""
-    pos = position_ids_of(attention_mask)
-    prompts = torch.cat([input_ids[:, :width_p], attention_mask[:, :width_p]], dim=1)
-    distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)
-    if distinct.shape[0] == input_ids.shape[0] or _checkpointing(decoder):
-        out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
-        return out.last_hidden_state[:, width_p - 1 : -1]
-    p_ids, p_mask = distinct[:, :width_p], distinct[:, width_p:]
-    prefix = decoder(
-        input_ids=p_ids, attention_mask=p_mask, position_ids=position_ids_of(p_mask), use_cache=True
-    )
-    last = prefix.last_hidden_state[owner, -1:]  # predicts completion token 0
-    if input_ids.shape[1] - width_p == 1:
-        return last
-    cache = prefix.past_key_values
-    cache.batch_select_indices(owner)  # differentiable gather: row i gets its prompt's keys/values
-    rest = decoder(
-        input_ids=input_ids[:, width_p:-1],
-        attention_mask=attention_mask[:, :-1],
-        position_ids=pos[:, width_p:-1],
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return torch.cat([last, rest.last_hidden_state], dim=1)
-
-
 def completion_token_stats(
     model, input_ids: Tensor, attention_mask: Tensor, width_p: int, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob (and entropy, detached) of every completion position: (B, T) float32 each, with
     T = input width − ``width_p``. A prompt shared by several rows runs once
-    (:func:`completion_hidden_states`); the LM head runs chunk by chunk (recomputed in backward),
+    (``trainers.core.logprobs.shared_prompt_hidden``); the LM head runs chunk by chunk (recomputed in backward),
     so the full float32 logits tensor is never built."""
     labels = input_ids[:, width_p:]
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
@@ -360,7 +322,7 @@ def completion_token_stats(
                 lf = logits.float()
                 entropy = torch.logsumexp(lf, -1) - (torch.softmax(lf, -1) * lf).sum(-1)
         return logp, entropy
-    hidden = completion_hidden_states(decoder, input_ids, attention_mask, width_p)
+    hidden = shared_prompt_hidden(decoder, input_ids[:, :-1], attention_mask[:, :-1], width_p)
     logps, entropies = [], []
     for s in range(0, hidden.shape[1], DEFAULT_CHUNK):
         h, y = hidden[:, s : s + DEFAULT_CHUNK], labels[:, s : s + DEFAULT_CHUNK]
@@ -391,7 +353,7 @@ class ValueModel(nn.Module):
         self.head.to(device=next(self.body.parameters()).device)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, width_p: int) -> Tensor:
-        hidden = completion_hidden_states(self.body, input_ids, attention_mask, width_p)
+        hidden = shared_prompt_hidden(self.body, input_ids[:, :-1], attention_mask[:, :-1], width_p)
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
 
 

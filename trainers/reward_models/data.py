@@ -62,6 +62,7 @@ import torch
 
 from trainers.core.datasets import hub_dataset_error, is_hub_error, looks_like_path
 from trainers.core.generation import chat_template_ids
+from trainers.core.logprobs import split_rows
 from trainers.core.tasks import (
     SYSTEM_PROMPT,
     TASK_CONFIGS,
@@ -100,6 +101,7 @@ __all__ = [
     "chat_ids",
     "collate_outcomes",
     "collate_pairs",
+    "collate_pairs_split",
     "collate_steps",
     "encode_solution",
     "gsm8k_final_answer",
@@ -979,6 +981,18 @@ def collate_pairs(examples, pad_id: int) -> dict[str, torch.Tensor]:
     seqs += [ex.prompt_ids + ex.rejected_ids for ex in examples]
     ids, mask = right_pad(seqs, pad_id)
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def collate_pairs_split(examples, pad_id: int) -> dict[str, torch.Tensor | int]:
+    """The rows of :func:`collate_pairs` laid out ``[left-padded prompt | right-padded
+    response]`` (``trainers.core.logprobs.split_rows``) so a pair's two rows share one forward
+    of its prompt; adds ``prompt_width``."""
+    if not examples:
+        raise ValueError("collate_pairs got an empty batch")
+    prompts = [ex.prompt_ids for ex in examples] * 2
+    responses = [ex.chosen_ids for ex in examples] + [ex.rejected_ids for ex in examples]
+    ids, mask, _, width_p = split_rows(prompts, responses, pad_id)
+    return {"input_ids": ids, "attention_mask": mask, "prompt_width": width_p}
 
 
 def collate_outcomes(examples: Sequence[OutcomeExample], pad_id: int) -> dict[str, torch.Tensor]:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trainers.core.logprobs import shared_prompt_hidden
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import atomic_write_json
 
@@ -87,6 +88,20 @@ class RewardModel(nn.Module):
         scores = self.token_scores(input_ids, attention_mask)
         last = attention_mask.long().sum(dim=1) - 1
         return scores.gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1)
+
+    def split_sequence_scores(
+        self, input_ids: Tensor, attention_mask: Tensor, width_p: int
+    ) -> Tensor:
+        """:meth:`sequence_scores` for ``[left-padded prompt | right-padded response]`` rows
+        (``trainers.core.logprobs.split_rows``): the scalar head at each row's last token, with
+        each distinct prompt (a pair's chosen and rejected share one) forwarded once."""
+        if self.num_labels != 1:
+            raise ValueError("split_sequence_scores needs a scalar head (preference or orm)")
+        decoder = self.backbone.get_decoder()
+        hidden = shared_prompt_hidden(decoder, input_ids, attention_mask, width_p)
+        last = attention_mask[:, width_p:].long().sum(dim=1)  # hidden[:, j] is position P − 1 + j
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return self.head(hidden[rows, last].float()).squeeze(-1)
 
     def metadata(self) -> dict[str, Any]:
         return {

@@ -51,7 +51,7 @@ from trainers.reward_models.config import RewardModelConfig
 from trainers.reward_models.data import (
     DatasetNotFoundError,
     collate_outcomes,
-    collate_pairs,
+    collate_pairs_split,
     collate_steps,
     load_outcome_records,
     load_preference_records,
@@ -150,9 +150,9 @@ class PreferenceKind:
         return 1.0
 
     def scores(self, model: RewardModel, examples):
-        batch = collate_pairs(examples, self.pad_id)
+        batch = collate_pairs_split(examples, self.pad_id)  # one prompt forward per pair
         ids, mask = batch["input_ids"].to(model.device), batch["attention_mask"].to(model.device)
-        s = model.sequence_scores(ids, mask)
+        s = model.split_sequence_scores(ids, mask, batch["prompt_width"])
         n = len(examples)
         return s[:n], s[n:], int(mask.sum())
 
