@@ -33,8 +33,8 @@ weights, before any update (policy == reference, where it is ln 2, and a perturb
 our fast paths before/after: reference cache cold vs warm (start-up), gradient checkpointing on
 vs off (one more run), and micro-benchmarks of one micro-batch's forward + backward (LM head on
 completion positions only vs every position, chunked vs naive full-vocabulary log-softmax, one
-concatenated forward vs two, padding trimmed per micro-batch vs padded to max_length, and a
-proposed shared-prompt packing that is not in the trainer). Prints a table and writes
+concatenated forward vs two, one prompt forward per pair vs full rows, padding trimmed per
+micro-batch vs padded to max_length, and an alternative packing of a pair into one row). Prints a table and writes
 bench/results/dpo_vs_trl.json. A benchmark, not a test.
 """
 
@@ -650,7 +650,7 @@ def micro_report(seconds: dict[str, dict], baseline: str) -> dict[str, Any]:
     }
 
 
-OURS_DPO_VARIANT = "ours: concatenated, trimmed padding, head on completion positions"
+OURS_DPO_VARIANT = "ours: one prompt forward per pair, concatenated, trimmed, head on completions"
 
 
 def dpo_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any]:
@@ -659,9 +659,9 @@ def dpo_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, An
     import torch
     import torch.nn.functional as F
 
-    from trainers.core.logprobs import DEFAULT_CHUNK, completion_logps
+    from trainers.core.logprobs import DEFAULT_CHUNK, completion_logps, split_completion_logps
     from trainers.core.models import load_causal_lm, load_tokenizer
-    from trainers.direct_alignment.data import collate, tokenize_records
+    from trainers.direct_alignment.data import collate, collate_split, tokenize_records
 
     tokenizer = load_tokenizer(model)
     policy = load_causal_lm(model, device="cpu", dtype="fp32", trainable=True)
@@ -669,6 +669,13 @@ def dpo_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, An
     pad_id = tokenizer.pad_token_id
     batch = collate(examples, pad_id)
     ids, attn, lmask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    split = collate_split(examples, pad_id)
+    split_args = (
+        split["input_ids"],
+        split["attention_mask"],
+        split["prompt_width"],
+        split["completion_mask"],
+    )
     n = len(examples)
     extra = MAX_LENGTH - ids.shape[1]
     padded = (
@@ -698,16 +705,21 @@ def dpo_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, An
 
     with torch.no_grad():
         plain, _ = completion_logps(policy, ids, attn, lmask)
+        shared, _ = split_completion_logps(policy, *split_args)
         packed = shared_prompt_logps(policy, shared_prompt_pack(examples, pad_id))
     packed_diff = float((torch.cat(packed) - plain).abs().max())
+    shared_diff = float((shared - plain).abs().max())
 
     variants = {
-        OURS_DPO_VARIANT: fwd_bwd(completion_logps, ids, attn, lmask),
+        OURS_DPO_VARIANT: fwd_bwd(split_completion_logps, *split_args),
+        "before: every row forwards its prompt (right-padded rows)": fwd_bwd(
+            completion_logps, ids, attn, lmask
+        ),
         "before: chunked head on every position": fwd_bwd(every_position_logps, ids, attn, lmask),
         "naive full-vocabulary fp32 log_softmax": fwd_bwd(naive_completion_logps, ids, attn, lmask),
         "two forwards (chosen, rejected)": two_forwards,
         f"padded to max_length={MAX_LENGTH}": fwd_bwd(completion_logps, *padded),
-        "proposed: shared prompt (one row per pair)": shared_prompt,
+        "alternative: packed pair, block mask (one row per pair)": shared_prompt,
     }
     seconds = time_variants(variants, reps)
     vocab = policy.get_output_embeddings().weight.shape[0]
@@ -721,7 +733,8 @@ def dpo_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, An
         "non_pad_share": round(int(attn.sum()) / (rows * width), 3),
         "completion_share_of_positions": round(scored / (rows * (width - 1)), 3),
         **micro_report(seconds, OURS_DPO_VARIANT),
-        "shared_prompt_max_abs_logp_diff": packed_diff,
+        "shared_prompt_max_abs_logp_diff": shared_diff,
+        "packed_pair_max_abs_logp_diff": packed_diff,
         "largest_fp32_logits_mib": {
             "naive (whole batch)": round(rows * (width - 1) * vocab * 4 / 2**20, 2),
             "ours (one chunk)": round(min(DEFAULT_CHUNK, scored) * vocab * 4 / 2**20, 2),

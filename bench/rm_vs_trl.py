@@ -19,8 +19,8 @@ left out; the contenders alternate; medians over rounds; wall clock and process 
 Also reported: the Bradley-Terry loss of both on the same batch with the same weights (TRL's
 backbone and head are loaded from ours) before any update, and our switches before/after
 (gradient checkpointing on vs off; micro-benchmarks of one micro-batch's forward + backward: one
-concatenated forward vs two, padding trimmed per micro-batch vs padded to max_length, and a
-proposed shared-prompt packing that is not in the trainer). Prints a table and writes
+one prompt forward per pair vs full rows, one concatenated forward vs two, padding trimmed per
+micro-batch vs padded to max_length, and an alternative packing of a pair into one row). Prints a table and writes
 bench/results/rm_vs_trl.json. A benchmark, not a test.
 """
 
@@ -211,7 +211,7 @@ def rm_loss_agreement(model: str, batch_size: int) -> dict[str, Any]:
     return out
 
 
-OURS_RM_VARIANT = "ours: concatenated, trimmed padding"
+OURS_RM_VARIANT = "ours: one prompt forward per pair, concatenated, trimmed padding"
 
 
 def shared_prompt_scores(rm, packed: dict[str, Any]):
@@ -230,7 +230,7 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
     import torch
     import torch.nn.functional as F
 
-    from trainers.reward_models.data import collate_pairs
+    from trainers.reward_models.data import collate_pairs, collate_pairs_split
     from trainers.reward_models.losses import bradley_terry_loss
 
     tokenizer, examples = tokenized_pairs(model, batch_size)
@@ -238,7 +238,16 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
     pad_id = tokenizer.pad_token_id
     batch = collate_pairs(examples, pad_id)
     ids, attn = batch["input_ids"], batch["attention_mask"]
+    split = collate_pairs_split(examples, pad_id)
     n = len(examples)
+
+    def ours():
+        s = rm.split_sequence_scores(
+            split["input_ids"], split["attention_mask"], split["prompt_width"]
+        )
+        loss, _ = bradley_terry_loss(s[:n], s[n:])
+        loss.backward()
+        rm.zero_grad(set_to_none=True)
 
     def concatenated(ids=ids, attn=attn):
         def run():
@@ -264,14 +273,18 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
 
     with torch.no_grad():
         plain = rm.sequence_scores(ids, attn)
+        ours_scores = rm.split_sequence_scores(
+            split["input_ids"], split["attention_mask"], split["prompt_width"]
+        )
         packed = torch.cat(shared_prompt_scores(rm, shared.shared_prompt_pack(examples, pad_id)))
     extra = MAX_LENGTH - ids.shape[1]
     padded = (F.pad(ids, (0, extra), value=pad_id), F.pad(attn, (0, extra), value=0))
     variants = {
-        OURS_RM_VARIANT: concatenated(),
+        OURS_RM_VARIANT: ours,
+        "before: every row forwards its prompt (right-padded rows)": concatenated(),
         "two forwards (chosen, rejected)": two_forwards,
         f"padded to max_length={MAX_LENGTH}": concatenated(*padded),
-        "proposed: shared prompt (one row per pair)": shared_prompt,
+        "alternative: packed pair, block mask (one row per pair)": shared_prompt,
     }
     seconds = shared.time_variants(variants, reps)
     rows, width = ids.shape
@@ -282,7 +295,8 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
         "batch_shape": [rows, width],
         "non_pad_share": round(int(attn.sum()) / (rows * width), 3),
         **shared.micro_report(seconds, OURS_RM_VARIANT),
-        "shared_prompt_max_abs_score_diff": float((packed - plain).abs().max()),
+        "shared_prompt_max_abs_score_diff": float((ours_scores - plain).abs().max()),
+        "packed_pair_max_abs_score_diff": float((packed - plain).abs().max()),
     }
 
 
@@ -320,9 +334,9 @@ RM_NOTES = [
     "per-step reward metrics",
     "CPU tokens/s = the same tokens over the window's process CPU seconds; with one torch "
     "thread it is the steadier figure on a shared machine, wall-clock tokens/s is the headline",
-    "no algorithmic difference between the two steps: one forward of [chosen; rejected] through "
-    "the same decoder, a scalar head, the same loss; see fast_paths.micro_benchmarks for the "
-    "proposed shared-prompt packing",
+    "the same scores and loss on both sides; ours forwards each pair's prompt once and its KV "
+    "cache serves both responses (trainers.core.logprobs.shared_prompt_hidden), TRL forwards "
+    "[chosen; rejected] full rows; see fast_paths.micro_benchmarks",
 ]
 
 
