@@ -849,6 +849,16 @@ def estimate_memory(
         # micro-batches per optimizer step: the rollout batch split into train.batch_size rows,
         # gradient_accumulation_steps of them per step (fewer when the batch is smaller)
         micro = min(int(cfg("train.gradient_accumulation_steps", 4)), -(-per_step // rows))
+        if not common["ckpt"]:
+            # rows of a micro-batch that share a prompt forward it once
+            # (trainers.core.logprobs.shared_prompt_hidden): at most min(rows, prompts_per_step)
+            # distinct prompts, so the activations hold that many prompts plus every completion
+            distinct = min(rows, int(cfg("rollout.prompts_per_step", 4)))
+            seq = -(-(distinct * prompt_tokens + rows * new_tokens) // rows)
+            bld.notes.append(
+                f"training activations: at most {distinct} distinct prompt(s) per micro-batch of "
+                f"{rows} rows, each prompt forwarded once"
+            )
         bld.trained(
             "policy",
             params,

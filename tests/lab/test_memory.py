@@ -338,6 +338,30 @@ def test_policy_gradient_logits_are_chunked_per_row():
     assert logits_gb(64) == pytest.approx(2 * 64 * 151936 * 16 / GIB, abs=1e-4)
 
 
+def test_policy_gradient_activations_count_each_distinct_prompt_once():
+    """Without checkpointing, rows of a micro-batch that share a prompt forward it once: the
+    activations hold min(rows, prompts_per_step) prompts and every row's completion. With
+    checkpointing (no shared forward) every row holds its prompt."""
+    pytest.importorskip("trainers.policy_gradients.config")
+    arch = count_parameters(QWEN3_06B)
+
+    def activations_gb(*overrides: str) -> float:
+        cfg = _pg_config("grpo", "train.batch_size=8", "rollout.max_new_tokens=64", *overrides)
+        est = estimate_memory("policy_gradients", "grpo", cfg, arch, device="cuda")
+        return _by_name(est)["policy activations"]
+
+    off = "model.gradient_checkpointing=false"
+    one_prompt = activations_gb(off, "rollout.prompts_per_step=1")
+    two_prompts = activations_gb(off, "rollout.prompts_per_step=2")
+    many_prompts = activations_gb(off, "rollout.prompts_per_step=64")
+    # 128-token prompts: tokens = 1·128 + 8·64, 2·128 + 8·64, 8·128 + 8·64
+    assert two_prompts / one_prompt == pytest.approx((2 * 128 + 512) / (128 + 512), rel=1e-3)
+    assert many_prompts / one_prompt == pytest.approx((8 * 128 + 512) / (128 + 512), rel=1e-3)
+    on = activations_gb("model.gradient_checkpointing=true", "rollout.prompts_per_step=1")
+    on_many = activations_gb("model.gradient_checkpointing=true", "rollout.prompts_per_step=64")
+    assert on == pytest.approx(on_many)
+
+
 def test_gradients_without_accumulation_fill_in_as_activations_are_freed():
     """One micro-batch per optimizer step: backward writes the gradients while it frees the
     activations, so only max(LM-head gradient, gradients - activations - logits) is added."""
