@@ -20,3 +20,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # and oversubscribed OpenMP threads slow a tiny model's step by an order of magnitude.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+import pytest  # noqa: E402  (after the environment above is set)
+
+
+@pytest.fixture
+def record_forward_shapes(monkeypatch):
+    """``record(module) -> list``: from then on, the ``input_ids`` shape of every call of
+    ``module.forward`` is appended to the returned list (the call itself runs unchanged)."""
+
+    def record(module) -> list[tuple[int, ...]]:
+        shapes: list[tuple[int, ...]] = []
+        original = module.forward
+
+        def recording(*args, **kwargs):
+            shapes.append(tuple(kwargs["input_ids"].shape))
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, "forward", recording)
+        return shapes
+
+    return record

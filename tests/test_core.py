@@ -147,10 +147,10 @@ def test_hidden_to_logps_matches_naive_with_gradients():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_completion_logps_masks_prompt_and_padding():
+def _tiny_qwen(seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = Qwen2Config(
         vocab_size=64,
         hidden_size=32,
@@ -160,7 +160,11 @@ def test_completion_logps_masks_prompt_and_padding():
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
-    model = Qwen2ForCausalLM(cfg).eval()
+    return Qwen2ForCausalLM(cfg).train()
+
+
+def test_completion_logps_masks_prompt_and_padding():
+    model = _tiny_qwen().eval()
     ids = torch.randint(1, 64, (2, 10))
     attn = torch.ones_like(ids)
     attn[1, 7:] = 0  # padding
@@ -179,21 +183,9 @@ def test_completion_logps_projects_only_completion_positions(monkeypatch):
     """The LM head sees exactly the positions that predict a completion token, and the sums and
     gradients still equal the full-logits computation; a batch with no completion token gives
     zeros that backward accepts."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     import trainers.core.logprobs as logprobs
 
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    model = Qwen2ForCausalLM(cfg).train()
+    model = _tiny_qwen().train()
     ids = torch.randint(1, 64, (3, 12))
     attn = torch.ones_like(ids)
     attn[2, 9:] = 0
@@ -231,22 +223,6 @@ def test_completion_logps_projects_only_completion_positions(monkeypatch):
     empty.sum().backward()  # stays connected to the graph, like a sum over nothing
 
 
-def _tiny_qwen(seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return Qwen2ForCausalLM(cfg).train()
-
-
 def test_split_rows_layout():
     ids, attn, cmask, width_p = split_rows([[1, 2, 3], [4]], [[5], [6, 7, 8]], pad_id=0)
     assert width_p == 3
@@ -256,7 +232,9 @@ def test_split_rows_layout():
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_split_completion_logps_share_prompts_and_equal_naive_full_rows(monkeypatch, checkpointing):
+def test_split_completion_logps_share_prompts_and_equal_naive_full_rows(
+    monkeypatch, record_forward_shapes, checkpointing
+):
     """Chosen / rejected / KL-style rows of three prompts (two repeated): each distinct prompt
     runs through the decoder once, and the sums and gradients equal the naive full-logits
     computation on right-padded [prompt + response] rows."""
@@ -268,14 +246,8 @@ def test_split_completion_logps_share_prompts_and_equal_naive_full_rows(monkeypa
     decoder = model.get_decoder()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    forwards = []
     original = decoder.forward
-
-    def count(*args, **kwargs):
-        forwards.append(tuple(kwargs["input_ids"].shape))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(decoder, "forward", count)
+    forwards = record_forward_shapes(decoder)
     sums, counts = split_completion_logps(model, ids, attn, width_p, cmask, chunk_size=2)
     if checkpointing:  # a cache cannot live through recomputation: full rows
         assert forwards[0] == (6, ids.shape[1] - 1)

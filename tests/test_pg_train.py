@@ -339,7 +339,9 @@ def _grads(model) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama"])
-def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, monkeypatch):
+def test_shared_prompt_forward_equals_full_rows_with_gradients(
+    preset, monkeypatch, record_forward_shapes
+):
     """A group's prompt runs once (KV cache gathered per row): log-probs, entropies, values and
     every gradient equal one forward of the full rows; the prompt really runs once."""
     from trainers.core.models import load_causal_lm
@@ -353,26 +355,19 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, monkeypat
     ids, attn, lens, cmask = pg_rollout.assemble(prompts, completions, pad_id=0)
     width_p = ids.shape[1] - cmask.shape[1]
     decoder = model.get_decoder()
-    forwards: list[int] = []
-    counting = decoder.forward
-
-    def count_rows(*args, **kwargs):
-        forwards.append(kwargs["input_ids"].shape[0] * kwargs["input_ids"].shape[1])
-        return counting(*args, **kwargs)
-
-    monkeypatch.setattr(decoder, "forward", count_rows)
+    forwards = record_forward_shapes(decoder)
     shared, shared_ent = pg_rollout.completion_token_stats(model, ids, attn, width_p, True)
     (shared * cmask).sum().backward()
     shared_grads = _grads(model)
     # 3 distinct prompts x width_p, then 7 rows x (completion width - 1)
-    assert forwards == [3 * width_p, 7 * (cmask.shape[1] - 1)]
+    assert forwards == [(3, width_p), (7, cmask.shape[1] - 1)]
 
     monkeypatch.setattr(core_logprobs, "_checkpointing", lambda decoder: True)  # the full-row path
     forwards.clear()
     full, full_ent = pg_rollout.completion_token_stats(model, ids, attn, width_p, True)
     (full * cmask).sum().backward()
     full_grads = _grads(model)
-    assert forwards == [7 * (ids.shape[1] - 1)]  # the last token predicts nothing
+    assert forwards == [(7, ids.shape[1] - 1)]  # the last token predicts nothing
 
     m = cmask.bool()
     assert torch.allclose(shared[m], full[m], atol=1e-5)

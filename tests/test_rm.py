@@ -429,7 +429,9 @@ def test_save_load_score_round_trip_is_exact(tmp_path, tokenizer, kind):
     assert len(set(s_after)) == len(items)
 
 
-def test_pair_rows_share_the_prompt_and_score_like_right_padded_rows(monkeypatch):
+def test_pair_rows_share_the_prompt_and_score_like_right_padded_rows(
+    record_forward_shapes,
+):
     """The training path (collate_pairs_split + split_sequence_scores: a pair's prompt forwarded
     once) gives the scores and gradients of right-padded full rows (collate_pairs +
     sequence_scores)."""
@@ -446,14 +448,7 @@ def test_pair_rows_share_the_prompt_and_score_like_right_padded_rows(monkeypatch
         TokenizedExample(prompt_ids=[11, 12, 13], chosen_ids=[29, 30], rejected_ids=[31, 32]),
     ]
     decoder = model.backbone.get_decoder()
-    widths = []
-    original = decoder.forward
-
-    def count(*args, **kwargs):
-        widths.append(tuple(kwargs["input_ids"].shape))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(decoder, "forward", count)
+    widths = record_forward_shapes(decoder)
     split = collate_pairs_split(examples, pad_id=0)
     shared = model.split_sequence_scores(
         split["input_ids"], split["attention_mask"], split["prompt_width"]
