@@ -144,6 +144,43 @@ def test_greedy_tokens_equal_transformers_generate_on_left_padded_rows(lm):
     assert all(r == cut_after_first_stop(o, stop) for r, o in zip(cut, ours, strict=True))
 
 
+def test_stopped_rows_leave_the_batch(lm, record_forward_shapes):
+    """Once a row has stopped (one of three: a quarter or more), the following steps run without
+    it, and every later token is still drawn from its own row's distribution (top-3 of that
+    row's logits, checked by re-scoring each row alone)."""
+    model, tok, prompts = lm
+    pad_id = tok.pad_token_id
+    sampling = Sampling(temperature=3.0, top_k=3)
+
+    def run(stop_ids):
+        torch.manual_seed(11)
+        return sample_tokens(
+            model, prompts, max_new_tokens=12, stop_ids=stop_ids, pad_id=pad_id, sampling=sampling
+        )
+
+    free = run(set())
+
+    def first_use(token: int) -> list[int]:  # per row: the step it first appears (12: never)
+        return sorted(row.index(token) if token in row else 12 for row in free)
+
+    # a token that one row draws first, at a step k >= 1, before the other rows do
+    candidates = [(first_use(t)[0], t) for t in {t for row in free for t in row}]
+    k, token = min((k, t) for k, t in candidates if 1 <= k < first_use(t)[1] and k < 10)
+    shapes = record_forward_shapes(model)
+    got = run({token})
+    rows_per_step = [shape[0] for shape in shapes]
+    assert rows_per_step[: k + 1] == [3] * (k + 1)  # prefill + steps with every row
+    assert rows_per_step[k + 1 :] and max(rows_per_step[k + 1 :]) == 2, rows_per_step
+    stopper = [token in row and row.index(token) == k for row in free].index(True)
+    assert got[stopper] == free[stopper][: k + 1]  # cut after its stop token
+    for prompt, row in zip(prompts, got, strict=True):
+        ids = torch.tensor([prompt + row])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+        top3 = logits.topk(3, dim=-1).indices
+        assert all(t in top3[i].tolist() for i, t in enumerate(row)), row
+
+
 def test_one_prefill_repeated_equals_repeating_the_prompt(lm):
     model, tok, prompts = lm
     pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))

@@ -7,7 +7,9 @@ Why our own loop rather than ``model.generate``:
    is repeated ``G`` times, instead of ``G`` identical prefills.
 2. **Less per-token overhead.** One forward of one token per row and a few tensor operations per
    step; for small models on CPU, ``generate``'s general machinery costs a noticeable share.
-3. **The sampling distribution is the one written here** — temperature, then top-k, then top-p,
+3. **Stopped rows leave the batch** (and the KV cache), so a group whose completions end early
+   stops paying for them while its long ones finish.
+4. **The sampling distribution is the one written here** — temperature, then top-k, then top-p,
    then min-p, in the order and with the tie and "keep at least one" rules transformers uses —
    and nothing else. A checkpoint's ``generation_config.json`` (repetition penalty, its own top-k)
    cannot silently make the behaviour policy differ from the π we score.
@@ -123,7 +125,9 @@ def sample_tokens(
     generator=None,
 ) -> list[list[int]]:
     """New token ids for ``len(prompts) * repeats`` rows (the ``repeats`` rows of a prompt are
-    consecutive), each cut after its first stop token or at ``max_new_tokens``.
+    consecutive), each cut after its first stop token or at ``max_new_tokens``. Rows that have
+    stopped leave the batch (and the KV cache) once they are a quarter of it, so the remaining
+    steps cost only the rows still decoding.
 
     The model is used as it is (call ``model.eval()`` first to switch dropout off)."""
     if not prompts:
@@ -153,18 +157,23 @@ def sample_tokens(
 
     rows = logits.shape[0]
     stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    live = torch.arange(rows, device=device)  # the original row of each row still decoding
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     next_position = positions[:, -1:] + 1
-    one_more = torch.ones((rows, 1), dtype=mask.dtype, device=device)
-    chosen: list[Tensor] = []
     for step in range(max_new_tokens):
-        token = choose_next(logits, sampling, generator)
-        token = token.masked_fill(finished, pad_id)
-        chosen.append(token)
+        token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
+        tokens[live, step] = token
         finished |= torch.isin(token, stops)
-        if step == max_new_tokens - 1 or bool(finished.all()):
+        done = int(finished.sum())
+        if step == max_new_tokens - 1 or done == len(live):
             break
-        mask = torch.cat([mask, one_more], dim=-1)
+        if done and done >= len(live) // 4:  # drop finished rows from the batch and the cache
+            keep = (~finished).nonzero().squeeze(-1)
+            live, token, mask = live[keep], token[keep], mask[keep]
+            next_position, finished = next_position[keep], finished[keep]
+            cache.batch_select_indices(keep)
+        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
         out = model(
             input_ids=token[:, None],
             attention_mask=mask,
@@ -174,6 +183,6 @@ def sample_tokens(
         )
         cache, logits = out.past_key_values, out.logits[:, -1].float()
         next_position = next_position + 1
-    tokens = torch.stack(chosen, dim=1).tolist()
+    tokens = tokens.tolist()
     stop_set = set(int(s) for s in stop_ids)
     return [cut_after_first_stop(row, stop_set) for row in tokens]
