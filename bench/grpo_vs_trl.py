@@ -73,6 +73,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from _common import ROOT, alternate, median_of, print_table, write_results  # noqa: E402
 
+from trainers.core import decoding as core_decoding  # noqa: E402
 from trainers.core import logprobs as core_logprobs  # noqa: E402
 from trainers.core.decoding import (  # noqa: E402
     GREEDY,
@@ -909,6 +910,33 @@ def fast_paths(w: Workload, prompts: list[Prompt], repeats: int) -> dict[str, An
         lean_loop_speedup=round(hf["wall_s"] / loop_without_shared_prefill["wall_s"], 3),
     )
 
+    # 2b. Stopped rows leaving the batch: half the rows stop after a few tokens (their stop set
+    # is what they drew at step 4 in a free run with the same seed), the others decode on.
+    free = ours(group_rows, G)
+    early = {row[4] for row in free[: len(free) // 2]}
+
+    def stopping(drop_share: float):
+        with mock.patch.object(core_decoding, "DROP_STOPPED_SHARE", drop_share):
+            torch.manual_seed(0)
+            return sample_tokens(
+                model,
+                group_rows,
+                max_new_tokens=w.max_new_tokens,
+                stop_ids=early,
+                pad_id=pad,
+                sampling=Sampling(temperature=1.0),
+                repeats=G,
+            )
+
+    lengths_out = [len(r) for r in stopping(core_decoding.DROP_STOPPED_SHARE)]
+    out["drop_stopped_rows"] = versus(
+        timed(lambda: stopping(core_decoding.DROP_STOPPED_SHARE), repeats),
+        timed(lambda: stopping(float("inf")), repeats),
+        rows=len(copies),
+        completion_lengths=sorted(lengths_out),
+        new_tokens=w.max_new_tokens,
+    )
+
     # 3. Log-probs of a full-length micro-batch, forward + backward: our chunked head (LM head
     # per chunk of completion positions under checkpointing, entropy from the same chunk)
     # against full logits -> float32 log_softmax -> gather.
@@ -1201,6 +1229,13 @@ def print_fast_paths(paths: dict[str, Any], results: dict[str, Any]) -> None:
             lambda p: (
                 f"{p['rows']} rows, {p['distinct_prompts']} prompts of {p['prompt_tokens']} tokens, "
                 f"completions {p['completion_width']}"
+            ),
+        ),
+        "drop_stopped_rows": (
+            "stopped rows leave the batch",
+            lambda p: (
+                f"{p['rows']} rows, lengths {p['completion_lengths'][0]}-"
+                f"{p['completion_lengths'][-1]} of {p['new_tokens']}"
             ),
         ),
         "sampling_loop": (

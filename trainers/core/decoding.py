@@ -51,6 +51,9 @@ class Sampling:
 
 GREEDY = Sampling(do_sample=False)
 
+# Stopped rows leave the batch once they are this share of the rows still in it.
+DROP_STOPPED_SHARE = 0.25
+
 
 def filter_logits(logits: Tensor, sampling: Sampling) -> Tensor:
     """Next-token logits (rows, vocab) scaled by the temperature, with the tokens that top-k,
@@ -168,7 +171,7 @@ def sample_tokens(
         done = int(finished.sum())
         if step == max_new_tokens - 1 or done == len(live):
             break
-        if done and done >= len(live) // 4:  # drop finished rows from the batch and the cache
+        if done and done >= DROP_STOPPED_SHARE * len(live):  # drop them from batch and cache
             keep = (~finished).nonzero().squeeze(-1)
             live, token, mask = live[keep], token[keep], mask[keep]
             next_position, finished = next_position[keep], finished[keep]
