@@ -20,6 +20,7 @@ from trainers.core.decoding import (
     cut_after_first_stop,
     filter_logits,
     left_pad,
+    pick_by_inverse_cdf,
     sample_tokens,
 )
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, generate_completions
@@ -82,6 +83,29 @@ def test_top_k_one_is_greedy_and_draws_follow_the_filtered_distribution():
     freq = torch.bincount(draws, minlength=6).float() / draws.numel()
     assert freq[4:].sum() == 0, "a token outside the top 4 was drawn"
     assert torch.allclose(freq, expected, atol=0.015), (freq, expected)
+
+
+def test_inverse_cdf_pick_by_hand_and_never_a_zero_probability_token():
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0]]).expand(7, -1)
+    # cumulative 0, .25, .25, .75, 1, 1: u in [0, .25) -> 1, [.25, .75) -> 3, [.75, 1) -> 4
+    uniforms = torch.tensor([0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0 - 2**-24])
+    assert pick_by_inverse_cdf(probs, uniforms).tolist() == [1, 1, 3, 3, 4, 4, 4]
+    # u = 1 exactly (what rounding of u x total can reach) still picks the last possible token
+    assert pick_by_inverse_cdf(probs[:1], torch.tensor([1.0])).tolist() == [4]
+    # unnormalised rows (fp32 softmax sums to 1 only approximately) are scaled by their total
+    assert pick_by_inverse_cdf(torch.tensor([[2.0, 0.0, 6.0]]), torch.tensor([0.3])).tolist() == [2]
+
+
+def test_draws_over_a_real_vocabulary_match_the_distribution():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(1, 2000, generator=gen) * 2
+    sampling = Sampling(temperature=0.9, top_p=0.8)
+    expected = filter_logits(logits, sampling).softmax(-1)[0]
+    draws = choose_next(logits.expand(40000, -1), sampling, torch.Generator().manual_seed(4))
+    freq = torch.bincount(draws, minlength=2000).float() / draws.numel()
+    assert freq[expected == 0].sum() == 0, "a token outside the top-p nucleus was drawn"
+    top = expected.topk(5).indices
+    assert torch.allclose(freq[top], expected[top], atol=0.01), (freq[top], expected[top])
 
 
 def test_bad_sampling_settings_are_refused_with_the_rule():

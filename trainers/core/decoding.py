@@ -82,7 +82,19 @@ def choose_next(logits: Tensor, sampling: Sampling, generator=None) -> Tensor:
     if not sampling.do_sample:
         return logits.argmax(dim=-1)
     probs = filter_logits(logits, sampling).softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    uniforms = torch.rand(probs.shape[0], generator=generator, device=probs.device)
+    return pick_by_inverse_cdf(probs, uniforms)
+
+
+def pick_by_inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Row i's token: the first whose cumulative probability exceeds ``uniforms[i]`` times the
+    row's total, i.e. a draw from ``probs[i]`` when ``uniforms[i]`` is uniform on [0, 1). One
+    random number per row (``torch.multinomial`` costs ~20x more on the CPU for the same draw).
+    A token of probability zero is never picked: the threshold stays below the row's total."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    threshold = torch.minimum(uniforms[:, None] * total, total.nextafter(torch.zeros_like(total)))
+    return torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
