@@ -435,8 +435,27 @@ def trainer_argv(family: str, run_dir: Path, resume: bool = False) -> list[str]:
     return [*argv, "--resume"] if resume else argv
 
 
-def _trainer_env(device: str) -> dict[str, str]:
+def _cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cpu_threads_beside(sharing: int, cores: int) -> int:
+    """Intra-op threads for a CPU trainer that starts beside ``sharing`` other CPU runs: the
+    cores split evenly, at least one. (torch's default, one thread per core in every process,
+    oversubscribes a shared CPU and runs many times slower.)"""
+    return max(1, cores // (sharing + 1))
+
+
+def _trainer_env(device: str, sharing: int = 0) -> dict[str, str]:
+    """The trainer's environment. A CPU trainer started beside ``sharing`` other CPU runs gets
+    ``OMP_NUM_THREADS`` (torch's intra-op threads) set to its share of the cores, unless the
+    caller's environment already sets it."""
     env = dict(os.environ)
+    if device == "cpu" and sharing > 0 and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(cpu_threads_beside(sharing, _cpu_cores()))
     env["PYTHONUNBUFFERED"] = "1"
     src = str(_source_dir())
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -542,6 +561,8 @@ def _info(run_dir: Path, record: dict) -> RunInfo:
 def start_run(run_id: str) -> RunInfo:
     """Start a queued or starting run detached and return at once (state ``running``)."""
     run_dir = find_run(run_id)
+    # other CPU runs, read before taking this run's lock (reading a status may take its lock)
+    cpu_runs = [s.id for s in active_runs("cpu") if s.id != run_id]
     with _run_lock(run_dir):
         record = _read_record(run_dir)
         if record.get("state") not in ("queued", "starting") or record.get("pid"):
@@ -564,15 +585,24 @@ def start_run(run_id: str) -> RunInfo:
             git_dirty=dirty,
             versions=_versions(),
         )
+        sharing = cpu_runs if device == "cpu" else []
+        env = _trainer_env(device, len(sharing))
+        if "OMP_NUM_THREADS" in env:
+            record["cpu_threads"] = int(env["OMP_NUM_THREADS"])
         started = _now()
         with (run_dir / "train.log").open("ab") as log:
             log.write(f"[rlhf-lab] {started} on {record['host']}: {shlex.join(argv)}\n".encode())
+            if sharing and "OMP_NUM_THREADS" not in os.environ:
+                log.write(
+                    f"[rlhf-lab] sharing the CPU with {', '.join(sharing)}: "
+                    f"{env['OMP_NUM_THREADS']} intra-op thread(s)\n".encode()
+                )
             log.flush()
             try:
                 proc = subprocess.Popen(
                     wrapper,
                     cwd=cwd,
-                    env=_trainer_env(device),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

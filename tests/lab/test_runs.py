@@ -359,6 +359,48 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
     assert runs.active_runs() == []
 
 
+def test_cpu_runs_started_beside_others_get_their_share_of_the_cores(tmp_path, monkeypatch):
+    assert [runs.cpu_threads_beside(n, 4) for n in range(5)] == [4, 2, 1, 1, 1]
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runs, "_cpu_cores", lambda: 4)
+
+    def writes_its_threads(family, run_dir, resume=False):  # noqa: ARG001
+        code = (
+            "import os, sys, time; from pathlib import Path; "
+            "Path(sys.argv[1], 'omp.txt').write_text(os.environ.get('OMP_NUM_THREADS', 'unset'));"
+            " time.sleep(30)"
+        )
+        return [sys.executable, "-c", code, str(run_dir)]
+
+    monkeypatch.setattr(runs, "trainer_argv", writes_its_threads)
+    cfg = config(QUICK + ["model.device=cpu"])
+    started = []
+    try:
+        for kw in ({}, {"fits_together": True}, {"force": True}):
+            started.append(runs.launch("direct_alignment", "dpo", cfg, "cores", "x", [], **kw).run)
+        seen = [
+            wait_until(lambda d=Path(i.run_dir): (d / "omp.txt").is_file(), 30, "the trainer")
+            and (Path(i.run_dir) / "omp.txt").read_text()
+            for i in started
+        ]
+        assert seen == ["unset", "2", "1"]  # alone: torch's default; then 4 // 2, 4 // 3
+        records = [read_json(Path(i.run_dir) / "run.json") for i in started]
+        assert [r.get("cpu_threads") for r in records] == [None, 2, 1]
+        log = (Path(started[2].run_dir) / "train.log").read_text()
+        assert f"sharing the CPU with {started[0].id}, {started[1].id}" in log
+        # a thread count the user set is left alone
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        mine = runs.launch("direct_alignment", "dpo", cfg, "cores", "x", [], force=True).run
+        started.append(mine)
+        omp = Path(mine.run_dir) / "omp.txt"
+        assert wait_until(omp.is_file, 30, "the trainer") and omp.read_text() == "3"
+    finally:
+        for info in started:
+            runs.stop_run(info.id, grace_s=5)
+    assert runs.active_runs() == []
+
+
 def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
