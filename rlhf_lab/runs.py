@@ -592,7 +592,7 @@ def start_run(run_id: str) -> RunInfo:
         started = _now()
         with (run_dir / "train.log").open("ab") as log:
             log.write(f"[rlhf-lab] {started} on {record['host']}: {shlex.join(argv)}\n".encode())
-            if sharing and "OMP_NUM_THREADS" not in os.environ:
+            if env.get("OMP_NUM_THREADS") != os.environ.get("OMP_NUM_THREADS"):  # set by us
                 log.write(
                     f"[rlhf-lab] sharing the CPU with {', '.join(sharing)}: "
                     f"{env['OMP_NUM_THREADS']} intra-op thread(s)\n".encode()

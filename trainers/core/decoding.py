@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from trainers.core.logprobs import position_ids_of
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -154,7 +156,7 @@ def sample_tokens(
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    positions = position_ids_of(mask)
 
     out = model(
         input_ids=ids,

@@ -306,8 +306,8 @@ def completion_token_stats(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob (and entropy, detached) of every completion position: (B, T) float32 each, with
     T = input width − ``width_p``. A prompt shared by several rows runs once
-    (``trainers.core.logprobs.shared_prompt_hidden``); the LM head runs chunk by chunk (recomputed in backward),
-    so the full float32 logits tensor is never built."""
+    (``trainers.core.logprobs.shared_prompt_hidden``); the LM head runs chunk by chunk
+    (recomputed in backward), so the full float32 logits tensor is never built."""
     labels = input_ids[:, width_p:]
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
