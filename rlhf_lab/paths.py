@@ -14,8 +14,7 @@ RUN_ID_RE = SLUG_RE  # run ids use the slug alphabet: dpo-20260101-120000-ab12
 MAX_RUN_ID = 120
 
 
-class LabError(ValueError):
-    """An expected failure with a message that says what to do."""
+from rlhf_lab.errors import LabError  # noqa: E402  (re-exported: older imports name it here)
 
 
 def repo_root() -> Path:
