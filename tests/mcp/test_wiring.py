@@ -55,7 +55,7 @@ def test_skills_parse_and_name_only_tools_the_server_has():
         body = Path(skill.path).read_text()
         for used in {t.removeprefix(PREFIX) for t in mcp_tools}:
             assert used in body, f"{name} allows {used} but never says how to use it"
-        assert "ALGORITHMS.md" in body and "acceptance" in body.lower(), name
+        assert "docs/algorithms.md" in body and "acceptance" in body.lower(), name
         assert "one job" in body.lower() or "one training job" in body.lower(), name
     sanity = Path(skills["run-sanity-experiment"].path).read_text()
     for item in ("exact command", "seed", "config file", "W&B", "follow-up sweep", "OOM", "stall"):
