@@ -70,7 +70,7 @@ class AlgorithmSpec:
     ``trainers.policy_gradients.advantages.ADVANTAGES``); ``kl`` says where β·KL goes; the
     ``needs_*`` flags say what the trainer must load or keep. ``selection`` names a
     rejection-sampling selection rule; ``matched_control`` the strategy a result is judged
-    against; ``run_name`` the name runs are filed under when it differs from ``name``. ``key_metrics``, ``acceptance``
+    against (``is_control``: this one is the random control of its partner); ``run_name`` the name runs are filed under when it differs from ``name``. ``key_metrics``, ``acceptance``
     and ``watch`` are what this algorithm adds to its family's.
     """
 
@@ -98,6 +98,7 @@ class AlgorithmSpec:
     watch: tuple[str, ...] = ()
     builtin_dataset: str | None = None
     matched_control: str | None = None
+    is_control: bool = False
     run_name: str | None = None
     shrink_hook: str | None = None
     memory_hook: str | None = None

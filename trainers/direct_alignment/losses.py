@@ -9,7 +9,7 @@ where ``loss`` is the batch mean of the per-pair (per-example for KTO) loss and 
 names to detached 0-dim tensors. No model code lives here, so each function can be read next to
 its paper and tested on hand-made numbers.
 
-Notation (see the "Direct alignment" section of ALGORITHMS.md):
+Notation (see the "Direct alignment" section of docs/algorithms.md):
 
 * ``logπ(y)`` is the SUM of the policy's token log-probs over a response; the average
   log-prob is ``p̄ = logπ(y) / |y|``.

@@ -1,8 +1,8 @@
 """Policy-gradient config (torch-free; the lab validates with it).
 
 One config model serves all ten algorithms; ``algorithm`` picks the advantage estimator, the
-per-token loss, where the KL term goes and the default loss aggregation (ALGORITHMS.md, "Policy
-gradients"). Fields left at ``None`` mean "the algorithm's default" and are filled in at
+per-token loss, where the KL term goes and the default loss aggregation, as the algorithm's spec
+in ``spec.py`` declares them (docs/algorithms.md, "Policy gradients"). Fields left at ``None`` mean "the algorithm's default" and are filled in at
 validation time, so the run directory's ``config.yaml`` always records the values used.
 
 Units: ``train.max_steps`` counts *rollout steps* (sample prompts -> generate -> score -> update);

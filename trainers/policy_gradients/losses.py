@@ -6,7 +6,7 @@ completion positions with a float mask) and :class:`PolicyLossParams`, and retur
     (per_token_loss (B, T), stats: dict[str, Tensor (B, T)])
 
 with zeros outside the mask. Reducing the per-token loss to a scalar is :func:`aggregate`'s job,
-so the same loss can be reduced three ways (see ALGORITHMS.md "Loss aggregation"). Stats are
+so the same loss can be reduced three ways (see docs/algorithms.md "Loss aggregation"). Stats are
 detached: ``ratio`` (ρ, or GSPO's sequence ratio s), ``clipped`` (1.0 where a clip changed the
 loss), ``pg_loss`` (the policy term without KL) and ``kl`` (when a reference is given).
 

@@ -35,25 +35,25 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         summary="Best-of-n: the highest-scoring completion of every prompt.",
         paper="Nakano et al. 2021, WebGPT (best-of-n); Touvron et al. 2023, Llama 2",
         aliases=("best-of-n", "best of n", "bon", "rejection sampling", "top per prompt"),
-        needs_reward_model=True,
     ),
     _rs(
         "top_k_overall",
         "random_k_overall",
         summary="The k highest-scoring completions over all prompts.",
         aliases=("top-k overall", "top k overall"),
-        needs_reward_model=True,
     ),
     _rs(
         "random_per_prompt",
         "top_per_prompt",
         summary="Control: one random completion per prompt.",
+        is_control=True,
         aliases=("random per prompt",),
     ),
     _rs(
         "random_k_overall",
         "top_k_overall",
         summary="Control: k random completions over all prompts.",
+        is_control=True,
         aliases=("random k overall", "random-k overall"),
     ),
 )
