@@ -23,6 +23,7 @@ from rlhf_lab.catalog import (
     list_recipes,
 )
 from rlhf_lab.config_models import config_model, dump, families_accepting, validate_data
+from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.paths import LabError
 from trainers.core.config import (
     ConfigError,
@@ -75,7 +76,7 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     try:
         return read_yaml(path)
     except ConfigError as err:
-        raise LabError(str(err)) from None
+        raise InvalidArgument(str(err)) from None
 
 
 def shipped_default(recipe: Recipe) -> tuple[dict[str, Any], str]:
@@ -110,7 +111,7 @@ def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     try:
         return apply_overrides(data, overrides)
     except ConfigError as err:
-        raise LabError(str(err)) from None
+        raise InvalidArgument(str(err)) from None
 
 
 def resolve_config(
