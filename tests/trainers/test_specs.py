@@ -212,3 +212,10 @@ def test_one_chunked_loop_gives_log_probs_and_entropy() -> None:
     assert not entropy.requires_grad and logps.requires_grad
     assert torch.equal(hidden_to_logps(hidden, head, labels, chunk_size=2), logps)
     assert hidden_to_token_stats(hidden, head, labels)[1] is None
+
+
+def test_dapo_and_maxrl_features_are_spec_flags() -> None:
+    flagged = {s.name for s in family_spec("policy_gradients").algorithms if s.dynamic_sampling}
+    assert flagged == {"dapo"}
+    assert {s.name for s in all_specs() if s.overlong_penalty} == {"dapo"}
+    assert {s.name for s in all_specs() if s.reward_signal == "binary"} == {"maxrl"}

@@ -70,7 +70,10 @@ class AlgorithmSpec:
     ``trainers.policy_gradients.advantages.ADVANTAGES``); ``kl`` says where β·KL goes; the
     ``needs_*`` flags say what the trainer must load or keep. ``selection`` names a
     rejection-sampling selection rule; ``matched_control`` the strategy a result is judged
-    against (``is_control``: this one is the random control of its partner); ``run_name`` the name runs are filed under when it differs from ``name``. ``key_metrics``, ``acceptance``
+    against (``is_control``: this one is the random control of its partner);
+    ``reward_signal`` the reward its advantage reads (policy gradients: ``total`` or
+    ``binary``); ``overlong_penalty`` / ``dynamic_sampling`` turn on DAPO's length penalty and
+    its refilling of groups without reward contrast; ``run_name`` the name runs are filed under when it differs from ``name``. ``key_metrics``, ``acceptance``
     and ``watch`` are what this algorithm adds to its family's.
     """
 
@@ -92,6 +95,9 @@ class AlgorithmSpec:
     needs_value_model: bool = False
     needs_reward_model: bool = False
     needs_teacher: bool = False
+    reward_signal: str = "total"
+    overlong_penalty: bool = False
+    dynamic_sampling: bool = False
     key_metrics: tuple[MetricSpec, ...] = ()
     headline_metric: str | None = None
     acceptance: tuple[str, ...] = ()

@@ -7,7 +7,10 @@ completion mask ends after the *first* end-of-turn token (inclusive).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import nn
 
 from trainers.core.decoding import Sampling, sample_tokens
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
@@ -17,6 +20,7 @@ from trainers.policy_gradients.experience import Experience, assemble, cut_at_fi
 
 
 def _sampling(cfg: PolicyGradientConfig) -> Sampling:
+    """The rollout section's sampling filters as the decoding loop takes them."""
     rc = cfg.rollout
     return Sampling(
         temperature=rc.temperature, top_k=rc.top_k, top_p=rc.top_p, min_p=rc.min_p or 0.0
@@ -25,7 +29,7 @@ def _sampling(cfg: PolicyGradientConfig) -> Sampling:
 
 @torch.no_grad()
 def generate_group_batch(
-    model, tokenizer, prompts: list[Prompt], cfg: PolicyGradientConfig
+    model: nn.Module, tokenizer: Any, prompts: list[Prompt], cfg: PolicyGradientConfig
 ) -> Experience:
     """``num_rollouts`` sampled completions per prompt (rows of a group contiguous). Each prompt
     is prefilled once and its KV cache repeated for the group (trainers/core/decoding.py)."""
@@ -74,7 +78,11 @@ def generate_group_batch(
 
 @torch.no_grad()
 def greedy_completions(
-    model, tokenizer, prompts: list[Prompt], max_new_tokens: int, batch_size: int
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: list[Prompt],
+    max_new_tokens: int,
+    batch_size: int,
 ) -> tuple[list[str], list[int], list[bool]]:
     """Greedy completions for held-out evaluation: (texts, lengths, truncated)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

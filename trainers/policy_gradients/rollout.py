@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from trainers.core.logprobs import position_ids_of
 from trainers.policy_gradients.advantages import (
@@ -33,7 +35,7 @@ from trainers.policy_gradients.advantages import (
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.data import Prompt
+from trainers.policy_gradients.data import Prompt, PromptStream
 from trainers.policy_gradients.experience import (
     Experience,
     assemble,
@@ -82,7 +84,8 @@ class DynamicSamplingError(RuntimeError):
 
 
 def score(exp: Experience, cfg: PolicyGradientConfig) -> dict[str, Tensor]:
-    penalty = (cfg.loss.l_max, cfg.loss.l_cache) if cfg.algorithm == "dapo" else None
+    """Rewards of the batch's completions (DAPO-style specs add the overlong penalty)."""
+    penalty = (cfg.loss.l_max, cfg.loss.l_cache) if cfg.spec.overlong_penalty else None
     return compute_rewards(
         exp.texts,
         [p.meta for p in exp.prompts],
@@ -95,10 +98,10 @@ def score(exp: Experience, cfg: PolicyGradientConfig) -> dict[str, Tensor]:
 def prepare_update(
     exp: Experience,
     cfg: PolicyGradientConfig,
-    policy,
-    ref_model,
-    value_model,
-    device,
+    policy: nn.Module,
+    ref_model: nn.Module | None,
+    value_model: ValueModel | None,
+    device: torch.device | str,
 ) -> tuple[Experience, dict[str, float]]:
     """Fill π_old / π_ref log-probs, PPO values, KL shaping and advantages. Returns the batch
     and the rollout-side metrics it produced (kl in the reward, explained variance)."""
@@ -153,7 +156,11 @@ class RolloutInfo:
 
 
 def rollout_step(
-    policy, tokenizer, stream, train_prompts: list[Prompt], cfg: PolicyGradientConfig
+    policy: nn.Module,
+    tokenizer: Any,
+    stream: PromptStream,
+    train_prompts: list[Prompt],
+    cfg: PolicyGradientConfig,
 ) -> tuple[Experience, RolloutInfo]:
     """Sample prompts, generate, score. DAPO keeps drawing ``prompts_per_step`` prompts at a
     time and keeps only groups whose correctness is not all-min / all-max, until
@@ -177,7 +184,7 @@ def rollout_step(
         gen_s += t1 - t0
         n_drawn_prompts += P
         drawn.append(batch)
-        if cfg.algorithm != "dapo":
+        if not cfg.spec.dynamic_sampling:
             kept, n_kept = [batch], P
             break
         keep = dapo_keep_groups(
@@ -206,7 +213,7 @@ def rollout_step(
                 "loss.max_draw_factor."
             )
     exp = concat_experiences(kept, pad_id)
-    if cfg.algorithm == "dapo" and exp.num_sequences > P * G:
+    if cfg.spec.dynamic_sampling and exp.num_sequences > P * G:
         exp = exp.select(list(range(P * G)))
     info = RolloutInfo(
         prompts_drawn=n_drawn_prompts,
