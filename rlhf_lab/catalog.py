@@ -1,14 +1,17 @@
 """The catalog: algorithm families, their shipped recipes (one YAML per algorithm or strategy) and
-what to watch in each. Reads YAML only: no trainer module (and no torch) is imported here.
+what to watch in each. Reads the trainers' torch-free spec modules and YAML only: no trainer
+module (and no torch) is imported here.
 
 A *recipe* is a shipped config file ``trainers/<family>/configs/<name>.yaml``. It is named by its
 file stem (``dpo``), by ``<family>/<stem>`` (``direct_alignment/dpo``) or by its path; an
 algorithm name or alias (``dr. grpo``, ``bradley-terry``) also finds the recipe that runs it.
 
-:data:`FAMILIES` is the registry the rest of the lab builds on: for each family, where its
-pydantic config model lives (imported lazily by :mod:`rlhf_lab.configs`), which field names the
-algorithm, the trainer module, the metrics that show progress, the acceptance criteria of a
-sanity run and what to watch while it runs (ALGORITHMS.md, in our own words).
+:data:`FAMILIES` (from :mod:`rlhf_lab.families`) is the registry the rest of the lab builds on,
+derived from the algorithm specs (``trainers/<family>/spec.py``): for each family, where its
+pydantic config model lives, which field names the algorithm, the trainer module, the metrics
+that show progress, the acceptance criteria of a sanity run and what to watch while it runs.
+Aliases, per-algorithm metrics, acceptance criteria and metric directions come from the same
+specs (docs/algorithms.md explains them).
 """
 
 from __future__ import annotations
@@ -17,11 +20,23 @@ import difflib
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.paths import LabError
+from rlhf_lab.config_models import families_accepting
+from rlhf_lab.errors import InvalidArgument, NextStep, NotFound
+from rlhf_lab.families import FAMILIES, FamilyInfo, family_info
+from trainers.core.spec import (
+    FAMILY_NAMES,
+    AlgorithmSpec,
+    MetricSpec,
+    all_specs,
+    family_spec,
+    spec_for,
+)
+
+EVAL_PREFIX = "eval/"
 
 __all__ = [
     "ALGORITHM_ALIASES",
@@ -30,14 +45,18 @@ __all__ = [
     "Recipe",
     "acceptance_for",
     "algorithm_family",
+    "algorithm_spec",
     "algorithm_of",
     "all_algorithms",
     "family_info",
     "find_recipe",
     "get_dotted",
+    "headline_metric",
     "infer_family",
     "key_metrics_for",
     "list_recipes",
+    "matched_controls",
+    "metric_direction",
     "normalize_algorithm",
     "recipe_for_algorithm",
     "source_root",
@@ -45,283 +64,12 @@ __all__ = [
 ]
 
 
-class FamilyInfo(BaseModel):
-    """One algorithm family of ``trainers/``."""
-
-    name: str
-    config_module: str = Field(description="torch-free module holding the pydantic config model")
-    config_class: str = Field(description="class name of the config model in that module")
-    algorithm_field: str | None = Field(
-        description="dotted config key naming the algorithm (None: the family has one algorithm)"
-    )
-    default_algorithm: str
-    algorithms: list[str]
-    trainer_module: str = Field(description="run as `python -m <trainer_module> --config ...`")
-    configs_dir: str = Field(description="shipped recipes, relative to the source root")
-    key_metrics: list[str] = Field(description="the metrics that show progress (ALGORITHMS.md)")
-    acceptance: list[str] = Field(description="what a good sanity run shows")
-    watch: list[str] = Field(description="what to look at while it runs")
-    comparison: str = Field(description="how runs of this family are compared")
-    builtin_datasets: dict[str, str] = Field(
-        default_factory=dict,
-        description="offline data set per algorithm ('*' for all) used with a tiny preset",
-    )
-
-
-FAMILIES: dict[str, FamilyInfo] = {
-    "direct_alignment": FamilyInfo(
-        name="direct_alignment",
-        config_module="trainers.direct_alignment.config",
-        config_class="DirectAlignmentConfig",
-        algorithm_field="loss",
-        default_algorithm="dpo",
-        algorithms=[
-            "dpo",
-            "cdpo",
-            "dpo_norm",
-            "ipo",
-            "simpo",
-            "orpo",
-            "kto",
-            "apo_zero",
-            "apo_down",
-        ],
-        trainer_module="trainers.direct_alignment.train",
-        configs_dir="trainers/direct_alignment/configs",
-        key_metrics=[
-            "accuracy",
-            "margins",
-            "chosen_rewards",
-            "rejected_rewards",
-            "eval/accuracy",
-            "eval/margins",
-            "eval/chosen_rewards",
-            "eval/rejected_rewards",
-        ],
-        acceptance=[
-            "accuracy and margins trend up within the first 10-20 optimizer steps "
-            "(eval/accuracy ends above 0.5)",
-            "sample generations stay coherent: no repetition collapse",
-        ],
-        watch=[
-            "accuracy and margins (train and eval/) rising together",
-            "chosen_rewards vs rejected_rewards: the gap should widen; both falling is common",
-            "grad_norm spikes and a loss that turns NaN (lower the learning rate)",
-            "samples.jsonl for repetition or gibberish",
-        ],
-        comparison="compare eval/accuracy and eval/margins at matched steps; loss scales differ "
-        "across losses (IPO's is not comparable to DPO's)",
-        builtin_datasets={"*": "builtin:reasoning-preferences"},
-    ),
-    "policy_gradients": FamilyInfo(
-        name="policy_gradients",
-        config_module="trainers.policy_gradients.config",
-        config_class="PolicyGradientConfig",
-        algorithm_field="algorithm",
-        default_algorithm="grpo",
-        algorithms=[
-            "reinforce",
-            "rloo",
-            "ppo",
-            "grpo",
-            "drgrpo",
-            "gspo",
-            "cispo",
-            "sapo",
-            "dapo",
-            "maxrl",
-        ],
-        trainer_module="trainers.policy_gradients.train",
-        configs_dir="trainers/policy_gradients/configs",
-        key_metrics=[
-            "avg_correctness",
-            "avg_format",
-            "avg_binary",
-            "loss",
-            "frac_reward_zero_std",
-        ],
-        acceptance=[
-            "avg_correctness, avg_format and avg_binary rise over the rollout steps",
-            "reward contrast is present: frac_reward_zero_std stays well below 1",
-            "no NaN loss and no collapse of response_length/mean",
-        ],
-        watch=[
-            "avg_correctness / avg_format / avg_binary (the signal; the loss alone says little "
-            "and hovers near 0 with beta 0)",
-            "frac_reward_zero_std: groups without reward contrast teach nothing",
-            "response_length/mean and response_length/clipped_frac",
-            "kl and clip_frac when beta > 0 or several updates per rollout",
-        ],
-        comparison="compare avg_correctness / avg_binary curves over rollout steps at matched "
-        "prompts per step; check that groups carry reward contrast",
-    ),
-    "reward_models": FamilyInfo(
-        name="reward_models",
-        config_module="trainers.reward_models.config",
-        config_class="RewardModelConfig",
-        algorithm_field="kind",
-        default_algorithm="preference",
-        algorithms=["preference", "orm", "prm"],
-        trainer_module="trainers.reward_models.train",
-        configs_dir="trainers/reward_models/configs",
-        key_metrics=[
-            "eval/accuracy",
-            "eval/reward_margin",
-            "eval/auroc",
-            "eval/ranking_accuracy",
-            "eval/step_accuracy",
-            "eval/majority_baseline",
-        ],
-        acceptance=[
-            "held-out metrics beat chance and improve over training "
-            "(compare held-out numbers, never the training loss)",
-        ],
-        watch=[
-            "eval/ metrics in the later part of training (overfitting shows there first)",
-            "the training loss floor: identical pairs after truncation inflate it",
-        ],
-        comparison="compare held-out margins / correctness scores, not training loss",
-        builtin_datasets={
-            "preference": "builtin:reasoning-preferences",
-            "orm": "builtin:reasoning-outcomes",
-            "prm": "builtin:reasoning-steps",
-        },
-    ),
-    "rejection_sampling": FamilyInfo(
-        name="rejection_sampling",
-        config_module="trainers.rejection_sampling.config",
-        config_class="RejectionSamplingConfig",
-        algorithm_field="strategy",
-        default_algorithm="top_per_prompt",
-        algorithms=["top_per_prompt", "top_k_overall", "random_per_prompt", "random_k_overall"],
-        trainer_module="trainers.rejection_sampling.train",
-        configs_dir="trainers/rejection_sampling/configs",
-        key_metrics=["eval/exact_match", "diagnostics/decidable_frac", "loss"],
-        acceptance=[
-            "each reward-selected strategy's held-out exact match is reported beside its "
-            "matched random control (top_per_prompt vs random_per_prompt, top_k_overall vs "
-            "random_k_overall); a gain counts only against that control",
-            "diagnostics/decidable_frac is well above 0 (prompts with both correct and incorrect "
-            "completions), otherwise selection cannot help",
-        ],
-        watch=[
-            "diagnostics/decidable_frac after scoring",
-            "the SFT loss falling on the selection",
-            "exact match of the strategy vs its matched random control",
-        ],
-        builtin_datasets={"*": "builtin:chain_sum"},
-        comparison="always beside the matched random control with the same selection size",
-    ),
-    "sft": FamilyInfo(
-        name="sft",
-        config_module="trainers.sft.config",
-        config_class="SFTConfig",
-        algorithm_field=None,
-        default_algorithm="sft",
-        algorithms=["sft"],
-        trainer_module="trainers.sft.train",
-        configs_dir="trainers/sft/configs",
-        key_metrics=["loss", "mean_token_accuracy", "eval/loss"],
-        acceptance=[
-            "loss and eval/loss fall (eval/loss without rising again)",
-            "mean_token_accuracy rises; samples take the chat format and end their turn",
-        ],
-        watch=[
-            "eval/loss against loss (overfitting when they part)",
-            "samples.jsonl: the answers should follow the format and terminate",
-        ],
-        comparison="compare eval/loss and held-out samples at matched steps",
-        builtin_datasets={"*": "builtin:reasoning-sft"},
-    ),
-}
-
-# Extra metrics and notes per algorithm, on top of the family's.
-_ALGO_METRICS: dict[str, list[str]] = {
-    "orpo": ["sft_loss", "or_loss", "log_odds_ratio"],
-    "kto": ["kl"],
-    "ppo": ["value_loss", "explained_variance"],
-    "dapo": ["dynamic_sampling/kept_frac"],
-    "preference": ["eval/accuracy", "eval/reward_margin"],
-    "orm": ["eval/accuracy", "eval/auroc", "eval/ranking_accuracy"],
-    "prm": ["eval/step_accuracy", "eval/majority_baseline"],
-}
-_ALGO_ACCEPTANCE: dict[str, list[str]] = {
-    "orpo": [
-        "margins leave 0 and or_loss is not negligible next to sft_loss (the known failure is "
-        "'stable but flat')"
-    ],
-    "simpo": ["samples stay coherent: SimPO is learning-rate sensitive"],
-    "ipo": ["IPO's loss starts high (10-25 on real data) and is not comparable to DPO's"],
-    "ppo": ["value_loss falls and explained_variance rises above 0"],
-    "dapo": ["dynamic_sampling/kept_frac stays above 0 (groups with reward contrast exist)"],
-    "maxrl": ["avg_binary must be above 0 in some groups: MaxRL's advantage is 0 otherwise"],
-    "preference": ["eval/accuracy above 0.5 and eval/reward_margin growing"],
-    "orm": ["eval/auroc above 0.5 and eval/ranking_accuracy above 0.5"],
-    "prm": ["eval/step_accuracy above eval/majority_baseline"],
-}
-_ALGO_WATCH: dict[str, list[str]] = {
-    "kto": ["kl (the detached reference point z)"],
-    "simpo": ["repetitive or incoherent samples (lower the learning rate)"],
-    "orpo": ["or_loss next to sft_loss"],
-    "reinforce": ["high variance: no baseline"],
-    "gspo": ["clip_frac (GSPO's clip range is tiny by design)"],
-    "cispo": ["clip_frac at the upper bound"],
-}
-
-# Free-text names -> canonical algorithm names. Keys are normalised by `_norm_key`.
+# Free-text names -> canonical algorithm names, from the specs' aliases. Keys are normalised by
+# `_norm_key`.
 ALGORITHM_ALIASES: dict[str, str] = {
-    "dr grpo": "drgrpo",
-    "dr. grpo": "drgrpo",
-    "dr.grpo": "drgrpo",
-    "dr-grpo": "drgrpo",
-    "dr_grpo": "drgrpo",
-    "grpo done right": "drgrpo",
-    "max rl": "maxrl",
-    "max-rl": "maxrl",
-    "vanilla policy gradient": "reinforce",
-    "bradley-terry": "preference",
-    "bradley terry": "preference",
-    "bt": "preference",
-    "reward model": "preference",
-    "reward modelling": "preference",
-    "reward modeling": "preference",
-    "preference rm": "preference",
-    "preference_rm": "preference",
-    "preference reward model": "preference",
-    "outcome reward model": "orm",
-    "process reward model": "prm",
-    "best-of-n": "top_per_prompt",
-    "best of n": "top_per_prompt",
-    "bon": "top_per_prompt",
-    "rejection sampling": "top_per_prompt",
-    "top per prompt": "top_per_prompt",
-    "top-k overall": "top_k_overall",
-    "top k overall": "top_k_overall",
-    "random per prompt": "random_per_prompt",
-    "random k overall": "random_k_overall",
-    "random-k overall": "random_k_overall",
-    "dpo-norm": "dpo_norm",
-    "dpo norm": "dpo_norm",
-    "length-normalized dpo": "dpo_norm",
-    "length-normalised dpo": "dpo_norm",
-    "c-dpo": "cdpo",
-    "conservative dpo": "cdpo",
-    "apo-zero": "apo_zero",
-    "apo zero": "apo_zero",
-    "apo-down": "apo_down",
-    "apo down": "apo_down",
-    "direct preference optimization": "dpo",
-    "identity preference optimization": "ipo",
-    "simple preference optimization": "simpo",
-    "odds ratio preference optimization": "orpo",
-    "odds-ratio preference optimization": "orpo",
-    "kahneman-tversky optimization": "kto",
-    "proximal policy optimization": "ppo",
-    "group relative policy optimization": "grpo",
-    "instruction tuning": "sft",
-    "supervised fine-tuning": "sft",
-    "supervised finetuning": "sft",
-    "supervised fine tuning": "sft",
+    re.sub(r"\s+", " ", alias.strip().lower()): spec.name
+    for spec in all_specs()
+    for alias in spec.aliases
 }
 
 _YAML_SUFFIXES = (".yaml", ".yml")
@@ -360,17 +108,6 @@ def source_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def family_info(family: str) -> FamilyInfo:
-    try:
-        return FAMILIES[family]
-    except KeyError:
-        close = difflib.get_close_matches(str(family), list(FAMILIES), n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise LabError(
-            f"unknown family {family!r}.{hint} Families: {', '.join(FAMILIES)}"
-        ) from None
-
-
 def all_algorithms() -> dict[str, str]:
     """Algorithm name -> family, for every registered family."""
     return {algo: fam.name for fam in FAMILIES.values() for algo in fam.algorithms}
@@ -379,7 +116,10 @@ def all_algorithms() -> dict[str, str]:
 def algorithm_family(algorithm: str) -> str:
     family = all_algorithms().get(algorithm)
     if family is None:
-        raise LabError(_unknown_algorithm_message(algorithm))
+        raise NotFound(
+            _unknown_algorithm_message(algorithm),
+            next=NextStep("list_recipes", note="lists every algorithm by family"),
+        )
     return family
 
 
@@ -427,21 +167,109 @@ def _unknown_algorithm_message(text: str) -> str:
     return f"unknown algorithm {text!r}.{hint} Known algorithms — {by_family}"
 
 
+def algorithm_spec(algorithm: str) -> AlgorithmSpec:
+    """The spec of an algorithm given by name, spelling variant or alias (a lab error when
+    nothing matches)."""
+    canon = normalize_algorithm(algorithm)
+    if canon is None:
+        raise NotFound(
+            _unknown_algorithm_message(algorithm),
+            next=NextStep("list_recipes", note="lists every algorithm by family"),
+        )
+    return spec_for(canon)
+
+
+def _own_spec(family: str, algorithm: str | None) -> AlgorithmSpec | None:
+    """The spec of ``algorithm`` when it names one (None for None or an unknown name)."""
+    if not algorithm:
+        return None
+    canon = normalize_algorithm(algorithm)
+    return spec_for(canon) if canon is not None else None
+
+
 def key_metrics_for(family: str, algorithm: str | None = None) -> list[str]:
+    """The metrics that show progress for ``family`` (and ``algorithm``): the family's key
+    metrics plus the algorithm's own; for a family whose algorithms report different held-out
+    metrics (reward models), the training loss and the algorithm's own only."""
     info = family_info(family)
-    if family == "reward_models" and algorithm in _ALGO_METRICS:
-        metrics = ["loss", *_ALGO_METRICS[algorithm]]
+    own = _own_spec(family, algorithm)
+    own_names = [m.name for m in own.key_metrics if m.key] if own else []
+    replace = family in FAMILY_NAMES and family_spec(family).replace_key_metrics
+    if replace and own is not None and own.family == family and own_names:
+        metrics = ["loss", *own_names]
     else:
-        metrics = list(info.key_metrics) + _ALGO_METRICS.get(algorithm or "", [])
+        metrics = list(info.key_metrics) + own_names
     return list(dict.fromkeys(metrics))
 
 
 def acceptance_for(family: str, algorithm: str | None = None) -> list[str]:
-    return list(family_info(family).acceptance) + _ALGO_ACCEPTANCE.get(algorithm or "", [])
+    """What a good sanity run of ``family`` (and ``algorithm``) shows."""
+    own = _own_spec(family, algorithm)
+    return list(family_info(family).acceptance) + list(own.acceptance if own else ())
 
 
 def watch_for(family: str, algorithm: str | None = None) -> list[str]:
-    return list(family_info(family).watch) + _ALGO_WATCH.get(algorithm or "", [])
+    """What to look at while a run of ``family`` (and ``algorithm``) runs."""
+    own = _own_spec(family, algorithm)
+    return list(family_info(family).watch) + list(own.watch if own else ())
+
+
+def _metric_specs(family: str) -> list[MetricSpec]:
+    """Every metric with a declared direction in ``family``: the family's, then its
+    algorithms'."""
+    spec = family_spec(family)
+    out = list(spec.key_metrics)
+    for algo in spec.algorithms:
+        out.extend(algo.key_metrics)
+    return out
+
+
+def _strip_eval(name: str) -> str:
+    return name[len(EVAL_PREFIX) :] if name.startswith(EVAL_PREFIX) else name
+
+
+def _declared(name: str, family: str) -> tuple[bool, Literal["max", "min"] | None]:
+    """(declared?, direction) of a metric (training name or its ``eval/`` twin) in a family."""
+    base = _strip_eval(name)
+    for metric in _metric_specs(family):
+        if _strip_eval(metric.name) == base:
+            return True, metric.direction
+    return False, None
+
+
+def metric_direction(name: str, family: str | None = None) -> Literal["max", "min"] | None:
+    """Which way is better for metric ``name`` (a training metric or its ``eval/`` twin), read
+    from the specs: the family's own declaration first (a policy-gradient loss has none: it
+    hovers near 0 whatever the policy does), else the first family that declares a direction,
+    else "min" for any ``*loss``; None when no direction is clear (e.g. rejected rewards)."""
+    if family in FAMILY_NAMES:
+        found, direction = _declared(name, family)
+        if found:
+            return direction
+    for other in FAMILY_NAMES:
+        found, direction = _declared(name, other)
+        if found and direction is not None:
+            return direction
+    return "min" if _strip_eval(name).endswith("loss") else None
+
+
+def matched_controls() -> dict[str, str]:
+    """Each algorithm judged against a control -> that control (rejection sampling's
+    reward-selected strategies -> their random strategy of the same selection size)."""
+    return {
+        spec.name: spec.matched_control
+        for spec in all_specs()
+        if spec.matched_control and not spec.is_control
+    }
+
+
+def headline_metric(family_or_algorithm: str) -> str:
+    """The held-out metric that says whether a run worked, for a family or an algorithm (name
+    or alias): the algorithm's own when it declares one, else its family's."""
+    if family_or_algorithm in FAMILY_NAMES:
+        return family_spec(family_or_algorithm).headline_metric
+    spec = algorithm_spec(family_or_algorithm)
+    return spec.headline_metric or family_spec(spec.family).headline_metric
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,15 +307,15 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
     try:
         text = path.read_text()
     except OSError as err:
-        raise LabError(f"cannot read config {path}: {err}") from None
+        raise NotFound(f"cannot read config {path}: {err}") from None
     try:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
-        raise LabError(f"{path} is not valid YAML: {err}") from None
+        raise InvalidArgument(f"{path} is not valid YAML: {err}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise LabError(f"{path} must hold a mapping at the top level")
+        raise InvalidArgument(f"{path} must hold a mapping at the top level")
     return data, _first_comment(text)
 
 
@@ -620,15 +448,13 @@ def infer_family(path: Path, data: dict[str, Any] | None = None) -> str:
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        # No algorithm key: a family whose model validates the file (lazy import, torch-free).
-        from rlhf_lab.configs import families_accepting
-
+        # No algorithm key: a family whose model validates the file (torch-free models).
         fits = families_accepting(data)
         if len(fits) == 1:
             return fits[0]
         candidates = fits
     choices = ", ".join(candidates) if candidates else ", ".join(FAMILIES)
-    raise LabError(
+    raise InvalidArgument(
         f"cannot tell which family {path} belongs to (candidates: {choices}). Put the file "
         "under trainers/<family>/configs/ or name the algorithm in it (e.g. `loss: dpo`, "
         "`algorithm: grpo`, `kind: preference`)."
@@ -647,8 +473,9 @@ def _is_file(path: str | Path) -> bool:
 def recipe_for_file(path: str | Path) -> Recipe:
     """A recipe for any YAML file: the shipped one when the path is a shipped recipe."""
     if not _is_file(path):
-        raise LabError(
-            f"config file not found: {path}. Pass an existing YAML file or a recipe name"
+        raise NotFound(
+            f"config file not found: {path}. Pass an existing YAML file or a recipe name",
+            next=NextStep("list_recipes"),
         )
     resolved = Path(path).expanduser().resolve()
     for recipe in list_recipes():
@@ -664,9 +491,10 @@ def recipe_for_algorithm(algorithm: str) -> Recipe:
     family = algorithm_family(algorithm)
     matches = [r for r in list_recipes(family) if r.algorithm == algorithm]
     if not matches:
-        raise LabError(
+        raise NotFound(
             f"algorithm {algorithm} belongs to family {family}, which ships no config for it "
-            f"yet (looked in {FAMILIES[family].configs_dir}/). Pass a YAML file instead."
+            f"yet (looked in {FAMILIES[family].configs_dir}/). Pass a YAML file instead.",
+            next=NextStep("list_recipes", {"family": family}),
         )
     named = [r for r in matches if r.name == algorithm]
     if named:
@@ -684,7 +512,10 @@ def find_recipe(name_or_path: str | Path | Recipe) -> Recipe:
     if isinstance(name_or_path, Path):
         return recipe_for_file(name_or_path)
     if not isinstance(name_or_path, str) or not name_or_path.strip():
-        raise LabError("empty recipe name; try one of: " + ", ".join(_recipe_names()))
+        raise InvalidArgument(
+            "empty recipe name; try one of: " + ", ".join(_recipe_names()),
+            next=NextStep("list_recipes"),
+        )
     text = name_or_path.strip()
     recipes = list_recipes()
 
@@ -698,7 +529,7 @@ def find_recipe(name_or_path: str | Path | Recipe) -> Recipe:
     if len(named) == 1:
         return named[0]
     if len(named) > 1:
-        raise LabError(
+        raise InvalidArgument(
             f"recipe name {text!r} is ambiguous: {', '.join(r.id for r in named)}. "
             "Use <family>/<name>."
         )
@@ -709,9 +540,10 @@ def find_recipe(name_or_path: str | Path | Recipe) -> Recipe:
     pool = sorted({r.name for r in recipes} | {r.id for r in recipes} | set(_known_names()))
     close = difflib.get_close_matches(text.lower(), pool, n=4, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise LabError(
+    raise NotFound(
         f"unknown recipe {text!r}.{hint} Recipes: {', '.join(_recipe_names())} "
-        "(or pass a YAML path)."
+        "(or pass a YAML path).",
+        next=NextStep("list_recipes"),
     )
 
 

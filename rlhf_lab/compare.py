@@ -1,4 +1,4 @@
-"""Comparison tables that follow each family's comparison rules (ALGORITHMS.md).
+"""Comparison tables that follow each family's comparison rules (docs/algorithms.md).
 
 - policy gradients: avg_correctness, avg_format, avg_binary and loss (means over the last few
   logged steps, since single rollout steps are noisy), the change of avg_correctness over the run,
@@ -17,11 +17,13 @@ Runs of different families are never put in one table. Torch-free.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import Field
 
+from rlhf_lab.catalog import matched_controls
+from rlhf_lab.errors import Corrupt, InvalidArgument, NextStep
 from rlhf_lab.ledger import (
     ComparisonEntry,
     RunRecord,
@@ -40,6 +42,7 @@ from rlhf_lab.ledger import (
 )
 from rlhf_lab.paths import LabError
 from rlhf_lab.plots import as_float
+from trainers.core.spec import family_spec
 
 __all__ = [
     "PG_WINDOW",
@@ -49,47 +52,30 @@ __all__ = [
     "compare_runs",
 ]
 
-RS_PAIRS: dict[str, str] = {
-    "top_per_prompt": "random_per_prompt",
-    "top_k_overall": "random_k_overall",
-}
-RS_SCORE_KEYS: tuple[str, ...] = (
-    "eval/exact_match",
-    "eval/accuracy",
-    "eval/test_accuracy",
-    "test_accuracy",
-)
+
+def _columns(family: str) -> tuple[str, ...]:
+    """The comparison columns the family's spec declares."""
+    return family_spec(family).comparison_columns
+
+
+def _eval_twins_of_rising_metrics(family: str) -> tuple[str, ...]:
+    """``eval/`` twins of the family's training key metrics that should rise."""
+    return tuple(
+        f"eval/{m.name}"
+        for m in family_spec(family).key_metrics
+        if m.key and m.higher_is_better and not m.name.startswith("eval/")
+    )
+
+
+# Each reward-selected strategy -> its matched random control (from the specs).
+RS_PAIRS: dict[str, str] = matched_controls()
+RS_SCORE_KEYS: tuple[str, ...] = _columns("rejection_sampling")
 PG_WINDOW = 5
-PG_COLUMNS: tuple[str, ...] = (
-    "avg_correctness",
-    "avg_format",
-    "avg_binary",
-    "loss",
-    "reward_contrast",
-    "avg_correctness_change",
-)
-PG_EVAL_COLUMNS: tuple[str, ...] = ("eval/avg_correctness", "eval/avg_format", "eval/avg_binary")
-DA_COLUMNS: tuple[str, ...] = (
-    "eval/accuracy",
-    "eval/margins",
-    "eval/chosen_rewards",
-    "eval/rejected_rewards",
-)
-RM_COLUMNS: tuple[str, ...] = (
-    "eval/accuracy",
-    "eval/reward_margin",
-    "eval/auroc",
-    "eval/ranking_accuracy",
-    "eval/step_accuracy",
-    "eval/majority_baseline",
-    "step_accuracy_over_baseline",
-)
-SFT_COLUMNS: tuple[str, ...] = (
-    "eval/loss",
-    "eval/mean_token_accuracy",
-    "loss",
-    "mean_token_accuracy",
-)
+PG_COLUMNS: tuple[str, ...] = _columns("policy_gradients")
+PG_EVAL_COLUMNS: tuple[str, ...] = _eval_twins_of_rising_metrics("policy_gradients")
+DA_COLUMNS: tuple[str, ...] = _columns("direct_alignment")
+RM_COLUMNS: tuple[str, ...] = _columns("reward_models")
+SFT_COLUMNS: tuple[str, ...] = _columns("sft")
 _HEADERS = {
     "reward_contrast": "reward contrast (1 − frac_reward_zero_std)",
     "avg_correctness_change": "Δ avg_correctness",
@@ -362,6 +348,18 @@ def _rejection_sampling(records: list[RunRecord], notes: list[str], warnings: li
     return ["exact_match"], rows
 
 
+_FamilyRule = Callable[[list[RunRecord], list[str], list[str]], _Rules]
+
+# One comparison rule per family (each family's spec states the rule in words).
+_FAMILY_RULES: dict[str, _FamilyRule] = {
+    "policy_gradients": lambda records, notes, warnings: _policy_gradients(records, notes),
+    "direct_alignment": lambda records, notes, warnings: _direct_alignment(records, notes),
+    "reward_models": lambda records, notes, warnings: _reward_models(records, notes),
+    "sft": lambda records, notes, warnings: _sft(records, notes),
+    "rejection_sampling": _rejection_sampling,
+}
+
+
 def _row(rec: RunRecord, values: dict[str, float | None]) -> ComparisonRow:
     return ComparisonRow(
         run_id=rec.run_id,
@@ -447,7 +445,9 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
         run_ids = [run_ids]
     ids = list(dict.fromkeys(run_ids))
     if not ids:
-        raise LabError("compare needs at least one run id (list runs with `rlhf-lab runs`)")
+        raise InvalidArgument(
+            "compare needs at least one run id", next=NextStep("list_runs", note="shows run ids")
+        )
     for run_id in ids:
         check_run_id(run_id)
     campaign = resolve_campaign(record_in) if record_in is not None else None
@@ -455,18 +455,20 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
 
     unknown = [r.run_id for r in records if not r.family]
     if unknown:
-        raise LabError(
-            f"cannot tell the family of {', '.join(unknown)}: run.json is missing or unreadable "
-            "(see `rlhf-lab record <run-id>` warnings); a comparison needs each run's family"
+        raise Corrupt(
+            f"cannot tell the family of {', '.join(unknown)}: run.json is missing or unreadable; "
+            "a comparison needs each run's family",
+            next=[NextStep("run_status", {"run_id": run_id}) for run_id in unknown],
         )
     families: dict[str, list[str]] = {}
     for r in records:
         families.setdefault(r.family or "", []).append(r.run_id)
     if len(families) > 1:
         parts = "; ".join(f"{fam}: {', '.join(ids_)}" for fam, ids_ in families.items())
-        raise LabError(
+        raise InvalidArgument(
             f"cannot compare runs of different families ({parts}); each family has its own "
-            "comparison rules, so compare the runs of one family at a time"
+            "comparison rules, so compare the runs of one family at a time",
+            next=[NextStep("compare_runs", {"run_ids": ids_}) for ids_ in families.values()],
         )
     family = next(iter(families))
     notes: list[str] = []
@@ -474,18 +476,10 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
     for r in records:
         if r.state != "succeeded":
             notes.append(f"{r.run_id} ({r.state}): its numbers are from where it stopped.")
-    if family == "policy_gradients":
-        columns, rows = _policy_gradients(records, notes)
-    elif family == "direct_alignment":
-        columns, rows = _direct_alignment(records, notes)
-    elif family == "reward_models":
-        columns, rows = _reward_models(records, notes)
-    elif family == "sft":
-        columns, rows = _sft(records, notes)
-    elif family == "rejection_sampling":
-        columns, rows = _rejection_sampling(records, notes, warnings)
-    else:
-        raise LabError(f"no comparison rules for family {family!r}")
+    rules = _FAMILY_RULES.get(family)
+    if rules is None:
+        raise InvalidArgument(f"no comparison rules for family {family!r}")
+    columns, rows = rules(records, notes, warnings)
 
     table = _render_table(family, columns, rows)
     parts = [table]

@@ -9,8 +9,6 @@ the trainer's own :class:`ConfigError` message (the same text the trainer would 
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +16,20 @@ import yaml
 from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import (
-    FAMILIES,
     Recipe,
     family_info,
     find_recipe,
     get_dotted,
     list_recipes,
 )
+from rlhf_lab.config_models import config_model, dump, families_accepting, validate_data
+from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.paths import LabError
 from trainers.core.config import (
     ConfigError,
     apply_overrides,
     config_diff,
     read_yaml,
-    validate_config,
 )
 
 __all__ = [
@@ -70,90 +68,6 @@ class ResolvedConfig(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Config models (lazy imports)
-# ---------------------------------------------------------------------------------------------
-
-
-def _module_missing(err: ModuleNotFoundError, module: str) -> bool:
-    name = err.name or ""
-    return bool(name) and (module == name or module.startswith(name + "."))
-
-
-def _pick_class(module, info) -> type[BaseModel] | None:
-    """The config model of a module whose class is not named as the registry expects: the
-    top-level pydantic model defined there (the one no other model uses as a section)."""
-    models = [
-        obj
-        for _, obj in inspect.getmembers(module, inspect.isclass)
-        if issubclass(obj, BaseModel) and obj.__module__ == module.__name__
-    ]
-    if info.algorithm_field:
-        top_key = info.algorithm_field.split(".")[0]
-        with_field = [m for m in models if top_key in m.model_fields]
-        if with_field:
-            models = with_field
-    used = {
-        field.annotation
-        for m in models
-        for field in m.model_fields.values()
-        if isinstance(field.annotation, type)
-    }
-    top = [m for m in models if m not in used and "model" in m.model_fields]
-    return top[0] if len(top) == 1 else None
-
-
-def config_model(family: str) -> type[BaseModel]:
-    """The family's pydantic config class (imported on first use)."""
-    info = family_info(family)
-    try:
-        module = importlib.import_module(info.config_module)
-    except ModuleNotFoundError as err:
-        if _module_missing(err, info.config_module):
-            raise LabError(
-                f"family {family} has no config model yet: {info.config_module} does not exist "
-                "in this checkout, so its configs cannot be validated or shrunk."
-            ) from None
-        raise LabError(f"cannot import {info.config_module}: {err}") from None
-    except Exception as err:  # a broken module must not take the lab down
-        raise LabError(f"cannot import {info.config_module}: {type(err).__name__}: {err}") from None
-    cls = getattr(module, info.config_class, None)
-    if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
-        cls = _pick_class(module, info)
-    if cls is None:
-        raise LabError(
-            f"{info.config_module} defines no config model named {info.config_class} (and no "
-            "single top-level pydantic model to use instead)"
-        )
-    return cls
-
-
-def validate_data(family: str, data: dict[str, Any], source: str = "config") -> BaseModel:
-    """Validate ``data`` with the family's model; a bad config raises LabError (same message
-    as the trainer's ConfigError)."""
-    model = config_model(family)
-    try:
-        return validate_config(data, model, source=source)
-    except ConfigError as err:
-        raise LabError(str(err)) from None
-
-
-def dump(cfg: BaseModel) -> dict[str, Any]:
-    return cfg.model_dump(mode="json")
-
-
-def families_accepting(data: dict[str, Any]) -> list[str]:
-    """Families whose config model (when importable) validates ``data``."""
-    out = []
-    for family in FAMILIES:
-        try:
-            validate_data(family, data)
-        except LabError:
-            continue
-        out.append(family)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # Resolving
 # ---------------------------------------------------------------------------------------------
 
@@ -162,7 +76,7 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     try:
         return read_yaml(path)
     except ConfigError as err:
-        raise LabError(str(err)) from None
+        raise InvalidArgument(str(err)) from None
 
 
 def shipped_default(recipe: Recipe) -> tuple[dict[str, Any], str]:
@@ -197,7 +111,7 @@ def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     try:
         return apply_overrides(data, overrides)
     except ConfigError as err:
-        raise LabError(str(err)) from None
+        raise InvalidArgument(str(err)) from None
 
 
 def resolve_config(

@@ -26,10 +26,12 @@ from rlhf_lab.catalog import (
     find_recipe,
     key_metrics_for,
     list_recipes,
+    matched_controls,
     normalize_algorithm,
     recipe_for_algorithm,
     watch_for,
 )
+from rlhf_lab.errors import InvalidArgument, NextStep, NotFound
 from rlhf_lab.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
 from rlhf_lab.paths import LabError, campaign_name, check_slug
 from rlhf_lab.resources import Resources, check_resources
@@ -37,8 +39,8 @@ from rlhf_lab.shrink import ShrinkResult, shrink_config
 
 __all__ = ["DeviceFit", "Plan", "PlannedRun", "parse_request", "plan_experiment"]
 
-# Matched random controls of the reward-selected rejection-sampling strategies.
-MATCHED_CONTROL = {"top_per_prompt": "random_per_prompt", "top_k_overall": "random_k_overall"}
+# Matched random controls of the reward-selected rejection-sampling strategies (from the specs).
+MATCHED_CONTROL: dict[str, str] = matched_controls()
 CPU_PARAM_LIMIT = 200_000_000  # above this, a CPU run is too slow to recommend
 _COMPARE_WORDS = re.compile(r"\b(compare|comparison|vs\.?|versus|against)\b")
 
@@ -210,9 +212,10 @@ def _no_algorithm_error(text: str) -> LabError:
             if m not in close:
                 close.append(m)
     hint = f" Did you mean: {', '.join(close[:5])}?" if close else ""
-    return LabError(
+    return InvalidArgument(
         f"no algorithm found in {text!r}.{hint} Name one, e.g. 'dpo sanity check', "
-        f"'compare dpo and ipo', 'grpo on tiny'. Algorithms: {', '.join(all_algorithms())}"
+        f"'compare dpo and ipo', 'grpo on tiny'. Algorithms: {', '.join(all_algorithms())}",
+        next=NextStep("list_recipes", note="lists every algorithm by family"),
     )
 
 
@@ -233,8 +236,9 @@ def _recipe_from_algorithm_arg(algorithm: str) -> Recipe:
         pass
     close = close_algorithm_matches(algorithm)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise LabError(
-        f"unknown algorithm {algorithm!r}.{hint} Algorithms: {', '.join(all_algorithms())}"
+    raise NotFound(
+        f"unknown algorithm {algorithm!r}.{hint} Algorithms: {', '.join(all_algorithms())}",
+        next=NextStep("list_recipes", note="lists every algorithm by family"),
     )
 
 
@@ -440,7 +444,10 @@ def plan_experiment(
     comparison); ``overrides`` are extra ``--set`` items applied after the shrink rules.
     """
     if not request and not algorithm:
-        raise LabError("say what to run: a request ('dpo sanity check') or an algorithm")
+        raise InvalidArgument(
+            "say what to run: a request ('dpo sanity check') or an algorithm",
+            next=NextStep("list_recipes", note="lists the algorithms that can be planned"),
+        )
     parsed = (
         parse_request(request) if request else ParsedRequest(targets=[], model=None, compare=False)
     )

@@ -33,8 +33,10 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import Recipe, family_info, find_recipe, get_dotted
 from rlhf_lab.configs import ConfigChange, config_model, resolve_config
+from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.paths import LabError
 from trainers.core.config import parse_override
+from trainers.core.spec import spec_for
 
 __all__ = [
     "ShrinkResult",
@@ -296,6 +298,16 @@ def _rejection_sampling(r: _Rules, algorithm: str, preset: bool, notes: list[str
     _common_quiet(r, big_model=not preset)
 
 
+def _shrink_hook(family: str, algorithm: str) -> str:
+    """The shrink rule set of ``algorithm`` as its spec names it (the family's by default)."""
+    try:
+        spec = spec_for(algorithm)
+    except KeyError:
+        return family
+    return spec.shrink_key if spec.family == family else family
+
+
+# Shrink rule sets by the specs' shrink hook (each family's spec names its own by default).
 _RULES = {
     "direct_alignment": _direct_alignment,
     "sft": _sft,
@@ -465,18 +477,28 @@ def shrink_config(
         _swap_model(rules, model, preset)
     elif preset:  # model.name=<preset> came with --set: treat it as the swap
         _swap_model(rules, swap, preset=True)
-    family_rules = _RULES.get(recipe.family)
+    hook = _shrink_hook(recipe.family, base.algorithm)
+    family_rules = _RULES.get(hook)
     if family_rules is None:
-        raise LabError(f"no shrink rules for family {recipe.family}")
+        raise Unavailable(
+            f"no shrink rules for family {recipe.family}",
+            next=NextStep("launch_run", {"recipe": recipe.id}, note="without shrinking"),
+        )
     family_rules(rules, base.algorithm, preset, notes)
     shrink = rules.overrides()
 
     try:
         final = resolve_config(recipe, shrink + user)
     except LabError as err:
-        raise LabError(
-            f"the shrunk {recipe.id} config does not validate: {err}\n(shrink overrides: "
-            f"{' '.join(shrink) or 'none'}; yours: {' '.join(user) or 'none'}). Adjust with --set."
+        raise InvalidArgument(
+            f"the shrunk {recipe.id} config does not validate: {err.message}\n(shrink "
+            f"overrides: {' '.join(shrink) or 'none'}; yours: {' '.join(user) or 'none'}). "
+            "Adjust the overrides.",
+            next=NextStep(
+                "shrink_config",
+                {"recipe": recipe.id, "overrides": user},
+                note="with overrides that fix the values named above",
+            ),
         ) from None
     steps = estimate_steps(recipe.family, final.data)
     name = get_dotted(final.data, "model.name")

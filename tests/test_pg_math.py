@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from trainers.core.spec import spec_for
 from trainers.core.tasks import TASK_CONFIGS, format_response, import_reasoning_gym
 from trainers.policy_gradients import rewards as rewards_mod
 from trainers.policy_gradients.advantages import (
@@ -40,6 +41,7 @@ from trainers.policy_gradients.advantages import (
     maxrl_advantages,
     reinforce_advantages,
     rloo_advantages,
+    sequence_advantage_for,
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.losses import (
@@ -141,14 +143,19 @@ class TestAdvantages:
         assert all(math.isfinite(x) for x in a)
 
     def test_dispatch_table(self):
-        assert set(ADVANTAGES) == set(ALGOS) - {"ppo"}
+        # Every algorithm but PPO (token-level GAE) resolves to a sequence estimator by its spec.
+        for algo in set(ALGOS) - {"ppo"}:
+            assert sequence_advantage_for(algo) is ADVANTAGES[spec_for(algo).advantage]
+        with pytest.raises(KeyError):
+            sequence_advantage_for("ppo")
+        adv = sequence_advantage_for
         rewards = {"total": t(R), "binary": t([1, 0, 0, 0, 1, 1, 1, 1])}
         for algo in ("grpo", "gspo", "cispo", "sapo", "dapo"):
-            assert torch.equal(ADVANTAGES[algo](rewards, 4), grpo_advantages(t(R), 4))
-        assert torch.equal(ADVANTAGES["rloo"](rewards, 4), rloo_advantages(t(R), 4))
-        assert torch.equal(ADVANTAGES["drgrpo"](rewards, 4), drgrpo_advantages(t(R), 4))
-        assert torch.equal(ADVANTAGES["reinforce"](rewards, 4), t(R))
-        assert ADVANTAGES["maxrl"](rewards, 4).tolist() == approx_list([3, -1, -1, -1, 0, 0, 0, 0])
+            assert torch.equal(adv(algo)(rewards, 4), grpo_advantages(t(R), 4))
+        assert torch.equal(adv("rloo")(rewards, 4), rloo_advantages(t(R), 4))
+        assert torch.equal(adv("drgrpo")(rewards, 4), drgrpo_advantages(t(R), 4))
+        assert torch.equal(adv("reinforce")(rewards, 4), t(R))
+        assert adv("maxrl")(rewards, 4).tolist() == approx_list([3, -1, -1, -1, 0, 0, 0, 0])
 
     def test_frac_zero_std(self):
         assert frac_zero_std(t(R + [2.0, 2.0, 2.0, 2.0]), 4) == pytest.approx(2 / 3)

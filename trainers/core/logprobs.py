@@ -34,28 +34,67 @@ def selective_log_softmax(
     return torch.cat(pieces, dim=1)
 
 
-def _head_chunk_logps(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor
-) -> Tensor:
-    return _chunk_logps(F.linear(hidden, weight, bias), labels)
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the next-token distribution at each position, detached (a metric):
+    logsumexp(z) − Σ softmax(z)·z, on float32 logits."""
+    with torch.no_grad():
+        lf = logits.float()
+        return torch.logsumexp(lf, dim=-1) - (torch.softmax(lf, dim=-1) * lf).sum(-1)
+
+
+def _head_chunk_stats(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """One chunk through the LM head: label log-probs and, when asked, the entropy computed from
+    the same float32 logits (no gradient)."""
+    logits = F.linear(hidden, weight, bias).float()
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, None
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def hidden_to_token_stats(
+    hidden: Tensor,
+    lm_head: torch.nn.Linear,
+    labels: Tensor,
+    chunk_size: int = DEFAULT_CHUNK,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Apply ``lm_head`` chunk by chunk: label log-probs (B, T) float32 and, with
+    ``with_entropy``, the detached entropy (B, T) (else None). With gradients enabled each chunk
+    is recomputed in backward, so only the hidden states are kept alive."""
+    logps: list[Tensor] = []
+    entropies: list[Tensor | None] = []
+    for s in range(0, hidden.shape[1], chunk_size):
+        h, y = hidden[:, s : s + chunk_size], labels[:, s : s + chunk_size]
+        if torch.is_grad_enabled() and (h.requires_grad or lm_head.weight.requires_grad):
+            lp, ent = checkpoint(
+                _head_chunk_stats,
+                h,
+                lm_head.weight,
+                lm_head.bias,
+                y,
+                with_entropy,
+                use_reentrant=False,
+            )
+        else:
+            lp, ent = _head_chunk_stats(h, lm_head.weight, lm_head.bias, y, with_entropy)
+        logps.append(lp)
+        entropies.append(ent)
+    entropy = torch.cat(entropies, dim=1) if with_entropy else None  # type: ignore[arg-type]
+    return torch.cat(logps, dim=1), entropy
 
 
 def hidden_to_logps(
     hidden: Tensor, lm_head: torch.nn.Linear, labels: Tensor, chunk_size: int = DEFAULT_CHUNK
 ) -> Tensor:
-    """Apply ``lm_head`` chunk by chunk and gather label log-probs. With gradients enabled each
-    chunk is recomputed in backward, so only the hidden states are kept alive."""
-    pieces = []
-    for s in range(0, hidden.shape[1], chunk_size):
-        h, y = hidden[:, s : s + chunk_size], labels[:, s : s + chunk_size]
-        if torch.is_grad_enabled() and (h.requires_grad or lm_head.weight.requires_grad):
-            out = checkpoint(
-                _head_chunk_logps, h, lm_head.weight, lm_head.bias, y, use_reentrant=False
-            )
-        else:
-            out = _head_chunk_logps(h, lm_head.weight, lm_head.bias, y)
-        pieces.append(out)
-    return torch.cat(pieces, dim=1)
+    """Label log-probs through ``lm_head`` chunk by chunk (:func:`hidden_to_token_stats`
+    without the entropy)."""
+    return hidden_to_token_stats(hidden, lm_head, labels, chunk_size)[0]
 
 
 def completion_logps(

@@ -13,26 +13,22 @@ from trainers.core.config import (
     OptimSection,
     StrictModel,
 )
+from trainers.direct_alignment.spec import BUILTIN_DATASET as DA_BUILTIN
+from trainers.direct_alignment.spec import FAMILY as DA_FAMILY
 
-LossName = Literal["dpo", "cdpo", "dpo_norm", "ipo", "simpo", "orpo", "kto", "apo_zero", "apo_down"]
-LOSS_NAMES: tuple[str, ...] = LossName.__args__
+LOSS_NAMES: tuple[str, ...] = DA_FAMILY.algorithm_names
+LossName = Literal[LOSS_NAMES]  # type: ignore[valid-type]  # the spec's names
 
-# β when the config leaves it unset (ALGORITHMS.md). For ORPO β plays the paper's λ.
+# Derived from the specs (trainers/direct_alignment/spec.py); kept for callers that import it.
 DEFAULT_BETA: dict[str, float] = {
-    "dpo": 0.1,
-    "cdpo": 0.1,
-    "dpo_norm": 2.0,
-    "ipo": 0.1,
-    "simpo": 2.0,
-    "orpo": 0.1,
-    "kto": 0.1,
-    "apo_zero": 0.1,
-    "apo_down": 0.1,
+    a.name: a.default_beta for a in DA_FAMILY.algorithms if a.default_beta is not None
 }
-# Losses whose objective needs no reference model (nothing is loaded or cached for them).
-REFERENCE_FREE: frozenset[str] = frozenset({"simpo", "orpo"})
+# Derived from the specs; kept for callers that import it.
+REFERENCE_FREE: frozenset[str] = frozenset(
+    a.name for a in DA_FAMILY.algorithms if not a.needs_reference
+)
 
-BUILTIN_DATASET = "builtin:reasoning-preferences"  # data.py re-exports it
+BUILTIN_DATASET = DA_BUILTIN  # data.py re-exports it
 
 
 class DataSection(StrictModel):
@@ -83,7 +79,7 @@ class DirectAlignmentConfig(StrictModel):
     def _default_beta(cls, data):
         """Fill β from the loss so config.yaml always records the value used."""
         if isinstance(data, dict) and data.get("beta") is None:
-            loss = data.get("loss", "dpo")
+            loss = data.get("loss", DA_FAMILY.default_algorithm)
             if loss in DEFAULT_BETA:
                 data = {**data, "beta": DEFAULT_BETA[loss]}
         return data
@@ -103,4 +99,5 @@ class DirectAlignmentConfig(StrictModel):
 
     @property
     def needs_reference(self) -> bool:
-        return self.loss not in REFERENCE_FREE
+        """Whether the loss's spec needs a frozen reference model."""
+        return DA_FAMILY.algorithm(self.loss).needs_reference

@@ -9,7 +9,7 @@ where ``loss`` is the batch mean of the per-pair (per-example for KTO) loss and 
 names to detached 0-dim tensors. No model code lives here, so each function can be read next to
 its paper and tested on hand-made numbers.
 
-Notation (see the "Direct alignment" section of ALGORITHMS.md):
+Notation (see the "Direct alignment" section of docs/algorithms.md):
 
 * ``logπ(y)`` is the SUM of the policy's token log-probs over a response; the average
   log-prob is ``p̄ = logπ(y) / |y|``.
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainers.direct_alignment.config import DEFAULT_BETA, REFERENCE_FREE  # noqa: F401
+from trainers.direct_alignment.spec import FAMILY as DA_FAMILY
 
 Metrics = dict[str, Tensor]
 
@@ -348,8 +349,18 @@ LOSSES: dict[str, LossFn] = {
     "apo_down": apo_down_loss,
 }
 
-# β defaults and the reference-free set live in the torch-free config module (the lab reads them).
-NEEDS_REFERENCE: frozenset[str] = frozenset(LOSSES) - REFERENCE_FREE
+"""Loss functions by name; each algorithm's spec (``trainers/direct_alignment/spec.py``) names
+the one it uses, with its default β and whether it needs a reference model."""
+
+# Derived from the specs; kept for callers that import it.
+NEEDS_REFERENCE: frozenset[str] = frozenset(
+    a.name for a in DA_FAMILY.algorithms if a.needs_reference
+)
+
+
+def loss_for(algorithm: str) -> LossFn:
+    """The loss function ``algorithm``'s spec names."""
+    return LOSSES[DA_FAMILY.algorithm(algorithm).loss]
 
 
 def uses_average_logps(name: str, params: LossParams | None = None) -> bool:

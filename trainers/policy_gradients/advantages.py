@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
+
 
 def _grouped(r: Tensor, G: int, min_G: int = 1) -> Tensor:
     """View ``r`` (N,) as (N/G, G), checking the shapes."""
@@ -91,19 +93,24 @@ def _maxrl(rewards: dict[str, Tensor], G: int) -> Tensor:
     return maxrl_advantages(rewards["binary"], G)
 
 
-ADVANTAGES: dict[str, Callable[[dict[str, Tensor], int], Tensor]] = {
+AdvantageFn = Callable[[dict[str, Tensor], int], Tensor]
+
+ADVANTAGES: dict[str, AdvantageFn] = {
     "reinforce": _on_total(reinforce_advantages),
     "rloo": _on_total(rloo_advantages),
     "grpo": _on_total(grpo_advantages),
     "drgrpo": _on_total(drgrpo_advantages),
-    "gspo": _on_total(grpo_advantages),
-    "cispo": _on_total(grpo_advantages),
-    "sapo": _on_total(grpo_advantages),
-    "dapo": _on_total(grpo_advantages),
     "maxrl": _maxrl,
 }
-"""Sequence advantage per algorithm from the rewards dict (keys total, correctness, format,
-penalty, binary) and G. PPO is absent: it uses :func:`gae` on a learned value model."""
+"""Sequence advantage estimators by name, from the rewards dict (keys total, correctness, format,
+penalty, binary) and G; an algorithm's spec names the one it uses (GSPO, CISPO, SAPO and DAPO
+use ``grpo``)."""
+
+
+def sequence_advantage_for(algorithm: str) -> AdvantageFn:
+    """The sequence advantage estimator ``algorithm``'s spec names (KeyError for PPO, whose
+    advantage is token-level)."""
+    return ADVANTAGES[PG_FAMILY.algorithm(algorithm).advantage or ""]
 
 
 def frac_zero_std(r: Tensor, G: int) -> float:
@@ -154,3 +161,8 @@ def gae(
         running = (delta + gamma * lam * m_next * running) * m[:, t]
         adv[:, t] = running
     return adv, (adv + v) * m
+
+
+TOKEN_ADVANTAGES: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {"gae": gae}
+"""Token-level estimators on a learned value model, by name (PPO's spec names ``gae``): each
+returns (advantages, returns) per token."""

@@ -1,8 +1,8 @@
 """Policy-gradient config (torch-free; the lab validates with it).
 
 One config model serves all ten algorithms; ``algorithm`` picks the advantage estimator, the
-per-token loss, where the KL term goes and the default loss aggregation (ALGORITHMS.md, "Policy
-gradients"). Fields left at ``None`` mean "the algorithm's default" and are filled in at
+per-token loss, where the KL term goes and the default loss aggregation, as the algorithm's spec
+in ``spec.py`` declares them (docs/algorithms.md, "Policy gradients"). Fields left at ``None`` mean "the algorithm's default" and are filled in at
 validation time, so the run directory's ``config.yaml`` always records the values used.
 
 Units: ``train.max_steps`` counts *rollout steps* (sample prompts -> generate -> score -> update);
@@ -24,57 +24,29 @@ from trainers.core.config import (
     OptimSection,
     StrictModel,
 )
+from trainers.core.spec import AlgorithmSpec
+from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
-Algorithm = Literal[
-    "reinforce", "rloo", "ppo", "grpo", "drgrpo", "gspo", "cispo", "sapo", "dapo", "maxrl"
-]
-ALGORITHMS: tuple[str, ...] = Algorithm.__args__
+ALGORITHMS: tuple[str, ...] = PG_FAMILY.algorithm_names
+Algorithm = Literal[ALGORITHMS]  # type: ignore[valid-type]  # the spec's names
 
 LossAgg = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
 
-# Advantages computed within a prompt's group of rollouts: they need at least two rollouts.
-GROUP_ALGORITHMS: frozenset[str] = frozenset(
-    {"rloo", "grpo", "drgrpo", "gspo", "cispo", "sapo", "dapo", "maxrl"}
-)
-# Where β·KL(π‖π_ref) goes. DAPO and MaxRL have no KL term at all (as in the book's code).
-KL_IN_LOSS: frozenset[str] = frozenset({"grpo", "drgrpo", "gspo", "cispo", "sapo"})
-KL_IN_REWARD: frozenset[str] = frozenset({"reinforce", "rloo", "ppo"})
-KL_IGNORED: frozenset[str] = frozenset({"dapo", "maxrl"})
-# Losses built on the ratio π/π_old (they need the rollout-time log-probs).
-RATIO_ALGORITHMS: frozenset[str] = frozenset(
-    {"ppo", "grpo", "drgrpo", "gspo", "cispo", "sapo", "dapo"}
-)
+# What each algorithm needs (groups, KL placement, ratio, defaults) is declared once in
+# trainers/policy_gradients/spec.py; the names below are views of it.
+# Derived from the specs; kept for train.py until the loop refactor lands.
+KL_IN_LOSS: frozenset[str] = frozenset(a.name for a in PG_FAMILY.algorithms if a.kl == "loss")
+# Derived from the specs; kept for train.py until the loop refactor lands.
+KL_IGNORED: frozenset[str] = frozenset(a.name for a in PG_FAMILY.algorithms if a.kl == "none")
+# Derived from the specs; kept for tests and callers that import it by name.
+GROUP_ALGORITHMS: frozenset[str] = frozenset(a.name for a in PG_FAMILY.algorithms if a.needs_groups)
+# Derived from the specs; kept for tests and callers that import it by name.
+DEFAULT_LOSS_AGG: dict[str, str] = {a.name: a.loss_agg for a in PG_FAMILY.algorithms}
 
-# Mirrors losses.DEFAULT_LOSS_AGG (kept here because this module must not import torch; a test
-# pins the two tables together).
-DEFAULT_LOSS_AGG: dict[str, str] = {
-    "reinforce": "seq_mean_token_mean",
-    "rloo": "seq_mean_token_mean",
-    "ppo": "seq_mean_token_mean",
-    "grpo": "seq_mean_token_mean",
-    "drgrpo": "seq_mean_token_sum_norm",
-    "gspo": "seq_mean_token_mean",
-    "cispo": "token_mean",
-    "sapo": "seq_mean_token_mean",
-    "dapo": "token_mean",
-    "maxrl": "seq_mean_token_mean",
-}
-# (ε_lo, ε_hi) when the config leaves them unset: GSPO's paper values (its ratio is a per-token
-# geometric mean, so it lives much closer to 1); CISPO's weight capped at ρ ≤ 5 with no lower
-# bound, which is TRL's / ScaleRL's epsilon_high = 5 and MiniMax-M1's "no lower bound" in our
-# clip(ρ, 1 − ε_lo, 1 + ε_hi) form (the book's cispo.yaml used 0.2/0.4); DAPO's clip-higher.
-DEFAULT_CLIP_EPS: dict[str, tuple[float, float]] = {
-    "ppo": (0.2, 0.2),
-    "grpo": (0.2, 0.2),
-    "drgrpo": (0.2, 0.2),
-    "gspo": (3e-4, 4e-4),
-    "cispo": (1.0, 4.0),
-    "sapo": (0.2, 0.2),
-    "dapo": (0.2, 0.28),
-    "reinforce": (0.2, 0.2),
-    "rloo": (0.2, 0.2),
-    "maxrl": (0.2, 0.2),
-}
+
+def algorithm_spec(algorithm: str) -> AlgorithmSpec:
+    """The spec of a policy-gradient algorithm (KeyError for a name the family lacks)."""
+    return PG_FAMILY.algorithm(algorithm)
 
 
 class DatasetSpecSection(StrictModel):
@@ -197,16 +169,17 @@ class PolicyGradientConfig(StrictModel):
         """Fill loss_agg and the clip range from the algorithm so config.yaml records them."""
         if not isinstance(data, dict):
             return data
-        algorithm = data.get("algorithm", "grpo")
+        algorithm = data.get("algorithm", PG_FAMILY.default_algorithm)
         loss = data.get("loss")
         if loss is None:
             loss = {}
-        if not isinstance(loss, dict) or algorithm not in DEFAULT_LOSS_AGG:
+        if not isinstance(loss, dict) or algorithm not in PG_FAMILY.algorithm_names:
             return data  # field validation reports the problem
+        spec = algorithm_spec(algorithm)
         loss = dict(loss)
         if loss.get("loss_agg") is None:
-            loss["loss_agg"] = DEFAULT_LOSS_AGG[algorithm]
-        lo, hi = DEFAULT_CLIP_EPS[algorithm]
+            loss["loss_agg"] = spec.loss_agg
+        lo, hi = spec.clip_eps
         if loss.get("clip_eps_lo") is None:
             loss["clip_eps_lo"] = lo
         if loss.get("clip_eps_hi") is None:
@@ -216,7 +189,7 @@ class PolicyGradientConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self):
         r, t, loss = self.rollout, self.train, self.loss
-        if self.algorithm in GROUP_ALGORITHMS and r.num_rollouts < 2:
+        if self.spec.needs_groups and r.num_rollouts < 2:
             raise ValueError(
                 f"algorithm {self.algorithm} computes advantages within each prompt's group of "
                 f"rollouts and needs rollout.num_rollouts >= 2 (got {r.num_rollouts}); use "
@@ -247,6 +220,11 @@ class PolicyGradientConfig(StrictModel):
 
     # ---- derived facts the loop and the lab share ---------------------------------------------
     @property
+    def spec(self) -> AlgorithmSpec:
+        """The algorithm's spec (advantage and loss names, KL placement, needs)."""
+        return algorithm_spec(self.algorithm)
+
+    @property
     def sequences_per_step(self) -> int:
         return self.rollout.prompts_per_step * self.rollout.num_rollouts
 
@@ -268,13 +246,13 @@ class PolicyGradientConfig(StrictModel):
     @property
     def uses_kl(self) -> bool:
         """β > 0 for an algorithm that has a KL term (the reference model is loaded)."""
-        return self.loss.beta > 0 and self.algorithm not in KL_IGNORED
+        return self.loss.beta > 0 and self.spec.kl != "none"
 
     @property
     def needs_old_logps(self) -> bool:
         """Whether π_old must be computed by an extra forward at rollout time. When the whole
         rollout batch is used in a single optimizer step, π = π_old exactly during the update,
         so the update uses logπ.detach() instead (and losses without a ratio never need it)."""
-        if self.algorithm not in RATIO_ALGORITHMS:
+        if not self.spec.needs_old_logprobs:
             return False
         return self.loss.updates_per_rollout > 1 or self.optimizer_steps_per_update > 1

@@ -6,7 +6,7 @@ completion positions with a float mask) and :class:`PolicyLossParams`, and retur
     (per_token_loss (B, T), stats: dict[str, Tensor (B, T)])
 
 with zeros outside the mask. Reducing the per-token loss to a scalar is :func:`aggregate`'s job,
-so the same loss can be reduced three ways (see ALGORITHMS.md "Loss aggregation"). Stats are
+so the same loss can be reduced three ways (see docs/algorithms.md "Loss aggregation"). Stats are
 detached: ``ratio`` (ρ, or GSPO's sequence ratio s), ``clipped`` (1.0 where a clip changed the
 loss), ``pg_loss`` (the policy term without KL) and ``kl`` (when a reference is given).
 
@@ -26,6 +26,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 Stats = dict[str, Tensor]
 KLKind = Literal["k1", "k2", "k3"]
@@ -248,20 +250,27 @@ def sapo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, 
     return _finish(pg, inp, params, {"ratio": ratio, "clipped": torch.zeros_like(ratio)})
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {
+POLICY_LOSS_FUNCTIONS: dict[str, PolicyLossFn] = {
     "reinforce": reinforce_loss,
-    "rloo": reinforce_loss,
-    "maxrl": reinforce_loss,
-    "ppo": clipped_surrogate_loss,
-    "grpo": clipped_surrogate_loss,
-    "drgrpo": clipped_surrogate_loss,
-    "dapo": clipped_surrogate_loss,
+    "clipped_surrogate": clipped_surrogate_loss,
     "gspo": gspo_loss,
     "cispo": cispo_loss,
     "sapo": sapo_loss,
 }
-"""Per-token policy loss per algorithm. The book's code ignores the KL for DAPO and MaxRL even
-with β > 0; here the loss adds β·KL whenever ``beta > 0 and kl_in_loss`` (the trainer decides)."""
+"""Per-token policy losses by name; an algorithm's spec (``trainers/policy_gradients/spec.py``)
+names the one it uses. The loss adds β·KL whenever ``beta > 0 and kl_in_loss`` (the trainer
+decides from the spec's ``kl``)."""
+
+
+def policy_loss_for(algorithm: str) -> PolicyLossFn:
+    """The per-token loss function of ``algorithm``, as its spec names it."""
+    return POLICY_LOSS_FUNCTIONS[PG_FAMILY.algorithm(algorithm).loss]
+
+
+# Derived from the specs; kept for train.py until the loop refactor lands.
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    a.name: policy_loss_for(a.name) for a in PG_FAMILY.algorithms
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,16 +344,5 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(on, x, torch.zeros_like(x)).sum() / on.float().sum().clamp(min=1.0)
 
 
-DEFAULT_LOSS_AGG: dict[str, str] = {
-    "reinforce": "seq_mean_token_mean",
-    "rloo": "seq_mean_token_mean",
-    "ppo": "seq_mean_token_mean",
-    "grpo": "seq_mean_token_mean",
-    "drgrpo": "seq_mean_token_sum_norm",
-    "gspo": "seq_mean_token_mean",
-    "cispo": "token_mean",
-    "sapo": "seq_mean_token_mean",
-    "dapo": "token_mean",
-    "maxrl": "seq_mean_token_mean",
-}
-"""ALGORITHMS.md's default ``loss_agg`` per algorithm."""
+# Derived from the specs; kept for tests and callers that import it by name.
+DEFAULT_LOSS_AGG: dict[str, str] = {a.name: a.loss_agg for a in PG_FAMILY.algorithms}

@@ -1,5 +1,5 @@
 """Rewards of the policy-gradient family: reasoning-gym correctness, tag format, DAPO's overlong
-penalty, their combinations, and DAPO's dynamic-sampling group filter (ALGORITHMS.md, "Policy
+penalty, their combinations, and DAPO's dynamic-sampling group filter (docs/algorithms.md, "Policy
 gradients")."""
 
 from __future__ import annotations

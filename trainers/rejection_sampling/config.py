@@ -26,17 +26,16 @@ from trainers.core.config import (
     OptimSection,
     StrictModel,
 )
+from trainers.rejection_sampling.spec import FAMILY as RS_FAMILY
 
-Strategy = Literal["top_per_prompt", "top_k_overall", "random_per_prompt", "random_k_overall"]
-STRATEGIES: tuple[str, ...] = Strategy.__args__
+STRATEGIES: tuple[str, ...] = RS_FAMILY.algorithm_names
+Strategy = Literal[STRATEGIES]  # type: ignore[valid-type]  # the spec's names
 
 MATCHED_CONTROL: dict[str, str] = {
-    "top_per_prompt": "random_per_prompt",
-    "top_k_overall": "random_k_overall",
-    "random_per_prompt": "top_per_prompt",
-    "random_k_overall": "top_k_overall",
+    a.name: a.matched_control for a in RS_FAMILY.algorithms if a.matched_control
 }
-"""Each strategy and its partner with the same selection size (reward-selected <-> random)."""
+"""Each strategy and its partner with the same selection size (reward-selected <-> random);
+derived from the specs (trainers/rejection_sampling/spec.py)."""
 
 VERIFIER = "verifier"
 GSM8K = "openai/gsm8k"

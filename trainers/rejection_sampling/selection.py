@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from trainers.rejection_sampling.spec import FAMILY as RS_FAMILY
 
 Pick = tuple[int, int]
 
@@ -70,22 +72,48 @@ def random_k_overall(scores: Sequence[Sequence[float]], k: int, seed: int) -> li
     return random.Random(seed).sample(pool, min(k, len(pool)))
 
 
+def _select_top_per_prompt(scores: Sequence[Sequence[float]], top_k: int, seed: int) -> list[Pick]:
+    return top_per_prompt(scores)
+
+
+def _select_top_k_overall(scores: Sequence[Sequence[float]], top_k: int, seed: int) -> list[Pick]:
+    return top_k_overall(scores, top_k)
+
+
+def _select_random_per_prompt(
+    scores: Sequence[Sequence[float]], top_k: int, seed: int
+) -> list[Pick]:
+    return random_per_prompt(scores, seed)
+
+
+def _select_random_k_overall(
+    scores: Sequence[Sequence[float]], top_k: int, seed: int
+) -> list[Pick]:
+    return random_k_overall(scores, top_k, seed)
+
+
+SelectionFn = Callable[[Sequence[Sequence[float]], int, int], list[Pick]]
+
+SELECTIONS: dict[str, SelectionFn] = {
+    "top_per_prompt": _select_top_per_prompt,
+    "top_k_overall": _select_top_k_overall,
+    "random_per_prompt": _select_random_per_prompt,
+    "random_k_overall": _select_random_k_overall,
+}
+"""Selection rules by name, with one signature (scores, top_k, seed); a strategy's spec
+(``trainers/rejection_sampling/spec.py``) names the one it uses."""
+
+
 def select(
     strategy: str, scores: Sequence[Sequence[float]], *, top_k: int, seed: int
 ) -> list[Pick]:
-    """Dispatch by name; ``top_k`` is used by the two ``*_k_overall`` strategies only."""
-    if strategy == "top_per_prompt":
-        return top_per_prompt(scores)
-    if strategy == "top_k_overall":
-        return top_k_overall(scores, top_k)
-    if strategy == "random_per_prompt":
-        return random_per_prompt(scores, seed)
-    if strategy == "random_k_overall":
-        return random_k_overall(scores, top_k, seed)
-    raise ValueError(
-        f"unknown strategy {strategy!r}; use top_per_prompt, top_k_overall, random_per_prompt "
-        "or random_k_overall"
-    )
+    """Dispatch by the strategy's spec; ``top_k`` is used by the two ``*_k_overall`` strategies
+    only."""
+    names = RS_FAMILY.algorithm_names
+    if strategy not in names:
+        raise ValueError(f"unknown strategy {strategy!r}; use {', '.join(names)}")
+    rule = RS_FAMILY.algorithm(strategy).selection or strategy
+    return SELECTIONS[rule](scores, top_k, seed)
 
 
 def _demo() -> None:

@@ -23,19 +23,20 @@ from trainers.core.config import (
     OptimSection,
     StrictModel,
 )
+from trainers.reward_models import spec as RM_SPEC
+from trainers.reward_models.spec import FAMILY as RM_FAMILY
 
-RMKind = Literal["preference", "orm", "prm"]
-KINDS: tuple[str, ...] = RMKind.__args__
+KINDS: tuple[str, ...] = RM_FAMILY.algorithm_names
+RMKind = Literal[KINDS]  # type: ignore[valid-type]  # the spec's names
 
 # Offline sets generated from reasoning-gym (data.py); the preference one is the direct-alignment
 # family's set, reused as is.
-BUILTIN_PREFERENCES = "builtin:reasoning-preferences"
-BUILTIN_OUTCOMES = "builtin:reasoning-outcomes"
-BUILTIN_STEPS = "builtin:reasoning-steps"
+BUILTIN_PREFERENCES = RM_SPEC.BUILTIN_PREFERENCES
+BUILTIN_OUTCOMES = RM_SPEC.BUILTIN_OUTCOMES
+BUILTIN_STEPS = RM_SPEC.BUILTIN_STEPS
+# Derived from the specs (trainers/reward_models/spec.py); kept for callers that import it.
 BUILTIN_BY_KIND: dict[str, str] = {
-    "preference": BUILTIN_PREFERENCES,
-    "orm": BUILTIN_OUTCOMES,
-    "prm": BUILTIN_STEPS,
+    a.name: a.builtin_dataset for a in RM_FAMILY.algorithms if a.builtin_dataset
 }
 
 # The book's datasets (book-code-inventory §3).
@@ -45,8 +46,8 @@ DEFAULT_DATASETS: dict[str, str] = {
     "prm": "tasksource/PRM800K",
 }
 
-# The name a run is filed under (= the shipped config's file name).
-ALGORITHM_NAMES: dict[str, str] = {"preference": "preference_rm", "orm": "orm", "prm": "prm"}
+# The name a run is filed under (= the shipped config's file name); derived from the specs.
+ALGORITHM_NAMES: dict[str, str] = {a.name: a.run_name or a.name for a in RM_FAMILY.algorithms}
 
 DEFAULT_STEP_SEPARATOR = "\n<step>\n"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -259,3 +259,12 @@ def first_error_accuracy(
         got = first_error_index([p for p, _ in kept], bad_class)
         hits += int(want == got)
     return hits / n if n else math.nan
+
+
+REWARD_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {
+    "bradley_terry": bradley_terry_loss,
+    "orm": orm_loss,
+    "prm": prm_loss,
+}
+"""Training losses by name; each reward-model kind's spec (``trainers/reward_models/spec.py``)
+names the one it trains with."""

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from trainers.core.logprobs import shared_prompt_hidden
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import atomic_write_json
+from trainers.reward_models.spec import FAMILY as RM_FAMILY
 
 HEAD_FILE = "reward_head.safetensors"
 META_FILE = "reward_model.json"
@@ -46,7 +47,7 @@ class RewardModel(nn.Module):
         max_length: int | None = None,
     ):
         super().__init__()
-        if kind not in ("preference", "orm", "prm"):
+        if kind not in RM_FAMILY.algorithm_names:
             raise ValueError(f"unknown reward-model kind {kind!r}")
         if kind == "prm" and num_labels not in (2, 3):
             raise ValueError(f"a prm head has 2 or 3 labels, got {num_labels}")

@@ -19,8 +19,9 @@ from trainers.core.config import (
     OptimSection,
     StrictModel,
 )
+from trainers.sft.spec import BUILTIN_DATASET as SFT_BUILTIN
 
-BUILTIN_DATASET = "builtin:reasoning-sft"
+BUILTIN_DATASET = SFT_BUILTIN
 """Offline demonstrations generated from reasoning-gym tasks (data.py re-exports it)."""
 
 DEFAULT_BUILTIN_TASKS: tuple[str, ...] = ("spell_backward", "chain_sum")

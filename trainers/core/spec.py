@@ -1,0 +1,213 @@
+"""Algorithm specs: one torch-free record per algorithm, declared once in its family.
+
+Each family package holds a ``spec.py`` (no torch, no transformers) that declares a
+:class:`FamilySpec` with its :class:`AlgorithmSpec` records. The trainers' dispatch reads the
+advantage/loss registry names, the KL placement and the defaults from these records; the lab
+(catalog, shrink, plan, compare, ledger, memory estimate) reads the rest. No other table repeats
+what a spec says.
+
+The registry functions below import only ``trainers.<family>.spec`` modules, so the lab can call
+them without pulling in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from functools import cache, lru_cache
+from typing import Literal
+
+__all__ = [
+    "FAMILY_NAMES",
+    "AlgorithmSpec",
+    "FamilySpec",
+    "KLPlacement",
+    "MetricSpec",
+    "all_specs",
+    "family_spec",
+    "family_specs",
+    "spec_for",
+]
+
+KLPlacement = Literal["loss", "reward", "none"]
+
+FAMILY_NAMES: tuple[str, ...] = (
+    "direct_alignment",
+    "policy_gradients",
+    "reward_models",
+    "rejection_sampling",
+    "sft",
+)
+"""The algorithm families, in the order the lab lists them (each is ``trainers/<name>/``)."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A logged metric and which way is better.
+
+    ``higher_is_better`` is None when the metric has no good direction (a policy-gradient loss
+    hovers near 0 whatever the policy does; rejected rewards may fall while the model improves).
+    ``key`` is False for a metric that has a known direction but is not shown as a key metric.
+    """
+
+    name: str
+    higher_is_better: bool | None
+    key: bool = True
+
+    @property
+    def direction(self) -> Literal["max", "min"] | None:
+        """ "max", "min" or None, the ledger's spelling of ``higher_is_better``."""
+        if self.higher_is_better is None:
+            return None
+        return "max" if self.higher_is_better else "min"
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """Everything the code needs to know about one algorithm, in one place.
+
+    ``advantage`` and ``loss`` are names in the family's registries of pure functions (e.g.
+    ``trainers.policy_gradients.advantages.ADVANTAGES``); ``kl`` says where β·KL goes; the
+    ``needs_*`` flags say what the trainer must load or keep. ``selection`` names a
+    rejection-sampling selection rule; ``matched_control`` the strategy a result is judged
+    against (``is_control``: this one is the random control of its partner);
+    ``reward_signal`` the reward its advantage reads (policy gradients: ``total`` or
+    ``binary``); ``overlong_penalty`` / ``dynamic_sampling`` turn on DAPO's length penalty and
+    its refilling of groups without reward contrast; ``run_name`` the name runs are filed under when it differs from ``name``. ``key_metrics``, ``acceptance``
+    and ``watch`` are what this algorithm adds to its family's.
+    """
+
+    name: str
+    family: str
+    summary: str
+    loss: str
+    paper: str = ""
+    aliases: tuple[str, ...] = ()
+    advantage: str | None = None
+    selection: str | None = None
+    kl: KLPlacement = "none"
+    loss_agg: str | None = None
+    clip_eps: tuple[float, float] | None = None
+    default_beta: float | None = None
+    needs_reference: bool = False
+    needs_groups: bool = False
+    needs_old_logprobs: bool = False
+    needs_value_model: bool = False
+    needs_reward_model: bool = False
+    needs_teacher: bool = False
+    reward_signal: str = "total"
+    overlong_penalty: bool = False
+    dynamic_sampling: bool = False
+    key_metrics: tuple[MetricSpec, ...] = ()
+    headline_metric: str | None = None
+    acceptance: tuple[str, ...] = ()
+    watch: tuple[str, ...] = ()
+    builtin_dataset: str | None = None
+    matched_control: str | None = None
+    is_control: bool = False
+    run_name: str | None = None
+    shrink_hook: str | None = None
+    memory_hook: str | None = None
+
+    @property
+    def shrink_key(self) -> str:
+        """The shrink rule set this algorithm uses (its family's unless it names its own)."""
+        return self.shrink_hook or self.family
+
+    @property
+    def memory_key(self) -> str:
+        """The memory estimator key (its family's unless it names its own)."""
+        return self.memory_hook or self.family
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One algorithm family: where its code lives, how its runs are judged, its algorithms."""
+
+    name: str
+    config_module: str
+    config_class: str
+    algorithm_field: str | None
+    trainer_module: str
+    configs_dir: str
+    default_algorithm: str
+    algorithms: tuple[AlgorithmSpec, ...]
+    key_metrics: tuple[MetricSpec, ...]
+    headline_metric: str
+    acceptance: tuple[str, ...]
+    watch: tuple[str, ...]
+    comparison: str
+    comparison_columns: tuple[str, ...] = ()
+    builtin_datasets: dict[str, str] = field(default_factory=dict)
+    replace_key_metrics: bool = False
+    """True: an algorithm's own key metrics replace the family's (after ``loss``) instead of
+    adding to them (reward models: each kind reports different held-out metrics)."""
+
+    @property
+    def algorithm_names(self) -> tuple[str, ...]:
+        """Canonical algorithm names, in declaration order."""
+        return tuple(a.name for a in self.algorithms)
+
+    def algorithm(self, name: str) -> AlgorithmSpec:
+        """The spec of one of this family's algorithms (KeyError when it has none by that name)."""
+        for spec in self.algorithms:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"family {self.name} has no algorithm {name!r}")
+
+    def key_metric_names(self) -> tuple[str, ...]:
+        """Names of the family's key metrics (those flagged ``key``), in order."""
+        return tuple(m.name for m in self.key_metrics if m.key)
+
+
+def _spec_module_name(family: str) -> str:
+    return f"trainers.{family}.spec"
+
+
+@cache
+def family_spec(name: str) -> FamilySpec:
+    """The :class:`FamilySpec` of family ``name`` (KeyError for an unknown family)."""
+    if name not in FAMILY_NAMES:
+        raise KeyError(f"unknown family {name!r}; families: {', '.join(FAMILY_NAMES)}")
+    module = importlib.import_module(_spec_module_name(name))
+    spec = module.FAMILY
+    if not isinstance(spec, FamilySpec) or spec.name != name:
+        raise TypeError(f"{_spec_module_name(name)}.FAMILY is not the FamilySpec of {name}")
+    return spec
+
+
+def family_specs() -> tuple[FamilySpec, ...]:
+    """Every family's spec, in :data:`FAMILY_NAMES` order."""
+    return tuple(family_spec(name) for name in FAMILY_NAMES)
+
+
+def all_specs() -> tuple[AlgorithmSpec, ...]:
+    """Every algorithm's spec, family by family in declaration order."""
+    return tuple(algo for fam in family_specs() for algo in fam.algorithms)
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.strip().lower().split())
+
+
+@lru_cache(maxsize=1)
+def _by_name_or_alias() -> dict[str, AlgorithmSpec]:
+    """Canonical name and every alias (normalised) -> spec; a clash is a declaration bug."""
+    table: dict[str, AlgorithmSpec] = {}
+    for spec in all_specs():
+        for key in (spec.name, *spec.aliases):
+            norm = _normalise(key)
+            other = table.get(norm)
+            if other is not None and other is not spec:
+                raise ValueError(f"{key!r} names both {other.name} and {spec.name}")
+            table[norm] = spec
+    return table
+
+
+def spec_for(name_or_alias: str) -> AlgorithmSpec:
+    """The spec of an algorithm named by its canonical name or one of its aliases (case and
+    spacing ignored); KeyError when nothing matches."""
+    try:
+        return _by_name_or_alias()[_normalise(name_or_alias)]
+    except KeyError:
+        raise KeyError(f"no algorithm named {name_or_alias!r}") from None

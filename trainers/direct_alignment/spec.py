@@ -1,0 +1,146 @@
+"""The direct-alignment family's algorithm specs (torch-free).
+
+Each record's ``loss`` is a key of ``trainers.direct_alignment.losses.LOSSES``; ``default_beta``
+is the β a config gets when it leaves ``beta`` unset (for ORPO β plays the paper's λ);
+``needs_reference`` says whether a frozen reference model is loaded and its log-probs cached.
+"""
+
+from __future__ import annotations
+
+from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+
+FAMILY_NAME = "direct_alignment"
+BUILTIN_DATASET = "builtin:reasoning-preferences"
+
+
+def _da(name: str, **fields) -> AlgorithmSpec:
+    """A direct-alignment spec: the loss of the same name, β 0.1 and a reference by default."""
+    fields.setdefault("loss", name)
+    fields.setdefault("default_beta", 0.1)
+    fields.setdefault("needs_reference", True)
+    fields.setdefault("headline_metric", "eval/accuracy")
+    return AlgorithmSpec(name=name, family=FAMILY_NAME, **fields)
+
+
+ALGORITHMS: tuple[AlgorithmSpec, ...] = (
+    _da(
+        "dpo",
+        summary="Logistic loss on the difference of policy-vs-reference log-ratios of the "
+        "chosen and rejected responses.",
+        paper="Rafailov et al. 2023, Direct Preference Optimization",
+        aliases=("direct preference optimization",),
+    ),
+    _da(
+        "cdpo",
+        summary="DPO with label smoothing: each preference is assumed flipped with "
+        "probability epsilon.",
+        paper="Mitchell 2023, A note on DPO with noisy preferences",
+        aliases=("c-dpo", "conservative dpo"),
+    ),
+    _da(
+        "dpo_norm",
+        summary="DPO on per-token average log-probs instead of sums.",
+        paper="length-normalised DPO",
+        aliases=("dpo-norm", "dpo norm", "length-normalized dpo", "length-normalised dpo"),
+        default_beta=2.0,
+    ),
+    _da(
+        "ipo",
+        summary="Squared loss pulling the log-ratio difference towards 1/(2 beta).",
+        paper="Azar et al. 2023, A General Theoretical Paradigm to Understand Learning from "
+        "Human Preferences",
+        aliases=("identity preference optimization",),
+        acceptance=("IPO's loss starts high (10-25 on real data) and is not comparable to DPO's",),
+    ),
+    _da(
+        "simpo",
+        summary="Reference-free: logistic loss on average log-probs with a target margin.",
+        paper="Meng et al. 2024, SimPO",
+        aliases=("simple preference optimization",),
+        default_beta=2.0,
+        needs_reference=False,
+        acceptance=("samples stay coherent: SimPO is learning-rate sensitive",),
+        watch=("repetitive or incoherent samples (lower the learning rate)",),
+    ),
+    _da(
+        "orpo",
+        summary="Reference-free: SFT loss on the chosen response plus a log-odds-ratio term.",
+        paper="Hong et al. 2024, ORPO",
+        aliases=("odds ratio preference optimization", "odds-ratio preference optimization"),
+        needs_reference=False,
+        key_metrics=(
+            MetricSpec("sft_loss", higher_is_better=False),
+            MetricSpec("or_loss", higher_is_better=False),
+            MetricSpec("log_odds_ratio", higher_is_better=None),
+        ),
+        acceptance=(
+            "margins leave 0 and or_loss is not negligible next to sft_loss (the known failure "
+            "is 'stable but flat')",
+        ),
+        watch=("or_loss next to sft_loss",),
+    ),
+    _da(
+        "kto",
+        summary="Per-example prospect-theory loss against a detached KL reference point; "
+        "works on paired or unpaired data.",
+        paper="Ethayarajh et al. 2024, KTO",
+        aliases=("kahneman-tversky optimization",),
+        key_metrics=(MetricSpec("kl", higher_is_better=None),),
+        watch=("kl (the detached reference point z)",),
+    ),
+    _da(
+        "apo_zero",
+        summary="Anchored loss raising the chosen and lowering the rejected log-ratio.",
+        paper="D'Oosterlinck et al. 2024, Anchored Preference Optimization",
+        aliases=("apo-zero", "apo zero"),
+    ),
+    _da(
+        "apo_down",
+        summary="Anchored loss lowering both log-ratios, the rejected one more.",
+        paper="D'Oosterlinck et al. 2024, Anchored Preference Optimization",
+        aliases=("apo-down", "apo down"),
+    ),
+)
+
+FAMILY = FamilySpec(
+    name=FAMILY_NAME,
+    config_module="trainers.direct_alignment.config",
+    config_class="DirectAlignmentConfig",
+    algorithm_field="loss",
+    trainer_module="trainers.direct_alignment.train",
+    configs_dir="trainers/direct_alignment/configs",
+    default_algorithm="dpo",
+    algorithms=ALGORITHMS,
+    key_metrics=(
+        MetricSpec("accuracy", higher_is_better=True),
+        MetricSpec("margins", higher_is_better=True),
+        MetricSpec("chosen_rewards", higher_is_better=True),
+        # Both rewards often fall while the gap widens: no direction for the rejected one.
+        MetricSpec("rejected_rewards", higher_is_better=None),
+        MetricSpec("eval/accuracy", higher_is_better=True),
+        MetricSpec("eval/margins", higher_is_better=True),
+        MetricSpec("eval/chosen_rewards", higher_is_better=True),
+        MetricSpec("eval/rejected_rewards", higher_is_better=None),
+    ),
+    headline_metric="eval/accuracy",
+    acceptance=(
+        "accuracy and margins trend up within the first 10-20 optimizer steps "
+        "(eval/accuracy ends above 0.5)",
+        "sample generations stay coherent: no repetition collapse",
+    ),
+    watch=(
+        "accuracy and margins (train and eval/) rising together",
+        "chosen_rewards vs rejected_rewards: the gap should widen; both falling is common",
+        "grad_norm spikes and a loss that turns NaN (lower the learning rate)",
+        "samples.jsonl for repetition or gibberish",
+    ),
+    comparison="compare eval/accuracy and eval/margins at matched steps; loss scales differ "
+    "across losses (IPO's is not comparable to DPO's)",
+    comparison_columns=(
+        "eval/accuracy",
+        "eval/margins",
+        "eval/chosen_rewards",
+        "eval/rejected_rewards",
+    ),
+    builtin_datasets={"*": BUILTIN_DATASET},
+)

@@ -1,0 +1,128 @@
+"""The rollout batch: :class:`Experience` and how sequences are laid out in it.
+
+Layout of a batch: ``input_ids`` is ``[left-padded prompt | completion, right-padded]``; every row
+shares the prompt width ``P``, so completion position ``t`` is column ``P + t`` and all per-token
+tensors (``completion_mask``, log-probs, values, advantages) are ``(N, T)``. The G rows of one
+prompt's group are contiguous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trainers.policy_gradients.data import Prompt
+
+
+@dataclass
+class Experience:
+    """One rollout step's sequences (rows of a prompt's group are contiguous)."""
+
+    input_ids: Tensor  # (N, P+T) long
+    attention_mask: Tensor  # (N, P+T) long: prompt tokens + completion up to the first EOT
+    prompt_lens: Tensor  # (N,) long: real (unpadded) prompt tokens
+    completion_mask: Tensor  # (N, T) float
+    truncated: Tensor  # (N,) bool: no end-of-turn token within max_new_tokens
+    texts: list[str]
+    prompts: list[Prompt]  # per sequence (each prompt repeated G times)
+    rewards: dict[str, Tensor] = field(default_factory=dict)  # (N,) each
+    old_logps: Tensor | None = None  # (N, T) π_old, when the update needs it
+    ref_logps: Tensor | None = None  # (N, T) π_ref, when β > 0
+    values: Tensor | None = None  # (N, T) PPO value model at rollout time
+    returns: Tensor | None = None  # (N, T) PPO GAE returns
+    advantages: Tensor | None = None  # (N, T), zero outside the mask
+    shaped_total: Tensor | None = None  # (N,) the reward the advantage used (after KL shaping)
+
+    @property
+    def prompt_width(self) -> int:
+        return self.input_ids.shape[1] - self.completion_mask.shape[1]
+
+    @property
+    def num_sequences(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.completion_mask.sum(-1)
+
+    def to(self, device) -> Experience:
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                moved[f.name] = value.to(device)
+            elif isinstance(value, dict):
+                moved[f.name] = {k: v.to(device) for k, v in value.items()}
+        return replace(self, **moved)
+
+    def select(self, rows: list[int]) -> Experience:
+        """A copy with only ``rows`` (tensors sliced, lists picked)."""
+        idx = torch.tensor(rows, dtype=torch.long)
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                picked[f.name] = value[idx]
+            elif isinstance(value, dict):
+                picked[f.name] = {k: v[idx] for k, v in value.items()}
+            elif isinstance(value, list):
+                picked[f.name] = [value[i] for i in rows]
+        return replace(self, **picked)
+
+
+def concat_experiences(parts: list[Experience], pad_id: int) -> Experience:
+    """Stack rollout batches (before prepare_update) into one, re-padding to a common layout."""
+    if len(parts) == 1:
+        return parts[0]
+    width_p = max(p.prompt_width for p in parts)
+    width_t = max(p.completion_mask.shape[1] for p in parts)
+    ids, attn, cmask = [], [], []
+    for p in parts:
+        dp, dt = width_p - p.prompt_width, width_t - p.completion_mask.shape[1]
+        ids.append(F.pad(p.input_ids, (dp, dt), value=pad_id))
+        attn.append(F.pad(p.attention_mask, (dp, dt), value=0))
+        cmask.append(F.pad(p.completion_mask, (0, dt), value=0.0))
+    return Experience(
+        input_ids=torch.cat(ids),
+        attention_mask=torch.cat(attn),
+        prompt_lens=torch.cat([p.prompt_lens for p in parts]),
+        completion_mask=torch.cat(cmask),
+        truncated=torch.cat([p.truncated for p in parts]),
+        texts=[t for p in parts for t in p.texts],
+        prompts=[q for p in parts for q in p.prompts],
+        rewards={k: torch.cat([p.rewards[k] for p in parts]) for k in parts[0].rewards},
+    )
+
+
+def assemble(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Lay out sequences as [left-padded prompt | right-padded completion].
+    Returns input_ids, attention_mask, prompt_lens, completion_mask."""
+    n = len(prompt_ids)
+    width_p = max(len(p) for p in prompt_ids)
+    width_t = max(1, max(len(c) for c in completion_ids))
+    ids = torch.full((n, width_p + width_t), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width_p + width_t), dtype=torch.long)
+    cmask = torch.zeros((n, width_t), dtype=torch.float32)
+    for row, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        ids[row, width_p - len(p) : width_p] = torch.tensor(p, dtype=torch.long)
+        attn[row, width_p - len(p) : width_p] = 1
+        if c:
+            ids[row, width_p : width_p + len(c)] = torch.tensor(c, dtype=torch.long)
+            attn[row, width_p : width_p + len(c)] = 1
+            cmask[row, : len(c)] = 1.0
+    lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)
+    return ids, attn, lens, cmask
+
+
+def cut_at_first_stop(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
+    """Completion tokens up to and including the first end-of-turn token; and whether it was
+    truncated (no end-of-turn token at all)."""
+    for i, tok in enumerate(tokens):
+        if tok in stop_ids:
+            return tokens[: i + 1], False
+    return tokens, True

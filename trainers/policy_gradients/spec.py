@@ -1,0 +1,208 @@
+"""The policy-gradient family's algorithm specs (torch-free).
+
+Each record names its sequence advantage estimator (a key of
+``trainers.policy_gradients.advantages.ADVANTAGES``, or ``"gae"`` for PPO's token-level
+estimator in ``TOKEN_ADVANTAGES``), its per-token loss (a key of
+``trainers.policy_gradients.losses.POLICY_LOSS_FUNCTIONS``), where β·KL goes, and the loss
+aggregation and clip range a config gets when it leaves them unset. The reference model is
+loaded only when ``loss.beta > 0`` for an algorithm whose ``kl`` is not ``"none"``.
+"""
+
+from __future__ import annotations
+
+from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+
+FAMILY_NAME = "policy_gradients"
+PAPER_DEFAULT_CLIP = (0.2, 0.2)
+
+
+def _pg(name: str, **fields) -> AlgorithmSpec:
+    """A policy-gradient spec with the family's common defaults filled in."""
+    fields.setdefault("loss_agg", "seq_mean_token_mean")
+    fields.setdefault("clip_eps", PAPER_DEFAULT_CLIP)
+    fields.setdefault("headline_metric", "eval/avg_correctness")
+    return AlgorithmSpec(name=name, family=FAMILY_NAME, **fields)
+
+
+ALGORITHMS: tuple[AlgorithmSpec, ...] = (
+    _pg(
+        "reinforce",
+        summary="Vanilla policy gradient: the sequence reward is the advantage, no baseline.",
+        paper="Williams 1992, Simple statistical gradient-following algorithms",
+        aliases=("vanilla policy gradient",),
+        advantage="reinforce",
+        loss="reinforce",
+        kl="reward",
+        watch=("high variance: no baseline",),
+    ),
+    _pg(
+        "rloo",
+        summary="REINFORCE with the mean reward of the other rollouts of the prompt as baseline.",
+        paper="Ahmadian et al. 2024, Back to Basics: Revisiting REINFORCE-style optimization",
+        advantage="rloo",
+        loss="reinforce",
+        kl="reward",
+        needs_groups=True,
+    ),
+    _pg(
+        "ppo",
+        summary="Clipped ratio surrogate with GAE advantages from a learned value model.",
+        paper="Schulman et al. 2017, Proximal Policy Optimization Algorithms",
+        aliases=("proximal policy optimization",),
+        advantage="gae",
+        loss="clipped_surrogate",
+        kl="reward",
+        needs_old_logprobs=True,
+        needs_value_model=True,
+        key_metrics=(
+            MetricSpec("value_loss", higher_is_better=False),
+            MetricSpec("explained_variance", higher_is_better=None),
+        ),
+        acceptance=("value_loss falls and explained_variance rises above 0",),
+    ),
+    _pg(
+        "grpo",
+        summary="Group-normalised advantages (z-score within a prompt's rollouts), clipped "
+        "ratio, KL in the loss.",
+        paper="Shao et al. 2024, DeepSeekMath",
+        aliases=("group relative policy optimization",),
+        advantage="grpo",
+        loss="clipped_surrogate",
+        kl="loss",
+        needs_groups=True,
+        needs_old_logprobs=True,
+    ),
+    _pg(
+        "drgrpo",
+        summary="GRPO without the division by the group std and with a constant token normaliser.",
+        paper="Liu et al. 2025, Understanding R1-Zero-Like Training (Dr. GRPO)",
+        aliases=(
+            "dr grpo",
+            "dr. grpo",
+            "dr.grpo",
+            "dr-grpo",
+            "dr_grpo",
+            "grpo done right",
+        ),
+        advantage="drgrpo",
+        loss="clipped_surrogate",
+        kl="loss",
+        loss_agg="seq_mean_token_sum_norm",
+        needs_groups=True,
+        needs_old_logprobs=True,
+    ),
+    _pg(
+        "gspo",
+        summary="GRPO advantages with one sequence-level (geometric-mean) ratio per rollout.",
+        paper="Zheng et al. 2025, Group Sequence Policy Optimization",
+        advantage="grpo",
+        loss="gspo",
+        kl="loss",
+        # The ratio is a per-token geometric mean, so it stays much closer to 1: the paper's
+        # tiny clip range.
+        clip_eps=(3e-4, 4e-4),
+        needs_groups=True,
+        needs_old_logprobs=True,
+        watch=("clip_frac (GSPO's clip range is tiny by design)",),
+    ),
+    _pg(
+        "cispo",
+        summary="GRPO advantages on a REINFORCE loss weighted by the clipped, detached ratio.",
+        paper="MiniMax 2025, MiniMax-M1",
+        advantage="grpo",
+        loss="cispo",
+        kl="loss",
+        loss_agg="token_mean",
+        # Weight capped at ratio <= 5 with no real lower bound (TRL's / ScaleRL's epsilon_high
+        # = 5) in our clip(ratio, 1 - lo, 1 + hi) form.
+        clip_eps=(1.0, 4.0),
+        needs_groups=True,
+        needs_old_logprobs=True,
+        watch=("clip_frac at the upper bound",),
+    ),
+    _pg(
+        "sapo",
+        summary="GRPO advantages with a smooth sigmoid gate on the ratio instead of a hard clip.",
+        paper="Gao et al. 2025, Soft Adaptive Policy Optimization",
+        advantage="grpo",
+        loss="sapo",
+        kl="loss",
+        needs_groups=True,
+        needs_old_logprobs=True,
+    ),
+    _pg(
+        "dapo",
+        summary="GRPO with clip-higher, token-mean aggregation, an overlong penalty and dynamic "
+        "sampling of groups with reward contrast; no KL term.",
+        paper="Yu et al. 2025, DAPO",
+        advantage="grpo",
+        loss="clipped_surrogate",
+        kl="none",
+        loss_agg="token_mean",
+        clip_eps=(0.2, 0.28),
+        overlong_penalty=True,
+        dynamic_sampling=True,
+        needs_groups=True,
+        needs_old_logprobs=True,
+        key_metrics=(MetricSpec("dynamic_sampling/kept_frac", higher_is_better=None),),
+        acceptance=(
+            "dynamic_sampling/kept_frac stays above 0 (groups with reward contrast exist)",
+        ),
+    ),
+    _pg(
+        "maxrl",
+        summary="Group-centred binary reward divided by the group success rate "
+        "(maximum-likelihood weighting of hard prompts); no KL term.",
+        paper="Maximum-likelihood RL (MaxRL)",
+        aliases=("max rl", "max-rl"),
+        advantage="maxrl",
+        loss="reinforce",
+        reward_signal="binary",
+        kl="none",
+        needs_groups=True,
+        acceptance=("avg_binary must be above 0 in some groups: MaxRL's advantage is 0 otherwise",),
+    ),
+)
+
+FAMILY = FamilySpec(
+    name=FAMILY_NAME,
+    config_module="trainers.policy_gradients.config",
+    config_class="PolicyGradientConfig",
+    algorithm_field="algorithm",
+    trainer_module="trainers.policy_gradients.train",
+    configs_dir="trainers/policy_gradients/configs",
+    default_algorithm="grpo",
+    algorithms=ALGORITHMS,
+    key_metrics=(
+        MetricSpec("avg_correctness", higher_is_better=True),
+        MetricSpec("avg_format", higher_is_better=True),
+        MetricSpec("avg_binary", higher_is_better=True),
+        # The policy-gradient loss hovers near 0 whatever the policy does: no direction.
+        MetricSpec("loss", higher_is_better=None),
+        MetricSpec("frac_reward_zero_std", higher_is_better=False),
+        MetricSpec("avg_total", higher_is_better=True, key=False),
+    ),
+    headline_metric="eval/avg_correctness",
+    acceptance=(
+        "avg_correctness, avg_format and avg_binary rise over the rollout steps",
+        "reward contrast is present: frac_reward_zero_std stays well below 1",
+        "no NaN loss and no collapse of response_length/mean",
+    ),
+    watch=(
+        "avg_correctness / avg_format / avg_binary (the signal; the loss alone says little "
+        "and hovers near 0 with beta 0)",
+        "frac_reward_zero_std: groups without reward contrast teach nothing",
+        "response_length/mean and response_length/clipped_frac",
+        "kl and clip_frac when beta > 0 or several updates per rollout",
+    ),
+    comparison="compare avg_correctness / avg_binary curves over rollout steps at matched "
+    "prompts per step; check that groups carry reward contrast",
+    comparison_columns=(
+        "avg_correctness",
+        "avg_format",
+        "avg_binary",
+        "loss",
+        "reward_contrast",
+        "avg_correctness_change",
+    ),
+)

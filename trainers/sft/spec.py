@@ -1,0 +1,60 @@
+"""The SFT family's spec (torch-free): one algorithm, next-token cross-entropy on the
+assistant turns (``loss="token_nll"``)."""
+
+from __future__ import annotations
+
+from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+
+FAMILY_NAME = "sft"
+BUILTIN_DATASET = "builtin:reasoning-sft"
+
+ALGORITHMS: tuple[AlgorithmSpec, ...] = (
+    AlgorithmSpec(
+        name="sft",
+        family=FAMILY_NAME,
+        summary="Supervised fine-tuning: token-level negative log-likelihood of the "
+        "demonstrations' assistant turns.",
+        paper="Ouyang et al. 2022, InstructGPT (SFT stage); Wei et al. 2021, FLAN",
+        aliases=(
+            "instruction tuning",
+            "supervised fine-tuning",
+            "supervised finetuning",
+            "supervised fine tuning",
+        ),
+        loss="token_nll",
+        headline_metric="eval/loss",
+    ),
+)
+
+FAMILY = FamilySpec(
+    name=FAMILY_NAME,
+    config_module="trainers.sft.config",
+    config_class="SFTConfig",
+    algorithm_field=None,
+    trainer_module="trainers.sft.train",
+    configs_dir="trainers/sft/configs",
+    default_algorithm="sft",
+    algorithms=ALGORITHMS,
+    key_metrics=(
+        MetricSpec("loss", higher_is_better=False),
+        MetricSpec("mean_token_accuracy", higher_is_better=True),
+        MetricSpec("eval/loss", higher_is_better=False),
+    ),
+    headline_metric="eval/loss",
+    acceptance=(
+        "loss and eval/loss fall (eval/loss without rising again)",
+        "mean_token_accuracy rises; samples take the chat format and end their turn",
+    ),
+    watch=(
+        "eval/loss against loss (overfitting when they part)",
+        "samples.jsonl: the answers should follow the format and terminate",
+    ),
+    comparison="compare eval/loss and held-out samples at matched steps",
+    comparison_columns=(
+        "eval/loss",
+        "eval/mean_token_accuracy",
+        "loss",
+        "mean_token_accuracy",
+    ),
+    builtin_datasets={"*": BUILTIN_DATASET},
+)
