@@ -197,6 +197,8 @@ def read_file(path: str | Path, model: type[M]) -> tuple[M | None, str | None]:
         return None, None
     except OSError as err:
         return None, f"{path.name}: cannot be read ({err.strerror or err}); it was skipped"
+    except UnicodeDecodeError:  # garbage bytes (a torn or foreign write): still never raises
+        return None, f"{path.name}: not UTF-8 text (damaged); it was skipped"
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
