@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from trainers.core.runfolder import (
+    RUN_STATES,
     ExitFile,
     MetricRow,
     ProcessFile,
@@ -93,10 +96,6 @@ def record_as_run_file(run_dir: Path, data: dict[str, Any]) -> tuple[RunFile | N
     """``run.json``'s object as a :class:`RunFile`. Identity fields a hand-made or old file left
     out come from the folder (id, campaign) or read "?" (family, algorithm), and an unknown state
     reads as ``died``, as the lab always treated them; a value of the wrong type is a warning."""
-    from pydantic import ValidationError
-
-    from trainers.core.runfolder import RUN_STATES
-
     filled = {
         "id": run_dir.name,
         "family": "?",
@@ -202,8 +201,6 @@ def _object(line: bytes | str) -> dict[str, Any] | None:
 
 def _metric_row(line: bytes | str) -> dict[str, Any] | None:
     """A metrics line as the object it was written as, when it fits :class:`MetricRow`."""
-    from pydantic import ValidationError
-
     row = _object(line)
     if row is None:
         return None

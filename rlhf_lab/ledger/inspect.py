@@ -25,6 +25,7 @@ from rlhf_lab.ledger.metrics import (
 )
 from rlhf_lab.ledger.schema import ConfigChange, MetricSummary, RunRecord, SampleExcerpt
 from rlhf_lab.ledger.text import _clip, _dig, _first, _int_or_none, _now, _one_line, load_yaml
+from rlhf_lab.logs import run_notes
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.plots import as_float
 from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text
@@ -309,8 +310,6 @@ def _diagnose(
 ) -> list[str]:
     """The ledger row's diagnostics: the lab's end-of-run notes (:func:`rlhf_lab.logs.run_notes`,
     the diagnosis' rules for a finished run's metrics)."""
-    from rlhf_lab.logs import run_notes
-
     finals = {m.name: m.final for m in metrics}
     return run_notes(family, state, rows, [m.name for m in metrics], finals)
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_lab.errors import Corrupt, NextStep, NotFound
 from rlhf_lab.paths import experiments_dir
-from rlhf_lab.runfolder import read_record
+from rlhf_lab.runfolder import read_record, record_as_run_file
 from trainers.core.runfolder import (
     ACTIVE_STATES as _QUEUED_OR_LIVE,
 )
@@ -92,7 +92,7 @@ class RunInfo(BaseModel):
     wandb_url: str | None = None
     resumes: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="one entry per `rlhf-lab resume`: how the attempt before it ended",
+        description="one entry per resume: how the attempt before it ended",
     )
 
 
@@ -210,8 +210,6 @@ def _read_record(run_dir: Path) -> dict:
 
 def _checked_run_file(run_dir: Path, record: dict) -> None:
     """Raise a typed error when run.json holds a value of the wrong type (hand-edited)."""
-    from rlhf_lab.runfolder import record_as_run_file
-
     run, warning = record_as_run_file(run_dir, record)
     if run is None:
         raise Corrupt(f"{run_dir}: {warning}")

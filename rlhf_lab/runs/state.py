@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rlhf_lab.errors import Corrupt, InvalidArgument, NextStep
+from rlhf_lab.errors import Corrupt, InvalidArgument, LabError, NextStep
 from rlhf_lab.paths import check_slug, experiments_dir, find_run
 from rlhf_lab.runfolder import (
     last_train_eval,
@@ -364,8 +364,6 @@ def _in_campaign(run_dir: Path, campaign: str) -> bool:
 
 
 def _collect(dirs: list[Path], campaign: str | None, state: str | None) -> list[RunStatus]:
-    from rlhf_lab.errors import LabError
-
     if campaign is not None:
         check_slug(campaign)
         dirs = [p for p in dirs if _in_campaign(p, campaign)]
