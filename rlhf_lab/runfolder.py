@@ -36,6 +36,7 @@ __all__ = [
     "JsonLines",
     "RecordRead",
     "RunFolder",
+    "filled_record",
     "last_train_eval",
     "read_exit",
     "read_folder",
@@ -92,11 +93,11 @@ class RecordRead:
     warning: str | None
 
 
-def record_as_run_file(run_dir: Path, data: dict[str, Any]) -> tuple[RunFile | None, str | None]:
-    """``run.json``'s object as a :class:`RunFile`. Identity fields a hand-made or old file left
-    out come from the folder (id, campaign) or read "?" (family, algorithm), and an unknown state
-    reads as ``died``, as the lab always treated them; a value of the wrong type is a warning."""
-    filled = {
+def filled_record(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """``run.json``'s object with the identity a hand-made or old file left out taken from the
+    folder (id, campaign) or read "?" (family, algorithm), null values dropped, and an unknown
+    state read as ``died``, as the lab always treated them."""
+    filled: dict[str, Any] = {
         "id": run_dir.name,
         "family": "?",
         "algorithm": "?",
@@ -105,6 +106,13 @@ def record_as_run_file(run_dir: Path, data: dict[str, Any]) -> tuple[RunFile | N
     filled.update({k: v for k, v in data.items() if v is not None})
     if filled.get("state") not in RUN_STATES:
         filled["state"] = "died"
+    return filled
+
+
+def record_as_run_file(run_dir: Path, data: dict[str, Any]) -> tuple[RunFile | None, str | None]:
+    """``run.json``'s object as a :class:`RunFile` (filled by :func:`filled_record`); a value of
+    the wrong type is a warning."""
+    filled = filled_record(run_dir, data)
     try:
         return RunFile.model_validate(filled), None
     except ValidationError as err:

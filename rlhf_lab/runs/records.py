@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_lab.errors import Corrupt, NextStep, NotFound
 from rlhf_lab.paths import experiments_dir
-from rlhf_lab.runfolder import read_record, record_as_run_file
+from rlhf_lab.runfolder import filled_record, read_record, record_as_run_file
 from trainers.core.runfolder import (
     ACTIVE_STATES as _QUEUED_OR_LIVE,
 )
@@ -27,6 +27,7 @@ from trainers.core.runfolder import (
     LIVE_STATES,
     RUN_STATES,
     TERMINAL_STATES,
+    RunFile,
     RunState,
 )
 
@@ -59,41 +60,13 @@ def patchable() -> ModuleType:
 # ---------------------------------------------------------------------------------------------
 
 
-class RunInfo(BaseModel):
-    """What ``run.json`` holds (plus the folder). Written by the lab only."""
+class RunInfo(RunFile):
+    """What ``run.json`` holds (the contract's :class:`RunFile`) plus the folder. Written by the
+    lab only; keys the contract does not name are left out."""
 
     model_config = ConfigDict(extra="ignore")
 
-    id: str
     run_dir: str = Field(description="absolute path of the run folder")
-    family: str
-    algorithm: str
-    campaign: str
-    device: str = "cpu"
-    config_source: str | None = None
-    overrides: list[str] = Field(default_factory=list)
-    argv: list[str] = Field(default_factory=list, description="the trainer's command line")
-    wrapper_argv: list[str] = Field(default_factory=list)
-    cwd: str | None = None
-    pid: int | None = Field(default=None, description="wrapper pid (the process-group leader)")
-    pgid: int | None = None
-    create_time: float | None = Field(default=None, description="psutil create time of pid")
-    host: str | None = None
-    git_commit: str | None = None
-    git_dirty: bool | None = None
-    versions: dict[str, str] = Field(default_factory=dict)
-    state: RunState = "starting"
-    created_at: str | None = None
-    started_at: str | None = None
-    ended_at: str | None = None
-    stop_requested_at: str | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    wandb_url: str | None = None
-    resumes: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="one entry per resume: how the attempt before it ended",
-    )
 
 
 class RunStatus(BaseModel):
@@ -197,15 +170,17 @@ def _read_run_json(run_dir: Path) -> dict | None:
 
 
 def _read_record(run_dir: Path) -> dict:
-    """run.json's object for an update; a typed error when the folder has none."""
-    record = _read_run_json(run_dir)
-    if record is None:
-        raise NotFound(
-            f"{run_dir / 'run.json'} is missing or unreadable; this folder was not created by "
-            "the lab",
-            next=NextStep("launch_run", note="a run folder is created when a run is launched"),
-        )
-    return record
+    """run.json's object for an update; a typed error when the folder has none or it is
+    damaged."""
+    found = read_record(run_dir)
+    if found.data is not None:
+        return found.data
+    if found.warning is not None:
+        raise Corrupt(f"{run_dir}: {found.warning}")
+    raise NotFound(
+        f"{run_dir / 'run.json'} is missing; this folder was not created by the lab",
+        next=NextStep("launch_run", note="a run folder is created when a run is launched"),
+    )
 
 
 def _checked_run_file(run_dir: Path, record: dict) -> None:
@@ -217,14 +192,4 @@ def _checked_run_file(run_dir: Path, record: dict) -> None:
 
 def _info(run_dir: Path, record: dict) -> RunInfo:
     """The RunInfo of a record (identity the file lacks comes from the folder)."""
-    data = {
-        "id": run_dir.name,
-        "family": "?",
-        "algorithm": "?",
-        "campaign": run_dir.parent.parent.name,
-    }
-    data.update({k: v for k, v in record.items() if v is not None})
-    data["run_dir"] = str(run_dir)
-    if data.get("state") not in STATES:
-        data["state"] = "died"
-    return RunInfo.model_validate(data)
+    return RunInfo.model_validate({**filled_record(run_dir, record), "run_dir": str(run_dir)})
