@@ -7,39 +7,40 @@ The package is split by job:
 
 * :mod:`~rlhf_lab.runs.records` the models (RunInfo, RunStatus, LaunchResult), states, run.json;
 * :mod:`~rlhf_lab.runs.process` process identity (pid + create time), liveness, signals, locks;
-* :mod:`~rlhf_lab.runs.launch` checks, argv, environment, devices, prepare / start / launch /
-  resume;
+* :mod:`~rlhf_lab.runs.devices` device resolution, GPU count, the CPU share of a trainer;
+* :mod:`~rlhf_lab.runs.launch` checks, argv, environment, prepare / start / launch / resume;
 * :mod:`~rlhf_lab.runs.state` derived state, status, listing, stop, waiting, following;
 * :mod:`~rlhf_lab.runs.queue` the queue worker and start-when-free.
 
 Every name other modules and tests use is importable from ``rlhf_lab.runs``. The names tests
 replace here (``start_run``, ``trainer_argv``, ``ensure_queue_worker``, ``_visible_gpu_count``,
-``_cpu_cores``, ``_reap_in_background``, ``_process_alive``, ``resolve_device``,
-``STARTING_TIMEOUT_S``) are looked up through this package at call time, so a replacement here
-reaches every submodule.
+``_cpu_cores``, ``_reap_in_background``, ``_process_alive``, ``STARTING_TIMEOUT_S``) are looked
+up through this package at call time, so a replacement here reaches every submodule.
 """
 
 from __future__ import annotations
 
 from rlhf_lab.paths import check_run_id, find_run
+from rlhf_lab.runs.devices import (
+    DEVICE_RE,
+    _cpu_cores,
+    _visible_gpu_count,
+    cpu_threads_beside,
+    resolve_device,
+)
 from rlhf_lab.runs.launch import (
     _ATTEMPT_FILES,
-    DEVICE_RE,
     FAMILIES,
     RESUMABLE_STATES,
     VERSION_PACKAGES,
     _check_family,
     _checkpoint_steps,
-    _cpu_cores,
     _git_info,
     _mark_failed,
     _trainer_env,
     _versions,
-    _visible_gpu_count,
-    cpu_threads_beside,
     launch,
     prepare_run,
-    resolve_device,
     resume_run,
     start_run,
     trainer_argv,

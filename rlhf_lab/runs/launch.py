@@ -21,7 +21,6 @@ Functions that tests replace (``start_run``, ``trainer_argv``, ``ensure_queue_wo
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import socket
 import subprocess
@@ -32,6 +31,7 @@ from typing import Literal
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound, NotReady, Unavailable
 from rlhf_lab.paths import LabError, campaign_name, experiments_dir, find_run, new_run_id
+from rlhf_lab.runs.devices import cpu_threads_beside, resolve_device
 from rlhf_lab.runs.process import _device_lock, _run_lock
 from rlhf_lab.runs.records import (
     LaunchResult,
@@ -49,10 +49,8 @@ from rlhf_lab.runs.state import _describe, _status, active_runs, queued_runs
 
 __all__ = [
     "FAMILIES",
-    "cpu_threads_beside",
     "launch",
     "prepare_run",
-    "resolve_device",
     "resume_run",
     "start_run",
     "trainer_argv",
@@ -61,7 +59,6 @@ __all__ = [
 # Families the lab may launch (each runs as `python -m trainers.<family>.train`).
 FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
 
-DEVICE_RE = re.compile(r"^(cpu|cuda:\d{1,3})$")
 # Package versions recorded in run.json (importlib.metadata only; nothing is imported).
 VERSION_PACKAGES = (
     "rlhf-lab",
@@ -140,45 +137,6 @@ def _check_family(family: str) -> str:
     return family
 
 
-def _visible_gpu_count() -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return 0
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
-    if visible is not None:
-        count = min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count
-
-
-def resolve_device(device: str | None, config_data: dict | None = None) -> str:
-    """``auto`` -> ``cpu`` when the config pins the CPU or no GPU is visible, else ``cuda:0``;
-    ``cuda`` -> ``cuda:0``. Returns ``cpu`` or ``cuda:N``."""
-    device = (device or "auto").strip().lower()
-    if device == "auto":
-        model = (config_data or {}).get("model") if isinstance(config_data, dict) else None
-        pinned = model.get("device") if isinstance(model, dict) else None
-        if pinned == "cpu":
-            return "cpu"
-        return "cuda:0" if patchable()._visible_gpu_count() > 0 else "cpu"
-    if device == "cuda":
-        return "cuda:0"
-    if not DEVICE_RE.fullmatch(device):
-        raise InvalidArgument(
-            f"bad device {device!r}: use auto, cpu, cuda or cuda:N (e.g. cuda:1)",
-            next=NextStep("check_resources", note="lists the devices of this machine"),
-        )
-    return device
-
-
 def trainer_argv(family: str, run_dir: Path, resume: bool = False) -> list[str]:
     """The trainer's command line: the resolved config.yaml already holds every override."""
     argv = [
@@ -191,20 +149,6 @@ def trainer_argv(family: str, run_dir: Path, resume: bool = False) -> list[str]:
         str(run_dir),
     ]
     return [*argv, "--resume"] if resume else argv
-
-
-def _cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def cpu_threads_beside(sharing: int, cores: int) -> int:
-    """Intra-op threads for a CPU trainer that starts beside ``sharing`` other CPU runs: the
-    cores split evenly, at least one. (torch's default, one thread per core in every process,
-    oversubscribes a shared CPU and runs many times slower.)"""
-    return max(1, cores // (sharing + 1))
 
 
 def _trainer_env(device: str, sharing: int = 0) -> dict[str, str]:

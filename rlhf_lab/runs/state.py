@@ -32,6 +32,7 @@ from rlhf_lab.runfolder import (
     tail_metric_rows,
 )
 from rlhf_lab.runlog import tail_log
+from rlhf_lab.runs.devices import resolve_device
 from rlhf_lab.runs.process import _alive, _run_lock, _signal_run
 from rlhf_lab.runs.records import (
     ACTIVE_STATES,
@@ -393,7 +394,7 @@ def _unreadable_run(run_dir: Path, error: str) -> RunStatus:
 
 def active_runs(device: str | None = None) -> list[RunStatus]:
     """Runs starting or running now (on ``device`` when given)."""
-    dev = None if device is None else patchable().resolve_device(device)
+    dev = None if device is None else resolve_device(device)
     out = []
     for status in _collect(_all_run_dirs(ACTIVE_STATES), None, None):
         if status.state in ACTIVE_STATES and (dev is None or status.device == dev):
