@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.catalog import source_root
 from rlhf_lab.errors import LabError
 from rlhf_lab.ledger.metrics import (
     _expand_metric_names,
@@ -62,7 +63,7 @@ def _resolve_source(source: str, cwd: str | None) -> Path | None:
     if not path.is_absolute():
         if cwd:
             candidates.append(Path(cwd) / path)
-        candidates += [repo_root() / path, Path(__file__).resolve().parent.parent / path]
+        candidates += [repo_root() / path, source_root() / path]
     return next((c for c in candidates if c.is_file()), None)
 
 

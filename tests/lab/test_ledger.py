@@ -712,3 +712,13 @@ def test_a_rejection_sampling_runs_config_changes_show_in_the_setup_block(lab_ro
     setup = md.split("<!-- rlhf-lab:begin setup -->")[1].split("<!-- rlhf-lab:end setup -->")[0]
     assert f"`{run_id}` — values changed from the shipped defaults" in setup
     assert "| `top_k` | 1000 | 500 |" in setup and "| `model.name` |" in setup
+
+
+def test_a_relative_shipped_config_resolves_in_the_source_checkout_without_cwd(lab_root):
+    # RLHF_LAB_ROOT moves experiments/ only: the shipped YAML is found beside the trainers
+    camp = ledger.create_campaign("no-cwd", "Is the shipped config found without a cwd?")
+    run_id = "dpo-20260101-120000-c0d0"
+    make_run(camp.id, run_id, config=dpo_config(beta=0.2), run_json={"cwd": None})
+    rec = ledger.record_run(run_id, plot=False)
+    assert {c.key: (c.shipped, c.used) for c in rec.changes} == {"beta": (0.1, 0.2)}
+    assert not any("not found" in w for w in rec.warnings), rec.warnings
