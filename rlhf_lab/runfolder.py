@@ -29,6 +29,7 @@ from trainers.core.runfolder import (
     RunFile,
     SummaryFile,
     read_file,
+    validate_data,
 )
 
 __all__ = [
@@ -112,16 +113,7 @@ def filled_record(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
 def record_as_run_file(run_dir: Path, data: dict[str, Any]) -> tuple[RunFile | None, str | None]:
     """``run.json``'s object as a :class:`RunFile` (filled by :func:`filled_record`); a value of
     the wrong type is a warning."""
-    filled = filled_record(run_dir, data)
-    try:
-        return RunFile.model_validate(filled), None
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "(top level)"
-        return None, (
-            f"run.json: field {where!r} holds a value of the wrong type ({first.get('msg')}); "
-            "fix it by hand"
-        )
+    return validate_data(filled_record(run_dir, data), RunFile, "run.json")
 
 
 def read_record(run_dir: Path) -> RecordRead:

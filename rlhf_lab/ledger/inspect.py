@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
-from rlhf_lab.catalog import source_root
+from rlhf_lab.catalog import get_dotted, source_root
 from rlhf_lab.errors import LabError
 from rlhf_lab.ledger.metrics import (
     _expand_metric_names,
@@ -25,7 +25,7 @@ from rlhf_lab.ledger.metrics import (
     summarize_performance,
 )
 from rlhf_lab.ledger.schema import ConfigChange, MetricSummary, RunRecord, SampleExcerpt
-from rlhf_lab.ledger.text import _clip, _dig, _first, _int_or_none, _now, _one_line, load_yaml
+from rlhf_lab.ledger.text import _clip, _first, _int_or_none, _now, _one_line, load_yaml
 from rlhf_lab.logs import run_notes
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.plots import as_float
@@ -48,7 +48,7 @@ _CONFIG_CLASSES: dict[str, tuple[str, str]] = {
 
 
 def _dataset_of(cfg: dict | None) -> str | None:
-    specs = _dig(cfg, "data.specs")
+    specs = get_dotted(cfg, "data.specs")
     if isinstance(specs, list) and specs:
         names = [str(s.get("name")) for s in specs if isinstance(s, dict) and s.get("name")]
         if names:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import InvalidArgument
 
 __all__ = ["load_yaml"]
@@ -37,18 +38,9 @@ def load_yaml(path: Path) -> dict:
     return data
 
 
-def _dig(data: dict | None, dotted: str) -> Any:
-    node: Any = data
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _first(data: dict | None, keys: Sequence[str]) -> Any:
     for key in keys:
-        value = _dig(data, key)
+        value = get_dotted(data, key)
         if value not in (None, "", []):
             return value
     return None

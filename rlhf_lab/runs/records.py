@@ -187,7 +187,8 @@ def _checked_run_file(run_dir: Path, record: dict) -> None:
     """Raise a typed error when run.json holds a value of the wrong type (hand-edited)."""
     run, warning = record_as_run_file(run_dir, record)
     if run is None:
-        raise Corrupt(f"{run_dir}: {warning}")
+        reason = (warning or "run.json does not fit the schema").removesuffix("; it was skipped")
+        raise Corrupt(f"{run_dir}: {reason}; fix run.json by hand")
 
 
 def _info(run_dir: Path, record: dict) -> RunInfo:
