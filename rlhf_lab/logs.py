@@ -337,7 +337,7 @@ def _check_flat(family: str | None, rows: list[dict]) -> Alert | None:
     return None
 
 
-def _check_stalled(status, run_dir: Path, stall_after_s: float) -> Alert | None:
+def _check_stalled(status: RunStatus, run_dir: Path, stall_after_s: float) -> Alert | None:
     if status.state != "running":
         return None
     marks = [status.progress_updated_at or 0.0]

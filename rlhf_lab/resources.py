@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -195,7 +196,7 @@ def _query_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
     return gpus, driver
 
 
-def _one_gpu(pynvml, index: int) -> GpuInfo:
+def _one_gpu(pynvml: ModuleType, index: int) -> GpuInfo:
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
     name = _text(pynvml.nvmlDeviceGetName(handle))

@@ -180,6 +180,8 @@ def last_traceback(text: str) -> str | None:
 
 
 def last_error_line(text: str) -> str | None:
+    """The last non-empty line of a log that the lab did not write itself (what a failed run's
+    alert quotes when there is no traceback)."""
     for line in reversed(text.splitlines()):
         s = line.strip()
         if s and not s.startswith("[rlhf-lab]"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import AcquireReturnProxy, FileLock
 from filelock import Timeout as LockTimeout
 
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep
@@ -59,7 +59,8 @@ def _locked(name: str) -> FileLock:
     return _lock(name)
 
 
-def _acquire(lock: FileLock, name: str):
+def _acquire(lock: FileLock, name: str) -> AcquireReturnProxy:
+    """Take ``lock`` (a context manager); a typed error when another writer holds it too long."""
     try:
         return lock.acquire()
     except LockTimeout:
