@@ -50,7 +50,9 @@ STALL_AFTER_S = 900.0
 ZERO_STD_THRESHOLD = 0.9
 ZERO_STD_ROWS = 3
 FLAT_WINDOW = 6
-# Per family: (metric, phase) candidates for "is it learning?", first present wins.
+# Per family: (metric, phase) candidates for "is it learning?", first present wins. A rule of the
+# flat-learning check, not the key-metric table (that is the catalog's, see ledger/metrics.py).
+# LEAD: derive it from the AlgorithmSpec key metrics with their direction once they land.
 KEY_METRICS: dict[str, tuple[tuple[str, str], ...]] = {
     "direct_alignment": (("eval/accuracy", "eval"), ("accuracy", "train")),
     "policy_gradients": (("avg_correctness", "train"), ("eval/avg_correctness", "eval")),
