@@ -1,9 +1,10 @@
-"""Reading a run: tail train.log with a cursor, read metrics (down-sampled), diagnose failure
-modes (alerts with one-line hints). Torch-free; reads the run directory only."""
+"""Reading a run: its metrics (down-sampled), and the lab's one diagnosis of failure modes
+(alerts with one-line hints for a run's status; :func:`run_notes` for a ledger row). Torch-free;
+reads the run folder through :mod:`rlhf_lab.runfolder` and train.log through
+:mod:`rlhf_lab.runlog` (``tail_log`` and the log helpers are re-exported here)."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import signal
@@ -14,10 +15,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.paths import LabError
-from rlhf_lab.runs import RunStatus, find_run, run_state
+from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.paths import find_run
+from rlhf_lab.runfolder import read_json_lines, read_metric_rows, read_summary
+from rlhf_lab.runlog import (
+    PARTIAL_LINE_IDLE_S,
+    TRACEBACK_HEAD,
+    LogChunk,
+    fold_carriage_returns,
+    last_traceback,
+    tail_log,
+)
+from rlhf_lab.runlog import last_error_line as _last_error_line
+from rlhf_lab.runlog import read_log as _read_log
+from rlhf_lab.runs import RunStatus, run_state
+from trainers.core.runfolder import TERMINAL_STATES
 
 __all__ = [
+    "PARTIAL_LINE_IDLE_S",
+    "TRACEBACK_HEAD",
     "Alert",
     "LogChunk",
     "MetricSeries",
@@ -26,17 +42,17 @@ __all__ = [
     "last_traceback",
     "read_metrics",
     "repetition_reason",
+    "run_notes",
     "tail_log",
 ]
 
-# A trailing line without its newline is returned by a cursor read once the writer has been
-# quiet this long (or when the caller says the run is over).
-PARTIAL_LINE_IDLE_S = 2.0
 STALL_AFTER_S = 900.0
 ZERO_STD_THRESHOLD = 0.9
 ZERO_STD_ROWS = 3
 FLAT_WINDOW = 6
-# Per family: (metric, phase) candidates for "is it learning?", first present wins.
+# Per family: (metric, phase) candidates for "is it learning?", first present wins. A rule of the
+# flat-learning check, not the key-metric table (that is the catalog's, see ledger/metrics.py).
+# LEAD: derive it from the AlgorithmSpec key metrics with their direction once they land.
 KEY_METRICS: dict[str, tuple[tuple[str, str], ...]] = {
     "direct_alignment": (("eval/accuracy", "eval"), ("accuracy", "train")),
     "policy_gradients": (("avg_correctness", "train"), ("eval/avg_correctness", "eval")),
@@ -59,15 +75,6 @@ OOM_RE = re.compile(
     r"DefaultCPUAllocator: (?:can't allocate|not enough) memory|^Killed\s*$",
     re.MULTILINE,
 )
-TRACEBACK_HEAD = "Traceback (most recent call last):"
-
-
-class LogChunk(BaseModel):
-    text: str = Field(description="log text, progress-bar carriage returns folded")
-    cursor: int = Field(description="byte offset to pass as `cursor` next time")
-    eof: bool = Field(description="the read reached the end of the file")
-    truncated: bool = Field(description="output was capped by max_bytes (more is available)")
-    size: int = Field(default=0, description="size of train.log in bytes at read time")
 
 
 class MetricSeries(BaseModel):
@@ -101,138 +108,8 @@ class Alert(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Tail
-# ---------------------------------------------------------------------------------------------
-
-
-def fold_carriage_returns(text: str) -> str:
-    """Keep what a terminal would show of each line: the text after its last carriage return."""
-    out = []
-    for line in text.split("\n"):
-        line = line.rstrip("\r")
-        if "\r" in line:
-            line = line.rsplit("\r", 1)[1]
-        out.append(line)
-    return "\n".join(out)
-
-
-def _utf8_cut(data: bytes, limit: int) -> int:
-    """The largest cut <= limit that does not split a UTF-8 character."""
-    cut = min(limit, len(data))
-    while 0 < cut < len(data) and (data[cut] & 0xC0) == 0x80:
-        cut -= 1
-    return cut
-
-
-def _decode(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
-
-
-def tail_log(
-    run_id: str,
-    lines: int = 50,
-    cursor: int | None = None,
-    max_bytes: int = 16_000,
-    *,
-    final: bool = False,
-) -> LogChunk:
-    """Read train.log.
-
-    ``cursor=None``: the last ``lines`` lines (at most ``max_bytes`` of text, newest kept);
-    the returned cursor is the end of the file. ``cursor=N``: the bytes after offset N (whole
-    lines, at most ``max_bytes``); pass the returned cursor next time. A trailing line still
-    being written is held back until the writer has been idle ``PARTIAL_LINE_IDLE_S`` (or
-    ``final=True``). Carriage-return progress bars are folded to their last state.
-    """
-    if lines < 1 or max_bytes < 1:
-        raise LabError("lines and max_bytes must be positive")
-    if cursor is not None and (not isinstance(cursor, int) or cursor < 0):
-        raise LabError(f"bad cursor {cursor!r}: pass the cursor a previous tail returned")
-    path = find_run(run_id) / "train.log"
-    try:
-        size = path.stat().st_size
-        mtime = path.stat().st_mtime
-    except OSError:
-        return LogChunk(text="", cursor=cursor or 0, eof=True, truncated=False, size=0)
-
-    if cursor is not None:
-        start = min(cursor, size)
-        with path.open("rb") as fh:
-            fh.seek(start)
-            data = fh.read(min(size - start, max_bytes))
-        end = start + len(data)
-        if end < size:  # capped: stop at a line boundary when there is one
-            nl = data.rfind(b"\n")
-            cut = nl + 1 if nl >= 0 else _utf8_cut(data, len(data))
-        else:
-            nl = data.rfind(b"\n")
-            idle = time.time() - mtime >= PARTIAL_LINE_IDLE_S
-            cut = len(data) if (final or idle or data.endswith(b"\n")) else nl + 1
-        data = data[:cut]
-        new_cursor = start + len(data)
-        return LogChunk(
-            text=fold_carriage_returns(_decode(data)),
-            cursor=new_cursor,
-            eof=new_cursor >= size,
-            truncated=new_cursor < size and end < size,
-            size=size,
-        )
-
-    window = min(size, max(4 * max_bytes, 256 * 1024))
-    with path.open("rb") as fh:
-        fh.seek(size - window)
-        data = fh.read(window)
-    text = _decode(data)
-    parts = text.split("\n")
-    if window < size:
-        parts = parts[1:]  # the first line is partial
-    if parts and parts[-1] == "":
-        parts = parts[:-1]
-    folded = [fold_carriage_returns(p) for p in parts]
-    want = folded[-lines:]
-    truncated = False
-    kept: list[str] = []
-    used = 0
-    for line in reversed(want):
-        cost = len(line.encode()) + 1
-        if used + cost > max_bytes:
-            truncated = True
-            if not kept:  # one huge line: keep its end
-                raw = line.encode()[-max(max_bytes - 1, 1) :]
-                while raw and (raw[0] & 0xC0) == 0x80:  # do not start inside a character
-                    raw = raw[1:]
-                kept.append(_decode(raw))
-            break
-        kept.append(line)
-        used += cost
-    out = "\n".join(reversed(kept))
-    if kept:
-        out += "\n"
-    return LogChunk(text=out, cursor=size, eof=True, truncated=truncated, size=size)
-
-
-# ---------------------------------------------------------------------------------------------
 # Metrics
 # ---------------------------------------------------------------------------------------------
-
-
-def _read_rows(path: Path) -> list[dict]:
-    """Every whole JSON object line; a truncated or garbled line is skipped."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return []
-    rows = []
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(_decode(line))
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def _even_indices(n: int, k: int) -> list[int]:
@@ -254,8 +131,8 @@ def read_metrics(
     are dropped); ``phase`` keeps one phase (train / eval / rollout); ``max_points`` down-samples
     each phase evenly, always keeping its last row."""
     if max_points is not None and max_points < 1:
-        raise LabError("max_points must be at least 1")
-    rows = _read_rows(find_run(run_id) / "metrics.jsonl")
+        raise InvalidArgument("max_points must be at least 1")
+    rows = read_metric_rows(find_run(run_id) / "metrics.jsonl").rows
     if phase is not None:
         rows = [r for r in rows if r.get("phase") == phase]
     meta = ("step", "phase", "time_s")
@@ -308,42 +185,6 @@ def _float(value: Any) -> float | None:
     return None
 
 
-def _read_log(path: Path, head: int = 64 * 1024, tail: int = 256 * 1024) -> str:
-    """The head and tail of a log: errors, OOM text and tracebacks sit at the end."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            if size <= head + tail:
-                return _decode(fh.read())
-            first = fh.read(head)
-            fh.seek(size - tail)
-            return _decode(first) + "\n" + _decode(fh.read())
-    except OSError:
-        return ""
-
-
-def last_traceback(text: str) -> str | None:
-    """The last ``Traceback (most recent call last):`` block of a log, through its error line."""
-    at = text.rfind(TRACEBACK_HEAD)
-    if at < 0:
-        return None
-    lines = fold_carriage_returns(text[at:]).split("\n")
-    block = [lines[0]]
-    for line in lines[1:]:
-        block.append(line)
-        if line and not line[0].isspace():
-            break
-    return "\n".join(block).rstrip()
-
-
-def _last_error_line(text: str) -> str | None:
-    for line in reversed(text.splitlines()):
-        s = line.strip()
-        if s and not s.startswith("[rlhf-lab]"):
-            return s
-    return None
-
-
 def repetition_reason(text: str, min_tokens: int = 16) -> str | None:
     """Why a completion looks collapsed (None if it does not): one token repeated many times in
     a row, one n-gram (n = 2..4) covering most of it, a loop (few distinct 4-grams), or one
@@ -382,7 +223,7 @@ def _sample_text(row: dict) -> str | None:
 
 
 def _check_samples(path: Path) -> Alert | None:
-    rows = [r for r in _read_rows(path) if _sample_text(r) is not None]
+    rows = [r for r in read_json_lines(path).rows if _sample_text(r) is not None]
     if not rows:
         return None
     last_step = rows[-1].get("step")
@@ -403,14 +244,16 @@ def _check_samples(path: Path) -> Alert | None:
     )
 
 
+def _is_non_finite(value: Any) -> bool:
+    """A logged value that is nan or ±inf (a number, or its JSON spelling "nan"/"inf")."""
+    f = _float(value)
+    return f is not None and not math.isfinite(f)
+
+
 def _check_nan(rows: list[dict]) -> Alert | None:
     for r in rows:
         bad = [
-            k
-            for k, v in r.items()
-            if k not in ("step", "time_s", "phase")
-            and (f := _float(v)) is not None
-            and not math.isfinite(f)
+            k for k, v in r.items() if k not in ("step", "time_s", "phase") and _is_non_finite(v)
         ]
         if bad:
             step = r.get("step")
@@ -496,7 +339,7 @@ def _check_flat(family: str | None, rows: list[dict]) -> Alert | None:
     return None
 
 
-def _check_stalled(status, run_dir: Path, stall_after_s: float) -> Alert | None:
+def _check_stalled(status: RunStatus, run_dir: Path, stall_after_s: float) -> Alert | None:
     if status.state != "running":
         return None
     marks = [status.progress_updated_at or 0.0]
@@ -527,13 +370,8 @@ def diagnose(
     run_dir = find_run(run_id)
     status = status or run_state(run_id)
     log = _read_log(run_dir / "train.log")
-    rows = _read_rows(run_dir / "metrics.jsonl")
-    summary = {}
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        summary = {}
-    summary = summary if isinstance(summary, dict) else {}
+    rows = read_metric_rows(run_dir / "metrics.jsonl").rows
+    summary, _ = read_summary(run_dir)
     alerts: list[Alert] = []
 
     killed = status.signal == signal.SIGKILL and not status.stop_requested
@@ -595,11 +433,11 @@ def diagnose(
 
     nonzero = status.exit_code not in (None, 0)
     if status.state == "failed" or (nonzero and status.state != "stopped"):
-        tb = summary.get("traceback") if isinstance(summary.get("traceback"), str) else None
+        tb = summary.traceback if summary else None
         tb = last_traceback(tb) if tb else last_traceback(log)
         error_line = None
-        if summary.get("error"):
-            error_line = str(summary["error"])
+        if summary and summary.error:
+            error_line = str(summary.error)
         elif tb:
             error_line = tb.splitlines()[-1].strip()
         else:
@@ -634,3 +472,33 @@ def diagnose(
             alerts.append(check)
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(alerts, key=lambda a: order[a.severity])
+
+
+def run_notes(
+    family: str | None,
+    state: str,
+    rows: list[dict],
+    names: list[str],
+    finals: dict[str, float | None],
+) -> list[str]:
+    """The diagnosis of a run's metrics as the short notes a ledger row records: each key metric
+    (``names``) that turned non-finite and from which step, no metrics at all from a finished
+    run, no reward contrast at the end of a policy-gradient run, held-out accuracy at or below
+    chance at the end of a direct-alignment run. ``finals``: each key metric's final value."""
+    notes: list[str] = []
+    for name in names:
+        bad = [r.get("step") for r in rows if name in r and _is_non_finite(r[name])]
+        if bad:
+            notes.append(f"{name} was not finite (nan/inf) from step {bad[0]} on")
+    if state in TERMINAL_STATES and not rows:
+        notes.append("no metrics were logged")
+    zero = finals.get("frac_reward_zero_std")
+    if family == "policy_gradients" and zero is not None and zero >= 0.99:
+        notes.append(
+            "no reward contrast at the end (frac_reward_zero_std ≈ 1): every group scored the "
+            "same, so the policy gradient is zero; warm-start the model (SFT) or ease the task"
+        )
+    acc = finals.get("eval/accuracy")
+    if family == "direct_alignment" and acc is not None and state == "succeeded" and acc <= 0.5:
+        notes.append("held-out accuracy ended at or below chance (0.5)")
+    return notes

@@ -14,7 +14,26 @@ RUN_ID_RE = SLUG_RE  # run ids use the slug alphabet: dpo-20260101-120000-ab12
 MAX_RUN_ID = 120
 
 
-from rlhf_lab.errors import LabError  # noqa: E402  (re-exported: older imports name it here)
+from rlhf_lab.errors import (  # noqa: E402  (LabError re-exported: older imports name it here)
+    Conflict,
+    Corrupt,
+    InvalidArgument,
+    LabError,
+    NextStep,
+    NotFound,
+)
+
+__all__ = [
+    "LabError",
+    "campaign_name",
+    "check_run_id",
+    "check_slug",
+    "experiments_dir",
+    "find_run",
+    "new_run_id",
+    "repo_root",
+    "today",
+]
 
 
 def repo_root() -> Path:
@@ -26,13 +45,15 @@ def repo_root() -> Path:
 
 
 def experiments_dir() -> Path:
+    """``experiments/`` under the project root: every campaign and run lives there."""
     return repo_root() / "experiments"
 
 
 def check_slug(slug: str) -> str:
+    """``slug`` when it is a valid campaign slug; a typed error otherwise."""
     if not isinstance(slug, str) or len(slug) > MAX_SLUG or not SLUG_RE.fullmatch(slug):
         shown = slug[: MAX_SLUG + 20] if isinstance(slug, str) else slug  # never echo 5000 chars
-        raise LabError(
+        raise InvalidArgument(
             f"bad campaign slug {shown!r}: use lowercase letters, digits and single hyphens "
             f"(at most {MAX_SLUG} characters), e.g. simpo-gamma-sweep"
         )
@@ -40,6 +61,7 @@ def check_slug(slug: str) -> str:
 
 
 def today() -> str:
+    """Today's local date as YYYY-MM-DD (a campaign's date prefix)."""
     return dt.datetime.now().strftime("%Y-%m-%d")
 
 
@@ -61,10 +83,10 @@ def check_run_id(run_id: str) -> str:
     """Reject anything that is not a plain run id (no '..', '/', NUL, absolute path) before it
     reaches the file system."""
     if not isinstance(run_id, str) or len(run_id) > MAX_RUN_ID or not RUN_ID_RE.fullmatch(run_id):
-        raise LabError(
+        raise InvalidArgument(
             f"bad run id {str(run_id)[:MAX_RUN_ID]!r}: a run id looks like "
-            "dpo-20260101-120000-ab12 (lowercase letters, digits, single hyphens); "
-            "list runs with `rlhf-lab runs`"
+            "dpo-20260101-120000-ab12 (lowercase letters, digits, single hyphens)",
+            next=NextStep("list_runs"),
         )
     return run_id
 
@@ -75,11 +97,11 @@ def find_run(run_id: str) -> Path:
     root = experiments_dir()
     hits = sorted(p for p in root.glob(f"*/runs/{run_id}") if p.is_dir())
     if not hits:
-        raise LabError(f"no run {run_id!r} under {root}/*/runs/; list runs with `rlhf-lab runs`")
+        raise NotFound(f"no run {run_id!r} under {root}/*/runs/", next=NextStep("list_runs"))
     if len(hits) > 1:
         where = ", ".join(str(p.relative_to(root)) for p in hits)
-        raise LabError(f"run id {run_id!r} is in several campaigns ({where}); keep one of them")
+        raise Conflict(f"run id {run_id!r} is in several campaigns ({where}); keep one of them")
     path = hits[0]
     if not path.resolve().is_relative_to(root.resolve()):
-        raise LabError(f"run folder {path} points outside {root}; refusing to read it")
+        raise Corrupt(f"run folder {path} points outside {root}; refusing to read it")
     return path

@@ -13,20 +13,23 @@ GPU's process list.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from rlhf_lab.paths import experiments_dir
+from rlhf_lab.runfolder import read_record
+from trainers.core.runfolder import LIVE_STATES
 
 __all__ = ["GpuInfo", "GpuProcess", "LabRunHold", "Resources", "check_resources", "gpu_index"]
 
 GIB = 2**30
-ACTIVE_STATES = ("starting", "running")
+# Runs that hold a device: a process exists or is coming up (the contract's live states).
+ACTIVE_STATES: frozenset[str] = LIVE_STATES
 
 
 class GpuProcess(BaseModel):
@@ -128,11 +131,8 @@ def active_lab_runs(root: Path | None = None) -> list[LabRunHold]:
     if not base.is_dir():
         return out
     for path in sorted(base.glob("*/runs/*/run.json")):
-        try:
-            info = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(info, dict) or info.get("state") not in ACTIVE_STATES:
+        info = read_record(path.parent).data
+        if info is None or info.get("state") not in ACTIVE_STATES:
             continue
         pid = info.get("pid") if isinstance(info.get("pid"), int) else None
         device = info.get("device")
@@ -196,7 +196,7 @@ def _query_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
     return gpus, driver
 
 
-def _one_gpu(pynvml, index: int) -> GpuInfo:
+def _one_gpu(pynvml: ModuleType, index: int) -> GpuInfo:
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
     name = _text(pynvml.nvmlDeviceGetName(handle))

@@ -666,3 +666,59 @@ def test_performance_summary_skips_warm_up_and_reaches_the_markdown():
     assert record.performance["throughput/tokens_per_s"] == 200.0
     text = ledger.show_campaign("speed").markdown
     assert "Speed: 200 tokens/s (median); peak memory 0.70 GB; per step: train 0.3 s." in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Config classes come from the catalog (every family, rejection sampling included)
+# ---------------------------------------------------------------------------------------------
+
+RS_YAML = "trainers/rejection_sampling/configs/top_per_prompt.yaml"
+
+
+def test_every_catalog_family_has_its_config_class_for_the_setup_diff():
+    from rlhf_lab.catalog import FAMILIES as CATALOG
+
+    assert set(ledger._CONFIG_CLASSES) == set(CATALOG)
+    for family, info in CATALOG.items():
+        model = ledger._config_model(family)
+        assert model is not None and model.__name__ == info.config_class, family
+
+
+def test_a_rejection_sampling_runs_config_changes_show_in_the_setup_block(lab_root):
+    rs_config = pytest.importorskip("trainers.rejection_sampling.config")
+    shipped = read_yaml(REPO / RS_YAML)
+    used = rs_config.RejectionSamplingConfig.model_validate(shipped).model_dump(mode="json")
+    used["top_k"] = 500
+    used["model"]["name"] = "tiny"
+    camp = ledger.create_campaign("rs-setup", "Does top-per-prompt beat its random control?")
+    run_id = "rs-20260101-120000-a5e1"
+    make_run(
+        camp.id,
+        run_id,
+        family="rejection_sampling",
+        algorithm="top_per_prompt",
+        config=used,
+        config_source=RS_YAML,
+        rows=[{"step": 1, "time_s": 1.0, "phase": "train", "loss": 0.5}],
+    )
+    rec = ledger.record_run(run_id, plot=False)
+
+    # the resolved config is compared with the shipped YAML validated by the family's model, so
+    # only the two values set by hand differ (not every default the YAML leaves out)
+    changed = {c.key: (c.shipped, c.used) for c in rec.changes}
+    assert changed == {"top_k": (1000, 500), "model.name": ("Qwen/Qwen3-1.7B", "tiny")}
+    assert not any("does not validate" in w for w in rec.warnings), rec.warnings
+    md = Path(camp.path).read_text()
+    setup = md.split("<!-- rlhf-lab:begin setup -->")[1].split("<!-- rlhf-lab:end setup -->")[0]
+    assert f"`{run_id}` — values changed from the shipped defaults" in setup
+    assert "| `top_k` | 1000 | 500 |" in setup and "| `model.name` |" in setup
+
+
+def test_a_relative_shipped_config_resolves_in_the_source_checkout_without_cwd(lab_root):
+    # RLHF_LAB_ROOT moves experiments/ only: the shipped YAML is found beside the trainers
+    camp = ledger.create_campaign("no-cwd", "Is the shipped config found without a cwd?")
+    run_id = "dpo-20260101-120000-c0d0"
+    make_run(camp.id, run_id, config=dpo_config(beta=0.2), run_json={"cwd": None})
+    rec = ledger.record_run(run_id, plot=False)
+    assert {c.key: (c.shipped, c.used) for c in rec.changes} == {"beta": (0.1, 0.2)}
+    assert not any("not found" in w for w in rec.warnings), rec.warnings

@@ -432,3 +432,22 @@ def test_hub_download_failure(root, line):
     assert set(alerts) == {"download_failure", "failed"}
     assert line[:40] in alerts["download_failure"].message
     assert "tiny" in alerts["download_failure"].hint
+
+
+def test_runs_reads_train_log_without_importing_logs():
+    """logs imports runs (a diagnosis needs the run's state); runs follows train.log through
+    rlhf_lab.runlog, so no module of the runs package imports rlhf_lab.logs, even lazily."""
+    import ast
+
+    import rlhf_lab.runs
+
+    package = Path(rlhf_lab.runs.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert "rlhf_lab.logs" not in names, f"{path.name} imports rlhf_lab.logs"

@@ -344,7 +344,7 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
     try:
         assert len(results) == 1 and len(errors) == 3, (results, errors)
         winner = results[0].run
-        assert all(winner.id in e and "--force" in e and "--queue" in e for e in errors)
+        assert all(winner.id in e and "force=True" in e and "queue=True" in e for e in errors)
         assert len(list(tmp_path.glob("experiments/*/runs/*"))) == 1  # losers wrote nothing
         # fits_together (the caller's memory check) lets a second job share the device
         shared = runs.launch("direct_alignment", "dpo", cfg, "race", "x", [], fits_together=True)
@@ -496,7 +496,7 @@ def test_launch_records_the_run_and_holds_the_device(fleet, lab_root):
         launch(QUICK, device="cpu")
     text = str(err.value)
     assert run_id in text and f"pid {record['pid']}" in text and "step" in text
-    assert "busy" in text and "--force" in text and "--queue" in text
+    assert "busy" in text and "force=True" in text and "queue=True" in text
     assert set(lab_root.glob("experiments/*/runs/*")) == before
 
 

@@ -346,7 +346,7 @@ def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
     try:
         message = refused[0]
         assert "device cpu is busy" in message and winner.id in message
-        assert "--queue" in message and "--force" in message
+        assert "queue=True" in message and "force=True" in message
         assert run_dirs(lab_root) == [Path(winner.run_dir)], "the refused launch wrote a run"
         # the winner is a real trainer that gets to train
         status = wait_until(

@@ -197,19 +197,27 @@ def read_file(path: str | Path, model: type[M]) -> tuple[M | None, str | None]:
         return None, None
     except OSError as err:
         return None, f"{path.name}: cannot be read ({err.strerror or err}); it was skipped"
+    except UnicodeDecodeError:  # garbage bytes (a torn or foreign write): still never raises
+        return None, f"{path.name}: not UTF-8 text (damaged); it was skipped"
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         return None, f"{path.name}: not valid JSON (line {err.lineno}); it was skipped"
     if not isinstance(data, dict):
         return None, f"{path.name}: expected a JSON object, found {type(data).__name__}; skipped"
+    return validate_data(data, model, path.name)
+
+
+def validate_data(data: dict[str, Any], model: type[M], name: str) -> tuple[M | None, str | None]:
+    """A file's JSON object as ``model``; never raises. ``(None, warning)`` when it does not fit
+    the schema: the warning names the file (``name``), the first bad field and why."""
     try:
         return model.model_validate(data), None
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "(top level)"
         return None, (
-            f"{path.name}: field {where}: {first.get('msg', 'invalid')} (written by another "
+            f"{name}: field {where}: {first.get('msg', 'invalid')} (written by another "
             "version, or damaged); it was skipped"
         )
 
@@ -247,4 +255,5 @@ __all__ = [
     "SummaryFile",
     "parse_metric_line",
     "read_file",
+    "validate_data",
 ]

@@ -1,0 +1,320 @@
+"""A run folder as a ledger row: :func:`inspect_run` reads run.json, config.yaml, summary.json,
+progress.json, metrics.jsonl and samples.jsonl through the lab's one run-folder reader
+(:mod:`rlhf_lab.runfolder`) and builds a :class:`RunRecord`. Tolerant: a missing, old or damaged
+file becomes a warning in the record, never an exception. Writes nothing. Torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.catalog import get_dotted, source_root
+from rlhf_lab.errors import LabError
+from rlhf_lab.ledger.metrics import (
+    _expand_metric_names,
+    _metric_keys,
+    summarize_metrics,
+    summarize_performance,
+)
+from rlhf_lab.ledger.schema import ConfigChange, MetricSummary, RunRecord, SampleExcerpt
+from rlhf_lab.ledger.text import _clip, _first, _int_or_none, _now, _one_line, load_yaml
+from rlhf_lab.logs import run_notes
+from rlhf_lab.paths import find_run, repo_root
+from rlhf_lab.plots import as_float
+from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text
+from rlhf_lab.runfolder import read_metric_rows as read_metrics_file
+from rlhf_lab.runlog import last_error_mention
+from trainers.core.config import config_diff
+from trainers.core.runfolder import ACTIVE_STATES, TERMINAL_STATES, SummaryFile
+
+__all__ = ["inspect_run", "read_metric_rows"]
+
+_FAMILY_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_SAMPLES_SHOWN = 2
+_PROMPT_CHARS = 300
+_COMPLETION_CHARS = 600
+# The config model of each family, from the catalog: (torch-free module, class name).
+_CONFIG_CLASSES: dict[str, tuple[str, str]] = {
+    name: (info.config_module, info.config_class) for name, info in CATALOG_FAMILIES.items()
+}
+
+
+def _dataset_of(cfg: dict | None) -> str | None:
+    specs = get_dotted(cfg, "data.specs")
+    if isinstance(specs, list) and specs:
+        names = [str(s.get("name")) for s in specs if isinstance(s, dict) and s.get("name")]
+        if names:
+            return ", ".join(names)
+    value = _first(cfg, ("data.dataset", "data.name", "data.task", "dataset", "task"))
+    return None if value is None else _one_line(value, 200)
+
+
+def _resolve_source(source: str, cwd: str | None) -> Path | None:
+    path = Path(source)
+    candidates = [path] if path.is_absolute() else []
+    if not path.is_absolute():
+        if cwd:
+            candidates.append(Path(cwd) / path)
+        candidates += [repo_root() / path, source_root() / path]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _config_model(family: str | None) -> type[BaseModel] | None:
+    """The family's pydantic config class (the catalog names its module and class), imported
+    lazily; for a family the catalog does not know, the one ``*Config`` model of
+    ``trainers.<family>.config``. None when unavailable."""
+    if not family or not _FAMILY_RE.fullmatch(family):
+        return None
+    module_name, class_name = _CONFIG_CLASSES.get(family, (f"trainers.{family}.config", None))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # a family still being written, or none at all
+        return None
+    cls = getattr(module, class_name, None) if class_name else None
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return cls
+    found = [
+        obj
+        for obj_name, obj in vars(module).items()
+        if isinstance(obj, type)
+        and issubclass(obj, BaseModel)
+        and obj.__module__ == module.__name__
+        and obj_name.endswith("Config")
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def _config_changes(
+    family: str | None, source: str | None, cwd: str | None, used: dict | None, warnings: list[str]
+) -> list[ConfigChange]:
+    if used is None or not source:
+        return []
+    path = _resolve_source(source, cwd)
+    if path is None:
+        warnings.append(f"shipped config {source} not found; changed values not computed")
+        return []
+    try:
+        shipped = load_yaml(path)
+    except LabError as err:
+        warnings.append(f"shipped config unreadable: {err}")
+        return []
+    model = _config_model(family)
+    if model is not None:
+        try:
+            shipped = model.model_validate(shipped).model_dump(mode="json")
+        except ValidationError:
+            warnings.append(
+                f"shipped config {source} does not validate as {model.__name__}; "
+                "changed values compare the raw YAML"
+            )
+    diff = config_diff(shipped, used)
+    return [ConfigChange(key=k, shipped=a, used=b) for k, (a, b) in diff.items()]
+
+
+def _sample_excerpts(rows: list[dict]) -> list[SampleExcerpt]:
+    if not rows:
+        return []
+    last_step = rows[-1].get("step")
+    picked = [r for r in rows if r.get("step") == last_step][:_SAMPLES_SHOWN]
+    out = []
+    for row in picked:
+        prompt = row.get("prompt", "")
+        if isinstance(prompt, list) and prompt:  # chat messages
+            last = prompt[-1]
+            prompt = last.get("content", "") if isinstance(last, dict) else last
+        completion = _first(row, ("completion", "response", "text", "output")) or ""
+        scores = {}
+        for key, value in row.items():
+            if key in ("step", "prompt", "completion") or isinstance(value, bool):
+                continue
+            number = as_float(value) if isinstance(value, int | float) else None
+            if number is not None and len(scores) < 4:
+                scores[key] = number
+        out.append(
+            SampleExcerpt(
+                step=_int_or_none(row.get("step")),
+                prompt=_one_line(prompt, _PROMPT_CHARS),
+                completion=_clip(str(completion), _COMPLETION_CHARS),
+                scores=scores,
+            )
+        )
+    return out
+
+
+def _failure(
+    path: Path, state: str, outcome: str | None, meta: dict, summary: SummaryFile | None
+) -> str | None:
+    """How a failed, died or stopped run ended, in one line (None for any other run)."""
+    if not (state in ("failed", "died", "stopped") or outcome in ("failed", "stopped")):
+        return None
+    parts: list[str] = []
+    if summary and summary.error:
+        parts.append(_one_line(summary.error, 300))
+    elif summary and outcome == "stopped" and summary.detail:
+        parts.append(_one_line(summary.detail, 300))
+    if isinstance(meta.get("error"), str) and meta["error"]:
+        parts.append(_one_line(meta["error"], 300))
+    elif state == "died":
+        parts.append("the process ended without an exit status (SIGKILL, OOM killer or reboot)")
+    if meta.get("signal") not in (None, "", 0):
+        parts.append(f"signal {meta.get('signal')}")
+    if meta.get("exit_code") not in (None, 0):
+        parts.append(f"exit code {meta.get('exit_code')}")
+    if state in ("failed", "died") and not (summary and summary.error):
+        line = last_error_mention(tail_text(path / "train.log"))
+        if line:
+            parts.append(f"last log line: {line}")
+    return "; ".join(parts) or state
+
+
+def _state_of(
+    meta: dict, outcome: str | None, summary: SummaryFile | None, warnings: list[str]
+) -> str:
+    """The run's state for the ledger: run.json's, unless the trainer's summary says it ended
+    while run.json still calls it active; disagreements become warnings."""
+    state = meta.get("state") if isinstance(meta.get("state"), str) else None
+    if outcome in TERMINAL_STATES and (state is None or state in ACTIVE_STATES):
+        state = outcome
+    state = state or "unknown"
+    if outcome in TERMINAL_STATES and state in TERMINAL_STATES and outcome != state:
+        warnings.append(f"run.json says {state} but summary.json says {outcome}")
+    if summary is None and state in TERMINAL_STATES | {"unknown"}:
+        warnings.append("no summary.json (the run may have died before writing one)")
+    return state
+
+
+def _read_config(path: Path, warnings: list[str]) -> dict | None:
+    """The run's resolved config.yaml (None, with a warning, when missing or unreadable)."""
+    if not (path / "config.yaml").exists():
+        warnings.append("config.yaml is missing")
+        return None
+    try:
+        return load_yaml(path / "config.yaml")
+    except LabError as err:
+        warnings.append(f"config.yaml unreadable: {err}")
+        return None
+
+
+def _steps(summary: SummaryFile | None, progress: Any, rows: list[dict]) -> int | None:
+    """Steps done: the summary's, else progress.json's, else the last logged step."""
+    steps = _int_or_none(summary.steps) if summary else None
+    if steps is None and progress is not None:
+        steps = _int_or_none(progress.step)
+    if steps is None and rows:
+        steps = max(
+            (s for r in rows if (s := _int_or_none(r.get("step"))) is not None), default=None
+        )
+    return steps
+
+
+def inspect_run(run_id: str) -> RunRecord:
+    """Build a run's record from its folder without writing anything (no plot)."""
+    return _build_record(find_run(run_id), run_id)
+
+
+def _build_record(path: Path, run_id: str) -> RunRecord:
+    warnings: list[str] = []
+    campaign = path.parent.parent.name
+    found = read_record(path)
+    if found.data is None and found.warning:
+        warnings.append(found.warning)
+    elif found.data is None:
+        warnings.append("run.json is missing (the run was not started by the lab?)")
+    meta = found.data or {}
+    summary, warning = read_summary(path)
+    warnings += [warning] if warning else []
+    progress, warning = read_progress(path)
+    warnings += [warning] if warning else []
+    cfg = _read_config(path, warnings)
+    metric_lines = read_metrics_file(path / "metrics.jsonl")
+    rows = metric_lines.rows
+    warnings += [metric_lines.warning] if metric_lines.warning else []
+    sample_lines = read_json_lines(path / "samples.jsonl")
+    warnings += [sample_lines.warning] if sample_lines.warning else []
+
+    if meta.get("id") not in (None, run_id):
+        warnings.append(f"run.json id {meta.get('id')!r} differs from the folder name")
+    if meta.get("campaign") not in (None, campaign):
+        warnings.append(f"run.json campaign {meta.get('campaign')!r} differs from the folder's")
+
+    family = meta.get("family") if isinstance(meta.get("family"), str) else None
+    algorithm = meta.get("algorithm") or _first(
+        cfg, ("algorithm", "loss", "kind", "selection.strategy", "strategy")
+    )
+    if algorithm is not None and not isinstance(algorithm, str):
+        algorithm = str(algorithm)
+    outcome = summary.outcome if summary else None
+    state = _state_of(meta, outcome, summary, warnings)
+
+    argv = meta.get("argv")
+    command = None
+    if isinstance(argv, list) and argv:
+        argv = [str(a) for a in argv]
+        command = shlex.join(argv)
+    else:
+        argv = []
+    overrides = meta.get("overrides") if isinstance(meta.get("overrides"), list) else []
+    source = meta.get("config_source") if isinstance(meta.get("config_source"), str) else None
+    cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
+    changes = _config_changes(family, source, cwd, cfg, warnings)
+
+    names = _expand_metric_names(_metric_keys(family))
+    summary_data = summary.model_dump() if summary else None
+    metrics = summarize_metrics(rows, names, summary_data, family)
+    total = (_int_or_none(summary.total_steps) if summary else None) or (
+        _int_or_none(progress.total_steps) if progress else None
+    )
+    wandb = meta.get("wandb_url") or (summary.wandb_url if summary else None)
+    model = _first(cfg, ("model.name", "model_name"))
+    root = repo_root()
+    return RunRecord(
+        run_id=run_id,
+        campaign=campaign,
+        family=family,
+        algorithm=algorithm,
+        state=state,
+        outcome=outcome,
+        failure=_failure(path, state, outcome, meta, summary),
+        command=command,
+        argv=argv,
+        overrides=[str(o) for o in overrides],
+        model=None if model is None else _one_line(model, 200),
+        dataset=_dataset_of(cfg),
+        seed=_int_or_none(_first(cfg, ("seed", "train.seed"))),
+        config_source=source,
+        config_file=os.path.relpath(path / "config.yaml", root) if cfg is not None else None,
+        changes=changes,
+        metrics=metrics,
+        performance=summarize_performance(rows),
+        steps=_steps(summary, progress, rows),
+        total_steps=total,
+        wall_time_s=as_float(summary.wall_time_s) if summary else None,
+        wandb_url=str(wandb) if wandb else None,
+        samples=_sample_excerpts(sample_lines.rows),
+        diagnostics=_diagnose(family, state, rows, metrics),
+        warnings=warnings,
+        run_dir=os.path.relpath(path, root),
+        recorded_at=_now(),
+    )
+
+
+def _diagnose(
+    family: str | None, state: str, rows: list[dict], metrics: list[MetricSummary]
+) -> list[str]:
+    """The ledger row's diagnostics: the lab's end-of-run notes (:func:`rlhf_lab.logs.run_notes`,
+    the diagnosis' rules for a finished run's metrics)."""
+    finals = {m.name: m.final for m in metrics}
+    return run_notes(family, state, rows, [m.name for m in metrics], finals)
+
+
+def read_metric_rows(run_id: str) -> list[dict]:
+    """metrics.jsonl rows of a run (unreadable lines skipped)."""
+    return read_metrics_file(find_run(run_id) / "metrics.jsonl").rows

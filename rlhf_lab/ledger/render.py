@@ -1,0 +1,344 @@
+"""Rendering a campaign: markdown formatting filters, the jinja2 templates of the lab-owned
+blocks, splicing blocks into a hand-edited ledger (bytes outside the markers are kept), and the
+YAML front matter. Pure functions of the ledger's data; the only file read is a template.
+Torch-free."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.errors import Corrupt, NextStep
+from rlhf_lab.ledger.layout import _asset_dir, _md_path
+from rlhf_lab.ledger.metrics import _expand_metric_names, _metric_keys, _performance_text
+from rlhf_lab.ledger.schema import (
+    MANUAL_STATUSES,
+    Campaign,
+    RunRecord,
+    _LedgerData,
+    _RunBrief,
+)
+from rlhf_lab.ledger.text import _YAML_LOADER, _one_line
+from rlhf_lab.plots import as_float
+from trainers.core.runfolder import ACTIVE_STATES
+
+__all__ = ["replace_blocks"]
+
+FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
+
+_BLOCK_HEADINGS = {
+    "setup": "Setup",
+    "runs": "Runs",
+    "plots": "Plots",
+    "comparison": "Comparison",
+    "observations-auto": "Observations",
+}
+
+_ENV: Environment | None = None
+
+
+def _fmt_num(value: Any) -> str:
+    number = as_float(value)
+    if number is None:
+        return "—" if value in (None, "") else _cell(value)
+    if math.isnan(number):
+        return "nan"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return f"{number:.4g}"
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "" or value == []:
+        return "—"
+    if isinstance(value, list):
+        value = ", ".join(str(v) for v in value)
+    return _md_text(value).replace("|", "\\|")
+
+
+def _md_text(value: Any, limit: int = 400) -> str:
+    """One line of plain text for markdown: whitespace collapsed, '<' escaped so that text such
+    as <think> shows instead of being taken for HTML."""
+    return _one_line(value, limit).replace("<", "\\<")
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
+
+
+def _code(value: Any) -> str:
+    text = " ".join(str(value).split())
+    if "`" not in text:
+        return f"`{text}`"
+    return f"`` {text} ``"
+
+
+def _fence(text: Any) -> str:
+    text = str(text)
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}\n{text}\n{ticks}"
+
+
+def _scores(scores: dict[str, float]) -> str:
+    if not scores:
+        return ""
+    return " — " + ", ".join(f"{k} {_fmt_num(v)}" for k, v in scores.items())
+
+
+def _env() -> Environment:
+    global _ENV
+    if _ENV is None:
+        env = Environment(
+            loader=FileSystemLoader(str(Path(__file__).resolve().parents[1] / "templates")),
+            autoescape=False,
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+        )
+        env.filters.update(
+            num=_fmt_num,
+            scores=_scores,
+            cell=_cell,
+            value=_value,
+            code=_code,
+            fence=_fence,
+            oneline=_md_text,
+        )
+        _ENV = env
+    return _ENV
+
+
+def _render(template: str, **context: Any) -> str:
+    text = _env().get_template(template).render(**context).strip("\n")
+    # Data (a completion, a note) must never forge a marker comment.
+    return text.replace("rlhf-lab:begin", "rlhf-lab: begin").replace(
+        "rlhf-lab:end", "rlhf-lab: end"
+    )
+
+
+def _begin(name: str) -> str:
+    return f"<!-- rlhf-lab:begin {name} -->"
+
+
+def _end(name: str) -> str:
+    return f"<!-- rlhf-lab:end {name} -->"
+
+
+def _block_spans(text: str, names: Sequence[str], where: str) -> dict[str, tuple[int, int]]:
+    """{name: (start of content, end of content)} for the blocks present; LabError when a block's
+    markers are duplicated, unbalanced, out of order or overlap another block."""
+    spans: dict[str, tuple[int, int]] = {}
+    for name in names:
+        nb, ne = text.count(_begin(name)), text.count(_end(name))
+        if nb == 0 and ne == 0:
+            continue
+        b, e = text.find(_begin(name)), text.find(_end(name))
+        if nb != 1 or ne != 1 or e < b:
+            raise Corrupt(
+                f"{where}: the '{name}' block markers are broken ({nb} begin, {ne} end marker(s)); "
+                f"leave exactly one `{_begin(name)}` followed by one `{_end(name)}` (or delete "
+                "both to have the block re-added), then show the campaign again. "
+                "The campaign data is safe in ledger.json.",
+                next=NextStep("show_campaign"),
+            )
+        spans[name] = (b + len(_begin(name)), e)
+    ordered = sorted(spans.items(), key=lambda kv: kv[1][0])
+    for (n1, (_, e1)), (n2, (b2, _)) in zip(ordered, ordered[1:], strict=False):
+        if b2 - len(_begin(n2)) < e1 + len(_end(n1)):
+            raise Corrupt(f"{where}: the '{n1}' and '{n2}' blocks overlap; fix their markers")
+    return spans
+
+
+def replace_blocks(
+    text: str, contents: dict[str, str], headings: dict[str, str], where: str
+) -> str:
+    """Replace the content between each block's markers; bytes outside markers are kept. A block
+    whose markers are both gone is re-added right under its heading (or at the end)."""
+    spans = _block_spans(text, list(contents), where)
+    # Replace from the end so earlier offsets stay valid.
+    for name, (start, stop) in sorted(spans.items(), key=lambda kv: -kv[1][0]):
+        text = text[:start] + "\n" + contents[name] + "\n" + text[stop:]
+    for name, content in contents.items():
+        if name in spans:
+            continue
+        block = f"{_begin(name)}\n{content}\n{_end(name)}"
+        heading = headings.get(name)
+        match = re.search(rf"^## {re.escape(heading)}[ \t]*$", text, re.M) if heading else None
+        if match:
+            at = match.end()
+            text = text[:at] + "\n\n" + block + text[at:]
+        else:
+            sep = "" if text.endswith("\n") or not text else "\n"
+            title = f"## {heading}\n\n" if heading else ""
+            text = f"{text}{sep}\n{title}{block}\n"
+    return text
+
+
+_FRONT_RE = re.compile(r"---\r?\n(.*?\r?\n)?---(?:\r?\n|\Z)", re.S)
+
+
+def _split_front_matter(text: str) -> tuple[dict | None, str]:
+    """(front matter mapping or None, the rest of the text byte-for-byte)."""
+    match = _FRONT_RE.match(text)
+    if not match:
+        return None, text
+    try:
+        data = yaml.load(match.group(1) or "", Loader=_YAML_LOADER)
+    except yaml.YAMLError:
+        data = {}
+    return (data if isinstance(data, dict) else {}), text[match.end() :]
+
+
+def _distinct(values: Iterable[Any]) -> list[Any]:
+    return list(dict.fromkeys(v for v in values if v not in (None, "")))
+
+
+def _scalar_or_list(explicit: Any, derived: list[Any]) -> Any:
+    if explicit not in (None, "", []):
+        return explicit
+    if not derived:
+        return None
+    return derived[0] if len(derived) == 1 else derived
+
+
+def _campaign_status(runs: Sequence[RunRecord | _RunBrief]) -> str:
+    if not runs:
+        return "planned"
+    states = [r.state for r in runs]
+    if any(s in ACTIVE_STATES for s in states):
+        return "running"
+    if any(s == "succeeded" for s in states):
+        return "completed"
+    return "failed"
+
+
+def _campaign_model(
+    data: _LedgerData,
+    status: str | None = None,
+    created: bool = False,
+    briefs: Sequence[_RunBrief] | None = None,
+) -> Campaign:
+    meta = data.campaign
+    runs: Sequence[RunRecord | _RunBrief] = data.runs if briefs is None else briefs
+    seeds = meta.seeds if meta.seeds else _distinct(r.seed for r in runs)
+    return Campaign(
+        id=meta.id,
+        slug=meta.slug,
+        date=meta.date,
+        status=status or _campaign_status(runs),
+        question=meta.question,
+        family=_scalar_or_list(meta.family, _distinct(r.family for r in runs)),
+        model=_scalar_or_list(meta.model, _distinct(r.model for r in runs)),
+        dataset=_scalar_or_list(meta.dataset, _distinct(r.dataset for r in runs)),
+        seeds=[int(s) for s in seeds],
+        path=str(_md_path(meta.id)),
+        asset_dir=str(_asset_dir(meta.id)),
+        runs=len(runs),
+        created=created,
+    )
+
+
+def _front_matter(campaign: Campaign, old: dict | None) -> str:
+    status = campaign.status
+    if old and str(old.get("status", "")) in MANUAL_STATUSES:
+        status = str(old["status"])
+    data: dict[str, Any] = {
+        "id": campaign.id,
+        "date": campaign.date,
+        "status": status,
+        "question": campaign.question,
+        "family": campaign.family,
+        "model": campaign.model,
+        "dataset": campaign.dataset,
+        "seeds": campaign.seeds,
+    }
+    for key, value in (old or {}).items():
+        if key not in data:
+            data[key] = value
+    text = yaml.safe_dump(
+        data, sort_keys=False, allow_unicode=True, default_flow_style=None, width=1000
+    )
+    return f"---\n{text}---\n"
+
+
+def _run_view(r: RunRecord) -> dict[str, Any]:
+    state = r.state
+    if r.failure and r.state != "succeeded":
+        state = f"{r.state}: {_one_line(r.failure, 90)}"
+    steps = "—" if r.steps is None else str(r.steps)
+    if r.total_steps:
+        steps = f"{steps}/{r.total_steps}"
+    wall = None
+    if r.wall_time_s is not None and math.isfinite(r.wall_time_s):
+        wall = f"{r.wall_time_s:.0f} s" if r.wall_time_s < 120 else f"{r.wall_time_s / 60:.1f} min"
+    return {
+        "run_id": r.run_id,
+        "algorithm": r.algorithm,
+        "state_text": state,
+        "steps_text": steps,
+        "wall": wall,
+        "finals": {m.name: m.final for m in r.metrics},
+        "wandb": f"[W&B]({r.wandb_url})" if r.wandb_url else None,
+        "note": r.note,
+        "command": r.command,
+        "metrics": r.metrics,
+        "performance": _performance_text(r.performance),
+    }
+
+
+def _runs_groups(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
+    groups: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        groups.setdefault(r.family or "unknown family", []).append(r)
+    out = []
+    for family, members in groups.items():
+        present = {m.name for r in members for m in r.metrics}
+        columns = [
+            n
+            for n in _expand_metric_names(_metric_keys(family if family in FAMILIES else None))
+            if n in present
+        ]
+        out.append({"family": family, "columns": columns, "runs": [_run_view(r) for r in members]})
+    return out
+
+
+def _block_contents(data: _LedgerData, campaign: Campaign) -> dict[str, str]:
+    runs = data.runs
+    return {
+        "setup": _render("setup.md.j2", runs=runs, meta=campaign),
+        "runs": _render("runs.md.j2", groups=_runs_groups(runs), runs=[_run_view(r) for r in runs]),
+        "plots": _render("plots.md.j2", runs=runs),
+        "comparison": _render(
+            "comparison.md.j2", comparisons=data.comparisons, campaign=campaign.id
+        ),
+        "observations-auto": _render("observations.md.j2", runs=runs),
+    }
+
+
+def _skeleton(question: str) -> str:
+    question = _one_line(question).replace("rlhf-lab:", "rlhf-lab: ")
+    return _env().get_template("campaign.md.j2").render(question=question)
+
+
+def _render_markdown(existing: str | None, data: _LedgerData, where: str) -> str:
+    campaign = _campaign_model(data)
+    if existing is None:
+        old, body = None, "\n" + _skeleton(data.campaign.question)
+    else:
+        old, body = _split_front_matter(existing)
+        if old is None:
+            body = "\n" + body
+    body = replace_blocks(body, _block_contents(data, campaign), _BLOCK_HEADINGS, where)
+    return _front_matter(campaign, old) + body

@@ -1,0 +1,161 @@
+"""The ledger's data: the pydantic models stored in ``ledger.json`` and returned by the ledger's
+functions (a run's record, a campaign, a recorded comparison), and the campaign's block names.
+Torch-free."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BLOCKS",
+    "MANUAL_STATUSES",
+    "Campaign",
+    "CampaignView",
+    "ComparisonEntry",
+    "ConfigChange",
+    "MetricSummary",
+    "RunRecord",
+    "SampleExcerpt",
+]
+
+BLOCKS: tuple[str, ...] = ("setup", "runs", "plots", "comparison", "observations-auto")
+
+MANUAL_STATUSES = frozenset({"concluded", "abandoned", "archived", "paused"})
+
+
+class _Model(BaseModel):
+    """Base of the ledger's models: NaN/inf survive a JSON round trip (as "NaN"/"Infinity")."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+
+class MetricSummary(_Model):
+    """Final and best value of one metric over a run (best only where a direction is clear)."""
+
+    name: str
+    final: float | None = None
+    final_step: int | None = None
+    best: float | None = None
+    best_step: int | None = None
+    direction: Literal["max", "min"] | None = None
+
+
+class ConfigChange(_Model):
+    """A config value that differs from the shipped default YAML (dotted key)."""
+
+    key: str
+    shipped: Any = None
+    used: Any = None
+
+
+class SampleExcerpt(_Model):
+    step: int | None = None
+    prompt: str = ""
+    completion: str = ""
+    scores: dict[str, float] = Field(default_factory=dict)
+
+
+class RunRecord(_Model):
+    """One run's row in a campaign ledger, built from its run folder."""
+
+    run_id: str
+    campaign: str
+    family: str | None = None
+    algorithm: str | None = None
+    state: str = "unknown"
+    outcome: str | None = Field(default=None, description="summary.json outcome")
+    failure: str | None = Field(default=None, description="failure mode (error, signal, ...)")
+    command: str | None = Field(default=None, description="exact command (shlex-joined argv)")
+    argv: list[str] = Field(default_factory=list)
+    overrides: list[str] = Field(default_factory=list)
+    model: str | None = None
+    dataset: str | None = None
+    seed: int | None = None
+    config_source: str | None = Field(default=None, description="the shipped YAML it started from")
+    config_file: str | None = Field(default=None, description="the run's resolved config.yaml")
+    changes: list[ConfigChange] = Field(default_factory=list)
+    metrics: list[MetricSummary] = Field(default_factory=list)
+    performance: dict[str, float] = Field(
+        default_factory=dict,
+        description="median throughput/tokens_per_s, max memory/peak_gb, median timing/* (s)",
+    )
+    steps: int | None = None
+    total_steps: int | None = None
+    wall_time_s: float | None = None
+    wandb_url: str | None = None
+    note: str | None = None
+    samples: list[SampleExcerpt] = Field(default_factory=list)
+    plot: str | None = Field(default=None, description="PNG path relative to experiments/")
+    diagnostics: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    run_dir: str = ""
+    recorded_at: str = ""
+
+    def metric(self, name: str) -> MetricSummary | None:
+        return next((m for m in self.metrics if m.name == name), None)
+
+
+class ComparisonEntry(_Model):
+    """A comparison table recorded into a campaign's Comparison section."""
+
+    key: str = Field(description="identifies the compared set; recording it again replaces it")
+    title: str
+    family: str
+    run_ids: list[str]
+    markdown: str
+    recorded_at: str = ""
+
+
+class Campaign(_Model):
+    id: str = Field(description="YYYY-MM-DD-<slug>, the markdown file's stem")
+    slug: str
+    date: str
+    status: str
+    question: str
+    family: str | list[str] | None = None
+    model: str | list[str] | None = None
+    dataset: str | list[str] | None = None
+    seeds: list[int] = Field(default_factory=list)
+    path: str = Field(description="the markdown ledger")
+    asset_dir: str = Field(description="runs/, plots/, ledger.json")
+    runs: int = 0
+    created: bool = Field(default=False, description="True when this call created it")
+    warnings: list[str] = Field(default_factory=list)
+
+
+class CampaignView(_Model):
+    campaign: Campaign
+    markdown: str
+    runs: list[RunRecord]
+    comparisons: list[ComparisonEntry] = Field(default_factory=list)
+
+
+class _CampaignMeta(_Model):
+    id: str
+    slug: str
+    date: str
+    question: str
+    family: str | None = None
+    model: str | None = None
+    dataset: str | None = None
+    seeds: list[int] | None = None
+    created_at: str = ""
+
+
+class _LedgerData(_Model):
+    version: int = 1
+    campaign: _CampaignMeta
+    runs: list[RunRecord] = Field(default_factory=list)
+    comparisons: list[ComparisonEntry] = Field(default_factory=list)
+
+
+class _RunBrief(NamedTuple):
+    """What the index needs of a run (read without validating whole records)."""
+
+    state: str
+    family: str | None
+    model: str | None
+    dataset: str | None
+    seed: int | None

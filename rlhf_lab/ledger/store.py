@@ -1,0 +1,231 @@
+"""Writing campaigns: ``ledger.json`` and the markdown (replaced atomically, under the campaign's
+lock), creating a campaign, recording a run's row and a comparison, re-rendering. Every write
+regenerates the index (:mod:`rlhf_lab.ledger.index`). Torch-free.
+
+Files are written with ``rlhf_lab.ledger.atomic_write_text`` looked up at call time (tests slow
+it down there to widen the window a torn read would need).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound
+from rlhf_lab.ledger.campaigns import _load_data, resolve_campaign
+from rlhf_lab.ledger.index import regenerate_index
+from rlhf_lab.ledger.inspect import _build_record
+from rlhf_lab.ledger.layout import (
+    _CAMPAIGN_RE,
+    _acquire,
+    _asset_dir,
+    _check_campaign_name,
+    _data_path,
+    _locked,
+    _md_path,
+    check_campaign_slug,
+)
+from rlhf_lab.ledger.metrics import _metric_keys
+from rlhf_lab.ledger.render import _campaign_model, _render_markdown
+from rlhf_lab.ledger.schema import Campaign, ComparisonEntry, RunRecord, _CampaignMeta, _LedgerData
+from rlhf_lab.ledger.text import _now, _one_line
+from rlhf_lab.paths import experiments_dir, find_run, today
+from rlhf_lab.plots import plot_run_metrics
+from rlhf_lab.runfolder import read_metric_rows, read_record
+from rlhf_lab.runs import run_state
+from trainers.core.runfolder import ACTIVE_STATES
+
+__all__ = ["create_campaign", "record_comparison", "record_run", "render_campaign"]
+
+FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
+
+
+def _writer() -> Callable[[Path, str], None]:
+    """``atomic_write_text`` as the ledger package holds it now (see the module docstring)."""
+    return sys.modules["rlhf_lab.ledger"].atomic_write_text
+
+
+def _write_data(name: str, data: _LedgerData) -> None:
+    _writer()(_data_path(name), data.model_dump_json(indent=1) + "\n")
+
+
+def _write(name: str, data: _LedgerData) -> None:
+    """Write ledger.json then regenerate the markdown (caller holds the campaign lock)."""
+    (_asset_dir(name) / "runs").mkdir(parents=True, exist_ok=True)
+    (_asset_dir(name) / "plots").mkdir(parents=True, exist_ok=True)
+    _write_data(name, data)
+    md = _md_path(name)
+    existing = md.read_text() if md.is_file() else None
+    text = _render_markdown(existing, data, str(md))
+    if text != existing:
+        _writer()(md, text)
+
+
+def create_campaign(
+    slug: str,
+    question: str,
+    family: str | None = None,
+    model: str | None = None,
+    dataset: str | None = None,
+    seeds: Sequence[int] | None = None,
+) -> Campaign:
+    """Create experiments/YYYY-MM-DD-<slug>.md and its asset folder (runs/, plots/).
+
+    Idempotent: when today's campaign with this slug (or the dated name given) exists it is
+    returned unchanged (``created=False``); nothing is overwritten.
+    """
+    check_campaign_slug(slug)
+    if not isinstance(question, str) or not question.strip():
+        raise InvalidArgument("a campaign needs a question, e.g. 'does SimPO learn at gamma 0.5?'")
+    if family is not None and family not in FAMILIES:
+        raise InvalidArgument(
+            f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}",
+            next=NextStep("list_recipes"),
+        )
+    if seeds is not None and not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise InvalidArgument(f"seeds must be integers, got {list(seeds)!r}")
+    name = slug if _CAMPAIGN_RE.fullmatch(slug) else f"{today()}-{slug}"
+    date, bare = _check_campaign_name(name)
+    with _acquire(_locked(name), name):
+        data = _load_data(name)
+        created = data is None
+        if data is None:
+            data = _LedgerData(
+                campaign=_CampaignMeta(
+                    id=name,
+                    slug=bare,
+                    date=date,
+                    question=_one_line(question, 500),
+                    family=family,
+                    model=None if model is None else _one_line(model, 200),
+                    dataset=None if dataset is None else _one_line(dataset, 200),
+                    seeds=list(seeds) if seeds is not None else None,
+                    created_at=_now(),
+                )
+            )
+            _write(name, data)
+        else:
+            for sub in ("runs", "plots"):
+                (_asset_dir(name) / sub).mkdir(parents=True, exist_ok=True)
+            if not _data_path(name).is_file():
+                _write_data(name, data)
+            if not _md_path(name).is_file():
+                _write(name, data)
+    regenerate_index()
+    return _campaign_model(data, created=created)
+
+
+def _refresh_state(run_id: str, path: Path) -> str | None:
+    """Let the runs package settle a run that run.json still calls active (it checks the process
+    table and writes the final state into run.json). Returns a warning when that failed."""
+    state = (read_record(path).data or {}).get("state")
+    if state not in ACTIVE_STATES:
+        return None
+    try:
+        run_state(run_id)
+    except Exception as err:  # the record is still built from what is on disk
+        return f"state not refreshed from the process table ({type(err).__name__}: {err})"
+    return None
+
+
+def record_run(run_id: str, note: str | None = None, *, plot: bool = True) -> RunRecord:
+    """Fill (or refresh) a run's row in its campaign ledger from the run folder.
+
+    Reads run.json, config.yaml, summary.json, progress.json, metrics.jsonl and samples.jsonl;
+    unreadable or missing files become warnings in the record. Draws the family's key metrics to
+    <campaign>/plots/<run-id>.png. Recording again replaces the same row; ``note=None`` keeps the
+    note recorded before. The campaign is created if the run's folder has none yet.
+    """
+    path = find_run(run_id)
+    name = path.parent.parent.name
+    try:
+        _check_campaign_name(name)
+    except LabError:
+        raise InvalidArgument(
+            f"run {run_id} sits in {path.parent.parent}, which is not a dated campaign folder "
+            "(YYYY-MM-DD-<slug>); move it under one"
+        ) from None
+    refresh_warning = _refresh_state(run_id, path)
+    record = _build_record(path, run_id)
+    if refresh_warning:
+        record.warnings.append(refresh_warning)
+    if plot:
+        png = _asset_dir(name) / "plots" / f"{run_id}.png"
+        try:
+            result = plot_run_metrics(
+                read_metric_rows(path / "metrics.jsonl").rows,
+                _metric_keys(record.family),
+                png,
+                title=f"{run_id} ({record.algorithm or record.family or 'run'})",
+            )
+            if result.path:
+                record.plot = os.path.relpath(result.path, experiments_dir())
+        except Exception as err:  # a plot must never lose the record
+            record.warnings.append(f"plot not drawn: {type(err).__name__}: {err}")
+    if note is not None:
+        record.note = _one_line(note, 1000) if note.strip() else None
+    with _acquire(_locked(name), name):
+        data = _load_data(name)
+        if data is None:
+            date, slug = _check_campaign_name(name)
+            data = _LedgerData(
+                campaign=_CampaignMeta(
+                    id=name,
+                    slug=slug,
+                    date=date,
+                    question=f"(campaign created when {run_id} was recorded: write its question)",
+                    created_at=_now(),
+                )
+            )
+            record.warnings.append("the campaign had no ledger yet; it was created")
+        for i, old in enumerate(data.runs):
+            if old.run_id == run_id:
+                if note is None:
+                    record.note = old.note
+                if not plot and record.plot is None:
+                    record.plot = old.plot
+                data.runs[i] = record
+                break
+        else:
+            data.runs.append(record)
+        _write(name, data)
+    regenerate_index()
+    return record
+
+
+def record_comparison(slug: str, entry: ComparisonEntry) -> Campaign:
+    """Put ``entry`` into the campaign's Comparison section (same key: replaced)."""
+    name = resolve_campaign(slug)
+    if not entry.recorded_at:
+        entry = entry.model_copy(update={"recorded_at": _now()})
+    with _acquire(_locked(name), name):
+        data = _load_data(name)
+        if data is None:
+            raise NotFound(
+                f"campaign {name} disappeared while recording; create it again",
+                next=NextStep("create_campaign", {"slug": name}),
+            )
+        for i, old in enumerate(data.comparisons):
+            if old.key == entry.key:
+                data.comparisons[i] = entry
+                break
+        else:
+            data.comparisons.append(entry)
+        _write(name, data)
+    regenerate_index()
+    return _campaign_model(data)
+
+
+def render_campaign(slug: str) -> Campaign:
+    """Regenerate the campaign's markdown from ledger.json (e.g. after fixing its markers)."""
+    name = resolve_campaign(slug)
+    with _acquire(_locked(name), name):
+        data = _load_data(name)
+        if data is None:
+            raise NotFound(f"no campaign {name}", next=NextStep("list_campaigns"))
+        _write(name, data)
+    regenerate_index()
+    return _campaign_model(data)

@@ -1,0 +1,65 @@
+"""Small plain-text and YAML helpers of the ledger: one-line text, clipping, dotted look-ups in
+a config, and a tolerant YAML loader. Torch-free."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf_lab.catalog import get_dotted
+from rlhf_lab.errors import InvalidArgument
+
+__all__ = ["load_yaml"]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(path: Path) -> dict:
+    """A YAML mapping (libyaml's fast loader when present); LabError when unreadable."""
+    try:
+        data = yaml.load(path.read_text(errors="replace"), Loader=_YAML_LOADER)
+    except (OSError, yaml.YAMLError) as err:
+        raise InvalidArgument(
+            f"{path.name} is not readable YAML ({type(err).__name__}: {err})"
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{path.name} does not hold a mapping")
+    return data
+
+
+def _first(data: dict | None, keys: Sequence[str]) -> Any:
+    for key in keys:
+        value = get_dotted(data, key)
+        if value not in (None, "", []):
+            return value
+    return None
+
+
+def _one_line(value: Any, limit: int = 400) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None

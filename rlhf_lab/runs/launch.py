@@ -1,0 +1,561 @@
+"""Creating and starting runs: checks, the trainer's command line and environment, devices, the
+run folder, the detached start, the one-job-per-device launch and resume. Torch-free.
+
+The launcher starts ``python -m rlhf_lab._wrapper <run-dir> -- <trainer argv>`` in its own
+session (``start_new_session=True``), stdin from /dev/null, stdout+stderr appended to
+``train.log``. The wrapper is the process-group leader; the trainer is its child in the same
+group. ``run.json`` records the **wrapper's** pid, pgid and psutil create time (the wrapper lives
+exactly as long as the run and is the process that writes ``exit.json``); the wrapper's
+``process.json`` adds the trainer's pid and create time.
+
+Device exclusivity: :func:`launch` allows one training job per device (``cpu``, ``cuda:N``)
+unless the caller's memory check says both fit (``fits_together=True``) or ``force=True``. The
+check and the start happen under a file lock per device, so two racing launches never both start.
+``queue=True`` writes the run as ``queued`` and makes sure the queue worker runs.
+
+Functions that tests replace (``start_run``, ``trainer_argv``, ``ensure_queue_worker``,
+``_visible_gpu_count``, ``_cpu_cores``, ``_reap_in_background``) are called through the package
+(:func:`patchable`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound, NotReady, Unavailable
+from rlhf_lab.paths import LabError, campaign_name, experiments_dir, find_run, new_run_id
+from rlhf_lab.runs.devices import cpu_threads_beside, resolve_device
+from rlhf_lab.runs.process import _device_lock, _run_lock
+from rlhf_lab.runs.records import (
+    LaunchResult,
+    RunInfo,
+    _atomic_write_json,
+    _atomic_write_text,
+    _info,
+    _now,
+    _read_record,
+    _read_run_json,
+    _source_dir,
+    patchable,
+)
+from rlhf_lab.runs.state import _describe, _status, active_runs, queued_runs
+
+__all__ = [
+    "FAMILIES",
+    "launch",
+    "prepare_run",
+    "resume_run",
+    "start_run",
+    "trainer_argv",
+]
+
+# Families the lab may launch (each runs as `python -m trainers.<family>.train`).
+FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
+
+# Package versions recorded in run.json (importlib.metadata only; nothing is imported).
+VERSION_PACKAGES = (
+    "rlhf-lab",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "datasets",
+    "accelerate",
+    "reasoning-gym",
+    "pydantic",
+    "trl",
+    "wandb",
+    "flash-attn",
+)
+
+RESUMABLE_STATES = ("died", "stopped", "failed")
+_ATTEMPT_FILES = ("exit.json", "process.json", "summary.json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance
+# ---------------------------------------------------------------------------------------------
+
+
+def _git_info(cwd: Path) -> tuple[str | None, bool | None]:
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args],
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return None, None
+    status = git("status", "--porcelain")
+    return commit.strip() or None, (None if status is None else bool(status.strip()))
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    for name in VERSION_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Families, devices, command line, environment
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_family(family: str) -> str:
+    """``family`` when the lab can launch it (known, with a trainer); a typed error otherwise."""
+    if family not in FAMILIES:
+        raise InvalidArgument(
+            f"unknown family {family!r}; known families: {', '.join(FAMILIES)}",
+            next=NextStep("list_recipes"),
+        )
+    if not (_source_dir() / "trainers" / family / "train.py").is_file():
+        raise Unavailable(
+            f"family {family!r} has no trainer yet (trainers/{family}/train.py is missing)",
+            next=NextStep("list_recipes"),
+        )
+    return family
+
+
+def trainer_argv(family: str, run_dir: Path, resume: bool = False) -> list[str]:
+    """The trainer's command line: the resolved config.yaml already holds every override."""
+    argv = [
+        sys.executable,
+        "-m",
+        f"trainers.{family}.train",
+        "--config",
+        str(run_dir / "config.yaml"),
+        "--run-dir",
+        str(run_dir),
+    ]
+    return [*argv, "--resume"] if resume else argv
+
+
+def _trainer_env(device: str, sharing: int = 0) -> dict[str, str]:
+    """The trainer's environment. A CPU trainer started beside ``sharing`` other CPU runs gets
+    ``OMP_NUM_THREADS`` (torch's intra-op threads) set to its share of the cores, unless the
+    caller's environment already sets it."""
+    env = dict(os.environ)
+    if device == "cpu" and sharing > 0 and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(cpu_threads_beside(sharing, patchable()._cpu_cores()))
+    env["PYTHONUNBUFFERED"] = "1"
+    src = str(_source_dir())
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in parts if p != src]])
+    if device.startswith("cuda:"):
+        index = int(device.split(":", 1)[1])
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            env["CUDA_VISIBLE_DEVICES"] = str(index)
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        else:
+            ids = [v.strip() for v in visible.split(",") if v.strip()]
+            if index < len(ids):
+                env["CUDA_VISIBLE_DEVICES"] = ids[index]
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Create and start
+# ---------------------------------------------------------------------------------------------
+
+
+def _config_text(config_data: dict) -> str:
+    """The resolved config as YAML, or a typed error when it cannot be one."""
+    if not isinstance(config_data, dict) or not config_data:
+        raise InvalidArgument("config_data must be the resolved config as a non-empty mapping")
+    import yaml
+
+    try:
+        return yaml.safe_dump(config_data, sort_keys=False)
+    except yaml.YAMLError as err:
+        raise InvalidArgument(f"the config cannot be written as YAML: {err}") from None
+
+
+def prepare_run(
+    family: str,
+    algorithm: str,
+    config_data: dict,
+    campaign: str,
+    config_source: str,
+    overrides: list[str],
+    *,
+    device: str = "auto",
+    state: Literal["queued", "starting"] = "starting",
+) -> RunInfo:
+    """Create ``experiments/<campaign>/runs/<run-id>/`` with ``config.yaml`` (the resolved config)
+    and ``run.json``. Every input is checked first: nothing is created for an invalid one."""
+    _check_family(family)
+    name = campaign_name(campaign)
+    config_text = _config_text(config_data)
+    if state not in ("queued", "starting"):
+        raise InvalidArgument(f"a new run starts as queued or starting, not {state!r}")
+    resolved = resolve_device(device, config_data)
+    overrides = [str(o) for o in (overrides or [])]
+    try:
+        run_id = new_run_id(algorithm)
+    except LabError:
+        raise InvalidArgument(
+            f"bad algorithm name {algorithm!r}: lowercase letters, digits, '_' or '-'",
+            next=NextStep("list_recipes"),
+        ) from None
+
+    runs_dir = experiments_dir() / name / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = runs_dir / run_id
+    run_dir.mkdir()  # a fresh id: an existing folder is an error, never reused
+    _atomic_write_text(run_dir / "config.yaml", config_text)
+    record = {
+        "id": run_id,
+        "family": family,
+        "algorithm": algorithm,
+        "campaign": name,
+        "device": resolved,
+        "config_source": str(config_source) if config_source is not None else None,
+        "overrides": overrides,
+        "argv": patchable().trainer_argv(family, run_dir),
+        "cwd": str(_source_dir()),
+        "state": state,
+        "created_at": _now(),
+    }
+    _atomic_write_json(run_dir / "run.json", record)
+    return RunInfo(run_dir=str(run_dir), **record)
+
+
+def _spawn(wrapper: list[str], cwd: Path, env: dict[str, str], log) -> subprocess.Popen:  # noqa: ANN001
+    """Start the wrapper detached in its own session, its output appended to ``log``."""
+    try:
+        return subprocess.Popen(
+            wrapper,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as err:
+        raise Unavailable(f"could not start {sys.executable}: {err}") from None
+
+
+def _identity(pid: int) -> tuple[float | None, int]:
+    """(psutil create time, process group) of a process just started."""
+    import psutil
+
+    try:
+        create_time = psutil.Process(pid).create_time()
+    except psutil.Error:
+        create_time = None
+    try:
+        pgid = os.getpgid(pid)
+    except OSError:
+        pgid = pid  # start_new_session: the wrapper leads its own group
+    return create_time, pgid
+
+
+def start_run(run_id: str) -> RunInfo:
+    """Start a queued or starting run detached and return at once (state ``running``)."""
+    lab = patchable()
+    run_dir = find_run(run_id)
+    # other CPU runs, read before taking this run's lock (reading a status may take its lock)
+    cpu_runs = [s.id for s in active_runs("cpu") if s.id != run_id]
+    with _run_lock(run_dir):
+        record = _read_record(run_dir)
+        if record.get("state") not in ("queued", "starting") or record.get("pid"):
+            raise NotReady(
+                f"run {run_id} is {record.get('state')}; only a queued run can be started",
+                next=NextStep("launch_run", note="a new run"),
+            )
+        family = _check_family(record.get("family", ""))
+        device = resolve_device(record.get("device") or "auto")
+        argv = lab.trainer_argv(family, run_dir, resume=bool(record.get("resumes")))
+        wrapper = [sys.executable, "-m", "rlhf_lab._wrapper", str(run_dir), "--", *argv]
+        cwd = _source_dir()
+        commit, dirty = _git_info(cwd)
+        record.update(
+            argv=argv,
+            wrapper_argv=wrapper,
+            cwd=str(cwd),
+            host=socket.gethostname(),
+            git_commit=commit,
+            git_dirty=dirty,
+            versions=_versions(),
+        )
+        sharing = cpu_runs if device == "cpu" else []
+        env = _trainer_env(device, len(sharing))
+        if "OMP_NUM_THREADS" in env:
+            record["cpu_threads"] = int(env["OMP_NUM_THREADS"])
+        started = _now()
+        with (run_dir / "train.log").open("ab") as log:
+            log.write(f"[rlhf-lab] {started} on {record['host']}: {shlex.join(argv)}\n".encode())
+            if env.get("OMP_NUM_THREADS") != os.environ.get("OMP_NUM_THREADS"):  # set by us
+                log.write(
+                    f"[rlhf-lab] sharing the CPU with {', '.join(sharing)}: "
+                    f"{env['OMP_NUM_THREADS']} intra-op thread(s)\n".encode()
+                )
+            log.flush()
+            proc = _spawn(wrapper, cwd, env, log)
+        create_time, pgid = _identity(proc.pid)
+        lab._reap_in_background(proc)
+        record.update(
+            pid=proc.pid,
+            pgid=pgid,
+            create_time=create_time,
+            state="running",
+            started_at=started,
+        )
+        _atomic_write_json(run_dir / "run.json", record)
+        return _info(run_dir, record)
+
+
+def _mark_failed(run_dir: Path, error: str) -> None:
+    """A run that never got a process (its start failed) ends as failed."""
+    with _run_lock(run_dir):
+        record = _read_run_json(run_dir) or {}
+        if record.get("state") not in ("queued", "starting") or record.get("pid"):
+            return
+        record.update(state="failed", ended_at=_now(), error=error)
+        _atomic_write_json(run_dir / "run.json", record)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch (one training job per device) and resume
+# ---------------------------------------------------------------------------------------------
+
+
+def _busy_error(dev: str, busy: list, why: str | None, *, resuming: str | None = None) -> Conflict:
+    """The refusal of a start on a device another run trains on, with the ways forward."""
+    first = busy[0]
+    more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
+    reason = f" ({why})" if why else ""
+    if resuming is not None:
+        steps = [
+            NextStep("run_status", {"run_id": first.id}, note="wait for it to end"),
+            NextStep("resume_run", {"run_id": resuming, "force": True}, note="resume anyway"),
+        ]
+        return Conflict(
+            f"device {dev} is busy: run {_describe(first)} is training on it{more}; one training "
+            f"job per device{reason}",
+            next=steps,
+        )
+    steps = [
+        NextStep("run_status", {"run_id": first.id}, note="wait for it to end"),
+        NextStep("launch_run", {"queue": True}, note="start after it ends"),
+        NextStep("launch_run", {"force": True}, note="start anyway"),
+    ]
+    return Conflict(
+        f"device {dev} is busy: run {_describe(first)} is training on it{more}; one training "
+        f"job per device{reason}",
+        next=steps,
+    )
+
+
+def launch(
+    family: str,
+    algorithm: str,
+    config_data: dict,
+    campaign: str,
+    config_source: str,
+    overrides: list[str],
+    *,
+    device: str = "auto",
+    force: bool = False,
+    queue: bool = False,
+    fits_together: bool | None = None,
+) -> LaunchResult:
+    """Create a run and start it detached, or queue it behind the device's current job.
+
+    One training job per device: another job on the device is an error (naming it) unless
+    ``fits_together`` (the caller's memory check said both fit) or ``force``. ``queue=True``
+    writes the run as ``queued`` and makes sure the queue worker runs.
+    """
+    lab = patchable()
+    _check_family(family)
+    campaign_name(campaign)
+    dev = resolve_device(device, config_data)
+    if queue:
+        info = prepare_run(
+            family,
+            algorithm,
+            config_data,
+            campaign,
+            config_source,
+            overrides,
+            device=dev,
+            state="queued",
+        )
+        ahead = [s.id for s in queued_runs()]
+        position = ahead.index(info.id) + 1 if info.id in ahead else None
+        lab.ensure_queue_worker()
+        busy = [s.id for s in active_runs(dev)]
+        msg = f"queued {info.id} on {dev} (position {position})"
+        if busy:
+            msg += f"; waits for {', '.join(busy)}"
+        return LaunchResult(
+            run=info, state="queued", queued=True, queue_position=position, device=dev, message=msg
+        )
+
+    with _device_lock(dev):
+        busy = active_runs(dev)
+        if busy and not force and not fits_together:
+            why = (
+                "the memory check said both do not fit"
+                if fits_together is False
+                else "no memory check said both fit"
+            )
+            raise _busy_error(dev, busy, why)
+        info = prepare_run(
+            family, algorithm, config_data, campaign, config_source, overrides, device=dev
+        )
+        try:
+            info = lab.start_run(info.id)
+        except Exception as err:
+            _mark_failed(Path(info.run_dir), f"could not start: {err}")
+            raise
+    shared = [s.id for s in busy]
+    msg = f"started {info.id} on {dev} (pid {info.pid})"
+    if shared:
+        msg += f", sharing the device with {', '.join(shared)}"
+    return LaunchResult(
+        run=info, state="running", device=dev, sharing_device_with=shared, message=msg
+    )
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints (``checkpoints/step-<N>``; temp folders are partial)."""
+    steps = []
+    for path in (run_dir / "checkpoints").glob("step-*"):
+        tail = path.name.removeprefix("step-")
+        if path.is_dir() and tail.isdigit() and (path / "state.pt").is_file():
+            steps.append(int(tail))
+    return sorted(steps)
+
+
+def _check_resumable(run_id: str, state: str, run_dir: Path) -> list[int]:
+    """The run's checkpoint steps, or a typed error when it cannot be resumed."""
+    if state not in RESUMABLE_STATES:
+        if state == "succeeded":
+            raise Conflict(
+                f"run {run_id} is succeeded; only a died, stopped or failed run can be resumed "
+                "(it finished; launch a new run to train further)",
+                next=NextStep("launch_run", note="a new run"),
+            )
+        if state == "queued":
+            raise NotReady(
+                f"run {run_id} is queued; only a died, stopped or failed run can be resumed "
+                "(it has not started yet)",
+                next=NextStep("run_status", {"run_id": run_id}),
+            )
+        raise NotReady(
+            f"run {run_id} is {state}; only a died, stopped or failed run can be resumed "
+            "(stop it first)",
+            next=NextStep("stop_run", {"run_id": run_id}),
+        )
+    steps = _checkpoint_steps(run_dir)
+    if not steps:
+        raise NotFound(
+            f"run {run_id} has no checkpoint in {run_dir / 'checkpoints'} (it ended before the "
+            "first one; `checkpoint.save_every` sets how often they are written); launch it "
+            "again instead",
+            next=NextStep("launch_run", note="the same config, as a new run"),
+        )
+    return steps
+
+
+def _archive_attempt(run_dir: Path, record: dict, from_step: int, dev: str) -> dict:
+    """Record how the previous attempt ended (run.json ``resumes``), move its exit/process/
+    summary files to ``attempts/<n>/`` and mark the run ``starting`` again. Returns the record."""
+    previous = {
+        k: record.get(k)
+        for k in ("state", "started_at", "ended_at", "exit_code", "signal", "error")
+    }
+    previous.update(from_step=from_step, resumed_at=_now())
+    resumes = [*record.get("resumes", []), previous]
+    keep = run_dir / "attempts" / str(len(resumes))
+    keep.mkdir(parents=True, exist_ok=True)
+    for name in _ATTEMPT_FILES:  # a stale exit/summary must not decide the new state
+        if (run_dir / name).exists():
+            os.replace(run_dir / name, keep / name)
+    for key in (
+        "pid",
+        "pgid",
+        "create_time",
+        "ended_at",
+        "exit_code",
+        "signal",
+        "error",
+        "stop_requested_at",
+        "started_at",
+    ):
+        record.pop(key, None)
+    record.update(state="starting", starting_at=_now(), device=dev, resumes=resumes)
+    _atomic_write_json(run_dir / "run.json", record)
+    return record
+
+
+def resume_run(
+    run_id: str,
+    *,
+    device: str | None = None,
+    force: bool = False,
+    fits_together: bool | None = None,
+) -> LaunchResult:
+    """Start a died, stopped or failed run again from its last checkpoint, in the same folder.
+
+    The trainer runs with ``--resume``: it loads the model, optimizer, scheduler, RNG and data
+    position of the last checkpoint and drops the metrics rows logged after it, so the run ends
+    where an uninterrupted one would. How the previous attempt ended is kept in run.json
+    (``resumes``) and its exit/process/summary files are moved to ``attempts/<n>/``.
+    The device rule of :func:`launch` applies.
+    """
+    lab = patchable()
+    run_dir = find_run(run_id)
+    status = _status(run_dir)
+    steps = _check_resumable(run_id, status.state, run_dir)
+    dev = resolve_device(device or status.device or "auto")
+    with _device_lock(dev):
+        busy = [s for s in active_runs(dev) if s.id != run_id]
+        if busy and not force and not fits_together:
+            raise _busy_error(dev, busy, None, resuming=run_id)
+        with _run_lock(run_dir):
+            record = _read_record(run_dir)
+            if record.get("state") not in RESUMABLE_STATES:
+                raise Conflict(
+                    f"run {run_id} became {record.get('state')} meanwhile; not resumed",
+                    next=NextStep("run_status", {"run_id": run_id}),
+                )
+            _archive_attempt(run_dir, record, steps[-1], dev)
+        try:
+            info = lab.start_run(run_id)
+        except Exception as err:
+            _mark_failed(run_dir, f"could not start: {err}")
+            raise
+    msg = f"resumed {run_id} from checkpoint step {steps[-1]} on {dev} (pid {info.pid})"
+    return LaunchResult(
+        run=info,
+        state="running",
+        device=dev,
+        sharing_device_with=[s.id for s in busy],
+        message=msg,
+    )

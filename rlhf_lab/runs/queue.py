@@ -1,0 +1,72 @@
+"""The run queue: queued runs start one after another, in creation order, each once its device is
+free. Torch-free.
+
+``launch(queue=True)`` writes the run as ``queued`` and calls :func:`ensure_queue_worker`, which
+starts the detached worker (``python -m rlhf_lab._queue``, a thin entry point) unless one runs.
+The worker holds ``experiments/.lab/queue.lock`` while it works and calls
+:func:`_start_when_free` for each queued run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from rlhf_lab.runs.process import _device_lock
+from rlhf_lab.runs.records import RunInfo, _lab_dir, _source_dir, patchable
+from rlhf_lab.runs.state import active_runs, run_state
+
+__all__ = ["ensure_queue_worker"]
+
+
+def _worker_env() -> dict[str, str]:
+    """The worker's environment: this checkout first on PYTHONPATH, unbuffered output."""
+    src = str(_source_dir())
+    env = dict(os.environ)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]
+    env["PYTHONPATH"] = os.pathsep.join([src, *parts])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def ensure_queue_worker() -> int | None:
+    """Start the queue worker unless one is running; returns the new worker's pid or None."""
+    from filelock import FileLock
+
+    lock_path = _lab_dir() / "queue.lock"
+    probe = FileLock(str(lock_path))
+    try:
+        probe.acquire(timeout=0)
+    except Exception:
+        return None  # a worker holds the lock; it re-checks the queue before it exits
+    probe.release()
+    with (_lab_dir() / "queue.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlhf_lab._queue"],
+            cwd=str(_source_dir()),
+            env=_worker_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    patchable()._reap_in_background(proc)
+    return proc.pid
+
+
+def _start_when_free(run_id: str, poll_s: float = 1.0) -> RunInfo | None:
+    """Queue worker: start ``run_id`` once its device is free. None if it left the queue."""
+    while True:
+        status = run_state(run_id)
+        if status.state != "queued":
+            return None
+        dev = status.device or "cpu"
+        with _device_lock(dev):
+            if not active_runs(dev):
+                if run_state(run_id).state != "queued":
+                    return None
+                return patchable().start_run(run_id)
+        time.sleep(poll_s)
