@@ -3,9 +3,12 @@
 Every tool takes typed arguments (each with a description), returns a pydantic model (sent as
 structured content with its output schema) and answers within seconds: ``launch_run`` starts the
 trainer detached and returns its run id at once, ``tail_logs`` is capped and returns a cursor,
-``get_metrics`` is down-sampled. Expected failures (:class:`~rlhf_lab.paths.LabError`: unknown
-recipe, run not found, invalid config, busy device) come back as the SDK's ``ToolError`` with the
-lab's message plus what to do next; no traceback reaches the client. "No GPU" is an answer of
+``get_metrics`` is down-sampled. Each tool adapts one function of :mod:`rlhf_lab.api`
+(:data:`TOOL_OPERATIONS`); this module imports nothing else of the lab but :mod:`rlhf_lab.errors`.
+Expected failures (:class:`~rlhf_lab.errors.LabError`: unknown recipe, run not found, invalid
+config, busy device) come back as the SDK's ``ToolError``: the lab's message, then its next steps
+rendered as tool calls (``launch_run(queue=true)``, :func:`render_step`), or the tool's own
+default hint when the error names none; no traceback reaches the client. "No GPU" is an answer of
 ``check_resources``, not an error.
 
 Resources: ``ledger://index`` (experiments/README.md, or a generated index when there is none)
@@ -22,11 +25,11 @@ Torch-free: importing this module (and serving) never imports torch or transform
 
 import argparse
 import ipaddress
+import json
 import logging
 import math
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import MCPServer
@@ -34,32 +37,35 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from rlhf_lab import __version__, api
+from rlhf_lab import api
 from rlhf_lab.api import (
-    Alert,
+    CampaignList,
     Comparison,
-    LaunchResult,
-    LogChunk,
-    MemoryEstimate,
-    MetricSeries,
+    LaunchRunResult,
+    LogTail,
+    MemoryCheck,
+    MetricsResult,
     Plan,
-    Recipe,
+    RecipeList,
+    RecordResult,
     Resources,
-    RunRecord,
+    RunList,
     RunStatus,
-    RunView,
+    RunStatusResult,
     ShrinkResult,
 )
-from rlhf_lab.ledger import Campaign
-from rlhf_lab.paths import LabError
-from rlhf_lab.runs import RunInfo
+from rlhf_lab.errors import InvalidArgument, LabError, NextStep
 
 __all__ = [
     "DEFAULT_PORT",
+    "MCP_OPERATIONS",
     "SERVER_NAME",
     "TOOL_NAMES",
+    "TOOL_OPERATIONS",
     "check_bind_host",
     "main",
+    "render_error",
+    "render_step",
     "server",
 ]
 
@@ -87,48 +93,85 @@ report from the ledger (resource ledger://{campaign}). One training job per devi
 estimate_memory says both fit. Without Hugging Face access use model="tiny".
 """
 
-server = MCPServer(SERVER_NAME, instructions=INSTRUCTIONS, version=__version__)
+server = MCPServer(SERVER_NAME, instructions=INSTRUCTIONS, version=api.LAB_VERSION)
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors: LabError -> ToolError with the next step
+# Errors: a LabError's next steps rendered as tool calls
 # ---------------------------------------------------------------------------------------------
 
-# (substring of the lab's message, what the agent should do next), first match wins.
-_NEXT_STEPS: tuple[tuple[str, str], ...] = (
-    ("unknown recipe", "call list_recipes for the recipe names (or pass a YAML path)."),
-    ("no algorithm found", "name an algorithm in the request or pass algorithm=; list_recipes."),
-    ("unknown family", "use one of the families list_recipes reports."),
-    ("bad run id", "pass a run id exactly as launch_run or list_runs returned it."),
-    ("no run ", "call list_runs to see the run ids (optionally with campaign=)."),
-    (
-        "is busy",
-        "poll run_status until that run ends, or call launch_run again with queue=true "
-        "(starts after it), or with force=true only after estimate_memory shows both fit.",
+# lab operation -> (the tool that performs it, the tool's argument names). The lab API and the
+# tools share argument names, so a next step's arguments pass through unrenamed; an operation or
+# argument missing here cannot be rendered (tests/mcp/test_error_rendering.py walks them all).
+MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
+    "list_recipes": ("list_recipes", frozenset({"family"})),
+    "plan_experiment": (
+        "plan_experiment",
+        frozenset({"request", "algorithm", "model", "campaign", "overrides"}),
     ),
-    (
-        "invalid config",
-        "fix the dotted key or value in overrides (the message names the valid "
-        "keys) and validate with shrink_config before launching.",
+    "shrink_config": ("shrink_config", frozenset({"recipe", "model", "overrides"})),
+    "estimate_memory": (
+        "estimate_memory",
+        frozenset({"recipe", "model", "overrides", "shrink", "device"}),
     ),
-    ("does not validate", "adjust overrides and validate with shrink_config before launching."),
-    ("hub id", 'use model="tiny" (builds offline) or a local model folder.'),
-    ("cannot be loaded here", 'use model="tiny" (builds offline) or a local model folder.'),
-    ("no campaign", "call list_campaigns (or read ledger://index) for the campaign names."),
-    ("bad campaign slug", "use lowercase letters, digits and single hyphens, e.g. dpo-lr-sweep."),
-    ("different families", "compare runs of one family at a time."),
-    ("cursor", "pass the cursor the previous tail_logs call returned, or omit it."),
-)
+    "check_resources": ("check_resources", frozenset()),
+    "launch_run": (
+        "launch_run",
+        frozenset(
+            {"recipe", "overrides", "shrink", "model", "campaign", "question", "device"}
+            | {"queue", "force"}
+        ),
+    ),
+    "run_status": ("run_status", frozenset({"run_id"})),
+    "tail_logs": ("tail_logs", frozenset({"run_id", "lines", "cursor", "max_bytes"})),
+    "get_metrics": ("get_metrics", frozenset({"run_id", "keys", "phase", "max_points"})),
+    "stop_run": ("stop_run", frozenset({"run_id", "grace_s"})),
+    "resume_run": ("resume_run", frozenset({"run_id", "force"})),
+    "list_runs": ("list_runs", frozenset({"campaign", "state", "limit"})),
+    "compare_runs": ("compare_runs", frozenset({"run_ids", "record_in"})),
+    "record_results": ("record_results", frozenset({"run_id", "note"})),
+    "list_campaigns": ("list_campaigns", frozenset()),
+}
+# operations an agent performs by reading a resource: operation -> (URI template, its argument)
+MCP_RESOURCE_OPERATIONS: dict[str, tuple[str, str]] = {
+    "show_campaign": ("ledger://{campaign}", "campaign"),
+}
+
+
+def _json_value(value: Any) -> str:
+    """An argument value as the agent would write it in a call (JSON: true, null, "x")."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_step(step: NextStep) -> str:
+    """A next step as a tool call, ``launch_run(queue=true)``, or a resource read; raises
+    KeyError for an operation or argument this surface has no rendering for."""
+    if step.operation in MCP_RESOURCE_OPERATIONS:
+        template, arg = MCP_RESOURCE_OPERATIONS[step.operation]
+        unknown = set(step.args) - {arg}
+        if unknown:
+            raise KeyError(f"{step.operation}: no MCP rendering for {sorted(unknown)}")
+        value = step.args.get(arg)
+        text = "read " + template.replace("{" + arg + "}", str(value) if value else f"<{arg}>")
+    else:
+        tool, known = MCP_OPERATIONS[step.operation]
+        unknown = set(step.args) - known
+        if unknown:
+            raise KeyError(f"{step.operation}: no MCP rendering for {sorted(unknown)}")
+        inner = ", ".join(f"{k}={_json_value(v)}" for k, v in step.args.items())
+        text = f"{tool}({inner})"
+    return f"{text} ({step.note})" if step.note else text
+
+
+def render_error(err: LabError, default_next: str) -> str:
+    """The error's message and its next steps as tool calls; the tool's own default hint when
+    the error names none."""
+    if err.next_steps:
+        return err.render(render_step)
+    return f"{err.message}\nNext: {default_next}"
+
 
 T = TypeVar("T")
-
-
-def _next_step(message: str, default: str) -> str:
-    low = message.lower()
-    for needle, step in _NEXT_STEPS:
-        if needle in low:
-            return step
-    return default
 
 
 def _call(tool: str, default_next: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -139,8 +182,7 @@ def _call(tool: str, default_next: str, fn: Callable[..., T], *args: Any, **kwar
     except ToolError:
         raise
     except LabError as err:
-        text = str(err).strip()
-        raise ToolError(f"{text}\nNext: {_next_step(text, default_next)}") from None
+        raise ToolError(render_error(err, default_next)) from None
     except Exception as err:  # a bug, not the caller's mistake: say so, keep the traceback local
         log.exception("tool %s failed unexpectedly", tool)
         first = (str(err).strip().splitlines() or [""])[0][:300]
@@ -172,79 +214,6 @@ def _clean(model: BaseModel, cls: type[BaseModel] | None = None) -> Any:
 READ_ONLY = ToolAnnotations(
     read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
 )
-
-# ---------------------------------------------------------------------------------------------
-# Output models that add what the agent needs next to the lab's own models
-# ---------------------------------------------------------------------------------------------
-
-
-class FamilyBrief(BaseModel):
-    name: str
-    algorithms: list[str]
-    key_metrics: list[str] = Field(description="the metrics that show progress (ALGORITHMS.md)")
-    acceptance: list[str] = Field(description="what a good sanity run shows")
-    comparison: str = Field(description="how runs of this family are compared")
-
-
-class RecipeList(BaseModel):
-    recipes: list[Recipe]
-    families: list[FamilyBrief] = Field(description="the families of the listed recipes")
-
-
-class MemoryCheck(BaseModel):
-    recipe: str = Field(description="<family>/<name> of the recipe")
-    family: str
-    algorithm: str
-    model: str | None
-    shrunk: bool
-    device: str = Field(description="where launch_run would put it: cpu or cuda:N")
-    estimate: MemoryEstimate
-    free_gb: float | None = Field(description="free memory on that device now (GiB)")
-    fits: bool | None = Field(description="estimate plus a 10% margin fits in free_gb")
-    verdict: str
-
-
-class LaunchRunResult(BaseModel):
-    run_id: str
-    campaign: str = Field(description="YYYY-MM-DD-<slug>; its ledger is ledger://<campaign>")
-    state: State
-    device: str
-    queued: bool
-    queue_position: int | None = None
-    message: str
-    log_path: str = Field(description="the run's train.log (stdout + stderr of the trainer)")
-    next_step: str
-    run: RunInfo
-
-
-class RunStatusResult(RunView):
-    advice: str = Field(description="what to do next given the state and alerts")
-
-
-class LogTail(LogChunk):
-    state: State | None = Field(default=None, description="the run's state at read time")
-    note: str | None = Field(default=None, description="why the text is empty, when it is")
-
-
-class MetricsResult(MetricSeries):
-    note: str | None = Field(default=None, description="why there are no rows, when there are none")
-
-
-class RunList(BaseModel):
-    runs: list[RunStatus] = Field(description="oldest first (the newest `limit` runs)")
-    total: int = Field(description="matching runs before the limit")
-    note: str | None = None
-
-
-class RecordResult(RunRecord):
-    ledger_uri: str = Field(description="the MCP resource holding the campaign's markdown")
-    ledger_path: str = Field(description="the markdown file")
-
-
-class CampaignList(BaseModel):
-    campaigns: list[Campaign] = Field(description="newest first")
-    note: str | None = None
-
 
 # ---------------------------------------------------------------------------------------------
 # Tools
@@ -288,23 +257,7 @@ OverridesArg = Annotated[
 def list_recipes(
     family: Annotated[Family | None, Field(description="only this family")] = None,
 ) -> RecipeList:
-    from rlhf_lab.catalog import family_info
-
-    recipes = _call("list_recipes", "call list_recipes without a family.", api.list_recipes, family)
-    names = list(dict.fromkeys(r.family for r in recipes))
-    families = []
-    for name in names:
-        info = family_info(name)
-        families.append(
-            FamilyBrief(
-                name=name,
-                algorithms=info.algorithms,
-                key_metrics=info.key_metrics,
-                acceptance=info.acceptance,
-                comparison=info.comparison,
-            )
-        )
-    return RecipeList(recipes=recipes, families=families)
+    return _call("list_recipes", "call list_recipes without a family.", api.list_recipes, family)
 
 
 @server.tool(
@@ -365,78 +318,6 @@ def shrink_config(
     )
 
 
-def _target_device(device: str, config: dict) -> str:
-    from rlhf_lab.runs import resolve_device
-
-    return resolve_device(device, config)
-
-
-def _free_gb(device: str) -> float | None:
-    res = api.check_resources(include_runs=False)
-    if device == "cpu":
-        return res.ram_available_gb
-    for gpu in res.gpus:
-        if device == f"cuda:{gpu.index}":
-            return gpu.free_gb
-    return None
-
-
-def _memory_check(
-    recipe: str, model: str | None, overrides: list[str], shrink: bool, device: str
-) -> MemoryCheck:
-    from rlhf_lab.memory import estimate_memory as estimate
-    from rlhf_lab.memory import fits
-
-    if shrink:
-        shrunk = api.shrink_config(recipe, overrides, model=model)
-        family, algorithm, config, rid = (
-            shrunk.family,
-            shrunk.algorithm,
-            shrunk.config,
-            shrunk.recipe.id,
-        )
-    else:
-        extra = [f"model.name={model}"] if model else []
-        resolved = api.resolve_config(recipe, overrides + extra)
-        family, algorithm, config, rid = (
-            resolved.family,
-            resolved.algorithm,
-            resolved.data,
-            resolved.recipe.id,
-        )
-    target = _target_device(device, config)
-    kind: Literal["cuda", "cpu"] = "cpu" if target == "cpu" else "cuda"
-    est = estimate(family, algorithm, config, device=kind)
-    free = _free_gb(target)
-    ok = None if free is None else fits(est.total_gb, free)
-    need = f"~{est.total_gb:.2f} GiB ({est.peak_phase} phase)"
-    if ok is None:
-        verdict = f"needs {need}; {target} is not visible here, so the fit is unknown"
-    elif ok:
-        verdict = f"fits: needs {need}, {free:.2f} GiB free on {target} (10% margin kept)"
-    else:
-        verdict = (
-            f"does NOT fit: needs {need}, {free:.2f} GiB free on {target}. Shrink further "
-            "(model='tiny' or a smaller model, lower train.batch_size or data.max_length, "
-            "model.gradient_checkpointing=true) or wait for the device to free up"
-        )
-    busy = [s.id for s in api.active_runs(target)]
-    if busy:
-        verdict += f". Running on {target} now: {', '.join(busy)}"
-    return MemoryCheck(
-        recipe=rid,
-        family=family,
-        algorithm=algorithm,
-        model=est.model,
-        shrunk=shrink,
-        device=target,
-        estimate=est,
-        free_gb=free,
-        fits=ok,
-        verdict=verdict,
-    )
-
-
 @server.tool(
     title="Estimate memory",
     annotations=READ_ONLY,
@@ -459,7 +340,7 @@ def estimate_memory(
     return _call(
         "estimate_memory",
         "check the recipe and model names (list_recipes; model='tiny' works offline).",
-        _memory_check,
+        api.estimate_memory,
         recipe,
         model,
         list(overrides),
@@ -478,59 +359,8 @@ def estimate_memory(
 def check_resources() -> Resources:
     return _call(
         "check_resources",
-        "retry; the CLI `uv run rlhf-lab gpu` shows the same.",
+        "retry once; a machine without a GPU is an answer, not an error.",
         api.check_resources,
-    )
-
-
-def _launch(
-    recipe: str,
-    overrides: list[str],
-    shrink: bool,
-    model: str | None,
-    campaign: str | None,
-    question: str | None,
-    device: str,
-    queue: bool,
-    force: bool,
-) -> LaunchRunResult:
-    result: LaunchResult = api.launch_experiment(
-        recipe,
-        overrides,
-        shrink=shrink,
-        model=model,
-        campaign=campaign,
-        question=question,
-        device=device,
-        force=force,
-        queue=queue,
-    )
-    return _launch_run_result(result)
-
-
-def _launch_run_result(result: LaunchResult) -> LaunchRunResult:
-    info = result.run
-    if result.queued:
-        nxt = (
-            f"queued (position {result.queue_position}); poll run_status('{info.id}') until it "
-            "is running, then follow it"
-        )
-    else:
-        nxt = (
-            f"poll run_status('{info.id}') every 10-30 s and read new output with "
-            f"tail_logs('{info.id}', cursor=...); when it ends, call record_results"
-        )
-    return LaunchRunResult(
-        run_id=info.id,
-        campaign=info.campaign,
-        state=result.state,
-        device=result.device,
-        queued=result.queued,
-        queue_position=result.queue_position,
-        message=result.message,
-        log_path=f"{info.run_dir}/train.log",
-        next_step=nxt,
-        run=info,
     )
 
 
@@ -567,87 +397,17 @@ def launch_run(
     return _call(
         "launch_run",
         "check the arguments with shrink_config and estimate_memory, then launch again.",
-        _launch,
+        api.launch_run,
         recipe,
         list(overrides),
-        shrink,
-        model,
-        campaign,
-        question,
-        device,
-        queue,
-        force,
+        shrink=shrink,
+        model=model,
+        campaign=campaign,
+        question=question,
+        device=device,
+        queue=queue,
+        force=force,
     )
-
-
-def _advice(view: RunView) -> str:
-    s = view.status
-    errors = [a for a in view.alerts if a.severity == "error"]
-    if s.state in ("queued", "starting"):
-        return "not training yet: poll run_status again in 10-30 s"
-    if s.state == "running":
-        if errors:
-            return f"running with an alert ({errors[0].kind}): {errors[0].hint}"
-        return (
-            "running: poll again in 10-30 s; tail_logs with the last cursor shows new output, "
-            "get_metrics the curves"
-        )
-    if s.state == "succeeded":
-        return (
-            "finished: call record_results to write its ledger row, then judge it against the "
-            "family's acceptance criteria (list_recipes)"
-        )
-    if s.state == "stopped":
-        return "stopped on request: record_results keeps what it reached"
-    hint = errors[0].hint if errors else "read the end of the log with tail_logs(lines=80)"
-    return (
-        f"{s.state}: {s.error or 'see alerts'}. {hint}; record_results still records the "
-        "failure mode"
-    )
-
-
-# Alerts of finished runs, keyed by what diagnose reads: a finished run's folder no longer
-# changes, so polling it again need not re-read its whole log and metrics. Running runs are
-# always diagnosed afresh (their files grow, and "stalled" depends on the clock).
-_ALERT_CACHE: dict[str, tuple[tuple, list[Alert]]] = {}
-_ALERT_CACHE_SIZE = 256
-_DIAGNOSED_FILES = (
-    "run.json",
-    "exit.json",
-    "summary.json",
-    "train.log",
-    "metrics.jsonl",
-    "samples.jsonl",
-)
-
-
-def _fingerprint(status: RunStatus) -> tuple | None:
-    if not status.terminal:
-        return None
-    stats = []
-    for name in _DIAGNOSED_FILES:
-        try:
-            st = (Path(status.run_dir) / name).stat()
-            stats.append((name, st.st_size, st.st_mtime_ns))
-        except OSError:
-            stats.append((name, None, None))
-    return (status.state, status.exit_code, status.signal, status.stop_requested, *stats)
-
-
-def _run_view(run_id: str) -> RunView:
-    """api.run_status, with the alerts of an unchanged finished run reused."""
-    status = api.run_state(run_id)
-    key = _fingerprint(status)
-    cached = _ALERT_CACHE.get(run_id)
-    if key is not None and cached is not None and cached[0] == key:
-        alerts = [a.model_copy() for a in cached[1]]
-    else:
-        alerts = api.diagnose(run_id, status=status)
-        if key is not None:
-            if len(_ALERT_CACHE) >= _ALERT_CACHE_SIZE:
-                _ALERT_CACHE.pop(next(iter(_ALERT_CACHE)))
-            _ALERT_CACHE[run_id] = (key, alerts)
-    return RunView(status=status, alerts=alerts)
 
 
 @server.tool(
@@ -659,9 +419,8 @@ def _run_view(run_id: str) -> RunView:
     "poll a launched run every 10-30 s; it returns at once.",
 )
 def run_status(run_id: RunIdArg) -> RunStatusResult:
-    view = _call("run_status", "call list_runs to see the run ids.", _run_view, run_id)
-    view = _clean(view, RunView)
-    return RunStatusResult(**view.model_dump(), advice=_advice(view))
+    view = _call("run_status", "call list_runs to see the run ids.", api.run_status, run_id)
+    return _clean(view)
 
 
 @server.tool(
@@ -682,23 +441,15 @@ def tail_logs(
         int, Field(ge=256, le=TAIL_MAX_BYTES, description="cap on the returned text")
     ] = 8_000,
 ) -> LogTail:
-    def read() -> LogTail:
-        from rlhf_lab.runs import run_state
-
-        state = run_state(run_id).state
-        final = state in ("succeeded", "failed", "stopped", "died")
-        chunk = api.tail_log(run_id, lines=lines, cursor=cursor, max_bytes=max_bytes, final=final)
-        note = None
-        if not chunk.text:
-            if chunk.size == 0:
-                note = f"train.log is empty or not created yet (run {state})"
-            else:
-                note = f"no new output since cursor {chunk.cursor} (run {state})"
-        elif chunk.truncated:
-            note = "capped at max_bytes: call again with the returned cursor for the rest"
-        return LogTail(**chunk.model_dump(), state=state, note=note)
-
-    return _call("tail_logs", "call list_runs to see the run ids.", read)
+    return _call(
+        "tail_logs",
+        "call list_runs to see the run ids.",
+        api.tail_logs,
+        run_id,
+        lines=lines,
+        cursor=cursor,
+        max_bytes=max_bytes,
+    )
 
 
 @server.tool(
@@ -718,18 +469,16 @@ def get_metrics(
         int, Field(ge=1, le=METRICS_MAX_POINTS, description="rows per phase after down-sampling")
     ] = 200,
 ) -> MetricsResult:
-    def read() -> MetricsResult:
-        series = api.read_metrics(run_id, keys, phase, max_points)
-        note = None
-        if not series.rows:
-            note = (
-                "no matching rows yet: the trainer writes one after each logged step"
-                if not keys
-                else f"no rows hold {', '.join(keys)}; call without keys to see the names"
-            )
-        return MetricsResult(**_finite(series.model_dump()), note=note)
-
-    return _call("get_metrics", "call list_runs to see the run ids.", read)
+    series = _call(
+        "get_metrics",
+        "call list_runs to see the run ids.",
+        api.get_metrics,
+        run_id,
+        keys,
+        phase,
+        max_points,
+    )
+    return _clean(series)
 
 
 @server.tool(
@@ -768,11 +517,11 @@ def resume_run(
     result = _call(
         "resume_run",
         "call run_status: only a died, stopped or failed run with a checkpoint can be resumed.",
-        api.resume_run,
+        api.resume_run_detached,
         run_id,
         force=force,
     )
-    return _clean(_launch_run_result(result), LaunchRunResult)
+    return _clean(result)
 
 
 @server.tool(
@@ -787,13 +536,15 @@ def list_runs(
     state: Annotated[State | None, Field(description="only runs in this state")] = None,
     limit: Annotated[int, Field(ge=1, le=500, description="at most this many (newest)")] = 50,
 ) -> RunList:
-    runs = _call(
-        "list_runs", "call list_campaigns for campaign names.", api.list_runs, campaign, state
+    listed = _call(
+        "list_runs",
+        "call list_campaigns for campaign names.",
+        api.run_list,
+        campaign,
+        state,
+        limit,
     )
-    note = None
-    if not runs:
-        note = "no runs match" + ("" if campaign or state else " (none launched yet: launch_run)")
-    return RunList(runs=[_clean(r) for r in runs[-limit:]], total=len(runs), note=note)
+    return _clean(listed)
 
 
 @server.tool(
@@ -838,17 +589,10 @@ def record_results(
         str | None, Field(description="one-line observation for the run's row (null keeps the old)")
     ] = None,
 ) -> RecordResult:
-    def record() -> RecordResult:
-        from rlhf_lab.paths import experiments_dir
-
-        rec = _clean(api.record_run(run_id, note))
-        return RecordResult(
-            **rec.model_dump(),
-            ledger_uri=f"ledger://{rec.campaign}",
-            ledger_path=str(experiments_dir() / f"{rec.campaign}.md"),
-        )
-
-    return _call("record_results", "call list_runs to see the run ids.", record)
+    rec = _call(
+        "record_results", "call list_runs to see the run ids.", api.record_results, run_id, note
+    )
+    return _clean(rec)
 
 
 @server.tool(
@@ -859,9 +603,7 @@ def record_results(
     "or to record a comparison in.",
 )
 def list_campaigns() -> CampaignList:
-    camps = _call("list_campaigns", "read ledger://index.", api.list_campaigns)
-    note = None if camps else "no campaigns yet: launch_run creates one (default <algo>-sanity)"
-    return CampaignList(campaigns=camps, note=note)
+    return _call("list_campaigns", "read ledger://index.", api.list_campaigns)
 
 
 TOOL_NAMES = (
@@ -882,6 +624,25 @@ TOOL_NAMES = (
     "list_campaigns",
 )
 
+# tool -> the one lab API function it adapts (tests/lab/test_api_layer.py checks each exists)
+TOOL_OPERATIONS: dict[str, str] = {
+    "list_recipes": "list_recipes",
+    "plan_experiment": "plan_experiment",
+    "shrink_config": "shrink_config",
+    "estimate_memory": "estimate_memory",
+    "check_resources": "check_resources",
+    "launch_run": "launch_run",
+    "run_status": "run_status",
+    "tail_logs": "tail_logs",
+    "get_metrics": "get_metrics",
+    "stop_run": "stop_run",
+    "resume_run": "resume_run_detached",
+    "list_runs": "run_list",
+    "compare_runs": "compare_runs",
+    "record_results": "record_results",
+    "list_campaigns": "list_campaigns",
+}
+
 # ---------------------------------------------------------------------------------------------
 # Resources
 # ---------------------------------------------------------------------------------------------
@@ -895,22 +656,10 @@ TOOL_NAMES = (
     mime_type="text/markdown",
 )
 def ledger_index() -> str:
-    from rlhf_lab.paths import experiments_dir
-
-    path = experiments_dir() / "README.md"
-    if path.is_file():
-        return path.read_text(errors="replace")
     try:
-        camps = api.list_campaigns()
+        return api.ledger_index_markdown()
     except LabError as err:
-        raise ResourceError(str(err)) from None
-    lines = ["# Experiments", ""]
-    if not camps:
-        lines.append("No campaigns yet. launch_run creates one (experiments/YYYY-MM-DD-<slug>.md).")
-    else:
-        lines += ["| campaign | status | runs | question |", "|---|---|---|---|"]
-        lines += [f"| {c.id} | {c.status} | {c.runs} | {c.question} |" for c in camps]
-    return "\n".join(lines) + "\n"
+        raise ResourceError(render_error(err, "call list_campaigns.")) from None
 
 
 @server.resource(
@@ -923,10 +672,10 @@ def ledger_index() -> str:
 )
 def ledger_campaign(campaign: str) -> str:
     try:
-        return api.show_campaign(campaign).markdown
+        return api.campaign_markdown(campaign)
     except LabError as err:
         raise ResourceNotFoundError(
-            f"{err}\nNext: read ledger://index or call list_campaigns for the campaign names."
+            render_error(err, "read ledger://index or call list_campaigns for the campaign names.")
         ) from None
 
 
@@ -948,17 +697,7 @@ Comparison rules by family (ALGORITHMS.md):
 
 
 def _acceptance(algorithm: str) -> str:
-    from rlhf_lab.catalog import acceptance_for, find_recipe, key_metrics_for
-
-    try:
-        recipe = find_recipe(algorithm)
-    except LabError:
-        return "(unknown recipe: start with list_recipes to find the right name)"
-    items = acceptance_for(recipe.family, recipe.algorithm)
-    metrics = ", ".join(key_metrics_for(recipe.family, recipe.algorithm))
-    return f"{recipe.id} ({recipe.family}). Watch: {metrics}.\nAcceptance:\n" + "\n".join(
-        f"- {a}" for a in items
-    )
+    return api.acceptance_text(algorithm)
 
 
 @server.prompt(
@@ -1030,10 +769,11 @@ Compare {listed} on model '{model}' with matched settings, in campaign '{camp}'.
 
 def check_bind_host(host: str, allow_remote: bool = False) -> str:
     """Return ``host`` if serving HTTP on it is allowed: loopback always, anything else only
-    with ``allow_remote``. Raises LabError otherwise."""
+    with ``allow_remote``. Raises InvalidArgument otherwise (the serving flags are the CLI's
+    ``rlhf-lab mcp`` options, so its message names them)."""
     name = (host or "").strip()
     if not name:
-        raise LabError("--host is empty; use 127.0.0.1")
+        raise InvalidArgument("--host is empty; use 127.0.0.1")
     loopback = name == "localhost"
     if not loopback:
         try:
@@ -1041,7 +781,7 @@ def check_bind_host(host: str, allow_remote: bool = False) -> str:
         except ValueError:
             loopback = False
     if not loopback and not allow_remote:
-        raise LabError(
+        raise InvalidArgument(
             f"refusing to serve on {name!r}: the lab server can launch and stop training jobs, "
             "so it only listens on loopback (127.0.0.1, ::1, localhost) by default. Pass "
             "--allow-remote to expose it anyway (no authentication; use a trusted network or "
@@ -1090,7 +830,7 @@ def main(
     if http:
         host = check_bind_host(host, allow_remote)  # the checked, stripped name is served
         if not 0 < port < 65536:
-            raise LabError(f"bad --port {port}: use 1-65535")
+            raise InvalidArgument(f"bad --port {port}: use 1-65535")
         if allow_remote:
             log.warning("serving rlhf-lab on %s:%s without authentication", host, port)
         _serve_http(host, port)

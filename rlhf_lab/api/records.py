@@ -1,0 +1,61 @@
+"""The ledger side of the lab API: recording a run, listing campaigns, and the markdown the MCP
+resources serve (the experiment index and one campaign). Torch-free."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.errors import LabError, NextStep
+from rlhf_lab.ledger import Campaign, RunRecord, record_run, show_campaign
+from rlhf_lab.ledger import list_campaigns as ledger_campaigns
+from rlhf_lab.paths import experiments_dir
+
+
+class RecordResult(RunRecord):
+    ledger_uri: str = Field(description="the MCP resource holding the campaign's markdown")
+    ledger_path: str = Field(description="the markdown file")
+
+
+class CampaignList(BaseModel):
+    campaigns: list[Campaign] = Field(description="newest first")
+    note: str | None = None
+
+
+def record_results(run_id: str, note: str | None = None) -> RecordResult:
+    """Write (or refresh) a run's row in its campaign ledger; says where the ledger is."""
+    rec = record_run(run_id, note)
+    return RecordResult(
+        **rec.model_dump(),
+        ledger_uri=f"ledger://{rec.campaign}",
+        ledger_path=str(experiments_dir() / f"{rec.campaign}.md"),
+    )
+
+
+def list_campaigns() -> CampaignList:
+    """The campaigns, newest first, with a note when there are none yet."""
+    camps = ledger_campaigns()
+    note = None if camps else "no campaigns yet: launch_run creates one (default <algo>-sanity)"
+    return CampaignList(campaigns=camps, note=note)
+
+
+def ledger_index_markdown() -> str:
+    """experiments/README.md, or a generated index of the campaigns when there is none."""
+    path = experiments_dir() / "README.md"
+    if path.is_file():
+        return path.read_text(errors="replace")
+    camps = ledger_campaigns()
+    lines = ["# Experiments", ""]
+    if not camps:
+        lines.append("No campaigns yet. launch_run creates one (experiments/YYYY-MM-DD-<slug>.md).")
+    else:
+        lines += ["| campaign | status | runs | question |", "|---|---|---|---|"]
+        lines += [f"| {c.id} | {c.status} | {c.runs} | {c.question} |" for c in camps]
+    return "\n".join(lines) + "\n"
+
+
+def campaign_markdown(campaign: str) -> str:
+    """A campaign's markdown ledger (a slug names its most recent campaign)."""
+    try:
+        return show_campaign(campaign).markdown
+    except LabError as err:
+        raise err.with_next(NextStep("list_campaigns")) from None
