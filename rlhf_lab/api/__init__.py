@@ -47,7 +47,7 @@ _LAZY: dict[str, str] = {
     "Plan": "rlhf_lab.plan",
     "plan_experiment": "rlhf_lab.plan",
     "ShrinkResult": "rlhf_lab.shrink",
-    "shrink_config": "rlhf_lab.shrink",
+    "shrink_config": "rlhf_lab.api.recipes",
     "MemoryEstimate": "rlhf_lab.memory",
     "FamilyBrief": "rlhf_lab.api.recipes",
     "RecipeList": "rlhf_lab.api.recipes",
@@ -101,7 +101,7 @@ _LAZY: dict[str, str] = {
     "ledger_index_markdown": "rlhf_lab.api.records",
     "campaign_markdown": "rlhf_lab.api.records",
     "Comparison": "rlhf_lab.compare",
-    "compare_runs": "rlhf_lab.compare",
+    "compare_runs": "rlhf_lab.api.records",
     # the machine, models, skills, demo, paths
     "Resources": "rlhf_lab.resources",
     "check_resources": "rlhf_lab.resources",
@@ -259,7 +259,7 @@ def _resolve_recipe(
 ) -> tuple[str, str, dict, list[str], str]:
     """(family, algorithm, config, applied overrides, config source) of a recipe, shrunk or not;
     an unknown recipe points at the recipe list, a bad override at shrink_config."""
-    from rlhf_lab.api.recipes import find_known_recipe
+    from rlhf_lab.api.recipes import FIX_OVERRIDES, find_known_recipe
     from rlhf_lab.configs import resolve_config
     from rlhf_lab.shrink import shrink_config
 
@@ -283,7 +283,7 @@ def _resolve_recipe(
             resolved.recipe.config_path,
         )
     except LabError as err:
-        raise err.with_next(NextStep("shrink_config", note="fix what the message names")) from None
+        raise err.with_next(FIX_OVERRIDES) from None
 
 
 def launch_experiment(

@@ -17,8 +17,15 @@ from rlhf_lab.memory import MemoryEstimate, fits
 from rlhf_lab.memory import estimate_memory as estimate_config_memory
 from rlhf_lab.resources import check_resources
 from rlhf_lab.runs import active_runs, resolve_device
+from rlhf_lab.shrink import ShrinkResult
 
 LIST_RECIPES = NextStep("list_recipes")
+FIX_OVERRIDES = NextStep(
+    "shrink_config", note="fix the dotted key or value in overrides that the message names"
+)
+OFFLINE_MODEL = NextStep(
+    "estimate_memory", {"model": "tiny"}, note="builds offline; or pass a local model folder"
+)
 
 
 class FamilyBrief(BaseModel):
@@ -74,6 +81,20 @@ def find_known_recipe(recipe: str) -> Recipe:
         raise err.with_next(LIST_RECIPES) from None
 
 
+def shrink_config(
+    recipe: str, overrides: list[str] | None = None, model: str | None = None
+) -> ShrinkResult:
+    """A recipe shrunk into a quick sanity run and validated by the trainer's config model;
+    an unknown recipe points at the recipe list, a bad override at fixing it."""
+    from rlhf_lab.shrink import shrink_config as shrink
+
+    find_known_recipe(recipe)
+    try:
+        return shrink(recipe, overrides, model=model)
+    except LabError as err:
+        raise err.with_next(FIX_OVERRIDES) from None
+
+
 def acceptance_text(algorithm: str) -> str:
     """What to watch and what a good sanity run of ``algorithm`` shows, as a few lines."""
     try:
@@ -117,7 +138,6 @@ def _resolved(
 ) -> tuple[str, str, dict, str]:
     """(family, algorithm, config, recipe id) of a recipe, shrunk or as shipped."""
     from rlhf_lab.configs import resolve_config
-    from rlhf_lab.shrink import shrink_config
 
     if shrink:
         shrunk = shrink_config(recipe, overrides, model=model)
@@ -136,14 +156,13 @@ def estimate_memory(
 ) -> MemoryCheck:
     """The peak training memory of a recipe (shrunk by default) against what the device a launch
     would use has free now, with a verdict naming the runs already on it."""
-    find_known_recipe(recipe)
-    try:
-        family, algorithm, config, rid = _resolved(recipe, model, list(overrides or []), shrink)
-    except LabError as err:
-        raise err.with_next(NextStep("shrink_config", note="fix what the message names")) from None
+    family, algorithm, config, rid = _resolved(recipe, model, list(overrides or []), shrink)
     target = resolve_device(device, config)
     kind: Literal["cuda", "cpu"] = "cpu" if target == "cpu" else "cuda"
-    est = estimate_config_memory(family, algorithm, config, device=kind)
+    try:
+        est = estimate_config_memory(family, algorithm, config, device=kind)
+    except LabError as err:
+        raise err.with_next(OFFLINE_MODEL) from None
     free = device_free_gb(target)
     ok = None if free is None else fits(est.total_gb, free)
     verdict = _verdict(f"~{est.total_gb:.2f} GiB ({est.peak_phase} phase)", target, free, ok)

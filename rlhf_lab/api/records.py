@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from rlhf_lab.compare import Comparison
 from rlhf_lab.errors import LabError, NextStep
 from rlhf_lab.ledger import Campaign, RunRecord, record_run, show_campaign
 from rlhf_lab.ledger import list_campaigns as ledger_campaigns
@@ -36,6 +37,30 @@ def list_campaigns() -> CampaignList:
     camps = ledger_campaigns()
     note = None if camps else "no campaigns yet: launch_run creates one (default <algo>-sanity)"
     return CampaignList(campaigns=camps, note=note)
+
+
+def compare_runs(run_ids: list[str], record_in: str | None = None) -> Comparison:
+    """The comparison table of runs of one family by that family's rules (recorded in a
+    campaign with ``record_in``); mixing families points at comparing one family at a time."""
+    from rlhf_lab.compare import compare_runs as compare
+
+    try:
+        return compare(run_ids, record_in)
+    except LabError as err:
+        if _mixes_families(run_ids):
+            step = NextStep("compare_runs", note="with the run ids of one family at a time")
+            raise err.with_next(step) from None
+        raise
+
+
+def _mixes_families(run_ids: list[str]) -> bool:
+    """Whether the runs belong to more than one family (False when one cannot be read)."""
+    from rlhf_lab.runs import run_state
+
+    try:
+        return len({run_state(r).family for r in run_ids}) > 1
+    except LabError:
+        return False
 
 
 def ledger_index_markdown() -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api.results import State
+from rlhf_lab.errors import LabError, NextStep
 from rlhf_lab.logs import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
 from rlhf_lab.runs import RunStatus, follow_run, list_runs, run_state, unfinished_runs
 
@@ -161,7 +162,13 @@ def tail_logs(
     capped at ``max_bytes``, with the run's state and a note when the text is empty or capped."""
     state = run_state(run_id).state
     final = state in FINISHED_STATES
-    chunk = tail_log(run_id, lines=lines, cursor=cursor, max_bytes=max_bytes, final=final)
+    try:
+        chunk = tail_log(run_id, lines=lines, cursor=cursor, max_bytes=max_bytes, final=final)
+    except LabError as err:
+        if cursor is None:
+            raise
+        note = "without a cursor, or with the one the previous call returned"
+        raise err.with_next(NextStep("tail_logs", {"run_id": run_id}, note=note)) from None
     note = None
     if not chunk.text:
         if chunk.size == 0:
