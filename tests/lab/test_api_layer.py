@@ -154,7 +154,13 @@ def test_importing_the_api_loads_nothing_else_of_the_lab():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     loaded = ast.literal_eval(out.stdout.strip())
-    assert loaded == ["rlhf_lab", "rlhf_lab.api", "rlhf_lab.cli", "rlhf_lab.errors"]
+    assert loaded == [
+        "rlhf_lab",
+        "rlhf_lab.api",
+        "rlhf_lab.cli",
+        "rlhf_lab.cli.steps",
+        "rlhf_lab.errors",
+    ]
 
 
 def test_run_status_caches_a_finished_runs_alerts_and_advises(monkeypatch):

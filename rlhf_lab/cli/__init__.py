@@ -16,17 +16,26 @@ in rlhf-lab and keeps its traceback.
 
 from __future__ import annotations
 
-import functools
 import json
-import shlex
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any, NamedTuple, TypeVar
+from typing import Annotated, Any
 
 import typer
 
 from rlhf_lab import api
-from rlhf_lab.errors import LabError, NextStep
+from rlhf_lab.cli.steps import CLI_OPERATIONS, Command, error_line, lab_errors, render_step
+
+__all__ = [
+    "CLI_OPERATIONS",
+    "COMMAND_OPERATIONS",
+    "Command",
+    "app",
+    "error_line",
+    "lab_errors",
+    "main",
+    "render_step",
+]
 
 app = typer.Typer(
     help="Plan, launch, watch and record small RLHF experiments.",
@@ -47,148 +56,7 @@ SetOpt = Annotated[
 ]
 
 
-class Command(NamedTuple):
-    """How one lab operation is typed on this command line."""
-
-    words: str  # after `rlhf-lab`, e.g. "campaign new"
-    positional: tuple[str, ...] = ()  # API argument names given as positional arguments
-    flags: dict[str, str] = {}  # API argument name -> its option
-
-
-# lab operation (the API function a NextStep names) -> the command that performs it. An
-# operation or argument missing here cannot be rendered (tests/mcp/test_error_rendering.py).
-CLI_OPERATIONS: dict[str, Command] = {
-    "list_recipes": Command("recipes", (), {"family": "--family"}),
-    "plan_experiment": Command(
-        "plan",
-        ("request",),
-        {
-            "algorithm": "--algorithm",
-            "model": "--model",
-            "campaign": "--campaign",
-            "overrides": "--set",
-        },
-    ),
-    "shrink_config": Command("shrink", ("recipe",), {"model": "--model", "overrides": "--set"}),
-    "estimate_memory": Command(
-        "plan", (), {"recipe": "--algorithm", "model": "--model", "overrides": "--set"}
-    ),
-    "check_resources": Command("gpu"),
-    "launch_run": Command(
-        "launch",
-        ("recipe",),
-        {
-            "overrides": "--set",
-            "shrink": "--shrink",
-            "model": "--model",
-            "campaign": "--campaign",
-            "device": "--device",
-            "queue": "--queue",
-            "force": "--force",
-        },
-    ),
-    "sweep": Command(
-        "sweep",
-        ("recipes",),
-        {"overrides": "--set", "model": "--model", "campaign": "--campaign", "device": "--device"},
-    ),
-    "run_status": Command("status", ("run_id",)),
-    "tail_logs": Command("tail", ("run_id",), {"lines": "-n", "cursor": "--cursor"}),
-    "get_metrics": Command(
-        "metrics",
-        ("run_id",),
-        {"keys": "--keys", "phase": "--phase", "max_points": "--max-points"},
-    ),
-    "stop_run": Command("stop", ("run_id",), {"grace_s": "--grace"}),
-    "resume_run": Command("resume", ("run_id",), {"device": "--device", "force": "--force"}),
-    "list_runs": Command("runs", (), {"campaign": "--campaign", "state": "--state"}),
-    "compare_runs": Command("compare", ("run_ids",), {"record_in": "--record-in"}),
-    "record_results": Command("record", ("run_id",), {"note": "--note"}),
-    "create_campaign": Command(
-        "campaign new", ("slug",), {"question": "--question", "family": "--family"}
-    ),
-    "show_campaign": Command("campaign show", ("campaign",)),
-    "list_campaigns": Command("campaign list"),
-    "list_models": Command("models list"),
-    "pull_model": Command("models pull", ("name",)),
-}
-# positional arguments a command cannot do without (shown as "..." when a step leaves them out)
-_REQUIRED = {"recipe", "recipes", "run_id", "run_ids", "slug", "campaign", "name"}
-
-
-def _cli_value(value: Any) -> str:
-    """One argument value as typed in a shell (lists of recipes are comma-joined)."""
-    if isinstance(value, list | tuple):
-        return shlex.quote(",".join(str(v) for v in value))
-    return shlex.quote(str(value))
-
-
-def _positional(command: Command, args: dict[str, Any]) -> list[str]:
-    """The positional words of a step: its values, or "..." for a required one it leaves out."""
-    words: list[str] = []
-    for name in command.positional:
-        if name in args:
-            value = args[name]
-            values = value if isinstance(value, list | tuple) and name == "run_ids" else [value]
-            words += [_cli_value(v) for v in values]
-        elif name in _REQUIRED:
-            words.append("...")
-    return words
-
-
-def _option(flag: str, value: Any) -> list[str]:
-    """An option's words: a bare flag for true, nothing for false, repeated for a list."""
-    if value is True:
-        return [flag]
-    if value is False or value is None:
-        return []
-    if isinstance(value, list | tuple):
-        return [w for v in value for w in (flag, _cli_value(v))]
-    return [flag, _cli_value(value)]
-
-
-def render_step(step: NextStep) -> str:
-    """A next step as a command line, ``rlhf-lab resume x`` / ``rlhf-lab launch ... --queue``;
-    raises KeyError for an operation or argument this surface has no rendering for."""
-    command = CLI_OPERATIONS[step.operation]
-    args = dict(step.args)
-    unknown = set(args) - set(command.positional) - set(command.flags)
-    if unknown:
-        raise KeyError(f"{step.operation}: no CLI rendering for {sorted(unknown)}")
-    words = ["rlhf-lab", command.words, *_positional(command, args)]
-    for name, value in args.items():
-        if name in command.flags:
-            words += _option(command.flags[name], value)
-    text = f"`{' '.join(words)}`"
-    return f"{text} ({step.note})" if step.note else text
-
-
-def error_line(err: LabError) -> str:
-    """The one stderr line of an expected failure: message, then the next steps as commands."""
-    message = " ".join(err.message.split("\n"))
-    if not err.next_steps:
-        return f"error: {message}"
-    return f"error: {message} (next: " + "; or ".join(map(render_step, err.next_steps)) + ")"
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def lab_errors(fn: F) -> F:
-    """Turn expected failures into one clear line on stderr and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except LabError as err:
-            typer.echo(error_line(err), err=True)
-            raise typer.Exit(2) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def emit(obj, as_json: bool, human) -> None:
+def emit(obj: Any, as_json: bool, human: Callable[[Any], None]) -> None:
     """Print a pydantic model (or list of them) as JSON, or call ``human(obj)``."""
     if as_json:
         if isinstance(obj, list):
@@ -199,7 +67,7 @@ def emit(obj, as_json: bool, human) -> None:
         human(obj)
 
 
-def _table(title: str, columns: list[str], rows: list[list]) -> None:
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -211,7 +79,7 @@ def _table(title: str, columns: list[str], rows: list[list]) -> None:
     Console().print(table)
 
 
-def _fmt(value) -> str:
+def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "" if value is None else str(value)
@@ -228,7 +96,7 @@ def recipes(
 ) -> None:
     """List families, algorithms and their shipped configs."""
 
-    def human(items):
+    def human(items: Any) -> None:
         _table(
             "recipes",
             ["recipe", "family", "config", "description"],
@@ -250,7 +118,7 @@ def plan(
 ) -> None:
     """Plan an experiment: recipe, shrunk config, memory vs free memory, commands, what to watch."""
 
-    def human(p):
+    def human(p: Any) -> None:
         typer.echo(f"campaign: {p.campaign_name}")
         for run in p.runs:
             typer.echo(f"\n== {run.recipe.id} ({run.family})")
@@ -288,7 +156,7 @@ def shrink(
 ) -> None:
     """Turn a config into a quick sanity run; prints the diff and the expected steps."""
 
-    def human(r):
+    def human(r: Any) -> None:
         typer.echo(f"{r.recipe.id}: {r.steps_detail}")
         for change in r.diff:
             typer.echo(f"  {change.key}: {change.default!r} -> {change.value!r}")
@@ -313,11 +181,11 @@ def _follow(run_id: str) -> int:
     ) as progress:
         task = progress.add_task(run_id, total=None)
 
-        def on_progress(status):
+        def on_progress(status: Any) -> None:
             if status.total_steps:
                 progress.update(task, total=status.total_steps, completed=status.step or 0)
 
-        def on_log(text):
+        def on_log(text: str) -> None:
             progress.console.print(text, end="", markup=False, highlight=False)
 
         final = api.wait_and_stream(run_id, on_progress, on_log)
@@ -379,7 +247,7 @@ def sweep(
         names, set_ or [], shrink=not no_shrink, model=model, campaign=campaign, device=device
     )
 
-    def human(r):
+    def human(r: Any) -> None:
         typer.echo(f"campaign: {r.campaign}")
         for item in r.launches:
             typer.echo(f"  {item.run.id}: {item.message}")
@@ -390,7 +258,7 @@ def sweep(
 # ------------------------------------------------------------------------------------- watching
 
 
-def _print_status(view) -> None:
+def _print_status(view: Any) -> None:
     s = view.status
     steps = f"{s.step}/{s.total_steps}" if s.total_steps else (s.step or "-")
     eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
@@ -440,7 +308,7 @@ def runs(
 ) -> None:
     """List runs, newest last."""
 
-    def human(items):
+    def human(items: Any) -> None:
         _table(
             "runs",
             ["run", "state", "step", "campaign"],
@@ -486,7 +354,7 @@ def metrics(
     wanted = [k.strip() for k in keys.split(",")] if keys else None
     series = api.read_metrics(run, wanted, phase, max_points)
 
-    def human(s):
+    def human(s: Any) -> None:
         cols = [
             "step",
             "phase",
@@ -534,7 +402,7 @@ def record(
 ) -> None:
     """Fill the run's row in its campaign ledger (command, changed values, metrics, plots)."""
 
-    def human(r):
+    def human(r: Any) -> None:
         typer.echo(f"recorded {r.run_id} in campaign {r.campaign}")
         for w in r.warnings:
             typer.echo(f"warning: {w}")
@@ -577,7 +445,7 @@ def campaign_show(slug: str, as_json: JsonOpt = False) -> None:
 def campaign_list(as_json: JsonOpt = False) -> None:
     """List campaigns, newest first."""
 
-    def human(items):
+    def human(items: Any) -> None:
         _table(
             "campaigns",
             ["campaign", "status", "runs", "question"],
@@ -595,7 +463,7 @@ def campaign_list(as_json: JsonOpt = False) -> None:
 def gpu(as_json: JsonOpt = False) -> None:
     """GPU memory and who holds it, CPU and RAM, and which lab runs hold which device."""
 
-    def human(r):
+    def human(r: Any) -> None:
         if not r.gpus:
             typer.echo("no GPU: " + "; ".join(r.notes))
         for g in r.gpus:
@@ -618,7 +486,7 @@ def gpu(as_json: JsonOpt = False) -> None:
 def models_list(as_json: JsonOpt = False) -> None:
     """Built-in presets and models already in the cache."""
 
-    def human(items):
+    def human(items: Any) -> None:
         _table(
             "models",
             ["name", "kind", "params", "ready", "path"],
@@ -676,7 +544,7 @@ def skills_install(
 ) -> None:
     """Copy skills/ into TARGET/.claude/skills/ and add the rlhf-lab server to TARGET/.mcp.json."""
 
-    def human(r):
+    def human(r: Any) -> None:
         typer.echo(f"skills in {r.skills_dir}: {', '.join(r.installed + r.unchanged)}")
         typer.echo(f"{r.mcp_json}: servers {', '.join(r.servers)}")
         for note in r.notes:
@@ -720,7 +588,3 @@ COMMAND_OPERATIONS: dict[str, str] = {
 
 def main() -> None:
     app()
-
-
-if __name__ == "__main__":
-    main()
