@@ -29,7 +29,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from rlhf_lab import __version__
-from rlhf_lab.errors import Conflict, LabError, NextStep, Unavailable
+from rlhf_lab.api._operation import operation
+from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep, Unavailable
 
 LAB_VERSION: str = __version__
 
@@ -120,12 +121,36 @@ _LAZY: dict[str, str] = {
 }
 
 
+# re-exported functions a surface calls: their arguments are validated like this module's own
+_SURFACE_OPERATIONS = frozenset(
+    {
+        "plan_experiment",
+        "stop_run",
+        "list_runs",
+        "resume_run",
+        "record_run",
+        "create_campaign",
+        "show_campaign",
+        "check_resources",
+        "list_models",
+        "pull_model",
+        "run_demo",
+        "install_skills",
+        "tail_log",
+        "read_metrics",
+    }
+)
+
+
 def __getattr__(name: str) -> Any:
-    """Load a re-exported name from its module on first use (and keep it here)."""
+    """Load a re-exported name from its module on first use (and keep it here); a function a
+    surface calls gets its arguments validated (:func:`~rlhf_lab.api._operation.operation`)."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rlhf_lab.api' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
+    if name in _SURFACE_OPERATIONS and not getattr(value, "__lab_operation__", False):
+        value = operation(value)
     globals()[name] = value
     return value
 
@@ -138,6 +163,7 @@ __all__ = sorted(
     [
         *_LAZY,
         "Conflict",
+        "InvalidArgument",
         "LAB_VERSION",
         "LabError",
         "NextStep",
@@ -286,6 +312,7 @@ def _resolve_recipe(
         raise err.with_next(FIX_OVERRIDES) from None
 
 
+@operation
 def launch_experiment(
     recipe: str,
     overrides: list[str] | None = None,
@@ -341,6 +368,7 @@ def launch_experiment(
     )
 
 
+@operation
 def launch_run(
     recipe: str,
     overrides: list[str] | None = None,
@@ -370,6 +398,7 @@ def launch_run(
     return launch_run_result(result)
 
 
+@operation
 def resume_run_detached(run_id: str, force: bool = False) -> LaunchRunResult:
     """runs.resume_run with the result shaped for an agent (like :func:`launch_run`)."""
     from rlhf_lab.api.results import launch_run_result
@@ -378,6 +407,7 @@ def resume_run_detached(run_id: str, force: bool = False) -> LaunchRunResult:
     return launch_run_result(resume_run(run_id, force=force))
 
 
+@operation
 def sweep(
     recipes: list[str],
     overrides: list[str] | None = None,
@@ -394,7 +424,7 @@ def sweep(
     from rlhf_lab.paths import campaign_name
 
     if not recipes:
-        raise LabError(
+        raise InvalidArgument(
             "a sweep needs at least one recipe, e.g. dpo,ipo,simpo", next=NextStep("list_recipes")
         )
     names = [find_known_recipe(r).algorithm for r in recipes]

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from rlhf_lab.api._operation import operation
 from rlhf_lab.catalog import Recipe, acceptance_for, family_info, find_recipe, key_metrics_for
 from rlhf_lab.catalog import list_recipes as catalog_recipes
 from rlhf_lab.errors import LabError, NextStep
@@ -66,6 +67,7 @@ def family_brief(name: str) -> FamilyBrief:
     )
 
 
+@operation
 def list_recipes(family: str | None = None) -> RecipeList:
     """The shipped recipes (optionally of one family) and a brief of each family listed."""
     recipes = catalog_recipes(family)
@@ -81,6 +83,7 @@ def find_known_recipe(recipe: str) -> Recipe:
         raise err.with_next(LIST_RECIPES) from None
 
 
+@operation
 def shrink_config(
     recipe: str, overrides: list[str] | None = None, model: str | None = None
 ) -> ShrinkResult:
@@ -147,6 +150,7 @@ def _resolved(
     return resolved.family, resolved.algorithm, resolved.data, resolved.recipe.id
 
 
+@operation
 def estimate_memory(
     recipe: str,
     model: str | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from rlhf_lab.api._operation import operation
 from rlhf_lab.compare import Comparison
 from rlhf_lab.errors import LabError, NextStep
 from rlhf_lab.ledger import Campaign, RunRecord, record_run, show_campaign
@@ -22,6 +23,7 @@ class CampaignList(BaseModel):
     note: str | None = None
 
 
+@operation
 def record_results(run_id: str, note: str | None = None) -> RecordResult:
     """Write (or refresh) a run's row in its campaign ledger; says where the ledger is."""
     rec = record_run(run_id, note)
@@ -32,6 +34,7 @@ def record_results(run_id: str, note: str | None = None) -> RecordResult:
     )
 
 
+@operation
 def list_campaigns() -> CampaignList:
     """The campaigns, newest first, with a note when there are none yet."""
     camps = ledger_campaigns()
@@ -39,6 +42,7 @@ def list_campaigns() -> CampaignList:
     return CampaignList(campaigns=camps, note=note)
 
 
+@operation
 def compare_runs(run_ids: list[str], record_in: str | None = None) -> Comparison:
     """The comparison table of runs of one family by that family's rules (recorded in a
     campaign with ``record_in``); mixing families points at comparing one family at a time."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from rlhf_lab.api._operation import operation
 from rlhf_lab.api.results import State
 from rlhf_lab.errors import LabError, NextStep
 from rlhf_lab.logs import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
@@ -122,6 +123,7 @@ def advice_for(view: RunView) -> str:
     )
 
 
+@operation
 def run_status(run_id: str) -> RunStatusResult:
     """A run's state, step, ETA, latest metrics, diagnosed alerts and advice."""
     status = run_state(run_id)
@@ -129,11 +131,13 @@ def run_status(run_id: str) -> RunStatusResult:
     return RunStatusResult(**view.model_dump(), advice=advice_for(view))
 
 
+@operation
 def active_run_views() -> list[RunStatusResult]:
     """run_status of every queued, starting or running run (what a bare `status` shows)."""
     return [run_status(s.id) for s in unfinished_runs()]
 
 
+@operation
 def run_list(campaign: str | None = None, state: str | None = None, limit: int = 50) -> RunList:
     """The newest ``limit`` matching runs (oldest first), their total and a note when empty."""
     runs = list_runs(campaign, state)
@@ -155,6 +159,7 @@ def wait_and_stream(
 # --------------------------------------------------------------------------------------- logs
 
 
+@operation
 def tail_logs(
     run_id: str, lines: int = 50, cursor: int | None = None, max_bytes: int = 8_000
 ) -> LogTail:
@@ -196,6 +201,7 @@ def follow_log(run_id: str, cursor: int | None, poll_s: float = 1.0) -> Iterator
 # ------------------------------------------------------------------------------------ metrics
 
 
+@operation
 def get_metrics(
     run_id: str,
     keys: list[str] | None = None,

@@ -147,16 +147,19 @@ def test_importing_the_api_loads_nothing_else_of_the_lab():
     code = (
         "import sys, rlhf_lab.api, rlhf_lab.cli\n"
         "lab = sorted(m for m in sys.modules if m.startswith('rlhf_lab'))\n"
-        "print(repr(lab))\n"
+        "print(repr(lab), 'pydantic' in sys.modules)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    loaded = ast.literal_eval(out.stdout.strip())
+    listed, pydantic_loaded = out.stdout.strip().rsplit(" ", 1)
+    loaded = ast.literal_eval(listed)
+    assert pydantic_loaded == "False", "validation is built on the first call, not at import"
     assert loaded == [
         "rlhf_lab",
         "rlhf_lab.api",
+        "rlhf_lab.api._operation",
         "rlhf_lab.cli",
         "rlhf_lab.cli.steps",
         "rlhf_lab.errors",
@@ -182,3 +185,34 @@ def test_run_status_caches_a_finished_runs_alerts_and_advises(monkeypatch):
     monkeypatch.setattr(watching, "_fingerprint", lambda s: ("changed",))
     watching.run_status(RUN)
     assert calls == [RUN, RUN], "a changed run folder is diagnosed again"
+
+
+def test_every_surface_function_validates_its_arguments():
+    """Typed in: each function a surface calls is an @operation (pydantic-validated)."""
+    names = set(cli.COMMAND_OPERATIONS.values()) | set(mcp_server.TOOL_OPERATIONS.values())
+    for name in sorted(names | {"active_run_views"}):
+        assert getattr(getattr(api, name), "__lab_operation__", False), name
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda: api.run_status(5), "run_status: run_id: Input should be a valid string"),
+        (lambda: api.launch_run("dpo", overrides=["a", 3]), "overrides.1:"),
+        (lambda: api.stop_run(RUN, grace_s="soon"), "grace_s:"),
+        (lambda: api.tail_logs(RUN, lines="many"), "lines:"),
+    ],
+)
+def test_malformed_arguments_are_a_typed_invalid_argument(call, needle):
+    with pytest.raises(InvalidArgument) as err:
+        call()
+    assert needle in err.value.message and err.value.kind == "invalid_argument"
+
+
+def test_lax_arguments_are_converted_before_the_call(monkeypatch):
+    from rlhf_lab.api import watching
+
+    seen = []
+    monkeypatch.setattr(watching, "list_runs", lambda campaign, state: seen.append(state) or [])
+    assert api.run_list(None, None, "3").total == 0  # "3" -> 3, no error
+    assert seen == [None]
