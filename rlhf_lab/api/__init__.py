@@ -1,7 +1,9 @@
 """The lab's one entry point: every operation the CLI or the MCP server offers is one typed
-function here (plain or pydantic arguments in, a pydantic model or a list of them out). Both
+function here: typed arguments validated by pydantic (:func:`~rlhf_lab.api._operation.operation`:
+a malformed argument is an ``InvalidArgument``) in, a pydantic model or a list of them out. Both
 surfaces are adapters over this package; they import nothing else of the lab but
-:mod:`rlhf_lab.errors`. Torch-free.
+:mod:`rlhf_lab.errors` (tests/lab/test_api_layer.py, tests/lab/test_import_contract.py).
+Torch-free.
 
 Names are loaded lazily (PEP 562 ``__getattr__``): ``import rlhf_lab.api`` costs almost nothing,
 and ``api.list_runs`` imports only the run modules, so a CLI reading command starts fast. What
