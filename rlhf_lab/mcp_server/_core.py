@@ -134,8 +134,8 @@ def _call(tool: str, default_next: str, fn: Callable[..., T], *args: Any, **kwar
         first = (str(err).strip().splitlines() or [""])[0][:300]
         raise ToolError(
             f"unexpected {type(err).__name__} in {tool}: {first}\nNext: this is a bug in "
-            "rlhf-lab, not in the request; the server's stderr log has the details. Retry once, "
-            "or run the CLI equivalent (uv run rlhf-lab --help) to see the full error."
+            "rlhf-lab, not in the request; the server's stderr log has the traceback. Retry once; "
+            "if it fails again, report it with that log."
         ) from None
 
 

@@ -291,3 +291,15 @@ def test_the_refused_busy_launch_is_a_typed_conflict(lab_root, monkeypatch):
     assert err.value.kind == "conflict" and HOLDER in err.value.message
     assert [s.operation for s in err.value.next_steps] == ["run_status", "launch_run", "launch_run"]
     assert [p.name for p in lab_root.glob("experiments/*/runs/*")] == [HOLDER], "nothing written"
+
+
+async def test_a_bug_is_reported_as_such_without_cli_syntax(monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(api, "list_campaigns", boom)
+    async with Client(mcp_server.server) as client:
+        result = await client.call_tool("list_campaigns", {})
+    text = "\n".join(c.text for c in result.content if getattr(c, "text", None))
+    assert result.is_error and "bug in rlhf-lab" in text and "disk on fire" in text
+    assert not CLI_SYNTAX.search(text), text
