@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import subprocess
 import sys
@@ -87,6 +88,37 @@ def test_the_adapter_contract_forbids_every_other_lab_module():
 def test_no_lab_module_imports_torch_or_transformers_itself():
     out = lint("lab-is-torch-free")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def module_level_imports(tree: ast.Module) -> list[str]:
+    """Modules imported by the top-level statements of a file (not inside functions/classes,
+    not under ``if TYPE_CHECKING:``)."""
+    found: list[str] = []
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append(node.module)
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            stack += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            stack += node.body + node.orelse + node.finalbody
+            stack += [s for h in node.handlers for s in h.body]
+    return found
+
+
+def test_no_lab_module_imports_torch_or_transformers_at_module_level():
+    offenders = []
+    for path in sorted((ROOT / "rlhf_lab").rglob("*.py")):
+        for name in module_level_imports(ast.parse(path.read_text())):
+            if name.split(".")[0] in ("torch", "transformers"):
+                offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not offenders, offenders
+    # the check itself sees a module-level import, and not one inside a function
+    sample = ast.parse("import torch\ndef f():\n    import transformers\n")
+    assert module_level_imports(sample) == ["torch"]
 
 
 def test_importing_any_lab_module_leaves_torch_and_transformers_out():
