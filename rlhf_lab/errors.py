@@ -86,6 +86,16 @@ class LabError(ValueError):
             return self.message
         return f"{self.message}; next: " + "; or ".join(s.neutral() for s in self.next_steps)
 
+    def with_next(self, *steps: NextStep) -> LabError:
+        """This error with ``steps`` as its next steps when it has none yet (its own win).
+
+        Lets a caller that knows *which call* failed (e.g. resolving a recipe) add the step that
+        fits that call, without reading the message. Returns a new error of the same class and
+        kind; ``self`` is returned unchanged when it already names a next step."""
+        if self.next_steps or not steps:
+            return self
+        return type(self)(self.message, next=steps, kind=self.kind)
+
     def render(self, step_renderer: Callable[[NextStep], str], *, joiner: str = "; or ") -> str:
         """The message followed by each next step in one surface's terms."""
         if not self.next_steps:

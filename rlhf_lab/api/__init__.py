@@ -1,0 +1,451 @@
+"""The lab's one entry point: every operation the CLI or the MCP server offers is one typed
+function here: typed arguments validated by pydantic (:func:`~rlhf_lab.api._operation.operation`:
+a malformed argument is an ``InvalidArgument``) in, a pydantic model or a list of them out. Both
+surfaces are adapters over this package; they import nothing else of the lab but
+:mod:`rlhf_lab.errors` (tests/lab/test_api_layer.py, tests/lab/test_import_contract.py).
+Torch-free.
+
+Names are loaded lazily (PEP 562 ``__getattr__``): ``import rlhf_lab.api`` costs almost nothing,
+and ``api.list_runs`` imports only the run modules, so a CLI reading command starts fast. What
+lives where:
+
+- launching (this module, whose private hooks tests replace): :func:`launch_experiment`
+  (LaunchResult), :func:`launch_run` (the same shaped for an agent), :func:`sweep`,
+  :func:`resume_run_detached`; their result models in :mod:`rlhf_lab.api.results`;
+- :mod:`rlhf_lab.api.recipes`: ``list_recipes``, ``estimate_memory`` (the fit check),
+  ``device_free_gb``, ``acceptance_text``;
+- :mod:`rlhf_lab.api.watching`: ``run_status`` (alerts + advice), ``active_run_views``,
+  ``run_list``, ``tail_logs``, ``follow_log``, ``get_metrics``, ``wait_and_stream``;
+- :mod:`rlhf_lab.api.records`: ``record_results``, ``list_campaigns``, ledger markdown;
+- re-exported as they are: plan/shrink/config, runs, logs, ledger, compare, resources, models,
+  skills and the demo.
+
+Expected failures are :class:`~rlhf_lab.errors.LabError` subclasses carrying a kind and next
+steps named by the functions of this package (``NextStep("launch_run", {"queue": True})``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from rlhf_lab import __version__
+from rlhf_lab.api._operation import operation
+from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep, Unavailable
+
+LAB_VERSION: str = __version__
+
+if TYPE_CHECKING:  # pragma: no cover - for readers and type checkers only
+    from rlhf_lab.api.results import LaunchRunResult, SweepResult
+    from rlhf_lab.runs import LaunchResult, RunStatus
+
+# name -> module it is loaded from on first use
+_LAZY: dict[str, str] = {
+    # recipes, plans, configs, memory
+    "Recipe": "rlhf_lab.catalog",
+    "find_recipe": "rlhf_lab.catalog",
+    "ResolvedConfig": "rlhf_lab.configs",
+    "resolve_config": "rlhf_lab.configs",
+    "Plan": "rlhf_lab.plan",
+    "plan_experiment": "rlhf_lab.plan",
+    "ShrinkResult": "rlhf_lab.shrink",
+    "shrink_config": "rlhf_lab.api.recipes",
+    "MemoryEstimate": "rlhf_lab.memory",
+    "FamilyBrief": "rlhf_lab.api.recipes",
+    "RecipeList": "rlhf_lab.api.recipes",
+    "MemoryCheck": "rlhf_lab.api.recipes",
+    "list_recipes": "rlhf_lab.api.recipes",
+    "estimate_memory": "rlhf_lab.api.recipes",
+    "device_free_gb": "rlhf_lab.api.recipes",
+    "acceptance_text": "rlhf_lab.api.recipes",
+    "find_known_recipe": "rlhf_lab.api.recipes",
+    # runs
+    "RunInfo": "rlhf_lab.runs",
+    "RunStatus": "rlhf_lab.runs",
+    "LaunchResult": "rlhf_lab.runs",
+    "active_runs": "rlhf_lab.runs",
+    "list_runs": "rlhf_lab.runs",
+    "run_state": "rlhf_lab.runs",
+    "stop_run": "rlhf_lab.runs",
+    "unfinished_runs": "rlhf_lab.runs",
+    "wait_for_end": "rlhf_lab.runs",
+    # watching
+    "Alert": "rlhf_lab.logs",
+    "LogChunk": "rlhf_lab.logs",
+    "MetricSeries": "rlhf_lab.logs",
+    "diagnose": "rlhf_lab.logs",
+    "read_metrics": "rlhf_lab.logs",
+    "tail_log": "rlhf_lab.logs",
+    "RunView": "rlhf_lab.api.watching",
+    "RunStatusResult": "rlhf_lab.api.watching",
+    "LogTail": "rlhf_lab.api.watching",
+    "MetricsResult": "rlhf_lab.api.watching",
+    "RunList": "rlhf_lab.api.watching",
+    "advice_for": "rlhf_lab.api.watching",
+    "run_status": "rlhf_lab.api.watching",
+    "active_run_views": "rlhf_lab.api.watching",
+    "run_list": "rlhf_lab.api.watching",
+    "tail_logs": "rlhf_lab.api.watching",
+    "follow_log": "rlhf_lab.api.watching",
+    "get_metrics": "rlhf_lab.api.watching",
+    "wait_and_stream": "rlhf_lab.api.watching",
+    # ledger and comparisons
+    "Campaign": "rlhf_lab.ledger",
+    "CampaignView": "rlhf_lab.ledger",
+    "RunRecord": "rlhf_lab.ledger",
+    "create_campaign": "rlhf_lab.ledger",
+    "record_run": "rlhf_lab.ledger",
+    "show_campaign": "rlhf_lab.ledger",
+    "RecordResult": "rlhf_lab.api.records",
+    "CampaignList": "rlhf_lab.api.records",
+    "record_results": "rlhf_lab.api.records",
+    "list_campaigns": "rlhf_lab.api.records",
+    "ledger_index_markdown": "rlhf_lab.api.records",
+    "campaign_markdown": "rlhf_lab.api.records",
+    "Comparison": "rlhf_lab.compare",
+    "compare_runs": "rlhf_lab.api.records",
+    # the machine, models, skills, demo, paths
+    "Resources": "rlhf_lab.resources",
+    "check_resources": "rlhf_lab.resources",
+    "ModelEntry": "rlhf_lab.models",
+    "list_models": "rlhf_lab.models",
+    "pull_model": "rlhf_lab.models",
+    "SkillsInstallResult": "rlhf_lab.skills",
+    "install_skills": "rlhf_lab.skills",
+    "run_demo": "rlhf_lab.demo",
+    "experiments_dir": "rlhf_lab.paths",
+    "campaign_name": "rlhf_lab.paths",
+    "LaunchRunResult": "rlhf_lab.api.results",
+    "SweepResult": "rlhf_lab.api.results",
+    "launch_run_result": "rlhf_lab.api.results",
+    "resume_run": "rlhf_lab.runs",
+}
+
+
+# re-exported functions a surface calls: their arguments are validated like this module's own
+_SURFACE_OPERATIONS = frozenset(
+    {
+        "plan_experiment",
+        "stop_run",
+        "list_runs",
+        "resume_run",
+        "record_run",
+        "create_campaign",
+        "show_campaign",
+        "check_resources",
+        "list_models",
+        "pull_model",
+        "run_demo",
+        "install_skills",
+        "tail_log",
+        "read_metrics",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """Load a re-exported name from its module on first use (and keep it here); a function a
+    surface calls gets its arguments validated (:func:`~rlhf_lab.api._operation.operation`)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlhf_lab.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    if name in _SURFACE_OPERATIONS and not getattr(value, "__lab_operation__", False):
+        value = operation(value)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(
+    [
+        *_LAZY,
+        "Conflict",
+        "InvalidArgument",
+        "LAB_VERSION",
+        "LabError",
+        "NextStep",
+        "Unavailable",
+        "device_busy_error",
+        "launch_experiment",
+        "launch_run",
+        "resume_run_detached",
+        "sweep",
+        "visible_gpu_count",
+    ]
+)
+
+
+# ------------------------------------------------------------------------------ device checks
+
+
+def visible_gpu_count() -> int:
+    """How many GPUs this process may use (CUDA_VISIBLE_DEVICES respected; 0 without NVML)."""
+    from rlhf_lab.runs import _visible_gpu_count as count
+
+    return count()
+
+
+_visible_gpu_count = visible_gpu_count  # the hook launch checks use (tests replace it)
+
+
+def _device_free_gb(device: str) -> float | None:
+    """Memory free now on ``device`` (the hook launch checks use; tests replace it)."""
+    from rlhf_lab.api.recipes import device_free_gb
+
+    return device_free_gb(device)
+
+
+def _fits_beside_running(family: str, algorithm: str, data: dict, device: str) -> bool | None:
+    """None when nothing else holds the device; otherwise whether this run's memory estimate
+    fits in what the device has free now."""
+    from rlhf_lab.memory import estimate_memory as estimate_config_memory
+    from rlhf_lab.memory import fits
+    from rlhf_lab.runs import active_runs
+
+    if not active_runs(device):
+        return None
+    free = _device_free_gb(device)
+    if free is None:
+        return False
+    try:
+        kind = "cpu" if device == "cpu" else "cuda"
+        estimate = estimate_config_memory(family, algorithm, data, device=kind)
+    except LabError:
+        return False
+    return fits(estimate.total_gb, free)
+
+
+def _check_gpu_present(device: str, data: dict) -> None:
+    """Refuse a GPU run on a machine that shows no such GPU before anything is written: the
+    trainer would otherwise fail after start-up (model.device=cuda) or quietly train on the CPU
+    under a cuda label (--device cuda with model.device=auto)."""
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    if not (device.startswith("cuda") or model.get("device") == "cuda"):
+        return
+    index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
+    count = _visible_gpu_count()
+    if index < count:
+        return
+    asked = device if device.startswith("cuda") else "model.device=cuda"
+    raise Unavailable(
+        f"{asked} was asked for but this machine shows {count} GPU(s) (CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); train on the CPU with "
+        "model.device=auto (or cpu), or on a machine with a GPU",
+        next=[
+            NextStep("launch_run", {"device": "cpu"}, note="with model.device=auto or cpu"),
+            NextStep("check_resources", note="lists the GPUs this machine shows"),
+        ],
+    )
+
+
+def _describe_run(status: RunStatus) -> str:
+    """``<id> (pid P, step s/t, ETA e, campaign c)``: enough to recognise a run holding a device."""
+    step = "?" if status.step is None else status.step
+    total = "?" if status.total_steps is None else status.total_steps
+    eta = "" if status.eta_s is None else f", ETA {status.eta_s:.0f}s"
+    return f"{status.id} (pid {status.pid}, step {step}/{total}{eta}, campaign {status.campaign})"
+
+
+def device_busy_error(device: str, busy: list[RunStatus], fits_together: bool | None) -> Conflict:
+    """The typed refusal of a second job on a device: names the run holding it and the ways on
+    (wait for it, queue behind it, or force when both fit)."""
+    why = (
+        "the memory check said both do not fit"
+        if fits_together is False
+        else "no memory check said both fit"
+    )
+    more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
+    steps = [
+        NextStep("run_status", {"run_id": busy[0].id}, note="wait until it ends"),
+        NextStep("launch_run", {"queue": True}, note="starts after it ends"),
+        NextStep("launch_run", {"force": True}, note="only when both runs fit in memory"),
+    ]
+    return Conflict(
+        f"device {device} is busy: run {_describe_run(busy[0])} is training on it{more}; one "
+        f"training job per device ({why})",
+        next=steps,
+    )
+
+
+# ---------------------------------------------------------------------------------- launching
+
+
+def _launch(*args: Any, **kwargs: Any) -> LaunchResult:
+    """runs.launch (the hook the launch path calls; tests wrap it)."""
+    from rlhf_lab.runs import launch
+
+    return launch(*args, **kwargs)
+
+
+def _resolve_recipe(
+    recipe: str, overrides: list[str], shrink: bool, model: str | None
+) -> tuple[str, str, dict, list[str], str]:
+    """(family, algorithm, config, applied overrides, config source) of a recipe, shrunk or not;
+    an unknown recipe points at the recipe list, a bad override at shrink_config."""
+    from rlhf_lab.api.recipes import FIX_OVERRIDES, find_known_recipe
+    from rlhf_lab.configs import resolve_config
+    from rlhf_lab.shrink import shrink_config
+
+    find_known_recipe(recipe)
+    try:
+        if shrink or model:
+            shrunk = shrink_config(recipe, overrides, model=model)
+            return (
+                shrunk.family,
+                shrunk.algorithm,
+                shrunk.config,
+                shrunk.overrides,
+                shrunk.recipe.config_path,
+            )
+        resolved = resolve_config(recipe, overrides)
+        return (
+            resolved.family,
+            resolved.algorithm,
+            resolved.data,
+            overrides,
+            resolved.recipe.config_path,
+        )
+    except LabError as err:
+        raise err.with_next(FIX_OVERRIDES) from None
+
+
+@operation
+def launch_experiment(
+    recipe: str,
+    overrides: list[str] | None = None,
+    *,
+    shrink: bool = False,
+    model: str | None = None,
+    campaign: str | None = None,
+    question: str | None = None,
+    device: str = "auto",
+    force: bool = False,
+    queue: bool = False,
+) -> LaunchResult:
+    """Resolve (and optionally shrink) a recipe, make sure its campaign exists, check the device,
+    and start the trainer in the background (or queue it). Returns at once with the run id."""
+    from rlhf_lab.ledger import create_campaign
+    from rlhf_lab.paths import campaign_name
+    from rlhf_lab.runs import active_runs, resolve_device
+
+    family, algorithm, data, applied, source = _resolve_recipe(
+        recipe, list(overrides or []), shrink, model
+    )
+    # campaign="" is a bad slug, not "use the default" (it would launch into another campaign)
+    slug = campaign if campaign is not None else f"{algorithm.replace('_', '-')}-sanity"
+    campaign_name(slug)  # validates the slug before anything is written
+    dev = resolve_device(device, data)  # a bad device is refused before the campaign exists
+    _check_gpu_present(dev, data)
+    fits_together = None if force or queue else _fits_beside_running(family, algorithm, data, dev)
+    if fits_together is False:  # refused before the campaign is written; runs.launch re-checks
+        busy = active_runs(dev)
+        if busy:
+            raise device_busy_error(dev, busy, fits_together)
+    model_name = (data.get("model") or {}).get("name")
+    dataset = (data.get("data") or {}).get("dataset")
+    create_campaign(
+        slug,
+        question or f"Does {algorithm} pass a short sanity run?",
+        family=family,
+        model=model_name,
+        dataset=dataset if isinstance(dataset, str) else None,
+        seeds=[data["seed"]] if isinstance(data.get("seed"), int) else None,
+    )
+    return _launch(
+        family,
+        algorithm,
+        data,
+        slug,
+        source,
+        applied,
+        device=dev,
+        force=force,
+        queue=queue,
+        fits_together=fits_together,
+    )
+
+
+@operation
+def launch_run(
+    recipe: str,
+    overrides: list[str] | None = None,
+    *,
+    shrink: bool = True,
+    model: str | None = None,
+    campaign: str | None = None,
+    question: str | None = None,
+    device: str = "auto",
+    queue: bool = False,
+    force: bool = False,
+) -> LaunchRunResult:
+    """:func:`launch_experiment` (shrunk by default) with the result shaped for an agent."""
+    result = launch_experiment(
+        recipe,
+        overrides,
+        shrink=shrink,
+        model=model,
+        campaign=campaign,
+        question=question,
+        device=device,
+        force=force,
+        queue=queue,
+    )
+    from rlhf_lab.api.results import launch_run_result
+
+    return launch_run_result(result)
+
+
+@operation
+def resume_run_detached(run_id: str, force: bool = False) -> LaunchRunResult:
+    """runs.resume_run with the result shaped for an agent (like :func:`launch_run`)."""
+    from rlhf_lab.api.results import launch_run_result
+    from rlhf_lab.runs import resume_run
+
+    return launch_run_result(resume_run(run_id, force=force))
+
+
+@operation
+def sweep(
+    recipes: list[str],
+    overrides: list[str] | None = None,
+    *,
+    shrink: bool = True,
+    model: str | None = None,
+    campaign: str | None = None,
+    device: str = "auto",
+) -> SweepResult:
+    """Queue matched runs (same overrides, same shrink) of several recipes in one campaign; the
+    queue runs them one after another."""
+    from rlhf_lab.api.recipes import find_known_recipe
+    from rlhf_lab.api.results import SweepResult
+    from rlhf_lab.paths import campaign_name
+
+    if not recipes:
+        raise InvalidArgument(
+            "a sweep needs at least one recipe, e.g. dpo,ipo,simpo", next=NextStep("list_recipes")
+        )
+    names = [find_known_recipe(r).algorithm for r in recipes]
+    slug = (
+        campaign
+        if campaign is not None
+        else "-vs-".join(n.replace("_", "-") for n in names)[:60].strip("-")
+    )
+    launches = [
+        launch_experiment(
+            r,
+            overrides,
+            shrink=shrink,
+            model=model,
+            campaign=slug,
+            question=f"How do {', '.join(names)} compare with matched settings?",
+            device=device,
+            queue=True,
+        )
+        for r in recipes
+    ]
+    return SweepResult(campaign=campaign_name(slug), launches=launches)

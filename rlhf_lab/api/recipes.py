@@ -1,0 +1,187 @@
+"""Recipes and their cost before anything runs: the recipe list with each family's brief, and the
+memory estimate of a recipe against the memory free now on the device a launch would use.
+Lab API functions behind the CLI's ``recipes`` and the MCP tools ``list_recipes`` and
+``estimate_memory``. Torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.api._operation import operation
+from rlhf_lab.catalog import Recipe, acceptance_for, family_info, find_recipe, key_metrics_for
+from rlhf_lab.catalog import list_recipes as catalog_recipes
+from rlhf_lab.errors import LabError, NextStep
+from rlhf_lab.memory import MemoryEstimate, fits
+from rlhf_lab.memory import estimate_memory as estimate_config_memory
+from rlhf_lab.resources import check_resources
+from rlhf_lab.runs import active_runs, resolve_device
+from rlhf_lab.shrink import ShrinkResult
+
+LIST_RECIPES = NextStep("list_recipes")
+FIX_OVERRIDES = NextStep(
+    "shrink_config", note="fix the dotted key or value in overrides that the message names"
+)
+OFFLINE_MODEL = NextStep(
+    "estimate_memory", {"model": "tiny"}, note="builds offline; or pass a local model folder"
+)
+
+
+class FamilyBrief(BaseModel):
+    name: str
+    algorithms: list[str]
+    key_metrics: list[str] = Field(description="the metrics that show progress (ALGORITHMS.md)")
+    acceptance: list[str] = Field(description="what a good sanity run shows")
+    comparison: str = Field(description="how runs of this family are compared")
+
+
+class RecipeList(BaseModel):
+    recipes: list[Recipe]
+    families: list[FamilyBrief] = Field(description="the families of the listed recipes")
+
+
+class MemoryCheck(BaseModel):
+    recipe: str = Field(description="<family>/<name> of the recipe")
+    family: str
+    algorithm: str
+    model: str | None
+    shrunk: bool
+    device: str = Field(description="where launch_run would put it: cpu or cuda:N")
+    estimate: MemoryEstimate
+    free_gb: float | None = Field(description="free memory on that device now (GiB)")
+    fits: bool | None = Field(description="estimate plus a 10% margin fits in free_gb")
+    verdict: str
+
+
+def family_brief(name: str) -> FamilyBrief:
+    """A family's algorithms, key metrics, acceptance criteria and comparison rule."""
+    info = family_info(name)
+    return FamilyBrief(
+        name=name,
+        algorithms=info.algorithms,
+        key_metrics=info.key_metrics,
+        acceptance=info.acceptance,
+        comparison=info.comparison,
+    )
+
+
+@operation
+def list_recipes(family: str | None = None) -> RecipeList:
+    """The shipped recipes (optionally of one family) and a brief of each family listed."""
+    recipes = catalog_recipes(family)
+    names = list(dict.fromkeys(r.family for r in recipes))
+    return RecipeList(recipes=recipes, families=[family_brief(n) for n in names])
+
+
+def find_known_recipe(recipe: str) -> Recipe:
+    """find_recipe, with "list the recipes" as the next step when the name is unknown."""
+    try:
+        return find_recipe(recipe)
+    except LabError as err:
+        raise err.with_next(LIST_RECIPES) from None
+
+
+@operation
+def shrink_config(
+    recipe: str, overrides: list[str] | None = None, model: str | None = None
+) -> ShrinkResult:
+    """A recipe shrunk into a quick sanity run and validated by the trainer's config model;
+    an unknown recipe points at the recipe list, a bad override at fixing it."""
+    from rlhf_lab.shrink import shrink_config as shrink
+
+    find_known_recipe(recipe)
+    try:
+        return shrink(recipe, overrides, model=model)
+    except LabError as err:
+        raise err.with_next(FIX_OVERRIDES) from None
+
+
+def acceptance_text(algorithm: str) -> str:
+    """What to watch and what a good sanity run of ``algorithm`` shows, as a few lines."""
+    try:
+        recipe = find_recipe(algorithm)
+    except LabError:
+        return "(unknown recipe: start with list_recipes to find the right name)"
+    items = acceptance_for(recipe.family, recipe.algorithm)
+    metrics = ", ".join(key_metrics_for(recipe.family, recipe.algorithm))
+    return f"{recipe.id} ({recipe.family}). Watch: {metrics}.\nAcceptance:\n" + "\n".join(
+        f"- {a}" for a in items
+    )
+
+
+def device_free_gb(device: str) -> float | None:
+    """Memory free now on ``device`` (GiB): available RAM for ``cpu``, free GPU memory for
+    ``cuda``/``cuda:N``; None for a GPU this machine does not show."""
+    res = check_resources(include_runs=False)
+    if device == "cpu":
+        return res.ram_available_gb
+    for gpu in res.gpus:
+        if device in (f"cuda:{gpu.index}", "cuda"):
+            return gpu.free_gb
+    return None
+
+
+def _verdict(need: str, target: str, free: float | None, ok: bool | None) -> str:
+    """One sentence on whether the estimate fits what ``target`` has free."""
+    if ok is None:
+        return f"needs {need}; {target} is not visible here, so the fit is unknown"
+    if ok:
+        return f"fits: needs {need}, {free:.2f} GiB free on {target} (10% margin kept)"
+    return (
+        f"does NOT fit: needs {need}, {free:.2f} GiB free on {target}. Shrink further "
+        "(model='tiny' or a smaller model, lower train.batch_size or data.max_length, "
+        "model.gradient_checkpointing=true) or wait for the device to free up"
+    )
+
+
+def _resolved(
+    recipe: str, model: str | None, overrides: list[str], shrink: bool
+) -> tuple[str, str, dict, str]:
+    """(family, algorithm, config, recipe id) of a recipe, shrunk or as shipped."""
+    from rlhf_lab.configs import resolve_config
+
+    if shrink:
+        shrunk = shrink_config(recipe, overrides, model=model)
+        return shrunk.family, shrunk.algorithm, shrunk.config, shrunk.recipe.id
+    extra = [f"model.name={model}"] if model else []
+    resolved = resolve_config(recipe, overrides + extra)
+    return resolved.family, resolved.algorithm, resolved.data, resolved.recipe.id
+
+
+@operation
+def estimate_memory(
+    recipe: str,
+    model: str | None = None,
+    overrides: list[str] | None = None,
+    shrink: bool = True,
+    device: str = "auto",
+) -> MemoryCheck:
+    """The peak training memory of a recipe (shrunk by default) against what the device a launch
+    would use has free now, with a verdict naming the runs already on it."""
+    family, algorithm, config, rid = _resolved(recipe, model, list(overrides or []), shrink)
+    target = resolve_device(device, config)
+    kind: Literal["cuda", "cpu"] = "cpu" if target == "cpu" else "cuda"
+    try:
+        est = estimate_config_memory(family, algorithm, config, device=kind)
+    except LabError as err:
+        raise err.with_next(OFFLINE_MODEL) from None
+    free = device_free_gb(target)
+    ok = None if free is None else fits(est.total_gb, free)
+    verdict = _verdict(f"~{est.total_gb:.2f} GiB ({est.peak_phase} phase)", target, free, ok)
+    busy = [s.id for s in active_runs(target)]
+    if busy:
+        verdict += f". Running on {target} now: {', '.join(busy)}"
+    return MemoryCheck(
+        recipe=rid,
+        family=family,
+        algorithm=algorithm,
+        model=est.model,
+        shrunk=shrink,
+        device=target,
+        estimate=est,
+        free_gb=free,
+        fits=ok,
+        verdict=verdict,
+    )

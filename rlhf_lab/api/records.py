@@ -1,0 +1,90 @@
+"""The ledger side of the lab API: recording a run, listing campaigns, and the markdown the MCP
+resources serve (the experiment index and one campaign). Torch-free."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.api._operation import operation
+from rlhf_lab.compare import Comparison
+from rlhf_lab.errors import LabError, NextStep
+from rlhf_lab.ledger import Campaign, RunRecord, record_run, show_campaign
+from rlhf_lab.ledger import list_campaigns as ledger_campaigns
+from rlhf_lab.paths import experiments_dir
+
+
+class RecordResult(RunRecord):
+    ledger_uri: str = Field(description="the MCP resource holding the campaign's markdown")
+    ledger_path: str = Field(description="the markdown file")
+
+
+class CampaignList(BaseModel):
+    campaigns: list[Campaign] = Field(description="newest first")
+    note: str | None = None
+
+
+@operation
+def record_results(run_id: str, note: str | None = None) -> RecordResult:
+    """Write (or refresh) a run's row in its campaign ledger; says where the ledger is."""
+    rec = record_run(run_id, note)
+    return RecordResult(
+        **rec.model_dump(),
+        ledger_uri=f"ledger://{rec.campaign}",
+        ledger_path=str(experiments_dir() / f"{rec.campaign}.md"),
+    )
+
+
+@operation
+def list_campaigns() -> CampaignList:
+    """The campaigns, newest first, with a note when there are none yet."""
+    camps = ledger_campaigns()
+    note = None if camps else "no campaigns yet: launch_run creates one (default <algo>-sanity)"
+    return CampaignList(campaigns=camps, note=note)
+
+
+@operation
+def compare_runs(run_ids: list[str], record_in: str | None = None) -> Comparison:
+    """The comparison table of runs of one family by that family's rules (recorded in a
+    campaign with ``record_in``); mixing families points at comparing one family at a time."""
+    from rlhf_lab.compare import compare_runs as compare
+
+    try:
+        return compare(run_ids, record_in)
+    except LabError as err:
+        if _mixes_families(run_ids):
+            step = NextStep("compare_runs", note="with the run ids of one family at a time")
+            raise err.with_next(step) from None
+        raise
+
+
+def _mixes_families(run_ids: list[str]) -> bool:
+    """Whether the runs belong to more than one family (False when one cannot be read)."""
+    from rlhf_lab.runs import run_state
+
+    try:
+        return len({run_state(r).family for r in run_ids}) > 1
+    except LabError:
+        return False
+
+
+def ledger_index_markdown() -> str:
+    """experiments/README.md, or a generated index of the campaigns when there is none."""
+    path = experiments_dir() / "README.md"
+    if path.is_file():
+        return path.read_text(errors="replace")
+    camps = ledger_campaigns()
+    lines = ["# Experiments", ""]
+    if not camps:
+        lines.append("No campaigns yet. launch_run creates one (experiments/YYYY-MM-DD-<slug>.md).")
+    else:
+        lines += ["| campaign | status | runs | question |", "|---|---|---|---|"]
+        lines += [f"| {c.id} | {c.status} | {c.runs} | {c.question} |" for c in camps]
+    return "\n".join(lines) + "\n"
+
+
+def campaign_markdown(campaign: str) -> str:
+    """A campaign's markdown ledger (a slug names its most recent campaign)."""
+    try:
+        return show_campaign(campaign).markdown
+    except LabError as err:
+        raise err.with_next(NextStep("list_campaigns")) from None

@@ -1,0 +1,56 @@
+"""Result models of the launch operations, and the agent-facing shape of a launch. Torch-free."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.runs import LaunchResult, RunInfo
+
+State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "died"]
+
+
+class SweepResult(BaseModel):
+    campaign: str
+    launches: list[LaunchResult]
+
+
+class LaunchRunResult(BaseModel):
+    run_id: str
+    campaign: str = Field(description="YYYY-MM-DD-<slug>; its ledger is ledger://<campaign>")
+    state: State
+    device: str
+    queued: bool
+    queue_position: int | None = None
+    message: str
+    log_path: str = Field(description="the run's train.log (stdout + stderr of the trainer)")
+    next_step: str
+    run: RunInfo
+
+
+def launch_run_result(result: LaunchResult) -> LaunchRunResult:
+    """A launch (or resume) as an agent reads it: ids, log path and the call to make next."""
+    info = result.run
+    if result.queued:
+        nxt = (
+            f"queued (position {result.queue_position}); poll run_status('{info.id}') until it "
+            "is running, then follow it"
+        )
+    else:
+        nxt = (
+            f"poll run_status('{info.id}') every 10-30 s and read new output with "
+            f"tail_logs('{info.id}', cursor=...); when it ends, call record_results"
+        )
+    return LaunchRunResult(
+        run_id=info.id,
+        campaign=info.campaign,
+        state=result.state,
+        device=result.device,
+        queued=result.queued,
+        queue_position=result.queue_position,
+        message=result.message,
+        log_path=f"{info.run_dir}/train.log",
+        next_step=nxt,
+        run=info,
+    )

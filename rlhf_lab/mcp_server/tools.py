@@ -1,0 +1,439 @@
+"""The MCP tools: each adapts one function of :mod:`rlhf_lab.api` (:data:`TOOL_OPERATIONS`),
+passing its typed arguments and returning its pydantic result with non-finite floats as null."""
+
+from typing import Annotated
+
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from rlhf_lab import api
+from rlhf_lab.api import (
+    CampaignList,
+    Comparison,
+    LaunchRunResult,
+    LogTail,
+    MemoryCheck,
+    MetricsResult,
+    Plan,
+    RecipeList,
+    RecordResult,
+    Resources,
+    RunList,
+    RunStatus,
+    RunStatusResult,
+    ShrinkResult,
+)
+from rlhf_lab.mcp_server._core import (
+    METRICS_MAX_POINTS,
+    READ_ONLY,
+    STOP_MAX_GRACE_S,
+    TAIL_MAX_BYTES,
+    Device,
+    Family,
+    ModelArg,
+    OverridesArg,
+    Phase,
+    RecipeArg,
+    RunIdArg,
+    State,
+    _call,
+    _clean,
+    server,
+)
+
+
+@server.tool(
+    title="List recipes",
+    annotations=READ_ONLY,
+    description="List the shipped training recipes (one YAML config per algorithm) with each "
+    "family's key metrics and acceptance criteria. Use it first when you do not know the exact "
+    "recipe name, or to look up what a family's sanity run should show.",
+)
+def list_recipes(
+    family: Annotated[Family | None, Field(description="only this family")] = None,
+) -> RecipeList:
+    return _call("list_recipes", "call list_recipes without a family.", api.list_recipes, family)
+
+
+@server.tool(
+    title="Plan an experiment",
+    annotations=READ_ONLY,
+    description="Plan a sanity run (or a comparison) from a request such as 'small SimPO sanity "
+    "check' or 'compare dpo and ipo': the recipe, the shrunk config and its diff, the memory "
+    "estimate against free memory, the exact commands, the metrics to watch and the acceptance "
+    "criteria, and the ledger campaign. Use it at the start of every new experiment; it writes "
+    "nothing.",
+)
+def plan_experiment(
+    request: Annotated[
+        str | None, Field(description="free text, e.g. 'dpo sanity check on tiny'")
+    ] = None,
+    algorithm: Annotated[
+        str | None, Field(description="algorithm, recipe or YAML path (wins over the text)")
+    ] = None,
+    model: ModelArg = None,
+    campaign: Annotated[
+        str | None, Field(description="ledger slug, lowercase-with-hyphens (default <algo>-sanity)")
+    ] = None,
+    overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
+) -> Plan:
+    return _call(
+        "plan_experiment",
+        "pass algorithm= explicitly (see list_recipes).",
+        api.plan_experiment,
+        request,
+        algorithm,
+        model,
+        campaign,
+        list(overrides),
+    )
+
+
+@server.tool(
+    title="Shrink a config",
+    annotations=READ_ONLY,
+    description="Turn a recipe into a quick sanity-run config (smaller data, few steps, frequent "
+    "logging; with model='tiny' also the offline built-in data) and validate it with the "
+    "trainer's own config model. Returns the validated config, the diff from the shipped "
+    "recipe and the expected number of steps. Use it before launch_run to check overrides; it "
+    "writes nothing.",
+)
+def shrink_config(
+    recipe: RecipeArg,
+    model: ModelArg = None,
+    overrides: OverridesArg = [],  # noqa: B006
+) -> ShrinkResult:
+    return _call(
+        "shrink_config",
+        "check the recipe name with list_recipes and the override keys in the message.",
+        api.shrink_config,
+        recipe,
+        list(overrides),
+        model=model,
+    )
+
+
+@server.tool(
+    title="Estimate memory",
+    annotations=READ_ONLY,
+    description="Estimate the peak training memory of a recipe (shrunk by default) per component "
+    "(weights, gradients, optimizer, activations, logits, reference/reward models, KV cache) and "
+    "compare it with the memory free now on the device launch_run would use. Use it before every "
+    "launch, and before starting a second job on a device that is already training.",
+)
+def estimate_memory(
+    recipe: RecipeArg,
+    model: ModelArg = None,
+    overrides: OverridesArg = [],  # noqa: B006
+    shrink: Annotated[
+        bool, Field(description="estimate the shrunk sanity config (false: the full recipe)")
+    ] = True,
+    device: Annotated[
+        Device, Field(description="auto (GPU if visible, else cpu), cpu, cuda or cuda:N")
+    ] = "auto",
+) -> MemoryCheck:
+    return _call(
+        "estimate_memory",
+        "check the recipe and model names (list_recipes; model='tiny' works offline).",
+        api.estimate_memory,
+        recipe,
+        model,
+        list(overrides),
+        shrink,
+        device,
+    )
+
+
+@server.tool(
+    title="Check resources",
+    annotations=READ_ONLY,
+    description="GPU memory (total/used/free) and which processes and lab runs hold each GPU, CPU "
+    "count and load, free RAM. Use it before launching or when a run is slow. A machine without "
+    "a GPU is a normal answer (gpus is empty and notes say why), not an error.",
+)
+def check_resources() -> Resources:
+    return _call(
+        "check_resources",
+        "retry once; a machine without a GPU is an answer, not an error.",
+        api.check_resources,
+    )
+
+
+@server.tool(
+    title="Launch a run",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
+    ),
+    description="Start a training run in the background (a detached process that outlives this "
+    "server) and return its run id at once; by default the recipe is shrunk to a sanity run. "
+    "The run gets a folder under its dated campaign and a row in the campaign ledger. Use it "
+    "after plan_experiment / shrink_config / estimate_memory. One training job per device: a "
+    "busy device is refused unless queue=true (start after it) or force=true (only when "
+    "estimate_memory says both fit).",
+)
+def launch_run(
+    recipe: RecipeArg,
+    overrides: OverridesArg = [],  # noqa: B006
+    shrink: Annotated[
+        bool, Field(description="shrink to a quick sanity run first (false: the full recipe)")
+    ] = True,
+    model: ModelArg = None,
+    campaign: Annotated[
+        str | None,
+        Field(description="campaign slug (lowercase-with-hyphens); default <algorithm>-sanity"),
+    ] = None,
+    question: Annotated[
+        str | None, Field(description="the question the campaign answers (new campaigns)")
+    ] = None,
+    device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
+    queue: Annotated[bool, Field(description="queue behind the device's current job")] = False,
+    force: Annotated[bool, Field(description="start even though the device is busy")] = False,
+) -> LaunchRunResult:
+    return _call(
+        "launch_run",
+        "check the arguments with shrink_config and estimate_memory, then launch again.",
+        api.launch_run,
+        recipe,
+        list(overrides),
+        shrink=shrink,
+        model=model,
+        campaign=campaign,
+        question=question,
+        device=device,
+        queue=queue,
+        force=force,
+    )
+
+
+@server.tool(
+    title="Run status",
+    annotations=READ_ONLY,
+    description="State (queued/starting/running/succeeded/failed/stopped/died), step/total, ETA, "
+    "latest train and eval metrics, W&B URL and diagnosed alerts (OOM, NaN loss, stall, no "
+    "reward contrast, repetition, flat learning, download failure) with a hint each. Use it to "
+    "poll a launched run every 10-30 s; it returns at once.",
+)
+def run_status(run_id: RunIdArg) -> RunStatusResult:
+    view = _call("run_status", "call list_runs to see the run ids.", api.run_status, run_id)
+    return _clean(view)
+
+
+@server.tool(
+    title="Tail logs",
+    annotations=READ_ONLY,
+    description="Read a run's train.log (trainer stdout + stderr, progress bars folded). Without "
+    "cursor: the last `lines` lines. With the cursor a previous call returned: only what was "
+    "written since. Output is capped at max_bytes; pass the returned cursor to continue. Use it "
+    "to watch a run for loss lines, W&B links, OOMs, download errors and stalls.",
+)
+def tail_logs(
+    run_id: RunIdArg,
+    lines: Annotated[int, Field(ge=1, le=2000, description="last N lines (no cursor)")] = 50,
+    cursor: Annotated[
+        int | None, Field(ge=0, description="byte offset a previous tail_logs returned")
+    ] = None,
+    max_bytes: Annotated[
+        int, Field(ge=256, le=TAIL_MAX_BYTES, description="cap on the returned text")
+    ] = 8_000,
+) -> LogTail:
+    return _call(
+        "tail_logs",
+        "call list_runs to see the run ids.",
+        api.tail_logs,
+        run_id,
+        lines=lines,
+        cursor=cursor,
+        max_bytes=max_bytes,
+    )
+
+
+@server.tool(
+    title="Get metrics",
+    annotations=READ_ONLY,
+    description="A run's metric series from metrics.jsonl (rows with step, phase, metrics), "
+    "down-sampled evenly to max_points per phase (the last row is always kept). Use it to judge "
+    "learning curves, e.g. keys=['accuracy','margins'] for DPO or ['avg_correctness'] for GRPO.",
+)
+def get_metrics(
+    run_id: RunIdArg,
+    keys: Annotated[
+        list[str] | None, Field(description="metric names to keep (default: all)")
+    ] = None,
+    phase: Annotated[Phase | None, Field(description="only train, eval or rollout rows")] = None,
+    max_points: Annotated[
+        int, Field(ge=1, le=METRICS_MAX_POINTS, description="rows per phase after down-sampling")
+    ] = 200,
+) -> MetricsResult:
+    series = _call(
+        "get_metrics",
+        "call list_runs to see the run ids.",
+        api.get_metrics,
+        run_id,
+        keys,
+        phase,
+        max_points,
+    )
+    return _clean(series)
+
+
+@server.tool(
+    title="Stop a run",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
+    ),
+    description="Stop a running or queued run: SIGTERM to its process group (the trainer saves a "
+    "checkpoint and writes outcome 'stopped'), SIGKILL after grace_s seconds. Use it for a run "
+    "that is diverging, stalled or no longer needed; a finished run is returned unchanged.",
+)
+def stop_run(
+    run_id: RunIdArg,
+    grace_s: Annotated[
+        float, Field(ge=0, le=STOP_MAX_GRACE_S, description="seconds between SIGTERM and SIGKILL")
+    ] = 10.0,
+) -> RunStatus:
+    status = _call("stop_run", "call list_runs to see the run ids.", api.stop_run, run_id, grace_s)
+    return _clean(status)
+
+
+@server.tool(
+    title="Resume a run",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+    ),
+    description="Continue a died, stopped or failed run from its last checkpoint in the same run "
+    "folder (model, optimizer, scheduler, RNG and data position restored; metrics rows after the "
+    "checkpoint are dropped), detached like launch_run. Use it after a kill, an OOM fixed by "
+    "freeing the device, or a stop you want to undo; poll run_status afterwards.",
+)
+def resume_run(
+    run_id: RunIdArg,
+    force: Annotated[bool, Field(description="start even if the device is busy")] = False,
+) -> LaunchRunResult:
+    result = _call(
+        "resume_run",
+        "call run_status: only a died, stopped or failed run with a checkpoint can be resumed.",
+        api.resume_run_detached,
+        run_id,
+        force=force,
+    )
+    return _clean(result)
+
+
+@server.tool(
+    title="List runs",
+    annotations=READ_ONLY,
+    description="List runs (oldest first) with state, step and latest metrics, optionally of one "
+    "campaign and/or in one state. Use it to find run ids, or state='running' to see what "
+    "occupies the devices.",
+)
+def list_runs(
+    campaign: Annotated[str | None, Field(description="campaign slug or dated name")] = None,
+    state: Annotated[State | None, Field(description="only runs in this state")] = None,
+    limit: Annotated[int, Field(ge=1, le=500, description="at most this many (newest)")] = 50,
+) -> RunList:
+    listed = _call(
+        "list_runs",
+        "call list_campaigns for campaign names.",
+        api.run_list,
+        campaign,
+        state,
+        limit,
+    )
+    return _clean(listed)
+
+
+@server.tool(
+    title="Compare runs",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+    ),
+    description="A comparison table of runs of ONE family by that family's rules: policy "
+    "gradients avg_correctness/avg_format/avg_binary/loss and reward contrast; direct alignment "
+    "held-out accuracy/margins/chosen and rejected rewards plus a sample each (loss scales "
+    "differ across losses); reward models held-out margins/correctness, never training loss; "
+    "rejection sampling each strategy beside its matched random control. Use it after "
+    "record_results on every run of a sweep; with record_in the table is also written into "
+    "that campaign's Comparison section (replacing the same set).",
+)
+def compare_runs(
+    run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
+    record_in: Annotated[
+        str | None, Field(description="campaign slug or name to record the table in")
+    ] = None,
+) -> Comparison:
+    cmp = _call(
+        "compare_runs", "call list_runs to see the run ids.", api.compare_runs, run_ids, record_in
+    )
+    return _clean(cmp)
+
+
+@server.tool(
+    title="Record results",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+    ),
+    description="Write (or refresh) a run's row in its campaign ledger: exact command, model, "
+    "dataset, seed, config file, values changed from the shipped recipe, final/best metrics, "
+    "failure mode, W&B link, sample excerpts and a plot. Use it when a run ends (any state), "
+    "then report from the returned record or the ledger://<campaign> resource. Text written by "
+    "hand outside the ledger's marker blocks is kept.",
+)
+def record_results(
+    run_id: RunIdArg,
+    note: Annotated[
+        str | None, Field(description="one-line observation for the run's row (null keeps the old)")
+    ] = None,
+) -> RecordResult:
+    rec = _call(
+        "record_results", "call list_runs to see the run ids.", api.record_results, run_id, note
+    )
+    return _clean(rec)
+
+
+@server.tool(
+    title="List campaigns",
+    annotations=READ_ONLY,
+    description="List the experiment campaigns (dated ledgers), newest first, with status, "
+    "question and run count. Use it to find a campaign to read (resource ledger://<campaign>) "
+    "or to record a comparison in.",
+)
+def list_campaigns() -> CampaignList:
+    return _call("list_campaigns", "read ledger://index.", api.list_campaigns)
+
+
+TOOL_NAMES = (
+    "resume_run",
+    "list_recipes",
+    "plan_experiment",
+    "shrink_config",
+    "estimate_memory",
+    "check_resources",
+    "launch_run",
+    "run_status",
+    "tail_logs",
+    "get_metrics",
+    "stop_run",
+    "list_runs",
+    "compare_runs",
+    "record_results",
+    "list_campaigns",
+)
+
+# tool -> the one lab API function it adapts (tests/lab/test_api_layer.py checks each exists)
+TOOL_OPERATIONS: dict[str, str] = {
+    "list_recipes": "list_recipes",
+    "plan_experiment": "plan_experiment",
+    "shrink_config": "shrink_config",
+    "estimate_memory": "estimate_memory",
+    "check_resources": "check_resources",
+    "launch_run": "launch_run",
+    "run_status": "run_status",
+    "tail_logs": "tail_logs",
+    "get_metrics": "get_metrics",
+    "stop_run": "stop_run",
+    "resume_run": "resume_run_detached",
+    "list_runs": "run_list",
+    "compare_runs": "compare_runs",
+    "record_results": "record_results",
+    "list_campaigns": "list_campaigns",
+}
