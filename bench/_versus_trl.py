@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import alternate, median_of
+from _common import alternate, median_of, write_results
 
 TARGET_RATIO = 1.5  # ours >= 1.5x TRL's tokens/s
 MAX_LENGTH = 128  # the built-in pairs are at most ~115 tokens: nothing is truncated
@@ -568,3 +568,65 @@ def benchmark_models(
             )
             table += table_rows(model, medians, ratio)
     return results, table
+
+
+def loss_line(model: str, label: str, losses: dict[str, float], suffix: str = "") -> str:
+    """One printed line of the loss agreement: both losses and their difference."""
+    return (
+        f"{model}: loss {label}: ours {losses['ours']:.6f}  TRL {losses['trl']:.6f}  "
+        f"|diff| {losses['abs_diff']:.2e}{suffix}"
+    )
+
+
+def checkpointing_line(report: dict[str, Any]) -> str:
+    """The printed line of :func:`checkpointing_report`."""
+    return (
+        f"gradient checkpointing on/off tokens/s: {report['on_over_off']:.2f} wall, "
+        f"{report['on_over_off_cpu']:.2f} CPU"
+    )
+
+
+def write_versus_results(
+    name: str,
+    trl_trainer: str,
+    args: argparse.Namespace,
+    threads: int,
+    results: dict[str, Any],
+    notes: list[str],
+    settings: dict[str, Any],
+) -> Path:
+    """``bench/results/<name>.json`` of an ours-vs-TRL benchmark (``settings``: the script's
+    own, after the shared ones)."""
+    return write_results(
+        name,
+        {
+            "target": f"ours >= {TARGET_RATIO}x TRL {trl_trainer} tokens/s (optimizer steps, "
+            "fp32 CPU)",
+            "meets_target": all(r["meets_target"] for r in results.values()),
+            "settings": {
+                "models": args.models,
+                "rounds": args.rounds,
+                "quick": args.quick,
+                "torch_threads": threads,
+                "alternating": True,
+                **settings,
+            },
+            "notes": notes,
+            "results": results,
+        },
+        out=args.out,
+    )
+
+
+def micro_batch_facts(
+    model: str, pairs: int, reps: int, input_ids: Any, attention_mask: Any
+) -> dict[str, Any]:
+    """The first fields of a micro-benchmark's report: the batch timed and its padding."""
+    rows, width = input_ids.shape
+    return {
+        "model": model,
+        "pairs": pairs,
+        "reps": reps,
+        "batch_shape": [rows, width],
+        "non_pad_share": round(int(attention_mask.sum()) / (rows * width), 3),
+    }

@@ -46,16 +46,18 @@ import math
 import tempfile
 from typing import Any
 
-from _common import ROOT, median_of, print_table, write_results
+from _common import ROOT, median_of, print_table
 from _versus_trl import (
     MAX_LENGTH,
     SEED,
     TABLE_HEADERS,
-    TARGET_RATIO,
     benchmark_models,
+    checkpointing_line,
     checkpointing_report,
     ensure_models,
+    loss_line,
     matched_cpu_overrides,
+    micro_batch_facts,
     micro_lines,
     micro_report,
     micro_reps,
@@ -66,6 +68,7 @@ from _versus_trl import (
     set_threads,
     time_variants,
     trl_common_args,
+    write_versus_results,
 )
 
 DPO_CONFIG = ROOT / "trainers" / "direct_alignment" / "configs" / "dpo.yaml"
@@ -423,11 +426,7 @@ def dpo_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, An
     rows, width = ids.shape
     scored = int(lmask[:, 1:].sum())
     return {
-        "model": model,
-        "pairs": n,
-        "reps": reps,
-        "batch_shape": [rows, width],
-        "non_pad_share": round(int(attn.sum()) / (rows * width), 3),
+        **micro_batch_facts(model, n, reps, ids, attn),
         "completion_share_of_positions": round(scored / (rows * (width - 1)), 3),
         **micro_report(seconds, OURS_DPO_VARIANT),
         "shared_prompt_max_abs_logp_diff": shared_diff,
@@ -490,31 +489,19 @@ def main(argv: list[str] | None = None) -> None:
     print()
     for model, res in results.items():
         la = res["loss_agreement"]
+        same = f"  (same token ids: {la['same_token_ids']})"
         for label in ("policy_equals_reference", "perturbed_policy"):
-            v = la[label]
-            print(
-                f"{model}: loss {label}: ours {v['ours']:.6f}  TRL {v['trl']:.6f}  "
-                f"|diff| {v['abs_diff']:.2e}  (same token ids: {la['same_token_ids']})"
-            )
+            print(loss_line(model, label, la[label], same))
         for line in fast_path_lines(res["fast_paths"]):
             print(f"{model}: {line}")
-    write_results(
+    write_versus_results(
         "dpo_vs_trl",
-        {
-            "target": f"ours >= {TARGET_RATIO}x TRL DPOTrainer tokens/s (optimizer steps, fp32 CPU)",
-            "meets_target": all(r["meets_target"] for r in results.values()),
-            "settings": {
-                "models": args.models,
-                "rounds": args.rounds,
-                "quick": args.quick,
-                "torch_threads": threads,
-                "alternating": True,
-                "trl_reference": args.trl_ref,
-            },
-            "notes": DPO_NOTES,
-            "results": results,
-        },
-        out=args.out,
+        "DPOTrainer",
+        args,
+        threads,
+        results,
+        DPO_NOTES,
+        {"trl_reference": args.trl_ref},
     )
 
 
@@ -582,11 +569,7 @@ def fast_path_lines(fast: dict[str, Any]) -> list[str]:
             + (f"{warm:.2f}s" if warm is not None else "- (no second run)")
         )
     if "gradient_checkpointing" in fast:
-        gc = fast["gradient_checkpointing"]
-        lines.append(
-            f"gradient checkpointing on/off tokens/s: {gc['on_over_off']:.2f} wall, "
-            f"{gc['on_over_off_cpu']:.2f} CPU"
-        )
+        lines.append(checkpointing_line(fast["gradient_checkpointing"]))
     lines += micro_lines(fast["logprob_micro_benchmarks"])
     return lines
 

@@ -72,6 +72,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from _common import ROOT, alternate, median_of, print_table, write_results  # noqa: E402
+from _versus_trl import trl_common_args  # noqa: E402
 
 from trainers.core import decoding as core_decoding  # noqa: E402
 from trainers.core import logprobs as core_logprobs  # noqa: E402
@@ -402,42 +403,30 @@ def trl_reward(prompts: list[Prompt]) -> Callable[..., list[float]]:
 
 
 def trl_config(w: Workload, output_dir: str, **overrides):
+    """GRPOConfig matched to our trainer: the TrainingArguments every ours-vs-TRL benchmark
+    shares (CPU, fp32, no checkpointing, no eval, log every step) with GRPO's sampling, loss and
+    batch settings and a constant learning rate."""
     from trl import GRPOConfig
 
-    settings = dict(
-        output_dir=output_dir,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        report_to=[],
-        logging_steps=1,
-        save_strategy="no",
-        eval_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
-        num_generations=w.num_generations,
-        max_completion_length=w.max_new_tokens,
-        temperature=w.temperature,
-        top_p=w.top_p,
-        top_k=w.top_k,
-        beta=0.0,
-        num_iterations=1,
-        loss_type="grpo",
-        scale_rewards="group",
-        epsilon=0.2,
-        learning_rate=w.learning_rate,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        per_device_train_batch_size=w.micro_batch,
-        gradient_accumulation_steps=w.grad_accum,
-        max_steps=w.total_steps,
-        shuffle_dataset=False,
-        seed=w.seed,
-    )
+    common = trl_common_args(output_dir, w.micro_batch, w.total_steps, w.learning_rate)
+    settings = {
+        **common,
+        "lr_scheduler_type": "constant",
+        "gradient_accumulation_steps": w.grad_accum,
+        "seed": w.seed,
+        "dataloader_pin_memory": False,
+        "num_generations": w.num_generations,
+        "max_completion_length": w.max_new_tokens,
+        "temperature": w.temperature,
+        "top_p": w.top_p,
+        "top_k": w.top_k,
+        "beta": 0.0,
+        "num_iterations": 1,
+        "loss_type": "grpo",
+        "scale_rewards": "group",
+        "epsilon": 0.2,
+        "shuffle_dataset": False,
+    }
     settings.update(overrides)
     return GRPOConfig(**settings)
 
@@ -1187,26 +1176,22 @@ def print_fast_paths(paths: dict[str, Any], results: dict[str, Any]) -> None:
     for model, r in results.items():
         med = r["medians"]
         if OURS_OLD in med:
-            rows.append(
-                [
-                    f"{model}: skip the π_old forward (step)",
-                    med[OURS]["step_s"],
-                    med[OURS_OLD]["step_s"],
-                    med[OURS_OLD]["step_s"] / med[OURS]["step_s"],
-                    med[OURS_OLD]["step_cpu_s"] / med[OURS]["step_cpu_s"],
-                    "trainer runs",
-                ]
+            trainer_variants = (
+                ("skip the π_old forward", OURS_OLD, "step"),
+                ("no gradient checkpointing", OURS_CKPT, "train"),
             )
-            rows.append(
-                [
-                    f"{model}: no gradient checkpointing (train)",
-                    med[OURS]["train_s"],
-                    med[OURS_CKPT]["train_s"],
-                    med[OURS_CKPT]["train_s"] / med[OURS]["train_s"],
-                    med[OURS_CKPT]["train_cpu_s"] / med[OURS]["train_cpu_s"],
-                    "trainer runs",
-                ]
-            )
+            for label, replaced, phase in trainer_variants:
+                fast, slow = med[OURS], med[replaced]
+                rows.append(
+                    [
+                        f"{model}: {label} ({phase})",
+                        fast[f"{phase}_s"],
+                        slow[f"{phase}_s"],
+                        slow[f"{phase}_s"] / fast[f"{phase}_s"],
+                        slow[f"{phase}_cpu_s"] / fast[f"{phase}_cpu_s"],
+                        "trainer runs",
+                    ]
+                )
     notes = {
         "generate_kv_cache": (
             "generate with KV cache",
@@ -1301,14 +1286,8 @@ def main() -> None:
     results = {w.model: benchmark_model(w, args.rounds, args.variants) for w in workloads(args)}
     print_throughput(results, args)
 
-    agreement_w = Workload(
-        model="tiny",
-        prompts_per_step=2,
-        num_generations=4,
-        micro_batch=8,
-        grad_accum=1,
-        max_new_tokens=24,
-    )
+    # tiny, 2 prompts x 4 generations in one micro-batch of 8, 24 new tokens
+    agreement_w = Workload("tiny", 2, 4, max_new_tokens=24, micro_batch=8, grad_accum=1)
     agreement = loss_agreement(agreement_w, load_bench_prompts(agreement_w)[0])
     print_agreement(agreement)
 

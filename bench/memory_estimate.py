@@ -50,33 +50,32 @@ sys.path.insert(0, str(ROOT))
 TARGET = 0.20  # relative error allowed, either way
 GIB = 2**30
 
+# 48 examples (8 held out), two optimizer steps, no periodic evaluation: what every supervised
+# family's case shares.
+_SUPERVISED_SHORT = (
+    "data.max_samples=48",
+    "data.eval_size=8",
+    "train.max_steps=2",
+    "eval.eval_every=0",
+)
 # Two optimizer steps, no evaluation, no sampling, no checkpoints: the peak of a training run
 # without what only long runs add (eval generation is estimated but switched off here).
 FAMILY_QUICK = {
     "direct_alignment": [
         "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=48",
-        "data.eval_size=8",
-        "train.max_steps=2",
-        "eval.eval_every=0",
+        *_SUPERVISED_SHORT,
         "eval.sample_every=0",
         "eval.num_samples=0",
     ],
     "sft": [
         "data.dataset=builtin:reasoning-sft",
-        "data.max_samples=48",
-        "data.eval_size=8",
-        "train.max_steps=2",
-        "eval.eval_every=0",
+        *_SUPERVISED_SHORT,
         "eval.sample_every=0",
         "eval.num_samples=0",
     ],
     "reward_models": [
         "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=48",
-        "data.eval_size=8",
-        "train.max_steps=2",
-        "eval.eval_every=0",
+        *_SUPERVISED_SHORT,
         "eval.num_samples=0",
     ],
     "policy_gradients": [

@@ -32,7 +32,7 @@ from typing import Any
 
 import _versus_trl as harness
 import dpo_vs_trl as dpo
-from _common import ROOT, print_table, write_results
+from _common import ROOT, print_table
 
 TARGET_RATIO = harness.TARGET_RATIO
 RM_CONFIG = ROOT / "trainers" / "reward_models" / "configs" / "preference_rm.yaml"
@@ -258,13 +258,8 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
         "alternative: packed pair, block mask (one row per pair)": shared_prompt,
     }
     seconds = harness.time_variants(variants, reps)
-    rows, width = ids.shape
     return {
-        "model": model,
-        "pairs": n,
-        "reps": reps,
-        "batch_shape": [rows, width],
-        "non_pad_share": round(int(attn.sum()) / (rows * width), 3),
+        **harness.micro_batch_facts(model, n, reps, ids, attn),
         **harness.micro_report(seconds, OURS_RM_VARIANT),
         "shared_prompt_max_abs_score_diff": float((ours_scores - plain).abs().max()),
         "packed_pair_max_abs_score_diff": float((packed - plain).abs().max()),
@@ -348,37 +343,20 @@ def main(argv: list[str] | None = None) -> None:
     for model, res in results.items():
         la = res["loss_agreement"]
         for label in ("fresh_head", "head_x30"):
-            v = la[label]
-            print(
-                f"{model}: loss {label}: ours {v['ours']:.6f}  TRL {v['trl']:.6f}  "
-                f"|diff| {v['abs_diff']:.2e}"
-            )
+            print(harness.loss_line(model, label, la[label]))
         if "gradient_checkpointing" in res["fast_paths"]:
             gc = res["fast_paths"]["gradient_checkpointing"]
-            print(
-                f"{model}: gradient checkpointing on/off tokens/s: {gc['on_over_off']:.2f} "
-                f"wall, {gc['on_over_off_cpu']:.2f} CPU"
-            )
+            print(f"{model}: {harness.checkpointing_line(gc)}")
         for line in harness.micro_lines(res["fast_paths"]["micro_benchmarks"]):
             print(f"{model}: {line}")
-    write_results(
+    harness.write_versus_results(
         "rm_vs_trl",
-        {
-            "target": f"ours >= {TARGET_RATIO}x TRL RewardTrainer tokens/s (optimizer steps, "
-            "fp32 CPU)",
-            "meets_target": all(r["meets_target"] for r in results.values()),
-            "settings": {
-                "models": args.models,
-                "rounds": args.rounds,
-                "quick": args.quick,
-                "torch_threads": threads,
-                "alternating": True,
-                "ours_fused_adamw": args.fused_adamw,
-            },
-            "notes": RM_NOTES,
-            "results": results,
-        },
-        out=args.out,
+        "RewardTrainer",
+        args,
+        threads,
+        results,
+        RM_NOTES,
+        {"ours_fused_adamw": args.fused_adamw},
     )
 
 
