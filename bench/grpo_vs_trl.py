@@ -634,9 +634,9 @@ def compare(ours: torch.Tensor, theirs: torch.Tensor) -> dict[str, float]:
     return {"rel_l2_diff": float(diff / scale), "max_abs_diff": float((ours - theirs).abs().max())}
 
 
-def our_loss_direct(model, batch, adv_seq, old, pair, max_new: int) -> torch.Tensor:
-    """losses.py + aggregate on one micro-batch holding the whole step (π_old given)."""
-    trl_type, algorithm, agg, _, _, lo, hi = pair
+def trimmed_completion_logps(model, batch) -> tuple[torch.Tensor, int]:
+    """Our forward of a rollout batch with its padding trimmed: the completion log-probs and
+    the trimmed completion width."""
     ids, attn, width_t, width_p = trim(
         batch.input_ids,
         batch.attention_mask,
@@ -644,8 +644,15 @@ def our_loss_direct(model, batch, adv_seq, old, pair, max_new: int) -> torch.Ten
         batch.completion_mask,
         batch.prompt_width,
     )
-    mask = batch.completion_mask[:, :width_t]
     logp, _ = completion_token_stats(model, ids, attn, width_p)
+    return logp, width_t
+
+
+def our_loss_direct(model, batch, adv_seq, old, pair, max_new: int) -> torch.Tensor:
+    """losses.py + aggregate on one micro-batch holding the whole step (π_old given)."""
+    trl_type, algorithm, agg, _, _, lo, hi = pair
+    logp, width_t = trimmed_completion_logps(model, batch)
+    mask = batch.completion_mask[:, :width_t]
     params = PolicyLossParams(clip_eps_lo=lo, clip_eps_hi=hi)
     inputs = PolicyLossInputs(
         logp=logp,
@@ -736,14 +743,7 @@ def loss_agreement(w: Workload, prompts: list[Prompt]) -> dict[str, Any]:
 
         # the same pair with π_old ≠ π: a fixed perturbation of the current log-probs
         with torch.no_grad():
-            ids, attn, width_t, width_p = trim(
-                batch.input_ids,
-                batch.attention_mask,
-                batch.prompt_lens,
-                batch.completion_mask,
-                batch.prompt_width,
-            )
-            logp, _ = completion_token_stats(model, ids, attn, width_p)
+            logp, _ = trimmed_completion_logps(model, batch)
             gen = torch.Generator().manual_seed(w.seed)
             old = (logp + 0.3 * torch.randn(logp.shape, generator=gen)) * batch.completion_mask
         ours_off = our_loss_direct(model, batch, ours_adv, old, pair, w.max_new_tokens)
@@ -875,14 +875,14 @@ def fast_paths(w: Workload, prompts: list[Prompt], repeats: int) -> dict[str, An
         )
 
     with torch.no_grad():
-        theirs = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=w.max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            eos_token_id=stops,
-        )[:, ids.shape[1] :].tolist()
+        greedy_decoding = {
+            "max_new_tokens": w.max_new_tokens,
+            "do_sample": False,
+            "pad_token_id": pad,
+            "eos_token_id": stops,
+        }
+        theirs = model.generate(input_ids=ids, attention_mask=mask, **greedy_decoding)
+        theirs = theirs[:, ids.shape[1] :].tolist()
     same = ours(group_rows, G, greedy=True, stop_ids=stops) == [
         cut_after_first_stop(r, set(stops)) for r in theirs
     ]
