@@ -361,16 +361,8 @@ def _gguf_facts(path: Path) -> ParamCount:
             arch = None
     counted = count_parameters(arch) if arch is not None else None
     if counted is None:
-        return ParamCount(
-            total=total,
-            embedding=0,
-            lm_head=0,
-            attention=0,
-            mlp=0,
-            norms=0,
-            per_layer=0,
-            exact=True,
-        )
+        parts = ("embedding", "lm_head", "attention", "mlp", "norms", "per_layer")
+        return ParamCount(total=total, exact=True, **dict.fromkeys(parts, 0))  # unknown split
     return counted.model_copy(update={"total": total, "exact": True})
 
 
@@ -416,12 +408,9 @@ def model_facts(name: str) -> ModelFacts:
     if source.kind == "gguf":
         gguf_path = source.gguf_path
         assert gguf_path is not None
+        params = _gguf_facts(gguf_path)
         return ModelFacts(
-            name=name,
-            kind="gguf",
-            source=str(gguf_path),
-            loadable=True,
-            params=_gguf_facts(gguf_path),
+            name=name, kind="gguf", source=str(gguf_path), loadable=True, params=params
         )
 
     hub_id = source.hub_id or name

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import InvalidArgument, NextStep
+from rlhf_lab.memory import blocks
 from rlhf_lab.memory.architecture import (
     ModelArch,
     ParamCount,
@@ -23,15 +24,7 @@ from rlhf_lab.memory.architecture import (
     model_facts,
     offline_model_steps,
 )
-from rlhf_lab.memory.blocks import (
-    ALLOCATOR_SLACK,
-    CPU_BASELINE_GB,
-    CUDA_CONTEXT_GB,
-    DEFAULT_PROMPT_TOKENS,
-    EstimateBuilder,
-    MemoryComponent,
-    phase_totals,
-)
+from rlhf_lab.memory.blocks import EstimateBuilder, MemoryComponent
 from rlhf_lab.memory.families import FAMILY_ESTIMATORS, EstimateInputs
 
 ModelArg = int | ParamCount | ModelArch | str | None
@@ -111,10 +104,13 @@ def _training_dtype(config: dict[str, Any], dev: Literal["cuda", "cpu"]) -> str:
 def _add_runtime(bld: EstimateBuilder, dev: Literal["cuda", "cpu"]) -> None:
     """What every process holds before it loads a model, in every phase."""
     if dev == "cuda":
-        bld.add("CUDA context", CUDA_CONTEXT_GB, ["*"], "0.5-1 GiB per process in practice")
+        bld.add("CUDA context", blocks.CUDA_CONTEXT_GB, ["*"], "0.5-1 GiB per process in practice")
     else:
         bld.add(
-            "process baseline", CPU_BASELINE_GB, ["*"], "Python + torch + transformers + datasets"
+            "process baseline",
+            blocks.CPU_BASELINE_GB,
+            ["*"],
+            "Python + torch + transformers + datasets",
         )
 
 
@@ -136,7 +132,7 @@ def estimate_memory(
     device: Literal["cuda", "cpu"] | None = None,
     reference_cached: bool = False,
     master_weights: bool = False,
-    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    prompt_tokens: int = blocks.DEFAULT_PROMPT_TOKENS,
 ) -> MemoryEstimate:
     """Peak memory of one run of ``family``/``algorithm`` with ``config`` (a validated config
     dict, e.g. ``ShrinkResult.config``), per component, in GiB.
@@ -155,27 +151,22 @@ def estimate_memory(
     pc, params, model_name, notes = _resolve_model_arg(model, config)
     dev = _pick_device(device, config)
     dtype = _training_dtype(config, dev)
+    ckpt = bool(get_dotted(config, "model.gradient_checkpointing", False))
+    eager = get_dotted(config, "model.attn_implementation") == "eager"
+    b = dtype_bytes(dtype)
+    # EstimateInputs' fields in order: what is estimated, then the precision and switches
+    subject = (config, algorithm, model_name, pc, params)
     inputs = EstimateInputs(
-        config=config,
-        algorithm=algorithm,
-        model_name=model_name,
-        counts=pc,
-        params=params,
-        b=dtype_bytes(dtype),
-        ckpt=bool(get_dotted(config, "model.gradient_checkpointing", False)),
-        eager=get_dotted(config, "model.attn_implementation") == "eager",
-        master_weights=master_weights,
-        reference_cached=reference_cached,
-        prompt_tokens=prompt_tokens,
+        *subject, b, ckpt, eager, master_weights, reference_cached, prompt_tokens
     )
     bld = EstimateBuilder()
     bld.notes.extend(notes)
     trainable = FAMILY_ESTIMATORS[family](inputs, bld)
     _add_runtime(bld, dev)
 
-    phases = phase_totals(bld.components)
+    phases = blocks.phase_totals(bld.components)
     peak_phase = max(phases, key=lambda k: phases[k])
-    slack = ALLOCATOR_SLACK * phases[peak_phase]
+    slack = blocks.ALLOCATOR_SLACK * phases[peak_phase]
     bld.add("allocator slack (10%)", slack, ["*"], "fragmentation and temporary buffers")
     phases = {k: round(v + slack, 3) for k, v in phases.items()}
     if inputs.arch is not None and inputs.arch.notes:

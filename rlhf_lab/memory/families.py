@@ -84,6 +84,37 @@ class EstimateInputs:
 FamilyEstimator = Callable[[EstimateInputs, EstimateBuilder], int]
 
 
+def _train_on_packed_rows(
+    inputs: EstimateInputs, bld: EstimateBuilder, label: str, rows: int, seq: int
+) -> None:
+    """The trained model of direct alignment and SFT: ``rows × seq`` tokens a micro-batch,
+    completions packed into one row before the LM head, resident while sampling too."""
+    bld.trained(
+        label,
+        inputs.params,
+        inputs.arch,
+        rows=rows,
+        seq=seq,
+        logit_positions=packed_positions(rows, seq),
+        accumulating=inputs.accumulates(),
+        resident=["train", "generate"],
+        **inputs.trained_kwargs(),
+    )
+
+
+def _add_sampling_kv_cache(inputs: EstimateInputs, bld: EstimateBuilder, prompt: int) -> None:
+    """The KV cache of evaluation samples (``eval.num_samples`` sequences of ``prompt`` +
+    ``eval.sample_max_new_tokens`` tokens), when the config samples and the architecture is
+    known."""
+    arch = inputs.arch
+    samples = int(inputs.setting("eval.num_samples", 0))
+    if arch is None or samples <= 0:
+        return
+    length = prompt + int(inputs.setting("eval.sample_max_new_tokens", 128))
+    gb, how = kv_cache_gb(arch, inputs.b, samples, length)
+    bld.add("sampling KV cache", gb, ["generate"], how)
+
+
 # ---------------------------------------------------------------------------------------------
 # Direct alignment
 # ---------------------------------------------------------------------------------------------
@@ -111,17 +142,7 @@ def estimate_direct_alignment(inputs: EstimateInputs, bld: EstimateBuilder) -> i
     per_example = 3 if algo == "kto" else 2
     rows = int(inputs.setting("train.batch_size", 1)) * per_example
     seq = int(inputs.setting("data.max_length", 512))
-    bld.trained(
-        "policy",
-        inputs.params,
-        inputs.arch,
-        rows=rows,
-        seq=seq,
-        logit_positions=packed_positions(rows, seq),
-        accumulating=inputs.accumulates(),
-        resident=["train", "generate"],
-        **inputs.trained_kwargs(),
-    )
+    _train_on_packed_rows(inputs, bld, "policy", rows, seq)
     if algo in ("simpo", "orpo"):
         bld.notes.append(f"{algo} is reference-free: no reference model")
     elif inputs.reference_cached:
@@ -144,12 +165,8 @@ def estimate_direct_alignment(inputs: EstimateInputs, bld: EstimateBuilder) -> i
             "the reference pass runs once before the policy is loaded (then it is freed and "
             "its log-probs cached), so it does not add to the training peak"
         )
-    arch = inputs.arch
-    if arch is not None and int(inputs.setting("eval.num_samples", 0)) > 0:
-        prompt = int(inputs.setting("data.max_prompt_length") or min(seq, 512))
-        length = prompt + int(inputs.setting("eval.sample_max_new_tokens", 128))
-        gb, how = kv_cache_gb(arch, inputs.b, int(inputs.setting("eval.num_samples")), length)
-        bld.add("sampling KV cache", gb, ["generate"], how)
+    prompt = int(inputs.setting("data.max_prompt_length") or min(seq, 512))
+    _add_sampling_kv_cache(inputs, bld, prompt)
     return inputs.params
 
 
@@ -163,24 +180,8 @@ def estimate_sft(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
     samples."""
     rows = int(inputs.setting("train.batch_size", 1))
     seq = int(inputs.setting("data.max_length", 2048))
-    bld.trained(
-        "model",
-        inputs.params,
-        inputs.arch,
-        rows=rows,
-        seq=seq,
-        logit_positions=packed_positions(rows, seq),
-        accumulating=inputs.accumulates(),
-        resident=["train", "generate"],
-        **inputs.trained_kwargs(),
-    )
-    arch = inputs.arch
-    if arch is not None and int(inputs.setting("eval.num_samples", 0)) > 0:
-        length = int(inputs.setting("eval.sample_max_input_tokens") or seq) + int(
-            inputs.setting("eval.sample_max_new_tokens", 128)
-        )
-        gb, how = kv_cache_gb(arch, inputs.b, int(inputs.setting("eval.num_samples")), length)
-        bld.add("sampling KV cache", gb, ["generate"], how)
+    _train_on_packed_rows(inputs, bld, "model", rows, seq)
+    _add_sampling_kv_cache(inputs, bld, int(inputs.setting("eval.sample_max_input_tokens") or seq))
     return inputs.params
 
 

@@ -3,6 +3,8 @@ computed by hand (sizes in bytes, divided by GIB)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rlhf_lab.catalog import FAMILIES
@@ -23,35 +25,15 @@ from rlhf_lab.memory import (
 from rlhf_lab.memory.families import config_leaf
 
 # h=4, q = 2 heads × 2 = 4, kv = 1 head × 2 = 2, gated MLP of width 8, 2 layers, vocab 10
-ARCH = ModelArch(
-    model_type="llama",
-    vocab_size=10,
-    hidden_size=4,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=2,
-    intermediate_size=8,
-    tie_word_embeddings=True,
-)
+SHAPE = {"vocab_size": 10, "hidden_size": 4, "num_layers": 2, "intermediate_size": 8}
+HEADS = {"num_heads": 2, "num_kv_heads": 1, "head_dim": 2}
+ARCH = ModelArch(model_type="llama", tie_word_embeddings=True, **SHAPE, **HEADS)
+# EstimateInputs for 1000 parameters without an architecture: bf16, no checkpointing, eager off
+BASE = EstimateInputs({}, None, None, None, 1000, 2, False, False, False, False, 128)
 
 
-def _inputs(config: dict, algorithm: str | None, params: int = 1000, **changes) -> EstimateInputs:
-    fields = dict(
-        config=config,
-        algorithm=algorithm,
-        model_name=None,
-        counts=None,
-        params=params,
-        b=2,
-        ckpt=False,
-        eager=False,
-        master_weights=False,
-        reference_cached=False,
-        prompt_tokens=128,
-    )
-    fields.update(changes)
-    return EstimateInputs(**fields)
+def _inputs(config: dict, algorithm: str | None, **changes) -> EstimateInputs:
+    return dataclasses.replace(BASE, config=config, algorithm=algorithm, **changes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,25 +207,19 @@ def test_phase_totals():
     assert blocks.phase_totals(comps[2:]) == {"train": 0.5}
 
 
+def _trained(bld: EstimateBuilder, params: int, arch: ModelArch | None, **changes) -> None:
+    """``bld.trained`` on a 3 × 5 token micro-batch, bf16, no checkpointing, with ``changes``."""
+    shape = {"b": 2, "rows": 3, "seq": 5, "ckpt": False, "eager": False}
+    settings = {"logit_positions": 0, "accumulating": True, "resident": ["train"]}
+    settings.update(changes)
+    bld.trained("m", params, arch, **shape, **{"master_weights": False, **settings})
+
+
 def test_builder_trained_model_without_accumulation():
     """Weights and moments stay resident; the gradients add only the LM head's gradient when
     that is larger than what they exceed activations + logits by."""
     bld = EstimateBuilder()
-    params = 1000
-    bld.trained(
-        "m",
-        params,
-        ARCH,
-        b=2,
-        rows=3,
-        seq=5,
-        ckpt=False,
-        eager=False,
-        logit_positions=10,
-        accumulating=False,
-        resident=["train"],
-        master_weights=False,
-    )
+    _trained(bld, 1000, ARCH, logit_positions=10, accumulating=False)
     got = {c.name: c.gb for c in bld.components}
     assert list(got) == [
         "m weights",
@@ -260,20 +236,7 @@ def test_builder_trained_model_without_accumulation():
 
 def test_builder_accumulating_keeps_all_gradients_and_frozen_weights():
     bld = EstimateBuilder()
-    bld.trained(
-        "m",
-        GIB,
-        None,
-        b=2,
-        rows=1,
-        seq=1,
-        ckpt=False,
-        eager=False,
-        logit_positions=0,
-        accumulating=True,
-        resident=["train"],
-        master_weights=True,
-    )
+    _trained(bld, GIB, None, master_weights=True)
     bld.frozen("ref", GIB, 2, ["reference"])
     got = {c.name: c.gb for c in bld.components}
     assert got == {
