@@ -6,7 +6,7 @@ estimate within ±20 % of the measured peak in every case.
     uv run python bench/memory_estimate.py --quick    # tiny-dpo, small-sft, small-grpo-kl
     uv run python bench/memory_estimate.py --cases small-dpo,small-rm --threads 0 --jobs 1
 
-What is compared is what memory.py estimates. On the CPU its total is the whole process's peak
+What is compared is what rlhf_lab.memory estimates. On the CPU its total is the whole process's peak
 resident memory: the Python + torch + transformers runtime (its "process baseline"), weights,
 gradients, AdamW state, activations, the LM-head chunk, KV cache, plus 10 % slack. So the
 measured figure is the peak RSS (``ru_maxrss`` from ``wait4``) of a fresh ``python -m
