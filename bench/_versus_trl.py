@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def micro_reps(model: str, quick: bool) -> int:
 
 
 @contextlib.contextmanager
-def private_cache():
+def private_cache() -> Iterator[Path]:
     """A bench-private ``$RLHF_LAB_CACHE`` whose ``models/`` is the real preset folder: the
     presets are not rebuilt, while our reference log-prob cache starts empty (cold for the first
     run of each model, warm afterwards) and nothing is left in the user's cache."""
@@ -147,7 +147,7 @@ def window_figures(
 
 
 @contextlib.contextmanager
-def stamp_our_steps():
+def stamp_our_steps() -> Iterator[list[tuple[int, float, float]]]:
     """Stamp the end of each of our training steps (wall clock, process CPU time) when the
     trainer logs the step's metrics row, the last thing of a step before the next one starts.
     A timing hook only: the row is written unchanged."""
@@ -156,7 +156,7 @@ def stamp_our_steps():
     stamps: list[tuple[int, float, float]] = []
     original = RunDir.log_metrics
 
-    def log_metrics(self, step, phase, metrics):
+    def log_metrics(self: RunDir, step: int, phase: str, metrics: dict[str, Any]) -> Any:
         if phase == "train":
             stamps.append((step, time.perf_counter(), time.process_time()))
         return original(self, step, phase, metrics)
@@ -218,7 +218,7 @@ def run_our_trainer(
     return figures
 
 
-def make_step_clock():
+def make_step_clock() -> Any:
     """A TrainerCallback that stamps the end of every optimizer step with TRL's running count of
     non-pad training tokens (``trainer._total_train_tokens``, attention-mask sums)."""
     from transformers import TrainerCallback
@@ -277,7 +277,7 @@ def trl_common_args(out_dir: str, batch_size: int, steps: int, learning_rate: fl
     }
 
 
-def first_logged_loss(trainer) -> float | None:
+def first_logged_loss(trainer: Any) -> float | None:
     """TRL's logged training loss of step 1 (logging_steps=1)."""
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     return losses[0] if losses else None
@@ -368,7 +368,7 @@ def parse_args(
     doc: str,
     defaults: dict[str, dict[str, int]],
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-):
+) -> argparse.Namespace:
     """The command line shared by the *_vs_trl benchmarks (``add_arguments`` adds a script's own)."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -429,7 +429,17 @@ def table_rows(model: str, medians: dict, ratio: float) -> list[list]:
     return rows
 
 
-def model_result(runs, medians, bs, total, args, steps, agreement, fast, extra_settings) -> dict:
+def model_result(
+    runs: dict[str, list[dict]],
+    medians: dict[str, dict[str, Any]],
+    bs: int,
+    total: int,
+    args: argparse.Namespace,
+    steps: int,
+    agreement: dict[str, Any],
+    fast: dict[str, Any],
+    extra_settings: dict[str, Any],
+) -> dict:
     """One model's block of the results JSON (shared with bench/rm_vs_trl.py)."""
     ratio = medians["ours"]["median_tokens_per_s"] / medians["trl"]["median_tokens_per_s"]
     cpu_ratio = (

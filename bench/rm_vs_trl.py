@@ -124,7 +124,7 @@ def build_trl_rm(
 
 
 def run_trl_rm(model: str, batch_size: int, steps: int, warmup: int) -> dict:
-    def build(out_dir: str):
+    def build(out_dir: str) -> Any:
         tokenizer, examples = tokenized_pairs(model, batch_size * steps)
         return build_trl_rm(model, examples, tokenizer, batch_size, steps, out_dir)
 

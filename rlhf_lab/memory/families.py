@@ -193,7 +193,9 @@ def estimate_sft(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
 _NO_REFERENCE_PG = ("dapo", "maxrl")
 
 
-def _rollout_kv_cache(inputs: EstimateInputs, arch: ModelArch, new_tokens: int, per_step: int):
+def _rollout_kv_cache(
+    inputs: EstimateInputs, arch: ModelArch, new_tokens: int, per_step: int
+) -> tuple[float, str]:
     """The larger generation KV cache of a rollout batch and an evaluation batch."""
     prompt = inputs.prompt_tokens
     gen_rows = int(inputs.setting("rollout.generation_batch_size") or per_step)
