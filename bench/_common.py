@@ -83,10 +83,16 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
+def write_json(path: Path, payload: dict[str, Any]) -> Path:
+    """``payload`` as indented JSON at ``path`` (its folder made when missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
 def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -> Path:
     """Write ``bench/results/<name>.json`` with the date, machine and versions added."""
     path = out or RESULTS_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": name,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -94,6 +100,6 @@ def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -
         "versions": package_versions("torch", "transformers", "trl", "rlhf-lab", "mcp"),
         **payload,
     }
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(path, report)
     print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return path

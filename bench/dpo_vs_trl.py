@@ -41,24 +41,36 @@ bench/results/dpo_vs_trl.json. A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import io
-import json
 import math
-import os
-import statistics
-import sys
 import tempfile
-import time
-import warnings
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from _common import ROOT, alternate, median_of, print_table, write_results
+from _common import ROOT, median_of, print_table
+from _versus_trl import (
+    MAX_LENGTH,
+    SEED,
+    TABLE_HEADERS,
+    benchmark_models,
+    checkpointing_line,
+    checkpointing_report,
+    ensure_models,
+    loss_line,
+    matched_cpu_overrides,
+    micro_batch_facts,
+    micro_lines,
+    micro_report,
+    micro_reps,
+    parse_args,
+    quiet_offline_env,
+    run_our_trainer,
+    run_trl_timed,
+    set_threads,
+    time_variants,
+    trl_common_args,
+    write_versus_results,
+)
 
-TARGET_RATIO = 1.5
 DPO_CONFIG = ROOT / "trainers" / "direct_alignment" / "configs" / "dpo.yaml"
 # Per model: pairs per optimizer step and timed steps. `small` is ~30x the compute of `tiny` per
 # token, so it gets a smaller batch and fewer steps to keep the full run near 5 minutes.
@@ -67,257 +79,8 @@ MODEL_DEFAULTS: dict[str, dict[str, int]] = {
     "small": {"batch_size": 4, "steps": 4},
 }
 QUICK_STEPS = 3
-MAX_LENGTH = 128  # the built-in pairs are at most ~115 tokens: nothing is truncated
 BETA = 0.1
 LEARNING_RATE = 5e-6
-SEED = 42
-
-
-# ---------------------------------------------------------------------------------------------
-# Environment shared by both contenders
-# ---------------------------------------------------------------------------------------------
-
-
-def quiet_offline_env() -> None:
-    """Offline, no W&B, no progress bars; set before transformers/datasets are imported."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["WANDB_MODE"] = "disabled"
-    os.environ.pop("WANDB_PROJECT", None)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    os.environ["TQDM_DISABLE"] = "1"
-    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
-    os.environ["ACCELERATE_LOG_LEVEL"] = "error"
-    warnings.filterwarnings("ignore")
-
-
-def set_threads(threads: int) -> int:
-    """One torch thread setting for the whole process, so both contenders get the same. Warns
-    when the machine is already busy: more OpenMP threads than idle cores spin-wait and can slow
-    a small model's step several-fold, whichever contender happens to run at that moment."""
-    import torch
-
-    torch.set_num_threads(threads)
-    cores = os.cpu_count() or 1
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if threads > 1 and load > cores / 2:
-        print(
-            f"warning: load average {load:.1f} on {cores} cores with {threads} torch threads; "
-            "wall-clock figures will be noisy (the CPU-time columns much less so); --threads 1 "
-            "is steadier on a shared machine",
-            file=sys.stderr,
-        )
-    return torch.get_num_threads()
-
-
-def micro_reps(model: str, quick: bool) -> int:
-    """Timed calls per micro-benchmark variant (after one untimed call each)."""
-    return 1 if quick else (3 if model == "tiny" else 2)
-
-
-@contextlib.contextmanager
-def private_cache():
-    """A bench-private ``$RLHF_LAB_CACHE`` whose ``models/`` is the real preset folder: the
-    presets are not rebuilt, while our reference log-prob cache starts empty (cold for the first
-    run of each model, warm afterwards) and nothing is left in the user's cache."""
-    from trainers.core.tiny import cache_root
-
-    real_models = cache_root() / "models"
-    real_models.mkdir(parents=True, exist_ok=True)
-    before = os.environ.get("RLHF_LAB_CACHE")
-    with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
-        (Path(tmp) / "models").symlink_to(real_models, target_is_directory=True)
-        os.environ["RLHF_LAB_CACHE"] = tmp
-        try:
-            yield Path(tmp)
-        finally:
-            if before is None:
-                os.environ.pop("RLHF_LAB_CACHE", None)
-            else:
-                os.environ["RLHF_LAB_CACHE"] = before
-
-
-def ensure_models(names: list[str]) -> None:
-    from trainers.core.tiny import ensure_preset
-
-    for name in names:
-        started = time.perf_counter()
-        ensure_preset(name)
-        if time.perf_counter() - started > 1:
-            print(f"built preset {name} in {time.perf_counter() - started:.0f}s", flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Throughput from step timestamps (both contenders)
-# ---------------------------------------------------------------------------------------------
-
-
-def window_figures(
-    wall: list[float],
-    cpu: list[float],
-    tokens: list[float],
-    warmup: int,
-    step_s: list[float] | None = None,
-) -> dict[str, Any]:
-    """Throughput over steps ``warmup+1 .. N`` from stamps taken at the end of every step (wall
-    clock and this process's CPU time) and per-step token counts.
-
-    The window opens at the end of step ``warmup`` and closes at the end of the last step, so it
-    holds whole loop iterations (data, forward, backward, optimizer, logging) and nothing else.
-    ``cpu_tokens_per_s`` divides by CPU seconds instead: on a shared machine with one torch
-    thread it is nearly blind to neighbours, while wall-clock throughput is what a user sees.
-    """
-    if warmup < 1 or len(wall) <= warmup:
-        raise ValueError(f"need more than {warmup} steps (got {len(wall)}) and warmup >= 1")
-    window = wall[-1] - wall[warmup - 1]
-    cpu_window = cpu[-1] - cpu[warmup - 1]
-    timed_steps = len(wall) - warmup
-    timed_tokens = sum(tokens[warmup:])
-    figures = {
-        "tokens_per_s": timed_tokens / window,
-        "steps_per_s": timed_steps / window,
-        "cpu_tokens_per_s": timed_tokens / cpu_window if cpu_window > 0 else None,
-        "timed_steps": timed_steps,
-        "timed_tokens": int(round(timed_tokens)),
-        "window_s": round(window, 4),
-        "cpu_window_s": round(cpu_window, 4),
-        "tokens_per_step": timed_tokens / timed_steps,
-    }
-    if step_s:
-        figures["median_step_s"] = statistics.median(step_s[warmup:])
-    return figures
-
-
-@contextlib.contextmanager
-def stamp_our_steps():
-    """Stamp the end of each of our training steps (wall clock, process CPU time) when the
-    trainer logs the step's metrics row, the last thing of a step before the next one starts.
-    A timing hook only: the row is written unchanged."""
-    from trainers.core.rundir import RunDir
-
-    stamps: list[tuple[int, float, float]] = []
-    original = RunDir.log_metrics
-
-    def log_metrics(self, step, phase, metrics):
-        if phase == "train":
-            stamps.append((step, time.perf_counter(), time.process_time()))
-        return original(self, step, phase, metrics)
-
-    RunDir.log_metrics = log_metrics
-    try:
-        yield stamps
-    finally:
-        RunDir.log_metrics = original
-
-
-def ours_figures(run_dir: Path, stamps: list[tuple[int, float, float]], warmup: int) -> dict:
-    """Figures of one of our runs from the step stamps, its metrics.jsonl and summary.json."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = sorted((r for r in rows if r.get("phase") == "train"), key=lambda r: r["step"])
-    expected = list(range(1, len(train) + 1))
-    if [r["step"] for r in train] != expected or [s[0] for s in stamps] != expected:
-        raise RuntimeError("need one train row per step (logging.log_every=1)")
-    tokens = [r["throughput/tokens_per_s"] * r["timing/step_s"] for r in train]
-    figures = window_figures(
-        [s[1] for s in stamps],
-        [s[2] for s in stamps],
-        tokens,
-        warmup,
-        step_s=[r["timing/step_s"] for r in train],
-    )
-    summary = json.loads((run_dir / "summary.json").read_text())
-    figures["startup_s"] = round(train[0]["time_s"] - train[0]["timing/step_s"], 3)
-    figures["first_loss"] = train[0].get("loss")
-    for key in ("ref_cache", "timing/reference_s"):
-        if key in summary:
-            figures[key.replace("timing/", "")] = summary[key]
-    return figures
-
-
-def run_our_trainer(
-    main: Callable[[list[str]], int], config: Path, overrides: list[str], warmup: int
-) -> dict[str, Any]:
-    """One run of our trainer through its command-line entry point, in this process, in a
-    temporary run directory; its stdout is captured (and shown only if the run fails)."""
-    with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
-        run_dir = Path(tmp) / "run"
-        argv = ["--config", str(config), "--run-dir", str(run_dir)]
-        for item in overrides:
-            argv += ["--set", item]
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out), stamp_our_steps() as stamps:
-            code = main(argv)
-        if code != 0:
-            print(out.getvalue()[-4000:], file=sys.stderr)
-            summary = run_dir / "summary.json"
-            raise RuntimeError(
-                f"our trainer exited {code}: {summary.read_text() if summary.exists() else ''}"
-            )
-        figures = ours_figures(run_dir, stamps, warmup)
-    import torch
-
-    figures["torch_threads"] = torch.get_num_threads()  # unchanged by the trainer, checked
-    return figures
-
-
-def make_step_clock():
-    """A TrainerCallback that stamps the end of every optimizer step with TRL's running count of
-    non-pad training tokens (``trainer._total_train_tokens``, attention-mask sums)."""
-    from transformers import TrainerCallback
-
-    class StepClock(TrainerCallback):
-        def __init__(self):
-            self.trainer = None
-            self.times: list[float] = []
-            self.cpu: list[float] = []
-            self.tokens: list[float] = []
-            self.threads: int | None = None
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            import torch
-
-            self.threads = torch.get_num_threads()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self.times.append(time.perf_counter())
-            self.cpu.append(time.process_time())
-            self.tokens.append(float(self.trainer._total_train_tokens))
-
-        def figures(self, warmup: int) -> dict[str, Any]:
-            per_step = [b - a for a, b in zip([0.0, *self.tokens], self.tokens, strict=False)]
-            figures = window_figures(self.times, self.cpu, per_step, warmup)
-            figures["torch_threads"] = self.threads
-            return figures
-
-    return StepClock()
-
-
-def trl_common_args(out_dir: str, batch_size: int, steps: int, learning_rate: float) -> dict:
-    """TrainingArguments shared by the TRL contenders: CPU, fp32, no checkpointing of any kind,
-    no eval, no W&B, log every step (ours logs every step too), no progress bar."""
-    return {
-        "output_dir": out_dir,
-        "per_device_train_batch_size": batch_size,
-        "gradient_accumulation_steps": 1,
-        "max_steps": steps,
-        "learning_rate": learning_rate,
-        "lr_scheduler_type": "linear",
-        "warmup_steps": 0,
-        "weight_decay": 0.0,
-        "max_grad_norm": 1.0,
-        "gradient_checkpointing": False,
-        "bf16": False,
-        "fp16": False,
-        "use_cpu": True,
-        "report_to": [],
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "eval_strategy": "no",
-        "disable_tqdm": True,
-        "dataloader_num_workers": 0,
-        "seed": SEED,
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,35 +112,20 @@ def trl_preference_dataset(records):
 
 
 def ours_dpo_overrides(model: str, batch_size: int, steps: int, extra: list[str]) -> list[str]:
-    return [
-        f"model.name={model}",
-        "model.device=cpu",
-        "model.dtype=fp32",
-        "model.gradient_checkpointing=false",
-        "data.dataset=builtin:reasoning-preferences",
-        f"data.max_samples={batch_size * steps}",
-        "data.eval_size=0",
-        f"data.max_length={MAX_LENGTH}",
-        "loss=dpo",
-        f"beta={BETA}",
-        f"train.learning_rate={LEARNING_RATE}",
-        f"train.batch_size={batch_size}",
-        "train.gradient_accumulation_steps=1",
-        f"train.max_steps={steps}",
-        "train.num_epochs=1",
-        "train.schedule=linear",
-        "train.warmup_ratio=0.0",
-        "train.weight_decay=0.0",
-        "train.max_grad_norm=1.0",
-        "eval.eval_every=0",
-        "eval.sample_every=0",
-        "eval.num_samples=0",
-        "eval.eval_batch_size=8",
-        "logging.log_every=1",
-        "checkpoint.save_final_model=false",
-        f"seed={SEED}",
-        *extra,
-    ]
+    return matched_cpu_overrides(
+        model,
+        batch_size,
+        steps,
+        LEARNING_RATE,
+        after_data=["loss=dpo", f"beta={BETA}"],
+        evaluation=[
+            "eval.eval_every=0",
+            "eval.sample_every=0",
+            "eval.num_samples=0",
+            "eval.eval_batch_size=8",
+        ],
+        extra=extra,
+    )
 
 
 def run_ours_dpo(model: str, batch_size: int, steps: int, warmup: int, extra=()) -> dict:
@@ -413,25 +161,11 @@ def build_trl_dpo(model: str, records, batch_size: int, steps: int, out_dir: str
 
 def run_trl_dpo(model: str, batch_size: int, steps: int, warmup: int, ref: str) -> dict:
     records = preference_records(batch_size * steps)
-    with tempfile.TemporaryDirectory(prefix="bench-trl-") as tmp:
-        started = time.perf_counter()
-        clock = make_step_clock()
-        trainer = build_trl_dpo(model, records, batch_size, steps, tmp, ref)
-        clock.trainer = trainer
-        trainer.add_callback(clock)
-        setup_s = time.perf_counter() - started
-        with contextlib.redirect_stdout(io.StringIO()):
-            trainer.train()
-    figures = clock.figures(warmup)
-    figures["startup_s"] = round(setup_s, 3)
-    figures["first_loss"] = first_logged_loss(trainer)
-    return figures
-
-
-def first_logged_loss(trainer) -> float | None:
-    """TRL's logged training loss of step 1 (logging_steps=1)."""
-    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
-    return losses[0] if losses else None
+    return run_trl_timed(
+        lambda out_dir: build_trl_dpo(model, records, batch_size, steps, out_dir, ref),
+        warmup,
+        "bench-trl-",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -616,40 +350,6 @@ def shared_prompt_logps(model, packed: dict[str, Any]):
     return sums
 
 
-def time_variants(variants: dict[str, Callable[[], Any]], reps: int) -> dict[str, dict]:
-    """Median wall and CPU seconds of each variant's call, alternating between them (after one
-    untimed call each) so drift of the machine falls on all."""
-    for fn in variants.values():
-        fn()
-    wall: dict[str, list[float]] = {name: [] for name in variants}
-    cpu: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(reps):
-        for name in names if r % 2 == 0 else reversed(names):
-            started, started_cpu = time.perf_counter(), time.process_time()
-            variants[name]()
-            wall[name].append(time.perf_counter() - started)
-            cpu[name].append(time.process_time() - started_cpu)
-    return {
-        "wall": {name: statistics.median(ts) for name, ts in wall.items()},
-        "cpu": {name: statistics.median(ts) for name, ts in cpu.items()},
-    }
-
-
-def micro_report(seconds: dict[str, dict], baseline: str) -> dict[str, Any]:
-    """Median seconds and time relative to ``baseline`` (> 1: slower than it), wall and CPU."""
-    return {
-        "median_s": {k: round(v, 4) for k, v in seconds["wall"].items()},
-        "median_cpu_s": {k: round(v, 4) for k, v in seconds["cpu"].items()},
-        "time_vs_ours": {
-            k: round(v / seconds["wall"][baseline], 3) for k, v in seconds["wall"].items()
-        },
-        "cpu_time_vs_ours": {
-            k: round(v / seconds["cpu"][baseline], 3) for k, v in seconds["cpu"].items()
-        },
-    }
-
-
 OURS_DPO_VARIANT = "ours: one prompt forward per pair, concatenated, trimmed, head on completions"
 
 
@@ -726,11 +426,7 @@ def dpo_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, An
     rows, width = ids.shape
     scored = int(lmask[:, 1:].sum())
     return {
-        "model": model,
-        "pairs": n,
-        "reps": reps,
-        "batch_shape": [rows, width],
-        "non_pad_share": round(int(attn.sum()) / (rows * width), 3),
+        **micro_batch_facts(model, n, reps, ids, attn),
         "completion_share_of_positions": round(scored / (rows * (width - 1)), 3),
         **micro_report(seconds, OURS_DPO_VARIANT),
         "shared_prompt_max_abs_logp_diff": shared_diff,
@@ -747,122 +443,10 @@ def dpo_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, An
 # ---------------------------------------------------------------------------------------------
 
 
-def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
-    return {
-        name: {
-            "median_tokens_per_s": median_of(rows, "tokens_per_s"),
-            "median_steps_per_s": median_of(rows, "steps_per_s"),
-            "median_cpu_tokens_per_s": median_of(rows, "cpu_tokens_per_s"),
-            "median_tokens_per_step": median_of(rows, "tokens_per_step"),
-            "median_startup_s": median_of(rows, "startup_s"),
-        }
-        for name, rows in runs.items()
-    }
-
-
-def parse_args(
-    argv: list[str] | None,
-    doc: str,
-    defaults: dict[str, dict[str, int]],
-    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-):
-    """The command line shared by the *_vs_trl benchmarks (``add_arguments`` adds a script's own)."""
-    parser = argparse.ArgumentParser(
-        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny, 1 round, 3 steps")
-    parser.add_argument("--models", default=None, help=f"comma list of {', '.join(defaults)}")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per run")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (>= 1)")
-    parser.add_argument("--rounds", type=int, default=None, help="runs per contender")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
-    parser.add_argument("--out", type=Path, default=None, help="results JSON path")
-    if add_arguments is not None:
-        add_arguments(parser)
-    args = parser.parse_args(argv)
-    models = args.models.split(",") if args.models else (["tiny"] if args.quick else list(defaults))
-    unknown = [m for m in models if m not in defaults]
-    if unknown:
-        parser.error(f"unknown model(s) {unknown}; choose from {list(defaults)}")
-    args.models = models
-    args.rounds = args.rounds or (1 if args.quick else 3)
-    args.warmup = args.warmup or (1 if args.quick else 2)
-    return args
-
-
 def steps_for(model: str, args) -> int:
     if args.steps:
         return args.steps
     return QUICK_STEPS if args.quick else MODEL_DEFAULTS[model]["steps"]
-
-
-TABLE_HEADERS = [
-    "model",
-    "contender",
-    "tokens/s",
-    "steps/s",
-    "CPU tokens/s",
-    "ours/TRL",
-    "ours/TRL (CPU)",
-    "meets 1.5x",
-]
-
-
-def table_rows(model: str, medians: dict, ratio: float) -> list[list]:
-    """Two table rows (ours, TRL) of one model; ratios on ours' row."""
-    cpu_ratio = (
-        medians["ours"]["median_cpu_tokens_per_s"] / medians["trl"]["median_cpu_tokens_per_s"]
-    )
-    rows = []
-    for name in ("ours", "trl"):
-        med = medians[name]
-        mine = name == "ours"
-        rows.append(
-            [
-                model,
-                name,
-                med["median_tokens_per_s"],
-                med["median_steps_per_s"],
-                med["median_cpu_tokens_per_s"],
-                ratio if mine else None,
-                cpu_ratio if mine else None,
-                ("yes" if ratio >= TARGET_RATIO else "NO") if mine else None,
-            ]
-        )
-    return rows
-
-
-def model_result(runs, medians, bs, total, args, steps, agreement, fast, extra_settings) -> dict:
-    """One model's block of the results JSON (shared with bench/rm_vs_trl.py)."""
-    ratio = medians["ours"]["median_tokens_per_s"] / medians["trl"]["median_tokens_per_s"]
-    cpu_ratio = (
-        medians["ours"]["median_cpu_tokens_per_s"] / medians["trl"]["median_cpu_tokens_per_s"]
-    )
-    return {
-        "settings": {
-            "batch_size_pairs": bs,
-            "steps_per_run": total,
-            "warmup_steps": args.warmup,
-            "timed_steps": steps,
-            "max_length": MAX_LENGTH,
-            "dtype": "fp32",
-            "device": "cpu",
-            "gradient_checkpointing": False,
-            "gradient_accumulation_steps": 1,
-            **extra_settings,
-        },
-        "runs": runs,
-        "medians": medians,
-        "ratio_tokens_per_s": ratio,
-        "ratio_steps_per_s": medians["ours"]["median_steps_per_s"]
-        / medians["trl"]["median_steps_per_s"],
-        "ratio_cpu_tokens_per_s": cpu_ratio,
-        "target_ratio": TARGET_RATIO,
-        "meets_target": ratio >= TARGET_RATIO,
-        "meets_target_cpu_time": cpu_ratio >= TARGET_RATIO,
-        "loss_agreement": agreement,
-        "fast_paths": fast,
-    }
 
 
 def add_dpo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -881,44 +465,23 @@ def main(argv: list[str] | None = None) -> None:
     threads = set_threads(args.threads)
     ensure_models(args.models)
 
-    results: dict[str, Any] = {}
-    table = []
-    with private_cache():
-        for model in args.models:
-            bs, steps = MODEL_DEFAULTS[model]["batch_size"], steps_for(model, args)
-            total = steps + args.warmup
-            print(f"[{model}] {args.rounds} round(s) x {total} steps, batch {bs} pairs", flush=True)
-            runs = alternate(
-                {
-                    "ours": lambda m=model, b=bs, t=total: run_ours_dpo(m, b, t, args.warmup),
-                    "trl": lambda m=model, b=bs, t=total: run_trl_dpo(
-                        m, b, t, args.warmup, args.trl_ref
-                    ),
-                },
-                args.rounds,
-            )
-            medians = summarise(runs)
-            ratio = medians["ours"]["median_tokens_per_s"] / medians["trl"]["median_tokens_per_s"]
-            print(f"[{model}] loss agreement on the first batch", flush=True)
-            agreement = dpo_loss_agreement(model, bs)
-            fast = dpo_fast_paths(model, bs, total, args, runs["ours"])
-            results[model] = model_result(
-                runs,
-                medians,
-                bs,
-                total,
-                args,
-                steps,
-                agreement,
-                fast,
-                {
-                    "beta": BETA,
-                    "loss": "sigmoid (dpo)",
-                    "learning_rate": LEARNING_RATE,
-                    "trl_reference": args.trl_ref,
-                },
-            )
-            table += table_rows(model, medians, ratio)
+    results, table = benchmark_models(
+        args,
+        MODEL_DEFAULTS,
+        steps_for,
+        {
+            "ours": lambda m, b, t: run_ours_dpo(m, b, t, args.warmup),
+            "trl": lambda m, b, t: run_trl_dpo(m, b, t, args.warmup, args.trl_ref),
+        },
+        dpo_loss_agreement,
+        dpo_fast_paths,
+        {
+            "beta": BETA,
+            "loss": "sigmoid (dpo)",
+            "learning_rate": LEARNING_RATE,
+            "trl_reference": args.trl_ref,
+        },
+    )
 
     print()
     print(f"DPO step throughput, fp32 CPU, {threads} torch thread(s); target ours/TRL >= 1.5")
@@ -926,31 +489,19 @@ def main(argv: list[str] | None = None) -> None:
     print()
     for model, res in results.items():
         la = res["loss_agreement"]
+        same = f"  (same token ids: {la['same_token_ids']})"
         for label in ("policy_equals_reference", "perturbed_policy"):
-            v = la[label]
-            print(
-                f"{model}: loss {label}: ours {v['ours']:.6f}  TRL {v['trl']:.6f}  "
-                f"|diff| {v['abs_diff']:.2e}  (same token ids: {la['same_token_ids']})"
-            )
+            print(loss_line(model, label, la[label], same))
         for line in fast_path_lines(res["fast_paths"]):
             print(f"{model}: {line}")
-    write_results(
+    write_versus_results(
         "dpo_vs_trl",
-        {
-            "target": f"ours >= {TARGET_RATIO}x TRL DPOTrainer tokens/s (optimizer steps, fp32 CPU)",
-            "meets_target": all(r["meets_target"] for r in results.values()),
-            "settings": {
-                "models": args.models,
-                "rounds": args.rounds,
-                "quick": args.quick,
-                "torch_threads": threads,
-                "alternating": True,
-                "trl_reference": args.trl_ref,
-            },
-            "notes": DPO_NOTES,
-            "results": results,
-        },
-        out=args.out,
+        "DPOTrainer",
+        args,
+        threads,
+        results,
+        DPO_NOTES,
+        {"trl_reference": args.trl_ref},
     )
 
 
@@ -978,21 +529,6 @@ DPO_NOTES = [
     "CPU tokens/s = the same tokens over the window's process CPU seconds; with one torch "
     "thread it is the steadier figure on a shared machine, wall-clock tokens/s is the headline",
 ]
-
-
-def checkpointing_report(off_runs: list[dict], on_run: dict) -> dict[str, Any]:
-    """Gradient checkpointing on (one run) against the benchmark's runs with it off."""
-    off = median_of(off_runs, "tokens_per_s")
-    off_cpu = median_of(off_runs, "cpu_tokens_per_s")
-    return {
-        "off_tokens_per_s": off,
-        "on_tokens_per_s": on_run["tokens_per_s"],
-        "on_over_off": on_run["tokens_per_s"] / off,
-        "off_cpu_tokens_per_s": off_cpu,
-        "on_cpu_tokens_per_s": on_run["cpu_tokens_per_s"],
-        "on_over_off_cpu": on_run["cpu_tokens_per_s"] / off_cpu,
-        "note": "memory for time; off is the benchmark setting (and TRL's setting here)",
-    }
 
 
 def dpo_fast_paths(model: str, batch_size: int, total: int, args, ours_runs) -> dict[str, Any]:
@@ -1033,20 +569,8 @@ def fast_path_lines(fast: dict[str, Any]) -> list[str]:
             + (f"{warm:.2f}s" if warm is not None else "- (no second run)")
         )
     if "gradient_checkpointing" in fast:
-        gc = fast["gradient_checkpointing"]
-        lines.append(
-            f"gradient checkpointing on/off tokens/s: {gc['on_over_off']:.2f} wall, "
-            f"{gc['on_over_off_cpu']:.2f} CPU"
-        )
+        lines.append(checkpointing_line(fast["gradient_checkpointing"]))
     lines += micro_lines(fast["logprob_micro_benchmarks"])
-    return lines
-
-
-def micro_lines(mb: dict[str, Any]) -> list[str]:
-    """Printed lines of a micro-benchmark: each variant's fwd+bwd time relative to ours."""
-    lines = [f"fwd+bwd of one micro-batch {mb['batch_shape']}, time relative to ours (wall, CPU):"]
-    for name, rel in mb["time_vs_ours"].items():
-        lines.append(f"  {rel:5.2f}x {mb['cpu_time_vs_ours'][name]:5.2f}x  {name}")
     return lines
 
 

@@ -27,9 +27,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 import anyio
+from _common import ROOT, write_json
 from mcp import Client, StdioServerParameters
 
-ROOT = Path(__file__).resolve().parents[1]
+from trainers.core.runfolder import RunFile
+
 RESULTS = ROOT / "bench" / "results" / "mcp_latency.json"
 TARGET_MS = 100.0
 CAMPAIGN = "2026-01-01-latency"
@@ -44,18 +46,18 @@ def synthetic_run(root: Path, run_id: str, steps: int, log_bytes: int) -> Path:
     """A finished direct-alignment run folder of the given size."""
     run_dir = root / "experiments" / CAMPAIGN / "runs" / run_id
     run_dir.mkdir(parents=True)
-    record = {
-        "id": run_id,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": CAMPAIGN,
-        "device": "cpu",
-        "argv": [sys.executable, "-m", "trainers.direct_alignment.train"],
-        "state": "succeeded",
-        "created_at": "2026-01-01T00:00:00.000+00:00",
-        "exit_code": 0,
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
+    record = RunFile(
+        id=run_id,
+        family="direct_alignment",
+        algorithm="dpo",
+        campaign=CAMPAIGN,
+        device="cpu",
+        argv=[sys.executable, "-m", "trainers.direct_alignment.train"],
+        state="succeeded",
+        created_at="2026-01-01T00:00:00.000+00:00",
+        exit_code=0,
+    )
+    (run_dir / "run.json").write_text(json.dumps(record.model_dump(exclude_unset=True)))
     (run_dir / "config.yaml").write_text("model:\n  name: tiny\nseed: 42\n")
     rows = []
     for step in range(1, steps + 1):
@@ -207,8 +209,7 @@ def main() -> None:
             "mcp": version("mcp"),
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -6,7 +6,7 @@ estimate within ±20 % of the measured peak in every case.
     uv run python bench/memory_estimate.py --quick    # tiny-dpo, small-sft, small-grpo-kl
     uv run python bench/memory_estimate.py --cases small-dpo,small-rm --threads 0 --jobs 1
 
-What is compared is what memory.py estimates. On the CPU its total is the whole process's peak
+What is compared is what rlhf_lab.memory estimates. On the CPU its total is the whole process's peak
 resident memory: the Python + torch + transformers runtime (its "process baseline"), weights,
 gradients, AdamW state, activations, the LM-head chunk, KV cache, plus 10 % slack. So the
 measured figure is the peak RSS (``ru_maxrss`` from ``wait4``) of a fresh ``python -m
@@ -50,33 +50,32 @@ sys.path.insert(0, str(ROOT))
 TARGET = 0.20  # relative error allowed, either way
 GIB = 2**30
 
+# 48 examples (8 held out), two optimizer steps, no periodic evaluation: what every supervised
+# family's case shares.
+_SUPERVISED_SHORT = (
+    "data.max_samples=48",
+    "data.eval_size=8",
+    "train.max_steps=2",
+    "eval.eval_every=0",
+)
 # Two optimizer steps, no evaluation, no sampling, no checkpoints: the peak of a training run
 # without what only long runs add (eval generation is estimated but switched off here).
 FAMILY_QUICK = {
     "direct_alignment": [
         "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=48",
-        "data.eval_size=8",
-        "train.max_steps=2",
-        "eval.eval_every=0",
+        *_SUPERVISED_SHORT,
         "eval.sample_every=0",
         "eval.num_samples=0",
     ],
     "sft": [
         "data.dataset=builtin:reasoning-sft",
-        "data.max_samples=48",
-        "data.eval_size=8",
-        "train.max_steps=2",
-        "eval.eval_every=0",
+        *_SUPERVISED_SHORT,
         "eval.sample_every=0",
         "eval.num_samples=0",
     ],
     "reward_models": [
         "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=48",
-        "data.eval_size=8",
-        "train.max_steps=2",
-        "eval.eval_every=0",
+        *_SUPERVISED_SHORT,
         "eval.num_samples=0",
     ],
     "policy_gradients": [

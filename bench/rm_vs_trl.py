@@ -26,59 +26,39 @@ bench/results/rm_vs_trl.json. A benchmark, not a test.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import tempfile
-import time
 from typing import Any
 
-import dpo_vs_trl as shared
-from _common import ROOT, alternate, print_table, write_results
+import _versus_trl as harness
+import dpo_vs_trl as dpo
+from _common import ROOT, print_table
 
-TARGET_RATIO = shared.TARGET_RATIO
+TARGET_RATIO = harness.TARGET_RATIO
 RM_CONFIG = ROOT / "trainers" / "reward_models" / "configs" / "preference_rm.yaml"
-MODEL_DEFAULTS = shared.MODEL_DEFAULTS
-MAX_LENGTH = shared.MAX_LENGTH
+MODEL_DEFAULTS = dpo.MODEL_DEFAULTS
+MAX_LENGTH = harness.MAX_LENGTH
 LEARNING_RATE = 5e-5  # the book's reward-model rate (configs/preference_rm.yaml)
-SEED = shared.SEED
+SEED = harness.SEED
 
 
 def ours_rm_overrides(model: str, batch_size: int, steps: int, extra: list[str]) -> list[str]:
-    return [
-        "kind=preference",
-        "freeze_backbone=false",
-        f"model.name={model}",
-        "model.device=cpu",
-        "model.dtype=fp32",
-        "model.gradient_checkpointing=false",
-        "data.dataset=builtin:reasoning-preferences",
-        f"data.max_samples={batch_size * steps}",
-        "data.eval_size=0",
-        f"data.max_length={MAX_LENGTH}",
-        f"train.learning_rate={LEARNING_RATE}",
-        f"train.batch_size={batch_size}",
-        "train.gradient_accumulation_steps=1",
-        f"train.max_steps={steps}",
-        "train.num_epochs=1",
-        "train.schedule=linear",
-        "train.warmup_ratio=0.0",
-        "train.weight_decay=0.0",
-        "train.max_grad_norm=1.0",
-        "eval.eval_every=0",
-        "eval.num_samples=0",
-        "logging.log_every=1",
-        "checkpoint.save_final_model=false",
-        f"seed={SEED}",
-        *extra,
-    ]
+    return harness.matched_cpu_overrides(
+        model,
+        batch_size,
+        steps,
+        LEARNING_RATE,
+        leading=["kind=preference", "freeze_backbone=false"],
+        evaluation=["eval.eval_every=0", "eval.num_samples=0"],
+        extra=extra,
+    )
 
 
 def run_ours_rm(model: str, batch_size: int, steps: int, warmup: int, extra=()) -> dict:
     from trainers.reward_models import train as rm_train
 
     overrides = ours_rm_overrides(model, batch_size, steps, list(extra))
-    return shared.run_our_trainer(rm_train.main, RM_CONFIG, overrides, warmup)
+    return harness.run_our_trainer(rm_train.main, RM_CONFIG, overrides, warmup)
 
 
 def tokenized_pairs(model: str, n: int):
@@ -87,7 +67,7 @@ def tokenized_pairs(model: str, n: int):
     from trainers.reward_models.data import tokenize_records
 
     tokenizer = load_tokenizer(model)
-    examples, _ = tokenize_records(shared.preference_records(n), tokenizer, MAX_LENGTH)
+    examples, _ = tokenize_records(dpo.preference_records(n), tokenizer, MAX_LENGTH)
     return tokenizer, examples
 
 
@@ -131,7 +111,7 @@ def build_trl_rm(
     from trl import RewardConfig, RewardTrainer
 
     config = RewardConfig(
-        **shared.trl_common_args(out_dir, batch_size, steps, LEARNING_RATE),
+        **harness.trl_common_args(out_dir, batch_size, steps, LEARNING_RATE),
         max_length=MAX_LENGTH,
         center_rewards_coefficient=None,
     )
@@ -144,20 +124,11 @@ def build_trl_rm(
 
 
 def run_trl_rm(model: str, batch_size: int, steps: int, warmup: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-trl-rm-") as tmp:
-        started = time.perf_counter()
+    def build(out_dir: str) -> Any:
         tokenizer, examples = tokenized_pairs(model, batch_size * steps)
-        clock = shared.make_step_clock()
-        trainer = build_trl_rm(model, examples, tokenizer, batch_size, steps, tmp)
-        clock.trainer = trainer
-        trainer.add_callback(clock)
-        setup_s = time.perf_counter() - started
-        with contextlib.redirect_stdout(io.StringIO()):
-            trainer.train()
-    figures = clock.figures(warmup)
-    figures["startup_s"] = round(setup_s, 3)
-    figures["first_loss"] = shared.first_logged_loss(trainer)
-    return figures
+        return build_trl_rm(model, examples, tokenizer, batch_size, steps, out_dir)
+
+    return harness.run_trl_timed(build, warmup, "bench-trl-rm-")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,11 +186,11 @@ OURS_RM_VARIANT = "ours: one prompt forward per pair, concatenated, trimmed padd
 
 
 def shared_prompt_scores(rm, packed: dict[str, Any]):
-    """Proposed fast path (see shared.shared_prompt_pack): rewards of chosen and rejected from
+    """Proposed fast path (see dpo.shared_prompt_pack): rewards of chosen and rejected from
     one row per pair, the prompt run once."""
     import torch
 
-    hidden = shared.shared_prompt_hidden(rm.backbone.get_decoder(), packed)
+    hidden = dpo.shared_prompt_hidden(rm.backbone.get_decoder(), packed)
     rows = torch.arange(hidden.shape[0])
     scores = rm.head(hidden.float()).squeeze(-1)
     return scores[rows, packed["last"]["chosen"]], scores[rows, packed["last"]["rejected"]]
@@ -266,7 +237,7 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
         rm.zero_grad(set_to_none=True)
 
     def shared_prompt():
-        c, r = shared_prompt_scores(rm, shared.shared_prompt_pack(examples, pad_id))
+        c, r = shared_prompt_scores(rm, dpo.shared_prompt_pack(examples, pad_id))
         loss, _ = bradley_terry_loss(c, r)
         loss.backward()
         rm.zero_grad(set_to_none=True)
@@ -276,7 +247,7 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
         ours_scores = rm.split_sequence_scores(
             split["input_ids"], split["attention_mask"], split["prompt_width"]
         )
-        packed = torch.cat(shared_prompt_scores(rm, shared.shared_prompt_pack(examples, pad_id)))
+        packed = torch.cat(shared_prompt_scores(rm, dpo.shared_prompt_pack(examples, pad_id)))
     extra = MAX_LENGTH - ids.shape[1]
     padded = (F.pad(ids, (0, extra), value=pad_id), F.pad(attn, (0, extra), value=0))
     variants = {
@@ -286,15 +257,10 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
         f"padded to max_length={MAX_LENGTH}": concatenated(*padded),
         "alternative: packed pair, block mask (one row per pair)": shared_prompt,
     }
-    seconds = shared.time_variants(variants, reps)
-    rows, width = ids.shape
+    seconds = harness.time_variants(variants, reps)
     return {
-        "model": model,
-        "pairs": n,
-        "reps": reps,
-        "batch_shape": [rows, width],
-        "non_pad_share": round(int(attn.sum()) / (rows * width), 3),
-        **shared.micro_report(seconds, OURS_RM_VARIANT),
+        **harness.micro_batch_facts(model, n, reps, ids, attn),
+        **harness.micro_report(seconds, OURS_RM_VARIANT),
         "shared_prompt_max_abs_score_diff": float((ours_scores - plain).abs().max()),
         "packed_pair_max_abs_score_diff": float((packed - plain).abs().max()),
     }
@@ -307,10 +273,10 @@ def rm_fast_paths(model: str, batch_size: int, total: int, args, ours_runs) -> d
         gc_run = run_ours_rm(
             model, batch_size, total, args.warmup, extra=["model.gradient_checkpointing=true"]
         )
-        fast["gradient_checkpointing"] = shared.checkpointing_report(ours_runs, gc_run)
+        fast["gradient_checkpointing"] = harness.checkpointing_report(ours_runs, gc_run)
     print(f"[{model}] forward/backward micro-benchmarks", flush=True)
     fast["micro_benchmarks"] = rm_micro_benchmarks(
-        model, batch_size, reps=shared.micro_reps(model, args.quick)
+        model, batch_size, reps=harness.micro_reps(model, args.quick)
     )
     return fast
 
@@ -349,86 +315,48 @@ def add_fused_flag(parser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    shared.quiet_offline_env()
-    args = shared.parse_args(argv, __doc__, MODEL_DEFAULTS, add_fused_flag)
+    harness.quiet_offline_env()
+    args = harness.parse_args(argv, __doc__, MODEL_DEFAULTS, add_fused_flag)
     ours_extra = ["train.fused_adamw=true"] if args.fused_adamw else []
-    threads = shared.set_threads(args.threads)
-    shared.ensure_models(args.models)
+    threads = harness.set_threads(args.threads)
+    harness.ensure_models(args.models)
 
-    results: dict[str, Any] = {}
-    table = []
-    with shared.private_cache():
-        for model in args.models:
-            bs, steps = MODEL_DEFAULTS[model]["batch_size"], shared.steps_for(model, args)
-            total = steps + args.warmup
-            print(f"[{model}] {args.rounds} round(s) x {total} steps, batch {bs} pairs", flush=True)
-            runs = alternate(
-                {
-                    "ours": lambda m=model, b=bs, t=total: run_ours_rm(
-                        m, b, t, args.warmup, extra=ours_extra
-                    ),
-                    "trl": lambda m=model, b=bs, t=total: run_trl_rm(m, b, t, args.warmup),
-                },
-                args.rounds,
-            )
-            medians = shared.summarise(runs)
-            ratio = medians["ours"]["median_tokens_per_s"] / medians["trl"]["median_tokens_per_s"]
-            print(f"[{model}] loss agreement on the first batch", flush=True)
-            agreement = rm_loss_agreement(model, bs)
-            fast = rm_fast_paths(model, bs, total, args, runs["ours"])
-            results[model] = shared.model_result(
-                runs,
-                medians,
-                bs,
-                total,
-                args,
-                steps,
-                agreement,
-                fast,
-                {"learning_rate": LEARNING_RATE},
-            )
-            table += shared.table_rows(model, medians, ratio)
+    results, table = harness.benchmark_models(
+        args,
+        MODEL_DEFAULTS,
+        dpo.steps_for,
+        {
+            "ours": lambda m, b, t: run_ours_rm(m, b, t, args.warmup, extra=ours_extra),
+            "trl": lambda m, b, t: run_trl_rm(m, b, t, args.warmup),
+        },
+        rm_loss_agreement,
+        rm_fast_paths,
+        {"learning_rate": LEARNING_RATE},
+    )
 
     print()
     print(
         f"Reward-model step throughput, fp32 CPU, {threads} torch thread(s); target ours/TRL >= 1.5"
     )
-    print_table(shared.TABLE_HEADERS, table)
+    print_table(harness.TABLE_HEADERS, table)
     print()
     for model, res in results.items():
         la = res["loss_agreement"]
         for label in ("fresh_head", "head_x30"):
-            v = la[label]
-            print(
-                f"{model}: loss {label}: ours {v['ours']:.6f}  TRL {v['trl']:.6f}  "
-                f"|diff| {v['abs_diff']:.2e}"
-            )
+            print(harness.loss_line(model, label, la[label]))
         if "gradient_checkpointing" in res["fast_paths"]:
             gc = res["fast_paths"]["gradient_checkpointing"]
-            print(
-                f"{model}: gradient checkpointing on/off tokens/s: {gc['on_over_off']:.2f} "
-                f"wall, {gc['on_over_off_cpu']:.2f} CPU"
-            )
-        for line in shared.micro_lines(res["fast_paths"]["micro_benchmarks"]):
+            print(f"{model}: {harness.checkpointing_line(gc)}")
+        for line in harness.micro_lines(res["fast_paths"]["micro_benchmarks"]):
             print(f"{model}: {line}")
-    write_results(
+    harness.write_versus_results(
         "rm_vs_trl",
-        {
-            "target": f"ours >= {TARGET_RATIO}x TRL RewardTrainer tokens/s (optimizer steps, "
-            "fp32 CPU)",
-            "meets_target": all(r["meets_target"] for r in results.values()),
-            "settings": {
-                "models": args.models,
-                "rounds": args.rounds,
-                "quick": args.quick,
-                "torch_threads": threads,
-                "alternating": True,
-                "ours_fused_adamw": args.fused_adamw,
-            },
-            "notes": RM_NOTES,
-            "results": results,
-        },
-        out=args.out,
+        "RewardTrainer",
+        args,
+        threads,
+        results,
+        RM_NOTES,
+        {"ours_fused_adamw": args.fused_adamw},
     )
 
 

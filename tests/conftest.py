@@ -3,6 +3,7 @@ session (the tiny preset is built once per session)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -42,3 +43,56 @@ def record_forward_shapes(monkeypatch):
         return shapes
 
     return record
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer runs: the setup the family end-to-end tests share
+# ---------------------------------------------------------------------------------------------
+
+RUN_DIR_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "progress.json", "summary.json")
+
+
+def trainer_argv(config, run_dir, overrides, resume: bool = False) -> list[str]:
+    """A trainer's command line: ``--config``, ``--run-dir``, one ``--set`` per override and
+    ``--resume`` when asked."""
+    argv = ["--config", str(config), "--run-dir", str(run_dir)]
+    for item in overrides:
+        argv += ["--set", item]
+    if resume:
+        argv.append("--resume")
+    return argv
+
+
+@pytest.fixture
+def run_trainer():
+    """``run(main, config, run_dir, overrides, resume=False) -> exit status``: a trainer's
+    ``main`` called in this process with :func:`trainer_argv`."""
+
+    def run(main, config, run_dir, overrides, resume: bool = False) -> int:
+        return main(trainer_argv(config, run_dir, overrides, resume))
+
+    return run
+
+
+def assert_complete_run_dir(path, extra_files=(), check_rows: bool = True) -> dict:
+    """Assert that ``path`` is a finished, succeeded run folder (the files every trainer
+    writes plus ``extra_files``; progress at its last step; with ``check_rows`` every metrics
+    row has step, time_s and phase) and return its summary."""
+    from trainers.core.rundir import read_jsonl
+
+    for name in (*RUN_DIR_FILES, *extra_files):
+        assert (path / name).is_file(), f"{name} missing from {path}"
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["outcome"] == "succeeded", summary
+    if check_rows:
+        rows = read_jsonl(path / "metrics.jsonl")
+        assert all({"step", "time_s", "phase"} <= set(r) for r in rows)
+    progress = json.loads((path / "progress.json").read_text())
+    assert progress["step"] == progress["total_steps"] == summary["steps"]
+    return summary
+
+
+@pytest.fixture
+def complete_run_dir():
+    """:func:`assert_complete_run_dir` as a fixture (``complete_run_dir(path) -> summary``)."""
+    return assert_complete_run_dir

@@ -188,7 +188,10 @@ def test_hub_model_not_cached_and_unknown(monkeypatch):
     with pytest.raises(LabError) as err:
         model_facts("someorg/unknown-model")
     assert "not in the local Hugging Face cache" in str(err.value)
-    assert "tiny" in str(err.value) and "models pull smollm2-135m-instruct" in str(err.value)
+    assert err.value.kind == "unavailable"
+    steps = {(s.operation, tuple(s.args.items())) for s in err.value.next_steps}
+    assert ("estimate_memory", (("model", "tiny"),)) in steps
+    assert ("pull_model", (("name", "smollm2-135m-instruct"),)) in steps
 
 
 def test_hub_model_known_facts_when_not_cached(monkeypatch):

@@ -1,0 +1,74 @@
+"""Parameter counts from a model's ``config.json`` (no weights loaded, nothing downloaded) and a
+per-family training-memory estimate, torch-free.
+
+* :mod:`~rlhf_lab.memory.architecture`: where a model's architecture comes from, parameter
+  counts, dtype widths and per-token sizes (:func:`model_facts`, :func:`count_parameters`);
+* :mod:`~rlhf_lab.memory.blocks`: the sizes an estimate is built from (weights, gradients,
+  optimizer states, activations, logits, KV cache) and the component builder;
+* :mod:`~rlhf_lab.memory.families`: one estimator per family in :data:`FAMILY_ESTIMATORS`;
+* :mod:`~rlhf_lab.memory.estimate`: :func:`estimate_memory`, which dispatches on the family,
+  and :func:`fits`.
+
+``_hub_cached`` is re-exported here on purpose: :func:`model_facts` looks it up on this package
+at call time, so replacing ``rlhf_lab.memory._hub_cached`` fakes the Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+from rlhf_lab.memory.architecture import (
+    KNOWN_ARCHITECTURES,
+    OFFLINE_CHOICES,
+    ModelArch,
+    ModelFacts,
+    ParamCount,
+    _hub_cached,
+    arch_from_config,
+    count_parameters,
+    dtype_bytes,
+    kv_cache_bytes_per_token,
+    layer_activation_bytes,
+    model_facts,
+    offline_model_steps,
+)
+from rlhf_lab.memory.blocks import (
+    ALLOCATOR_SLACK,
+    CPU_BASELINE_GB,
+    CUDA_CONTEXT_GB,
+    DEFAULT_PROMPT_TOKENS,
+    GIB,
+    LOGP_CHUNK,
+    EstimateBuilder,
+    MemoryComponent,
+)
+from rlhf_lab.memory.estimate import MemoryEstimate, estimate_memory, fits
+from rlhf_lab.memory.families import FAMILY_ESTIMATORS, EstimateInputs, FamilyEstimator
+
+__all__ = [
+    "ALLOCATOR_SLACK",
+    "CPU_BASELINE_GB",
+    "CUDA_CONTEXT_GB",
+    "DEFAULT_PROMPT_TOKENS",
+    "FAMILY_ESTIMATORS",
+    "GIB",
+    "KNOWN_ARCHITECTURES",
+    "LOGP_CHUNK",
+    "OFFLINE_CHOICES",
+    "EstimateBuilder",
+    "EstimateInputs",
+    "FamilyEstimator",
+    "MemoryComponent",
+    "MemoryEstimate",
+    "ModelArch",
+    "ModelFacts",
+    "ParamCount",
+    "_hub_cached",
+    "arch_from_config",
+    "count_parameters",
+    "dtype_bytes",
+    "estimate_memory",
+    "fits",
+    "kv_cache_bytes_per_token",
+    "layer_activation_bytes",
+    "model_facts",
+    "offline_model_steps",
+]

@@ -1,0 +1,375 @@
+"""One memory estimator per training family, registered in :data:`FAMILY_ESTIMATORS` under the
+family's name (what an algorithm spec's memory hook names).
+
+An estimator receives the resolved inputs of one estimate (:class:`EstimateInputs`: the config,
+the algorithm, the model's size and architecture, dtype width and switches) and an
+:class:`~rlhf_lab.memory.blocks.EstimateBuilder`; it adds its components and notes to the
+builder and returns the number of trained parameters. What differs between the algorithms of a
+family (a reference model or not, PPO's value model, KTO's third sequence) is read from the
+algorithm name and the config, as the trainers decide it.
+
+Phases: ``train`` (forward + backward of one micro-batch), ``generate`` (sampling, rollouts),
+``reference`` (the direct-alignment reference pass, run once before the policy is loaded) and
+``score`` (reward-model scoring of rejection sampling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlhf_lab.catalog import get_dotted
+from rlhf_lab.errors import LabError
+from rlhf_lab.memory.architecture import ModelArch, ParamCount, model_facts
+from rlhf_lab.memory.blocks import (
+    EstimateBuilder,
+    forward_gb,
+    kv_cache_gb,
+    logits_gb,
+    packed_positions,
+    per_row_positions,
+)
+
+
+def config_leaf(config: dict[str, Any], key: str, default: Any = None) -> Any:
+    """A value stored under ``key`` anywhere in the config (families whose layout varies)."""
+    if key in config and not isinstance(config[key], dict):
+        return config[key] if config[key] is not None else default
+    for value in config.values():
+        if isinstance(value, dict):
+            found = config_leaf(value, key, None)
+            if found is not None:
+                return found
+    return default
+
+
+@dataclass(frozen=True)
+class EstimateInputs:
+    """Everything a family estimator reads, resolved once by ``estimate_memory``."""
+
+    config: dict[str, Any]
+    algorithm: str | None
+    model_name: str | None
+    counts: ParamCount | None  # None when only a parameter count was given
+    params: int
+    b: int  # bytes per value of the training dtype
+    ckpt: bool  # gradient checkpointing
+    eager: bool  # eager attention (keeps the seq × seq scores)
+    master_weights: bool
+    reference_cached: bool
+    prompt_tokens: int
+
+    @property
+    def arch(self) -> ModelArch | None:
+        """The model's architecture, when known (activations, logits and KV cache need it)."""
+        return self.counts.arch if self.counts is not None else None
+
+    def setting(self, key: str, default: Any = None) -> Any:
+        """The config's value at dotted ``key``; ``default`` when it is absent or null."""
+        value = get_dotted(self.config, key)
+        return default if value is None else value
+
+    def accumulates(self, key: str = "train.gradient_accumulation_steps") -> bool:
+        """Several micro-batches per optimizer step (an absent setting counts as yes: the
+        larger estimate). A key without a dot is looked up anywhere in the config."""
+        value = get_dotted(self.config, key) if "." in key else config_leaf(self.config, key)
+        return value is None or int(value) > 1
+
+    def trained_kwargs(self) -> dict[str, Any]:
+        """The precision and activation switches every trained model shares."""
+        return dict(b=self.b, ckpt=self.ckpt, eager=self.eager, master_weights=self.master_weights)
+
+
+FamilyEstimator = Callable[[EstimateInputs, EstimateBuilder], int]
+
+
+def _train_on_packed_rows(
+    inputs: EstimateInputs, bld: EstimateBuilder, label: str, rows: int, seq: int
+) -> None:
+    """The trained model of direct alignment and SFT: ``rows × seq`` tokens a micro-batch,
+    completions packed into one row before the LM head, resident while sampling too."""
+    bld.trained(
+        label,
+        inputs.params,
+        inputs.arch,
+        rows=rows,
+        seq=seq,
+        logit_positions=packed_positions(rows, seq),
+        accumulating=inputs.accumulates(),
+        resident=["train", "generate"],
+        **inputs.trained_kwargs(),
+    )
+
+
+def _add_sampling_kv_cache(inputs: EstimateInputs, bld: EstimateBuilder, prompt: int) -> None:
+    """The KV cache of evaluation samples (``eval.num_samples`` sequences of ``prompt`` +
+    ``eval.sample_max_new_tokens`` tokens), when the config samples and the architecture is
+    known."""
+    arch = inputs.arch
+    samples = int(inputs.setting("eval.num_samples", 0))
+    if arch is None or samples <= 0:
+        return
+    length = prompt + int(inputs.setting("eval.sample_max_new_tokens", 128))
+    gb, how = kv_cache_gb(arch, inputs.b, samples, length)
+    bld.add("sampling KV cache", gb, ["generate"], how)
+
+
+# ---------------------------------------------------------------------------------------------
+# Direct alignment
+# ---------------------------------------------------------------------------------------------
+
+
+def _reference_model(inputs: EstimateInputs, bld: EstimateBuilder) -> tuple[ParamCount | None, int]:
+    """The reference model's counts: ``model.ref_name`` when it names another model, else the
+    policy's (also when the other model's size cannot be known here, with a note)."""
+    ref_name = inputs.setting("model.ref_name")
+    if isinstance(ref_name, str) and ref_name != inputs.model_name:
+        try:
+            ref_pc = model_facts(ref_name).params
+            return ref_pc, ref_pc.total
+        except LabError as err:
+            note = f"reference {ref_name}: {err.message} (counted as the policy's size)"
+            bld.notes.append(note)
+    return inputs.counts, inputs.params
+
+
+def estimate_direct_alignment(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
+    """The policy trained on chosen + rejected rows (KTO: three); a frozen reference whose pass
+    runs once before training, unless the loss is reference-free or its log-probs are cached;
+    the sampling KV cache when evaluation samples."""
+    algo = inputs.algorithm or inputs.setting("loss", "dpo")
+    per_example = 3 if algo == "kto" else 2
+    rows = int(inputs.setting("train.batch_size", 1)) * per_example
+    seq = int(inputs.setting("data.max_length", 512))
+    _train_on_packed_rows(inputs, bld, "policy", rows, seq)
+    if algo in ("simpo", "orpo"):
+        bld.notes.append(f"{algo} is reference-free: no reference model")
+    elif inputs.reference_cached:
+        bld.notes.append("reference log-probs come from the warm cache: no reference model")
+    else:
+        ref_pc, ref_params = _reference_model(inputs, bld)
+        bld.frozen("reference", ref_params, inputs.b, ["reference"])
+        if ref_pc is not None and ref_pc.arch is not None:
+            eval_rows = int(inputs.setting("eval.eval_batch_size", 8)) * per_example
+            fwd = forward_gb(ref_pc.arch, inputs.b, eval_rows, seq, inputs.eager)
+            positions = packed_positions(eval_rows, seq)
+            lg, _ = logits_gb(ref_pc.arch, inputs.b, positions, grad=False)
+            bld.add(
+                "reference forward (no grad)",
+                fwd + lg,
+                ["reference"],
+                f"{eval_rows} rows × {seq} tokens",
+            )
+        bld.notes.append(
+            "the reference pass runs once before the policy is loaded (then it is freed and "
+            "its log-probs cached), so it does not add to the training peak"
+        )
+    prompt = int(inputs.setting("data.max_prompt_length") or min(seq, 512))
+    _add_sampling_kv_cache(inputs, bld, prompt)
+    return inputs.params
+
+
+# ---------------------------------------------------------------------------------------------
+# SFT
+# ---------------------------------------------------------------------------------------------
+
+
+def estimate_sft(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
+    """The model trained on packed demonstrations; the sampling KV cache when evaluation
+    samples."""
+    rows = int(inputs.setting("train.batch_size", 1))
+    seq = int(inputs.setting("data.max_length", 2048))
+    _train_on_packed_rows(inputs, bld, "model", rows, seq)
+    _add_sampling_kv_cache(inputs, bld, int(inputs.setting("eval.sample_max_input_tokens") or seq))
+    return inputs.params
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy gradients
+# ---------------------------------------------------------------------------------------------
+
+# Algorithms whose KL term needs no reference model even with loss.beta > 0.
+_NO_REFERENCE_PG = ("dapo", "maxrl")
+
+
+def _rollout_kv_cache(
+    inputs: EstimateInputs, arch: ModelArch, new_tokens: int, per_step: int
+) -> tuple[float, str]:
+    """The larger generation KV cache of a rollout batch and an evaluation batch."""
+    prompt = inputs.prompt_tokens
+    gen_rows = int(inputs.setting("rollout.generation_batch_size") or per_step)
+    eval_rows = int(inputs.setting("eval.eval_batch_size", 32))
+    eval_new = int(inputs.setting("eval.max_new_tokens") or new_tokens)
+    sequences, length = max(
+        (gen_rows, prompt + new_tokens),
+        (eval_rows, prompt + eval_new),
+        key=lambda t: t[0] * t[1],
+    )
+    return kv_cache_gb(arch, inputs.b, sequences, length)
+
+
+def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
+    """The policy trained on micro-batches of rollouts (a shared prompt forwarded once when
+    checkpointing is off); a frozen reference when the KL term needs one; PPO's value model,
+    trained beside the policy; the generation KV cache of rollouts or evaluation."""
+    algo = inputs.algorithm or inputs.setting("algorithm", "grpo")
+    prompt_tokens = inputs.prompt_tokens
+    new_tokens = int(inputs.setting("rollout.max_new_tokens", 512))
+    seq = prompt_tokens + new_tokens
+    rows = int(inputs.setting("train.batch_size", 2))
+    prompts = int(inputs.setting("rollout.prompts_per_step", 4))
+    per_step = prompts * int(inputs.setting("rollout.num_rollouts", 8))
+    # micro-batches per optimizer step: the rollout batch split into train.batch_size rows,
+    # gradient_accumulation_steps of them per step (fewer when the batch is smaller)
+    micro = min(int(inputs.setting("train.gradient_accumulation_steps", 4)), -(-per_step // rows))
+    if not inputs.ckpt:
+        # rows of a micro-batch that share a prompt forward it once
+        # (trainers.core.logprobs.shared_prompt_hidden): at most min(rows, prompts_per_step)
+        # distinct prompts, so the activations hold that many prompts plus every completion
+        distinct = min(rows, prompts)
+        seq = -(-(distinct * prompt_tokens + rows * new_tokens) // rows)
+        bld.notes.append(
+            f"training activations: at most {distinct} distinct prompt(s) per micro-batch of "
+            f"{rows} rows, each prompt forwarded once"
+        )
+    shape = dict(rows=rows, seq=seq, accumulating=micro > 1, resident=["train", "generate"])
+    bld.trained(
+        "policy",
+        inputs.params,
+        inputs.arch,
+        logit_positions=per_row_positions(rows, new_tokens),
+        **shape,
+        **inputs.trained_kwargs(),
+    )
+    trainable = inputs.params
+    beta = float(inputs.setting("loss.beta", 0.0))
+    if beta > 0 and algo not in _NO_REFERENCE_PG:
+        bld.frozen("reference", inputs.params, inputs.b, ["train", "generate"])
+    if algo == "ppo":
+        bld.trained(
+            "value model",
+            inputs.params,
+            inputs.arch,
+            logit_positions=0,
+            **shape,
+            **inputs.trained_kwargs(),
+        )
+        trainable = 2 * inputs.params
+    if inputs.arch is not None:
+        gb, how = _rollout_kv_cache(inputs, inputs.arch, new_tokens, per_step)
+        bld.add("generation KV cache", gb, ["generate"], how)
+    bld.notes.append(f"prompts counted as {prompt_tokens} tokens (system prompt + question)")
+    return trainable
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward models
+# ---------------------------------------------------------------------------------------------
+
+
+def estimate_reward_models(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
+    """The body (no LM head) trained with a scalar head on chosen + rejected rows (one row per
+    example for outcome / process RMs); with ``freeze_backbone`` the body is frozen and only its
+    no-grad forward counts."""
+    kind = inputs.algorithm or inputs.setting("kind", "preference")
+    per_example = 2 if kind == "preference" else 1
+    rows = int(inputs.setting("train.batch_size", 2)) * per_example
+    seq = int(inputs.setting("data.max_length", 512))
+    pc, arch = inputs.counts, inputs.arch
+    body = inputs.params - (pc.lm_head if pc is not None else 0)
+    if pc is not None and pc.arch is not None and pc.lm_head == 0 and pc.arch.tie_word_embeddings:
+        bld.notes.append("tied embeddings: the body keeps the embedding, the LM head is unused")
+    if inputs.setting("freeze_backbone", False):
+        bld.frozen("backbone", body, inputs.b, ["train"])
+        if arch is not None:
+            fwd = forward_gb(arch, inputs.b, rows, seq, inputs.eager)
+            bld.add("backbone forward (no grad)", fwd, ["train"])
+        bld.notes.append("freeze_backbone: only the head trains (its state is negligible)")
+        return 0
+    bld.trained(
+        "reward model",
+        body,
+        arch,
+        rows=rows,
+        seq=seq,
+        logit_positions=0,
+        accumulating=inputs.accumulates(),
+        resident=["train"],
+        **inputs.trained_kwargs(),
+    )
+    return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Rejection sampling
+# ---------------------------------------------------------------------------------------------
+
+
+def _scorer_model(config: dict[str, Any]) -> str | None:
+    """The reward model that scores completions, if any (a ``verifier`` scorer needs none)."""
+    name = get_dotted(config, "scorer.name")
+    scorer = name if isinstance(name, str) and name != "verifier" else None
+    return (
+        scorer
+        or get_dotted(config, "reward_model.name")
+        or config_leaf(config, "reward_model_name")
+        or config_leaf(config, "reward_model")
+    )
+
+
+def _add_reward_model(inputs: EstimateInputs, bld: EstimateBuilder, name: str, seq: int) -> None:
+    """The scoring reward model's weights and no-grad forward (a note when its size is
+    unknown here)."""
+    try:
+        rm = model_facts(name).params
+        bld.frozen("reward model", rm.total, inputs.b, ["score"])
+        if rm.arch is not None:
+            batch = int(config_leaf(inputs.config, "score_batch_size", 2))
+            fwd = forward_gb(rm.arch, inputs.b, batch, seq, inputs.eager)
+            bld.add("reward model forward (no grad)", fwd, ["score"])
+    except LabError as err:
+        bld.notes.append(f"reward model {name}: size unknown here ({err.message})")
+
+
+def estimate_rejection_sampling(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
+    """Three stages one after another: the policy generates (weights + KV cache), a reward
+    model or a verifier scores, then the policy is fine-tuned on the selection (SFT)."""
+    config, arch = inputs.config, inputs.arch
+    new_tokens = int(config_leaf(config, "max_new_tokens", 512))
+    n = int(config_leaf(config, "num_completions_per_prompt", 8))
+    gen_prompts = int(config_leaf(config, "rollout_batch_size", 8))
+    bld.frozen("policy (generation)", inputs.params, inputs.b, ["generate"])
+    if arch is not None:
+        length = inputs.prompt_tokens + new_tokens
+        gb, how = kv_cache_gb(arch, inputs.b, gen_prompts * n, length)
+        bld.add("generation KV cache", gb, ["generate"], how)
+    rm_name = _scorer_model(config)
+    if isinstance(rm_name, str) and rm_name:
+        _add_reward_model(inputs, bld, rm_name, inputs.prompt_tokens + new_tokens)
+    else:
+        bld.notes.append("scored by a verifier: no reward model")
+    rows = int(config_leaf(config, "batch_size", 1))
+    seq = int(config_leaf(config, "max_seq_length", 0) or config_leaf(config, "max_length", 1024))
+    bld.trained(
+        "policy (SFT)",
+        inputs.params,
+        arch,
+        rows=rows,
+        seq=seq,
+        logit_positions=packed_positions(rows, seq),
+        accumulating=inputs.accumulates("gradient_accumulation_steps"),
+        resident=["train"],
+        **inputs.trained_kwargs(),
+    )
+    bld.notes.append("stages run one after another: generate, score, then SFT on the selection")
+    return inputs.params
+
+
+FAMILY_ESTIMATORS: dict[str, FamilyEstimator] = {
+    "direct_alignment": estimate_direct_alignment,
+    "policy_gradients": estimate_policy_gradients,
+    "reward_models": estimate_reward_models,
+    "rejection_sampling": estimate_rejection_sampling,
+    "sft": estimate_sft,
+}

@@ -1,0 +1,74 @@
+"""The shared trainer-run fixtures of tests/conftest.py, on a fake trainer and hand-made run
+folders (no model is built)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def _fake_main(seen: list[list[str]], status: int = 0):
+    def main(argv: list[str]) -> int:
+        seen.append(argv)
+        return status
+
+    return main
+
+
+def test_run_trainer_builds_the_command_line(run_trainer, tmp_path):
+    seen: list[list[str]] = []
+    config, run_dir = tmp_path / "dpo.yaml", tmp_path / "run"
+    assert run_trainer(_fake_main(seen), config, run_dir, ["a=1", "b.c=x"]) == 0
+    assert seen[-1] == [
+        "--config",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "a=1",
+        "--set",
+        "b.c=x",
+    ]
+    assert run_trainer(_fake_main(seen, 2), config, run_dir, [], resume=True) == 2
+    assert seen[-1] == ["--config", str(config), "--run-dir", str(run_dir), "--resume"]
+
+
+def _run_folder(path: Path, *, outcome: str = "succeeded", step: int = 3, rows=None) -> Path:
+    path.mkdir()
+    for name in ("config.yaml", "samples.jsonl"):
+        (path / name).write_text("")
+    rows = rows if rows is not None else [{"step": 1, "time_s": 0.1, "phase": "train"}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "progress.json").write_text(json.dumps({"step": step, "total_steps": 3}))
+    (path / "summary.json").write_text(json.dumps({"outcome": outcome, "steps": 3}))
+    return path
+
+
+def test_complete_run_dir_accepts_a_finished_run(complete_run_dir, tmp_path):
+    summary = complete_run_dir(_run_folder(tmp_path / "run"))
+    assert summary == {"outcome": "succeeded", "steps": 3}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["failed", "early", "missing_file", "extra_file", "bad_row"],
+)
+def test_complete_run_dir_rejects_an_unfinished_run(complete_run_dir, tmp_path, damage):
+    changes = {
+        "failed": {"outcome": "failed"},
+        "early": {"step": 2},
+        "bad_row": {"rows": [{"step": 1, "phase": "train"}]},
+    }.get(damage, {})
+    path = _run_folder(tmp_path / "run", **changes)
+    extra = ("selection.jsonl",) if damage == "extra_file" else ()
+    if damage == "missing_file":
+        (path / "samples.jsonl").unlink()
+    with pytest.raises(AssertionError):
+        complete_run_dir(path, extra_files=extra)
+
+
+def test_complete_run_dir_can_skip_the_row_check(complete_run_dir, tmp_path):
+    path = _run_folder(tmp_path / "run", rows=[{"step": 1}])
+    assert complete_run_dir(path, check_rows=False)["outcome"] == "succeeded"
