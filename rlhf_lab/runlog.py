@@ -86,7 +86,7 @@ def tail_log(
     if cursor is not None and (not isinstance(cursor, int) or cursor < 0):
         raise InvalidArgument(
             f"bad cursor {cursor!r}: a cursor is the offset a previous tail returned",
-            next=NextStep("tail_log", {"run_id": run_id}, note="without a cursor: the last lines"),
+            next=NextStep("tail_logs", {"run_id": run_id}, note="without a cursor: the last lines"),
         )
     path = find_run(run_id) / "train.log"
     try:

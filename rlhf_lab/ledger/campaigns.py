@@ -96,7 +96,7 @@ def _load_data(name: str) -> _LedgerData | None:
                 f"{path} is unreadable ({type(err).__name__}); fix it by hand, or move it aside "
                 "and record the campaign's runs again (the markdown keeps the last rendered rows "
                 "meanwhile)",
-                next=NextStep("record_run", note="for each run of the campaign"),
+                next=NextStep("record_results", note="for each run of the campaign"),
             ) from None
     meta = _meta_from_front_matter(name)
     return None if meta is None else _LedgerData(campaign=meta)

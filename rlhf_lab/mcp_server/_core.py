@@ -78,6 +78,15 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
     "record_results": ("record_results", frozenset({"run_id", "note"})),
     "list_campaigns": ("list_campaigns", frozenset()),
 }
+# operations with no tool of their own, done through another tool: operation -> (the tool, how the
+# operation's argument names map to the tool's)
+MCP_INDIRECT_OPERATIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "create_campaign": ("launch_run", {"slug": "campaign"}),  # launching names the campaign
+}
+# operations only the shell offers (no MCP tool does them): operation -> the command template
+MCP_SHELL_OPERATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "pull_model": ("uv run rlhf-lab models pull {name}", ("name",)),
+}
 # operations an agent performs by reading a resource: operation -> (URI template, its argument)
 MCP_RESOURCE_OPERATIONS: dict[str, tuple[str, str]] = {
     "show_campaign": ("ledger://{campaign}", "campaign"),
@@ -92,7 +101,21 @@ def _json_value(value: Any) -> str:
 def render_step(step: NextStep) -> str:
     """A next step as a tool call, ``launch_run(queue=true)``, or a resource read; raises
     KeyError for an operation or argument this surface has no rendering for."""
-    if step.operation in MCP_RESOURCE_OPERATIONS:
+    if step.operation in MCP_INDIRECT_OPERATIONS:
+        tool, renames = MCP_INDIRECT_OPERATIONS[step.operation]
+        unknown = set(step.args) - set(renames)
+        if unknown:
+            raise KeyError(f"{step.operation}: no MCP rendering for {sorted(unknown)}")
+        inner = ", ".join(f"{renames[k]}={_json_value(v)}" for k, v in step.args.items())
+        text = f"{tool}({inner})"
+    elif step.operation in MCP_SHELL_OPERATIONS:
+        template, names = MCP_SHELL_OPERATIONS[step.operation]
+        unknown = set(step.args) - set(names)
+        if unknown:
+            raise KeyError(f"{step.operation}: no MCP rendering for {sorted(unknown)}")
+        values = {n: step.args.get(n, f"<{n}>") for n in names}
+        text = "in a shell (no tool does this): " + template.format(**values)
+    elif step.operation in MCP_RESOURCE_OPERATIONS:
         template, arg = MCP_RESOURCE_OPERATIONS[step.operation]
         unknown = set(step.args) - {arg}
         if unknown:

@@ -15,8 +15,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
 import rlhf_lab
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +22,6 @@ ADAPTERS = ("rlhf_lab.cli", "rlhf_lab.mcp_server")
 # what the adapters may import among lab modules (besides each other: `rlhf-lab mcp` serves)
 ADAPTER_ALLOWED = ("rlhf_lab", "rlhf_lab.api", "rlhf_lab.errors", *ADAPTERS)
 # removed by the architecture work in other branches (catalog<->configs, logs<->runs)
-KNOWN_CYCLES = ("configs -> .catalog", "logs -> .runs")
 
 
 def lab_modules() -> list[str]:
@@ -143,21 +140,6 @@ def test_importing_any_lab_module_leaves_torch_and_transformers_out():
 # ------------------------------------------------------------------------------------- (c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="catalog<->configs and logs<->runs cycles are removed in the wp-spec/wp-lab branches; "
-    "flip this to a plain test once they are merged",
-)
 def test_lab_modules_have_no_import_cycles():
     out = lint("lab-modules-acyclic")
     assert out.returncode == 0, out.stdout[-3000:]
-
-
-def test_the_only_cycles_left_are_the_two_known_ones():
-    """Until the xfail above flips: no NEW cycle may appear beside the two known ones."""
-    out = lint("lab-modules-acyclic")
-    if out.returncode == 0:
-        return  # acyclic: the strict xfail above now fails and asks to be flipped
-    broken = [line.strip("- ").strip() for line in out.stdout.splitlines() if "->" in line]
-    extra = [b for b in broken if not any(k in b for k in KNOWN_CYCLES)]
-    assert broken and not extra, out.stdout[-3000:]

@@ -248,20 +248,9 @@ def test_cli_errors_name_no_mcp_tool(case, lab_root, monkeypatch):
         assert f"`rlhf-lab status {HOLDER}`" in lines[0]
 
 
-MCP_XFAIL = {
-    "unknown run id": "rlhf_lab.paths.find_run's message names `rlhf-lab runs`; neutral once "
-    "its owner converts it to NotFound with next=NextStep('list_runs')",
-}
-
-
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=MCP_XFAIL[c]))
-        if c in MCP_XFAIL
-        else c
-        for c in sorted(CASES)
-    ],
+    sorted(CASES),
 )
 async def test_mcp_errors_name_no_cli_flag_or_command(case, lab_root, monkeypatch):
     holder = _busy_cpu(lab_root, monkeypatch) if case == "busy device" else None
