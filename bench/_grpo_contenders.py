@@ -40,7 +40,7 @@ CONFIG = ROOT / "trainers" / "policy_gradients" / "configs" / "grpo.yaml"
 OURS, TRL = "ours", "TRL GRPOTrainer"
 OURS_OLD = "ours, π_old recomputed"
 OURS_CKPT = "ours, gradient checkpointing"
-FORMAT_WEIGHT = 0.5  # ALGORITHMS.md: total = correctness + 0.5·format
+FORMAT_WEIGHT = 0.5  # docs/algorithms.md: total = correctness + 0.5·format
 MATCHED = (
     "same model files (preset, fp32, CPU, sdpa), prompts in the same order, reward function, "
     "group size, max new tokens, sampling (temperature 1.0, top_p 1.0, top_k off, KV cache), "

@@ -52,7 +52,8 @@ ZERO_STD_ROWS = 3
 FLAT_WINDOW = 6
 # Per family: (metric, phase) candidates for "is it learning?", first present wins. A rule of the
 # flat-learning check, not the key-metric table (that is the catalog's, see ledger/metrics.py).
-# LEAD: derive it from the AlgorithmSpec key metrics with their direction once they land.
+# (Kept here: the order is the check's own — a policy-gradient run is judged on its training
+# correctness first, which every step logs, before the periodic held-out one.)
 KEY_METRICS: dict[str, tuple[tuple[str, str], ...]] = {
     "direct_alignment": (("eval/accuracy", "eval"), ("accuracy", "train")),
     "policy_gradients": (("avg_correctness", "train"), ("eval/avg_correctness", "eval")),

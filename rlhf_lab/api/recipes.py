@@ -32,7 +32,9 @@ OFFLINE_MODEL = NextStep(
 class FamilyBrief(BaseModel):
     name: str
     algorithms: list[str]
-    key_metrics: list[str] = Field(description="the metrics that show progress (ALGORITHMS.md)")
+    key_metrics: list[str] = Field(
+        description="the metrics that show progress (docs/algorithms.md)"
+    )
     acceptance: list[str] = Field(description="what a good sanity run shows")
     comparison: str = Field(description="how runs of this family are compared")
 

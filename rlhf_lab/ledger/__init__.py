@@ -32,8 +32,6 @@ from rlhf_lab.ledger.index import regenerate_index
 from rlhf_lab.ledger.inspect import _CONFIG_CLASSES, _config_model, inspect_run, read_metric_rows
 from rlhf_lab.ledger.layout import LOCK_TIMEOUT_S, check_campaign_slug
 from rlhf_lab.ledger.metrics import (
-    _HIGHER_BETTER,
-    _LOWER_BETTER,
     FAMILY_METRICS,
     _expand_metric_names,
     _metric_keys,
@@ -78,8 +76,6 @@ __all__ = [
     "MANUAL_STATUSES",
     "TERMINAL_STATES",
     "_CONFIG_CLASSES",
-    "_HIGHER_BETTER",
-    "_LOWER_BETTER",
     "Campaign",
     "CampaignView",
     "ComparisonEntry",

@@ -8,9 +8,8 @@ lists only the held-out metric where the ledger also shows the training one; ``_
 the metrics the ledger shows beyond the catalog's (rejection sampling's SFT stage and its test
 accuracy, which the comparison of strategies reads).
 
-LEAD: when the AlgorithmSpec records land, point :func:`_catalog_keys` and
-:func:`metric_direction` at them (key metrics with their good direction) and delete the word
-lists below; every reader of the ledger goes through these two functions.
+Which way each metric is better comes from the algorithm specs through
+:func:`rlhf_lab.catalog.metric_direction`; this module keeps no direction table of its own.
 """
 
 from __future__ import annotations
@@ -18,10 +17,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
-from rlhf_lab.catalog import key_metrics_for
+from rlhf_lab.catalog import key_metrics_for, metric_direction
 from rlhf_lab.ledger.schema import MetricSummary
 from rlhf_lab.ledger.text import _int_or_none
 from rlhf_lab.plots import EVAL_PREFIX, as_float
@@ -63,25 +61,6 @@ def _ledger_keys(family: str) -> tuple[str, ...]:
 
 FAMILY_METRICS: dict[str, tuple[str, ...]] = {f: _ledger_keys(f) for f in CATALOG_FAMILIES}
 
-_HIGHER_BETTER = frozenset(
-    {
-        "accuracy",
-        "margins",
-        "chosen_rewards",
-        "avg_correctness",
-        "avg_format",
-        "avg_binary",
-        "avg_total",
-        "reward_margin",
-        "auroc",
-        "ranking_accuracy",
-        "step_accuracy",
-        "mean_token_accuracy",
-        "exact_match",
-    }
-)
-_LOWER_BETTER = frozenset({"loss", "frac_reward_zero_std"})
-
 
 def _metric_keys(family: str | None) -> tuple[str, ...]:
     if family in FAMILY_METRICS:
@@ -101,19 +80,6 @@ def _expand_metric_names(keys: Iterable[str]) -> list[str]:
             out[key] = None
             out[EVAL_PREFIX + key] = None
     return list(out)
-
-
-def metric_direction(name: str, family: str | None = None) -> Literal["max", "min"] | None:
-    """Which way is better for ``name`` (None: no clear direction, e.g. rejected rewards, or a
-    policy-gradient loss, which hovers near 0 whatever the policy does)."""
-    base = name[len(EVAL_PREFIX) :] if name.startswith(EVAL_PREFIX) else name
-    if family == "policy_gradients" and base == "loss":
-        return None
-    if base in _HIGHER_BETTER:
-        return "max"
-    if base in _LOWER_BETTER or base.endswith("loss"):
-        return "min"
-    return None
 
 
 def summarize_metrics(

@@ -48,7 +48,7 @@ def ledger_campaign(campaign: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 _FAMILY_RULES = """\
-Comparison rules by family (ALGORITHMS.md):
+Comparison rules by family (docs/algorithms.md):
 - policy gradients: avg_correctness, avg_format, avg_binary, loss, and whether sampled groups
   carry reward contrast (frac_reward_zero_std well below 1); the loss alone says little.
 - direct alignment: accuracy, margins, chosen_rewards, rejected_rewards (eval/ versions) and

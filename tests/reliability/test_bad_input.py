@@ -1,5 +1,5 @@
 """Bad input: nonsense from a person or an agent gets one clear message and nothing is
-written outside the lab root's experiments/ (DESIGN.md §7).
+written outside the lab root's experiments/ (docs/architecture.md, "Engineering rules").
 
 * config overrides fuzzed with hypothesis through api.resolve_config and shrink_config: a valid,
   finite, YAML-writable config or a LabError / ConfigError with a message, never another error;
