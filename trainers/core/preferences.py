@@ -32,7 +32,12 @@ from trainers.core.datasets import DatasetNotFoundError, open_split
 from trainers.core.messages import as_messages, split_at_last_assistant
 from trainers.core.records import PreferenceRecord
 from trainers.core.splits import collect_records, rows_to_read, split_seed
-from trainers.core.tokenization import chat_template_ids, require_chat_template, response_ids
+from trainers.core.tokenization import (
+    chat_template_ids,
+    chunks,
+    require_chat_template,
+    response_ids,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -395,9 +400,7 @@ def tokenize_records(
         "prefix_fallback": 0,
     }
     examples: list[TokenizedExample] = []
-    chunk = 256
-    for start in range(0, len(records), chunk):
-        batch = records[start : start + chunk]
+    for batch in chunks(records):
         prompts = chat_template_ids(
             tokenizer, [r.prompt for r in batch], add_generation_prompt=True
         )

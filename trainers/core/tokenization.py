@@ -9,13 +9,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 __all__ = [
+    "TEMPLATE_CHUNK",
     "chat_template_ids",
+    "chunks",
     "extends",
     "require_chat_template",
     "response_ids",
@@ -23,6 +25,17 @@ __all__ = [
     "text_ids",
     "token_id_lists",
 ]
+
+T = TypeVar("T")
+
+TEMPLATE_CHUNK = 256
+"""Records sent to the chat template per batched call (bounds memory, keeps calls few)."""
+
+
+def chunks(items: Sequence[T], size: int = TEMPLATE_CHUNK) -> Iterator[Sequence[T]]:
+    """Consecutive slices of ``items`` of ``size`` (the last one may be shorter)."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def token_id_lists(output: Any) -> list:

@@ -49,6 +49,7 @@ from trainers.core.splits import collect_records, hold_out, rows_to_read, split_
 from trainers.core.tasks import score_response
 from trainers.core.tokenization import (
     chat_template_ids,
+    chunks,
     require_chat_template,
     right_pad,
     text_ids,
@@ -291,9 +292,7 @@ def tokenize_records(
     stop_ids = set(end_of_turn_ids(tokenizer))
     eos = tokenizer.eos_token_id
     examples: list[TokenizedSFT] = []
-    chunk = 256
-    for start in range(0, len(records), chunk):
-        batch = records[start : start + chunk]
+    for batch in chunks(records):
         fulls = chat_template_ids(
             tokenizer, [r.messages for r in batch], add_generation_prompt=False
         )
