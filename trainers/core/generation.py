@@ -6,28 +6,8 @@ from __future__ import annotations
 import torch
 
 from trainers.core.decoding import GREEDY, Sampling, sample_tokens
-
-
-def _token_ids(output):
-    """``apply_chat_template(tokenize=True)`` output -> plain lists (transformers 5.x returns a
-    ``BatchEncoding``, 4.x a list; tensors become lists)."""
-    if isinstance(output, dict) or hasattr(output, "input_ids"):
-        output = output["input_ids"]
-    if hasattr(output, "tolist"):
-        output = output.tolist()
-    return list(output)
-
-
-def chat_template_ids(
-    tokenizer, conversations: list[list[dict]], add_generation_prompt: bool
-) -> list[list[int]]:
-    """Token ids of each conversation through the tokenizer's chat template (one batched call)."""
-    if not conversations:
-        return []
-    out = tokenizer.apply_chat_template(
-        conversations, add_generation_prompt=add_generation_prompt, tokenize=True
-    )
-    return [list(ids) for ids in _token_ids(out)]
+from trainers.core.tokenization import chat_template_ids  # noqa: F401  (re-exported)
+from trainers.core.tokenization import token_id_lists as _token_ids
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:

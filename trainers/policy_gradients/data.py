@@ -3,7 +3,8 @@
 Each prompt is the chat ``[system: SYSTEM_PROMPT, user: question]`` plus what scoring needs
 (``meta = {"task", "entry"}``: reasoning-gym scores an answer against its own entry). The
 held-out split is drawn from the same task mixture with a different seed, and any question that
-also appears in the training prompts is dropped from it.
+also appears in the training prompts is dropped from it. The generator itself lives with the
+other built-in datasets in :mod:`trainers.core.builtin_data`.
 
 Training prompts are served by :class:`PromptStream`: one seeded permutation per epoch, consumed
 ``prompts_per_step`` at a time (a short tail is dropped, as a ``drop_last`` loader would), with a
@@ -12,84 +13,34 @@ position that a checkpoint can save and restore.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Any
 
-from trainers.core.config import ConfigError
-from trainers.core.tasks import SYSTEM_PROMPT, import_reasoning_gym
+from trainers.core.builtin_data import (
+    HELD_OUT_SEED_OFFSET,
+    build_composite,
+    check_specs,
+    composite_prompts,
+    to_prompt,
+)
+from trainers.core.records import Prompt
 
-HELD_OUT_SEED_OFFSET = 1_000_003  # held-out items come from a different composite seed
-
-
-@dataclass
-class Prompt:
-    messages: list[dict]  # [system, user]
-    question: str
-    answer: str  # the oracle answer (for samples.jsonl; scoring uses meta)
-    meta: dict = field(repr=False)  # {"task": reasoning-gym task, "entry": the item}
-
-
-def build_composite(specs, size: int, seed: int):
-    """``reasoning_gym.create_dataset("composite", ...)``; bad specs raise ConfigError."""
-    rg = import_reasoning_gym()
-    from reasoning_gym.composite import DatasetSpec
-
-    datasets = [DatasetSpec(name=s.name, weight=s.weight, config=dict(s.config)) for s in specs]
-    try:
-        return rg.create_dataset("composite", size=size, seed=seed, datasets=datasets)
-    except (ValueError, TypeError, AssertionError, KeyError) as err:
-        known = ""
-        if "not registered" in str(err):
-            from reasoning_gym.factory import DATASETS
-
-            known = f" Known tasks include: {', '.join(sorted(DATASETS)[:30])}, ..."
-        raise ConfigError(
-            f"data.specs: reasoning-gym could not build the task mixture "
-            f"({type(err).__name__}: {err}).{known}"
-        ) from None
+__all__ = [
+    "HELD_OUT_SEED_OFFSET",
+    "Prompt",
+    "PromptStream",
+    "build_composite",
+    "check_specs",
+    "load_prompts",
+    "to_prompt",
+]
 
 
-def to_prompt(item: dict) -> Prompt:
-    question = str(item["question"]).strip()
-    task = item["metadata"]["source_dataset"]
-    return Prompt(
-        messages=[
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": question},
-        ],
-        question=question,
-        answer=str(item["answer"]),
-        meta={"task": task, "entry": item},
-    )
-
-
-def load_prompts(specs, size: int, eval_size: int, seed: int) -> tuple[list[Prompt], list[Prompt]]:
+def load_prompts(
+    specs: Sequence[Any], size: int, eval_size: int, seed: int
+) -> tuple[list[Prompt], list[Prompt]]:
     """(training prompts, held-out prompts). Held-out questions never occur in training."""
-    train_ds = build_composite(specs, size, seed)
-    train = [to_prompt(train_ds[i]) for i in range(size)]
-    held_out: list[Prompt] = []
-    if eval_size > 0:
-        seen = {p.question for p in train}
-        pool_size = 4 * eval_size + 16
-        pool = build_composite(specs, pool_size, seed + HELD_OUT_SEED_OFFSET)
-        for i in range(pool_size):
-            prompt = to_prompt(pool[i])
-            if prompt.question not in seen:
-                seen.add(prompt.question)
-                held_out.append(prompt)
-                if len(held_out) == eval_size:
-                    break
-    return train, held_out
-
-
-def check_specs(specs) -> None:
-    """Preflight: build a one-item mixture so an unknown task or bad setting fails early."""
-    ds = build_composite(specs, 1, 0)
-    try:
-        ds[0]
-    except Exception as err:  # noqa: BLE001 - reasoning-gym raises many kinds
-        raise ConfigError(
-            f"data.specs: reasoning-gym could not generate an item ({type(err).__name__}: {err})"
-        ) from None
+    return composite_prompts(specs, size, eval_size, seed)
 
 
 class PromptStream:

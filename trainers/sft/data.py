@@ -28,31 +28,31 @@ never trained.
 from __future__ import annotations
 
 import logging
-import random
 import re
-import zlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
+from trainers.core.builtin_data import builtin_demonstrations, split_builtin_name, task_settings
 from trainers.core.datasets import (  # noqa: F401  (re-exported for the SFT trainer)
     DATA_EXTENSIONS,
     DatasetNotFoundError,
     looks_like_path,
     open_split,
 )
-from trainers.core.generation import chat_template_ids, end_of_turn_ids
-from trainers.core.tasks import (
-    SYSTEM_PROMPT,
-    TASK_CONFIGS,
-    TASK_KITS,
-    extract_answer,
-    format_response,
-    import_reasoning_gym,
-    reason_generic,
-    score_response,
+from trainers.core.generation import end_of_turn_ids
+from trainers.core.messages import as_messages, end_at_last_assistant
+from trainers.core.records import SFTRecord
+from trainers.core.splits import collect_records, hold_out, rows_to_read, split_seed
+from trainers.core.tasks import score_response
+from trainers.core.tokenization import (
+    chat_template_ids,
+    chunks,
+    require_chat_template,
+    right_pad,
+    text_ids,
 )
 from trainers.sft.config import BUILTIN_DATASET, DEFAULT_BUILTIN_TASKS
 
@@ -74,6 +74,7 @@ __all__ = [
     "parse_builtin_name",
     "score_record_response",
     "split_train_eval",
+    "task_settings",
     "tokenize_records",
 ]
 
@@ -84,6 +85,7 @@ T = TypeVar("T")
 
 
 def builtin_hint() -> str:
+    """What to use instead when a dataset cannot be opened (ends the loading errors)."""
     return (
         f"For offline runs use the built-in demonstrations `{BUILTIN_DATASET}` (generated "
         f"from reasoning-gym tasks; `{BUILTIN_DATASET}:spell_backward,chain_sum` picks tasks), "
@@ -96,62 +98,20 @@ def builtin_hint() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class SFTRecord:
-    """One conversation, ending with the assistant turn to imitate.
-
-    ``meta`` carries provenance; built-in records hold ``task`` and the reasoning-gym ``entry``
-    so generations can be scored with :func:`score_record_response`.
-    """
-
-    messages: list[dict]
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def prompt(self) -> list[dict]:
-        """Every message before the final assistant turn (what a sample is generated from)."""
-        return self.messages[:-1]
-
-    @property
-    def reference(self) -> str:
-        """The final assistant turn (the demonstration)."""
-        return self.messages[-1]["content"]
-
-
-def _as_messages(value: Any) -> list[dict]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if isinstance(value, list):
-        out = []
-        for msg in value:
-            if not isinstance(msg, dict) or "role" not in msg:
-                raise ValueError(f"expected chat messages with 'role' and 'content', got {msg!r}")
-            out.append({"role": str(msg["role"]), "content": str(msg.get("content") or "")})
-        return out
-    raise ValueError(f"expected a string or a list of messages, got {type(value).__name__}")
-
-
-def _end_at_last_assistant(messages: list[dict]) -> list[dict] | None:
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i]["role"] == "assistant":
-            return messages[: i + 1]
-    return None
-
-
 def _parse_messages_row(row: dict) -> SFTRecord | None:
-    messages = _end_at_last_assistant(_as_messages(row["messages"]))
+    """A ``messages`` row, cut after its last assistant turn; None without one."""
+    messages = end_at_last_assistant(as_messages(row["messages"]))
     if messages is None or len(messages) < 2:
         return None
     return SFTRecord(messages=messages)
 
 
 def _parse_prompt_completion_row(row: dict) -> SFTRecord | None:
-    prompt = _as_messages(row["prompt"])
+    """A ``prompt`` + ``completion`` row (strings or message lists); None when unusable."""
+    prompt = as_messages(row["prompt"])
     completion = row["completion"]
     if isinstance(completion, list):  # conversational: a list holding the assistant message(s)
-        messages = _end_at_last_assistant(prompt + _as_messages(completion))
+        messages = end_at_last_assistant(prompt + as_messages(completion))
     else:
         messages = prompt + [{"role": "assistant", "content": str(completion or "")}]
     if not messages or len(messages) < 2 or not prompt:
@@ -160,6 +120,7 @@ def _parse_prompt_completion_row(row: dict) -> SFTRecord | None:
 
 
 def detect_schema(columns: Sequence[str]) -> str:
+    """``messages`` or ``prompt_completion`` from the column names; ValueError otherwise."""
     cols = set(columns)
     if "messages" in cols:
         return "messages"
@@ -202,9 +163,7 @@ def load_sft_records(
         tasks = parse_builtin_name(dataset) or builtin_tasks
         n = BUILTIN_DEFAULT_SIZE if max_samples is None else max_samples
         # other splits draw from a far-away seed so their questions differ from the train split
-        if split != "train":
-            seed = seed + 1_000_003 * (1 + zlib.crc32(split.encode()) % 89)
-        records = builtin_sft_records(n, seed, tasks, builtin_task_configs)
+        records = builtin_sft_records(n, split_seed(seed, split), tasks, builtin_task_configs)
         out.update({"schema": "builtin", "n_rows": len(records), "n_records": len(records)})
         return records
 
@@ -213,50 +172,28 @@ def load_sft_records(
         raise ValueError(f"dataset {dataset!r} (split {split!r}) has no rows")
     schema = detect_schema(ds.column_names)
     out["schema"] = schema
-    parse = _PARSERS[schema]
-    if max_samples is None:
-        rows: Iterable[dict] = iter(ds)
-        limit = len(ds)
-    else:
-        order = list(range(len(ds)))
-        random.Random(seed).shuffle(order)
-        rows = (ds[i] for i in order)
-        limit = max_samples
-    records: list[SFTRecord] = []
-    for row in rows:
-        if len(records) >= limit:
-            break
-        out["n_rows"] += 1
-        rec = parse(row)
-        if rec is None:
-            out["skipped"] += 1
-            continue
-        records.append(rec)
-    out["n_records"] = len(records)
+    rows, limit = rows_to_read(ds, max_samples, seed)
+    records, n_rows, skipped = collect_records(rows, _PARSERS[schema], limit)
+    out.update({"n_rows": n_rows, "n_records": len(records), "skipped": skipped})
     if out["skipped"]:
         logger.warning("%s: skipped %d row(s) without an assistant turn", dataset, out["skipped"])
     return records
 
 
-def _load_hf_dataset(dataset: str, split: str):
+def _load_hf_dataset(dataset: str, split: str) -> Any:
     """Open ``dataset`` (file, folder or hub id) and return one split."""
     return open_split(dataset, split, builtin_hint())
 
 
 def split_train_eval(records: Sequence[T], eval_size: int, seed: int) -> tuple[list[T], list[T]]:
-    """Hold out ``eval_size`` records chosen with ``seed``; both parts keep the input order."""
+    """Hold out ``eval_size`` records chosen with ``seed``; both parts keep the input order.
+    At least one record must stay for training."""
     n = len(records)
     if not 0 <= eval_size < n:
         raise ValueError(
             f"eval_size ({eval_size}) must be smaller than the number of records ({n})"
         )
-    order = list(range(n))
-    random.Random(seed + 17).shuffle(order)
-    held = set(order[:eval_size])
-    return (
-        [r for i, r in enumerate(records) if i not in held],
-        [r for i, r in enumerate(records) if i in held],
-    )
+    return hold_out(records, eval_size, seed + 17)
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,19 +204,13 @@ def split_train_eval(records: Sequence[T], eval_size: int, seed: int) -> tuple[l
 def parse_builtin_name(dataset: str) -> list[str] | None:
     """``builtin:reasoning-sft:a,b`` -> ["a", "b"]; ``builtin:reasoning-sft`` -> None.
     Raises :class:`DatasetNotFoundError` for any other ``builtin:`` name."""
-    name, _, task_spec = dataset.partition(":")[2].partition(":")
-    if f"builtin:{name}" != BUILTIN_DATASET:
+    name, tasks = split_builtin_name(dataset)
+    if name != BUILTIN_DATASET:
         raise DatasetNotFoundError(
             f"unknown built-in dataset {dataset!r}; the built-in SFT set is {BUILTIN_DATASET!r} "
             f"(optionally {BUILTIN_DATASET}:task_a,task_b)"
         )
-    tasks = [t.strip() for t in task_spec.split(",") if t.strip()]
-    return tasks or None
-
-
-def task_settings(task: str, overrides: dict[str, dict] | None = None) -> dict:
-    """reasoning-gym settings of ``task``: TASK_CONFIGS, updated by ``overrides[task]``."""
-    return {**TASK_CONFIGS.get(task, {}), **(overrides or {}).get(task, {})}
+    return tasks
 
 
 def builtin_sft_records(
@@ -288,78 +219,9 @@ def builtin_sft_records(
     tasks: Sequence[str] | None = None,
     task_configs: dict[str, dict] | None = None,
 ) -> list[SFTRecord]:
-    """``n`` demonstrations generated offline from reasoning-gym, deterministic in the inputs.
-
-    Tasks take equal shares (round-robin), questions are unique within the set (unless a task's
-    settings allow fewer distinct questions than its share: then it repeats, with a warning), and
-    every demonstration's answer is checked with the task's own scorer (1.0 required). The result is
-    shuffled. ``meta`` = ``{"task", "entry": {question, answer, metadata}}``.
-    """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    tasks = list(tasks) if tasks else list(DEFAULT_BUILTIN_TASKS)
-    rg = import_reasoning_gym()
-    per_task = -(-n // len(tasks)) if n else 0
-    sources = {}
-    for t_idx, name in enumerate(tasks):
-        try:
-            sources[name] = rg.create_dataset(
-                name,
-                seed=seed + 100_003 * t_idx,
-                size=max(4 * per_task + 64, 64),
-                **task_settings(name, task_configs),
-            )
-        except Exception as err:
-            raise ValueError(f"cannot build reasoning-gym task {name!r}: {err}") from err
-
-    cursors = dict.fromkeys(tasks, 0)
-    seen: set[str] = set()
-    exhausted: set[str] = set()  # tasks whose distinct questions ran out: repeats allowed
-    records: list[SFTRecord] = []
-    for i in range(n):
-        name = tasks[i % len(tasks)]
-        ds = sources[name]
-        reason = TASK_KITS.get(name, (reason_generic, None))[0]
-        while True:
-            if cursors[name] >= len(ds):
-                if name in exhausted:
-                    raise ValueError(f"reasoning-gym task {name!r}: no answer scores 1.0")
-                logger.warning(
-                    "reasoning-gym task %r has fewer than %d distinct questions with these "
-                    "settings; the built-in set repeats some (held-out ones may occur in training)",
-                    name,
-                    per_task,
-                )
-                exhausted.add(name)
-                cursors[name] = 0
-            entry = ds[cursors[name]]
-            cursors[name] += 1
-            if entry["question"] in seen and name not in exhausted:
-                continue
-            answer = str(entry["answer"])
-            response = format_response(reason(entry, answer), answer)
-            if ds.score_answer(extract_answer(response), entry) == 1.0:
-                break
-        seen.add(entry["question"])
-        records.append(
-            SFTRecord(
-                messages=[
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": entry["question"]},
-                    {"role": "assistant", "content": response},
-                ],
-                meta={
-                    "task": name,
-                    "entry": {
-                        "question": entry["question"],
-                        "answer": answer,
-                        "metadata": entry["metadata"],
-                    },
-                },
-            )
-        )
-    random.Random(seed).shuffle(records)
-    return records
+    """``n`` built-in demonstrations (:func:`trainers.core.builtin_data.builtin_demonstrations`)
+    of ``tasks``, by default the SFT set's own tasks."""
+    return builtin_demonstrations(n, seed, list(tasks or DEFAULT_BUILTIN_TASKS), task_configs)
 
 
 _TAG_FORMAT = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
@@ -397,6 +259,7 @@ class TokenizedSFT:
 
     @property
     def n_targets(self) -> int:
+        """Trained tokens once the mask is shifted with the labels."""
         return int(sum(self.loss_mask[1:]))
 
 
@@ -416,11 +279,11 @@ def tokenize_records(
     """
     if train_on not in ("final", "all_assistant"):
         raise ValueError(f"train_on must be 'final' or 'all_assistant', got {train_on!r}")
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            "the tokenizer has no chat template; SFT formats conversations with "
-            "apply_chat_template. Set model.chat_template_source to a model that has one."
-        )
+    require_chat_template(
+        tokenizer,
+        "SFT formats conversations with apply_chat_template. Set model.chat_template_source "
+        "to a model that has one.",
+    )
     stats = dict.fromkeys(
         ("n_in", "n_out", "truncated", "dropped_no_targets", "prefix_fallback", "turns_skipped"),
         0,
@@ -429,9 +292,7 @@ def tokenize_records(
     stop_ids = set(end_of_turn_ids(tokenizer))
     eos = tokenizer.eos_token_id
     examples: list[TokenizedSFT] = []
-    chunk = 256
-    for start in range(0, len(records), chunk):
-        batch = records[start : start + chunk]
+    for batch in chunks(records):
         fulls = chat_template_ids(
             tokenizer, [r.messages for r in batch], add_generation_prompt=False
         )
@@ -457,7 +318,7 @@ def tokenize_records(
                     masks[b][k] = 1
             elif final_turn:
                 text = batch[b].messages[i]["content"]
-                response = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+                response = text_ids(tokenizer, text)
                 if eos is not None:
                     response.append(eos)
                 earlier = masks[b][: len(head)] if full[: len(head)] == head else [0] * len(head)
@@ -492,13 +353,6 @@ def collate(examples: Sequence[TokenizedSFT], pad_id: int) -> dict[str, torch.Te
     padded to the longest row of this micro-batch (not to ``max_length``)."""
     if not examples:
         raise ValueError("collate got an empty batch")
-    width = max(len(ex.input_ids) for ex in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, ex in enumerate(examples):
-        n = len(ex.input_ids)
-        input_ids[row, :n] = torch.tensor(ex.input_ids, dtype=torch.long)
-        attention_mask[row, :n] = 1
-        loss_mask[row, :n] = torch.tensor(ex.loss_mask, dtype=torch.long)
+    input_ids, attention_mask = right_pad([ex.input_ids for ex in examples], pad_id)
+    loss_mask, _ = right_pad([ex.loss_mask for ex in examples], 0)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
