@@ -96,3 +96,22 @@ def assert_complete_run_dir(path, extra_files=(), check_rows: bool = True) -> di
 def complete_run_dir():
     """:func:`assert_complete_run_dir` as a fixture (``complete_run_dir(path) -> summary``)."""
     return assert_complete_run_dir
+
+
+def assert_same_gradients(got, want, *, rel: float = 1e-5) -> None:
+    """Two gradient tensors (or sequences of them) are the same up to float32 reordering: the
+    relative norm of the difference is at most ``rel``. An element-wise ``allclose`` is brittle
+    here (a sum taken in another order on another CPU moves single elements by ~1e-5 relative),
+    while any real difference (a mask, a position, a missing term) moves the norm by orders of
+    magnitude more than ``rel``."""
+    import torch
+
+    got = [got] if isinstance(got, torch.Tensor) else list(got)
+    want = [want] if isinstance(want, torch.Tensor) else list(want)
+    assert len(got) == len(want), (len(got), len(want))
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape, (g.shape, w.shape)
+        scale = w.float().norm()
+        err = (g.float() - w.float()).norm()
+        assert scale > 0, "the reference gradient is zero: nothing was compared"
+        assert err <= rel * scale, f"gradients differ: |got - want| / |want| = {err / scale:.3g}"

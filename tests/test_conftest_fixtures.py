@@ -72,3 +72,20 @@ def test_complete_run_dir_rejects_an_unfinished_run(complete_run_dir, tmp_path, 
 def test_complete_run_dir_can_skip_the_row_check(complete_run_dir, tmp_path):
     path = _run_folder(tmp_path / "run", rows=[{"step": 1}])
     assert complete_run_dir(path, check_rows=False)["outcome"] == "succeeded"
+
+
+def test_assert_same_gradients_tolerates_reordering_but_not_a_real_difference():
+    import torch
+    from conftest import assert_same_gradients
+
+    torch.manual_seed(0)
+    want = torch.randn(1000)
+    reordered = want + 1e-7 * torch.randn(1000)  # float32 sums taken in another order
+    assert_same_gradients(reordered, want)
+    assert_same_gradients([reordered, want], [want, want])
+    one_wrong = want.clone()
+    one_wrong[3] += 0.01 * want.norm()  # a single masked/shifted term
+    with pytest.raises(AssertionError, match="gradients differ"):
+        assert_same_gradients(one_wrong, want)
+    with pytest.raises(AssertionError, match="nothing was compared"):
+        assert_same_gradients(torch.zeros(3), torch.zeros(3))

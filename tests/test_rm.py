@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_same_gradients
 
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
@@ -460,8 +461,7 @@ def test_pair_rows_share_the_prompt_and_score_like_right_padded_rows(
     right = collate_pairs(examples, pad_id=0)
     full = model.sequence_scores(right["input_ids"], right["attention_mask"])
     torch.testing.assert_close(shared, full, rtol=1e-5, atol=1e-5)
-    for got, want in zip(shared_grads, torch.autograd.grad(full.sum(), params), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert_same_gradients(shared_grads, torch.autograd.grad(full.sum(), params))
     assert full[:3].tolist() != full[3:].tolist()
 
 
