@@ -20,18 +20,15 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from trainers.core.config import ConfigError
 from trainers.core.generation import generate_completions
-from trainers.core.harness import (
-    Tracker,
-    checkpoint_or_stop,
-    run_trainer,
-    stop_requested,
-)
+from trainers.core.harness import run_trainer, stop_requested
 from trainers.core.logprobs import split_completion_logps
+from trainers.core.loop import BestMetric, StepTimer, TrainingRun, count_steps, step_metrics
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
@@ -41,16 +38,13 @@ from trainers.core.models import (
     pick_dtype,
 )
 from trainers.core.rundir import RunDir
+from trainers.core.runfolder import SummaryFile
 from trainers.core.tiny import cache_root
 from trainers.core.training import (
     StepMetrics,
     build_optimizer,
-    clip_and_measure,
-    epoch_order,
-    list_checkpoints,
-    load_checkpoint,
+    optimizer_step,
     peak_memory_gb,
-    save_checkpoint,
     seed_everything,
 )
 from trainers.direct_alignment.config import BUILTIN_DATASET, DirectAlignmentConfig
@@ -290,7 +284,8 @@ def sample_generations(cfg, model, tokenizer, eval_records, event: int) -> list[
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> dict:
+def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
+    """Tokenise, cache the reference log-probs, then the DPO-family loop; see the module doc."""
     seed_everything(cfg.seed)
     device = pick_device(cfg.model.device)
     dtype = pick_dtype(cfg.model.dtype, device)
@@ -298,12 +293,19 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> dict:
     tokenizer = load_tokenizer(cfg.model.name)
     pad_id = tokenizer.pad_token_id
 
+    run.update_phase("tokenizing")
     train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
-    info: dict = {"data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}}
+    info: dict[str, Any] = {
+        "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
+    }
     print(f"data: {info['data']}", flush=True)
+    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
+    _, total_steps = count_steps(len(train_ex), per_step, cfg.train.num_epochs, cfg.train.max_steps)
+    loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
     ref = ref_eval = None
     if cfg.needs_reference:
+        run.update_phase("reference_logprobs", total_steps)
         ref, cache_info = load_or_compute_reference(
             cfg, train_ex + eval_ex, pad_id, device, dtype, attn
         )
@@ -312,141 +314,79 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> dict:
         info.update(cache_info)
         print(f"reference log-probs: cache {cache_info['ref_cache']}", flush=True)
 
+    run.update_phase("loading_model", total_steps)
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-
-    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
-    steps_per_epoch = -(-len(train_ex) // per_step)
-    total_steps = steps_per_epoch * cfg.train.num_epochs
-    if cfg.train.max_steps:
-        total_steps = min(total_steps, cfg.train.max_steps)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
+    state = loop.resume(model, optimizer, scheduler) if resume else None
+    loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
+    best = BestMetric("eval/accuracy")
 
-    step, start_epoch, start_batch = 0, 0, 0
-    if resume:
-        checkpoints = list_checkpoints(run.checkpoints_dir)
-        if not checkpoints:
-            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
-        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
-        step = state["step"]
-        start_epoch, start_batch = state["data_position"]["epoch"], state["data_position"]["batch"]
-        run.truncate_metrics_after(step)
-        print(f"resumed from {checkpoints[-1].name}", flush=True)
-
-    tracker = Tracker(
-        cfg.logging, run.path, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}"
-    )
-    info["wandb_url"] = tracker.url
-    last_train: dict = {}
-    last_eval: dict = {}
-    best_eval_accuracy = None
-    tokens_seen = 0
-
-    def checkpoint(epoch: int, batch: int) -> None:
-        save_checkpoint(
-            run.checkpoints_dir,
-            step,
-            model,
-            optimizer,
-            scheduler,
-            {"epoch": epoch, "batch": batch},
-            keep_last=cfg.checkpoint.keep_last,
-        )
-
-    def periodic(every: int) -> bool:
-        return step == total_steps or (every > 0 and step % every == 0)
+    def run_eval() -> None:
+        loop.progress("evaluating")
+        loop.last_eval = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
+        loop.log("eval", loop.last_eval)
+        best.update(loop.last_eval)
 
     if not resume and cfg.eval.eval_every > 0 and eval_ex:  # the starting point, for contrast
-        run.log_metrics(0, "eval", evaluate(cfg, model, eval_ex, ref_eval, pad_id, device))
+        loop.run.log_metrics(0, "eval", evaluate(cfg, model, eval_ex, ref_eval, pad_id, device))
 
-    done = step >= total_steps
-    for epoch in range(start_epoch, cfg.train.num_epochs):
-        if done:
-            break
-        order = epoch_order(len(train_ex), cfg.seed, epoch)
-        first = start_batch if epoch == start_epoch else 0
-        for b in range(first, steps_per_epoch):
-            t0 = time.time()
-            step_ids = order[b * per_step : (b + 1) * per_step]
-            agg, step_tokens = StepMetrics(), 0
-            for m in range(0, len(step_ids), cfg.train.batch_size):
-                ids = step_ids[m : m + cfg.train.batch_size]
-                loss, metrics, n_tok = micro_batch_loss(
-                    cfg, model, train_ex, ids, ref, pad_id, device
-                )
-                (loss * len(ids) / len(step_ids)).backward()
-                agg.add(metrics, weight=len(ids))
-                step_tokens += n_tok
-            grad_norm = clip_and_measure(model.parameters(), cfg.train.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += step_tokens
-            dt = time.time() - t0
-            last_train = {
-                **agg.mean(),
-                "grad_norm": grad_norm,
-                "learning_rate": lr,
-                "epoch": epoch + (b + 1) / steps_per_epoch,
-                "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
-                "timing/step_s": dt,
-                "memory/peak_gb": peak_memory_gb(device),
-            }
-            if step % cfg.logging.log_every == 0 or step == total_steps:
-                run.log_metrics(step, "train", last_train)
-                tracker.log(last_train, step)
-            if periodic(cfg.eval.eval_every) and eval_ex:
-                last_eval = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
-                run.log_metrics(step, "eval", last_eval)
-                tracker.log(last_eval, step)
-                acc = last_eval.get("eval/accuracy")
-                if acc is not None and (best_eval_accuracy is None or acc > best_eval_accuracy):
-                    best_eval_accuracy = acc
-            if periodic(cfg.eval.sample_every):
-                event = step // max(cfg.eval.sample_every, 1)
-                run.log_samples(
-                    step, sample_generations(cfg, model, tokenizer, eval_records, event)
-                )
-            run.write_progress(step, total_steps, epoch=epoch, tokens_seen=tokens_seen)
-            print(
-                f"step {step}/{total_steps} loss {last_train.get('loss', float('nan')):.4f} "
-                f"acc {last_train.get('accuracy', float('nan')):.3f} ({dt:.2f}s)",
-                flush=True,
-            )
-            next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
-            checkpoint_or_stop(
-                step,
-                total_steps,
-                cfg.checkpoint.save_every,
-                partial(checkpoint, *next_position),
-                tracker,
-                stopping=stop_requested(),
-            )
-            if step >= total_steps:
-                done = True
-                break
+    position = state["data_position"] if state else None
+    for pos in loop.epoch_steps(len(train_ex), per_step, cfg.train.num_epochs, cfg.seed, position):
+        timer = StepTimer()
+        agg, step_tokens = StepMetrics(), 0
+        for m in range(0, len(pos.ids), cfg.train.batch_size):
+            ids = pos.ids[m : m + cfg.train.batch_size]
+            loss, metrics, n_tok = micro_batch_loss(cfg, model, train_ex, ids, ref, pad_id, device)
+            (loss * len(ids) / len(pos.ids)).backward()
+            agg.add(metrics, weight=len(ids))
+            step_tokens += n_tok
+        grad_norm, lr = optimizer_step(
+            model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
+        )
+        loop.advance(step_tokens)
+        loop.last_train = step_metrics(
+            agg.mean(),
+            grad_norm=grad_norm,
+            learning_rate=lr,
+            epoch=pos.epoch_progress,
+            step_tokens=step_tokens,
+            dt=timer.dt,
+            peak_memory_gb=peak_memory_gb(device),
+        )
+        if loop.should_log(cfg.logging.log_every):
+            loop.log("train", loop.last_train)
+        if loop.every(cfg.eval.eval_every) and eval_ex:
+            run_eval()
+        if loop.every(cfg.eval.sample_every):
+            loop.progress("generating")
+            event = loop.step // max(cfg.eval.sample_every, 1)
+            loop.log_samples(sample_generations(cfg, model, tokenizer, eval_records, event))
+        loop.progress("training", epoch=pos.epoch, tokens_seen=loop.tokens_seen)
+        print(
+            f"step {loop.step}/{total_steps} "
+            f"loss {loop.last_train.get('loss', float('nan')):.4f} "
+            f"acc {loop.last_train.get('accuracy', float('nan')):.3f} ({timer.dt:.2f}s)",
+            flush=True,
+        )
+        loop.checkpoint_or_stop(
+            partial(loop.save_checkpoint, model, optimizer, scheduler, pos.next_position),
+            stopping=stop_requested(),
+        )
 
-    if cfg.checkpoint.save_final_model:
-        model.save_pretrained(run.path / "final_model")
-        tokenizer.save_pretrained(run.path / "final_model")
-    tracker.finish()
-    return {
-        "algorithm": cfg.loss,
-        "steps": step,
-        "total_steps": total_steps,
-        "final_metrics": last_train,
-        "final_eval": last_eval,
-        "best_metrics": {"eval/accuracy": best_eval_accuracy},
-        "peak_memory_gb": peak_memory_gb(device),
-        "tokens_seen": tokens_seen,
+    loop.save_final_model(model, tokenizer)
+    loop.finish(tokens_seen=loop.tokens_seen)
+    return loop.summary(
+        cfg.loss,
+        best_metrics=best.as_dict(),
+        peak_memory_gb=peak_memory_gb(device),
+        wandb_url=loop.wandb_url,
         **info,
-    }
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
