@@ -18,6 +18,7 @@ from trainers.core.harness import StopRequested, run_trainer, write_first_progre
 from trainers.core.loop import (
     BestMetric,
     EpochStep,
+    StepTimer,
     TrainingRun,
     count_steps,
     every,
@@ -247,14 +248,14 @@ def fake_train(cfg: FakeConfig, run: RunDir, resume: bool) -> SummaryFile:
             loop.last_eval = {"eval/loss": float(loss) / 2}
             loop.log("eval", loop.last_eval)
             best.update(loop.last_eval)
-        loop.progress("training", epoch=0, tokens_seen=loop.tokens_seen)
+        loop.progress("training", epoch=0)
         loop.checkpoint_or_stop(
             lambda: loop.save_checkpoint(model, optimizer, scheduler, {"epoch": 0, "batch": 0}),
             stopping=False,
         )
     loop.save_final_model(model, None)
-    loop.finish(tokens_seen=loop.tokens_seen)
-    return loop.summary("fake", best_metrics=best.as_dict(), peak_memory_gb=0.0, data={"n": 3})
+    loop.finish()
+    return loop.summary("fake", best, torch.device("cpu"), data={"n": 3})
 
 
 def _run_fake(tmp_path: Path, monkeypatch, run_dir: Path, resume: bool = False) -> list[dict]:
@@ -370,15 +371,10 @@ def test_best_metric_directions_and_nan():
 
 
 def test_step_metrics_order_and_throughput():
+    timer = StepTimer()
+    timer.start -= 2.0  # a step that took two seconds
     row = step_metrics(
-        {"loss": 1.0},
-        grad_norm=2.0,
-        learning_rate=0.1,
-        epoch=0.5,
-        num_tokens=7,
-        step_tokens=100,
-        dt=2.0,
-        peak_memory_gb=0.25,
+        {"loss": 1.0}, 2.0, 0.1, 100, timer, torch.device("cpu"), epoch=0.5, num_tokens=7
     )
     assert list(row) == [
         "loss",
@@ -390,4 +386,7 @@ def test_step_metrics_order_and_throughput():
         "timing/step_s",
         "memory/peak_gb",
     ]
-    assert row["throughput/tokens_per_s"] == 50.0
+    assert row["timing/step_s"] == pytest.approx(2.0, abs=0.5)
+    assert row["throughput/tokens_per_s"] == pytest.approx(100 / row["timing/step_s"])
+    assert row["memory/peak_gb"] > 0
+    assert "epoch" not in step_metrics({}, 0.0, 0.1, 1, StepTimer(), torch.device("cpu"))

@@ -223,3 +223,26 @@ def run_trainer(
     else:
         run.write_summary("succeeded", **summary)
     return 0
+
+
+def trainer_main(
+    doc: str,
+    config_model: type[C],
+    preflight: Callable[[C], None],
+    train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
+    planned_steps: Callable[[C], int | None] | None = None,
+) -> Callable[[list[str] | None], int]:
+    """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
+    (the command's description is the first line of ``doc``, the module docstring)."""
+
+    def main(argv: list[str] | None = None) -> int:
+        return run_trainer(
+            argv,
+            description=doc.splitlines()[0],
+            config_model=config_model,
+            preflight=preflight,
+            train=train,
+            planned_steps=planned_steps,
+        )
+
+    return main

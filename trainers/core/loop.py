@@ -17,7 +17,7 @@ the bookkeeping each loop shares::
         loop.checkpoint_or_stop(save, stopping=stop_requested())
     loop.save_final_model(model, tokenizer)
     loop.finish()
-    return loop.summary(algorithm, ...)
+    return loop.summary(algorithm, best, device, **family_fields)
 
 ``stop_requested`` stays a name the family module looks up itself, so tests can replace it on
 the family's module.
@@ -31,11 +31,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.core.config import CheckpointSection, ConfigError, LoggingSection
+from trainers.core.config import CheckpointSection, ConfigError, LoggingSection, ModelSection
 from trainers.core.harness import MetricsTracker, Tracker
 from trainers.core.harness import checkpoint_or_stop as _checkpoint_or_stop
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import Phase, SummaryFile
+
+# ---------------------------------------------------------------------------------------------
+# Start
+# ---------------------------------------------------------------------------------------------
+
+
+def pick_runtime(model: ModelSection) -> tuple[Any, Any, str]:
+    """(device, dtype, attention implementation) the ``model`` section asks for, resolved on
+    this machine (``auto`` picks CUDA, bf16 and the fastest attention available)."""
+    from trainers.core.models import pick_attn_implementation, pick_device, pick_dtype
+
+    device = pick_device(model.device)
+    dtype = pick_dtype(model.dtype, device)
+    return device, dtype, pick_attn_implementation(model.attn_implementation, device, dtype)
+
 
 # ---------------------------------------------------------------------------------------------
 # Step arithmetic (pure)
@@ -153,6 +168,14 @@ class TrainingRun:
         self.step += 1
         self.tokens_seen += step_tokens
 
+    def step_done(self, train_row: dict[str, Any], step_tokens: int, log_every: int) -> None:
+        """:meth:`advance`, keep ``train_row`` as the last train metrics and log it when due
+        (every ``log_every`` steps and at the last one)."""
+        self.advance(step_tokens)
+        self.last_train = train_row
+        if self.should_log(log_every):
+            self.log("train", train_row)
+
     def epoch_steps(
         self,
         n_examples: int,
@@ -190,8 +213,11 @@ class TrainingRun:
 
     # writing -----------------------------------------------------------------------------------
     def progress(self, phase: Phase, **extra: Any) -> None:
-        """Replace progress.json: the current step, the total, the phase and family extras."""
-        self.run.write_progress(self.step, self.total_steps, phase=phase, **extra)
+        """Replace progress.json: the current step, the total, the phase, the tokens seen and
+        family extras (``epoch``, ``data`` ...)."""
+        self.run.write_progress(
+            self.step, self.total_steps, phase=phase, tokens_seen=self.tokens_seen, **extra
+        )
 
     def log(self, phase: str, metrics: dict[str, Any], step: int | None = None) -> None:
         """One metrics.jsonl row (phase train / eval / rollout), mirrored to W&B."""
@@ -258,7 +284,8 @@ class TrainingRun:
         return str(path)
 
     def finish(self, **extra: Any) -> None:
-        """Close W&B and mark the run ``done`` (not when a caller lent the tracker)."""
+        """Close W&B and mark the run ``done`` with the tokens seen and family fields (not when a
+        caller lent the tracker: the caller's run goes on)."""
         if self.borrowed_tracker:
             return
         if self.tracker is not None:
@@ -269,14 +296,18 @@ class TrainingRun:
     def summary(
         self,
         algorithm: str,
+        best: BestMetric | dict[str, Any],
+        device: Any,
         *,
-        best_metrics: dict[str, Any],
-        peak_memory_gb: float | None,
         final_metrics: dict[str, Any] | None = None,
         final_eval: dict[str, Any] | None = None,
         **extra: Any,
     ) -> SummaryFile:
-        """The typed summary of a run that succeeded; family fields ride along as extras."""
+        """The typed summary of a run that succeeded: steps, last train and eval rows, the best
+        key metric, peak memory on ``device``, tokens seen, W&B; family fields ride along."""
+        from trainers.core.training import peak_memory_gb
+
+        extra.setdefault("wandb_url", self.wandb_url)
         return SummaryFile(
             outcome="succeeded",
             algorithm=algorithm,
@@ -284,8 +315,8 @@ class TrainingRun:
             total_steps=self.total_steps,
             final_metrics=self.last_train if final_metrics is None else final_metrics,
             final_eval=self.last_eval if final_eval is None else final_eval,
-            best_metrics=best_metrics,
-            peak_memory_gb=peak_memory_gb,
+            best_metrics=best.as_dict() if isinstance(best, BestMetric) else best,
+            peak_memory_gb=peak_memory_gb(device),
             tokens_seen=self.tokens_seen,
             **extra,
         )
@@ -304,25 +335,28 @@ class StepTimer:
 
 def step_metrics(
     aggregated: dict[str, float],
-    *,
     grad_norm: float,
     learning_rate: float,
     step_tokens: int,
-    dt: float,
-    peak_memory_gb: float,
+    timer: StepTimer,
+    device: Any,
+    *,
     epoch: float | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The train row of an epoch-based step, in the order every family logs it: the step's
-    aggregated metrics, grad_norm, learning_rate, epoch, family extras, throughput, timing,
-    memory."""
+    """The train row of a step, in the order every family logs it: the step's aggregated
+    metrics, grad_norm, learning_rate, epoch, family extras, then throughput (tokens per second
+    since ``timer`` started), the step's wall time and peak memory on ``device``."""
+    from trainers.core.training import peak_memory_gb
+
+    dt = timer.dt
     row: dict[str, Any] = {**aggregated, "grad_norm": grad_norm, "learning_rate": learning_rate}
     if epoch is not None:
         row["epoch"] = epoch
     row.update(extra)
     row["throughput/tokens_per_s"] = step_tokens / max(dt, 1e-9)
     row["timing/step_s"] = dt
-    row["memory/peak_gb"] = peak_memory_gb
+    row["memory/peak_gb"] = peak_memory_gb(device)
     return row
 
 

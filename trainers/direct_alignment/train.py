@@ -26,16 +26,20 @@ import torch
 
 from trainers.core.config import ConfigError
 from trainers.core.generation import generate_completions
-from trainers.core.harness import run_trainer, stop_requested
+from trainers.core.harness import stop_requested, trainer_main
 from trainers.core.logprobs import split_completion_logps
-from trainers.core.loop import BestMetric, StepTimer, TrainingRun, count_steps, step_metrics
+from trainers.core.loop import (
+    BestMetric,
+    StepTimer,
+    TrainingRun,
+    count_steps,
+    pick_runtime,
+    step_metrics,
+)
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
     model_fingerprint,
-    pick_attn_implementation,
-    pick_device,
-    pick_dtype,
 )
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
@@ -44,8 +48,8 @@ from trainers.core.training import (
     StepMetrics,
     build_optimizer,
     optimizer_step,
-    peak_memory_gb,
     seed_everything,
+    use_gradient_checkpointing,
 )
 from trainers.direct_alignment.config import BUILTIN_DATASET, DirectAlignmentConfig
 from trainers.direct_alignment.data import (
@@ -287,9 +291,7 @@ def sample_generations(cfg, model, tokenizer, eval_records, event: int) -> list[
 def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Tokenise, cache the reference log-probs, then the DPO-family loop; see the module doc."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
-    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name)
     pad_id = tokenizer.pad_token_id
 
@@ -318,8 +320,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
     state = loop.resume(model, optimizer, scheduler) if resume else None
@@ -348,29 +349,20 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
         grad_norm, lr = optimizer_step(
             model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
         )
-        loop.advance(step_tokens)
-        loop.last_train = step_metrics(
-            agg.mean(),
-            grad_norm=grad_norm,
-            learning_rate=lr,
-            epoch=pos.epoch_progress,
-            step_tokens=step_tokens,
-            dt=timer.dt,
-            peak_memory_gb=peak_memory_gb(device),
+        row = step_metrics(
+            agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
-        if loop.should_log(cfg.logging.log_every):
-            loop.log("train", loop.last_train)
+        loop.step_done(row, step_tokens, cfg.logging.log_every)
         if loop.every(cfg.eval.eval_every) and eval_ex:
             run_eval()
         if loop.every(cfg.eval.sample_every):
             loop.progress("generating")
             event = loop.step // max(cfg.eval.sample_every, 1)
             loop.log_samples(sample_generations(cfg, model, tokenizer, eval_records, event))
-        loop.progress("training", epoch=pos.epoch, tokens_seen=loop.tokens_seen)
+        loop.progress("training", epoch=pos.epoch)
         print(
-            f"step {loop.step}/{total_steps} "
-            f"loss {loop.last_train.get('loss', float('nan')):.4f} "
-            f"acc {loop.last_train.get('accuracy', float('nan')):.3f} ({timer.dt:.2f}s)",
+            f"step {loop.step}/{total_steps} loss {row.get('loss', float('nan')):.4f} "
+            f"acc {row.get('accuracy', float('nan')):.3f} ({row['timing/step_s']:.2f}s)",
             flush=True,
         )
         loop.checkpoint_or_stop(
@@ -379,24 +371,11 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
         )
 
     loop.save_final_model(model, tokenizer)
-    loop.finish(tokens_seen=loop.tokens_seen)
-    return loop.summary(
-        cfg.loss,
-        best_metrics=best.as_dict(),
-        peak_memory_gb=peak_memory_gb(device),
-        wandb_url=loop.wandb_url,
-        **info,
-    )
+    loop.finish()
+    return loop.summary(cfg.loss, best, device, **info)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=DirectAlignmentConfig,
-        preflight=preflight,
-        train=train,
-    )
+main = trainer_main(__doc__, DirectAlignmentConfig, preflight, train)
 
 
 if __name__ == "__main__":

@@ -25,14 +25,11 @@ from typing import Any
 
 import torch
 
-from trainers.core.harness import run_trainer, stop_requested
-from trainers.core.loop import BestMetric, StepTimer, TrainingRun
+from trainers.core.harness import stop_requested, trainer_main
+from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
-    pick_attn_implementation,
-    pick_device,
-    pick_dtype,
 )
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
@@ -43,6 +40,7 @@ from trainers.core.training import (
     optimizer_step,
     peak_memory_gb,
     seed_everything,
+    use_gradient_checkpointing,
 )
 from trainers.policy_gradients.advantages import frac_zero_std
 from trainers.policy_gradients.config import (
@@ -77,6 +75,11 @@ from trainers.policy_gradients.rollout import (
 def preflight(cfg: PolicyGradientConfig) -> None:
     """Checks that need no model: the task specs exist and parse."""
     check_specs(cfg.data.specs)
+
+
+def planned_rollout_steps(cfg: PolicyGradientConfig) -> int:
+    """The run's rollout steps, known from the config alone (for the first progress.json)."""
+    return cfg.total_rollout_steps
 
 
 def config_notes(cfg: PolicyGradientConfig) -> list[str]:
@@ -324,9 +327,7 @@ def rollout_samples(cfg: PolicyGradientConfig, exp: Experience) -> list[dict[str
 def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Load prompts and models, then the rollout-score-update loop; see the module doc."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
-    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    device, dtype, attn = pick_runtime(cfg.model)
     notes = config_notes(cfg)
     for note in notes:
         print(f"note: {note}", flush=True)
@@ -348,8 +349,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     load = dict(device=device, dtype=dtype, attn_implementation=attn)
     policy = load_causal_lm(cfg.model.name, trainable=True, **load)
-    if cfg.model.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    use_gradient_checkpointing(policy, cfg.model.gradient_checkpointing)
     ref_model = None
     if cfg.uses_kl:
         ref_model = load_causal_lm(cfg.model.ref_name or cfg.model.name, trainable=False, **load)
@@ -357,10 +357,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
     params = [p for p in policy.parameters() if p.requires_grad]
     if cfg.algorithm == "ppo":
         value_model = load_value_model(cfg.model.name, **load)
-        if cfg.model.gradient_checkpointing:
-            value_model.body.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+        use_gradient_checkpointing(value_model.body, cfg.model.gradient_checkpointing)
         value_model.train()
         params += [p for p in value_model.parameters() if p.requires_grad]
 
@@ -398,7 +395,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
     while not loop.done:
         timer = StepTimer()
         # 1-3. sample prompts, roll out, score (on CPU afterwards)
-        loop.progress("generating", tokens_seen=loop.tokens_seen, data=stream.state())
+        loop.progress("generating", data=stream.state())
         exp, ri = rollout_step(policy, tokenizer, stream, train_prompts, cfg)
         # 4. log-probs / values / advantages
         t_prep = time.time()
@@ -439,7 +436,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
             loop.log_samples(rollout_samples(cfg, exp))
         if loop.every(cfg.eval.eval_every):
             run_eval()
-        loop.progress("training", tokens_seen=loop.tokens_seen, data=stream.state())
+        loop.progress("training", data=stream.state())
         print(
             f"step {loop.step}/{total_steps} correctness {last_rollout['avg_correctness']:.3f} "
             f"format {last_rollout['avg_format']:.3f} loss {loop.last_train['loss']:.4f} "
@@ -449,27 +446,16 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         loop.checkpoint_or_stop(checkpoint, stopping=stop_requested())
 
     loop.save_final_model(policy, tokenizer)
-    loop.finish(tokens_seen=loop.tokens_seen, data=stream.state())
+    loop.finish(data=stream.state())
+    final_metrics = {**last_rollout, **loop.last_train}
     return loop.summary(
-        cfg.algorithm,
-        final_metrics={**last_rollout, **loop.last_train},
-        best_metrics=best.as_dict(),
-        peak_memory_gb=peak_memory_gb(device),
-        notes=notes,
-        wandb_url=loop.wandb_url,
-        **info,
+        cfg.algorithm, best, device, final_metrics=final_metrics, notes=notes, **info
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=PolicyGradientConfig,
-        preflight=preflight,
-        train=train,
-        planned_steps=lambda cfg: cfg.total_rollout_steps,
-    )
+main = trainer_main(
+    __doc__, PolicyGradientConfig, preflight, train, planned_steps=planned_rollout_steps
+)
 
 
 if __name__ == "__main__":

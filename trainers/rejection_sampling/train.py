@@ -28,16 +28,14 @@ from typing import Any
 import torch
 
 from trainers.core.config import ConfigError, validate_config
-from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.harness import StopRequested, Tracker, stop_requested, trainer_main
+from trainers.core.loop import pick_runtime
 from trainers.core.models import (
     ModelError,
     hub_offline,
     hub_reachable,
     load_causal_lm,
     load_tokenizer,
-    pick_attn_implementation,
-    pick_device,
-    pick_dtype,
     resolve_model,
 )
 from trainers.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_jsonl
@@ -458,9 +456,7 @@ def baseline_eval(
 def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFile:
     """The four stages (module doc); the SFT stage is trainers.sft's loop in this run folder."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
-    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    device, dtype, attn = pick_runtime(cfg.model)
     runtime = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "attn": attn}
     system_prompt = pipeline.system_prompt_for(cfg)
     try:
@@ -635,14 +631,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     return SummaryFile(outcome="succeeded", **fields)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=RejectionSamplingConfig,
-        preflight=preflight,
-        train=train,
-    )
+main = trainer_main(__doc__, RejectionSamplingConfig, preflight, train)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError
-from trainers.core.harness import run_trainer, stop_requested
-from trainers.core.loop import BestMetric, StepTimer, TrainingRun, count_steps, step_metrics
+from trainers.core.harness import stop_requested, trainer_main
+from trainers.core.loop import (
+    BestMetric,
+    StepTimer,
+    TrainingRun,
+    count_steps,
+    step_metrics,
+)
 from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
@@ -38,8 +44,8 @@ from trainers.core.training import (
     StepMetrics,
     build_optimizer,
     optimizer_step,
-    peak_memory_gb,
     seed_everything,
+    use_gradient_checkpointing,
 )
 from trainers.reward_models.config import RewardModelConfig
 from trainers.reward_models.data import (
@@ -455,10 +461,9 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         trainable=True,
         freeze_backbone=cfg.freeze_backbone,
     )
-    if cfg.model.gradient_checkpointing and not cfg.freeze_backbone:
-        model.backbone.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False}
-        )
+    use_gradient_checkpointing(
+        model.backbone, cfg.model.gradient_checkpointing and not cfg.freeze_backbone
+    )
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     info["trainable_parameters"] = sum(p.numel() for p in trainable)
@@ -506,24 +511,16 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
             agg.add(metrics, weight=weight)
             step_tokens += n_tok
         grad_norm, lr = optimizer_step(trainable, optimizer, scheduler, cfg.train.max_grad_norm)
-        loop.advance(step_tokens)
-        loop.last_train = step_metrics(
-            agg.mean(),
-            grad_norm=grad_norm,
-            learning_rate=lr,
-            epoch=pos.epoch_progress,
-            step_tokens=step_tokens,
-            dt=timer.dt,
-            peak_memory_gb=peak_memory_gb(device),
+        row = step_metrics(
+            agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
-        if loop.should_log(cfg.logging.log_every):
-            loop.log("train", loop.last_train)
+        loop.step_done(row, step_tokens, cfg.logging.log_every)
         if loop.every(cfg.eval.eval_every) and kind.held_out:
             run_eval()
-        loop.progress("training", epoch=pos.epoch, tokens_seen=loop.tokens_seen)
+        loop.progress("training", epoch=pos.epoch)
         print(
-            f"step {loop.step}/{total_steps} "
-            f"loss {loop.last_train.get('loss', float('nan')):.4f} ({timer.dt:.2f}s)",
+            f"step {loop.step}/{total_steps} loss {row.get('loss', float('nan')):.4f} "
+            f"({row['timing/step_s']:.2f}s)",
             flush=True,
         )
         loop.checkpoint_or_stop(
@@ -534,25 +531,11 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     final_model = loop.save_final_model(model, tokenizer, save=save_reward_model)
     if final_model is not None:
         info["final_model"] = final_model
-    loop.finish(tokens_seen=loop.tokens_seen)
-    return loop.summary(
-        cfg.algorithm,
-        kind=cfg.kind,
-        best_metrics=best.as_dict(),
-        peak_memory_gb=peak_memory_gb(device),
-        wandb_url=loop.wandb_url,
-        **info,
-    )
+    loop.finish()
+    return loop.summary(cfg.algorithm, best, device, kind=cfg.kind, **info)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=RewardModelConfig,
-        preflight=preflight,
-        train=train,
-    )
+main = trainer_main(__doc__, RewardModelConfig, preflight, train)
 
 
 if __name__ == "__main__":

@@ -29,17 +29,21 @@ import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
 from trainers.core.generation import generate_completions
-from trainers.core.harness import MetricsTracker, run_trainer, stop_requested
+from trainers.core.harness import MetricsTracker, stop_requested, trainer_main
 from trainers.core.logprobs import DEFAULT_CHUNK, hidden_to_logps, selective_log_softmax
-from trainers.core.loop import BestMetric, StepTimer, TrainingRun, count_steps, step_metrics
+from trainers.core.loop import (
+    BestMetric,
+    StepTimer,
+    TrainingRun,
+    count_steps,
+    pick_runtime,
+    step_metrics,
+)
 from trainers.core.models import (
     hub_offline,
     hub_reachable,
     load_causal_lm,
     load_tokenizer,
-    pick_attn_implementation,
-    pick_device,
-    pick_dtype,
 )
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
@@ -49,8 +53,8 @@ from trainers.core.training import (
     StepMetrics,
     build_optimizer,
     optimizer_step,
-    peak_memory_gb,
     seed_everything,
+    use_gradient_checkpointing,
 )
 from trainers.sft.config import BUILTIN_DATASET, DEFAULT_BUILTIN_TASKS, SFTConfig
 from trainers.sft.data import (
@@ -412,9 +416,7 @@ def train(
     """Tokenise, then the masked cross-entropy loop; see the module doc. ``tracker``: a W&B run
     lent by a pipeline that runs SFT as one of its stages (rejection sampling)."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
-    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer_with_template(cfg)
     pad_id = tokenizer.pad_token_id
 
@@ -432,8 +434,7 @@ def train(
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
     state = loop.resume(model, optimizer, scheduler) if resume else None
@@ -473,24 +474,22 @@ def train(
         grad_norm, lr = optimizer_step(
             model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
         )
-        loop.advance(step_tokens)
-        loop.last_train = step_metrics(
+        row = step_metrics(
             agg.mean(),
-            grad_norm=grad_norm,
-            learning_rate=lr,
+            grad_norm,
+            lr,
+            step_tokens,
+            timer,
+            device,
             epoch=pos.epoch_progress,
             num_tokens=step_targets,
-            step_tokens=step_tokens,
-            dt=timer.dt,
-            peak_memory_gb=peak_memory_gb(device),
         )
-        if loop.should_log(cfg.logging.log_every):
-            loop.log("train", loop.last_train)
+        loop.step_done(row, step_tokens, cfg.logging.log_every)
         eval_and_samples(at_start=False)
-        loop.progress("training", epoch=pos.epoch, tokens_seen=loop.tokens_seen)
+        loop.progress("training", epoch=pos.epoch)
         print(
-            f"step {loop.step}/{total_steps} loss {loop.last_train['loss']:.4f} "
-            f"acc {loop.last_train['mean_token_accuracy']:.3f} ({timer.dt:.2f}s)",
+            f"step {loop.step}/{total_steps} loss {row['loss']:.4f} "
+            f"acc {row['mean_token_accuracy']:.3f} ({row['timing/step_s']:.2f}s)",
             flush=True,
         )
         save = partial(
@@ -504,25 +503,11 @@ def train(
         loop.checkpoint_or_stop(save, stopping=stop_requested())
 
     final_model = loop.save_final_model(model, tokenizer)
-    loop.finish(tokens_seen=loop.tokens_seen)
-    return loop.summary(
-        "sft",
-        best_metrics=best.as_dict(),
-        peak_memory_gb=peak_memory_gb(device),
-        final_model=final_model,
-        wandb_url=loop.wandb_url,
-        **info,
-    )
+    loop.finish()
+    return loop.summary("sft", best, device, final_model=final_model, **info)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=SFTConfig,
-        preflight=preflight,
-        train=train,
-    )
+main = trainer_main(__doc__, SFTConfig, preflight, train)
 
 
 if __name__ == "__main__":
