@@ -13,7 +13,13 @@ import torch
 from pydantic import ValidationError
 
 from trainers.core import harness
-from trainers.core.config import CheckpointSection, ConfigError, LoggingSection, StrictModel
+from trainers.core.config import (
+    CheckpointSection,
+    ConfigError,
+    LoggingSection,
+    OptimSection,
+    StrictModel,
+)
 from trainers.core.harness import StopRequested, run_trainer, write_first_progress
 from trainers.core.loop import (
     BestMetric,
@@ -21,12 +27,15 @@ from trainers.core.loop import (
     StepTimer,
     TrainingRun,
     count_steps,
+    epoch_total_steps,
     every,
     step_metrics,
 )
 from trainers.core.rundir import RunDir, read_jsonl
 from trainers.core.runfolder import ProgressFile, SummaryFile, read_file
 from trainers.core.training import build_optimizer, list_checkpoints
+
+FOUR_A_STEP = OptimSection(batch_size=2, gradient_accumulation_steps=2, num_epochs=3)
 
 # --------------------------------------------------------------------------------- every()
 
@@ -55,6 +64,8 @@ def test_count_steps_rounds_the_last_partial_batch_up_and_caps_at_max_steps():
     assert count_steps(8, 4, 3, None) == (2, 6)
     assert count_steps(10, 4, 3, 5) == (3, 5)
     assert count_steps(10, 4, 3, 50) == (3, 9)
+    assert epoch_total_steps(10, FOUR_A_STEP) == 9
+    assert epoch_total_steps(10, FOUR_A_STEP.model_copy(update={"max_steps": 4})) == 4
 
 
 def test_epoch_step_position_and_progress():
@@ -71,7 +82,7 @@ def test_epoch_step_position_and_progress():
 
 def _walk(loop: TrainingRun, position: dict[str, int] | None) -> list[tuple[int, int, list]]:
     seen = []
-    for pos in loop.epoch_steps(10, 4, 3, seed=7, position=position):
+    for pos in loop.epoch_steps(10, FOUR_A_STEP, seed=7, position=position):
         seen.append((pos.epoch, pos.batch, pos.ids))
         loop.advance(len(pos.ids))
     return seen
@@ -110,8 +121,6 @@ def _tiny_model() -> torch.nn.Module:
 
 
 def _optim(model: torch.nn.Module):
-    from trainers.core.config import OptimSection
-
     return build_optimizer(model.parameters(), OptimSection(learning_rate=0.1), total_steps=10)
 
 

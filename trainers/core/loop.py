@@ -3,14 +3,14 @@
 A family's ``train()`` keeps its algorithm's lines (forward, loss, backward) and calls these for
 the bookkeeping each loop shares::
 
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)      # progress.json from here on
-    loop.start_tracker(cfg, name)                             # W&B, optional
+    loop = TrainingRun(run, cfg.checkpoint, epoch_total_steps(n_examples, cfg.train))
+    ...                                                       # load the model, the optimizer
+    loop.start_tracker(cfg.logging, config, name)             # W&B, optional
     state = loop.resume(model, optimizer, scheduler) if resume else None
-    for pos in loop.epoch_steps(n_examples, per_step, steps_per_epoch, cfg.seed, state):
+    position = state["data_position"] if state else None
+    for pos in loop.epoch_steps(n_examples, cfg.train, cfg.seed, position):
         ...                                                   # the algorithm: one optimizer step
-        loop.advance(step_tokens)
-        if loop.should_log(cfg.logging.log_every):
-            loop.log("train", metrics)
+        loop.step_done(train_row, step_tokens, cfg.logging.log_every)
         if loop.every(cfg.eval.eval_every):
             loop.log("eval", evaluate(...))
         loop.progress("training", epoch=pos.epoch)
@@ -31,7 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.core.config import CheckpointSection, ConfigError, LoggingSection, ModelSection
+from trainers.core.config import (
+    CheckpointSection,
+    ConfigError,
+    LoggingSection,
+    ModelSection,
+    OptimSection,
+)
 from trainers.core.harness import MetricsTracker, Tracker
 from trainers.core.harness import checkpoint_or_stop as _checkpoint_or_stop
 from trainers.core.rundir import RunDir
@@ -77,6 +83,18 @@ def count_steps(
     if max_steps:
         total = min(total, max_steps)
     return steps_per_epoch, total
+
+
+def examples_per_step(train: OptimSection) -> int:
+    """Examples in one optimizer step: micro-batch size x gradient accumulation steps."""
+    return train.batch_size * train.gradient_accumulation_steps
+
+
+def epoch_total_steps(n_examples: int, train: OptimSection) -> int:
+    """Total optimizer steps of an epoch-based run over ``n_examples`` (see
+    :func:`count_steps`)."""
+    per_step = examples_per_step(train)
+    return count_steps(n_examples, per_step, train.num_epochs, train.max_steps)[1]
 
 
 @dataclass(frozen=True)
@@ -179,17 +197,18 @@ class TrainingRun:
     def epoch_steps(
         self,
         n_examples: int,
-        per_step: int,
-        num_epochs: int,
+        train: OptimSection,
         seed: int,
         position: dict[str, int] | None = None,
     ) -> Iterator[EpochStep]:
         """The optimizer steps of an epoch-based loop from ``position`` (a checkpoint's
-        ``data_position``, or the start) until ``total_steps``: each epoch in its seeded order
-        (:func:`trainers.core.training.epoch_order`), ``per_step`` examples a step. The caller
-        calls :meth:`advance` once per step."""
+        ``data_position``, or the start) until ``total_steps``: each of ``train.num_epochs``
+        epochs in its seeded order (:func:`trainers.core.training.epoch_order`),
+        :func:`examples_per_step` examples a step. The caller calls :meth:`advance` (or
+        :meth:`step_done`) once per step."""
         from trainers.core.training import epoch_order
 
+        per_step, num_epochs = examples_per_step(train), train.num_epochs
         steps_per_epoch = -(-n_examples // per_step)
         start_epoch = position["epoch"] if position else 0
         start_batch = position["batch"] if position else 0

@@ -32,7 +32,7 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    count_steps,
+    epoch_total_steps,
     pick_runtime,
     step_metrics,
 )
@@ -301,8 +301,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
         "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
     }
     print(f"data: {info['data']}", flush=True)
-    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
-    _, total_steps = count_steps(len(train_ex), per_step, cfg.train.num_epochs, cfg.train.max_steps)
+    total_steps = epoch_total_steps(len(train_ex), cfg.train)
     loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
     ref = ref_eval = None
@@ -337,7 +336,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
         loop.run.log_metrics(0, "eval", evaluate(cfg, model, eval_ex, ref_eval, pad_id, device))
 
     position = state["data_position"] if state else None
-    for pos in loop.epoch_steps(len(train_ex), per_step, cfg.train.num_epochs, cfg.seed, position):
+    for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
         timer = StepTimer()
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.ids), cfg.train.batch_size):

@@ -34,7 +34,7 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    count_steps,
+    epoch_total_steps,
     step_metrics,
 )
 from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
@@ -442,10 +442,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     kind = prepare_kind(cfg, tokenizer)
     info: dict[str, Any] = {"data": kind.stats}
     print(f"data: {kind.stats}", flush=True)
-    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
-    _, total_steps = count_steps(
-        len(kind.train), per_step, cfg.train.num_epochs, cfg.train.max_steps
-    )
+    total_steps = epoch_total_steps(len(kind.train), cfg.train)
     loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
     run.update_phase("loading_model", total_steps)
@@ -495,9 +492,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         run_eval()  # the starting point, for contrast
 
     position = state["data_position"] if state else None
-    for pos in loop.epoch_steps(
-        len(kind.train), per_step, cfg.train.num_epochs, cfg.seed, position
-    ):
+    for pos in loop.epoch_steps(len(kind.train), cfg.train, cfg.seed, position):
         timer = StepTimer()
         step_weight = sum(kind.weight(kind.train[i]) for i in pos.ids)
         agg, step_tokens = StepMetrics(), 0

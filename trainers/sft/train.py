@@ -35,7 +35,7 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    count_steps,
+    epoch_total_steps,
     pick_runtime,
     step_metrics,
 )
@@ -426,8 +426,7 @@ def train(
         "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
     }
     print(f"data: {info['data']}", flush=True)
-    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
-    _, total_steps = count_steps(len(train_ex), per_step, cfg.train.num_epochs, cfg.train.max_steps)
+    total_steps = epoch_total_steps(len(train_ex), cfg.train)
     loop = TrainingRun(run, cfg.checkpoint, total_steps, tracker=tracker)
 
     run.update_phase("loading_model", total_steps)
@@ -461,7 +460,7 @@ def train(
         eval_and_samples(at_start=True)
 
     position = state["data_position"] if state else None
-    for pos in loop.epoch_steps(len(train_ex), per_step, cfg.train.num_epochs, cfg.seed, position):
+    for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
         timer = StepTimer()
         step_targets = sum(train_ex[i].n_targets for i in pos.ids)
         agg, step_tokens = StepMetrics(), 0
