@@ -254,7 +254,7 @@ def fake_train(cfg: FakeConfig, run: RunDir, resume: bool) -> SummaryFile:
         loop.log("train", loop.last_train)
         if loop.every(cfg.eval_every):
             loop.progress("evaluating")
-            loop.last_eval = {"eval/loss": float(loss) / 2}
+            loop.last_eval = {"eval/loss": float(loss.detach()) / 2}
             loop.log("eval", loop.last_eval)
             best.update(loop.last_eval)
         loop.progress("training", epoch=0)
