@@ -29,6 +29,7 @@ from trainers.core.loop import (
     count_steps,
     epoch_total_steps,
     every,
+    round_robin,
     step_metrics,
 )
 from trainers.core.rundir import RunDir, read_jsonl
@@ -399,3 +400,13 @@ def test_step_metrics_order_and_throughput():
     assert row["throughput/tokens_per_s"] == pytest.approx(100 / row["timing/step_s"])
     assert row["memory/peak_gb"] > 0
     assert "epoch" not in step_metrics({}, 0.0, 0.1, 1, StepTimer(), torch.device("cpu"))
+
+
+def test_round_robin_walks_the_held_out_set_event_by_event(tmp_path):
+    assert round_robin(5, 2, 0) == [0, 1]
+    assert round_robin(5, 2, 1) == [2, 3]
+    assert round_robin(5, 2, 2) == [4, 0]  # wraps around
+    assert round_robin(5, 0, 3) == [] and round_robin(0, 0, 1) == []
+    loop = TrainingRun(RunDir(tmp_path), CheckpointSection(), 10)
+    loop.step = 7
+    assert loop.event(3) == 2 and loop.event(0) == 7

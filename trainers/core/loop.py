@@ -119,6 +119,12 @@ class EpochStep:
         return {"epoch": self.epoch + 1, "batch": 0}
 
 
+def round_robin(n_items: int, n: int, event: int) -> list[int]:
+    """Indices of the ``n`` items that periodic sampling event ``event`` shows: k·n .. k·n+n-1,
+    wrapping around ``n_items``, so successive events walk through the held-out set."""
+    return [(event * n + j) % n_items for j in range(n)]
+
+
 # ---------------------------------------------------------------------------------------------
 # The run's bookkeeping
 # ---------------------------------------------------------------------------------------------
@@ -221,6 +227,11 @@ class TrainingRun:
                 if self.done:
                     return
                 yield EpochStep(epoch, b, order[b * per_step : (b + 1) * per_step], steps_per_epoch)
+
+    def event(self, every_n: int) -> int:
+        """Which periodic event (every ``every_n`` steps) the current step is: samples differ
+        from one event to the next (:func:`round_robin`)."""
+        return self.step // max(every_n, 1)
 
     def every(self, n: int | None, *, at_end: bool = True) -> bool:
         """:func:`every` at the current step."""

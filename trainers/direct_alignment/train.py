@@ -34,6 +34,7 @@ from trainers.core.loop import (
     TrainingRun,
     epoch_total_steps,
     pick_runtime,
+    round_robin,
     step_metrics,
 )
 from trainers.core.models import (
@@ -84,7 +85,7 @@ def preflight(cfg: DirectAlignmentConfig) -> None:
         raise ConfigError("data.max_prompt_length must be smaller than data.max_length")
 
 
-def load_records(cfg: DirectAlignmentConfig):
+def load_records(cfg: DirectAlignmentConfig) -> list[Any]:
     d = cfg.data
     if d.dataset == BUILTIN_DATASET:
         n = d.max_samples or 1000
@@ -92,7 +93,9 @@ def load_records(cfg: DirectAlignmentConfig):
     return load_preference_records(d.dataset, d.split, d.format, d.max_samples, seed=cfg.seed)
 
 
-def prepare_examples(cfg: DirectAlignmentConfig, tokenizer):
+def prepare_examples(
+    cfg: DirectAlignmentConfig, tokenizer: Any
+) -> tuple[list[TokenizedExample], list[TokenizedExample], list[Any], dict[str, Any]]:
     records = load_records(cfg)
     train_records, eval_records = split_train_eval(
         records, eval_size=cfg.data.eval_size, seed=cfg.seed
@@ -122,7 +125,13 @@ def prepare_examples(cfg: DirectAlignmentConfig, tokenizer):
 # ---------------------------------------------------------------------------------------------
 
 
-def batch_logps(model, examples: list[TokenizedExample], pad_id: int, device, with_kl: bool):
+def batch_logps(
+    model: torch.nn.Module,
+    examples: list[TokenizedExample],
+    pad_id: int,
+    device: torch.device,
+    with_kl: bool,
+) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], int]:
     """One concatenated forward over every sequence of the micro-batch, each example's prompt
     run once for its chosen, rejected (and KL) responses.
     Returns {"chosen"|"rejected"|"kl": (sum_logps, n_tokens)} and the token count."""
@@ -143,13 +152,20 @@ def batch_logps(model, examples: list[TokenizedExample], pad_id: int, device, wi
     return parts, int(batch["attention_mask"].sum())
 
 
-def _present(examples, name):
+def _present(examples: list[TokenizedExample], name: str) -> list[int]:
     attr = {"chosen": "chosen_ids", "rejected": "rejected_ids", "kl": "kl_response_ids"}[name]
     return [i for i, ex in enumerate(examples) if getattr(ex, attr) is not None]
 
 
 @torch.no_grad()
-def compute_reference_logps(model, examples, pad_id, device, batch_size, with_kl):
+def compute_reference_logps(
+    model: torch.nn.Module,
+    examples: list[TokenizedExample],
+    pad_id: int,
+    device: torch.device,
+    batch_size: int,
+    with_kl: bool,
+) -> dict[str, torch.Tensor]:
     """Summed reference log-prob of every example's chosen / rejected / kl response (NaN where
     absent), as {"chosen": tensor(n), ...}."""
     model.eval()
@@ -220,7 +236,15 @@ def loss_params(cfg: DirectAlignmentConfig) -> LossParams:
     )
 
 
-def micro_batch_loss(cfg, model, examples, ids, ref, pad_id, device):
+def micro_batch_loss(
+    cfg: DirectAlignmentConfig,
+    model: torch.nn.Module,
+    examples: list[TokenizedExample],
+    ids: list[int],
+    ref: dict[str, torch.Tensor] | None,
+    pad_id: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, dict[str, Any], int]:
     """Loss and metrics of the examples at dataset indices ``ids``."""
     batch = [examples[i] for i in ids]
     parts, n_tokens = batch_logps(model, batch, pad_id, device, with_kl=cfg.loss == "kto")
@@ -230,7 +254,7 @@ def micro_batch_loss(cfg, model, examples, ids, ref, pad_id, device):
         parts.get("rejected", (empty, empty)),
     )
 
-    def ref_of(name):
+    def ref_of(name: str) -> torch.Tensor | None:
         rows = [ids[i] for i in _present(batch, name)]
         return ref[name][rows].to(device) if ref is not None else None
 
@@ -262,12 +286,18 @@ def evaluate(cfg, model, examples, ref, pad_id, device) -> dict[str, float]:
     return {f"eval/{k}": v for k, v in agg.mean().items()}
 
 
-def sample_generations(cfg, model, tokenizer, eval_records, event: int) -> list[dict]:
-    """Round-robin over held-out prompts: event k samples prompts k·n .. k·n+n-1."""
+def sample_generations(
+    cfg: DirectAlignmentConfig,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    eval_records: list[Any],
+    event: int,
+) -> list[dict[str, Any]]:
+    """Completions for ``eval.num_samples`` held-out prompts, taken round-robin by event."""
     n = min(cfg.eval.num_samples, len(eval_records))
-    if n == 0:
+    picked = [eval_records[i] for i in round_robin(len(eval_records), n, event)]
+    if not picked:
         return []
-    picked = [eval_records[(event * n + j) % len(eval_records)] for j in range(n)]
     completions = generate_completions(
         model,
         tokenizer,
@@ -356,7 +386,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
             run_eval()
         if loop.every(cfg.eval.sample_every):
             loop.progress("generating")
-            event = loop.step // max(cfg.eval.sample_every, 1)
+            event = loop.event(cfg.eval.sample_every)
             loop.log_samples(sample_generations(cfg, model, tokenizer, eval_records, event))
         loop.progress("training", epoch=pos.epoch)
         print(

@@ -35,6 +35,7 @@ from trainers.core.loop import (
     StepTimer,
     TrainingRun,
     epoch_total_steps,
+    round_robin,
     step_metrics,
 )
 from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
@@ -411,7 +412,7 @@ def _share(values) -> float:
 KINDS = {"preference": PreferenceKind, "orm": OutcomeKind, "prm": StepKind}
 
 
-def prepare_kind(cfg: RewardModelConfig, tokenizer):
+def prepare_kind(cfg: RewardModelConfig, tokenizer: Any) -> PreferenceKind | OutcomeKind | StepKind:
     try:
         kind = KINDS[cfg.kind](cfg, tokenizer)
     except DatasetNotFoundError as err:
@@ -482,9 +483,8 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         best.update(row)
         n = min(cfg.eval.num_samples, len(kind.held_out))
         if n:
-            event = loop.step // max(cfg.eval.eval_every, 1)
             sources = getattr(kind, "n_sample_sources", lambda: len(kind.held_out))()
-            picks = [(event * n + j) % sources for j in range(n)]
+            picks = round_robin(sources, n, loop.event(cfg.eval.eval_every))
             loop.log_samples(kind.samples(cache, picks))
         loop.last_eval = row
 

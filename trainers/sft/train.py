@@ -37,6 +37,7 @@ from trainers.core.loop import (
     TrainingRun,
     epoch_total_steps,
     pick_runtime,
+    round_robin,
     step_metrics,
 )
 from trainers.core.models import (
@@ -216,7 +217,7 @@ def preflight(cfg: SFTConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_tokenizer_with_template(cfg: SFTConfig):
+def load_tokenizer_with_template(cfg: SFTConfig) -> Any:
     tokenizer = load_tokenizer(cfg.model.name)
     if getattr(tokenizer, "chat_template", None) is None and cfg.model.chat_template_source:
         donor = load_tokenizer(cfg.model.chat_template_source)
@@ -231,7 +232,9 @@ def load_tokenizer_with_template(cfg: SFTConfig):
     return tokenizer
 
 
-def prepare_examples(cfg: SFTConfig, tokenizer):
+def prepare_examples(
+    cfg: SFTConfig, tokenizer: Any
+) -> tuple[list[TokenizedSFT], list[TokenizedSFT], list[SFTRecord], dict[str, Any]]:
     d = cfg.data
     load_stats: dict = {}
     try:
@@ -297,7 +300,9 @@ def token_nll(
     return -logps.sum(), int(targets.numel()), hits
 
 
-def micro_batch_terms(model, examples: list[TokenizedSFT], pad_id: int, device):
+def micro_batch_terms(
+    model: torch.nn.Module, examples: list[TokenizedSFT], pad_id: int, device: torch.device | str
+) -> tuple[torch.Tensor, int, int, int]:
     """(summed NLL, target tokens, correct argmax tokens, non-pad tokens) of a micro-batch."""
     batch = collate(examples, pad_id)
     nll, n, hits = token_nll(
@@ -365,13 +370,19 @@ def score_generations(
     }
 
 
-def sample_generations(cfg: SFTConfig, model, tokenizer, eval_records, event: int):
-    """Round-robin over held-out prompts: event k samples prompts k·n .. k·n+n-1. Returns the
-    sample rows and, for built-in data, their format rate and mean score."""
+def sample_generations(
+    cfg: SFTConfig,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    eval_records: list[SFTRecord],
+    event: int,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Completions for ``eval.num_samples`` held-out prompts, taken round-robin by event.
+    Returns the sample rows and, for built-in data, their format rate and mean score."""
     n = min(cfg.eval.num_samples, len(eval_records))
-    if n == 0:
+    picked = [eval_records[i] for i in round_robin(len(eval_records), n, event)]
+    if not picked:
         return [], {}
-    picked = [eval_records[(event * n + j) % len(eval_records)] for j in range(n)]
     completions = generate_completions(
         model,
         tokenizer,
@@ -448,7 +459,7 @@ def train(
             best.update(row)
         if loop.every(cfg.eval.sample_every) or (at_start and cfg.eval.sample_every):
             loop.progress("generating")
-            event = loop.step // max(cfg.eval.sample_every, 1)
+            event = loop.event(cfg.eval.sample_every)
             samples, sample_metrics = sample_generations(cfg, model, tokenizer, eval_records, event)
             loop.log_samples(samples)
             row.update(sample_metrics)
