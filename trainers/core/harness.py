@@ -19,12 +19,13 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from trainers.core.config import ConfigError, LoggingSection, dump_config, load_config, read_yaml
 from trainers.core.rundir import RunDir
+from trainers.core.runfolder import SummaryFile
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -41,10 +42,11 @@ _stop_flag = {"set": False}
 
 
 def stop_requested() -> bool:
+    """Whether SIGTERM arrived: the loop should checkpoint and stop at the end of this step."""
     return _stop_flag["set"]
 
 
-def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
+def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
     _stop_flag["set"] = True
 
 
@@ -57,7 +59,13 @@ class InjectedFault(RuntimeError):
 
 
 def checkpoint_or_stop(
-    step: int, total_steps: int, save_every: int | None, save, tracker, *, stopping: bool
+    step: int,
+    total_steps: int | None,
+    save_every: int | None,
+    save: Callable[[], Any],
+    tracker: MetricsTracker | None,
+    *,
+    stopping: bool,
 ) -> None:
     """The end of every optimizer step: checkpoint every ``save_every`` steps, at the last step
     and when SIGTERM asked to stop (``stopping``, from the caller's ``stop_requested()``); when
@@ -68,11 +76,13 @@ def checkpoint_or_stop(
     if stopping or step == total_steps or (save_every and step % save_every == 0):
         save()
     if stopping:
-        tracker.finish(exit_code=EXIT_STOPPED)
+        if tracker is not None:
+            tracker.finish(exit_code=EXIT_STOPPED)
         raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
 
 
 def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+    """The trainer command line (``--config``, ``--run-dir``, ``--set``, ``--resume``)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--config", required=True, help="YAML config file (see configs/)")
     p.add_argument("--run-dir", required=True, help="run directory to write (DESIGN.md §3)")
@@ -88,12 +98,25 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+class MetricsTracker(Protocol):
+    """What a loop needs of a W&B run: :class:`Tracker`, or a stand-in a pipeline lends."""
+
+    @property
+    def url(self) -> str | None: ...
+
+    def log(self, metrics: dict[str, Any], step: int) -> None: ...
+
+    def finish(self, exit_code: int = 0) -> None: ...
+
+
 class Tracker:
     """Weights & Biases, optional. Environment variables win over the config:
     WANDB_PROJECT, WANDB_ENTITY, WANDB_RUN_NAME, WANDB_MODE (online/offline/disabled).
     No project anywhere, or WANDB_MODE=disabled, means no W&B at all."""
 
-    def __init__(self, cfg: LoggingSection, run_dir: Path, config: dict, default_name: str):
+    def __init__(
+        self, cfg: LoggingSection, run_dir: Path, config: dict[str, Any], default_name: str
+    ) -> None:
         self.run = None
         project = os.environ.get("WANDB_PROJECT") or cfg.wandb_project
         mode = os.environ.get("WANDB_MODE", "online")
@@ -129,18 +152,30 @@ class Tracker:
             self.run.finish(exit_code=exit_code)
 
 
+def write_first_progress(run: RunDir, resume: bool, planned_steps: int | None) -> None:
+    """progress.json from the trainer's first second, before the model loads: phase
+    ``loading_model`` with the planned total when the config alone tells it. A resumed run keeps
+    the step its last progress showed until its loop reports again."""
+    if resume:
+        run.update_phase("loading_model", planned_steps)
+    else:
+        run.write_progress(0, planned_steps, phase="loading_model")
+
+
 def run_trainer(
     argv: list[str] | None,
     *,
     description: str,
     config_model: type[C],
     preflight: Callable[[C], None],
-    train: Callable[[C, RunDir, bool], dict[str, Any]],
+    train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
+    planned_steps: Callable[[C], int | None] | None = None,
 ) -> int:
     """Validate, create the run directory, call ``train(cfg, run, resume)``, record the outcome.
 
-    ``train`` returns the summary fields for a successful run and writes progress/metrics itself.
-    Returns the process exit code.
+    ``train`` returns the summary of a successful run (a ``SummaryFile``, or its fields) and
+    writes progress/metrics itself. ``planned_steps(cfg)``: the total steps when the config
+    alone tells them (for the first progress.json). Returns the process exit code.
     """
     args = parse_args(argv, description)
     run_dir = Path(args.run_dir)
@@ -167,6 +202,7 @@ def run_trainer(
 
     run = RunDir(run_dir)
     run.write_config(dump_config(cfg))
+    write_first_progress(run, args.resume, planned_steps(cfg) if planned_steps else None)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         summary = train(cfg, run, args.resume)
@@ -182,5 +218,31 @@ def run_trainer(
         )
         traceback.print_exc()
         return EXIT_FAILED
-    run.write_summary("succeeded", **summary)
+    if isinstance(summary, SummaryFile):
+        run.write_summary_file(summary)
+    else:
+        run.write_summary("succeeded", **summary)
     return 0
+
+
+def trainer_main(
+    doc: str,
+    config_model: type[C],
+    preflight: Callable[[C], None],
+    train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
+    planned_steps: Callable[[C], int | None] | None = None,
+) -> Callable[[list[str] | None], int]:
+    """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
+    (the command's description is the first line of ``doc``, the module docstring)."""
+
+    def main(argv: list[str] | None = None) -> int:
+        return run_trainer(
+            argv,
+            description=doc.splitlines()[0],
+            config_model=config_model,
+            preflight=preflight,
+            train=train,
+            planned_steps=planned_steps,
+        )
+
+    return main

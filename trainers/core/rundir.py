@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainers.core.runfolder import MetricRow, Phase, ProgressFile, SummaryFile, read_file
+
 
 def _jsonable(value: Any) -> Any:
     """Turn tensors / numpy scalars into plain numbers; NaN and inf become strings JSON can hold."""
@@ -65,7 +67,7 @@ def append_jsonl(path: str | Path, obj: Any) -> None:
         os.close(fd)
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Every whole line of a JSONL file; a truncated last line is skipped."""
     path = Path(path)
     if not path.exists():
@@ -82,7 +84,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
 class RunDir:
     """Writer for one run directory. Create it once per process; it never deletes anything."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.samples_path.touch()  # present even when a run samples nothing
@@ -109,7 +111,9 @@ class RunDir:
         return time.time() - self.start_time
 
     def log_metrics(self, step: int, phase: str, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Append one row (``MetricRow``: step, time_s, phase, then the metrics)."""
         row = {"step": step, "time_s": round(self.elapsed(), 3), "phase": phase, **metrics}
+        MetricRow.model_validate(row)
         append_jsonl(self.metrics_path, row)
         return row
 
@@ -117,24 +121,42 @@ class RunDir:
         for sample in samples:
             append_jsonl(self.samples_path, {"step": step, **sample})
 
-    def write_progress(self, step: int, total_steps: int, **extra: Any) -> None:
-        atomic_write_json(
-            self.path / "progress.json",
-            {
-                "step": step,
-                "total_steps": total_steps,
-                "elapsed_s": round(self.elapsed(), 3),
-                "updated_at": time.time(),
-                **extra,
-            },
-        )
+    def write_progress(
+        self, step: int, total_steps: int | None, *, phase: Phase | None = None, **extra: Any
+    ) -> None:
+        """Replace progress.json (schema ``ProgressFile``); family fields (``epoch``,
+        ``tokens_seen``, ``stage``, ``data`` ...) ride along. ``total_steps`` None: not known
+        yet (the data is not loaded)."""
+        payload: dict[str, Any] = {"step": step, "total_steps": total_steps}
+        if phase is not None:
+            payload["phase"] = phase
+        payload.update(elapsed_s=round(self.elapsed(), 3), updated_at=time.time(), **extra)
+        ProgressFile.model_validate(payload)
+        atomic_write_json(self.path / "progress.json", payload)
+
+    def update_phase(self, phase: Phase, total_steps: int | None = None) -> None:
+        """Say what the trainer does now, keeping what progress.json already shows (step and
+        family fields): the phases before the loop's first step, when a resumed run has not yet
+        reloaded its step. ``total_steps`` replaces the shown total once it is known."""
+        previous, _ = read_file(self.path / "progress.json", ProgressFile)
+        fields = previous.model_dump(exclude_unset=True) if previous is not None else {}
+        for name in ("step", "total_steps", "phase", "elapsed_s", "updated_at"):
+            fields.pop(name, None)
+        step = previous.step if previous is not None else 0
+        total = total_steps if total_steps is not None else getattr(previous, "total_steps", None)
+        self.write_progress(step, total, phase=phase, **fields)
 
     def write_summary(self, outcome: str, **fields: Any) -> None:
-        """outcome: succeeded | failed | stopped. Also called from the failure path."""
-        atomic_write_json(
-            self.path / "summary.json",
-            {"outcome": outcome, "wall_time_s": round(self.elapsed(), 3), **fields},
-        )
+        """outcome: succeeded | failed | stopped (schema ``SummaryFile``). Also called from the
+        failure path."""
+        payload = {"outcome": outcome, "wall_time_s": round(self.elapsed(), 3), **fields}
+        SummaryFile.model_validate(payload)
+        atomic_write_json(self.path / "summary.json", payload)
+
+    def write_summary_file(self, summary: SummaryFile) -> None:
+        """Write a typed summary; its wall time is this process's (set here)."""
+        fields = summary.model_dump(exclude_unset=True, exclude={"outcome", "wall_time_s"})
+        self.write_summary(summary.outcome, **fields)
 
     def truncate_metrics_after(self, step: int) -> None:
         """On resume: drop metric/sample rows logged after the checkpoint's step (they will be

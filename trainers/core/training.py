@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from trainers.core.config import OptimSection
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) from one number."""
     random.seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     np.random.seed(seed % 2**32)
@@ -70,7 +72,7 @@ def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str)
 
 
 def build_optimizer(
-    params, cfg: OptimSection, total_steps: int
+    params: Iterable[torch.nn.Parameter], cfg: OptimSection, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     params = [p for p in params if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -87,13 +89,36 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-def clip_and_measure(params, max_norm: float | None) -> float:
+def clip_and_measure(params: Iterable[torch.nn.Parameter], max_norm: float | None) -> float:
     """Clip gradients (if ``max_norm``) and return the true, pre-clip global L2 norm."""
     params = [p for p in params if p.grad is not None]
     if not params:
         return 0.0
     limit = max_norm if max_norm is not None else float("inf")
     return float(torch.nn.utils.clip_grad_norm_(params, limit))
+
+
+def use_gradient_checkpointing(module: torch.nn.Module, enabled: bool) -> None:
+    """Recompute activations in the backward pass instead of keeping them (less memory, about
+    a third more compute), when ``enabled``; the non-reentrant variant, as every family uses."""
+    if enabled:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def optimizer_step(
+    params: Iterable[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    max_grad_norm: float | None,
+) -> tuple[float, float]:
+    """Clip, step, advance the schedule, clear the gradients. Returns (the pre-clip gradient
+    norm, the learning rate this step used)."""
+    grad_norm = clip_and_measure(params, max_grad_norm)
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, lr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +154,7 @@ def save_checkpoint(
     step: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     data_position: dict[str, Any],
     extra: dict[str, Any] | None = None,
     keep_last: int = 1,
@@ -161,6 +186,7 @@ def save_checkpoint(
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """The complete checkpoints (those with a state.pt), oldest first."""
     if not checkpoints_dir.is_dir():
         return []
     done = [p for p in checkpoints_dir.glob("step-*") if (p / "state.pt").is_file()]
@@ -168,7 +194,10 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
 
 
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> dict[str, Any]:
     """Restore everything saved by :func:`save_checkpoint`; returns the state dict (step,
     data_position, extra). RNG state is restored last so nothing after it consumes randomness."""
@@ -181,6 +210,7 @@ def load_checkpoint(
 
 
 def peak_memory_gb(device: torch.device) -> float:
+    """Peak accelerator memory (CUDA) or peak resident set size (CPU), in GB."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1e9
     try:

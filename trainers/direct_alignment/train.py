@@ -20,38 +20,37 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from trainers.core.config import ConfigError
 from trainers.core.generation import generate_completions
-from trainers.core.harness import (
-    Tracker,
-    checkpoint_or_stop,
-    run_trainer,
-    stop_requested,
-)
+from trainers.core.harness import stop_requested, trainer_main
 from trainers.core.logprobs import split_completion_logps
+from trainers.core.loop import (
+    BestMetric,
+    StepTimer,
+    TrainingRun,
+    epoch_total_steps,
+    pick_runtime,
+    round_robin,
+    step_metrics,
+)
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
     model_fingerprint,
-    pick_attn_implementation,
-    pick_device,
-    pick_dtype,
 )
 from trainers.core.rundir import RunDir
+from trainers.core.runfolder import SummaryFile
 from trainers.core.tiny import cache_root
 from trainers.core.training import (
     StepMetrics,
     build_optimizer,
-    clip_and_measure,
-    epoch_order,
-    list_checkpoints,
-    load_checkpoint,
-    peak_memory_gb,
-    save_checkpoint,
+    optimizer_step,
     seed_everything,
+    use_gradient_checkpointing,
 )
 from trainers.direct_alignment.config import BUILTIN_DATASET, DirectAlignmentConfig
 from trainers.direct_alignment.data import (
@@ -86,7 +85,7 @@ def preflight(cfg: DirectAlignmentConfig) -> None:
         raise ConfigError("data.max_prompt_length must be smaller than data.max_length")
 
 
-def load_records(cfg: DirectAlignmentConfig):
+def load_records(cfg: DirectAlignmentConfig) -> list[Any]:
     d = cfg.data
     if d.dataset == BUILTIN_DATASET:
         n = d.max_samples or 1000
@@ -94,7 +93,9 @@ def load_records(cfg: DirectAlignmentConfig):
     return load_preference_records(d.dataset, d.split, d.format, d.max_samples, seed=cfg.seed)
 
 
-def prepare_examples(cfg: DirectAlignmentConfig, tokenizer):
+def prepare_examples(
+    cfg: DirectAlignmentConfig, tokenizer: Any
+) -> tuple[list[TokenizedExample], list[TokenizedExample], list[Any], dict[str, Any]]:
     records = load_records(cfg)
     train_records, eval_records = split_train_eval(
         records, eval_size=cfg.data.eval_size, seed=cfg.seed
@@ -124,7 +125,13 @@ def prepare_examples(cfg: DirectAlignmentConfig, tokenizer):
 # ---------------------------------------------------------------------------------------------
 
 
-def batch_logps(model, examples: list[TokenizedExample], pad_id: int, device, with_kl: bool):
+def batch_logps(
+    model: torch.nn.Module,
+    examples: list[TokenizedExample],
+    pad_id: int,
+    device: torch.device,
+    with_kl: bool,
+) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], int]:
     """One concatenated forward over every sequence of the micro-batch, each example's prompt
     run once for its chosen, rejected (and KL) responses.
     Returns {"chosen"|"rejected"|"kl": (sum_logps, n_tokens)} and the token count."""
@@ -145,13 +152,20 @@ def batch_logps(model, examples: list[TokenizedExample], pad_id: int, device, wi
     return parts, int(batch["attention_mask"].sum())
 
 
-def _present(examples, name):
+def _present(examples: list[TokenizedExample], name: str) -> list[int]:
     attr = {"chosen": "chosen_ids", "rejected": "rejected_ids", "kl": "kl_response_ids"}[name]
     return [i for i, ex in enumerate(examples) if getattr(ex, attr) is not None]
 
 
 @torch.no_grad()
-def compute_reference_logps(model, examples, pad_id, device, batch_size, with_kl):
+def compute_reference_logps(
+    model: torch.nn.Module,
+    examples: list[TokenizedExample],
+    pad_id: int,
+    device: torch.device,
+    batch_size: int,
+    with_kl: bool,
+) -> dict[str, torch.Tensor]:
     """Summed reference log-prob of every example's chosen / rejected / kl response (NaN where
     absent), as {"chosen": tensor(n), ...}."""
     model.eval()
@@ -222,7 +236,15 @@ def loss_params(cfg: DirectAlignmentConfig) -> LossParams:
     )
 
 
-def micro_batch_loss(cfg, model, examples, ids, ref, pad_id, device):
+def micro_batch_loss(
+    cfg: DirectAlignmentConfig,
+    model: torch.nn.Module,
+    examples: list[TokenizedExample],
+    ids: list[int],
+    ref: dict[str, torch.Tensor] | None,
+    pad_id: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, dict[str, Any], int]:
     """Loss and metrics of the examples at dataset indices ``ids``."""
     batch = [examples[i] for i in ids]
     parts, n_tokens = batch_logps(model, batch, pad_id, device, with_kl=cfg.loss == "kto")
@@ -232,7 +254,7 @@ def micro_batch_loss(cfg, model, examples, ids, ref, pad_id, device):
         parts.get("rejected", (empty, empty)),
     )
 
-    def ref_of(name):
+    def ref_of(name: str) -> torch.Tensor | None:
         rows = [ids[i] for i in _present(batch, name)]
         return ref[name][rows].to(device) if ref is not None else None
 
@@ -264,12 +286,18 @@ def evaluate(cfg, model, examples, ref, pad_id, device) -> dict[str, float]:
     return {f"eval/{k}": v for k, v in agg.mean().items()}
 
 
-def sample_generations(cfg, model, tokenizer, eval_records, event: int) -> list[dict]:
-    """Round-robin over held-out prompts: event k samples prompts k·n .. k·n+n-1."""
+def sample_generations(
+    cfg: DirectAlignmentConfig,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    eval_records: list[Any],
+    event: int,
+) -> list[dict[str, Any]]:
+    """Completions for ``eval.num_samples`` held-out prompts, taken round-robin by event."""
     n = min(cfg.eval.num_samples, len(eval_records))
-    if n == 0:
+    picked = [eval_records[i] for i in round_robin(len(eval_records), n, event)]
+    if not picked:
         return []
-    picked = [eval_records[(event * n + j) % len(eval_records)] for j in range(n)]
     completions = generate_completions(
         model,
         tokenizer,
@@ -290,20 +318,25 @@ def sample_generations(cfg, model, tokenizer, eval_records, event: int) -> list[
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> dict:
+def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
+    """Tokenise, cache the reference log-probs, then the DPO-family loop; see the module doc."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
-    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name)
     pad_id = tokenizer.pad_token_id
 
+    run.update_phase("tokenizing")
     train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
-    info: dict = {"data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}}
+    info: dict[str, Any] = {
+        "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
+    }
     print(f"data: {info['data']}", flush=True)
+    total_steps = epoch_total_steps(len(train_ex), cfg.train)
+    loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
     ref = ref_eval = None
     if cfg.needs_reference:
+        run.update_phase("reference_logprobs", total_steps)
         ref, cache_info = load_or_compute_reference(
             cfg, train_ex + eval_ex, pad_id, device, dtype, attn
         )
@@ -312,151 +345,66 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> dict:
         info.update(cache_info)
         print(f"reference log-probs: cache {cache_info['ref_cache']}", flush=True)
 
+    run.update_phase("loading_model", total_steps)
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     model.train()
-
-    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
-    steps_per_epoch = -(-len(train_ex) // per_step)
-    total_steps = steps_per_epoch * cfg.train.num_epochs
-    if cfg.train.max_steps:
-        total_steps = min(total_steps, cfg.train.max_steps)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
+    state = loop.resume(model, optimizer, scheduler) if resume else None
+    loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
+    best = BestMetric("eval/accuracy")
 
-    step, start_epoch, start_batch = 0, 0, 0
-    if resume:
-        checkpoints = list_checkpoints(run.checkpoints_dir)
-        if not checkpoints:
-            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
-        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
-        step = state["step"]
-        start_epoch, start_batch = state["data_position"]["epoch"], state["data_position"]["batch"]
-        run.truncate_metrics_after(step)
-        print(f"resumed from {checkpoints[-1].name}", flush=True)
-
-    tracker = Tracker(
-        cfg.logging, run.path, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}"
-    )
-    info["wandb_url"] = tracker.url
-    last_train: dict = {}
-    last_eval: dict = {}
-    best_eval_accuracy = None
-    tokens_seen = 0
-
-    def checkpoint(epoch: int, batch: int) -> None:
-        save_checkpoint(
-            run.checkpoints_dir,
-            step,
-            model,
-            optimizer,
-            scheduler,
-            {"epoch": epoch, "batch": batch},
-            keep_last=cfg.checkpoint.keep_last,
-        )
-
-    def periodic(every: int) -> bool:
-        return step == total_steps or (every > 0 and step % every == 0)
+    def run_eval() -> None:
+        loop.progress("evaluating")
+        loop.last_eval = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
+        loop.log("eval", loop.last_eval)
+        best.update(loop.last_eval)
 
     if not resume and cfg.eval.eval_every > 0 and eval_ex:  # the starting point, for contrast
-        run.log_metrics(0, "eval", evaluate(cfg, model, eval_ex, ref_eval, pad_id, device))
+        loop.run.log_metrics(0, "eval", evaluate(cfg, model, eval_ex, ref_eval, pad_id, device))
 
-    done = step >= total_steps
-    for epoch in range(start_epoch, cfg.train.num_epochs):
-        if done:
-            break
-        order = epoch_order(len(train_ex), cfg.seed, epoch)
-        first = start_batch if epoch == start_epoch else 0
-        for b in range(first, steps_per_epoch):
-            t0 = time.time()
-            step_ids = order[b * per_step : (b + 1) * per_step]
-            agg, step_tokens = StepMetrics(), 0
-            for m in range(0, len(step_ids), cfg.train.batch_size):
-                ids = step_ids[m : m + cfg.train.batch_size]
-                loss, metrics, n_tok = micro_batch_loss(
-                    cfg, model, train_ex, ids, ref, pad_id, device
-                )
-                (loss * len(ids) / len(step_ids)).backward()
-                agg.add(metrics, weight=len(ids))
-                step_tokens += n_tok
-            grad_norm = clip_and_measure(model.parameters(), cfg.train.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += step_tokens
-            dt = time.time() - t0
-            last_train = {
-                **agg.mean(),
-                "grad_norm": grad_norm,
-                "learning_rate": lr,
-                "epoch": epoch + (b + 1) / steps_per_epoch,
-                "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
-                "timing/step_s": dt,
-                "memory/peak_gb": peak_memory_gb(device),
-            }
-            if step % cfg.logging.log_every == 0 or step == total_steps:
-                run.log_metrics(step, "train", last_train)
-                tracker.log(last_train, step)
-            if periodic(cfg.eval.eval_every) and eval_ex:
-                last_eval = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
-                run.log_metrics(step, "eval", last_eval)
-                tracker.log(last_eval, step)
-                acc = last_eval.get("eval/accuracy")
-                if acc is not None and (best_eval_accuracy is None or acc > best_eval_accuracy):
-                    best_eval_accuracy = acc
-            if periodic(cfg.eval.sample_every):
-                event = step // max(cfg.eval.sample_every, 1)
-                run.log_samples(
-                    step, sample_generations(cfg, model, tokenizer, eval_records, event)
-                )
-            run.write_progress(step, total_steps, epoch=epoch, tokens_seen=tokens_seen)
-            print(
-                f"step {step}/{total_steps} loss {last_train.get('loss', float('nan')):.4f} "
-                f"acc {last_train.get('accuracy', float('nan')):.3f} ({dt:.2f}s)",
-                flush=True,
-            )
-            next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
-            checkpoint_or_stop(
-                step,
-                total_steps,
-                cfg.checkpoint.save_every,
-                partial(checkpoint, *next_position),
-                tracker,
-                stopping=stop_requested(),
-            )
-            if step >= total_steps:
-                done = True
-                break
+    position = state["data_position"] if state else None
+    for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
+        timer = StepTimer()
+        agg, step_tokens = StepMetrics(), 0
+        for m in range(0, len(pos.ids), cfg.train.batch_size):
+            ids = pos.ids[m : m + cfg.train.batch_size]
+            loss, metrics, n_tok = micro_batch_loss(cfg, model, train_ex, ids, ref, pad_id, device)
+            (loss * len(ids) / len(pos.ids)).backward()
+            agg.add(metrics, weight=len(ids))
+            step_tokens += n_tok
+        grad_norm, lr = optimizer_step(
+            model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
+        )
+        row = step_metrics(
+            agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
+        )
+        loop.step_done(row, step_tokens, cfg.logging.log_every)
+        if loop.every(cfg.eval.eval_every) and eval_ex:
+            run_eval()
+        if loop.every(cfg.eval.sample_every):
+            loop.progress("generating")
+            event = loop.event(cfg.eval.sample_every)
+            loop.log_samples(sample_generations(cfg, model, tokenizer, eval_records, event))
+        loop.progress("training", epoch=pos.epoch)
+        print(
+            f"step {loop.step}/{total_steps} loss {row.get('loss', float('nan')):.4f} "
+            f"acc {row.get('accuracy', float('nan')):.3f} ({row['timing/step_s']:.2f}s)",
+            flush=True,
+        )
+        loop.checkpoint_or_stop(
+            partial(loop.save_checkpoint, model, optimizer, scheduler, pos.next_position),
+            stopping=stop_requested(),
+        )
 
-    if cfg.checkpoint.save_final_model:
-        model.save_pretrained(run.path / "final_model")
-        tokenizer.save_pretrained(run.path / "final_model")
-    tracker.finish()
-    return {
-        "algorithm": cfg.loss,
-        "steps": step,
-        "total_steps": total_steps,
-        "final_metrics": last_train,
-        "final_eval": last_eval,
-        "best_metrics": {"eval/accuracy": best_eval_accuracy},
-        "peak_memory_gb": peak_memory_gb(device),
-        "tokens_seen": tokens_seen,
-        **info,
-    }
+    loop.save_final_model(model, tokenizer)
+    loop.finish()
+    return loop.summary(cfg.loss, best, device, **info)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=DirectAlignmentConfig,
-        preflight=preflight,
-        train=train,
-    )
+main = trainer_main(__doc__, DirectAlignmentConfig, preflight, train)
 
 
 if __name__ == "__main__":

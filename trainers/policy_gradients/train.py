@@ -21,35 +21,26 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import torch
 
-from trainers.core.config import ConfigError
-from trainers.core.harness import (
-    Tracker,
-    checkpoint_or_stop,
-    run_trainer,
-    stop_requested,
-)
+from trainers.core.harness import stop_requested, trainer_main
+from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
-    pick_attn_implementation,
-    pick_device,
-    pick_dtype,
 )
 from trainers.core.rundir import RunDir
-from trainers.core.tiny import quiet_hf
+from trainers.core.runfolder import SummaryFile
 from trainers.core.training import (
     StepMetrics,
     build_optimizer,
-    clip_and_measure,
     epoch_order,
-    list_checkpoints,
-    load_checkpoint,
+    optimizer_step,
     peak_memory_gb,
-    save_checkpoint,
     seed_everything,
+    use_gradient_checkpointing,
 )
 from trainers.policy_gradients.advantages import frac_zero_std
 from trainers.policy_gradients.config import (
@@ -82,7 +73,13 @@ from trainers.policy_gradients.rollout import (
 
 
 def preflight(cfg: PolicyGradientConfig) -> None:
+    """Checks that need no model: the task specs exist and parse."""
     check_specs(cfg.data.specs)
+
+
+def planned_rollout_steps(cfg: PolicyGradientConfig) -> int:
+    """The run's rollout steps, known from the config alone (for the first progress.json)."""
+    return cfg.total_rollout_steps
 
 
 def config_notes(cfg: PolicyGradientConfig) -> list[str]:
@@ -134,6 +131,7 @@ def _token_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def loss_params(cfg: PolicyGradientConfig) -> PolicyLossParams:
+    """The loss function's parameters from the config (β only where the algorithm uses KL)."""
     loss = cfg.loss
     return PolicyLossParams(
         clip_eps_lo=loss.clip_eps_lo,
@@ -146,13 +144,22 @@ def loss_params(cfg: PolicyGradientConfig) -> PolicyLossParams:
     )
 
 
-def _rows(t: torch.Tensor | None, idx: torch.Tensor, width_t: int, device):
+def _rows(
+    t: torch.Tensor | None, idx: torch.Tensor, width_t: int, device: torch.device
+) -> torch.Tensor | None:
     return None if t is None else t[idx, :width_t].to(device)
 
 
 def micro_batch_loss(
-    cfg, policy, value_model, exp: Experience, rows, step_seqs, step_tokens, device
-):
+    cfg: PolicyGradientConfig,
+    policy: torch.nn.Module,
+    value_model: torch.nn.Module | None,
+    exp: Experience,
+    rows: list[int],
+    step_seqs: int,
+    step_tokens: float,
+    device: torch.device,
+) -> tuple[torch.Tensor, float, dict[str, float], float]:
     """The loss contribution of ``rows`` to its optimizer step, and its metrics."""
     idx = torch.tensor(rows, dtype=torch.long)
     ids, attn, width_t, width_p = trim(
@@ -205,7 +212,17 @@ def micro_batch_loss(
     return contrib, float(pg_contrib.detach()), metrics, float(mask.sum())
 
 
-def update(cfg, policy, value_model, optimizer, scheduler, params, exp: Experience, step, device):
+def update(
+    cfg: PolicyGradientConfig,
+    policy: torch.nn.Module,
+    value_model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    params: list[torch.nn.Parameter],
+    exp: Experience,
+    step: int,
+    device: torch.device,
+) -> dict[str, float]:
     """``updates_per_rollout`` passes over the rollout batch; returns the phase's metrics."""
     n = exp.num_sequences
     bs, acc = cfg.train.batch_size, cfg.train.gradient_accumulation_steps
@@ -232,11 +249,9 @@ def update(cfg, policy, value_model, optimizer, scheduler, params, exp: Experien
                 loss_sum += float(contrib.detach())
                 pg_sum += pg
                 token_stats.add(metrics, weight=n_tok)
-            grad_norms.append(clip_and_measure(params, cfg.train.max_grad_norm))
-            lrs.append(scheduler.get_last_lr()[0])
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm, lr = optimizer_step(params, optimizer, scheduler, cfg.train.max_grad_norm)
+            grad_norms.append(grad_norm)
+            lrs.append(lr)
             step_losses.append(loss_sum)
             step_pg.append(pg_sum)
     out = {
@@ -257,7 +272,9 @@ def update(cfg, policy, value_model, optimizer, scheduler, params, exp: Experien
 # ---------------------------------------------------------------------------------------------
 
 
-def evaluate(cfg, policy, tokenizer, held_out) -> tuple[dict[str, float], list[dict]]:
+def evaluate(
+    cfg: PolicyGradientConfig, policy: torch.nn.Module, tokenizer: Any, held_out: list[Any]
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy completions on the held-out prompts: eval/avg_correctness, eval/avg_format, ..."""
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     texts, lengths, truncated = greedy_completions(
@@ -282,7 +299,8 @@ def evaluate(cfg, policy, tokenizer, held_out) -> tuple[dict[str, float], list[d
     return metrics, samples
 
 
-def rollout_samples(cfg, exp: Experience) -> list[dict]:
+def rollout_samples(cfg: PolicyGradientConfig, exp: Experience) -> list[dict[str, Any]]:
+    """The first rollout of each of the first ``eval.num_samples`` groups, with its reward."""
     G = cfg.rollout.num_rollouts
     n_groups = exp.num_sequences // G
     out = []
@@ -306,20 +324,21 @@ def rollout_samples(cfg, exp: Experience) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> dict:
+def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
+    """Load prompts and models, then the rollout-score-update loop; see the module doc."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
-    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    device, dtype, attn = pick_runtime(cfg.model)
     notes = config_notes(cfg)
     for note in notes:
         print(f"note: {note}", flush=True)
+    total_steps = cfg.total_rollout_steps
+    loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
     tokenizer = load_tokenizer(cfg.model.name)
     train_prompts, held_out = load_prompts(
         cfg.data.specs, cfg.data.size, cfg.data.eval_size, cfg.seed
     )
-    info: dict = {"data": {"n_train": len(train_prompts), "n_eval": len(held_out)}}
+    info: dict[str, Any] = {"data": {"n_train": len(train_prompts), "n_eval": len(held_out)}}
     if len(held_out) < cfg.data.eval_size:
         notes.append(
             f"only {len(held_out)} of data.eval_size={cfg.data.eval_size} held-out prompts: the "
@@ -330,8 +349,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> dict:
 
     load = dict(device=device, dtype=dtype, attn_implementation=attn)
     policy = load_causal_lm(cfg.model.name, trainable=True, **load)
-    if cfg.model.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    use_gradient_checkpointing(policy, cfg.model.gradient_checkpointing)
     ref_model = None
     if cfg.uses_kl:
         ref_model = load_causal_lm(cfg.model.ref_name or cfg.model.name, trainable=False, **load)
@@ -339,77 +357,45 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> dict:
     params = [p for p in policy.parameters() if p.requires_grad]
     if cfg.algorithm == "ppo":
         value_model = load_value_model(cfg.model.name, **load)
-        if cfg.model.gradient_checkpointing:
-            value_model.body.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+        use_gradient_checkpointing(value_model.body, cfg.model.gradient_checkpointing)
         value_model.train()
         params += [p for p in value_model.parameters() if p.requires_grad]
 
-    total_steps = cfg.total_rollout_steps
     opt_steps = total_steps * cfg.loss.updates_per_rollout * cfg.optimizer_steps_per_update
     optimizer, scheduler = build_optimizer(params, cfg.train, opt_steps)
     stream = PromptStream(len(train_prompts), cfg.seed)
-
-    step, tokens_seen, best_eval = 0, 0, None
+    best = BestMetric("eval/avg_correctness")
     if resume:
-        checkpoints = list_checkpoints(run.checkpoints_dir)
-        if not checkpoints:
-            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
-        state = load_checkpoint(checkpoints[-1], policy, optimizer, scheduler)
-        step = state["step"]
+        state = loop.resume(policy, optimizer, scheduler)
         stream = PromptStream.from_state(len(train_prompts), cfg.seed, state["data_position"])
-        extra = state.get("extra", {})
         if value_model is not None:
-            value_model.load_state_dict(extra["value_model"])
-        tokens_seen = extra.get("tokens_seen", 0)
-        best_eval = extra.get("best_eval")
-        run.truncate_metrics_after(step)
-        print(f"resumed from {checkpoints[-1].name}", flush=True)
-
-    tracker = Tracker(
-        cfg.logging, run.path, cfg.model_dump(mode="json"), f"{cfg.algorithm}-{run.path.name}"
-    )
-    info["wandb_url"] = tracker.url
-    last_rollout: dict = {}
-    last_train: dict = {}
-    last_eval: dict = {}
-
-    def log(phase: str, metrics: dict) -> None:
-        run.log_metrics(step, phase, metrics)
-        tracker.log(metrics, step)
+            value_model.load_state_dict(state["extra"]["value_model"])
+        best.value = state["extra"].get("best_eval")
+    loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.algorithm}-{run.path.name}")
+    last_rollout: dict[str, Any] = {}
 
     def run_eval() -> None:
-        nonlocal last_eval, best_eval
         if not held_out:
             return
-        last_eval, samples = evaluate(cfg, policy, tokenizer, held_out)
-        log("eval", last_eval)
-        run.log_samples(step, samples)
-        acc = last_eval["eval/avg_correctness"]
-        best_eval = acc if best_eval is None else max(best_eval, acc)
+        loop.progress("evaluating")
+        loop.last_eval, samples = evaluate(cfg, policy, tokenizer, held_out)
+        loop.log("eval", loop.last_eval)
+        loop.log_samples(samples)
+        best.update(loop.last_eval)
 
     def checkpoint() -> None:
-        extra = {"tokens_seen": tokens_seen, "best_eval": best_eval}
+        extra = {"tokens_seen": loop.tokens_seen, "best_eval": best.value}
         if value_model is not None:
             extra["value_model"] = value_model.state_dict()
-        save_checkpoint(
-            run.checkpoints_dir,
-            step,
-            policy,
-            optimizer,
-            scheduler,
-            stream.state(),
-            extra=extra,
-            keep_last=cfg.checkpoint.keep_last,
-        )
+        loop.save_checkpoint(policy, optimizer, scheduler, stream.state(), extra)
 
     if not resume and cfg.eval.eval_every > 0:
         run_eval()  # the starting point (e.g. the warm start's level), for contrast
 
-    while step < total_steps:
-        t_step = time.time()
+    while not loop.done:
+        timer = StepTimer()
         # 1-3. sample prompts, roll out, score (on CPU afterwards)
+        loop.progress("generating", data=stream.state())
         exp, ri = rollout_step(policy, tokenizer, stream, train_prompts, cfg)
         # 4. log-probs / values / advantages
         t_prep = time.time()
@@ -418,13 +404,12 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> dict:
         # 5. update
         t_train = time.time()
         train_metrics = update(
-            cfg, policy, value_model, optimizer, scheduler, params, exp, step, device
+            cfg, policy, value_model, optimizer, scheduler, params, exp, loop.step, device
         )
         train_s = time.time() - t_train
-        step += 1
         step_tokens = int(exp.attention_mask.sum())
-        tokens_seen += step_tokens
-        dt = time.time() - t_step
+        loop.advance(step_tokens)
+        dt = timer.dt
 
         # 6. log
         last_rollout = {
@@ -437,64 +422,40 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> dict:
         if cfg.algorithm == "dapo":
             last_rollout["dynamic_sampling/kept_frac"] = ri.groups_kept / ri.groups_drawn
             last_rollout["dynamic_sampling/prompts_drawn"] = ri.prompts_drawn
-        last_train = {
+        loop.last_train = {
             **train_metrics,
             "timing/train_s": train_s,
             "timing/step_s": dt,
             "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
             "memory/peak_gb": peak_memory_gb(device),
         }
-        if step % cfg.logging.log_every == 0 or step == total_steps:
-            log("rollout", last_rollout)
-            log("train", last_train)
-        every = cfg.eval.sample_every
-        if every and (step % every == 0 or step == total_steps):
-            run.log_samples(step, rollout_samples(cfg, exp))
-        if step == total_steps or (cfg.eval.eval_every > 0 and step % cfg.eval.eval_every == 0):
+        if loop.should_log(cfg.logging.log_every):
+            loop.log("rollout", last_rollout)
+            loop.log("train", loop.last_train)
+        if loop.every(cfg.eval.sample_every, at_end=bool(cfg.eval.sample_every)):
+            loop.log_samples(rollout_samples(cfg, exp))
+        if loop.every(cfg.eval.eval_every):
             run_eval()
-        run.write_progress(step, total_steps, tokens_seen=tokens_seen, data=stream.state())
+        loop.progress("training", data=stream.state())
         print(
-            f"step {step}/{total_steps} correctness {last_rollout['avg_correctness']:.3f} "
-            f"format {last_rollout['avg_format']:.3f} loss {last_train['loss']:.4f} "
+            f"step {loop.step}/{total_steps} correctness {last_rollout['avg_correctness']:.3f} "
+            f"format {last_rollout['avg_format']:.3f} loss {loop.last_train['loss']:.4f} "
             f"gen {ri.generate_s:.1f}s train {train_s:.1f}s",
             flush=True,
         )
-        checkpoint_or_stop(
-            step,
-            total_steps,
-            cfg.checkpoint.save_every,
-            checkpoint,
-            tracker,
-            stopping=stop_requested(),
-        )
+        loop.checkpoint_or_stop(checkpoint, stopping=stop_requested())
 
-    if cfg.checkpoint.save_final_model:
-        with quiet_hf():
-            policy.save_pretrained(run.path / "final_model")
-            tokenizer.save_pretrained(run.path / "final_model")
-    tracker.finish()
-    return {
-        "algorithm": cfg.algorithm,
-        "steps": step,
-        "total_steps": total_steps,
-        "final_metrics": {**last_rollout, **last_train},
-        "final_eval": last_eval,
-        "best_metrics": {"eval/avg_correctness": best_eval},
-        "peak_memory_gb": peak_memory_gb(device),
-        "tokens_seen": tokens_seen,
-        "notes": notes,
-        **info,
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=PolicyGradientConfig,
-        preflight=preflight,
-        train=train,
+    loop.save_final_model(policy, tokenizer)
+    loop.finish(data=stream.state())
+    final_metrics = {**last_rollout, **loop.last_train}
+    return loop.summary(
+        cfg.algorithm, best, device, final_metrics=final_metrics, notes=notes, **info
     )
+
+
+main = trainer_main(
+    __doc__, PolicyGradientConfig, preflight, train, planned_steps=planned_rollout_steps
+)
 
 
 if __name__ == "__main__":

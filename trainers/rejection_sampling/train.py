@@ -22,26 +22,24 @@ import gc
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainers.core.config import ConfigError, validate_config
-from trainers.core.harness import StopRequested, Tracker, run_trainer, stop_requested
+from trainers.core.harness import StopRequested, Tracker, stop_requested, trainer_main
+from trainers.core.loop import pick_runtime
 from trainers.core.models import (
     ModelError,
     hub_offline,
     hub_reachable,
     load_causal_lm,
     load_tokenizer,
-    pick_attn_implementation,
-    pick_device,
-    pick_dtype,
     resolve_model,
 )
 from trainers.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_jsonl
+from trainers.core.runfolder import SummaryFile
 from trainers.core.tasks import import_reasoning_gym
 from trainers.core.training import list_checkpoints, peak_memory_gb, seed_everything
 from trainers.rejection_sampling import pipeline
@@ -205,7 +203,9 @@ def build_pool(
         info["rollouts"] = "miss"
 
         def on_batch(done: int, total: int) -> None:
-            run.write_progress(0, total_steps, stage="generate", prompts_done=done)
+            run.write_progress(
+                0, total_steps, phase="generating", stage="generate", prompts_done=done
+            )
             print(f"generated {done}/{total} prompts", flush=True)
             if stop_requested():
                 raise StopRequested(
@@ -231,7 +231,7 @@ def build_pool(
         info["rollouts"] = "hit"
         print(f"generations: cache hit ({path_r.name}); scoring", flush=True)
 
-    run.write_progress(0, total_steps, stage="score")
+    run.write_progress(0, total_steps, phase="generating", stage="score")
     if not cfg.scorer.is_verifier:
         policy.release()  # the reward model takes its place in memory
     scored_part = pipeline.score_pool(cfg, prompts, rollouts["completions"], system_prompt)
@@ -376,7 +376,7 @@ def sft_config(cfg: RejectionSamplingConfig, selection_path: Path):
 class _StageTracker:
     """Hands the SFT stage's W&B logging to this run's tracker: one W&B run per RS run."""
 
-    def __init__(self, parent: Tracker):
+    def __init__(self, parent: Tracker) -> None:
         self.parent = parent
 
     @property
@@ -390,21 +390,9 @@ class _StageTracker:
         return None
 
 
-@contextmanager
-def _sft_logs_to(tracker: Tracker):
-    from trainers.sft import train as sft_train
-
-    original = sft_train.Tracker
-    sft_train.Tracker = lambda *args, **kwargs: _StageTracker(tracker)
-    try:
-        yield
-    finally:
-        sft_train.Tracker = original
-
-
 def run_sft(
     cfg: RejectionSamplingConfig, run: RunDir, selection_path: Path, tracker: Tracker, resume: bool
-) -> dict[str, Any]:
+) -> SummaryFile:
     """trainers.sft's training loop, in-process, writing into this run directory: its train
     rows go to metrics.jsonl, its checkpoints to checkpoints/, its model to final_model/."""
     from trainers.sft import train as sft_train
@@ -414,8 +402,7 @@ def run_sft(
         sft_train.preflight(scfg)
     except ConfigError as err:
         raise ConfigError(f"SFT stage: {err}") from None
-    with _sft_logs_to(tracker):
-        return sft_train.train(scfg, run, resume)
+    return sft_train.train(scfg, run, resume, tracker=_StageTracker(tracker))
 
 
 def _drop_rows(path: Path, drop) -> None:
@@ -466,11 +453,10 @@ def baseline_eval(
     return {**metrics, "timing/eval_s": time.time() - t0}, samples, "miss"
 
 
-def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> dict:
+def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFile:
+    """The four stages (module doc); the SFT stage is trainers.sft's loop in this run folder."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
-    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    device, dtype, attn = pick_runtime(cfg.model)
     runtime = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "attn": attn}
     system_prompt = pipeline.system_prompt_for(cfg)
     try:
@@ -500,7 +486,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> dict:
     )
 
     # ---- stages 1-2: generate and score (cached) ---------------------------------------------
-    run.write_progress(0, total_steps, stage="generate")
+    run.write_progress(0, total_steps, phase="generating", stage="generate")
     pool, cache_info = build_pool(
         cfg, run, policy, tokenizer, train_prompts, system_prompt, runtime, total_steps
     )
@@ -562,7 +548,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> dict:
     if baseline_row is not None:
         baseline = {k: v for k, v in baseline_row.items() if k.startswith("eval/")}
     elif cfg.eval.baseline and test_prompts:
-        run.write_progress(0, total_steps, stage="baseline_eval")
+        run.write_progress(0, total_steps, phase="evaluating", stage="baseline_eval")
         baseline, samples, baseline_cache = baseline_eval(
             cfg, policy, tokenizer, test_prompts, system_prompt, runtime
         )
@@ -583,13 +569,13 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> dict:
     t0 = time.time()
     sft_summary = run_sft(cfg, run, selection_path, tracker, resume_sft)
     sft_s = time.time() - t0
-    steps, total_steps = sft_summary["steps"], sft_summary["total_steps"]
+    steps, total_steps = sft_summary.steps, sft_summary.total_steps
 
     # ---- stage 4: the SFT model on held-out prompts -----------------------------------------
     final_model = run.path / "final_model"
     final_eval: dict = {}
     if test_prompts:
-        run.write_progress(steps, total_steps, stage="final_eval")
+        run.write_progress(steps, total_steps, phase="evaluating", stage="final_eval")
         model = load_causal_lm(
             str(final_model), device=device, dtype=dtype, attn_implementation=attn, trainable=False
         )
@@ -609,17 +595,19 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> dict:
         )
     if not cfg.checkpoint.save_final_model:
         shutil.rmtree(final_model, ignore_errors=True)
-    run.write_progress(steps, total_steps, stage="done", tokens_seen=sft_summary["tokens_seen"])
+    run.write_progress(
+        steps, total_steps, phase="done", stage="done", tokens_seen=sft_summary.tokens_seen
+    )
     tracker.finish()
 
     evals = [m["eval/exact_match"] for m in (baseline, final_eval) if "eval/exact_match" in m]
-    return {
+    fields: dict[str, Any] = {
         "algorithm": cfg.strategy,
         "strategy": cfg.strategy,
         "matched_control": MATCHED_CONTROL[cfg.strategy],
         "steps": steps,
         "total_steps": total_steps,
-        "final_metrics": sft_summary["final_metrics"],
+        "final_metrics": sft_summary.final_metrics,
         "final_eval": final_eval,
         "baseline_eval": baseline,
         "best_metrics": {"eval/exact_match": max(evals) if evals else None},
@@ -633,23 +621,17 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> dict:
         "cache": {**cache_info, "baseline_eval": baseline_cache},
         "selection_file": str(selection_path),
         "plots": plots,
-        "data": {**data_info, "sft": sft_summary.get("data")},
+        "data": {**data_info, "sft": (sft_summary.model_extra or {}).get("data")},
         "timing": {**cache_info["timing"], "sft_s": sft_s},
         "peak_memory_gb": peak_memory_gb(device),
-        "tokens_seen": sft_summary["tokens_seen"],
+        "tokens_seen": sft_summary.tokens_seen,
         "final_model": str(final_model) if cfg.checkpoint.save_final_model else None,
         "wandb_url": tracker.url,
     }
+    return SummaryFile(outcome="succeeded", **fields)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=RejectionSamplingConfig,
-        preflight=preflight,
-        train=train,
-    )
+main = trainer_main(__doc__, RejectionSamplingConfig, preflight, train)
 
 
 if __name__ == "__main__":

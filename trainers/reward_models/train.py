@@ -23,29 +23,30 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError
-from trainers.core.harness import (
-    Tracker,
-    checkpoint_or_stop,
-    run_trainer,
-    stop_requested,
+from trainers.core.harness import stop_requested, trainer_main
+from trainers.core.loop import (
+    BestMetric,
+    StepTimer,
+    TrainingRun,
+    epoch_total_steps,
+    round_robin,
+    step_metrics,
 )
 from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
 from trainers.core.rundir import RunDir
+from trainers.core.runfolder import SummaryFile
 from trainers.core.training import (
     StepMetrics,
     build_optimizer,
-    clip_and_measure,
-    epoch_order,
-    list_checkpoints,
-    load_checkpoint,
-    peak_memory_gb,
-    save_checkpoint,
+    optimizer_step,
     seed_everything,
+    use_gradient_checkpointing,
 )
 from trainers.reward_models.config import RewardModelConfig
 from trainers.reward_models.data import (
@@ -411,7 +412,7 @@ def _share(values) -> float:
 KINDS = {"preference": PreferenceKind, "orm": OutcomeKind, "prm": StepKind}
 
 
-def prepare_kind(cfg: RewardModelConfig, tokenizer):
+def prepare_kind(cfg: RewardModelConfig, tokenizer: Any) -> PreferenceKind | OutcomeKind | StepKind:
     try:
         kind = KINDS[cfg.kind](cfg, tokenizer)
     except DatasetNotFoundError as err:
@@ -429,7 +430,8 @@ def prepare_kind(cfg: RewardModelConfig, tokenizer):
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> dict:
+def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
+    """Load and tokenise the kind's data, then the reward-model loop; see the module doc."""
     seed_everything(cfg.seed)
     device = pick_device(cfg.model.device)
     dtype = pick_dtype(cfg.model.dtype, device)
@@ -437,10 +439,14 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> dict:
     if tokenizer.pad_token_id is None:
         raise ConfigError("the tokenizer has neither a pad nor an eos token")
 
+    run.update_phase("tokenizing")
     kind = prepare_kind(cfg, tokenizer)
-    info: dict = {"data": kind.stats}
+    info: dict[str, Any] = {"data": kind.stats}
     print(f"data: {kind.stats}", flush=True)
+    total_steps = epoch_total_steps(len(kind.train), cfg.train)
+    loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
+    run.update_phase("loading_model", total_steps)
     model = build_reward_model(
         cfg.model.name,
         cfg.kind,
@@ -453,168 +459,78 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> dict:
         trainable=True,
         freeze_backbone=cfg.freeze_backbone,
     )
-    if cfg.model.gradient_checkpointing and not cfg.freeze_backbone:
-        model.backbone.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False}
-        )
+    use_gradient_checkpointing(
+        model.backbone, cfg.model.gradient_checkpointing and not cfg.freeze_backbone
+    )
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     info["trainable_parameters"] = sum(p.numel() for p in trainable)
-
-    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
-    steps_per_epoch = -(-len(kind.train) // per_step)
-    total_steps = steps_per_epoch * cfg.train.num_epochs
-    if cfg.train.max_steps:
-        total_steps = min(total_steps, cfg.train.max_steps)
     optimizer, scheduler = build_optimizer(trainable, cfg.train, total_steps)
+    state = loop.resume(model, optimizer, scheduler) if resume else None
+    name = f"{cfg.algorithm}-{run.path.name}"
+    loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), name)
+    best = BestMetric(KEY_METRIC[cfg.kind])
 
-    step, start_epoch, start_batch = 0, 0, 0
-    if resume:
-        checkpoints = list_checkpoints(run.checkpoints_dir)
-        if not checkpoints:
-            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
-        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
-        step = state["step"]
-        start_epoch, start_batch = state["data_position"]["epoch"], state["data_position"]["batch"]
-        run.truncate_metrics_after(step)
-        print(f"resumed from {checkpoints[-1].name}", flush=True)
-
-    tracker = Tracker(
-        cfg.logging, run.path, cfg.model_dump(mode="json"), f"{cfg.algorithm}-{run.path.name}"
-    )
-    info["wandb_url"] = tracker.url
-    key = KEY_METRIC[cfg.kind]
-    last_train: dict = {}
-    last_eval: dict = {}
-    best: float | None = None
-    tokens_seen = 0
-
-    def run_eval() -> dict:
-        nonlocal best
+    def run_eval() -> None:
+        loop.progress("evaluating")
         model.eval()
         t0 = time.time()
         metrics, cache = kind.evaluate(model)
         model.train()
         row = {f"eval/{k}": v for k, v in metrics.items()}
         row["timing/eval_s"] = time.time() - t0
-        run.log_metrics(step, "eval", row)
-        tracker.log(row, step)
-        value = row.get(key)
-        if value is not None and not math.isnan(value) and (best is None or value > best):
-            best = value
+        loop.log("eval", row)
+        best.update(row)
         n = min(cfg.eval.num_samples, len(kind.held_out))
         if n:
-            event = step // max(cfg.eval.eval_every, 1)
             sources = getattr(kind, "n_sample_sources", lambda: len(kind.held_out))()
-            picks = [(event * n + j) % sources for j in range(n)]
-            run.log_samples(step, kind.samples(cache, picks))
-        return row
-
-    def periodic() -> bool:
-        every = cfg.eval.eval_every
-        return step == total_steps or (every > 0 and step % every == 0)
+            picks = round_robin(sources, n, loop.event(cfg.eval.eval_every))
+            loop.log_samples(kind.samples(cache, picks))
+        loop.last_eval = row
 
     if not resume and cfg.eval.eval_every > 0 and kind.held_out:
-        last_eval = run_eval()  # the starting point, for contrast
+        run_eval()  # the starting point, for contrast
 
-    def checkpoint(epoch: int, batch: int) -> None:
-        save_checkpoint(
-            run.checkpoints_dir,
-            step,
-            model,
-            optimizer,
-            scheduler,
-            {"epoch": epoch, "batch": batch},
-            keep_last=cfg.checkpoint.keep_last,
+    position = state["data_position"] if state else None
+    for pos in loop.epoch_steps(len(kind.train), cfg.train, cfg.seed, position):
+        timer = StepTimer()
+        step_weight = sum(kind.weight(kind.train[i]) for i in pos.ids)
+        agg, step_tokens = StepMetrics(), 0
+        for m in range(0, len(pos.ids), cfg.train.batch_size):
+            batch = [kind.train[i] for i in pos.ids[m : m + cfg.train.batch_size]]
+            weight = sum(kind.weight(ex) for ex in batch)
+            if weight <= 0:
+                continue
+            loss, metrics, n_tok = kind.micro_batch(model, batch)
+            (loss * weight / step_weight).backward()
+            agg.add(metrics, weight=weight)
+            step_tokens += n_tok
+        grad_norm, lr = optimizer_step(trainable, optimizer, scheduler, cfg.train.max_grad_norm)
+        row = step_metrics(
+            agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
+        )
+        loop.step_done(row, step_tokens, cfg.logging.log_every)
+        if loop.every(cfg.eval.eval_every) and kind.held_out:
+            run_eval()
+        loop.progress("training", epoch=pos.epoch)
+        print(
+            f"step {loop.step}/{total_steps} loss {row.get('loss', float('nan')):.4f} "
+            f"({row['timing/step_s']:.2f}s)",
+            flush=True,
+        )
+        loop.checkpoint_or_stop(
+            partial(loop.save_checkpoint, model, optimizer, scheduler, pos.next_position),
+            stopping=stop_requested(),
         )
 
-    done = step >= total_steps
-    for epoch in range(start_epoch, cfg.train.num_epochs):
-        if done:
-            break
-        order = epoch_order(len(kind.train), cfg.seed, epoch)
-        first = start_batch if epoch == start_epoch else 0
-        for b in range(first, steps_per_epoch):
-            t0 = time.time()
-            step_ids = order[b * per_step : (b + 1) * per_step]
-            step_weight = sum(kind.weight(kind.train[i]) for i in step_ids)
-            agg, step_tokens = StepMetrics(), 0
-            for m in range(0, len(step_ids), cfg.train.batch_size):
-                batch = [kind.train[i] for i in step_ids[m : m + cfg.train.batch_size]]
-                weight = sum(kind.weight(ex) for ex in batch)
-                if weight <= 0:
-                    continue
-                loss, metrics, n_tok = kind.micro_batch(model, batch)
-                (loss * weight / step_weight).backward()
-                agg.add(metrics, weight=weight)
-                step_tokens += n_tok
-            grad_norm = clip_and_measure(trainable, cfg.train.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += step_tokens
-            dt = time.time() - t0
-            last_train = {
-                **agg.mean(),
-                "grad_norm": grad_norm,
-                "learning_rate": lr,
-                "epoch": epoch + (b + 1) / steps_per_epoch,
-                "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
-                "timing/step_s": dt,
-                "memory/peak_gb": peak_memory_gb(device),
-            }
-            if step % cfg.logging.log_every == 0 or step == total_steps:
-                run.log_metrics(step, "train", last_train)
-                tracker.log(last_train, step)
-            if periodic() and kind.held_out:
-                last_eval = run_eval()
-            run.write_progress(step, total_steps, epoch=epoch, tokens_seen=tokens_seen)
-            print(
-                f"step {step}/{total_steps} loss {last_train.get('loss', float('nan')):.4f} "
-                f"({dt:.2f}s)",
-                flush=True,
-            )
-            next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
-            checkpoint_or_stop(
-                step,
-                total_steps,
-                cfg.checkpoint.save_every,
-                partial(checkpoint, *next_position),
-                tracker,
-                stopping=stop_requested(),
-            )
-            if step >= total_steps:
-                done = True
-                break
-
-    if cfg.checkpoint.save_final_model:
-        save_reward_model(model, tokenizer, run.path / "final_model")
-        info["final_model"] = str(run.path / "final_model")
-    tracker.finish()
-    return {
-        "algorithm": cfg.algorithm,
-        "kind": cfg.kind,
-        "steps": step,
-        "total_steps": total_steps,
-        "final_metrics": last_train,
-        "final_eval": last_eval,
-        "best_metrics": {key: best},
-        "peak_memory_gb": peak_memory_gb(device),
-        "tokens_seen": tokens_seen,
-        **info,
-    }
+    final_model = loop.save_final_model(model, tokenizer, save=save_reward_model)
+    if final_model is not None:
+        info["final_model"] = final_model
+    loop.finish()
+    return loop.summary(cfg.algorithm, best, device, kind=cfg.kind, **info)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=RewardModelConfig,
-        preflight=preflight,
-        train=train,
-    )
+main = trainer_main(__doc__, RewardModelConfig, preflight, train)
 
 
 if __name__ == "__main__":

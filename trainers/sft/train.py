@@ -20,44 +20,42 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
 from trainers.core.generation import generate_completions
-from trainers.core.harness import (
-    Tracker,
-    checkpoint_or_stop,
-    run_trainer,
-    stop_requested,
-)
+from trainers.core.harness import MetricsTracker, stop_requested, trainer_main
 from trainers.core.logprobs import DEFAULT_CHUNK, hidden_to_logps, selective_log_softmax
+from trainers.core.loop import (
+    BestMetric,
+    StepTimer,
+    TrainingRun,
+    epoch_total_steps,
+    pick_runtime,
+    round_robin,
+    step_metrics,
+)
 from trainers.core.models import (
     hub_offline,
     hub_reachable,
     load_causal_lm,
     load_tokenizer,
-    pick_attn_implementation,
-    pick_device,
-    pick_dtype,
 )
 from trainers.core.rundir import RunDir
+from trainers.core.runfolder import SummaryFile
 from trainers.core.tasks import TASK_KITS, import_reasoning_gym
 from trainers.core.tiny import BUILDER_VERSION, cache_root
 from trainers.core.training import (
     StepMetrics,
     build_optimizer,
-    clip_and_measure,
-    epoch_order,
-    list_checkpoints,
-    load_checkpoint,
-    peak_memory_gb,
-    save_checkpoint,
+    optimizer_step,
     seed_everything,
+    use_gradient_checkpointing,
 )
 from trainers.sft.config import BUILTIN_DATASET, DEFAULT_BUILTIN_TASKS, SFTConfig
 from trainers.sft.data import (
@@ -219,7 +217,7 @@ def preflight(cfg: SFTConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_tokenizer_with_template(cfg: SFTConfig):
+def load_tokenizer_with_template(cfg: SFTConfig) -> Any:
     tokenizer = load_tokenizer(cfg.model.name)
     if getattr(tokenizer, "chat_template", None) is None and cfg.model.chat_template_source:
         donor = load_tokenizer(cfg.model.chat_template_source)
@@ -234,7 +232,9 @@ def load_tokenizer_with_template(cfg: SFTConfig):
     return tokenizer
 
 
-def prepare_examples(cfg: SFTConfig, tokenizer):
+def prepare_examples(
+    cfg: SFTConfig, tokenizer: Any
+) -> tuple[list[TokenizedSFT], list[TokenizedSFT], list[SFTRecord], dict[str, Any]]:
     d = cfg.data
     load_stats: dict = {}
     try:
@@ -300,7 +300,9 @@ def token_nll(
     return -logps.sum(), int(targets.numel()), hits
 
 
-def micro_batch_terms(model, examples: list[TokenizedSFT], pad_id: int, device):
+def micro_batch_terms(
+    model: torch.nn.Module, examples: list[TokenizedSFT], pad_id: int, device: torch.device | str
+) -> tuple[torch.Tensor, int, int, int]:
     """(summed NLL, target tokens, correct argmax tokens, non-pad tokens) of a micro-batch."""
     batch = collate(examples, pad_id)
     nll, n, hits = token_nll(
@@ -368,13 +370,19 @@ def score_generations(
     }
 
 
-def sample_generations(cfg: SFTConfig, model, tokenizer, eval_records, event: int):
-    """Round-robin over held-out prompts: event k samples prompts k·n .. k·n+n-1. Returns the
-    sample rows and, for built-in data, their format rate and mean score."""
+def sample_generations(
+    cfg: SFTConfig,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    eval_records: list[SFTRecord],
+    event: int,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Completions for ``eval.num_samples`` held-out prompts, taken round-robin by event.
+    Returns the sample rows and, for built-in data, their format rate and mean score."""
     n = min(cfg.eval.num_samples, len(eval_records))
-    if n == 0:
+    picked = [eval_records[i] for i in round_robin(len(eval_records), n, event)]
+    if not picked:
         return [], {}
-    picked = [eval_records[(event * n + j) % len(eval_records)] for j in range(n)]
     completions = generate_completions(
         model,
         tokenizer,
@@ -413,171 +421,103 @@ def sample_generations(cfg: SFTConfig, model, tokenizer, eval_records, event: in
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: SFTConfig, run: RunDir, resume: bool) -> dict:
+def train(
+    cfg: SFTConfig, run: RunDir, resume: bool, *, tracker: MetricsTracker | None = None
+) -> SummaryFile:
+    """Tokenise, then the masked cross-entropy loop; see the module doc. ``tracker``: a W&B run
+    lent by a pipeline that runs SFT as one of its stages (rejection sampling)."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
-    attn = pick_attn_implementation(cfg.model.attn_implementation, device, dtype)
+    device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer_with_template(cfg)
     pad_id = tokenizer.pad_token_id
 
+    run.update_phase("tokenizing")
     train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
-    info: dict = {"data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}}
+    info: dict[str, Any] = {
+        "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
+    }
     print(f"data: {info['data']}", flush=True)
+    total_steps = epoch_total_steps(len(train_ex), cfg.train)
+    loop = TrainingRun(run, cfg.checkpoint, total_steps, tracker=tracker)
 
+    run.update_phase("loading_model", total_steps)
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     model.train()
-
-    per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps
-    steps_per_epoch = -(-len(train_ex) // per_step)
-    total_steps = steps_per_epoch * cfg.train.num_epochs
-    if cfg.train.max_steps:
-        total_steps = min(total_steps, cfg.train.max_steps)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
-
-    step, start_epoch, start_batch, tokens_seen = 0, 0, 0, 0
-    if resume:
-        checkpoints = list_checkpoints(run.checkpoints_dir)
-        if not checkpoints:
-            raise ConfigError(f"--resume: no checkpoint in {run.checkpoints_dir}")
-        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
-        step = state["step"]
-        start_epoch, start_batch = state["data_position"]["epoch"], state["data_position"]["batch"]
-        tokens_seen = state["extra"].get("tokens_seen", 0)
-        run.truncate_metrics_after(step)
-        print(f"resumed from {checkpoints[-1].name}", flush=True)
-
-    tracker = Tracker(cfg.logging, run.path, cfg.model_dump(mode="json"), f"sft-{run.path.name}")
-    info["wandb_url"] = tracker.url
-    last_train: dict = {}
-    last_eval: dict = {}
-    best_eval_loss = None
-
-    def checkpoint(epoch: int, batch: int) -> None:
-        save_checkpoint(
-            run.checkpoints_dir,
-            step,
-            model,
-            optimizer,
-            scheduler,
-            {"epoch": epoch, "batch": batch},
-            extra={"tokens_seen": tokens_seen},
-            keep_last=cfg.checkpoint.keep_last,
-        )
-
-    def periodic(every: int) -> bool:
-        return step == total_steps or (every > 0 and step % every == 0)
+    state = loop.resume(model, optimizer, scheduler) if resume else None
+    loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"sft-{run.path.name}")
+    best = BestMetric("eval/loss", higher=False)
 
     def eval_and_samples(at_start: bool) -> None:
-        nonlocal last_eval, best_eval_loss
-        row: dict = {}
-        if eval_ex and (periodic(cfg.eval.eval_every) or (at_start and cfg.eval.eval_every)):
+        row: dict[str, Any] = {}
+        if eval_ex and (loop.every(cfg.eval.eval_every) or (at_start and cfg.eval.eval_every)):
+            loop.progress("evaluating")
             row.update(evaluate(cfg, model, eval_ex, pad_id, device))
-            if best_eval_loss is None or row["eval/loss"] < best_eval_loss:
-                best_eval_loss = row["eval/loss"]
-        if periodic(cfg.eval.sample_every) or (at_start and cfg.eval.sample_every):
-            event = step // max(cfg.eval.sample_every, 1)
+            best.update(row)
+        if loop.every(cfg.eval.sample_every) or (at_start and cfg.eval.sample_every):
+            loop.progress("generating")
+            event = loop.event(cfg.eval.sample_every)
             samples, sample_metrics = sample_generations(cfg, model, tokenizer, eval_records, event)
-            run.log_samples(step, samples)
+            loop.log_samples(samples)
             row.update(sample_metrics)
         if row:
-            run.log_metrics(step, "eval", row)
-            tracker.log(row, step)
-            last_eval = {**last_eval, **row}
+            loop.log("eval", row)
+            loop.last_eval = {**loop.last_eval, **row}
 
     if not resume:  # the starting point, for contrast
         eval_and_samples(at_start=True)
 
-    done = step >= total_steps
-    for epoch in range(start_epoch, cfg.train.num_epochs):
-        if done:
-            break
-        order = epoch_order(len(train_ex), cfg.seed, epoch)
-        first = start_batch if epoch == start_epoch else 0
-        for b in range(first, steps_per_epoch):
-            t0 = time.time()
-            step_ids = order[b * per_step : (b + 1) * per_step]
-            step_targets = sum(train_ex[i].n_targets for i in step_ids)
-            agg, step_tokens = StepMetrics(), 0
-            for m in range(0, len(step_ids), cfg.train.batch_size):
-                chunk = [train_ex[i] for i in step_ids[m : m + cfg.train.batch_size]]
-                nll, n, hits, n_tok = micro_batch_terms(model, chunk, pad_id, device)
-                (nll / step_targets).backward()
-                agg.add(
-                    {"loss": float(nll.detach()) / n, "mean_token_accuracy": hits / n}, weight=n
-                )
-                step_tokens += n_tok
-            grad_norm = clip_and_measure(model.parameters(), cfg.train.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += step_tokens
-            dt = time.time() - t0
-            last_train = {
-                **agg.mean(),
-                "grad_norm": grad_norm,
-                "learning_rate": lr,
-                "epoch": epoch + (b + 1) / steps_per_epoch,
-                "num_tokens": step_targets,
-                "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
-                "timing/step_s": dt,
-                "memory/peak_gb": peak_memory_gb(device),
-            }
-            if step % cfg.logging.log_every == 0 or step == total_steps:
-                run.log_metrics(step, "train", last_train)
-                tracker.log(last_train, step)
-            eval_and_samples(at_start=False)
-            run.write_progress(step, total_steps, epoch=epoch, tokens_seen=tokens_seen)
-            print(
-                f"step {step}/{total_steps} loss {last_train['loss']:.4f} "
-                f"acc {last_train['mean_token_accuracy']:.3f} ({dt:.2f}s)",
-                flush=True,
-            )
-            next_position = (epoch, b + 1) if b + 1 < steps_per_epoch else (epoch + 1, 0)
-            checkpoint_or_stop(
-                step,
-                total_steps,
-                cfg.checkpoint.save_every,
-                partial(checkpoint, *next_position),
-                tracker,
-                stopping=stop_requested(),
-            )
-            if step >= total_steps:
-                done = True
-                break
+    position = state["data_position"] if state else None
+    for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
+        timer = StepTimer()
+        step_targets = sum(train_ex[i].n_targets for i in pos.ids)
+        agg, step_tokens = StepMetrics(), 0
+        for m in range(0, len(pos.ids), cfg.train.batch_size):
+            chunk = [train_ex[i] for i in pos.ids[m : m + cfg.train.batch_size]]
+            nll, n, hits, n_tok = micro_batch_terms(model, chunk, pad_id, device)
+            (nll / step_targets).backward()
+            agg.add({"loss": float(nll.detach()) / n, "mean_token_accuracy": hits / n}, weight=n)
+            step_tokens += n_tok
+        grad_norm, lr = optimizer_step(
+            model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
+        )
+        row = step_metrics(
+            agg.mean(),
+            grad_norm,
+            lr,
+            step_tokens,
+            timer,
+            device,
+            epoch=pos.epoch_progress,
+            num_tokens=step_targets,
+        )
+        loop.step_done(row, step_tokens, cfg.logging.log_every)
+        eval_and_samples(at_start=False)
+        loop.progress("training", epoch=pos.epoch)
+        print(
+            f"step {loop.step}/{total_steps} loss {row['loss']:.4f} "
+            f"acc {row['mean_token_accuracy']:.3f} ({row['timing/step_s']:.2f}s)",
+            flush=True,
+        )
+        save = partial(
+            loop.save_checkpoint,
+            model,
+            optimizer,
+            scheduler,
+            pos.next_position,
+            {"tokens_seen": loop.tokens_seen},
+        )
+        loop.checkpoint_or_stop(save, stopping=stop_requested())
 
-    if cfg.checkpoint.save_final_model:
-        model.save_pretrained(run.path / "final_model")
-        tokenizer.save_pretrained(run.path / "final_model")
-    tracker.finish()
-    return {
-        "algorithm": "sft",
-        "steps": step,
-        "total_steps": total_steps,
-        "final_metrics": last_train,
-        "final_eval": last_eval,
-        "best_metrics": {"eval/loss": best_eval_loss},
-        "peak_memory_gb": peak_memory_gb(device),
-        "tokens_seen": tokens_seen,
-        "final_model": str(run.path / "final_model") if cfg.checkpoint.save_final_model else None,
-        **info,
-    }
+    final_model = loop.save_final_model(model, tokenizer)
+    loop.finish()
+    return loop.summary("sft", best, device, final_model=final_model, **info)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_trainer(
-        argv,
-        description=__doc__.splitlines()[0],
-        config_model=SFTConfig,
-        preflight=preflight,
-        train=train,
-    )
+main = trainer_main(__doc__, SFTConfig, preflight, train)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,407 @@
+"""What every training loop does around its algorithm: helpers, not a framework.
+
+A family's ``train()`` keeps its algorithm's lines (forward, loss, backward) and calls these for
+the bookkeeping each loop shares::
+
+    loop = TrainingRun(run, cfg.checkpoint, epoch_total_steps(n_examples, cfg.train))
+    ...                                                       # load the model, the optimizer
+    loop.start_tracker(cfg.logging, config, name)             # W&B, optional
+    state = loop.resume(model, optimizer, scheduler) if resume else None
+    position = state["data_position"] if state else None
+    for pos in loop.epoch_steps(n_examples, cfg.train, cfg.seed, position):
+        ...                                                   # the algorithm: one optimizer step
+        loop.step_done(train_row, step_tokens, cfg.logging.log_every)
+        if loop.every(cfg.eval.eval_every):
+            loop.log("eval", evaluate(...))
+        loop.progress("training", epoch=pos.epoch)
+        loop.checkpoint_or_stop(save, stopping=stop_requested())
+    loop.save_final_model(model, tokenizer)
+    loop.finish()
+    return loop.summary(algorithm, best, device, **family_fields)
+
+``stop_requested`` stays a name the family module looks up itself, so tests can replace it on
+the family's module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainers.core.config import (
+    CheckpointSection,
+    ConfigError,
+    LoggingSection,
+    ModelSection,
+    OptimSection,
+)
+from trainers.core.harness import MetricsTracker, Tracker
+from trainers.core.harness import checkpoint_or_stop as _checkpoint_or_stop
+from trainers.core.rundir import RunDir
+from trainers.core.runfolder import Phase, SummaryFile
+
+# ---------------------------------------------------------------------------------------------
+# Start
+# ---------------------------------------------------------------------------------------------
+
+
+def pick_runtime(model: ModelSection) -> tuple[Any, Any, str]:
+    """(device, dtype, attention implementation) the ``model`` section asks for, resolved on
+    this machine (``auto`` picks CUDA, bf16 and the fastest attention available)."""
+    from trainers.core.models import pick_attn_implementation, pick_device, pick_dtype
+
+    device = pick_device(model.device)
+    dtype = pick_dtype(model.dtype, device)
+    return device, dtype, pick_attn_implementation(model.attn_implementation, device, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step arithmetic (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def every(step: int, n: int | None, total_steps: int | None, *, at_end: bool = True) -> bool:
+    """Whether something done "every ``n`` steps" happens after optimizer step ``step``.
+
+    ``n`` of 0 or None means never on a schedule; ``at_end`` adds the last step (the default:
+    a run always ends with an evaluation, a sample, a log row)."""
+    if at_end and total_steps is not None and step == total_steps:
+        return True
+    return bool(n) and n > 0 and step % n == 0
+
+
+def count_steps(
+    n_examples: int, per_step: int, num_epochs: int, max_steps: int | None
+) -> tuple[int, int]:
+    """(optimizer steps per epoch, total optimizer steps) of an epoch-based loop: the last
+    partial batch of an epoch is a step of its own; ``max_steps`` caps the total."""
+    steps_per_epoch = -(-n_examples // per_step)
+    total = steps_per_epoch * num_epochs
+    if max_steps:
+        total = min(total, max_steps)
+    return steps_per_epoch, total
+
+
+def examples_per_step(train: OptimSection) -> int:
+    """Examples in one optimizer step: micro-batch size x gradient accumulation steps."""
+    return train.batch_size * train.gradient_accumulation_steps
+
+
+def epoch_total_steps(n_examples: int, train: OptimSection) -> int:
+    """Total optimizer steps of an epoch-based run over ``n_examples`` (see
+    :func:`count_steps`)."""
+    per_step = examples_per_step(train)
+    return count_steps(n_examples, per_step, train.num_epochs, train.max_steps)[1]
+
+
+@dataclass(frozen=True)
+class EpochStep:
+    """One optimizer step of an epoch-based loop: where it is and which examples it takes."""
+
+    epoch: int
+    batch: int
+    ids: list[int]
+    steps_per_epoch: int
+
+    @property
+    def epoch_progress(self) -> float:
+        """Epochs completed once this step is done (the ``epoch`` metric)."""
+        return self.epoch + (self.batch + 1) / self.steps_per_epoch
+
+    @property
+    def next_position(self) -> dict[str, int]:
+        """The data position a checkpoint written after this step resumes from."""
+        if self.batch + 1 < self.steps_per_epoch:
+            return {"epoch": self.epoch, "batch": self.batch + 1}
+        return {"epoch": self.epoch + 1, "batch": 0}
+
+
+def round_robin(n_items: int, n: int, event: int) -> list[int]:
+    """Indices of the ``n`` items that periodic sampling event ``event`` shows: k·n .. k·n+n-1,
+    wrapping around ``n_items``, so successive events walk through the held-out set."""
+    return [(event * n + j) % n_items for j in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's bookkeeping
+# ---------------------------------------------------------------------------------------------
+
+
+class TrainingRun:
+    """The step cursor and everything a loop writes about itself: progress.json (with a phase),
+    metrics.jsonl rows mirrored to W&B, checkpoints, the final model and the summary.
+
+    ``tracker`` given means the W&B run belongs to a caller (a pipeline running this loop as one
+    of its stages): this loop then neither finishes it nor marks the run ``done``."""
+
+    def __init__(
+        self,
+        run: RunDir,
+        checkpoint: CheckpointSection,
+        total_steps: int | None = None,
+        *,
+        tracker: MetricsTracker | None = None,
+    ) -> None:
+        self.run = run
+        self.checkpointing = checkpoint
+        self.total_steps = total_steps
+        self.tracker: MetricsTracker | None = tracker
+        self.borrowed_tracker = tracker is not None
+        self.step = 0
+        self.tokens_seen = 0
+        self.last_train: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] = {}
+
+    # W&B ---------------------------------------------------------------------------------------
+    def start_tracker(self, logging: LoggingSection, config: dict[str, Any], name: str) -> None:
+        """Open the W&B run (unless a caller lent one) named ``name``."""
+        if self.tracker is None:
+            self.tracker = Tracker(logging, self.run.path, config, name)
+
+    @property
+    def wandb_url(self) -> str | None:
+        return None if self.tracker is None else self.tracker.url
+
+    # resume ------------------------------------------------------------------------------------
+    def resume(self, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+        """Restore the last checkpoint (model, optimizer, scheduler, RNG), move the step cursor
+        to it and drop the metric/sample rows logged after it. Returns the checkpoint's state
+        (``data_position``, ``extra``)."""
+        from trainers.core.training import list_checkpoints, load_checkpoint
+
+        checkpoints = list_checkpoints(self.run.checkpoints_dir)
+        if not checkpoints:
+            raise ConfigError(f"--resume: no checkpoint in {self.run.checkpoints_dir}")
+        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
+        self.step = state["step"]
+        self.tokens_seen = state.get("extra", {}).get("tokens_seen", 0)
+        self.run.truncate_metrics_after(self.step)
+        print(f"resumed from {checkpoints[-1].name}", flush=True)
+        return state
+
+    # the cursor --------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.total_steps is not None and self.step >= self.total_steps
+
+    def advance(self, step_tokens: int = 0) -> None:
+        """One optimizer step (or rollout step) done, having seen ``step_tokens`` tokens."""
+        self.step += 1
+        self.tokens_seen += step_tokens
+
+    def step_done(self, train_row: dict[str, Any], step_tokens: int, log_every: int) -> None:
+        """:meth:`advance`, keep ``train_row`` as the last train metrics and log it when due
+        (every ``log_every`` steps and at the last one)."""
+        self.advance(step_tokens)
+        self.last_train = train_row
+        if self.should_log(log_every):
+            self.log("train", train_row)
+
+    def epoch_steps(
+        self,
+        n_examples: int,
+        train: OptimSection,
+        seed: int,
+        position: dict[str, int] | None = None,
+    ) -> Iterator[EpochStep]:
+        """The optimizer steps of an epoch-based loop from ``position`` (a checkpoint's
+        ``data_position``, or the start) until ``total_steps``: each of ``train.num_epochs``
+        epochs in its seeded order (:func:`trainers.core.training.epoch_order`),
+        :func:`examples_per_step` examples a step. The caller calls :meth:`advance` (or
+        :meth:`step_done`) once per step."""
+        from trainers.core.training import epoch_order
+
+        per_step, num_epochs = examples_per_step(train), train.num_epochs
+        steps_per_epoch = -(-n_examples // per_step)
+        start_epoch = position["epoch"] if position else 0
+        start_batch = position["batch"] if position else 0
+        for epoch in range(start_epoch, num_epochs):
+            if self.done:
+                return
+            order = epoch_order(n_examples, seed, epoch)
+            first = start_batch if epoch == start_epoch else 0
+            for b in range(first, steps_per_epoch):
+                if self.done:
+                    return
+                yield EpochStep(epoch, b, order[b * per_step : (b + 1) * per_step], steps_per_epoch)
+
+    def event(self, every_n: int) -> int:
+        """Which periodic event (every ``every_n`` steps) the current step is: samples differ
+        from one event to the next (:func:`round_robin`)."""
+        return self.step // max(every_n, 1)
+
+    def every(self, n: int | None, *, at_end: bool = True) -> bool:
+        """:func:`every` at the current step."""
+        return every(self.step, n, self.total_steps, at_end=at_end)
+
+    def should_log(self, log_every: int) -> bool:
+        """Train rows are logged every ``log_every`` steps and at the last step."""
+        return self.every(log_every)
+
+    # writing -----------------------------------------------------------------------------------
+    def progress(self, phase: Phase, **extra: Any) -> None:
+        """Replace progress.json: the current step, the total, the phase, the tokens seen and
+        family extras (``epoch``, ``data`` ...)."""
+        self.run.write_progress(
+            self.step, self.total_steps, phase=phase, tokens_seen=self.tokens_seen, **extra
+        )
+
+    def log(self, phase: str, metrics: dict[str, Any], step: int | None = None) -> None:
+        """One metrics.jsonl row (phase train / eval / rollout), mirrored to W&B."""
+        at = self.step if step is None else step
+        self.run.log_metrics(at, phase, metrics)
+        if self.tracker is not None:
+            self.tracker.log(metrics, at)
+
+    def log_samples(self, samples: list[dict[str, Any]]) -> None:
+        self.run.log_samples(self.step, samples)
+
+    # checkpoints -------------------------------------------------------------------------------
+    def save_checkpoint(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        data_position: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        """``checkpoints/step-<N>`` at the current step, keeping ``keep_last`` of them."""
+        from trainers.core.training import save_checkpoint
+
+        return save_checkpoint(
+            self.run.checkpoints_dir,
+            self.step,
+            model,
+            optimizer,
+            scheduler,
+            data_position,
+            extra=extra,
+            keep_last=self.checkpointing.keep_last,
+        )
+
+    def checkpoint_or_stop(self, save: Callable[[], Any], *, stopping: bool) -> None:
+        """The end of every step: ``save()`` every ``save_every`` steps, at the last step and
+        when stopping; then raise StopRequested when stopping (see the harness)."""
+        _checkpoint_or_stop(
+            self.step,
+            self.total_steps,
+            self.checkpointing.save_every,
+            save,
+            self.tracker,
+            stopping=stopping,
+        )
+
+    def save_final_model(
+        self, model: Any, tokenizer: Any, save: Callable[[Any, Any, Path], None] | None = None
+    ) -> str | None:
+        """Write ``final_model/`` when the config asks for it (``save(model, tokenizer, path)``
+        for models that are not plain transformers); returns its path, or None."""
+        if not self.checkpointing.save_final_model:
+            return None
+        self.progress("saving")
+        path = self.run.path / "final_model"
+        if save is not None:
+            save(model, tokenizer, path)
+        else:
+            from trainers.core.tiny import quiet_hf
+
+            with quiet_hf():
+                model.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+        return str(path)
+
+    def finish(self, **extra: Any) -> None:
+        """Close W&B and mark the run ``done`` with the tokens seen and family fields (not when a
+        caller lent the tracker: the caller's run goes on)."""
+        if self.borrowed_tracker:
+            return
+        if self.tracker is not None:
+            self.tracker.finish()
+        self.progress("done", **extra)
+
+    # the summary -------------------------------------------------------------------------------
+    def summary(
+        self,
+        algorithm: str,
+        best: BestMetric | dict[str, Any],
+        device: Any,
+        *,
+        final_metrics: dict[str, Any] | None = None,
+        final_eval: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> SummaryFile:
+        """The typed summary of a run that succeeded: steps, last train and eval rows, the best
+        key metric, peak memory on ``device``, tokens seen, W&B; family fields ride along."""
+        from trainers.core.training import peak_memory_gb
+
+        extra.setdefault("wandb_url", self.wandb_url)
+        return SummaryFile(
+            outcome="succeeded",
+            algorithm=algorithm,
+            steps=self.step,
+            total_steps=self.total_steps,
+            final_metrics=self.last_train if final_metrics is None else final_metrics,
+            final_eval=self.last_eval if final_eval is None else final_eval,
+            best_metrics=best.as_dict() if isinstance(best, BestMetric) else best,
+            peak_memory_gb=peak_memory_gb(device),
+            tokens_seen=self.tokens_seen,
+            **extra,
+        )
+
+
+class StepTimer:
+    """Wall time of one step: ``dt`` seconds since it was created."""
+
+    def __init__(self) -> None:
+        self.start = time.time()
+
+    @property
+    def dt(self) -> float:
+        return time.time() - self.start
+
+
+def step_metrics(
+    aggregated: dict[str, float],
+    grad_norm: float,
+    learning_rate: float,
+    step_tokens: int,
+    timer: StepTimer,
+    device: Any,
+    *,
+    epoch: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The train row of a step, in the order every family logs it: the step's aggregated
+    metrics, grad_norm, learning_rate, epoch, family extras, then throughput (tokens per second
+    since ``timer`` started), the step's wall time and peak memory on ``device``."""
+    from trainers.core.training import peak_memory_gb
+
+    dt = timer.dt
+    row: dict[str, Any] = {**aggregated, "grad_norm": grad_norm, "learning_rate": learning_rate}
+    if epoch is not None:
+        row["epoch"] = epoch
+    row.update(extra)
+    row["throughput/tokens_per_s"] = step_tokens / max(dt, 1e-9)
+    row["timing/step_s"] = dt
+    row["memory/peak_gb"] = peak_memory_gb(device)
+    return row
+
+
+class BestMetric:
+    """The best value a metric reached (``higher`` is better, or lower); NaN never counts."""
+
+    def __init__(self, name: str, *, higher: bool = True, value: float | None = None) -> None:
+        self.name, self.higher, self.value = name, higher, value
+
+    def update(self, metrics: dict[str, Any]) -> None:
+        v = metrics.get(self.name)
+        if v is None or v != v:
+            return
+        if self.value is None or (v > self.value if self.higher else v < self.value):
+            self.value = v
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {self.name: self.value}
