@@ -197,7 +197,6 @@ def test_readme_and_claude_md_link_both_docs_pages() -> None:
         assert {"docs/architecture.md", "docs/algorithms.md"} <= targets, name
 
 
-@pytest.mark.xfail(strict=True, reason="lead fixes .py references at merge")
 def test_nothing_points_at_the_old_design_notes() -> None:
     hits = [hit for path in repository_files() for hit in mentions(path)]
     assert not hits, "still pointing outside docs/:\n" + "\n".join(hits)

@@ -45,7 +45,6 @@ from trainers.policy_gradients.advantages import (
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.losses import (
-    DEFAULT_LOSS_AGG,
     POLICY_LOSSES,
     PolicyLossInputs,
     PolicyLossParams,
@@ -61,6 +60,10 @@ from trainers.policy_gradients.rewards import (
     format_score,
     overlong_penalty,
 )
+from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
+
+# each algorithm's default aggregation, as its spec declares it
+DEFAULT_LOSS_AGG = {spec.name: spec.loss_agg for spec in PG_FAMILY.algorithms}
 
 ALGOS = ["reinforce", "rloo", "ppo", "grpo", "drgrpo", "gspo", "cispo", "sapo", "dapo", "maxrl"]
 CLIPPED_SURROGATE = ["ppo", "grpo", "drgrpo", "dapo"]

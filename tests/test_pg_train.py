@@ -19,14 +19,9 @@ from conftest import assert_same_gradients
 
 from trainers.core import logprobs as core_logprobs
 from trainers.core.rundir import read_jsonl
-from trainers.policy_gradients import losses as pg_losses
 from trainers.policy_gradients import rollout as pg_rollout
 from trainers.policy_gradients import train as pg_train
-from trainers.policy_gradients.config import (
-    ALGORITHMS,
-    DEFAULT_LOSS_AGG,
-    PolicyGradientConfig,
-)
+from trainers.policy_gradients.config import ALGORITHMS, PolicyGradientConfig, algorithm_spec
 from trainers.policy_gradients.data import PromptStream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +170,7 @@ def test_every_algorithm_runs_two_rollout_steps(tmp_path, contrast_rewards, algo
         samples[0]
     )
     config = (run_dir / "config.yaml").read_text()
-    assert f"loss_agg: {DEFAULT_LOSS_AGG[algorithm]}" in config
+    assert f"loss_agg: {algorithm_spec(algorithm).loss_agg}" in config
 
 
 def test_real_rewards_and_final_model_warm_start(tmp_path):
@@ -189,10 +184,6 @@ def test_real_rewards_and_final_model_warm_start(tmp_path):
     warm = [*TINY, "train.max_steps=1", f"model.name={first / 'final_model'}"]
     assert run("grpo", second, warm) == 0
     assert_complete_run_dir(second)
-
-
-def test_loss_agg_table_matches_the_math_module():
-    assert DEFAULT_LOSS_AGG == pg_losses.DEFAULT_LOSS_AGG
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,7 +463,7 @@ def test_shipped_configs_hold_the_book_defaults():
         assert cfg.model.name == "Qwen/Qwen3-1.7B" and cfg.train.learning_rate == 5e-6
         assert (cfg.train.batch_size, cfg.train.gradient_accumulation_steps) == (2, 4)
         assert cfg.rollout.temperature == 0.6 and cfg.loss.beta == 0.0 and cfg.seed == 42
-        assert cfg.loss.loss_agg == DEFAULT_LOSS_AGG[algorithm]
+        assert cfg.loss.loss_agg == algorithm_spec(algorithm).loss_agg
     ppo = load_config(CONFIGS / "ppo.yaml", PolicyGradientConfig)
     assert (ppo.rollout.prompts_per_step, ppo.rollout.num_rollouts) == (16, 1)
     assert (ppo.loss.gamma, ppo.loss.lam, ppo.loss.vf_coef, ppo.loss.clip_eps_val) == (

@@ -43,7 +43,7 @@ from rlhf_lab.configs import config_model, validate_data
 from rlhf_lab.mcp_server import check_bind_host, server
 from rlhf_lab.paths import LabError
 from trainers.core.config import ConfigError
-from trainers.policy_gradients.config import GROUP_ALGORITHMS
+from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -613,7 +613,7 @@ IMPOSSIBLE.update(
             ["rollout.num_rollouts=1"],
             "needs rollout.num_rollouts >= 2 (got 1)",
         )
-        for algorithm in sorted(GROUP_ALGORITHMS)
+        for algorithm in sorted(s.name for s in PG_FAMILY.algorithms if s.needs_groups)
     }
 )
 

@@ -85,7 +85,11 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     """The trainer command line (``--config``, ``--run-dir``, ``--set``, ``--resume``)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--config", required=True, help="YAML config file (see configs/)")
-    p.add_argument("--run-dir", required=True, help="run directory to write (DESIGN.md §3)")
+    p.add_argument(
+        "--run-dir",
+        required=True,
+        help='run directory to write (docs/architecture.md, "The run folder")',
+    )
     p.add_argument(
         "--set",
         dest="overrides",

@@ -1,4 +1,4 @@
-"""The run directory a trainer writes (DESIGN.md §3). Torch-free.
+"""The run directory a trainer writes (docs/architecture.md, "The run folder"). Torch-free.
 
 Files: ``config.yaml`` (resolved config), ``metrics.jsonl`` and ``samples.jsonl`` (one whole JSON
 object per line, appended), ``progress.json`` and ``summary.json`` (replaced atomically).

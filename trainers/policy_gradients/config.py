@@ -33,15 +33,7 @@ Algorithm = Literal[ALGORITHMS]  # type: ignore[valid-type]  # the spec's names
 LossAgg = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
 
 # What each algorithm needs (groups, KL placement, ratio, defaults) is declared once in
-# trainers/policy_gradients/spec.py; the names below are views of it.
-# Derived from the specs; kept for train.py until the loop refactor lands.
-KL_IN_LOSS: frozenset[str] = frozenset(a.name for a in PG_FAMILY.algorithms if a.kl == "loss")
-# Derived from the specs; kept for train.py until the loop refactor lands.
-KL_IGNORED: frozenset[str] = frozenset(a.name for a in PG_FAMILY.algorithms if a.kl == "none")
-# Derived from the specs; kept for tests and callers that import it by name.
-GROUP_ALGORITHMS: frozenset[str] = frozenset(a.name for a in PG_FAMILY.algorithms if a.needs_groups)
-# Derived from the specs; kept for tests and callers that import it by name.
-DEFAULT_LOSS_AGG: dict[str, str] = {a.name: a.loss_agg for a in PG_FAMILY.algorithms}
+# trainers/policy_gradients/spec.py: read it through ``algorithm_spec(name)`` or ``cfg.spec``.
 
 
 def algorithm_spec(algorithm: str) -> AlgorithmSpec:

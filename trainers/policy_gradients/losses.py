@@ -342,7 +342,3 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of ``x`` over the mask's tokens (0 when the mask is empty); for metrics."""
     on = mask > 0
     return torch.where(on, x, torch.zeros_like(x)).sum() / on.float().sum().clamp(min=1.0)
-
-
-# Derived from the specs; kept for tests and callers that import it by name.
-DEFAULT_LOSS_AGG: dict[str, str] = {a.name: a.loss_agg for a in PG_FAMILY.algorithms}

@@ -43,11 +43,7 @@ from trainers.core.training import (
     use_gradient_checkpointing,
 )
 from trainers.policy_gradients.advantages import frac_zero_std
-from trainers.policy_gradients.config import (
-    KL_IGNORED,
-    KL_IN_LOSS,
-    PolicyGradientConfig,
-)
+from trainers.policy_gradients.config import PolicyGradientConfig
 from trainers.policy_gradients.data import PromptStream, check_specs, load_prompts
 from trainers.policy_gradients.losses import (
     POLICY_LOSSES,
@@ -85,7 +81,7 @@ def planned_rollout_steps(cfg: PolicyGradientConfig) -> int:
 def config_notes(cfg: PolicyGradientConfig) -> list[str]:
     """Things a reader of the run should know about this config (printed and in summary)."""
     notes = []
-    if cfg.loss.beta > 0 and cfg.algorithm in KL_IGNORED:
+    if cfg.loss.beta > 0 and cfg.spec.kl == "none":
         notes.append(
             f"loss.beta={cfg.loss.beta} is ignored: {cfg.algorithm} has no KL term (as in the "
             "book's code); no reference model is loaded"
@@ -138,7 +134,7 @@ def loss_params(cfg: PolicyGradientConfig) -> PolicyLossParams:
         clip_eps_hi=loss.clip_eps_hi,
         beta=loss.beta if cfg.uses_kl else 0.0,
         kl_estimator=loss.kl_estimator,
-        kl_in_loss=cfg.algorithm in KL_IN_LOSS and cfg.uses_kl,
+        kl_in_loss=cfg.spec.kl == "loss" and cfg.uses_kl,
         sapo_tau_pos=loss.sapo_tau_pos,
         sapo_tau_neg=loss.sapo_tau_neg,
     )
