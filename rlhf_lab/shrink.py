@@ -239,7 +239,7 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
     if preset:
         r.set("rollout.max_new_tokens", 64)
         r.set("eval.max_new_tokens", None)
-        r.set("train.learning_rate", 1.0e-3)  # what tests/test_pg_train.py uses on tiny
+        r.set("train.learning_rate", 1.0e-3)  # what the PG train tests use on tiny
         notes.append(
             "a tiny preset is randomly initialised: expect little reward contrast "
             "(frac_reward_zero_std near 1) unless it starts from an SFT warm start (run the "

@@ -13,7 +13,7 @@ One place for every generator (each deterministic in its arguments):
 
 The per-task worked reasoning and wrong answers come from :mod:`trainers.core.tasks`. Changing a
 draw from a seeded generator here changes every built-in dataset (and what the learning tests
-train on): ``tests/trainers/test_shared_data.py`` pins a fingerprint of each.
+train on): ``tests/trainers/core/test_shared_data.py`` pins a fingerprint of each.
 """
 
 from __future__ import annotations

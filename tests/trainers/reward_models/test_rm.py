@@ -49,9 +49,9 @@ from trainers.reward_models.losses import (
 from trainers.reward_models.model import RewardModelError, build_reward_model, save_reward_model
 from trainers.reward_models.scoring import RewardScorer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "reward_models" / "configs"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 CONFIG_OF = {"preference": "preference_rm", "orm": "orm", "prm": "prm"}
 
 

@@ -12,9 +12,9 @@ from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import LOSS_NAMES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "direct_alignment" / "configs"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 QUICK = [
     "model.name=tiny",

@@ -30,7 +30,7 @@ from trainers.direct_alignment.data import (
     tokenize_records,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 UF = FIXTURES / "ultrafeedback_cleaned.jsonl"
 HH = FIXTURES / "hh_rlhf.jsonl"
 PLAIN = FIXTURES / "plain_pairs.jsonl"

@@ -4,7 +4,7 @@ fail before anything is written.
 
 A randomly initialised ``tiny`` model never earns a reward, so most tests swap the reward
 function for one with guaranteed contrast inside each group (``contrast_rewards``): the update
-then has non-zero advantages and real gradients. The learning test (tests/test_pg_learning.py)
+then has non-zero advantages and real gradients. The learning test (tests/trainers/policy_gradients/test_pg_learning.py)
 uses the real rewards on an SFT warm start.
 """
 
@@ -24,7 +24,7 @@ from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.config import ALGORITHMS, PolicyGradientConfig, algorithm_spec
 from trainers.policy_gradients.data import PromptStream
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
 G = 4
 

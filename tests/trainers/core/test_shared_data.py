@@ -36,7 +36,7 @@ from trainers.core.splits import (
     split_train_eval,
 )
 
-TRAINERS = Path(__file__).resolve().parents[2] / "trainers"
+TRAINERS = Path(__file__).resolve().parents[3] / "trainers"
 FAMILIES = ("direct_alignment", "policy_gradients", "rejection_sampling", "reward_models", "sft")
 
 # ---- message parsing --------------------------------------------------------------------------

@@ -28,9 +28,9 @@ from trainers.sft.data import (
     tokenize_records,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "sft" / "configs"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 QUICK = [
     "model.name=tiny",

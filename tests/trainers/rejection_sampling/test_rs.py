@@ -40,9 +40,9 @@ from trainers.rejection_sampling.selection import (
     top_per_prompt,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "rejection_sampling" / "configs"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 GSM8K_FIXTURE = FIXTURES / "gsm8k.jsonl"
 
 EASY_CHAIN_SUM = "data.builtin_task_configs={chain_sum: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}"

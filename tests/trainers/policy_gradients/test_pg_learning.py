@@ -32,7 +32,7 @@ from trainers.policy_gradients.rewards import compute_rewards
 from trainers.policy_gradients.rollout import greedy_completions
 from trainers.sft import train as sft_train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 SEED = 42
 POOL = 32

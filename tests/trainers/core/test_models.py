@@ -29,7 +29,7 @@ from trainers.core.models import (
     resolve_model,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 MESSAGES = [
     {"role": "user", "content": "Spell this word backward (example: sun -> nus): cat"},
     {"role": "assistant", "content": "<think>Reverse the letters.</think><answer>tac</answer>"},
