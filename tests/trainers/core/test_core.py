@@ -195,13 +195,13 @@ def test_completion_logps_projects_only_completion_positions(monkeypatch):
     loss_mask[2, 4:9] = 1
 
     seen = []
-    original = logprobs._head_chunk_logps
+    original = logprobs._head_chunk_stats
 
-    def counting(hidden, weight, bias, labels):
+    def counting(hidden, weight, bias, labels, with_entropy):
         seen.append(hidden.shape[:-1].numel())
-        return original(hidden, weight, bias, labels)
+        return original(hidden, weight, bias, labels, with_entropy)
 
-    monkeypatch.setattr(logprobs, "_head_chunk_logps", counting)
+    monkeypatch.setattr(logprobs, "_head_chunk_stats", counting)
     sums, counts = completion_logps(model, ids, attn, loss_mask, chunk_size=4)
     scored = int(loss_mask[:, 1:].sum())
     assert counts.tolist() == [6.0, 2.0, 5.0]
