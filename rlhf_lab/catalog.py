@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.config_models import families_accepting
 from rlhf_lab.errors import InvalidArgument, NextStep, NotFound
 from rlhf_lab.families import FAMILIES, FamilyInfo, family_info
 from trainers.core.spec import (
@@ -449,6 +448,8 @@ def infer_family(path: Path, data: dict[str, Any] | None = None) -> str:
         return candidates[0]
     if not candidates:
         # No algorithm key: a family whose model validates the file (torch-free models).
+        from rlhf_lab.config_models import families_accepting  # pydantic models: on use only
+
         fits = families_accepting(data)
         if len(fits) == 1:
             return fits[0]

@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound, NotReady, Unavailable
+from rlhf_lab.families import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.paths import LabError, campaign_name, experiments_dir, find_run, new_run_id
 from rlhf_lab.runs.devices import cpu_threads_beside, resolve_device
 from rlhf_lab.runs.process import _device_lock, _run_lock

@@ -63,7 +63,8 @@ METRIC_PHASES: tuple[str, ...] = ("train", "eval", "rollout")
 
 
 class _FileModel(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # defer_build: a schema is built on its first use, not at import (the CLI starts faster)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
 
 # --------------------------------------------------------------------------------------------
