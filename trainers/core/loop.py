@@ -282,6 +282,17 @@ class TrainingRun:
             keep_last=self.checkpointing.keep_last,
         )
 
+    def print_step(self, row: dict[str, Any], accuracy_key: str | None = None) -> None:
+        """The step's line in train.log: ``step s/T loss x [acc y] (t s)``."""
+        acc = ""
+        if accuracy_key is not None:
+            acc = f"acc {row.get(accuracy_key, float('nan')):.3f} "
+        print(
+            f"step {self.step}/{self.total_steps} loss {row.get('loss', float('nan')):.4f} "
+            f"{acc}({row['timing/step_s']:.2f}s)",
+            flush=True,
+        )
+
     def checkpoint_or_stop(self, save: Callable[[], Any], *, stopping: bool) -> None:
         """The end of every step: ``save()`` every ``save_every`` steps, at the last step and
         when stopping; then raise StopRequested when stopping (see the harness)."""

@@ -389,11 +389,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
             event = loop.event(cfg.eval.sample_every)
             loop.log_samples(sample_generations(cfg, model, tokenizer, eval_records, event))
         loop.progress("training", epoch=pos.epoch)
-        print(
-            f"step {loop.step}/{total_steps} loss {row.get('loss', float('nan')):.4f} "
-            f"acc {row.get('accuracy', float('nan')):.3f} ({row['timing/step_s']:.2f}s)",
-            flush=True,
-        )
+        loop.print_step(row, "accuracy")
         loop.checkpoint_or_stop(
             partial(loop.save_checkpoint, model, optimizer, scheduler, pos.next_position),
             stopping=stop_requested(),

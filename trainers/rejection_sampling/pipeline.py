@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainers.core.datasets import read_json_rows
 from trainers.core.rundir import atomic_write_json
 from trainers.core.tasks import SYSTEM_PROMPT, TASK_CONFIGS, extract_answer, import_reasoning_gym
 from trainers.core.tiny import cache_root
@@ -96,14 +97,10 @@ def _read_local_rows(path: Path, split: str | None = None) -> list[dict]:
         )
     suffix = path.suffix.lower()
     if path.is_file() and suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{n} is not valid JSON: {err}") from None
-        return rows
+        try:
+            return read_json_rows(path)  # the shared reader: one JSON object per line
+        except ValueError as err:
+            raise DataError(str(err)) from None
     if path.is_file() and suffix == ".json":
         data = json.loads(path.read_text())
         if isinstance(data, dict) and isinstance(data.get("data"), list):

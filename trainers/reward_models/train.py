@@ -513,11 +513,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         if loop.every(cfg.eval.eval_every) and kind.held_out:
             run_eval()
         loop.progress("training", epoch=pos.epoch)
-        print(
-            f"step {loop.step}/{total_steps} loss {row.get('loss', float('nan')):.4f} "
-            f"({row['timing/step_s']:.2f}s)",
-            flush=True,
-        )
+        loop.print_step(row)
         loop.checkpoint_or_stop(
             partial(loop.save_checkpoint, model, optimizer, scheduler, pos.next_position),
             stopping=stop_requested(),

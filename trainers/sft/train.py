@@ -497,11 +497,7 @@ def train(
         loop.step_done(row, step_tokens, cfg.logging.log_every)
         eval_and_samples(at_start=False)
         loop.progress("training", epoch=pos.epoch)
-        print(
-            f"step {loop.step}/{total_steps} loss {row['loss']:.4f} "
-            f"acc {row['mean_token_accuracy']:.3f} ({row['timing/step_s']:.2f}s)",
-            flush=True,
-        )
+        loop.print_step(row, "mean_token_accuracy")
         save = partial(
             loop.save_checkpoint,
             model,

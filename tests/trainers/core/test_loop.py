@@ -410,3 +410,13 @@ def test_round_robin_walks_the_held_out_set_event_by_event(tmp_path):
     loop = TrainingRun(RunDir(tmp_path), CheckpointSection(), 10)
     loop.step = 7
     assert loop.event(3) == 2 and loop.event(0) == 7
+
+
+def test_print_step_writes_the_train_log_line(tmp_path, capsys):
+    loop = TrainingRun(RunDir(tmp_path / "p"), CheckpointSection(), total_steps=8)
+    loop.step = 3
+    row = {"loss": 0.69314, "accuracy": 0.625, "timing/step_s": 0.1234}
+    loop.print_step(row, "accuracy")
+    loop.print_step({"timing/step_s": 2.0})  # no loss logged: nan, never a KeyError
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["step 3/8 loss 0.6931 acc 0.625 (0.12s)", "step 3/8 loss nan (2.00s)"]
