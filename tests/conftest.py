@@ -63,17 +63,6 @@ def trainer_argv(config, run_dir, overrides, resume: bool = False) -> list[str]:
     return argv
 
 
-@pytest.fixture
-def run_trainer():
-    """``run(main, config, run_dir, overrides, resume=False) -> exit status``: a trainer's
-    ``main`` called in this process with :func:`trainer_argv`."""
-
-    def run(main, config, run_dir, overrides, resume: bool = False) -> int:
-        return main(trainer_argv(config, run_dir, overrides, resume))
-
-    return run
-
-
 def assert_complete_run_dir(path, extra_files=(), check_rows: bool = True) -> dict:
     """Assert that ``path`` is a finished, succeeded run folder (the files every trainer
     writes plus ``extra_files``; progress at its last step; with ``check_rows`` every metrics
@@ -90,12 +79,6 @@ def assert_complete_run_dir(path, extra_files=(), check_rows: bool = True) -> di
     progress = json.loads((path / "progress.json").read_text())
     assert progress["step"] == progress["total_steps"] == summary["steps"]
     return summary
-
-
-@pytest.fixture
-def complete_run_dir():
-    """:func:`assert_complete_run_dir` as a fixture (``complete_run_dir(path) -> summary``)."""
-    return assert_complete_run_dir
 
 
 def assert_same_gradients(got, want, *, rel: float = 1e-5) -> None:

@@ -1,4 +1,4 @@
-"""The shared trainer-run fixtures of tests/conftest.py, on a fake trainer and hand-made run
+"""The shared trainer-run helpers of tests/conftest.py, on a fake trainer and hand-made run
 folders (no model is built)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
 
 
 def _fake_main(seen: list[list[str]], status: int = 0):
@@ -17,10 +18,10 @@ def _fake_main(seen: list[list[str]], status: int = 0):
     return main
 
 
-def test_run_trainer_builds_the_command_line(run_trainer, tmp_path):
+def test_trainer_argv_builds_the_command_line(tmp_path):
     seen: list[list[str]] = []
     config, run_dir = tmp_path / "dpo.yaml", tmp_path / "run"
-    assert run_trainer(_fake_main(seen), config, run_dir, ["a=1", "b.c=x"]) == 0
+    assert _fake_main(seen)(trainer_argv(config, run_dir, ["a=1", "b.c=x"])) == 0
     assert seen[-1] == [
         "--config",
         str(config),
@@ -31,7 +32,7 @@ def test_run_trainer_builds_the_command_line(run_trainer, tmp_path):
         "--set",
         "b.c=x",
     ]
-    assert run_trainer(_fake_main(seen, 2), config, run_dir, [], resume=True) == 2
+    assert _fake_main(seen, 2)(trainer_argv(config, run_dir, [], resume=True)) == 2
     assert seen[-1] == ["--config", str(config), "--run-dir", str(run_dir), "--resume"]
 
 
@@ -46,8 +47,8 @@ def _run_folder(path: Path, *, outcome: str = "succeeded", step: int = 3, rows=N
     return path
 
 
-def test_complete_run_dir_accepts_a_finished_run(complete_run_dir, tmp_path):
-    summary = complete_run_dir(_run_folder(tmp_path / "run"))
+def test_complete_run_dir_accepts_a_finished_run(tmp_path):
+    summary = assert_complete_run_dir(_run_folder(tmp_path / "run"))
     assert summary == {"outcome": "succeeded", "steps": 3}
 
 
@@ -55,7 +56,7 @@ def test_complete_run_dir_accepts_a_finished_run(complete_run_dir, tmp_path):
     "damage",
     ["failed", "early", "missing_file", "extra_file", "bad_row"],
 )
-def test_complete_run_dir_rejects_an_unfinished_run(complete_run_dir, tmp_path, damage):
+def test_complete_run_dir_rejects_an_unfinished_run(tmp_path, damage):
     changes = {
         "failed": {"outcome": "failed"},
         "early": {"step": 2},
@@ -66,17 +67,16 @@ def test_complete_run_dir_rejects_an_unfinished_run(complete_run_dir, tmp_path, 
     if damage == "missing_file":
         (path / "samples.jsonl").unlink()
     with pytest.raises(AssertionError):
-        complete_run_dir(path, extra_files=extra)
+        assert_complete_run_dir(path, extra_files=extra)
 
 
-def test_complete_run_dir_can_skip_the_row_check(complete_run_dir, tmp_path):
+def test_complete_run_dir_can_skip_the_row_check(tmp_path):
     path = _run_folder(tmp_path / "run", rows=[{"step": 1}])
-    assert complete_run_dir(path, check_rows=False)["outcome"] == "succeeded"
+    assert assert_complete_run_dir(path, check_rows=False)["outcome"] == "succeeded"
 
 
 def test_assert_same_gradients_tolerates_reordering_but_not_a_real_difference():
     import torch
-    from conftest import assert_same_gradients
 
     torch.manual_seed(0)
     want = torch.randn(1000)

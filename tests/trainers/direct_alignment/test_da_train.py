@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import assert_complete_run_dir, trainer_argv
 
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
@@ -36,24 +37,7 @@ QUICK = [
 
 
 def run(loss: str, run_dir: Path, overrides: list[str], resume: bool = False) -> int:
-    argv = ["--config", str(CONFIGS / f"{loss}.yaml"), "--run-dir", str(run_dir)]
-    for item in overrides:
-        argv += ["--set", item]
-    if resume:
-        argv.append("--resume")
-    return da_train.main(argv)
-
-
-def assert_complete_run_dir(path: Path) -> dict:
-    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "progress.json", "summary.json"):
-        assert (path / name).is_file(), f"{name} missing from {path}"
-    summary = json.loads((path / "summary.json").read_text())
-    assert summary["outcome"] == "succeeded", summary
-    rows = read_jsonl(path / "metrics.jsonl")
-    assert all({"step", "time_s", "phase"} <= set(r) for r in rows)
-    progress = json.loads((path / "progress.json").read_text())
-    assert progress["step"] == progress["total_steps"] == summary["steps"]
-    return summary
+    return da_train.main(trainer_argv(CONFIGS / f"{loss}.yaml", run_dir, overrides, resume))
 
 
 @pytest.mark.slow

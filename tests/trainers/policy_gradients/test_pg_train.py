@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_gradients
+from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
 
 from trainers.core import logprobs as core_logprobs
 from trainers.core.rundir import read_jsonl
@@ -60,12 +60,7 @@ def one_torch_thread():
 
 
 def run(algorithm: str, run_dir: Path, overrides: list[str], resume: bool = False) -> int:
-    argv = ["--config", str(CONFIGS / f"{algorithm}.yaml"), "--run-dir", str(run_dir)]
-    for item in overrides:
-        argv += ["--set", item]
-    if resume:
-        argv.append("--resume")
-    return pg_train.main(argv)
+    return pg_train.main(trainer_argv(CONFIGS / f"{algorithm}.yaml", run_dir, overrides, resume))
 
 
 def graded_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=None):
@@ -92,18 +87,6 @@ def contrast_rewards(monkeypatch):
 
 def rows_of(path: Path, phase: str) -> list[dict]:
     return [r for r in read_jsonl(path / "metrics.jsonl") if r["phase"] == phase]
-
-
-def assert_complete_run_dir(path: Path) -> dict:
-    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "progress.json", "summary.json"):
-        assert (path / name).is_file(), f"{name} missing from {path}"
-    summary = json.loads((path / "summary.json").read_text())
-    assert summary["outcome"] == "succeeded", summary
-    rows = read_jsonl(path / "metrics.jsonl")
-    assert all({"step", "time_s", "phase"} <= set(r) for r in rows)
-    progress = json.loads((path / "progress.json").read_text())
-    assert progress["step"] == progress["total_steps"] == summary["steps"]
-    return summary
 
 
 ROLLOUT_KEYS = (

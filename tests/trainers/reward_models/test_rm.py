@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_gradients
+from conftest import assert_complete_run_dir as assert_complete_trainer_run
+from conftest import assert_same_gradients, trainer_argv
 
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
@@ -518,22 +519,13 @@ TRAIN_KEYS = {
 
 
 def run(kind: str, run_dir: Path, overrides: list[str], resume: bool = False) -> int:
-    argv = ["--config", str(CONFIGS / f"{CONFIG_OF[kind]}.yaml"), "--run-dir", str(run_dir)]
-    for item in overrides:
-        argv += ["--set", item]
-    if resume:
-        argv.append("--resume")
-    return rm_train.main(argv)
+    return rm_train.main(
+        trainer_argv(CONFIGS / f"{CONFIG_OF[kind]}.yaml", run_dir, overrides, resume)
+    )
 
 
 def assert_complete_run_dir(path: Path) -> dict:
-    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "progress.json", "summary.json"):
-        assert (path / name).is_file(), f"{name} missing from {path}"
-    summary = json.loads((path / "summary.json").read_text())
-    assert summary["outcome"] == "succeeded", summary
-    progress = json.loads((path / "progress.json").read_text())
-    assert progress["step"] == progress["total_steps"] == summary["steps"]
-    return summary
+    return assert_complete_trainer_run(path, check_rows=False)
 
 
 def test_shipped_configs_hold_the_book_defaults():

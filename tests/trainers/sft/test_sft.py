@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import trainer_argv
 
 from trainers.core.config import load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -54,12 +55,7 @@ QUICK = [
 
 
 def run(run_dir: Path, overrides: list[str], resume: bool = False, config: str = "sft") -> int:
-    argv = ["--config", str(CONFIGS / f"{config}.yaml"), "--run-dir", str(run_dir)]
-    for item in overrides:
-        argv += ["--set", item]
-    if resume:
-        argv.append("--resume")
-    return sft_train.main(argv)
+    return sft_train.main(trainer_argv(CONFIGS / f"{config}.yaml", run_dir, overrides, resume))
 
 
 @pytest.fixture(scope="module")
