@@ -1,8 +1,13 @@
 """The queue worker: starts queued runs one after another, in creation order.
 
-    python -m rlhf_lab._queue
+    python -m rlhf_lab._queue                 # the worker
+    python -m rlhf_lab._queue --record RUN_ID # the recorder of one run started at once
 
-Started detached by :func:`rlhf_lab.runs.ensure_queue_worker`. Only one worker runs at a time:
+The recorder (started detached by :func:`rlhf_lab.runs.record_when_ended` when a run is launched
+or resumed without the queue) waits for that run's end and calls the same ledger hook as the
+worker, so every run is recorded the same way whichever path started it.
+
+The worker is started detached by :func:`rlhf_lab.runs.ensure_queue_worker`. Only one worker runs at a time:
 it holds ``experiments/.lab/queue.lock`` for its whole life (a second worker finds the lock taken
 and exits at once). For each queued run it waits until the run's device has no active job,
 starts it, waits for it to end, then calls the ledger hook ``rlhf_lab.ledger.record_run(run_id)``
@@ -78,7 +83,25 @@ def run_one(run_id: str) -> None:
     threading.Thread(target=record_hook, args=(run_id,), name=f"record-{run_id}").start()
 
 
-def main() -> int:
+def record_after_end(run_id: str) -> int:
+    """The recorder: wait until ``run_id`` ends, then record it (as :func:`run_one` does)."""
+    from rlhf_lab.paths import LabError
+    from rlhf_lab.runs import wait_for_end
+
+    try:
+        status = wait_for_end(run_id, poll_s=POLL_S)
+    except LabError as err:  # the run folder went away: nothing to record
+        _say(f"recorder for {run_id} stops: {err}")
+        return 0
+    _say(f"{run_id} ended: {status.state}; recording it")
+    record_hook(run_id)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--record"] and len(args) == 2:
+        return record_after_end(args[1])
     from rlhf_lab.runs import _lab_dir
 
     lock = FileLock(str(_lab_dir() / "queue.lock"))

@@ -35,6 +35,7 @@ from rlhf_lab.catalog import Recipe, family_info, find_recipe, get_dotted
 from rlhf_lab.configs import ConfigChange, config_model, resolve_config
 from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.paths import LabError
+from rlhf_lab.validation import check_config
 from trainers.core.config import parse_override
 from trainers.core.spec import spec_for
 
@@ -462,7 +463,9 @@ def shrink_config(
     ``model``: swap the model (None keeps the recipe's; a preset such as ``tiny`` also switches
     to the offline data sets and tiny-model sizes). ``overrides``: the user's ``--set`` items,
     applied last. Raises :class:`LabError` for an unknown recipe, a family whose config model
-    does not exist yet, or a shrunk config that does not validate.
+    does not exist yet, a shrunk config that does not validate, a model that cannot be resolved
+    or a length above the model's context (:func:`rlhf_lab.validation.check_config`); an
+    implausible learning rate is a note.
     """
     recipe = find_recipe(recipe_or_file)
     user = list(overrides or [])
@@ -500,6 +503,8 @@ def shrink_config(
                 note="with overrides that fix the values named above",
             ),
         ) from None
+    # models that resolve, lengths within the model's context, plausible learning rates
+    notes.extend(check_config(recipe.family, final.data).warnings)
     steps = estimate_steps(recipe.family, final.data)
     name = get_dotted(final.data, "model.name")
     if not model and not preset:

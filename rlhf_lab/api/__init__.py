@@ -11,7 +11,8 @@ lives where:
 
 - launching (this module, whose private hooks tests replace): :func:`launch_experiment`
   (LaunchResult), :func:`launch_run` (the same shaped for an agent), :func:`sweep`,
-  :func:`resume_run_detached`; their result models in :mod:`rlhf_lab.api.results`;
+  :func:`resume_run` and :func:`resume_run_detached`; their result models in
+  :mod:`rlhf_lab.api.results`; the checks before a launch in :mod:`rlhf_lab.validation`;
 - :mod:`rlhf_lab.api.recipes`: ``list_recipes``, ``estimate_memory`` (the fit check),
   ``device_free_gb``, ``acceptance_text``;
 - :mod:`rlhf_lab.api.watching`: ``run_status`` (alerts + advice), ``active_run_views``,
@@ -119,7 +120,6 @@ _LAZY: dict[str, str] = {
     "LaunchRunResult": "rlhf_lab.api.results",
     "SweepResult": "rlhf_lab.api.results",
     "launch_run_result": "rlhf_lab.api.results",
-    "resume_run": "rlhf_lab.runs",
 }
 
 
@@ -129,7 +129,6 @@ _SURFACE_OPERATIONS = frozenset(
         "plan_experiment",
         "stop_run",
         "list_runs",
-        "resume_run",
         "record_run",
         "create_campaign",
         "show_campaign",
@@ -173,6 +172,7 @@ __all__ = sorted(
         "device_busy_error",
         "launch_experiment",
         "launch_run",
+        "resume_run",
         "resume_run_detached",
         "sweep",
         "visible_gpu_count",
@@ -200,24 +200,82 @@ def _device_free_gb(device: str) -> float | None:
     return device_free_gb(device)
 
 
-def _fits_beside_running(family: str, algorithm: str, data: dict, device: str) -> bool | None:
-    """None when nothing else holds the device; otherwise whether this run's memory estimate
-    fits in what the device has free now."""
+def _device_total_gb(device: str) -> float | None:
+    """All the memory of ``device`` (the hook the queued-launch check uses; tests replace it)."""
+    from rlhf_lab.api.recipes import device_total_gb
+
+    return device_total_gb(device)
+
+
+def _where(device: str) -> str:
+    return "RAM" if device == "cpu" else f"memory of {device}"
+
+
+def _estimate_gb(family: str, algorithm: str, data: dict, device: str) -> tuple[float | None, str]:
+    """(peak GiB of this run on ``device`` or None, why there is none)."""
     from rlhf_lab.memory import estimate_memory as estimate_config_memory
+
+    try:
+        kind = "cpu" if device == "cpu" else "cuda"
+        return estimate_config_memory(family, algorithm, data, device=kind).total_gb, ""
+    except LabError as err:
+        return None, f"no memory estimate ({err.message})"
+
+
+def _memory_refusal(device: str, estimate: float, free: float) -> Conflict:
+    """The refusal of a run whose estimate does not fit the device's free memory."""
+    return Conflict(
+        f"the memory estimate of this run (~{estimate:.2f} GiB) does not fit the free "
+        f"{_where(device)} ({free:.2f} GiB free on {device}, 10% margin kept); it would likely "
+        "run out of memory",
+        next=[
+            NextStep(
+                "shrink_config",
+                note="lower train.batch_size or data.max_length, model.gradient_checkpointing="
+                "true, or a smaller model (model='tiny')",
+            ),
+            NextStep("launch_run", {"force": True}, note="start anyway, at the risk of an OOM"),
+        ],
+    )
+
+
+def _check_memory(
+    family: str, algorithm: str, data: dict, device: str, *, queue: bool
+) -> tuple[bool | None, list[str]]:
+    """The launch's memory and busy-device rule, the same for the CPU (RAM) and a GPU; returns
+    (``fits_together`` for :func:`rlhf_lab.runs.launch`, warnings).
+
+    - queued: refused only when the estimate exceeds the device's *total* memory (it could never
+      start); it waits for the device anyway;
+    - the device is idle: refused when the estimate does not fit its free memory now;
+    - a run already trains on it: started beside it when the estimate fits the free memory now
+      (CPU runs then split the cores), refused otherwise (and when there is no estimate).
+    ``force`` skips all of it (the caller does not call this)."""
     from rlhf_lab.memory import fits
     from rlhf_lab.runs import active_runs
 
-    if not active_runs(device):
-        return None
-    free = _device_free_gb(device)
-    if free is None:
-        return False
-    try:
-        kind = "cpu" if device == "cpu" else "cuda"
-        estimate = estimate_config_memory(family, algorithm, data, device=kind)
-    except LabError:
-        return False
-    return fits(estimate.total_gb, free)
+    estimate, why = _estimate_gb(family, algorithm, data, device)
+    warnings = [f"{why}: the memory fit was not checked"] if estimate is None else []
+    if queue:
+        total = _device_total_gb(device) if estimate is not None else None
+        if estimate is not None and total is not None and not fits(estimate, total):
+            raise Conflict(
+                f"the memory estimate of this run (~{estimate:.2f} GiB) exceeds all the "
+                f"{_where(device)} ({total:.2f} GiB on {device}): queued, it could never start",
+                next=_memory_refusal(device, estimate, total).next_steps,
+            )
+        return None, warnings
+    busy = active_runs(device)
+    free = _device_free_gb(device) if estimate is not None or busy else None
+    ok = None if estimate is None or free is None else fits(estimate, free)
+    if busy:
+        if ok:
+            return True, warnings
+        raise device_busy_error(device, busy, ok, estimate_gb=estimate, free_gb=free)
+    if ok is False:
+        assert estimate is not None and free is not None
+        raise _memory_refusal(device, estimate, free)
+    return None, warnings
 
 
 def _check_gpu_present(device: str, data: dict) -> None:
@@ -251,14 +309,22 @@ def _describe_run(status: RunStatus) -> str:
     return f"{status.id} (pid {status.pid}, step {step}/{total}{eta}, campaign {status.campaign})"
 
 
-def device_busy_error(device: str, busy: list[RunStatus], fits_together: bool | None) -> Conflict:
-    """The typed refusal of a second job on a device: names the run holding it and the ways on
-    (wait for it, queue behind it, or force when both fit)."""
-    why = (
-        "the memory check said both do not fit"
-        if fits_together is False
-        else "no memory check said both fit"
-    )
+def device_busy_error(
+    device: str,
+    busy: list[RunStatus],
+    fits_together: bool | None,
+    *,
+    estimate_gb: float | None = None,
+    free_gb: float | None = None,
+) -> Conflict:
+    """The typed refusal of a second job on a device: names the run holding it, the estimate and
+    the free memory, and the ways on (wait for it, queue behind it, or force)."""
+    if fits_together is False:
+        why = "the memory check said both do not fit"
+    else:
+        why = "no memory check said both fit"
+    if estimate_gb is not None and free_gb is not None:
+        why += f": ~{estimate_gb:.2f} GiB needed, {free_gb:.2f} GiB {_where(device)} free"
     more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
     steps = [
         NextStep("run_status", {"run_id": busy[0].id}, note="wait until it ends"),
@@ -266,8 +332,8 @@ def device_busy_error(device: str, busy: list[RunStatus], fits_together: bool | 
         NextStep("launch_run", {"force": True}, note="only when both runs fit in memory"),
     ]
     return Conflict(
-        f"device {device} is busy: run {_describe_run(busy[0])} is training on it{more}; one "
-        f"training job per device ({why})",
+        f"device {device} is busy: run {_describe_run(busy[0])} is training on it{more}; a "
+        f"second job starts beside it only when its memory estimate fits ({why})",
         next=steps,
     )
 
@@ -314,6 +380,30 @@ def _resolve_recipe(
         raise err.with_next(FIX_OVERRIDES) from None
 
 
+def _record_now(run_id: str) -> list[str]:
+    """The run's row in its campaign ledger, written at launch (queued or started); a ledger
+    failure never undoes a launch: it becomes a warning."""
+    from rlhf_lab.ledger import record_run
+
+    try:
+        record_run(run_id, plot=False)
+    except Exception as err:  # noqa: BLE001 - the run is launched; say what was not written
+        return [f"the ledger row of {run_id} was not written ({type(err).__name__}: {err})"]
+    return []
+
+
+def _record_when_ended(run_id: str) -> list[str]:
+    """Start the recorder that writes the run's final row when it ends (what the queue worker
+    does for the runs it starts)."""
+    from rlhf_lab.runs import record_when_ended
+
+    try:
+        record_when_ended(run_id)
+    except Exception as err:  # noqa: BLE001
+        return [f"{run_id} will not be recorded when it ends ({err}): call record_results then"]
+    return []
+
+
 @operation
 def launch_experiment(
     recipe: str,
@@ -327,11 +417,22 @@ def launch_experiment(
     force: bool = False,
     queue: bool = False,
 ) -> LaunchResult:
-    """Resolve (and optionally shrink) a recipe, make sure its campaign exists, check the device,
-    and start the trainer in the background (or queue it). Returns at once with the run id."""
+    """Resolve (and optionally shrink) a recipe, check it, make sure its campaign exists, and
+    start the trainer in the background (or queue it). Returns at once with the run id.
+
+    Every check comes before anything is written (campaign, run folder, queue entry, ledger
+    row): the config validates; every model it names resolves and, for a hub id, can be loaded
+    here; no length exceeds the model's context (:func:`rlhf_lab.validation.check_config`); the
+    device exists; and the memory estimate fits (:func:`_check_memory`: the free memory of an
+    idle device, beside the runs of a busy one, the total memory for a queued run) unless
+    ``force``. An implausible learning rate is a warning in the result. The launched run gets
+    its ledger row at once and again when it ends (queued runs by the queue worker, others by
+    a recorder process)."""
+    from rlhf_lab.api.recipes import FIX_OVERRIDES
     from rlhf_lab.ledger import create_campaign
     from rlhf_lab.paths import campaign_name
-    from rlhf_lab.runs import active_runs, resolve_device
+    from rlhf_lab.runs import resolve_device
+    from rlhf_lab.validation import check_config
 
     family, algorithm, data, applied, source = _resolve_recipe(
         recipe, list(overrides or []), shrink, model
@@ -340,12 +441,15 @@ def launch_experiment(
     slug = campaign if campaign is not None else f"{algorithm.replace('_', '-')}-sanity"
     campaign_name(slug)  # validates the slug before anything is written
     dev = resolve_device(device, data)  # a bad device is refused before the campaign exists
+    try:
+        warnings = list(check_config(family, data, launching=True).warnings)
+    except LabError as err:
+        raise err.with_next(FIX_OVERRIDES) from None
     _check_gpu_present(dev, data)
-    fits_together = None if force or queue else _fits_beside_running(family, algorithm, data, dev)
-    if fits_together is False:  # refused before the campaign is written; runs.launch re-checks
-        busy = active_runs(dev)
-        if busy:
-            raise device_busy_error(dev, busy, fits_together)
+    fits_together = None
+    if not force:  # refused before the campaign is written; runs.launch re-checks the device
+        fits_together, memory_warnings = _check_memory(family, algorithm, data, dev, queue=queue)
+        warnings += memory_warnings
     model_name = (data.get("model") or {}).get("name")
     dataset = (data.get("data") or {}).get("dataset")
     create_campaign(
@@ -356,7 +460,7 @@ def launch_experiment(
         dataset=dataset if isinstance(dataset, str) else None,
         seeds=[data["seed"]] if isinstance(data.get("seed"), int) else None,
     )
-    return _launch(
+    result = _launch(
         family,
         algorithm,
         data,
@@ -368,6 +472,10 @@ def launch_experiment(
         queue=queue,
         fits_together=fits_together,
     )
+    warnings += _record_now(result.run.id)
+    if not result.queued:
+        warnings += _record_when_ended(result.run.id)
+    return result.model_copy(update={"warnings": [*result.warnings, *warnings]})
 
 
 @operation
@@ -401,10 +509,20 @@ def launch_run(
 
 
 @operation
+def resume_run(run_id: str, device: str | None = None, force: bool = False) -> LaunchResult:
+    """:func:`rlhf_lab.runs.resume_run`, recorded like a launch: the run's ledger row is
+    refreshed when the resumed attempt ends (a recorder process)."""
+    from rlhf_lab.runs import resume_run as resume
+
+    result = resume(run_id, device=device, force=force)
+    warnings = _record_when_ended(result.run.id)
+    return result.model_copy(update={"warnings": [*result.warnings, *warnings]})
+
+
+@operation
 def resume_run_detached(run_id: str, force: bool = False) -> LaunchRunResult:
-    """runs.resume_run with the result shaped for an agent (like :func:`launch_run`)."""
+    """:func:`resume_run` with the result shaped for an agent (like :func:`launch_run`)."""
     from rlhf_lab.api.results import launch_run_result
-    from rlhf_lab.runs import resume_run
 
     return launch_run_result(resume_run(run_id, force=force))
 

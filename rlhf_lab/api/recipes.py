@@ -19,6 +19,7 @@ from rlhf_lab.memory import estimate_memory as estimate_config_memory
 from rlhf_lab.resources import check_resources
 from rlhf_lab.runs import active_runs, resolve_device
 from rlhf_lab.shrink import ShrinkResult
+from rlhf_lab.validation import check_config
 
 LIST_RECIPES = NextStep("list_recipes")
 FIX_OVERRIDES = NextStep(
@@ -125,6 +126,18 @@ def device_free_gb(device: str) -> float | None:
     return None
 
 
+def device_total_gb(device: str) -> float | None:
+    """All the memory of ``device`` (GiB): total RAM for ``cpu``, the GPU's memory for
+    ``cuda``/``cuda:N``; None for a GPU this machine does not show."""
+    res = check_resources(include_runs=False)
+    if device == "cpu":
+        return res.ram_total_gb
+    for gpu in res.gpus:
+        if device in (f"cuda:{gpu.index}", "cuda"):
+            return gpu.total_gb
+    return None
+
+
 def _verdict(need: str, target: str, free: float | None, ok: bool | None) -> str:
     """One sentence on whether the estimate fits what ``target`` has free."""
     if ok is None:
@@ -149,6 +162,7 @@ def _resolved(
         return shrunk.family, shrunk.algorithm, shrunk.config, shrunk.recipe.id
     extra = [f"model.name={model}"] if model else []
     resolved = resolve_config(recipe, overrides + extra)
+    check_config(resolved.family, resolved.data)  # the checks shrink_config makes
     return resolved.family, resolved.algorithm, resolved.data, resolved.recipe.id
 
 

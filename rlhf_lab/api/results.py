@@ -26,6 +26,9 @@ class LaunchRunResult(BaseModel):
     message: str
     log_path: str = Field(description="the run's train.log (stdout + stderr of the trainer)")
     next_step: str
+    warnings: list[str] = Field(
+        default_factory=list, description="doubtful values the launch went ahead with"
+    )
     run: RunInfo
 
 
@@ -52,5 +55,6 @@ def launch_run_result(result: LaunchResult) -> LaunchRunResult:
         message=result.message,
         log_path=f"{info.run_dir}/train.log",
         next_step=nxt,
+        warnings=result.warnings,
         run=info,
     )

@@ -202,12 +202,23 @@ def launch(
     model: Annotated[str | None, typer.Option(help="swap the model (implies --shrink)")] = None,
     campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
-    force: Annotated[bool, typer.Option(help="start even if the device is busy")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(help="skip the memory and busy-device checks: start even if it may not fit"),
+    ] = False,
     queue: Annotated[bool, typer.Option(help="queue behind the device's current job")] = False,
     foreground: Annotated[bool, typer.Option(help="stream the log with a progress bar")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start a trainer in the background (detached); returns at once with the run id."""
+    """Start a trainer in the background (detached); returns at once with the run id.
+
+    Checked first, nothing written on a refusal: the config, the model (it must resolve, and a
+    hub model must be loadable here), lengths within the model's context, and the memory
+    estimate against the device's free memory (RAM on the CPU). On a device where a run is
+    already training, the new run starts beside it when its estimate fits the free memory
+    (CPU runs then split the cores) and is refused otherwise; --queue starts it after the
+    device's jobs end, --force starts it regardless. A learning rate outside the plausible
+    range is a warning; above 1 is refused."""
     result = api.launch_experiment(
         recipe,
         set_ or [],
@@ -226,6 +237,8 @@ def launch(
         typer.echo(f"run id:  {result.run.id}")
         typer.echo(f"log:     {run_dir}/train.log")
         typer.echo(f"watch:   rlhf-lab status {result.run.id}   (or: tail -f {run_dir}/train.log)")
+        for warning in result.warnings:
+            typer.echo(f"warning: {warning}")
     if foreground and not result.queued:
         raise typer.Exit(_follow(result.run.id))
 
@@ -464,8 +477,10 @@ def gpu(as_json: JsonOpt = False) -> None:
     """GPU memory and who holds it, CPU and RAM, and which lab runs hold which device."""
 
     def human(r: Any) -> None:
+        # each "no GPU" note already says so and why (rlhf_lab.resources); print it once, as is
+        why = [n for n in r.notes if n.startswith("no GPU")]
         if not r.gpus:
-            typer.echo("no GPU: " + "; ".join(r.notes))
+            typer.echo("\n".join(why) if why else "no GPU")
         for g in r.gpus:
             typer.echo(
                 f"cuda:{g.index} {g.name}: {g.used_gb:.1f}/{g.total_gb:.1f} GiB used, "
@@ -477,6 +492,9 @@ def gpu(as_json: JsonOpt = False) -> None:
         )
         for hold in r.lab_runs:
             typer.echo(f"lab run {hold.run_id} on {hold.device}")
+        for note in r.notes:
+            if note not in why:
+                typer.echo(f"note: {note}")
 
     emit(api.check_resources(), as_json, human)
 

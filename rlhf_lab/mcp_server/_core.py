@@ -86,6 +86,7 @@ MCP_INDIRECT_OPERATIONS: dict[str, tuple[str, dict[str, str]]] = {
 # operations only the shell offers (no MCP tool does them): operation -> the command template
 MCP_SHELL_OPERATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "pull_model": ("uv run rlhf-lab models pull {name}", ("name",)),
+    "list_models": ("uv run rlhf-lab models list", ()),
 }
 # operations an agent performs by reading a resource: operation -> (URI template, its argument)
 MCP_RESOURCE_OPERATIONS: dict[str, tuple[str, str]] = {

@@ -164,12 +164,15 @@ def check_resources() -> Resources:
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
     ),
-    description="Start a training run in the background (a detached process that outlives this "
-    "server) and return its run id at once; by default the recipe is shrunk to a sanity run. "
-    "The run gets a folder under its dated campaign and a row in the campaign ledger. Use it "
-    "after plan_experiment / shrink_config / estimate_memory. One training job per device: a "
-    "busy device is refused unless queue=true (start after it) or force=true (only when "
-    "estimate_memory says both fit).",
+    description="Start a training run in the background (it outlives this server) and return "
+    "its run id at once; shrunk to a sanity run by default. It gets a folder in its campaign "
+    "and a ledger row, refreshed when it ends. Use it after plan_experiment / estimate_memory. "
+    "Refused, with nothing written, when a model cannot be resolved or loaded here, a length "
+    "exceeds the model's context, a learning rate is above 1, or the memory estimate does not "
+    "fit the device's free memory (RAM on cpu). If a run already trains on the device, the new "
+    "one starts beside it when its estimate fits the free memory and is refused otherwise. "
+    "queue=true starts it after the device's jobs end; force=true skips both memory checks. "
+    "Doubtful values come back in warnings.",
 )
 def launch_run(
     recipe: RecipeArg,

@@ -54,7 +54,7 @@ from rlhf_lab.runs.process import (
     _run_lock,
     _signal_run,
 )
-from rlhf_lab.runs.queue import _start_when_free, ensure_queue_worker
+from rlhf_lab.runs.queue import _start_when_free, ensure_queue_worker, record_when_ended
 from rlhf_lab.runs.records import (
     ACTIVE_STATES,
     LIVE_STATES,
@@ -148,6 +148,7 @@ __all__ = [
     "check_run_id",
     "cpu_threads_beside",
     "ensure_queue_worker",
+    "record_when_ended",
     "find_run",
     "follow_run",
     "launch",

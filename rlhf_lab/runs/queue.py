@@ -4,7 +4,10 @@ free. Torch-free.
 ``launch(queue=True)`` writes the run as ``queued`` and calls :func:`ensure_queue_worker`, which
 starts the detached worker (``python -m rlhf_lab._queue``, a thin entry point) unless one runs.
 The worker holds ``experiments/.lab/queue.lock`` while it works and calls
-:func:`_start_when_free` for each queued run.
+:func:`_start_when_free` for each queued run; when a run it started ends it records the run in
+its campaign ledger. A run started at once (not queued) gets the same recording from
+:func:`record_when_ended`: a small detached process (``python -m rlhf_lab._queue --record ID``)
+that waits for the run's end and calls the same ledger hook.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from rlhf_lab.runs.process import _device_lock
 from rlhf_lab.runs.records import RunInfo, _lab_dir, _source_dir, patchable
 from rlhf_lab.runs.state import active_runs, run_state
 
-__all__ = ["ensure_queue_worker"]
+__all__ = ["ensure_queue_worker", "record_when_ended"]
 
 
 def _worker_env() -> dict[str, str]:
@@ -45,6 +48,25 @@ def ensure_queue_worker() -> int | None:
     with (_lab_dir() / "queue.log").open("ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "rlhf_lab._queue"],
+            cwd=str(_source_dir()),
+            env=_worker_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    patchable()._reap_in_background(proc)
+    return proc.pid
+
+
+def record_when_ended(run_id: str) -> int:
+    """Start the detached recorder of a run started at once: it waits for the run's end and
+    records it in its campaign ledger, as the queue worker does for the runs it starts. Returns
+    the recorder's pid."""
+    with (_lab_dir() / "queue.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlhf_lab._queue", "--record", run_id],
             cwd=str(_source_dir()),
             env=_worker_env(),
             stdin=subprocess.DEVNULL,

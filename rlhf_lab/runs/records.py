@@ -118,6 +118,11 @@ class LaunchResult(BaseModel):
         default_factory=list, description="runs already on the device (force / fits_together)"
     )
     message: str
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what the checks before the launch found doubtful (e.g. a learning rate "
+        "outside the plausible range); the run was launched anyway",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

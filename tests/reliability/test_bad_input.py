@@ -698,30 +698,45 @@ def test_cuda_without_a_gpu_is_refused_at_launch(lab_root, no_trainer, monkeypat
 
 
 @pytest.mark.parametrize(
-    ("model", "plan_says", "trainer_says"),
+    ("model", "lab_says", "trainer_says"),
     [
         (
             "/nonexistent/path",
-            "cannot be resolved here: No such file or folder: '/nonexistent/path'",
+            "cannot be resolved: No such file or folder: '/nonexistent/path'",
             "ModelNotFoundError: No such file or folder: '/nonexistent/path'",
         ),
         (
             "nobody/no-such-model",
-            "is a hub id whose config.json is not in the local Hugging Face cache",
+            "cannot be loaded here: HF_HUB_OFFLINE=1 is set and its weights are not in the local",
             "HF_HUB_OFFLINE=1 is set and it is not in the local Hugging Face cache",
         ),
     ],
 )
-def test_a_model_that_cannot_load_is_one_message_in_plan_and_run_status(
-    lab_root, monkeypatch, model, plan_says, trainer_says
+def test_a_model_that_cannot_load_is_one_message_before_launch_and_in_run_status(
+    lab_root, monkeypatch, model, lab_says, trainer_says
 ):
-    """The plan warns before anything starts; a launch anyway ends as a failed run whose status
-    carries the trainer's one-line reason (the trainer is the one that resolves models)."""
+    """The lab refuses the launch (and a plan of a model that resolves to nothing) before
+    anything is written; a run that reaches the trainer anyway (started below the lab's checks,
+    e.g. its model folder removed while it was queued) ends failed with the trainer's one-line
+    reason in its status."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    plan = api.plan_experiment(algorithm="dpo", overrides=[f"model.name={model}"] + QUICK)
-    assert any(plan_says in w for w in plan.warnings), plan.warnings
-    assert any("tiny" in c for c in plan.offline_choices)
-    launched = api.launch_experiment("dpo", QUICK + [f"model.name={model}"], device="cpu")
+    overrides = [f"model.name={model}"] + QUICK
+    if model.startswith("/"):
+        with pytest.raises(LabError, match="cannot be resolved"):
+            api.plan_experiment(algorithm="dpo", overrides=overrides)
+    else:  # a hub id may be planned for another machine: the plan warns
+        plan = api.plan_experiment(algorithm="dpo", overrides=overrides)
+        assert any("local Hugging Face cache" in w for w in plan.warnings), plan.warnings
+        assert any("tiny" in c for c in plan.offline_choices)
+    with pytest.raises(LabError) as err:
+        api.launch_experiment("dpo", QUICK + [f"model.name={model}"], device="cpu")
+    assert lab_says in err.value.message and "\n" not in err.value.message
+    assert ("shrink_config", {"model": "tiny"}) in [
+        (s.operation, dict(s.args)) for s in err.value.next_steps
+    ]
+    assert not (lab_root / "experiments").exists(), "a refused launch wrote something"
+    config = api.resolve_config("dpo", QUICK + [f"model.name={model}"]).data
+    launched = runs.launch("direct_alignment", "dpo", config, "model-gone", "dpo.yaml", [])
     status = runs.wait_for_end(launched.run.id, poll_s=0.5, timeout_s=120)
     assert status.state == "failed", status
     assert trainer_says in status.error and "tiny" in status.error

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 M = TypeVar("M", bound=BaseModel)
 # "1e-5", "1.5E3", ".5e1" (YAML 1.1 reads them as strings). A run of digits matches only one
@@ -51,6 +51,11 @@ class ModelSection(StrictModel):
     gradient_checkpointing: bool = False
 
 
+# Above this a learning rate is refused: no AdamW fine-tuning uses it and the loss is NaN within
+# a few steps. The lab also warns about implausible values below it (rlhf_lab/validation.py).
+LEARNING_RATE_MAX = 1.0
+
+
 class OptimSection(StrictModel):
     learning_rate: float = Field(default=5e-6, gt=0)
     num_epochs: int = Field(default=1, ge=1)
@@ -70,6 +75,18 @@ class OptimSection(StrictModel):
         description="torch's fused AdamW kernel (TRL's default): ~5x faster optimizer step on "
         "CPU, the same update up to float rounding; off so shipped recipes keep their results",
     )
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _learning_rate_at_most_max(cls, value: float) -> float:
+        """Inherited by every family's optimizer section, including those that redeclare the
+        field with their own default."""
+        if value > LEARNING_RATE_MAX:
+            raise ValueError(
+                f"a learning rate above {LEARNING_RATE_MAX:g} is refused (fine-tuning uses "
+                "about 1e-7 to 1e-4; check the exponent)"
+            )
+        return value
 
 
 class LoggingSection(StrictModel):

