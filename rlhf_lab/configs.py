@@ -124,7 +124,7 @@ def resolve_config(
     raw = _apply(_load_yaml(recipe.path()), overrides)
     source = recipe.config_path
     if overrides:
-        source += " + " + " ".join(f"--set {o}" for o in overrides)
+        source += " with overrides " + ", ".join(overrides)
     data = dump(validate_data(recipe.family, raw, source))
     default, default_source = shipped_default(recipe)
     info = family_info(recipe.family)
