@@ -22,6 +22,7 @@ from rlhf_lab.api import (
     RunStatus,
     RunStatusResult,
     ShrinkResult,
+    SweepResult,
 )
 from rlhf_lab.mcp_server._core import (
     METRICS_MAX_POINTS,
@@ -401,6 +402,43 @@ def list_campaigns() -> CampaignList:
     return _call("list_campaigns", "read ledger://index.", api.list_campaigns)
 
 
+@server.tool(
+    title="Sweep with matched seeds",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+    ),
+    description="Queue matched runs of several recipes in one campaign (same overrides and "
+    "shrink; the queue runs them one after another). seeds=K gives every recipe K runs with the "
+    "same seeds base, base+1, ...; compare_runs then reports each arm's mean with a 95% interval "
+    "and a verdict. Use it for any comparison meant to be reported.",
+)
+def sweep_runs(
+    recipes: Annotated[list[str], Field(min_length=1, description="recipes, e.g. ['dpo','ipo']")],
+    overrides: OverridesArg = [],  # noqa: B006
+    shrink: Annotated[bool, Field(description="shrink each to a sanity run")] = True,
+    model: ModelArg = None,
+    campaign: Annotated[str | None, Field(description="campaign slug")] = None,
+    device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
+    seeds: Annotated[int, Field(ge=1, le=16, description="runs per recipe")] = 1,
+    base_seed: Annotated[
+        int | None, Field(ge=0, description="first seed (null: the first recipe's)")
+    ] = None,
+) -> SweepResult:
+    return _call(
+        "sweep_runs",
+        "check the recipes with list_recipes and the overrides with shrink_config.",
+        api.sweep,
+        list(recipes),
+        list(overrides),
+        shrink=shrink,
+        model=model,
+        campaign=campaign,
+        device=device,
+        seeds=seeds,
+        base_seed=base_seed,
+    )
+
+
 TOOL_NAMES = (
     "resume_run",
     "list_recipes",
@@ -417,6 +455,7 @@ TOOL_NAMES = (
     "compare_runs",
     "record_results",
     "list_campaigns",
+    "sweep_runs",
 )
 
 # tool -> the one lab API function it adapts (tests/lab/test_api_layer.py checks each exists)
@@ -436,4 +475,5 @@ TOOL_OPERATIONS: dict[str, str] = {
     "compare_runs": "compare_runs",
     "record_results": "record_results",
     "list_campaigns": "list_campaigns",
+    "sweep_runs": "sweep",
 }
