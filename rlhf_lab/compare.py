@@ -584,6 +584,7 @@ def _summarise(arm: _Arm, head: Headline | None) -> ArmSummary:
         n_items=arm.n_items,
         recipe=arm.records[0].recipe,
         overrides=arm.overrides(),
+        settings=arm.records[0].settings,
     )
     if not values:
         summary.basis = "no held-out value"

@@ -337,7 +337,7 @@ class Regression:
             moved = "rose" if (self.signal_last or 0) > self.signal_first else "fell"
             text += (
                 f" while the training signal {self.signal} {moved} {self.signal_first:.4g} → "
-                f"{self.signal_last:.4g}"
+                f"{self.signal_last:.4g} (means of its first and last training rows)"
             )
             if self.signal_improved:
                 text += ": the training numbers are not the result"

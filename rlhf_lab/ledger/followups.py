@@ -153,7 +153,7 @@ def _comparison_items(entry: ComparisonEntry, runs: list[RunRecord], campaign: s
         if len(winners) == 1:
             winner = arms.get(next(iter(winners)))
             spec = _family(entry.family)
-            lr = _winner_lr(winner, runs, spec)
+            lr = _winner_lr(winner, spec)
             if winner is not None and winner.recipe and spec is not None and lr is not None:
                 key = spec.learning_rate_key
                 yield NextItem(
@@ -171,15 +171,11 @@ def _comparison_items(entry: ComparisonEntry, runs: list[RunRecord], campaign: s
                 )
 
 
-def _winner_lr(arm: ArmSummary | None, runs: list[RunRecord], spec) -> float | None:  # noqa: ANN001
+def _winner_lr(arm: ArmSummary | None, spec) -> float | None:  # noqa: ANN001
     if arm is None or spec is None:
         return None
-    for run in runs:
-        if run.run_id in arm.run_ids:
-            value = _setting(run, spec.learning_rate_key)
-            if isinstance(value, int | float) and value > 0:
-                return float(value)
-    return None
+    value = arm.settings.get(spec.learning_rate_key)
+    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def _run_items(run: RunRecord, campaign: str):
@@ -191,8 +187,9 @@ def _run_items(run: RunRecord, campaign: str):
         metric = run.headline.metric if run.headline else "the headline"
         best = run.metric(metric)
         stop_at = best.best_step if best is not None and best.best_step else None
+        where = "its best held-out step"
         if not stop_at and run.steps:
-            stop_at = max(1, run.steps // 2)
+            stop_at, where = max(1, run.steps // 2), "half its steps"
         if stop_at:
             commands.append(
                 _launch(
@@ -216,7 +213,7 @@ def _run_items(run: RunRecord, campaign: str):
             kl_note = f", or a stronger KL ({spec.kl_key}={_fmt(stronger)})"
         yield NextItem(
             why=f"{run.run_id}: held-out {metric} regressed while training went on",
-            action=f"fewer steps ({spec.steps_key}={stop_at}, its best held-out step){kl_note}",
+            action=f"fewer steps ({spec.steps_key}={stop_at}, {where}){kl_note}",
             commands=commands,
         )
     if "flat" in run.flags:

@@ -289,7 +289,9 @@ def _state_text(r: RunRecord) -> str:
     state twice), and the number of attempts when it was resumed."""
     state = r.state
     failure = _one_line(r.failure, 90) if r.failure and r.state != "succeeded" else None
-    if failure and failure != r.state:
+    if failure and failure.startswith(r.state):
+        state = failure  # "stopped on request at step 3; ...", never "stopped: stopped"
+    elif failure:
         state = f"{r.state}: {failure}"
     if len(r.attempts) > 1:
         state += f" (after {len(r.attempts)} attempts)"
@@ -408,7 +410,9 @@ def _block_contents(data: _LedgerData, campaign: Campaign) -> dict[str, str]:
         "observations-auto": _render(
             "observations.md.j2", runs=runs, headlines={r.run_id: _headline_text(r) for r in runs}
         ),
-        "next": _render("next.md.j2", items=next_items(data), runs=runs),
+        "next": _render(
+            "next.md.j2", items=next_items(data), recorded=bool(runs or data.comparisons)
+        ),
     }
 
 

@@ -166,6 +166,9 @@ class ArmSummary(_Model):
     overrides: list[str] = Field(
         default_factory=list, description="the arm's applied overrides (seed left out)"
     )
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="learning rate, steps and KL values of its runs"
+    )
 
 
 class Verdict(_Model):
