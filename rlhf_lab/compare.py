@@ -140,7 +140,7 @@ class Comparison(_Model):
         default_factory=list, description="runs grouped by setting (differing only in seed)"
     )
     verdicts: list[VerdictModel] = Field(default_factory=list)
-    rule: str = Field(default=VERDICT_RULE, description="how intervals and verdicts are made")
+    rule: str = Field(description="how intervals and verdicts are made")
     table: str = Field(description="the markdown table alone")
     markdown: str = Field(description="the table plus notes (what the ledger records)")
     notes: list[str] = Field(default_factory=list)
@@ -885,6 +885,7 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
         rows=rows,
         arms=arms,
         verdicts=verdicts,
+        rule=VERDICT_RULE,
         table=table,
         markdown=markdown,
         notes=notes,

@@ -366,18 +366,17 @@ def _run_view(r: RunRecord) -> dict[str, Any]:
     }
 
 
-def _column_header(name: str, headlines: set[str], signals: set[str]) -> str:
+def _column_header(name: str, headlines: set[str]) -> str:
     if name in headlines:
         return f"**{name}** (held-out headline)"
-    if name in signals:
+    if not name.startswith("eval/"):
         return f"{name} (training signal)"
     return name
 
 
 def _runs_groups(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     """The runs table of each family: the held-out headline first, then the other held-out
-    metrics, then the training metrics (the headline's training twin labelled as the training
-    signal)."""
+    metrics, then the training metrics, labelled as the training signal."""
     groups: dict[str, list[RunRecord]] = {}
     for r in runs:
         groups.setdefault(r.family or "unknown family", []).append(r)
@@ -386,14 +385,13 @@ def _runs_groups(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
         present = {m.name for r in members for m in r.metrics}
         heads = [headline_for(r.family, r.algorithm) for r in members]
         headlines = {h.metric for h in heads if h}
-        signals = {h.training_signal for h in heads if h and h.training_signal}
         names = [
             n
             for n in _expand_metric_names(_metric_keys(family if family in FAMILIES else None))
             if n in present
         ]
         names.sort(key=lambda n: (n not in headlines, not n.startswith("eval/")))
-        columns = [{"name": n, "header": _column_header(n, headlines, signals)} for n in names]
+        columns = [{"name": n, "header": _column_header(n, headlines)} for n in names]
         out.append({"family": family, "columns": columns, "runs": [_run_view(r) for r in members]})
     return out
 

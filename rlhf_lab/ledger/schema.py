@@ -56,7 +56,7 @@ class ConfigChange(_Model):
 
 class SampleExcerpt(_Model):
     step: int | None = None
-    kind: str | None = Field(default=None, description="eval (held-out) or rollout, when logged")
+    kind: str | None = None
     prompt: str = ""
     completion: str = ""
     scores: dict[str, float] = Field(default_factory=dict)
@@ -68,15 +68,13 @@ class HeadlineValue(_Model):
     metric: str
     label: str = ""
     higher_is_better: bool = True
-    value: float | None = Field(default=None, description="final held-out value")
+    value: float | None = None
     step: int | None = None
-    n: int | None = Field(default=None, description="held-out items it was measured on")
+    n: int | None = Field(default=None, description="held-out items")
     n_source: str | None = None
-    low: float | None = Field(default=None, description="Wilson 95% interval (an accuracy)")
+    low: float | None = Field(default=None, description="Wilson 95% interval")
     high: float | None = None
-    training_signal: str | None = Field(
-        default=None, description="the training-time twin (secondary, not the result)"
-    )
+    training_signal: str | None = Field(default=None, description="secondary, not the result")
     training_value: float | None = None
 
 
@@ -84,9 +82,9 @@ class Attempt(_Model):
     """One attempt of a run: the first launch, then one per resume."""
 
     number: int
-    state: str | None = Field(default=None, description="how it ended")
-    steps: int | None = Field(default=None, description="steps reached")
-    resumed_from_step: int | None = Field(default=None, description="checkpoint it started at")
+    state: str | None = None
+    steps: int | None = None
+    resumed_from_step: int | None = None
     wall_time_s: float | None = None
     command: str | None = None
     detail: str | None = None
@@ -106,20 +104,15 @@ class RunRecord(_Model):
         default=None,
         description="the lab-level command that reproduces the run (uv run rlhf-lab launch ...)",
     )
-    trainer_command: str | None = Field(
-        default=None, description="the trainer's command with repository-relative paths"
-    )
+    trainer_command: str | None = None
     argv: list[str] = Field(default_factory=list, description="the trainer argv as recorded")
     overrides: list[str] = Field(default_factory=list)
     model: str | None = None
     dataset: str | None = None
     seed: int | None = None
     config_source: str | None = Field(default=None, description="the shipped YAML it started from")
-    recipe: str | None = Field(default=None, description="how `launch` names that recipe")
-    settings: dict[str, Any] = Field(
-        default_factory=dict,
-        description="the values follow-ups change: learning rate, steps and KL keys of its family",
-    )
+    recipe: str | None = None
+    settings: dict[str, Any] = Field(default_factory=dict, description="lr, steps, KL values")
     config_file: str | None = Field(default=None, description="the run's resolved config.yaml")
     changes: list[ConfigChange] = Field(default_factory=list)
     metrics: list[MetricSummary] = Field(default_factory=list)
@@ -132,10 +125,7 @@ class RunRecord(_Model):
     wall_time_s: float | None = Field(default=None, description="total over all attempts")
     attempts: list[Attempt] = Field(default_factory=list)
     headline: HeadlineValue | None = None
-    flags: list[str] = Field(
-        default_factory=list,
-        description="findings the Next section acts on (heldout_regression, noise_samples, flat)",
-    )
+    flags: list[str] = Field(default_factory=list, description="findings Next acts on")
     wandb_url: str | None = None
     note: str | None = None
     samples: list[SampleExcerpt] = Field(default_factory=list)
@@ -156,19 +146,15 @@ class ArmSummary(_Model):
     algorithm: str | None = None
     run_ids: list[str]
     seeds: list[int | None] = Field(default_factory=list)
-    values: list[float] = Field(default_factory=list, description="headline value per run")
+    values: list[float] = Field(default_factory=list)
     mean: float | None = None
     low: float | None = Field(default=None, description="95% interval")
     high: float | None = None
-    basis: str = Field(default="", description="how the interval was made")
-    n_items: int | None = Field(default=None, description="held-out items per run")
-    recipe: str | None = Field(default=None, description="how launch names its recipe")
-    overrides: list[str] = Field(
-        default_factory=list, description="the arm's applied overrides (seed left out)"
-    )
-    settings: dict[str, Any] = Field(
-        default_factory=dict, description="learning rate, steps and KL values of its runs"
-    )
+    basis: str = ""
+    n_items: int | None = None
+    recipe: str | None = None
+    overrides: list[str] = Field(default_factory=list, description="seed left out")
+    settings: dict[str, Any] = Field(default_factory=dict)
 
 
 class Verdict(_Model):

@@ -210,9 +210,10 @@ def launch_run(
     title="Run status",
     annotations=READ_ONLY,
     description="State (queued/starting/running/succeeded/failed/stopped/died), step/total, ETA, "
-    "latest train and eval metrics, W&B URL and diagnosed alerts (OOM, NaN loss, stall, no "
-    "reward contrast, repetition, flat learning, download failure) with a hint each. Use it to "
-    "poll a launched run every 10-30 s; it returns at once.",
+    "a headline line (held-out metric first, training signal after), latest train and eval "
+    "metrics, W&B URL and diagnosed alerts (OOM, NaN loss, stall, no reward contrast, "
+    "repetition, flat learning, download failure, held-out regression, noise samples) with a "
+    "hint each. Use it to poll a launched run every 10-30 s; it returns at once.",
 )
 def run_status(run_id: RunIdArg) -> RunStatusResult:
     view = _call("run_status", "call list_runs to see the run ids.", api.run_status, run_id)
@@ -348,13 +349,15 @@ def list_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="A comparison table of runs of ONE family by that family's rules: policy "
-    "gradients avg_correctness/avg_format/avg_binary/loss and reward contrast; direct alignment "
-    "held-out accuracy/margins/chosen and rejected rewards plus a sample each (loss scales "
-    "differ across losses); reward models held-out margins/correctness, never training loss; "
-    "rejection sampling each strategy beside its matched random control. Use it after "
-    "record_results on every run of a sweep; with record_in the table is also written into "
-    "that campaign's Comparison section (replacing the same set).",
+    description="Compare runs of ONE family, led by its held-out headline metric (training "
+    "numbers follow as the secondary training signal): runs grouped into arms (same setting, any "
+    "seed), each with a mean and 95% interval, and a verdict per pair (better / worse / tie "
+    "within noise / not comparable / undecided) by the stated rule; then the family's table "
+    "(direct alignment: held-out accuracy/margins/rewards plus samples; policy gradients: greedy "
+    "held-out correctness, then rollout correctness/format/binary and reward contrast; reward "
+    "models: held-out metrics only; rejection sampling: each strategy beside its matched random "
+    "control). Use it after record_results on every run of a sweep; with record_in the result "
+    "is also written into that campaign's Comparison section (replacing the same set).",
 )
 def compare_runs(
     run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
