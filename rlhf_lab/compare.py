@@ -520,6 +520,10 @@ class _Arm:
         return counts.pop() if len(counts) == 1 else None
 
     @property
+    def n_source(self) -> str | None:
+        return next((r.headline.n_source for r in self.records if r.headline is not None), None)
+
+    @property
     def metric(self) -> str | None:
         names = {r.headline.metric for r in self.records if r.headline is not None}
         return names.pop() if len(names) == 1 else None
@@ -599,7 +603,9 @@ def _summarise(arm: _Arm, head: Headline | None) -> ArmSummary:
     if head is not None and head.share and n is not None and 0 <= values[0] <= 1:
         iv = wilson_interval(values[0], n)
         summary.low, summary.high = iv.low, iv.high
-        summary.basis = f"single seed: Wilson 95% sampling noise on n={n} held-out items"
+        summary.basis = (
+            f"single seed: Wilson 95% sampling noise on n={n} held-out items ({arm.n_source})"
+        )
     else:
         summary.basis = "single seed: no noise estimate (run --seeds 3)"
     return summary

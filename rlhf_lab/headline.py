@@ -96,13 +96,13 @@ def heldout_items(family: str | None, config: dict | None, rows: Sequence[dict] 
         for name in COUNT_METRICS:
             value = _as_float(row.get(name))
             if value is not None and value >= 1 and value.is_integer():
-                return ItemCount(int(value), f"{name} logged by the trainer")
+                return ItemCount(int(value), f"{name} logged")
     spec = _spec(family)
     if spec is not None and isinstance(config, dict):
         for key in spec.eval_size_keys:
             value = get_dotted(config, key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return ItemCount(value, f"{key} in the run's config (the trainer logs no count)")
+                return ItemCount(value, f"{key} in its config; the trainer logs no count")
     return ItemCount(None, "unknown (no eval size in the config)")
 
 

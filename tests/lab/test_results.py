@@ -582,3 +582,36 @@ def test_status_leads_with_the_held_out_headline():
     assert lines[1].strip().startswith("held-out eval/accuracy 0.867")
     assert lines[2].strip().startswith("held-out: eval/accuracy=0.867")
     assert lines[3].strip().startswith("training: loss=0.3")
+
+
+def test_held_out_count_comes_from_the_trainer_or_the_config():
+    from rlhf_lab.headline import heldout_items
+
+    logged = heldout_items(
+        "rejection_sampling", {"data": {"max_test_samples": 200}}, [{"eval/num_prompts": 150.0}]
+    )
+    assert (logged.n, logged.source) == (150, "eval/num_prompts logged")
+    configured = heldout_items("policy_gradients", {"data": {"eval_size": 64}}, [])
+    assert configured.n == 64 and "data.eval_size" in configured.source
+    assert heldout_items("sft", None, []).n is None
+
+
+def test_verdict_between_mixed_seed_counts_and_mismatches():
+    from rlhf_lab.compare import verdict_between
+    from rlhf_lab.ledger import ArmSummary
+
+    three = ArmSummary(label="dpo", run_ids=["a", "b", "c"], values=[0.9, 0.92, 0.91], n_items=128)
+    one = ArmSummary(label="ipo", run_ids=["d"], values=[0.6], n_items=128)
+    mixed = verdict_between(three, one, higher_is_better=True, share=True)
+    assert mixed.verdict == "better" and "seed noise not measured" in mixed.reason
+    assert "n=384 and 128" in mixed.method  # three seeds pool 3 × 128 held-out items
+    assert (
+        verdict_between(three, one, higher_is_better=True, share=True, same_family=False).verdict
+        == "not comparable"
+    )
+    assert (
+        verdict_between(three, one, higher_is_better=True, share=True, same_metric=False).verdict
+        == "not comparable"
+    )
+    empty = ArmSummary(label="simpo", run_ids=["e"], values=[])
+    assert verdict_between(three, empty, higher_is_better=True, share=True).verdict == "undecided"
