@@ -1,4 +1,12 @@
-"""Comparison tables that follow each family's comparison rules (docs/algorithms.md).
+"""Comparison tables that follow each family's comparison rules (docs/algorithms.md), led by
+the held-out headline metric of the family's spec, with arms, intervals and verdicts.
+
+Held-out first: the table's first metric column is the headline (greedy held-out correctness,
+held-out preference accuracy, held-out accuracy, held-out loss, held-out exact match); training
+numbers (sampled rollouts, training batches) follow, labelled "training signal". Runs are grouped
+into arms (same algorithm and settings, differing only in seed); each arm gets a mean and a 95 %
+interval, and each pair of arms a verdict by :data:`rlhf_lab.stats.VERDICT_RULE`
+(better / worse / tie within noise / not comparable / undecided), printed with the table.
 
 - policy gradients: avg_correctness, avg_format, avg_binary and loss (means over the last few
   logged steps, since single rollout steps are noisy), the change of avg_correctness over the run,
@@ -16,15 +24,18 @@ Runs of different families are never put in one table. Torch-free.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import Field
 
-from rlhf_lab.catalog import matched_controls
+from rlhf_lab.catalog import get_dotted, matched_controls
 from rlhf_lab.errors import Corrupt, InvalidArgument, NextStep
+from rlhf_lab.headline import Headline, headline_for
 from rlhf_lab.ledger import (
+    ArmSummary,
     ComparisonEntry,
     RunRecord,
     _cell,
@@ -40,9 +51,20 @@ from rlhf_lab.ledger import (
     record_comparison,
     resolve_campaign,
 )
+from rlhf_lab.ledger import Verdict as VerdictModel
+from rlhf_lab.logs import heldout_regression
 from rlhf_lab.paths import LabError
 from rlhf_lab.plots import as_float
-from trainers.core.spec import family_spec
+from rlhf_lab.stats import (
+    VERDICT_RULE,
+    Interval,
+    mean_interval,
+    newcombe_difference,
+    verdict_of,
+    welch_difference,
+    wilson_interval,
+)
+from trainers.core.spec import FAMILY_NAMES, family_spec
 
 __all__ = [
     "PG_WINDOW",
@@ -50,6 +72,7 @@ __all__ = [
     "Comparison",
     "ComparisonRow",
     "compare_runs",
+    "verdict_between",
 ]
 
 
@@ -79,8 +102,11 @@ SFT_COLUMNS: tuple[str, ...] = _columns("sft")
 _HEADERS = {
     "reward_contrast": "reward contrast (1 − frac_reward_zero_std)",
     "avg_correctness_change": "Δ avg_correctness",
+    "eval/avg_correctness_change": "Δ eval/avg_correctness",
     "step_accuracy_over_baseline": "step_accuracy − majority_baseline",
 }
+# held-out columns whose name does not start with eval/
+_HELD_OUT_DERIVED = frozenset({"step_accuracy_over_baseline"})
 
 
 class ComparisonRow(_Model):
@@ -104,8 +130,17 @@ class ComparisonRow(_Model):
 class Comparison(_Model):
     family: str
     run_ids: list[str]
-    columns: list[str] = Field(description="metric columns of the table, in order")
+    headline: str | None = Field(
+        default=None, description="the held-out metric the verdicts are decided on"
+    )
+    higher_is_better: bool = True
+    columns: list[str] = Field(description="metric columns of the table, held-out first")
     rows: list[ComparisonRow]
+    arms: list[ArmSummary] = Field(
+        default_factory=list, description="runs grouped by setting (differing only in seed)"
+    )
+    verdicts: list[VerdictModel] = Field(default_factory=list)
+    rule: str = Field(description="how intervals and verdicts are made")
     table: str = Field(description="the markdown table alone")
     markdown: str = Field(description="the table plus notes (what the ledger records)")
     notes: list[str] = Field(default_factory=list)
@@ -173,15 +208,25 @@ def _policy_gradients(records: list[RunRecord], notes: list[str]) -> _Rules:
         )
         for name in PG_EVAL_COLUMNS:
             values[name] = _final(rec, name)
+        held = [
+            v
+            for r in metric_rows
+            if r.get("phase") == "eval"
+            and (v := as_float(r.get("eval/avg_correctness"))) is not None
+        ]
+        values["eval/avg_correctness_change"] = held[-1] - held[0] if len(held) >= 2 else None
         rows.append(_row(rec, values))
-    columns = list(PG_COLUMNS) + [
-        c for c in PG_EVAL_COLUMNS if any(r.values.get(c) is not None for r in rows)
-    ]
+    held_out = [c for c in PG_EVAL_COLUMNS if any(r.values.get(c) is not None for r in rows)]
+    if any(r.values.get("eval/avg_correctness_change") is not None for r in rows):
+        held_out.append("eval/avg_correctness_change")
+    columns = held_out + list(PG_COLUMNS)
     notes.append(
-        f"Training columns are means over the last {PG_WINDOW} logged steps (one rollout step "
-        "is noisy); Δ avg_correctness = that mean minus the mean of the first "
-        f"{PG_WINDOW}. Progress shows as avg_correctness, avg_format and avg_binary rising while "
-        "reward contrast stays above 0; the loss alone says little."
+        "The result is the greedy held-out eval/avg_correctness (first column). The training "
+        f"signal columns are sampled-rollout means over the last {PG_WINDOW} logged steps (one "
+        f"rollout step is noisy); Δ avg_correctness = that mean minus the mean of the first "
+        f"{PG_WINDOW}. Sampled correctness can rise while held-out correctness falls; avg_format, "
+        "avg_binary and reward contrast above 0 show whether the run learns at all, and the loss "
+        "alone says little."
     )
     for r in rows:
         contrast = r.values.get("reward_contrast")
@@ -370,16 +415,29 @@ def _row(rec: RunRecord, values: dict[str, float | None]) -> ComparisonRow:
     )
 
 
-def _render_table(family: str, columns: list[str], rows: list[ComparisonRow]) -> str:
+def _header(column: str, headline: str | None) -> str:
+    """A column's header: the headline marked, training columns labelled as the training
+    signal."""
+    text = _HEADERS.get(column, column)
+    if column == headline:
+        return f"**{text}** (held-out headline)"
+    if column.startswith("eval/") or column in _HELD_OUT_DERIVED:
+        return text
+    return f"{text} (training signal)"
+
+
+def _render_table(
+    family: str, columns: list[str], rows: list[ComparisonRow], headline: str | None = None
+) -> str:
     if family == "rejection_sampling":
         headers = [
             "strategy",
             "run",
             "state",
-            "exact match",
+            "**held-out exact match** (headline)",
             "matched control",
             "control run",
-            "control exact match",
+            "control held-out exact match",
             "difference",
         ]
         body = []
@@ -397,7 +455,7 @@ def _render_table(family: str, columns: list[str], rows: list[ComparisonRow]) ->
                 ]
             )
         return _md_table(headers, body)
-    headers = ["run", "algorithm", "state", "seed"] + [_HEADERS.get(c, c) for c in columns]
+    headers = ["run", "algorithm", "state", "seed"] + [_header(c, headline) for c in columns]
     body = [
         [_code(r.run_id), _cell(r.algorithm), _state_cell(r.state), _cell(r.seed)]
         + [
@@ -427,6 +485,329 @@ def _signed(value: float | None) -> str:
     if math.isnan(value):
         return "nan"
     return f"{value:+.4g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Arms, intervals, verdicts
+# ---------------------------------------------------------------------------------------------
+
+# override keys that never make arms unmatched (where logs and checkpoints go, the device)
+_IGNORED_PREFIXES = ("logging.", "checkpoint.", "model.device", "seed")
+
+
+class _Arm:
+    """Runs of one setting (internal; becomes an :class:`ArmSummary`)."""
+
+    def __init__(self, key: tuple, records: list[RunRecord], configs: dict[str, dict | None]):
+        self.key = key
+        self.records = records
+        self.configs = configs
+        self.algorithm = records[0].algorithm
+        self.label = self.algorithm or records[0].run_id
+
+    @property
+    def values(self) -> list[float]:
+        out = []
+        for r in self.records:
+            h = r.headline
+            if h is not None and h.value is not None and math.isfinite(h.value):
+                out.append(h.value)
+        return out
+
+    @property
+    def n_items(self) -> int | None:
+        counts = {r.headline.n for r in self.records if r.headline is not None}
+        return counts.pop() if len(counts) == 1 else None
+
+    @property
+    def n_source(self) -> str | None:
+        return next((r.headline.n_source for r in self.records if r.headline is not None), None)
+
+    @property
+    def metric(self) -> str | None:
+        names = {r.headline.metric for r in self.records if r.headline is not None}
+        return names.pop() if len(names) == 1 else None
+
+    def config(self) -> dict | None:
+        return next((c for r in self.records if (c := self.configs.get(r.run_id))), None)
+
+    def overrides(self) -> list[str]:
+        return [o for o in self.records[0].overrides if not o.startswith("seed=")]
+
+
+def _override_keys(records: Sequence[RunRecord]) -> set[str]:
+    return {o.split("=", 1)[0].strip() for r in records for o in r.overrides if "=" in o}
+
+
+def _arm_key(rec: RunRecord, cfg: dict | None) -> tuple:
+    """Runs with equal keys form one arm: same algorithm and settings, any seed."""
+    if rec.config_source:
+        rest = tuple(sorted(o for o in rec.overrides if not o.startswith("seed=")))
+        return (rec.algorithm, rec.config_source, rest)
+    without_seed = {k: v for k, v in (cfg or {}).items() if k != "seed"}
+    return (rec.algorithm, None, json.dumps(without_seed, sort_keys=True, default=str))
+
+
+def _group_arms(records: list[RunRecord], configs: dict[str, dict | None]) -> list[_Arm]:
+    groups: dict[tuple, list[RunRecord]] = {}
+    for rec in records:
+        groups.setdefault(_arm_key(rec, configs.get(rec.run_id)), []).append(rec)
+    arms = [_Arm(key, members, configs) for key, members in groups.items()]
+    by_algorithm: dict[str | None, list[_Arm]] = {}
+    for arm in arms:
+        by_algorithm.setdefault(arm.algorithm, []).append(arm)
+    for same in by_algorithm.values():
+        if len(same) < 2:
+            continue
+        keys = sorted(_override_keys([r for a in same for r in a.records]))
+        for i, arm in enumerate(same, start=1):
+            cfg = arm.config()
+            shown = [
+                f"{k}={_short(get_dotted(cfg, k))}"
+                for k in keys
+                if not k.startswith(_IGNORED_PREFIXES)
+                and len({json.dumps(get_dotted(a.config(), k), default=str) for a in same}) > 1
+            ]
+            arm.label = f"{arm.label} ({', '.join(shown)})" if shown else f"{arm.label} #{i}"
+    return arms
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _summarise(arm: _Arm, head: Headline | None) -> ArmSummary:
+    values = arm.values
+    summary = ArmSummary(
+        label=arm.label,
+        algorithm=arm.algorithm,
+        run_ids=[r.run_id for r in arm.records],
+        seeds=[r.seed for r in arm.records],
+        values=values,
+        n_items=arm.n_items,
+        recipe=arm.records[0].recipe,
+        overrides=arm.overrides(),
+        settings=arm.records[0].settings,
+    )
+    if not values:
+        summary.basis = "no held-out value"
+        return summary
+    if len(values) >= 2:
+        iv = mean_interval(values)
+        summary.mean, summary.low, summary.high = iv.estimate, iv.low, iv.high
+        summary.basis = f"t interval over {len(values)} seeds"
+        return summary
+    summary.mean = values[0]
+    n = arm.n_items
+    if head is not None and head.share and n is not None and 0 <= values[0] <= 1:
+        iv = wilson_interval(values[0], n)
+        summary.low, summary.high = iv.low, iv.high
+        summary.basis = (
+            f"single seed: Wilson 95% sampling noise on n={n} held-out items ({arm.n_source})"
+        )
+    else:
+        summary.basis = "single seed: no noise estimate (run --seeds 3)"
+    return summary
+
+
+def _heldout_difference(a: _Arm, b: _Arm, keys: Sequence[str]) -> str | None:
+    ca, cb = a.config(), b.config()
+    if ca is None or cb is None:
+        return None
+    for key in keys:
+        va, vb = get_dotted(ca, key), get_dotted(cb, key)
+        if json.dumps(va, sort_keys=True, default=str) != json.dumps(
+            vb, sort_keys=True, default=str
+        ):
+            return f"held-out set differs: {key} {_short(va)} vs {_short(vb)}"
+    return None
+
+
+def _is_knob(key: str, knobs: Sequence[str]) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in knobs)
+
+
+def _setting_difference(a: _Arm, b: _Arm, knobs: Sequence[str]) -> str | None:
+    """The first overridden setting (not seed, not the algorithms' own knobs) whose value differs
+    between two arms of different algorithms; None when they are matched."""
+    if a.algorithm == b.algorithm:
+        return None  # one algorithm: the arms differ in exactly what is being compared
+    ca, cb = a.config(), b.config()
+    for key in sorted(_override_keys(a.records + b.records)):
+        if key.startswith(_IGNORED_PREFIXES) or _is_knob(key, knobs):
+            continue
+        if ca is not None and cb is not None:
+            va, vb = get_dotted(ca, key), get_dotted(cb, key)
+        else:
+            va = next((o for o in a.overrides() if o.split("=", 1)[0] == key), None)
+            vb = next((o for o in b.overrides() if o.split("=", 1)[0] == key), None)
+        if json.dumps(va, sort_keys=True, default=str) != json.dumps(
+            vb, sort_keys=True, default=str
+        ):
+            return f"not matched: {key} is {_short(va)} vs {_short(vb)}"
+    return None
+
+
+def verdict_between(
+    a: ArmSummary,
+    b: ArmSummary,
+    *,
+    higher_is_better: bool,
+    share: bool,
+    same_family: bool = True,
+    same_metric: bool = True,
+    mismatch: str | None = None,
+) -> VerdictModel:
+    """The verdict of arm ``a`` against arm ``b`` on their headline values by
+    :data:`~rlhf_lab.stats.VERDICT_RULE` (pure: takes the arms' values and what is known about
+    their matching)."""
+
+    def verdict(word: str, reason: str = "", iv: Interval | None = None, method: str = ""):
+        return VerdictModel(
+            a=a.label,
+            b=b.label,
+            verdict=word,
+            difference=None if iv is None else iv.estimate,
+            low=None if iv is None else iv.low,
+            high=None if iv is None else iv.high,
+            method=method,
+            reason=reason,
+        )
+
+    if not same_family:
+        return verdict("not comparable", "different families")
+    if not same_metric:
+        return verdict("not comparable", "different headline metrics")
+    if mismatch:
+        return verdict("not comparable", mismatch)
+    if not a.values or not b.values:
+        missing = a.label if not a.values else b.label
+        return verdict("undecided", f"{missing} has no held-out value")
+    if len(a.values) >= 2 and len(b.values) >= 2:
+        iv = welch_difference(a.values, b.values)
+        method = f"Welch 95% over {len(a.values)} and {len(b.values)} seeds"
+        return verdict(verdict_of(iv, higher_is_better), "", iv, method)
+    na, nb = a.n_items, b.n_items
+    if share and na and nb and all(0 <= v <= 1 for v in a.values + b.values):
+        ka, kb = len(a.values), len(b.values)
+        pa, pb = sum(a.values) / ka, sum(b.values) / kb
+        iv = newcombe_difference(pa, na * ka, pb, nb * kb)
+        method = f"Newcombe 95% for two proportions on n={na * ka} and {nb * kb} held-out items"
+        reason = (
+            "single seed: sampling noise of the held-out items only"
+            if ka == kb == 1
+            else "one arm has a single seed: sampling noise only, seed noise not measured"
+        )
+        return verdict(verdict_of(iv, higher_is_better), reason, iv, method)
+    return verdict("undecided", "single seed and no noise estimate for this metric: run --seeds 3")
+
+
+def _pairs(family: str, arms: list[ArmSummary], higher_is_better: bool) -> list[tuple[int, int]]:
+    """Which arms are compared: rejection sampling pairs each reward-selected strategy with its
+    matched random control; otherwise the leading arm (best mean) against each other arm."""
+    if family == "rejection_sampling":
+        by_strategy = {_norm_strategy(a.algorithm): i for i, a in enumerate(arms)}
+        out = []
+        for i, arm in enumerate(arms):
+            control = RS_PAIRS.get(_norm_strategy(arm.algorithm) or "")
+            if control in by_strategy:
+                out.append((i, by_strategy[control]))
+        return out
+    ranked = sorted(
+        range(len(arms)),
+        key=lambda i: (
+            arms[i].mean is None,
+            -(arms[i].mean or 0.0) if higher_is_better else (arms[i].mean or 0.0),
+        ),
+    )
+    return [(ranked[0], j) for j in ranked[1:]]
+
+
+def _arms_and_verdicts(
+    family: str, records: list[RunRecord]
+) -> tuple[Headline | None, list[ArmSummary], list[VerdictModel]]:
+    configs = {r.run_id: _rs_config(r) or None for r in records}
+    arms = _group_arms(records, configs)
+    # one headline for all (else the family's, and the verdicts say "not comparable")
+    heads = {r.headline.metric for r in records if r.headline is not None}
+    head = headline_for(family, records[0].algorithm if len(heads) == 1 else None)
+    summaries = [_summarise(arm, head) for arm in arms]
+    spec = family_spec(family) if family in FAMILY_NAMES else None
+    higher = head.higher_is_better if head else True
+    verdicts = []
+    for i, j in _pairs(family, summaries, higher):
+        a, b = arms[i], arms[j]
+        mismatch = None
+        if spec is not None:
+            mismatch = _heldout_difference(a, b, spec.heldout_keys) or _setting_difference(
+                a, b, spec.algorithm_knobs
+            )
+        verdicts.append(
+            verdict_between(
+                summaries[i],
+                summaries[j],
+                higher_is_better=higher,
+                share=bool(head and head.share),
+                same_metric=a.metric == b.metric,
+                mismatch=mismatch,
+            )
+        )
+    return head, summaries, verdicts
+
+
+def _pm(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.3g}".replace("-", "−")
+
+
+def _arms_markdown(
+    head: Headline | None, arms: list[ArmSummary], verdicts: list[VerdictModel]
+) -> str:
+    metric = head.metric if head else "headline"
+    lines = [
+        f"**Result** — held-out headline `{metric}` ({head.label + ', ' if head else ''}"
+        f"{head.direction_text if head else ''}), final value per run, by arm:",
+        "",
+    ]
+    body = []
+    for a in arms:
+        interval = "—" if a.low is None else f"{_fmt_num(a.low)} – {_fmt_num(a.high)}"
+        seeds = ", ".join("?" if s is None else str(s) for s in a.seeds)
+        body.append(
+            [
+                _cell(a.label),
+                str(len(a.run_ids)),
+                _cell(seeds),
+                _fmt_num(a.mean),
+                interval,
+                _cell(a.basis),
+            ]
+        )
+    lines.append(
+        _md_table(["arm", "runs", "seeds", f"mean {metric}", "95% interval", "basis"], body)
+    )
+    if verdicts:
+        lines += ["", "Verdicts:", ""]
+        for v in verdicts:
+            text = f"- **{v.a} vs {v.b}: {v.verdict}**"
+            if v.difference is not None:
+                text += (
+                    f" — Δ {metric} = {_pm(v.difference)} (95% {_pm(v.low)} … "
+                    f"{_pm(v.high)}; {v.method})"
+                )
+                if v.low is not None and v.high is not None:
+                    text += f"; differences within about ±{(v.high - v.low) / 2:.2g} are noise here"
+            if v.reason:
+                text += f". {v.reason[0].upper()}{v.reason[1:]}."
+            lines.append(text)
+    if arms and all(len(a.values) <= 1 for a in arms):
+        lines += [
+            "",
+            "Single seed: every interval above is the sampling noise of the held-out items, not "
+            "run-to-run noise; `--seeds 3` on the sweep measures that.",
+        ]
+    lines += ["", f"_Rule: {VERDICT_RULE}_"]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,9 +861,18 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
     if rules is None:
         raise InvalidArgument(f"no comparison rules for family {family!r}")
     columns, rows = rules(records, notes, warnings)
+    head, arms, verdicts = _arms_and_verdicts(family, records)
+    for rec in records:
+        found = heldout_regression(
+            family, rec.algorithm, read_metric_rows(rec.run_id), _rs_config(rec) or None
+        )
+        if found is not None:
+            warnings.append(f"{rec.run_id}: {found.message}")
+        if "noise_samples" in rec.flags:
+            notes.append(f"{rec.run_id}: its samples are noise, not text (see its ledger row).")
 
-    table = _render_table(family, columns, rows)
-    parts = [table]
+    table = _render_table(family, columns, rows, head.metric if head else None)
+    parts = [_arms_markdown(head, arms, verdicts), table]
     samples = [r for r in rows if r.sample]
     if samples:
         parts.append(
@@ -495,8 +885,13 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
     comparison = Comparison(
         family=family,
         run_ids=ids,
+        headline=head.metric if head else None,
+        higher_is_better=head.higher_is_better if head else True,
         columns=columns,
         rows=rows,
+        arms=arms,
+        verdicts=verdicts,
+        rule=VERDICT_RULE,
         table=table,
         markdown=markdown,
         notes=notes,
@@ -510,6 +905,10 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
             family=family,
             run_ids=ids,
             markdown=markdown,
+            headline=comparison.headline,
+            higher_is_better=comparison.higher_is_better,
+            arms=arms,
+            verdicts=verdicts,
         )
         comparison.recorded_in = record_comparison(campaign, entry).id
     return comparison

@@ -1,7 +1,12 @@
 """Reading a run: its metrics (down-sampled), and the lab's one diagnosis of failure modes
 (alerts with one-line hints for a run's status; :func:`run_notes` for a ledger row). Torch-free;
 reads the run folder through :mod:`rlhf_lab.runfolder` and train.log through
-:mod:`rlhf_lab.runlog` (``tail_log`` and the log helpers are re-exported here)."""
+:mod:`rlhf_lab.runlog` (``tail_log`` and the log helpers are re-exported here).
+
+Two checks guard against reading training numbers as results (held-out first):
+:func:`heldout_regression` (the held-out headline got worse beyond its noise, typically while
+the training signal rose) and :func:`noise_reason` (samples that are noise, e.g. from a
+random-init model); :func:`run_notes` and :func:`diagnose` report both."""
 
 from __future__ import annotations
 
@@ -10,12 +15,14 @@ import re
 import signal
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.headline import headline_for, headline_line, heldout_items, read_run_config
 from rlhf_lab.paths import find_run
 from rlhf_lab.runfolder import read_json_lines, read_metric_rows, read_summary
 from rlhf_lab.runlog import (
@@ -29,6 +36,7 @@ from rlhf_lab.runlog import (
 from rlhf_lab.runlog import last_error_line as _last_error_line
 from rlhf_lab.runlog import read_log as _read_log
 from rlhf_lab.runs import RunStatus, run_state
+from rlhf_lab.stats import newcombe_difference
 from trainers.core.runfolder import TERMINAL_STATES
 
 __all__ = [
@@ -37,12 +45,17 @@ __all__ = [
     "Alert",
     "LogChunk",
     "MetricSeries",
+    "Regression",
     "diagnose",
     "fold_carriage_returns",
+    "heldout_regression",
     "last_traceback",
+    "noise_reason",
+    "noisy_samples",
     "read_metrics",
     "repetition_reason",
     "run_notes",
+    "status_headline",
     "tail_log",
 ]
 
@@ -100,6 +113,8 @@ class Alert(BaseModel):
         "download_failure",
         "failed",
         "died",
+        "heldout_regression",
+        "noise_samples",
     ]
     severity: Literal["error", "warning", "info"]
     message: str
@@ -221,6 +236,214 @@ def _sample_text(row: dict) -> str | None:
         if isinstance(value, str):
             return value
     return None
+
+
+# The noise rule (stated in words in docs/architecture.md and the skills): a completion is noise
+# when it has no letter or digit at all (empty, whitespace, punctuation: what a random-init
+# model's greedy decoding gives), when it holds U+FFFD (byte-level tokens that decode to no
+# text), when at least NOISE_NONWORD_SHARE of its ≥ NOISE_MIN_WORDS alphabetic words are not
+# words (mixed case inside a word, "WITHvel", or five or more letters without a vowel), or when
+# fewer than NOISE_DISTINCT_RATIO of its ≥ NOISE_MIN_TOKENS tokens are distinct. A run's samples
+# are noise when at least half of the latest step's samples are.
+NOISE_MIN_WORDS = 8
+NOISE_NONWORD_SHARE = 0.15
+NOISE_MIN_TOKENS = 20
+NOISE_DISTINCT_RATIO = 0.2
+_VOWELS = frozenset("aeiouyAEIOUY")
+
+
+def _non_word(word: str) -> bool:
+    inner = word[1:]
+    if any(c.isupper() for c in inner) and any(c.islower() for c in inner):
+        return True
+    if any(a.islower() and b.isupper() for a, b in zip(word, word[1:], strict=False)):
+        return True
+    return len(word) >= 5 and not any(c in _VOWELS for c in word)
+
+
+def noise_reason(text: str) -> str | None:
+    """Why a completion looks like noise rather than text (None when it does not); the rule is
+    stated above :data:`NOISE_MIN_WORDS`."""
+    if not any(c.isalnum() for c in text):
+        return "no letter or digit (empty, whitespace or punctuation only)"
+    broken = text.count("\ufffd")
+    if broken:
+        return f"{broken} broken character(s) (U+FFFD): byte tokens that decode to no text"
+    words = re.findall(r"[A-Za-z]+", text)
+    if len(words) >= NOISE_MIN_WORDS:
+        bad = [w for w in words if _non_word(w)]
+        share = len(bad) / len(words)
+        if share >= NOISE_NONWORD_SHARE:
+            shown = ", ".join(repr(w) for w in bad[:3])
+            return f"{share:.0%} of its words are not words ({shown})"
+    toks = re.findall(r"\w+|[^\w\s]", text)
+    if len(toks) >= NOISE_MIN_TOKENS:
+        ratio = len(set(toks)) / len(toks)
+        if ratio < NOISE_DISTINCT_RATIO:
+            return f"only {ratio:.0%} of its {len(toks)} tokens are distinct"
+    return None
+
+
+def _latest_samples(rows: list[dict]) -> list[dict]:
+    """The sample rows of the last step that wrote samples (held-out ones when it has both)."""
+    rows = [r for r in rows if _sample_text(r) is not None]
+    if not rows:
+        return []
+    last_step = rows[-1].get("step")
+    latest = [r for r in rows if r.get("step") == last_step]
+    held_out = [r for r in latest if r.get("kind") == "eval"]
+    return held_out or latest
+
+
+def noisy_samples(rows: list[dict]) -> str | None:
+    """A one-line finding when the latest samples are noise (at least half of them), else
+    None."""
+    latest = _latest_samples(rows)
+    noisy = [(r, why) for r in latest if (why := noise_reason(_sample_text(r) or ""))]
+    if not noisy or len(noisy) * 2 < len(latest):
+        return None
+    row, why = noisy[0]
+    excerpt = (_sample_text(row) or "")[:80]
+    return (
+        f"{len(noisy)}/{len(latest)} samples at step {row.get('step')} are noise, not text "
+        f"({why}; e.g. {excerpt!r}): the model has not learned to write yet (random-init or "
+        "untrained weights), so its samples show nothing about the algorithm"
+    )
+
+
+@dataclass(frozen=True)
+class Regression:
+    """The held-out headline got worse from its first to its last evaluation beyond noise."""
+
+    metric: str
+    first: float
+    last: float
+    first_step: Any
+    last_step: Any
+    noise: str
+    signal: str | None = None
+    signal_first: float | None = None
+    signal_last: float | None = None
+    signal_improved: bool | None = None
+
+    @property
+    def message(self) -> str:
+        worse = "fell" if self.last < self.first else "rose"
+        text = (
+            f"held-out {self.metric} {worse} {self.first:.4g} → {self.last:.4g} (steps "
+            f"{self.first_step} → {self.last_step}; {self.noise})"
+        )
+        if self.signal is not None and self.signal_first is not None:
+            moved = "rose" if (self.signal_last or 0) > self.signal_first else "fell"
+            text += (
+                f" while the training signal {self.signal} {moved} {self.signal_first:.4g} → "
+                f"{self.signal_last:.4g} (means of its first and last training rows)"
+            )
+            if self.signal_improved:
+                text += ": the training numbers are not the result"
+        return text
+
+
+REGRESSION_SHARE_DROP = 0.05  # an accuracy without a known n: this absolute drop counts
+REGRESSION_LOSS_RISE = 0.05  # a held-out loss: this relative rise counts
+
+
+def _series(rows: list[dict], name: str, *, train_only: bool) -> list[tuple[Any, float]]:
+    out = []
+    for r in rows:
+        if train_only and r.get("phase") == "eval":
+            continue
+        value = _float(r.get(name))
+        if value is not None and math.isfinite(value):
+            out.append((r.get("step"), value))
+    return out
+
+
+def heldout_regression(
+    family: str | None, algorithm: str | None, rows: list[dict], config: dict | None = None
+) -> Regression | None:
+    """The held-out headline's last evaluation against its first: a :class:`Regression` when it
+    is worse beyond noise — for an accuracy on n held-out items, Newcombe's 95 % interval of the
+    difference excludes 0 (without n: a drop of ``REGRESSION_SHARE_DROP``); for a loss, a rise
+    of ``REGRESSION_LOSS_RISE`` of the first value. Reports how the training signal moved
+    (mean of the first vs the last up-to-5 training rows)."""
+    head = headline_for(family, algorithm)
+    if head is None:
+        return None
+    points = _series(rows, head.metric, train_only=False)
+    if len(points) < 2:
+        return None
+    (s0, v0), (s1, v1) = points[0], points[-1]
+    sign = 1.0 if head.higher_is_better else -1.0
+    if sign * (v1 - v0) >= 0:
+        return None
+    n = heldout_items(family, config, rows).n
+    if head.share and n is not None and 0 <= v0 <= 1 and 0 <= v1 <= 1:
+        iv = newcombe_difference(v1, n, v0, n)
+        if not (iv.high < 0 if head.higher_is_better else iv.low > 0):
+            return None
+        noise = f"beyond the 95% sampling noise on n={n} held-out items"
+    elif head.share:
+        if abs(v1 - v0) < REGRESSION_SHARE_DROP:
+            return None
+        noise = f"a change of at least {REGRESSION_SHARE_DROP} (held-out count unknown)"
+    else:
+        if abs(v1 - v0) < REGRESSION_LOSS_RISE * max(abs(v0), 1e-12):
+            return None
+        noise = f"more than {REGRESSION_LOSS_RISE:.0%} of its first value"
+    found = Regression(head.metric, v0, v1, s0, s1, noise)
+    signal = head.training_signal
+    train = _series(rows, signal, train_only=True) if signal else []
+    if signal and len(train) >= 2:
+        w = max(1, min(5, len(train) // 2))
+        a = sum(v for _, v in train[:w]) / w
+        b = sum(v for _, v in train[-w:]) / w
+        improved = None
+        if head.training_higher_is_better is not None and a != b:
+            improved = (b > a) == head.training_higher_is_better
+        found = Regression(head.metric, v0, v1, s0, s1, noise, signal, a, b, improved)
+    return found
+
+
+def _regression_hint(family: str | None) -> str:
+    from trainers.core.spec import FAMILY_NAMES, family_spec
+
+    if family not in FAMILY_NAMES:
+        return "train fewer steps"
+    spec = family_spec(family)
+    kl = f" or raise the KL strength ({spec.kl_key})" if spec.kl_key else ""
+    return (
+        f"judge the run by the held-out number; train fewer steps ({spec.steps_key}){kl}, "
+        "or lower the learning rate"
+    )
+
+
+def _check_regression(
+    family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path
+) -> Alert | None:
+    found = heldout_regression(family, algorithm, rows, read_run_config(run_dir))
+    if found is None:
+        return None
+    return Alert(
+        kind="heldout_regression",
+        severity="warning",
+        step=found.last_step if isinstance(found.last_step, int) else None,
+        message=found.message,
+        hint=_regression_hint(family),
+    )
+
+
+def _check_noise(path: Path) -> Alert | None:
+    finding = noisy_samples(read_json_lines(path).rows)
+    if finding is None:
+        return None
+    return Alert(
+        kind="noise_samples",
+        severity="warning",
+        message=finding,
+        hint="warm-start from an SFT model (on tiny: the sft_tiny_warmstart recipe) or train "
+        "longer before reading samples; check the chat template and tokenizer",
+    )
 
 
 def _check_samples(path: Path) -> Alert | None:
@@ -462,10 +685,13 @@ def diagnose(
             )
         )
 
+    repetition = _check_samples(run_dir / "samples.jsonl")
     for check in (
         _check_nan(rows),
+        _check_regression(status.family, status.algorithm, rows, run_dir),
         _check_zero_std([r for r in rows if r.get("phase") in ("train", "rollout")]),
-        _check_samples(run_dir / "samples.jsonl"),
+        repetition,
+        None if repetition else _check_noise(run_dir / "samples.jsonl"),
         _check_flat(status.family, rows),
         _check_stalled(status, run_dir, stall_after_s),
     ):
@@ -475,18 +701,47 @@ def diagnose(
     return sorted(alerts, key=lambda a: order[a.severity])
 
 
+RunFlag = Literal["heldout_regression", "noise_samples", "flat"]
+
+
+def run_flags(
+    family: str | None,
+    algorithm: str | None,
+    rows: list[dict],
+    samples: list[dict] | None = None,
+    config: dict | None = None,
+) -> dict[str, str]:
+    """The findings a ledger row and the Next section act on, flag -> one-line note:
+    ``heldout_regression`` (:func:`heldout_regression`), ``noise_samples``
+    (:func:`noisy_samples`) and ``flat`` (the flat-learning check: the key metric did not move
+    over the last rows)."""
+    flags: dict[str, str] = {}
+    found = heldout_regression(family, algorithm, rows, config)
+    if found is not None:
+        flags["heldout_regression"] = found.message
+    noise = noisy_samples(samples or [])
+    if noise is not None:
+        flags["noise_samples"] = noise
+    flat = _check_flat(family, rows)
+    if flat is not None:
+        flags["flat"] = flat.message
+    return flags
+
+
 def run_notes(
     family: str | None,
     state: str,
     rows: list[dict],
     names: list[str],
     finals: dict[str, float | None],
+    flags: dict[str, str] | None = None,
 ) -> list[str]:
     """The diagnosis of a run's metrics as the short notes a ledger row records: each key metric
     (``names``) that turned non-finite and from which step, no metrics at all from a finished
     run, no reward contrast at the end of a policy-gradient run, held-out accuracy at or below
-    chance at the end of a direct-alignment run. ``finals``: each key metric's final value."""
-    notes: list[str] = []
+    chance at the end of a direct-alignment run, and the findings of :func:`run_flags`
+    (``flags``). ``finals``: each key metric's final value."""
+    notes: list[str] = list((flags or {}).values())
     for name in names:
         bad = [r.get("step") for r in rows if name in r and _is_non_finite(r[name])]
         if bad:
@@ -503,3 +758,12 @@ def run_notes(
     if family == "direct_alignment" and acc is not None and state == "succeeded" and acc <= 0.5:
         notes.append("held-out accuracy ended at or below chance (0.5)")
     return notes
+
+
+def status_headline(status: RunStatus) -> str | None:
+    """The run's status line, held-out first: the headline metric from the last eval row (with
+    its sampling noise), then the training signal from the last train row, labelled as such."""
+    config = read_run_config(Path(status.run_dir)) if status.run_dir else None
+    return headline_line(
+        status.family, status.algorithm, status.last_eval, status.last_train, config
+    )

@@ -527,6 +527,29 @@ def resume_run_detached(run_id: str, force: bool = False) -> LaunchRunResult:
     return launch_run_result(resume_run(run_id, force=force))
 
 
+MAX_SWEEP_SEEDS = 16
+
+
+def _is_seed_override(item: str) -> bool:
+    return str(item).split("=", 1)[0].strip() == "seed"
+
+
+def _sweep_base_seed(recipe: str, overrides: list[str], base_seed: int | None) -> int:
+    """The first seed of a sweep: ``base_seed``, else a ``seed=`` override, else the first
+    recipe's configured seed (0 when it has none)."""
+    if base_seed is not None:
+        return base_seed
+    from rlhf_lab.configs import resolve_config
+
+    given = [o for o in overrides if _is_seed_override(o)]
+    try:
+        data = resolve_config(recipe, given).data
+    except LabError as err:
+        raise err.with_next(NextStep("list_recipes")) from None
+    seed = data.get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+
+
 @operation
 def sweep(
     recipes: list[str],
@@ -536,9 +559,14 @@ def sweep(
     model: str | None = None,
     campaign: str | None = None,
     device: str = "auto",
+    seeds: int = 1,
+    base_seed: int | None = None,
 ) -> SweepResult:
     """Queue matched runs (same overrides, same shrink) of several recipes in one campaign; the
-    queue runs them one after another."""
+    queue runs them one after another. ``seeds``: K runs per recipe with the seeds base, base+1,
+    ... (``base_seed``, else a ``seed=`` override, else the first recipe's configured seed); every
+    arm gets the same seed list, whatever seed its recipe ships (reward-model recipes differ).
+    Runs are queued seed by seed, so matched pairs finish together."""
     from rlhf_lab.api.recipes import find_known_recipe
     from rlhf_lab.api.results import SweepResult
     from rlhf_lab.paths import campaign_name
@@ -547,23 +575,36 @@ def sweep(
         raise InvalidArgument(
             "a sweep needs at least one recipe, e.g. dpo,ipo,simpo", next=NextStep("list_recipes")
         )
+    if isinstance(seeds, bool) or not 1 <= seeds <= MAX_SWEEP_SEEDS:
+        raise InvalidArgument(
+            f"seeds must be between 1 and {MAX_SWEEP_SEEDS} (runs per recipe), got {seeds!r}"
+        )
+    if base_seed is not None and (isinstance(base_seed, bool) or base_seed < 0):
+        raise InvalidArgument(f"base_seed must be a non-negative integer, got {base_seed!r}")
     names = [find_known_recipe(r).algorithm for r in recipes]
     slug = (
         campaign
         if campaign is not None
         else "-vs-".join(n.replace("_", "-") for n in names)[:60].strip("-")
     )
+    campaign_name(slug)  # a bad slug is refused before anything is queued
+    given = list(overrides or [])
+    first = _sweep_base_seed(recipes[0], given, base_seed)
+    seed_list = [first + i for i in range(seeds)]
+    rest = [o for o in given if not _is_seed_override(o)]
+    seeds_text = f"seed {seed_list[0]}" if seeds == 1 else f"seeds {seed_list[0]}-{seed_list[-1]}"
     launches = [
         launch_experiment(
             r,
-            overrides,
+            [*rest, f"seed={seed}"],
             shrink=shrink,
             model=model,
             campaign=slug,
-            question=f"How do {', '.join(names)} compare with matched settings?",
+            question=f"How do {', '.join(names)} compare with matched settings ({seeds_text})?",
             device=device,
             queue=True,
         )
+        for seed in seed_list
         for r in recipes
     ]
-    return SweepResult(campaign=campaign_name(slug), launches=launches)
+    return SweepResult(campaign=campaign_name(slug), launches=launches, seeds=seed_list)

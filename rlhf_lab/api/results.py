@@ -14,6 +14,7 @@ State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped
 class SweepResult(BaseModel):
     campaign: str
     launches: list[LaunchResult]
+    seeds: list[int] = Field(default_factory=list, description="the seeds every recipe ran with")
 
 
 class LaunchRunResult(BaseModel):

@@ -28,6 +28,9 @@ class RunView(BaseModel):
     """A run's status plus the alerts its logs and metrics raise."""
 
     status: RunStatus
+    headline: str | None = Field(
+        default=None, description="the held-out headline metric first, the training signal after"
+    )
     alerts: list[Alert] = Field(default_factory=list)
 
 
@@ -126,8 +129,10 @@ def advice_for(view: RunView) -> str:
 @operation
 def run_status(run_id: str) -> RunStatusResult:
     """A run's state, step, ETA, latest metrics, diagnosed alerts and advice."""
+    from rlhf_lab.logs import status_headline
+
     status = run_state(run_id)
-    view = RunView(status=status, alerts=_alerts(run_id, status))
+    view = RunView(status=status, headline=status_headline(status), alerts=_alerts(run_id, status))
     return RunStatusResult(**view.model_dump(), advice=advice_for(view))
 
 

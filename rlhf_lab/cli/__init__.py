@@ -252,16 +252,28 @@ def sweep(
     campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None,
     no_shrink: Annotated[bool, typer.Option("--no-shrink", help="full configs")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
+    seeds: Annotated[int, typer.Option(help="runs per recipe, seeds base, base+1, ...")] = 1,
+    base_seed: Annotated[
+        int | None, typer.Option(help="first seed (default: the first recipe's seed)")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Queue matched runs of several recipes in one campaign; they run one after another."""
+    """Queue matched runs of several recipes in one campaign; they run one after another.
+    Every recipe runs with the same seeds (``--seeds K``: K matched runs each)."""
     names = [r.strip() for r in recipes_.split(",") if r.strip()]
     result = api.sweep(
-        names, set_ or [], shrink=not no_shrink, model=model, campaign=campaign, device=device
+        names,
+        set_ or [],
+        shrink=not no_shrink,
+        model=model,
+        campaign=campaign,
+        device=device,
+        seeds=seeds,
+        base_seed=base_seed,
     )
 
     def human(r: Any) -> None:
-        typer.echo(f"campaign: {r.campaign}")
+        typer.echo(f"campaign: {r.campaign}   seeds: {', '.join(map(str, r.seeds))}")
         for item in r.launches:
             typer.echo(f"  {item.run.id}: {item.message}")
 
@@ -276,10 +288,14 @@ def _print_status(view: Any) -> None:
     steps = f"{s.step}/{s.total_steps}" if s.total_steps else (s.step or "-")
     eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
     typer.echo(f"{s.id}  [{s.state}]  step {steps}{eta}  campaign {s.campaign}")
-    metrics = {**s.last_train, **s.last_eval}
-    shown = {k: v for k, v in metrics.items() if k not in ("step", "time_s", "phase")}
-    if shown:
-        typer.echo("  " + "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:12]))
+    if getattr(view, "headline", None):  # held-out first
+        typer.echo(f"  {view.headline}")
+    meta = ("step", "time_s", "phase")
+    for label, row in (("held-out", s.last_eval), ("training", s.last_train)):
+        shown = {k: v for k, v in row.items() if k not in meta}
+        if shown:
+            items = "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:8])
+            typer.echo(f"  {label}: {items}")
     if s.error:
         typer.echo(f"  error: {s.error}")
     if s.wandb_url:

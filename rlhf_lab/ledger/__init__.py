@@ -7,8 +7,8 @@ comparisons); the markdown is rendered from it.
 
 Ownership of the markdown: the YAML front matter and the blocks between
 ``<!-- rlhf-lab:begin NAME -->`` and ``<!-- rlhf-lab:end NAME -->`` (NAME = setup, runs, plots,
-comparison, observations-auto) belong to the lab and are regenerated on every write; every byte
-outside them (the Goal text, notes, the Next section) is kept as it is. Keys a person adds to the
+comparison, observations-auto, next) belong to the lab and are regenerated on every write; every
+byte outside them (the Goal text, notes, hand-written lines of the Next section) is kept as it is. Keys a person adds to the
 front matter are kept, and so is a status set by hand to one of ``MANUAL_STATUSES``.
 
 Writers hold a file lock (``.YYYY-MM-DD-<slug>.md.lock`` beside the markdown) while they read,
@@ -52,13 +52,17 @@ from rlhf_lab.ledger.render import (
 from rlhf_lab.ledger.schema import (
     BLOCKS,
     MANUAL_STATUSES,
+    ArmSummary,
+    Attempt,
     Campaign,
     CampaignView,
     ComparisonEntry,
     ConfigChange,
+    HeadlineValue,
     MetricSummary,
     RunRecord,
     SampleExcerpt,
+    Verdict,
     _Model,
 )
 from rlhf_lab.ledger.store import create_campaign, record_comparison, record_run, render_campaign
@@ -76,13 +80,17 @@ __all__ = [
     "MANUAL_STATUSES",
     "TERMINAL_STATES",
     "_CONFIG_CLASSES",
+    "ArmSummary",
+    "Attempt",
     "Campaign",
     "CampaignView",
     "ComparisonEntry",
     "ConfigChange",
+    "HeadlineValue",
     "MetricSummary",
     "RunRecord",
     "SampleExcerpt",
+    "Verdict",
     "_Model",
     "_cell",
     "_code",

@@ -7,9 +7,9 @@ file becomes a warning in the record, never an exception. Writes nothing. Torch-
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +18,23 @@ from pydantic import BaseModel, ValidationError
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.catalog import get_dotted, source_root
 from rlhf_lab.errors import LabError
+from rlhf_lab.headline import headline_for, heldout_items, noise_interval
+from rlhf_lab.ledger.commands import attempts_of, lab_command, recipe_argument, trainer_command
 from rlhf_lab.ledger.metrics import (
     _expand_metric_names,
     _metric_keys,
     summarize_metrics,
     summarize_performance,
 )
-from rlhf_lab.ledger.schema import ConfigChange, MetricSummary, RunRecord, SampleExcerpt
+from rlhf_lab.ledger.schema import (
+    ConfigChange,
+    HeadlineValue,
+    MetricSummary,
+    RunRecord,
+    SampleExcerpt,
+)
 from rlhf_lab.ledger.text import _clip, _first, _int_or_none, _now, _one_line, load_yaml
-from rlhf_lab.logs import run_notes
+from rlhf_lab.logs import run_flags, run_notes
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.plots import as_float
 from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text
@@ -119,28 +127,45 @@ def _config_changes(
     return [ConfigChange(key=k, shipped=a, used=b) for k, (a, b) in diff.items()]
 
 
-def _sample_excerpts(rows: list[dict]) -> list[SampleExcerpt]:
-    if not rows:
-        return []
-    last_step = rows[-1].get("step")
-    picked = [r for r in rows if r.get("step") == last_step][:_SAMPLES_SHOWN]
-    out = []
-    for row in picked:
-        prompt = row.get("prompt", "")
+# Where each family's samples.jsonl keeps the prompt (policy gradients: ``question``).
+_PROMPT_KEYS = ("prompt", "question", "input", "instruction", "query")
+
+
+def _prompt_text(row: dict) -> str:
+    for key in _PROMPT_KEYS:
+        prompt = row.get(key)
         if isinstance(prompt, list) and prompt:  # chat messages
             last = prompt[-1]
             prompt = last.get("content", "") if isinstance(last, dict) else last
+        if prompt not in (None, "", []):
+            return str(prompt)
+    return ""
+
+
+def _sample_excerpts(rows: list[dict]) -> list[SampleExcerpt]:
+    """The latest step's samples (its held-out ones first when it logged both kinds)."""
+    if not rows:
+        return []
+    last_step = rows[-1].get("step")
+    latest = [r for r in rows if r.get("step") == last_step]
+    latest.sort(key=lambda r: r.get("kind") != "eval")
+    picked = latest[:_SAMPLES_SHOWN]
+    out = []
+    for row in picked:
+        prompt = _prompt_text(row)
         completion = _first(row, ("completion", "response", "text", "output")) or ""
         scores = {}
         for key, value in row.items():
-            if key in ("step", "prompt", "completion") or isinstance(value, bool):
+            if key in ("step", "completion", *_PROMPT_KEYS) or isinstance(value, bool):
                 continue
             number = as_float(value) if isinstance(value, int | float) else None
             if number is not None and len(scores) < 4:
                 scores[key] = number
+        kind = row.get("kind")
         out.append(
             SampleExcerpt(
                 step=_int_or_none(row.get("step")),
+                kind=kind if isinstance(kind, str) else None,
                 prompt=_one_line(prompt, _PROMPT_CHARS),
                 completion=_clip(str(completion), _COMPLETION_CHARS),
                 scores=scores,
@@ -152,8 +177,9 @@ def _sample_excerpts(rows: list[dict]) -> list[SampleExcerpt]:
 def _failure(
     path: Path, state: str, outcome: str | None, meta: dict, summary: SummaryFile | None
 ) -> str | None:
-    """How a failed, died or stopped run ended, in one line (None for any other run)."""
-    if not (state in ("failed", "died", "stopped") or outcome in ("failed", "stopped")):
+    """How a run that did not succeed ended, in one line (None for a succeeded or active run)."""
+    ended = state in TERMINAL_STATES or state == "killed"
+    if state == "succeeded" or not (ended or outcome in ("failed", "stopped")):
         return None
     parts: list[str] = []
     if summary and summary.error:
@@ -164,11 +190,20 @@ def _failure(
         parts.append(_one_line(meta["error"], 300))
     elif state == "died":
         parts.append("the process ended without an exit status (SIGKILL, OOM killer or reboot)")
+    elif state == "killed":
+        parts.append(
+            "killed by the lab: no checkpoint or summary was written for the stop, so the work "
+            "since the last checkpoint is lost"
+        )
+    elif state == "stopped" and not parts:
+        steps = _int_or_none(summary.steps) if summary else None
+        at = f" at step {steps}" if steps is not None else ""
+        parts.append(f"stopped on request{at}; `rlhf-lab resume` continues from its checkpoint")
     if meta.get("signal") not in (None, "", 0):
         parts.append(f"signal {meta.get('signal')}")
     if meta.get("exit_code") not in (None, 0):
         parts.append(f"exit code {meta.get('exit_code')}")
-    if state in ("failed", "died") and not (summary and summary.error):
+    if state in ("failed", "died", "killed") and not (summary and summary.error):
         line = last_error_mention(tail_text(path / "train.log"))
         if line:
             parts.append(f"last log line: {line}")
@@ -255,12 +290,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     state = _state_of(meta, outcome, summary, warnings)
 
     argv = meta.get("argv")
-    command = None
-    if isinstance(argv, list) and argv:
-        argv = [str(a) for a in argv]
-        command = shlex.join(argv)
-    else:
-        argv = []
+    argv = [str(a) for a in argv] if isinstance(argv, list) else []
     overrides = meta.get("overrides") if isinstance(meta.get("overrides"), list) else []
     source = meta.get("config_source") if isinstance(meta.get("config_source"), str) else None
     cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
@@ -275,6 +305,9 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     wandb = meta.get("wandb_url") or (summary.wandb_url if summary else None)
     model = _first(cfg, ("model.name", "model_name"))
     root = repo_root()
+    attempts = attempts_of(path, meta, state, run_id)
+    walls = [a.wall_time_s for a in attempts if a.wall_time_s is not None]
+    flags = run_flags(family, algorithm, rows, sample_lines.rows, cfg)
     return RunRecord(
         run_id=run_id,
         campaign=campaign,
@@ -283,23 +316,29 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         state=state,
         outcome=outcome,
         failure=_failure(path, state, outcome, meta, summary),
-        command=command,
+        command=lab_command(meta),
+        trainer_command=trainer_command(argv),
         argv=argv,
         overrides=[str(o) for o in overrides],
         model=None if model is None else _one_line(model, 200),
         dataset=_dataset_of(cfg),
         seed=_int_or_none(_first(cfg, ("seed", "train.seed"))),
         config_source=source,
+        recipe=recipe_argument(source),
+        settings=_settings(family, cfg),
         config_file=os.path.relpath(path / "config.yaml", root) if cfg is not None else None,
         changes=changes,
         metrics=metrics,
         performance=summarize_performance(rows),
         steps=_steps(summary, progress, rows),
         total_steps=total,
-        wall_time_s=as_float(summary.wall_time_s) if summary else None,
+        wall_time_s=sum(walls) if walls else None,
+        attempts=attempts,
+        headline=_headline(family, algorithm, metrics, rows, cfg),
+        flags=list(flags),
         wandb_url=str(wandb) if wandb else None,
         samples=_sample_excerpts(sample_lines.rows),
-        diagnostics=_diagnose(family, state, rows, metrics),
+        diagnostics=_diagnose(family, state, rows, metrics, flags),
         warnings=warnings,
         run_dir=os.path.relpath(path, root),
         recorded_at=_now(),
@@ -307,14 +346,64 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
 
 
 def _diagnose(
-    family: str | None, state: str, rows: list[dict], metrics: list[MetricSummary]
+    family: str | None,
+    state: str,
+    rows: list[dict],
+    metrics: list[MetricSummary],
+    flags: dict[str, str],
 ) -> list[str]:
     """The ledger row's diagnostics: the lab's end-of-run notes (:func:`rlhf_lab.logs.run_notes`,
-    the diagnosis' rules for a finished run's metrics)."""
+    the diagnosis' rules for a finished run's metrics, with its held-out and sample findings)."""
     finals = {m.name: m.final for m in metrics}
-    return run_notes(family, state, rows, [m.name for m in metrics], finals)
+    return run_notes(family, state, rows, [m.name for m in metrics], finals, flags)
+
+
+def _headline(
+    family: str | None,
+    algorithm: str | None,
+    metrics: list[MetricSummary],
+    rows: list[dict],
+    cfg: dict | None,
+) -> HeadlineValue | None:
+    """The run's held-out headline: final value, items it was measured on, Wilson interval."""
+    head = headline_for(family, algorithm)
+    if head is None:
+        return None
+    summary = next((m for m in metrics if m.name == head.metric), None)
+    value = summary.final if summary else None
+    if value is not None and not math.isfinite(value):
+        value = None
+    count = heldout_items(family, cfg, rows)
+    noise = noise_interval(head, value, count.n) if value is not None else None
+    signal = next((m for m in metrics if m.name == head.training_signal), None)
+    return HeadlineValue(
+        metric=head.metric,
+        label=head.label,
+        higher_is_better=head.higher_is_better,
+        value=value,
+        step=summary.final_step if summary else None,
+        n=count.n,
+        n_source=count.source,
+        low=noise.low if noise else None,
+        high=noise.high if noise else None,
+        training_signal=head.training_signal,
+        training_value=signal.final if signal else None,
+    )
 
 
 def read_metric_rows(run_id: str) -> list[dict]:
     """metrics.jsonl rows of a run (unreadable lines skipped)."""
     return read_metrics_file(find_run(run_id) / "metrics.jsonl").rows
+
+
+def _settings(family: str | None, cfg: dict | None) -> dict[str, Any]:
+    """The config values the Next section's follow-ups change (learning rate, steps, KL)."""
+    if cfg is None or family not in CATALOG_FAMILIES:
+        return {}
+    from trainers.core.spec import FAMILY_NAMES, family_spec
+
+    if family not in FAMILY_NAMES:
+        return {}
+    spec = family_spec(family)
+    keys = [spec.learning_rate_key, spec.steps_key, spec.kl_key]
+    return {k: get_dotted(cfg, k) for k in keys if k and get_dotted(cfg, k) is not None}

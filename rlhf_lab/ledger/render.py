@@ -17,6 +17,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import Corrupt, NextStep
+from rlhf_lab.headline import headline_for
+from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.ledger.layout import _asset_dir, _md_path
 from rlhf_lab.ledger.metrics import _expand_metric_names, _metric_keys, _performance_text
 from rlhf_lab.ledger.schema import (
@@ -40,6 +42,7 @@ _BLOCK_HEADINGS = {
     "plots": "Plots",
     "comparison": "Comparison",
     "observations-auto": "Observations",
+    "next": "Next",
 }
 
 _ENV: Environment | None = None
@@ -232,7 +235,9 @@ def _campaign_model(
 ) -> Campaign:
     meta = data.campaign
     runs: Sequence[RunRecord | _RunBrief] = data.runs if briefs is None else briefs
-    seeds = meta.seeds if meta.seeds else _distinct(r.seed for r in runs)
+    # the seeds the runs actually used (reward-model recipes ship different ones); the seeds
+    # given when the campaign was created only until a run is recorded
+    seeds = _distinct(r.seed for r in runs) or meta.seeds or []
     return Campaign(
         id=meta.id,
         slug=meta.slug,
@@ -273,22 +278,85 @@ def _front_matter(campaign: Campaign, old: dict | None) -> str:
     return f"---\n{text}---\n"
 
 
-def _run_view(r: RunRecord) -> dict[str, Any]:
+def _duration(seconds: float | None) -> str | None:
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _state_text(r: RunRecord) -> str:
+    """The run's outcome in one line: the state, how it ended when it did not succeed (never the
+    state twice), and the number of attempts when it was resumed."""
     state = r.state
-    if r.failure and r.state != "succeeded":
-        state = f"{r.state}: {_one_line(r.failure, 90)}"
+    failure = _one_line(r.failure, 90) if r.failure and r.state != "succeeded" else None
+    if failure and failure.startswith(r.state):
+        state = failure  # "stopped on request at step 3; ...", never "stopped: stopped"
+    elif failure:
+        state = f"{r.state}: {failure}"
+    if len(r.attempts) > 1:
+        state += f" (after {len(r.attempts)} attempts)"
+    return state
+
+
+def _attempts_text(r: RunRecord) -> list[str]:
+    """One line per attempt, when the run was resumed: outcome, steps, wall time, command."""
+    if len(r.attempts) < 2:
+        return []
+    lines = []
+    for a in r.attempts:
+        parts = [a.state or "unknown"]
+        if a.resumed_from_step is not None:
+            parts.append(f"from checkpoint step {a.resumed_from_step}")
+        if a.steps is not None:
+            parts.append(f"reached step {a.steps}")
+        if (wall := _duration(a.wall_time_s)) is not None:
+            parts.append(wall)
+        text = f"{a.number}. " + ", ".join(parts)
+        if a.detail and a.detail != a.state:
+            text += f" — {_md_text(a.detail, 160)}"
+        if a.number == 1:
+            text += " — the lab command above"
+        elif a.command:
+            text += f" — {_code(a.command)}"
+        lines.append(text)
+    return lines
+
+
+def _headline_text(r: RunRecord) -> str | None:
+    h = r.headline
+    if h is None:
+        return None
+    if h.value is None:
+        return f"held-out {h.metric}: not evaluated"
+    text = f"held-out {h.metric} {_fmt_num(h.value)}"
+    if h.step is not None:
+        text += f" at step {h.step}"
+    if h.low is not None and h.high is not None:
+        text += f" (95% sampling noise {_fmt_num(h.low)}–{_fmt_num(h.high)} on n={h.n})"
+    elif h.n is not None:
+        text += f" (n={h.n})"
+    if h.training_signal and h.training_value is not None:
+        text += (
+            f"; training signal {h.training_signal} {_fmt_num(h.training_value)} (secondary, "
+            "not the result)"
+        )
+    return text
+
+
+def _run_view(r: RunRecord) -> dict[str, Any]:
     steps = "—" if r.steps is None else str(r.steps)
     if r.total_steps:
         steps = f"{steps}/{r.total_steps}"
-    wall = None
-    if r.wall_time_s is not None and math.isfinite(r.wall_time_s):
-        wall = f"{r.wall_time_s:.0f} s" if r.wall_time_s < 120 else f"{r.wall_time_s / 60:.1f} min"
     return {
         "run_id": r.run_id,
         "algorithm": r.algorithm,
-        "state_text": state,
+        "state_text": _state_text(r),
         "steps_text": steps,
-        "wall": wall,
+        "wall": _duration(r.wall_time_s),
+        "attempts": _attempts_text(r),
+        "headline": _headline_text(r),
+        "trainer_command": r.trainer_command,
+        "seed": r.seed,
         "finals": {m.name: m.final for m in r.metrics},
         "wandb": f"[W&B]({r.wandb_url})" if r.wandb_url else None,
         "note": r.note,
@@ -298,18 +366,32 @@ def _run_view(r: RunRecord) -> dict[str, Any]:
     }
 
 
+def _column_header(name: str, headlines: set[str]) -> str:
+    if name in headlines:
+        return f"**{name}** (held-out headline)"
+    if not name.startswith("eval/"):
+        return f"{name} (training signal)"
+    return name
+
+
 def _runs_groups(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
+    """The runs table of each family: the held-out headline first, then the other held-out
+    metrics, then the training metrics, labelled as the training signal."""
     groups: dict[str, list[RunRecord]] = {}
     for r in runs:
         groups.setdefault(r.family or "unknown family", []).append(r)
     out = []
     for family, members in groups.items():
         present = {m.name for r in members for m in r.metrics}
-        columns = [
+        heads = [headline_for(r.family, r.algorithm) for r in members]
+        headlines = {h.metric for h in heads if h}
+        names = [
             n
             for n in _expand_metric_names(_metric_keys(family if family in FAMILIES else None))
             if n in present
         ]
+        names.sort(key=lambda n: (n not in headlines, not n.startswith("eval/")))
+        columns = [{"name": n, "header": _column_header(n, headlines)} for n in names]
         out.append({"family": family, "columns": columns, "runs": [_run_view(r) for r in members]})
     return out
 
@@ -323,7 +405,12 @@ def _block_contents(data: _LedgerData, campaign: Campaign) -> dict[str, str]:
         "comparison": _render(
             "comparison.md.j2", comparisons=data.comparisons, campaign=campaign.id
         ),
-        "observations-auto": _render("observations.md.j2", runs=runs),
+        "observations-auto": _render(
+            "observations.md.j2", runs=runs, headlines={r.run_id: _headline_text(r) for r in runs}
+        ),
+        "next": _render(
+            "next.md.j2", items=next_items(data), recorded=bool(runs or data.comparisons)
+        ),
     }
 
 

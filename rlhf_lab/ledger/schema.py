@@ -11,16 +11,20 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "BLOCKS",
     "MANUAL_STATUSES",
+    "ArmSummary",
+    "Attempt",
     "Campaign",
     "CampaignView",
     "ComparisonEntry",
     "ConfigChange",
+    "HeadlineValue",
     "MetricSummary",
     "RunRecord",
     "SampleExcerpt",
+    "Verdict",
 ]
 
-BLOCKS: tuple[str, ...] = ("setup", "runs", "plots", "comparison", "observations-auto")
+BLOCKS: tuple[str, ...] = ("setup", "runs", "plots", "comparison", "observations-auto", "next")
 
 MANUAL_STATUSES = frozenset({"concluded", "abandoned", "archived", "paused"})
 
@@ -52,9 +56,38 @@ class ConfigChange(_Model):
 
 class SampleExcerpt(_Model):
     step: int | None = None
+    kind: str | None = None
     prompt: str = ""
     completion: str = ""
     scores: dict[str, float] = Field(default_factory=dict)
+
+
+class HeadlineValue(_Model):
+    """A run's held-out headline metric (what the run is judged on) and its sampling noise."""
+
+    metric: str
+    label: str = ""
+    higher_is_better: bool = True
+    value: float | None = None
+    step: int | None = None
+    n: int | None = Field(default=None, description="held-out items")
+    n_source: str | None = None
+    low: float | None = Field(default=None, description="Wilson 95% interval")
+    high: float | None = None
+    training_signal: str | None = Field(default=None, description="secondary, not the result")
+    training_value: float | None = None
+
+
+class Attempt(_Model):
+    """One attempt of a run: the first launch, then one per resume."""
+
+    number: int
+    state: str | None = None
+    steps: int | None = None
+    resumed_from_step: int | None = None
+    wall_time_s: float | None = None
+    command: str | None = None
+    detail: str | None = None
 
 
 class RunRecord(_Model):
@@ -67,13 +100,19 @@ class RunRecord(_Model):
     state: str = "unknown"
     outcome: str | None = Field(default=None, description="summary.json outcome")
     failure: str | None = Field(default=None, description="failure mode (error, signal, ...)")
-    command: str | None = Field(default=None, description="exact command (shlex-joined argv)")
-    argv: list[str] = Field(default_factory=list)
+    command: str | None = Field(
+        default=None,
+        description="the lab-level command that reproduces the run (uv run rlhf-lab launch ...)",
+    )
+    trainer_command: str | None = None
+    argv: list[str] = Field(default_factory=list, description="the trainer argv as recorded")
     overrides: list[str] = Field(default_factory=list)
     model: str | None = None
     dataset: str | None = None
     seed: int | None = None
     config_source: str | None = Field(default=None, description="the shipped YAML it started from")
+    recipe: str | None = None
+    settings: dict[str, Any] = Field(default_factory=dict, description="lr, steps, KL values")
     config_file: str | None = Field(default=None, description="the run's resolved config.yaml")
     changes: list[ConfigChange] = Field(default_factory=list)
     metrics: list[MetricSummary] = Field(default_factory=list)
@@ -83,7 +122,10 @@ class RunRecord(_Model):
     )
     steps: int | None = None
     total_steps: int | None = None
-    wall_time_s: float | None = None
+    wall_time_s: float | None = Field(default=None, description="total over all attempts")
+    attempts: list[Attempt] = Field(default_factory=list)
+    headline: HeadlineValue | None = None
+    flags: list[str] = Field(default_factory=list, description="findings Next acts on")
     wandb_url: str | None = None
     note: str | None = None
     samples: list[SampleExcerpt] = Field(default_factory=list)
@@ -97,6 +139,37 @@ class RunRecord(_Model):
         return next((m for m in self.metrics if m.name == name), None)
 
 
+class ArmSummary(_Model):
+    """One arm of a comparison: runs of one algorithm (or setting) that differ only in seed."""
+
+    label: str
+    algorithm: str | None = None
+    run_ids: list[str]
+    seeds: list[int | None] = Field(default_factory=list)
+    values: list[float] = Field(default_factory=list)
+    mean: float | None = None
+    low: float | None = Field(default=None, description="95% interval")
+    high: float | None = None
+    basis: str = ""
+    n_items: int | None = None
+    recipe: str | None = None
+    overrides: list[str] = Field(default_factory=list, description="seed left out")
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class Verdict(_Model):
+    """Arm ``a`` against arm ``b`` on the headline, by the stated rule (rlhf_lab.stats)."""
+
+    a: str
+    b: str
+    verdict: Literal["better", "worse", "tie within noise", "not comparable", "undecided"]
+    difference: float | None = Field(default=None, description="a − b")
+    low: float | None = None
+    high: float | None = None
+    method: str = ""
+    reason: str = ""
+
+
 class ComparisonEntry(_Model):
     """A comparison table recorded into a campaign's Comparison section."""
 
@@ -106,6 +179,10 @@ class ComparisonEntry(_Model):
     run_ids: list[str]
     markdown: str
     recorded_at: str = ""
+    headline: str | None = None
+    higher_is_better: bool = True
+    arms: list[ArmSummary] = Field(default_factory=list)
+    verdicts: list[Verdict] = Field(default_factory=list)
 
 
 class Campaign(_Model):

@@ -22,6 +22,7 @@ from rlhf_lab.api import (
     RunStatus,
     RunStatusResult,
     ShrinkResult,
+    SweepResult,
 )
 from rlhf_lab.mcp_server._core import (
     METRICS_MAX_POINTS,
@@ -212,9 +213,10 @@ def launch_run(
     title="Run status",
     annotations=READ_ONLY,
     description="State (queued/starting/running/succeeded/failed/stopped/died), step/total, ETA, "
-    "latest train and eval metrics, W&B URL and diagnosed alerts (OOM, NaN loss, stall, no "
-    "reward contrast, repetition, flat learning, download failure) with a hint each. Use it to "
-    "poll a launched run every 10-30 s; it returns at once.",
+    "a headline line (held-out metric first, training signal after), latest train and eval "
+    "metrics, W&B URL and diagnosed alerts (OOM, NaN loss, stall, no reward contrast, "
+    "repetition, flat learning, download failure, held-out regression, noise samples) with a "
+    "hint each. Use it to poll a launched run every 10-30 s; it returns at once.",
 )
 def run_status(run_id: RunIdArg) -> RunStatusResult:
     view = _call("run_status", "call list_runs to see the run ids.", api.run_status, run_id)
@@ -350,13 +352,15 @@ def list_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="A comparison table of runs of ONE family by that family's rules: policy "
-    "gradients avg_correctness/avg_format/avg_binary/loss and reward contrast; direct alignment "
-    "held-out accuracy/margins/chosen and rejected rewards plus a sample each (loss scales "
-    "differ across losses); reward models held-out margins/correctness, never training loss; "
-    "rejection sampling each strategy beside its matched random control. Use it after "
-    "record_results on every run of a sweep; with record_in the table is also written into "
-    "that campaign's Comparison section (replacing the same set).",
+    description="Compare runs of ONE family, led by its held-out headline metric (training "
+    "numbers follow as the secondary training signal): runs grouped into arms (same setting, any "
+    "seed), each with a mean and 95% interval, and a verdict per pair (better / worse / tie "
+    "within noise / not comparable / undecided) by the stated rule; then the family's table "
+    "(direct alignment: held-out accuracy/margins/rewards plus samples; policy gradients: greedy "
+    "held-out correctness, then rollout correctness/format/binary and reward contrast; reward "
+    "models: held-out metrics only; rejection sampling: each strategy beside its matched random "
+    "control). Use it after record_results on every run of a sweep; with record_in the result "
+    "is also written into that campaign's Comparison section (replacing the same set).",
 )
 def compare_runs(
     run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
@@ -404,6 +408,43 @@ def list_campaigns() -> CampaignList:
     return _call("list_campaigns", "read ledger://index.", api.list_campaigns)
 
 
+@server.tool(
+    title="Sweep with matched seeds",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+    ),
+    description="Queue matched runs of several recipes in one campaign (same overrides and "
+    "shrink; the queue runs them one after another). seeds=K gives every recipe K runs with the "
+    "same seeds base, base+1, ...; compare_runs then reports each arm's mean with a 95% interval "
+    "and a verdict. Use it for any comparison meant to be reported.",
+)
+def sweep_runs(
+    recipes: Annotated[list[str], Field(min_length=1, description="recipes, e.g. ['dpo','ipo']")],
+    overrides: OverridesArg = [],  # noqa: B006
+    shrink: Annotated[bool, Field(description="shrink each to a sanity run")] = True,
+    model: ModelArg = None,
+    campaign: Annotated[str | None, Field(description="campaign slug")] = None,
+    device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
+    seeds: Annotated[int, Field(ge=1, le=16, description="runs per recipe")] = 1,
+    base_seed: Annotated[
+        int | None, Field(ge=0, description="first seed (null: the first recipe's)")
+    ] = None,
+) -> SweepResult:
+    return _call(
+        "sweep_runs",
+        "check the recipes with list_recipes and the overrides with shrink_config.",
+        api.sweep,
+        list(recipes),
+        list(overrides),
+        shrink=shrink,
+        model=model,
+        campaign=campaign,
+        device=device,
+        seeds=seeds,
+        base_seed=base_seed,
+    )
+
+
 TOOL_NAMES = (
     "resume_run",
     "list_recipes",
@@ -420,6 +461,7 @@ TOOL_NAMES = (
     "compare_runs",
     "record_results",
     "list_campaigns",
+    "sweep_runs",
 )
 
 # tool -> the one lab API function it adapts (tests/lab/test_api_layer.py checks each exists)
@@ -439,4 +481,5 @@ TOOL_OPERATIONS: dict[str, str] = {
     "compare_runs": "compare_runs",
     "record_results": "record_results",
     "list_campaigns": "list_campaigns",
+    "sweep_runs": "sweep",
 }

@@ -61,6 +61,7 @@ MCP_ARGS: dict[str, dict] = {
     "compare_runs": {"run_ids": [RUN]},
     "record_results": {"run_id": RUN},
     "list_campaigns": {},
+    "sweep_runs": {"recipes": ["dpo", "ipo"]},
 }
 
 

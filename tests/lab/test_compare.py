@@ -98,8 +98,8 @@ def test_direct_alignment_table_has_held_out_metrics_and_a_sample_per_run():
     assert "<answer>cba</answer>" in dpo.sample and "cba cba cba" in simpo.sample
     lines = cmp.table.splitlines()
     assert lines[0] == (
-        "| run | algorithm | state | seed | eval/accuracy | eval/margins | eval/chosen_rewards "
-        "| eval/rejected_rewards |"
+        "| run | algorithm | state | seed | **eval/accuracy** (held-out headline) | eval/margins | "
+        "eval/chosen_rewards | eval/rejected_rewards |"
     )
     assert (
         lines[2]
@@ -142,14 +142,21 @@ def test_policy_gradient_table_uses_window_means_and_reward_contrast():
     assert grpo.values["avg_binary"] == pytest.approx(0.25)
     assert grpo.values["eval/avg_correctness"] == pytest.approx(0.5)
     assert rloo.values["reward_contrast"] == 0.0 and rloo.values["avg_correctness_change"] == 0.0
-    assert cmp.columns[:5] == [
+    # held-out first: the greedy held-out headline leads, training columns follow, labelled
+    assert cmp.columns[:6] == [
+        "eval/avg_correctness",
         "avg_correctness",
         "avg_format",
         "avg_binary",
         "loss",
         "reward_contrast",
     ]
-    assert "reward contrast (1 − frac_reward_zero_std)" in cmp.table.splitlines()[0]
+    header = cmp.table.splitlines()[0]
+    assert (
+        "| **eval/avg_correctness** (held-out headline) | avg_correctness (training signal) |"
+        in (header)
+    )
+    assert "reward contrast (1 − frac_reward_zero_std) (training signal)" in header
     assert "| +0.4 |" in cmp.table.splitlines()[2]
     assert any("rloo-20260301-000000-0002: almost no reward contrast" in n for n in cmp.notes)
 
@@ -215,8 +222,8 @@ def test_rejection_sampling_pairs_each_strategy_with_its_random_control():
     assert k_overall.score == 0.45 and k_overall.control_score == 0.30
     assert k_overall.difference == pytest.approx(0.15)
     assert cmp.table.splitlines()[0] == (
-        "| strategy | run | state | exact match | matched control | control run | "
-        "control exact match | difference |"
+        "| strategy | run | state | **held-out exact match** (headline) | matched control | "
+        "control run | control held-out exact match | difference |"
     )
     assert (
         "| top_k_overall | `top-k-overall-20260301-000000-0004` | succeeded | 0.45 | "

@@ -7,7 +7,6 @@ import json
 import multiprocessing
 import os
 import re
-import shlex
 import subprocess
 import sys
 import threading
@@ -207,10 +206,13 @@ def add_hand_text(md: Path) -> dict[str, str]:
         "<!-- rlhf-lab:end observations-auto -->\n\n" + obs,
         1,
     )
-    assert text.endswith("## Next\n\n")
-    text = text + nxt + "\nNo trailing newline at the very end"
+    # the Next section: hand lines above the lab's block and after it
+    text = text.replace("## Next\n\n", "## Next\n\n" + nxt + "\n", 1)
+    assert text.endswith("<!-- rlhf-lab:end next -->\n")
+    after = "\nMy own follow-up, after the lab's list.\n"
+    text = text + after + "\nNo trailing newline at the very end"
     md.write_text(text)
-    return {"goal": goal, "between": between, "obs": obs, "next": nxt}
+    return {"goal": goal, "between": between, "obs": obs, "next": nxt, "after": after}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,8 +298,16 @@ def test_record_run_fills_the_row_from_a_synthetic_run(lab_root):
     )
     rec = ledger.record_run(run_id, note="lr 3e-4 | first try")
 
-    argv = json.loads((path / "run.json").read_text())["argv"]
-    assert rec.command == shlex.join(argv)
+    # the lab-level command a reader elsewhere can run, and the trainer's with relative paths
+    assert rec.command == (
+        f"uv run rlhf-lab launch dpo --set train.learning_rate=3e-4 --campaign {camp.id}"
+    )
+    run_rel = f"experiments/{camp.id}/runs/{run_id}"
+    assert rec.trainer_command == (
+        f"uv run python -m trainers.direct_alignment.train --config {run_rel}/config.yaml "
+        f"--run-dir {run_rel}"
+    )
+    assert json.loads((path / "run.json").read_text())["argv"][0] == sys.executable
     changed = {c.key: (c.shipped, c.used) for c in rec.changes}
     assert changed == {
         "train.learning_rate": (5e-6, 3e-4),

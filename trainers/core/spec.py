@@ -142,6 +142,26 @@ class FamilySpec:
     replace_key_metrics: bool = False
     """True: an algorithm's own key metrics replace the family's (after ``loss``) instead of
     adding to them (reward models: each kind reports different held-out metrics)."""
+    headline_label: str = ""
+    """The headline metric in words (what a reader is told the result is)."""
+    headline_is_share: bool = True
+    """The headline is a share of the held-out items (an accuracy): its sampling noise on n
+    items is binomial. False for a loss (SFT), whose single-run noise the lab cannot bound."""
+    training_signal: str | None = None
+    """The training-time metric that mirrors the headline (a rollout or training-batch number,
+    shown as secondary); None: the headline's bare twin (``eval/accuracy`` -> ``accuracy``)."""
+    eval_size_keys: tuple[str, ...] = ()
+    """Dotted config keys holding the number of held-out items behind the headline (the first
+    one present wins); the trainers do not log the count."""
+    heldout_keys: tuple[str, ...] = ()
+    """Config keys that fix the held-out set: runs that differ in one are not comparable."""
+    algorithm_knobs: tuple[str, ...] = ()
+    """Config keys (a trailing ``.`` covers a section) that belong to the algorithm itself:
+    arms of different algorithms may differ there and still be matched."""
+    learning_rate_key: str = "train.learning_rate"
+    steps_key: str = "train.max_steps"
+    kl_key: str | None = None
+    """The config key of the KL / reference-anchoring strength (None: the family has none)."""
 
     @property
     def algorithm_names(self) -> tuple[str, ...]:
@@ -158,6 +178,22 @@ class FamilySpec:
     def key_metric_names(self) -> tuple[str, ...]:
         """Names of the family's key metrics (those flagged ``key``), in order."""
         return tuple(m.name for m in self.key_metrics if m.key)
+
+    def headline_for(self, algorithm: str | None = None) -> str:
+        """The held-out headline metric of ``algorithm`` (its own when it names one, else the
+        family's)."""
+        if algorithm:
+            for spec in self.algorithms:
+                if algorithm in (spec.name, spec.run_name) and spec.headline_metric:
+                    return spec.headline_metric
+        return self.headline_metric
+
+    def training_signal_for(self, algorithm: str | None = None) -> str | None:
+        """The training-time twin of the headline (secondary; see ``training_signal``)."""
+        if self.training_signal is not None:
+            return self.training_signal
+        headline = self.headline_for(algorithm)
+        return headline.removeprefix("eval/") if headline.startswith("eval/") else None
 
 
 def _spec_module_name(family: str) -> str:

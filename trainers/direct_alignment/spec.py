@@ -143,4 +143,9 @@ FAMILY = FamilySpec(
         "eval/rejected_rewards",
     ),
     builtin_datasets={"*": BUILTIN_DATASET},
+    headline_label="held-out preference accuracy",
+    eval_size_keys=("data.eval_size",),
+    heldout_keys=("data.dataset", "data.eval_size", "data.max_samples", "data.builtin_tasks"),
+    algorithm_knobs=("loss", "beta", "gamma", "label_smoothing", "lambda_d", "lambda_u", "ipo_sum"),
+    kl_key="beta",
 )

@@ -195,8 +195,9 @@ FAMILY = FamilySpec(
         "response_length/mean and response_length/clipped_frac",
         "kl and clip_frac when beta > 0 or several updates per rollout",
     ),
-    comparison="compare avg_correctness / avg_binary curves over rollout steps at matched "
-    "prompts per step; check that groups carry reward contrast",
+    comparison="decide on greedy held-out eval/avg_correctness at matched prompts per step; "
+    "the sampled avg_correctness / avg_binary curves over rollout steps are the training signal "
+    "(they can rise while held-out correctness falls); check that groups carry reward contrast",
     comparison_columns=(
         "avg_correctness",
         "avg_format",
@@ -205,4 +206,9 @@ FAMILY = FamilySpec(
         "reward_contrast",
         "avg_correctness_change",
     ),
+    headline_label="greedy held-out correctness",
+    eval_size_keys=("data.eval_size",),
+    heldout_keys=("data.specs", "data.eval_size"),
+    algorithm_knobs=("algorithm", "loss."),
+    kl_key="loss.beta",
 )

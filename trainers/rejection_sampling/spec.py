@@ -96,4 +96,12 @@ FAMILY = FamilySpec(
         "test_accuracy",
     ),
     builtin_datasets={"*": BUILTIN_DATASET},
+    headline_label="greedy held-out exact match of the fine-tuned model",
+    # the SFT loss on the selection is the only training-time number
+    training_signal="loss",
+    eval_size_keys=("data.max_test_samples",),
+    heldout_keys=("data.dataset", "data.test_dataset", "data.test_split", "data.max_test_samples"),
+    algorithm_knobs=("strategy", "top_k"),
+    learning_rate_key="sft.learning_rate",
+    steps_key="sft.max_steps",
 )

@@ -57,4 +57,8 @@ FAMILY = FamilySpec(
         "mean_token_accuracy",
     ),
     builtin_datasets={"*": BUILTIN_DATASET},
+    headline_label="held-out loss (lower is better)",
+    headline_is_share=False,
+    eval_size_keys=("data.eval_size",),
+    heldout_keys=("data.dataset", "data.eval_size", "data.max_samples", "data.builtin_tasks"),
 )

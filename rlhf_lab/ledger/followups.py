@@ -1,0 +1,268 @@
+"""The campaign's Next section: follow-ups the lab derives from what it recorded, each with the
+exact command to run. Pure functions of the ledger's data (no file is read). Torch-free.
+
+Rules (stated in docs/architecture.md and printed under the block):
+
+- a comparison verdict "tie within noise" or "undecided" -> more seeds for those arms
+  (``sweep a,b --seeds K --base-seed <next unused seed>``: fresh seeds, K enough for 3 per arm,
+  or double what it has);
+- a clear winner (better than every other arm) -> a finer learning-rate sweep around it
+  (×0.5 and ×2 of its learning rate, same seeds count);
+- arms that are not matched -> the same arms again with one set of settings;
+- a run whose held-out headline regressed -> fewer steps (stop at its best held-out step) or a
+  stronger KL / reference anchor where the family has one (the family's ``kl_key``, doubled);
+- a run whose key metric stayed flat -> a learning-rate sweep (×3 and ×10);
+- a run whose samples are noise on the ``tiny`` preset -> warm-start it with SFT first.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, RunRecord, _LedgerData
+from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
+
+__all__ = ["NextItem", "next_items"]
+
+LAB = ["uv", "run", "rlhf-lab"]
+MIN_SEEDS = 3
+
+
+@dataclass
+class NextItem:
+    """One follow-up: why (what the lab saw), what to do, and the exact commands."""
+
+    why: str
+    action: str
+    commands: list[str] = field(default_factory=list)
+
+
+def _overrides(items: Iterable[str]) -> dict[str, str]:
+    """Ordered ``key -> "key=value"`` of override strings (the last one of a key wins)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key = str(item).split("=", 1)[0].strip()
+        out[key] = str(item)
+    return out
+
+
+def _with(items: Iterable[str], **changes: Any) -> list[str]:
+    """Override strings with ``changes`` (dotted keys given with ``__``) set, seed dropped."""
+    table = _overrides(items)
+    table.pop("seed", None)
+    for dotted, value in changes.items():
+        key = dotted.replace("__", ".")
+        table[key] = f"{key}={_fmt(value)}"
+    return list(table.values())
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _sets(items: Iterable[str]) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def _sweep(recipes: list[str], items: list[str], campaign: str, **options: Any) -> str:
+    args = [*LAB, "sweep", ",".join(recipes), "--no-shrink", *_sets(items)]
+    for name, value in options.items():
+        if value is not None:
+            args += [f"--{name.replace('_', '-')}", str(value)]
+    args += ["--campaign", campaign]
+    return shlex.join(args)
+
+
+def _launch(recipe: str, items: list[str], campaign: str) -> str:
+    return shlex.join([*LAB, "launch", recipe, *_sets(items), "--campaign", campaign])
+
+
+def _setting(run: RunRecord, key: str | None) -> Any:
+    return None if key is None else run.settings.get(key)
+
+
+def _family(run_or_family: RunRecord | str | None):
+    name = run_or_family.family if isinstance(run_or_family, RunRecord) else run_or_family
+    return family_spec(name) if name in FAMILY_NAMES else None
+
+
+def _seed_plan(arms: list[ArmSummary], runs: list[RunRecord]) -> tuple[int, int]:
+    """(seeds to add per arm, first unused seed) for a tie: enough for MIN_SEEDS per arm, or
+    double the most any arm has."""
+    have = max((len(a.run_ids) for a in arms), default=1)
+    target = max(MIN_SEEDS, 2 * have) if have >= MIN_SEEDS else MIN_SEEDS
+    used = [s for r in runs if isinstance(s := r.seed, int)]
+    used += [s for a in arms for s in a.seeds if isinstance(s, int)]
+    return target - have, (max(used) + 1 if used else 0)
+
+
+def _arm_commands(
+    arms: list[ArmSummary], campaign: str, changes: dict[str, Any], **options: Any
+) -> list[str]:
+    """One sweep of the arms when they share their settings, else one sweep per arm."""
+    recipes = [a.recipe for a in arms]
+    if any(r is None for r in recipes):
+        return []
+    sets = [_with(a.overrides, **changes) for a in arms]
+    if all(s == sets[0] for s in sets):
+        return [_sweep(list(dict.fromkeys(recipes)), sets[0], campaign, **options)]
+    return [_sweep([r], s, campaign, **options) for r, s in zip(recipes, sets, strict=True)]
+
+
+def _comparison_items(entry: ComparisonEntry, runs: list[RunRecord], campaign: str):
+    arms = {a.label: a for a in entry.arms}
+    metric = entry.headline or "the headline"
+    undecided = [v for v in entry.verdicts if v.verdict in ("tie within noise", "undecided")]
+    if undecided:
+        involved = list(dict.fromkeys(x for v in undecided for x in (v.a, v.b)))
+        chosen = [arms[name] for name in involved if name in arms]
+        add, base = _seed_plan(chosen, runs)
+        pairs = "; ".join(f"{v.a} vs {v.b}: {v.verdict}" for v in undecided)
+        yield NextItem(
+            why=f"{pairs} on {metric}",
+            action=f"add {add} seed(s) per arm (fresh seeds from {base}) so the interval can "
+            "separate them",
+            commands=_arm_commands(chosen, campaign, {}, seeds=add, base_seed=base),
+        )
+    unmatched = [v for v in entry.verdicts if v.verdict == "not comparable"]
+    if unmatched:
+        involved = list(dict.fromkeys(x for v in unmatched for x in (v.a, v.b)))
+        chosen = [arms[name] for name in involved if name in arms]
+        if chosen and all(a.recipe for a in chosen):
+            shared = _with(chosen[0].overrides)
+            yield NextItem(
+                why="; ".join(f"{v.a} vs {v.b}: not comparable ({v.reason})" for v in unmatched),
+                action="run the arms again with one set of settings (the first arm's)",
+                commands=[
+                    _sweep(
+                        list(dict.fromkeys(a.recipe for a in chosen if a.recipe)),
+                        shared,
+                        campaign,
+                        seeds=max(1, len(chosen[0].run_ids)),
+                    )
+                ],
+            )
+    decided = [v for v in entry.verdicts if v.verdict in ("better", "worse")]
+    if decided and len(decided) == len(entry.verdicts):
+        winners = {v.a if v.verdict == "better" else v.b for v in decided}
+        if len(winners) == 1:
+            winner = arms.get(next(iter(winners)))
+            spec = _family(entry.family)
+            lr = _winner_lr(winner, spec)
+            if winner is not None and winner.recipe and spec is not None and lr is not None:
+                key = spec.learning_rate_key
+                yield NextItem(
+                    why=f"{winner.label} beats every other arm on {metric} beyond the noise",
+                    action=f"a finer sweep around it: {key} ×0.5 and ×2 (now {_fmt(lr)})",
+                    commands=[
+                        _sweep(
+                            [winner.recipe],
+                            _with(winner.overrides, **{key.replace(".", "__"): lr * f}),
+                            campaign,
+                            seeds=max(1, len(winner.run_ids)),
+                        )
+                        for f in (0.5, 2.0)
+                    ],
+                )
+
+
+def _winner_lr(arm: ArmSummary | None, spec) -> float | None:  # noqa: ANN001
+    if arm is None or spec is None:
+        return None
+    value = arm.settings.get(spec.learning_rate_key)
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def _run_items(run: RunRecord, campaign: str):
+    spec = _family(run)
+    if spec is None or run.recipe is None:
+        return
+    if "heldout_regression" in run.flags:
+        commands = []
+        metric = run.headline.metric if run.headline else "the headline"
+        best = run.metric(metric)
+        stop_at = best.best_step if best is not None and best.best_step else None
+        where = "its best held-out step"
+        if not stop_at and run.steps:
+            stop_at, where = max(1, run.steps // 2), "half its steps"
+        if stop_at:
+            commands.append(
+                _launch(
+                    run.recipe,
+                    _with(run.overrides, **{spec.steps_key.replace(".", "__"): stop_at}),
+                    campaign,
+                )
+            )
+        kl_note = ""
+        algo = _algorithm(run)
+        if spec.kl_key and (algo is None or algo.kl != "none"):
+            current = _setting(run, spec.kl_key)
+            stronger = 2 * float(current) if isinstance(current, int | float) and current else 0.04
+            commands.append(
+                _launch(
+                    run.recipe,
+                    _with(run.overrides, **{spec.kl_key.replace(".", "__"): stronger}),
+                    campaign,
+                )
+            )
+            kl_note = f", or a stronger KL ({spec.kl_key}={_fmt(stronger)})"
+        yield NextItem(
+            why=f"{run.run_id}: held-out {metric} regressed while training went on",
+            action=f"fewer steps ({spec.steps_key}={stop_at}, {where}){kl_note}",
+            commands=commands,
+        )
+    if "flat" in run.flags:
+        lr = _setting(run, spec.learning_rate_key)
+        if isinstance(lr, int | float) and lr > 0:
+            key = spec.learning_rate_key
+            yield NextItem(
+                why=f"{run.run_id}: its key metric stayed flat",
+                action=f"a learning-rate sweep: {key} ×3 and ×10 (now {_fmt(float(lr))})",
+                commands=[
+                    _sweep(
+                        [run.recipe],
+                        _with(run.overrides, **{key.replace(".", "__"): float(lr) * f}),
+                        campaign,
+                    )
+                    for f in (3.0, 10.0)
+                ],
+            )
+    if "noise_samples" in run.flags and run.model == "tiny" and run.family != "sft":
+        yield NextItem(
+            why=f"{run.run_id}: its samples are noise (the tiny preset starts from random weights)",
+            action="warm-start with SFT first, then launch again with "
+            "`--set model.name=<its final_model folder>`",
+            commands=[shlex.join([*LAB, "launch", "sft_tiny_warmstart", "--campaign", campaign])],
+        )
+
+
+def _algorithm(run: RunRecord):
+    try:
+        return spec_for(run.algorithm) if run.algorithm else None
+    except KeyError:
+        return None
+
+
+def next_items(data: _LedgerData) -> list[NextItem]:
+    """The follow-ups for a campaign, comparisons first, then per-run findings (duplicates of
+    the same command dropped)."""
+    campaign = data.campaign.id
+    items: list[NextItem] = []
+    for entry in data.comparisons:
+        items += list(_comparison_items(entry, data.runs, campaign))
+    for run in data.runs:
+        items += list(_run_items(run, campaign))
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        fresh = [c for c in item.commands if c not in seen]
+        seen.update(fresh)
+        if fresh or not item.commands:
+            item.commands = fresh
+            out.append(item)
+    return out
