@@ -74,7 +74,7 @@ VERSION_PACKAGES = (
     "flash-attn",
 )
 
-RESUMABLE_STATES = ("died", "stopped", "failed")
+RESUMABLE_STATES = ("died", "stopped", "killed", "failed")
 _ATTEMPT_FILES = ("exit.json", "process.json", "summary.json")
 
 
