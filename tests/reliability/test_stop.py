@@ -124,10 +124,10 @@ def straight(tmp_path_factory):
     return root
 
 
-def stop_at(monkeypatch, point: str, run, run_dir: Path) -> dict:
+def stop_at(monkeypatch, point: str, run, run_dir: Path, resume: bool = False) -> dict:
     """Run with a self-SIGTERM at ``point``; returns the summary of the stopped run."""
     monkeypatch.setenv(SIGTERM_ENV, point)
-    assert run(run_dir) == 143  # the harness's own stop exit: the trainer ended by itself
+    assert run(run_dir, resume=resume) == 143  # the harness's stop exit: it ended by itself
     monkeypatch.delenv(SIGTERM_ENV)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "stopped", summary
@@ -262,6 +262,9 @@ def test_a_stop_between_micro_batches_drops_the_partial_step(tmp_path, monkeypat
     assert "partial step was dropped; checkpoint of step 1 written" in summary["detail"]
     assert checkpoints(run_dir) == ["step-0000001"]
     assert max(step for step, _ in rows(run_dir)) == 1  # nothing of step 2 was logged
+    again = stop_at(monkeypatch, "tokenizing", da, run_dir, resume=True)  # stopped again early
+    assert "SIGTERM during tokenizing: the checkpoint of step 1 is kept" in again["detail"]
+    assert checkpoints(run_dir) == ["step-0000001"]
     assert_resumes_to(da, run_dir, straight / "da")
 
 
@@ -333,9 +336,13 @@ def test_a_trainer_that_ignores_sigterm_is_killed_and_reported_so(tmp_path, monk
     assert [s.id for s in api.list_runs(state="killed")] == [run.id]
     shown = CliRunner().invoke(app, ["stop", run.id])
     assert shown.exit_code == 0 and "already ended (killed)" in shown.output
+    monkeypatch.setattr(runs, "trainer_argv", fake_trainer("pass"))  # this attempt succeeds
     resumed = api.resume_run(run.id, force=True)  # a killed run resumes from its checkpoint
     assert "from checkpoint step 4" in resumed.message
-    api.stop_run(run.id, grace_s=0.5)
+    final = runs.wait_for_end(run.id, poll_s=0.1, timeout_s=60)
+    assert final.state == "succeeded", final  # the earlier stop's SIGKILL is history now
+    record = json.loads((Path(run.run_dir) / "run.json").read_text())
+    assert [r["state"] for r in record["resumes"]] == ["killed"]
 
 
 def test_killed_only_when_the_trainer_had_not_written_outcome_stopped(tmp_path, monkeypatch):

@@ -222,6 +222,13 @@ def _stop_detail(stop: StopRequested, run: RunDir) -> str:
     where = stop.where or run.phase or "start-up"
     handler = _stop_flag["handler"]
     if handler is None:
+        saved = sorted(
+            int(p.name.removeprefix("step-"))
+            for p in run.checkpoints_dir.glob("step-*")
+            if p.name.removeprefix("step-").isdigit() and (p / "state.pt").is_file()
+        )
+        if saved:  # a resumed run stopped before its loop began
+            return f"SIGTERM during {where}: the checkpoint of step {saved[-1]} is kept"
         return f"SIGTERM during {where}: nothing to checkpoint (no training step had run yet)"
     try:
         return handler(stop)
