@@ -10,7 +10,9 @@ trainer runs, ``<run-dir>/process.json`` names both processes (pid + create time
 tell a live run from a reused pid.
 
 ``exit.json`` is missing only when this wrapper itself could not finish (SIGKILL to the whole
-group, OOM killer, reboot): the lab reports such a run as ``died``.
+group, OOM killer, reboot): the lab reports such a run as ``died`` (``killed`` when it was its own
+stop that gave up waiting and sent SIGKILL). Before starting the trainer it writes
+``progress.json`` with phase ``starting``, so a status shows something from the first moment.
 
 Standard library only (plus psutil when present): never imports torch.
 """
@@ -62,6 +64,25 @@ def _say(text: str) -> None:
     print(f"[rlhf-lab] {text}", file=sys.stderr, flush=True)
 
 
+def _starting_progress(run_dir: Path) -> None:
+    """progress.json from the first moment (phase ``starting``: the trainer imports its
+    libraries, seconds before it writes its own): a new run shows step 0, a resumed one keeps
+    the step and total its last attempt reached."""
+    try:
+        previous = json.loads((run_dir / "progress.json").read_text())
+    except (OSError, ValueError):
+        previous = None
+    if not isinstance(previous, dict):
+        previous = {}
+    fields = {**previous, "phase": "starting", "updated_at": time.time()}
+    fields["step"] = previous.get("step") if isinstance(previous.get("step"), int) else 0
+    fields.setdefault("total_steps", None)
+    try:
+        _atomic_json(run_dir / "progress.json", fields)
+    except OSError:
+        pass  # the trainer writes it soon anyway
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 3 or args[1] != "--":
@@ -85,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, forward)
 
     t0 = time.time()
+    _starting_progress(run_dir)
     try:
         child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     except OSError as err:

@@ -98,3 +98,31 @@ def assert_same_gradients(got, want, *, rel: float = 1e-5) -> None:
         err = (g.float() - w.float()).norm()
         assert scale > 0, "the reference gradient is zero: nothing was compared"
         assert err <= rel * scale, f"gradients differ: |got - want| / |want| = {err / scale:.3g}"
+
+
+@pytest.fixture
+def progress_writes(monkeypatch):
+    """Every progress.json a trainer writes from now on, in order, as (phase, step, total)."""
+    from trainers.core.rundir import RunDir
+
+    seen: list[tuple[str | None, int, int | None]] = []
+    original = RunDir.write_progress
+
+    def spy(self, step, total_steps, *, phase=None, **extra):
+        seen.append((phase, step, total_steps))
+        return original(self, step, total_steps, phase=phase, **extra)
+
+    monkeypatch.setattr(RunDir, "write_progress", spy)
+    return seen
+
+
+def assert_phases(writes, *expected: str) -> None:
+    """The phases a run entered (from ``progress_writes``) start with ``loading_model`` and hold
+    ``expected`` in this order (others may come between)."""
+    entered = [
+        phase for i, (phase, _, _) in enumerate(writes) if i == 0 or writes[i - 1][0] != phase
+    ]
+    assert entered[0] == "loading_model", entered
+    it = iter(entered)
+    missing = [p for p in expected if not any(p == q for q in it)]
+    assert not missing, (missing, entered)

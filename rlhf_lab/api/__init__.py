@@ -64,6 +64,7 @@ _LAZY: dict[str, str] = {
     # runs
     "RunInfo": "rlhf_lab.runs",
     "RunStatus": "rlhf_lab.runs",
+    "StopResult": "rlhf_lab.runs",
     "LaunchResult": "rlhf_lab.runs",
     "active_runs": "rlhf_lab.runs",
     "list_runs": "rlhf_lab.runs",

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.runs import LaunchResult, RunInfo
 
-State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "died"]
+State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died"]
 
 
 class SweepResult(BaseModel):

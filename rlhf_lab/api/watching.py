@@ -21,7 +21,7 @@ from rlhf_lab.errors import LabError, NextStep
 from rlhf_lab.logs import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
 from rlhf_lab.runs import RunStatus, follow_run, list_runs, run_state, unfinished_runs
 
-FINISHED_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "died"})
+FINISHED_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "killed", "died"})
 
 
 class RunView(BaseModel):
@@ -119,6 +119,11 @@ def advice_for(view: RunView) -> str:
         )
     if s.state == "stopped":
         return "stopped on request: record_results keeps what it reached"
+    if s.state == "killed":
+        return (
+            "killed by a stop that ran out of grace: work since its last checkpoint is lost; "
+            "resume_run continues from that checkpoint, record_results records it"
+        )
     hint = errors[0].hint if errors else "read the end of the log with tail_logs(lines=80)"
     return (
         f"{s.state}: {s.error or 'see alerts'}. {hint}; record_results still records the "

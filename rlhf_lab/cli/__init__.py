@@ -176,21 +176,55 @@ def _follow(run_id: str) -> int:
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[steps]}"),
         TimeRemainingColumn(),
     ) as progress:
-        task = progress.add_task(run_id, total=None)
+        task = progress.add_task(run_id, total=None, steps="")
 
         def on_progress(status: Any) -> None:
+            total = status.total_steps or "?"
+            steps = f"{status.step or 0}/{total}" + (f" {status.phase}" if status.phase else "")
+            progress.update(task, steps=steps)
             if status.total_steps:
                 progress.update(task, total=status.total_steps, completed=status.step or 0)
 
         def on_log(text: str) -> None:
             progress.console.print(text, end="", markup=False, highlight=False)
 
-        final = api.wait_and_stream(run_id, on_progress, on_log)
+        try:
+            final = api.wait_and_stream(run_id, on_progress, on_log)
+        except KeyboardInterrupt:
+            progress.stop()
+            if _stop_or_detach(sys.stdin.isatty(), _ask) == "detach":
+                typer.echo(f"detached: {run_id} goes on (rlhf-lab status {run_id}; rlhf-lab stop)")
+                return 0
+            typer.echo(f"stopping {run_id} (the trainer checkpoints, then exits) ...")
+            stopped = api.stop_run(run_id)
+            typer.echo(stopped.message)
+            return 1
     typer.echo(f"{run_id}: {final.state}")
     return 0 if final.state == "succeeded" else 1
+
+
+STOP_OR_DETACH = "stop the run or detach? [S/d] "
+
+
+def _ask(prompt: str) -> str | None:
+    """One answer from the terminal; None for end of input or a second Ctrl-C."""
+    try:
+        return input(prompt)
+    except (EOFError, KeyboardInterrupt):
+        return None
+
+
+def _stop_or_detach(interactive: bool, ask: Callable[[str], str | None]) -> str:
+    """What Ctrl-C during ``launch --foreground`` does: at a terminal, ask once (an answer
+    starting with d detaches, anything else, a second Ctrl-C included, stops); without one
+    (a script, a pipe), stop. Returns "stop" or "detach"."""
+    if not interactive:
+        return "stop"
+    answer = ask(STOP_OR_DETACH)
+    return "detach" if answer is not None and answer.strip().lower().startswith("d") else "stop"
 
 
 @app.command()
@@ -207,7 +241,10 @@ def launch(
         typer.Option(help="skip the memory and busy-device checks: start even if it may not fit"),
     ] = False,
     queue: Annotated[bool, typer.Option(help="queue behind the device's current job")] = False,
-    foreground: Annotated[bool, typer.Option(help="stream the log with a progress bar")] = False,
+    foreground: Annotated[
+        bool,
+        typer.Option(help="stream the log with a progress bar; Ctrl-C asks: stop or detach"),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Start a trainer in the background (detached); returns at once with the run id.
@@ -285,9 +322,10 @@ def sweep(
 
 def _print_status(view: Any) -> None:
     s = view.status
-    steps = f"{s.step}/{s.total_steps}" if s.total_steps else (s.step or "-")
+    steps = f"{s.step or 0}/{s.total_steps}" if s.total_steps else (s.step or "-")
     eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
-    typer.echo(f"{s.id}  [{s.state}]  step {steps}{eta}  campaign {s.campaign}")
+    phase = f" ({s.phase})" if s.phase and not s.terminal else ""
+    typer.echo(f"{s.id}  [{s.state}]  step {steps}{phase}{eta}  campaign {s.campaign}")
     if getattr(view, "headline", None):  # held-out first
         typer.echo(f"  {view.headline}")
     meta = ("step", "time_s", "phase")
@@ -398,11 +436,14 @@ def metrics(
 @lab_errors
 def stop(
     run: Annotated[str, typer.Argument(help="run id")],
-    grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL")] = 10.0,
+    grace: Annotated[
+        float, typer.Option(help="seconds to wait for the trainer's checkpoint before SIGKILL")
+    ] = 60.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """SIGTERM the run's process group (the trainer checkpoints), SIGKILL after the grace period."""
-    emit(api.stop_run(run, grace), as_json, lambda s: typer.echo(f"{s.id}: {s.state}"))
+    """Stop a run: the trainer checkpoints its last completed step and exits (returns then);
+    after --grace seconds it is sent SIGKILL and the run is `killed`."""
+    emit(api.stop_run(run, grace), as_json, lambda s: typer.echo(s.message))
 
 
 @app.command()

@@ -19,14 +19,14 @@ SERVER_NAME = "rlhf-lab"
 DEFAULT_PORT = 8765
 TAIL_MAX_BYTES = 64_000
 METRICS_MAX_POINTS = 2_000
-STOP_MAX_GRACE_S = 30.0
+STOP_MAX_GRACE_S = 600.0
 
 log = logging.getLogger("rlhf_lab.mcp")
 
 Family = Literal[
     "direct_alignment", "policy_gradients", "reward_models", "rejection_sampling", "sft"
 ]
-State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "died"]
+State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died"]
 Phase = Literal["train", "eval", "rollout"]
 Device = Literal["auto", "cpu", "cuda"] | Annotated[str, Field(pattern=r"^cuda:\d{1,3}$")]
 

@@ -19,9 +19,9 @@ from rlhf_lab.api import (
     RecordResult,
     Resources,
     RunList,
-    RunStatus,
     RunStatusResult,
     ShrinkResult,
+    StopResult,
     SweepResult,
 )
 from rlhf_lab.mcp_server._core import (
@@ -286,16 +286,25 @@ def get_metrics(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
     ),
-    description="Stop a running or queued run: SIGTERM to its process group (the trainer saves a "
-    "checkpoint and writes outcome 'stopped'), SIGKILL after grace_s seconds. Use it for a run "
-    "that is diverging, stalled or no longer needed; a finished run is returned unchanged.",
+    description="Stop a running or queued run: SIGTERM to its process group; the trainer "
+    "checkpoints its last completed step within seconds (wherever it is), writes outcome "
+    "'stopped' and exits, and the call returns then. If it has not ended after grace_s seconds "
+    "it is sent SIGKILL and the state is 'killed' (work since the last checkpoint lost). The "
+    "result's message says what was saved or lost and last_checkpoint_step where resume_run "
+    "continues. Use it for a run that is diverging, stalled or no longer needed; a finished run "
+    "is returned unchanged.",
 )
 def stop_run(
     run_id: RunIdArg,
     grace_s: Annotated[
-        float, Field(ge=0, le=STOP_MAX_GRACE_S, description="seconds between SIGTERM and SIGKILL")
-    ] = 10.0,
-) -> RunStatus:
+        float,
+        Field(
+            ge=0,
+            le=STOP_MAX_GRACE_S,
+            description="seconds to wait for the trainer's checkpoint before SIGKILL",
+        ),
+    ] = 60.0,
+) -> StopResult:
     status = _call("stop_run", "call list_runs to see the run ids.", api.stop_run, run_id, grace_s)
     return _clean(status)
 

@@ -76,6 +76,8 @@ from rlhf_lab.runs.records import (
 )
 from rlhf_lab.runs.state import (
     STARTING_TIMEOUT_S,
+    STOP_GRACE_S,
+    StopResult,
     _all_run_dirs,
     _build_status,
     _collect,
@@ -107,6 +109,8 @@ __all__ = [
     "RunStatus",
     "STARTING_TIMEOUT_S",
     "STATES",
+    "STOP_GRACE_S",
+    "StopResult",
     "TERMINAL_STATES",
     "UNFINISHED_STATES",
     "VERSION_PACKAGES",

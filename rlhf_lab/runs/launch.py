@@ -74,7 +74,7 @@ VERSION_PACKAGES = (
     "flash-attn",
 )
 
-RESUMABLE_STATES = ("died", "stopped", "failed")
+RESUMABLE_STATES = ("died", "stopped", "killed", "failed")
 _ATTEMPT_FILES = ("exit.json", "process.json", "summary.json")
 
 
@@ -506,6 +506,7 @@ def _archive_attempt(run_dir: Path, record: dict, from_step: int, dev: str) -> d
         "signal",
         "error",
         "stop_requested_at",
+        "killed_at",
         "started_at",
     ):
         record.pop(key, None)

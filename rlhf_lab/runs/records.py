@@ -85,6 +85,11 @@ class RunStatus(BaseModel):
     trainer_pid: int | None = None
     step: int | None = None
     total_steps: int | None = None
+    phase: str | None = Field(
+        default=None,
+        description="what the trainer is doing (progress.json): starting, loading_model, "
+        "tokenizing, reference_logprobs, training, evaluating, generating, saving, done",
+    )
     elapsed_s: float | None = Field(default=None, description="trainer's elapsed time")
     eta_s: float | None = Field(
         default=None, description="seconds left: time per step (train rows) × steps left"

@@ -414,7 +414,8 @@ def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp
     assert status.state == "died" and not (Path(info.run_dir) / "exit.json").exists()
     assert "died" in [a.kind for a in diagnose(info.id)]
 
-    # A trainer that ignores SIGTERM is killed after the grace period; the run is "stopped".
+    # A trainer that ignores SIGTERM is killed after the grace period; the run is "killed"
+    # (tests/reliability/test_stop.py checks what the stop then says was lost).
     monkeypatch.setattr(
         runs,
         "trainer_argv",
@@ -424,10 +425,11 @@ def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp
         ),
     )
     info = runs.launch("direct_alignment", "dpo", cfg, "kill", "x", []).run
-    wait_until(lambda: "ready" in (Path(info.run_dir) / "train.log").read_text(), 20, "ready")
+    # the line the trainer prints (the log's header names the command, 'ready' included)
+    wait_until(lambda: "\nready\n" in (Path(info.run_dir) / "train.log").read_text(), 20, "ready")
     t0 = time.time()
     status = runs.stop_run(info.id, grace_s=1.0)
-    assert status.state == "stopped" and not status.alive
+    assert status.state == "killed" and not status.alive
     assert time.time() - t0 < 8
 
 

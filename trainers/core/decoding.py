@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from trainers.core.harness import raise_if_stopping
 from trainers.core.logprobs import position_ids_of
 
 
@@ -179,6 +180,7 @@ def sample_tokens(
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     next_position = positions[:, -1:] + 1
     for step in range(max_new_tokens):
+        raise_if_stopping("token")  # a run stops within one token of SIGTERM (harness)
         token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
         tokens[live, step] = token
         finished |= torch.isin(token, stops)

@@ -6,8 +6,19 @@ written, the run directory, W&B, SIGTERM handling and the failure summary.
 Order of events: parse and validate the config and run the family's preflight checks (a bad key,
 an unknown loss or a missing dataset file stops here, with one message and nothing written);
 then create the run directory and write ``config.yaml``; then train. Any exception after that
-point leaves ``summary.json`` with outcome ``failed`` and the error; SIGTERM asks the loop to
-checkpoint and stop with outcome ``stopped``.
+point leaves ``summary.json`` with outcome ``failed`` and the error; SIGTERM stops the run with
+outcome ``stopped`` (see "Stopping" below).
+
+Stopping. The SIGTERM handler only sets a flag, with one exception: until the first optimizer
+step of this attempt has completed there is nothing a checkpoint could add (a fresh run has no
+step; a resumed one has its checkpoint on disk), so the handler raises :class:`StopRequested`
+at once, wherever the trainer is (importing, loading the model, tokenising, reference
+log-probs, the first step). After that, the loops look at the flag at their stop checks
+(:func:`raise_if_stopping`: between micro-batches, evaluation batches and generated tokens,
+and at the end of every step): the run's :class:`~trainers.core.loop.TrainingRun` then writes a
+checkpoint of the last completed step (a partial step is dropped; a stop during the evaluation
+after a step checkpoints that step and the evaluation runs again on resume) and the harness
+writes outcome ``stopped`` with a detail saying what was saved.
 """
 
 from __future__ import annotations
@@ -24,7 +35,8 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from trainers.core.config import ConfigError, LoggingSection, dump_config, load_config, read_yaml
-from trainers.core.rundir import RunDir
+from trainers.core.rundir import SIGTERM_ENV as SIGTERM_ENV
+from trainers.core.rundir import RunDir, reset_sigterm_hook, sigterm_self_at
 from trainers.core.runfolder import SummaryFile
 
 C = TypeVar("C", bound=BaseModel)
@@ -34,20 +46,55 @@ EXIT_FAILED = 1
 EXIT_STOPPED = 143
 
 
-class StopRequested(Exception):
-    """Raised by a training loop after it has checkpointed in response to SIGTERM."""
+class StopRequested(BaseException):
+    """The run stops on SIGTERM. Raised at a stop check (``where`` names it; nothing saved yet:
+    the harness asks the stop handler to checkpoint) or by ``checkpoint_or_stop`` after its
+    checkpoint (``checkpointed``). A BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` on the way up swallows it."""
+
+    def __init__(self, detail: str = "", *, where: str | None = None, checkpointed: bool = False):
+        super().__init__(detail)
+        self.where = where
+        self.checkpointed = checkpointed
 
 
-_stop_flag = {"set": False}
+_stop_flag: dict[str, Any] = {"set": False, "anywhere": False, "handler": None}
 
 
 def stop_requested() -> bool:
-    """Whether SIGTERM arrived: the loop should checkpoint and stop at the end of this step."""
+    """Whether SIGTERM arrived: the loop should checkpoint and stop at its next stop check."""
     return _stop_flag["set"]
 
 
+def raise_if_stopping(where: str) -> None:
+    """A stop check (cheap: a flag): raise :class:`StopRequested` when SIGTERM arrived. Call it
+    only where dropping the work in progress is safe: between micro-batches before the step's
+    optimizer update, between evaluation batches, between generated tokens. ``where`` names the
+    check for the stop's detail and for :data:`SIGTERM_ENV`."""
+    sigterm_self_at(where)
+    if _stop_flag["set"]:
+        raise StopRequested(f"SIGTERM during {where}", where=where)
+
+
+def stop_anywhere(on: bool) -> None:
+    """Whether SIGTERM raises at once wherever the trainer is (``on``: nothing to checkpoint
+    yet) or only sets the flag for the stop checks. :class:`~trainers.core.loop.TrainingRun`
+    turns it off when the first step of the attempt completes."""
+    _stop_flag["anywhere"] = on
+
+
+def set_stop_handler(handler: Callable[[StopRequested], str] | None) -> None:
+    """``handler(stop) -> detail``: what the harness calls when a stop check raised (the
+    training loop writes its checkpoint there and says what it saved)."""
+    _stop_flag["handler"] = handler
+
+
 def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
+    first = not _stop_flag["set"]
     _stop_flag["set"] = True
+    if first and _stop_flag["anywhere"]:
+        _stop_flag["anywhere"] = False  # once: a second SIGTERM must not interrupt the summary
+        raise StopRequested("SIGTERM before the first step of this attempt completed", where="")
 
 
 FAULT_ENV = "RLHF_LAB_FAULT_AT_STEP"
@@ -78,7 +125,7 @@ def checkpoint_or_stop(
     if stopping:
         if tracker is not None:
             tracker.finish(exit_code=EXIT_STOPPED)
-        raise StopRequested(f"SIGTERM at step {step}; checkpoint written")
+        raise StopRequested(f"SIGTERM at step {step}; checkpoint written", checkpointed=True)
 
 
 def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
@@ -166,6 +213,33 @@ def write_first_progress(run: RunDir, resume: bool, planned_steps: int | None) -
         run.write_progress(0, planned_steps, phase="loading_model")
 
 
+def _stop_detail(stop: StopRequested, run: RunDir) -> str:
+    """The summary's detail for a stop: what was checkpointed. A stop raised at a stop check
+    goes to the training loop's handler, which writes the checkpoint of the last completed step
+    (when it is not on disk yet) and says so."""
+    if stop.checkpointed or stop.where is None:  # the loop's own checkpoint, or a family's word
+        return str(stop) or "SIGTERM: checkpoint written"
+    where = stop.where or run.phase or "start-up"
+    handler = _stop_flag["handler"]
+    if handler is None:
+        saved = sorted(
+            int(p.name.removeprefix("step-"))
+            for p in run.checkpoints_dir.glob("step-*")
+            if p.name.removeprefix("step-").isdigit() and (p / "state.pt").is_file()
+        )
+        if saved:  # a resumed run stopped before its loop began
+            return f"SIGTERM during {where}: the checkpoint of step {saved[-1]} is kept"
+        return f"SIGTERM during {where}: nothing to checkpoint (no training step had run yet)"
+    try:
+        return handler(stop)
+    except Exception as err:  # the stop still ends the run; the detail says what went wrong
+        traceback.print_exc()
+        return (
+            f"SIGTERM during {where}: writing the checkpoint failed ({type(err).__name__}: "
+            f"{err}); resume continues from the last checkpoint on disk, if any"
+        )
+
+
 def run_trainer(
     argv: list[str] | None,
     *,
@@ -204,17 +278,27 @@ def run_trainer(
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
 
+    _stop_flag.update(set=False, anywhere=True, handler=None)
+    reset_sigterm_hook()
+    previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
     run = RunDir(run_dir)
-    run.write_config(dump_config(cfg))
-    write_first_progress(run, args.resume, planned_steps(cfg) if planned_steps else None)
-    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        run.write_config(dump_config(cfg))
+        write_first_progress(run, args.resume, planned_steps(cfg) if planned_steps else None)
         summary = train(cfg, run, args.resume)
+        stop_anywhere(False)  # it is done: a late SIGTERM only sets the flag
+        if isinstance(summary, SummaryFile):
+            run.write_summary_file(summary)
+        else:
+            run.write_summary("succeeded", **summary)
     except StopRequested as stop:
-        run.write_summary("stopped", detail=str(stop) or "SIGTERM: checkpoint written")
-        print("stopped on SIGTERM after writing a checkpoint", file=sys.stderr)
+        stop_anywhere(False)
+        detail = _stop_detail(stop, run)
+        run.write_summary("stopped", detail=detail)
+        print(f"stopped on SIGTERM: {detail}", file=sys.stderr, flush=True)
         return EXIT_STOPPED
     except (Exception, KeyboardInterrupt) as err:
+        stop_anywhere(False)
         run.write_summary(
             "failed",
             error=f"{type(err).__name__}: {err}",
@@ -222,10 +306,10 @@ def run_trainer(
         )
         traceback.print_exc()
         return EXIT_FAILED
-    if isinstance(summary, SummaryFile):
-        run.write_summary_file(summary)
-    else:
-        run.write_summary("succeeded", **summary)
+    finally:  # in-process callers (tests, a pipeline) get their own handler back
+        stop_anywhere(False)
+        set_stop_handler(None)
+        signal.signal(signal.SIGTERM, previous_handler)
     return 0
 
 

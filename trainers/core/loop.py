@@ -5,19 +5,34 @@ the bookkeeping each loop shares::
 
     loop = TrainingRun(run, cfg.checkpoint, epoch_total_steps(n_examples, cfg.train))
     ...                                                       # load the model, the optimizer
+    loop.checkpoint_with(model, optimizer, scheduler)         # what a checkpoint holds
     loop.start_tracker(cfg.logging, config, name)             # W&B, optional
     state = loop.resume(model, optimizer, scheduler) if resume else None
+    if loop.redo_events:                                      # stopped during them: again
+        after_step()
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(n_examples, cfg.train, cfg.seed, position):
-        ...                                                   # the algorithm: one optimizer step
+        for micro_batch in ...:
+            raise_if_stopping("micro_batch")                  # a stop check
+            ...                                               # forward, loss, backward
+        ...                                                   # the optimizer step
         loop.step_done(train_row, step_tokens, cfg.logging.log_every)
-        if loop.every(cfg.eval.eval_every):
-            loop.log("eval", evaluate(...))
+        after_step()                                          # evaluation, samples when due
         loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop(save, stopping=stop_requested())
+        loop.checkpoint_or_stop(stopping=stop_requested())
     loop.save_final_model(model, tokenizer)
     loop.finish()
     return loop.summary(algorithm, best, device, **family_fields)
+
+Stopping (see :mod:`trainers.core.harness`): a stop check that finds SIGTERM raises
+``StopRequested``; the harness then calls this run's stop handler, which checkpoints the last
+completed step. Between ``step_done`` (the update applied) and ``checkpoint_or_stop`` that is
+the step just done: its checkpoint holds the random state from before the evaluation
+(``progress("evaluating")`` marks it) and how many rows the step had logged by then, so that on
+resume the rows the evaluation wrote are dropped and ``loop.redo_events`` tells the family to
+run it again. Anywhere else it is the step before: the partial step is dropped (its gradients are
+never applied) and the random state of the end of that step is restored before saving, so the
+resumed run takes the same steps as an uninterrupted one.
 
 ``stop_requested`` stays a name the family module looks up itself, so tests can replace it on
 the family's module.
@@ -38,7 +53,14 @@ from trainers.core.config import (
     ModelSection,
     OptimSection,
 )
-from trainers.core.harness import MetricsTracker, Tracker
+from trainers.core.harness import (
+    EXIT_STOPPED,
+    MetricsTracker,
+    StopRequested,
+    Tracker,
+    set_stop_handler,
+    stop_anywhere,
+)
 from trainers.core.harness import checkpoint_or_stop as _checkpoint_or_stop
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import Phase, SummaryFile
@@ -130,6 +152,29 @@ def round_robin(n_items: int, n: int, event: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass
+class SafePoint:
+    """The end of a completed step: what a stop before the next update checkpoints."""
+
+    step: int
+    save: Callable[[], Any] | None = None  # writes this step's checkpoint (None: nothing to)
+    rng: dict[str, Any] | None = None  # the random state at this point
+    saved: bool = False  # its checkpoint is on disk
+
+
+def eval_line(step: int, total: int | None, metrics: dict[str, Any], limit: int = 6) -> str:
+    """An evaluation's line in train.log: ``eval step 8/32: accuracy 0.620 loss 0.512``
+    (``eval/`` left off the names; timings and non-numbers left out; at most ``limit``)."""
+    shown = []
+    for key, value in metrics.items():
+        if key.startswith(("timing/", "eval/timing/")) or isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
+            shown.append(f"{key.removeprefix('eval/')} {value:.4g}")
+    of = f"/{total}" if total is not None else ""
+    return f"eval step {step}{of}: " + (" ".join(shown[:limit]) or "(no numeric metric)")
+
+
 class TrainingRun:
     """The step cursor and everything a loop writes about itself: progress.json (with a phase),
     metrics.jsonl rows mirrored to W&B, checkpoints, the final model and the summary.
@@ -154,6 +199,15 @@ class TrainingRun:
         self.tokens_seen = 0
         self.last_train: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
+        # stopping (module doc): the last completed step, the step whose update is applied but
+        # not yet checkpointed, where an epoch loop stands, and what a checkpoint holds
+        self.safe = SafePoint(0)
+        self.after_update: dict[str, Any] | None = None
+        self.redo_events = False
+        self._position: dict[str, int] | None = None
+        self._stepping: EpochStep | None = None
+        self._checkpointer: tuple | None = None
+        set_stop_handler(self.on_stop)
 
     # W&B ---------------------------------------------------------------------------------------
     def start_tracker(self, logging: LoggingSection, config: dict[str, Any], name: str) -> None:
@@ -177,9 +231,14 @@ class TrainingRun:
             raise ConfigError(f"--resume: no checkpoint in {self.run.checkpoints_dir}")
         state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
         self.step = state["step"]
-        self.tokens_seen = state.get("extra", {}).get("tokens_seen", 0)
-        self.run.truncate_metrics_after(self.step)
-        print(f"resumed from {checkpoints[-1].name}", flush=True)
+        extra = state.get("extra", {})
+        self.tokens_seen = extra.get("tokens_seen", 0)
+        redo = extra.get("redo_events")
+        self.run.truncate_metrics_after(self.step, tuple(redo) if redo else None)
+        self.redo_events = redo is not None
+        self.safe = SafePoint(self.step, saved=True)
+        again = "; the evaluation it was stopped in runs again" if self.redo_events else ""
+        print(f"resumed from {checkpoints[-1].name}{again}", flush=True)
         return state
 
     # the cursor --------------------------------------------------------------------------------
@@ -188,9 +247,17 @@ class TrainingRun:
         return self.total_steps is not None and self.step >= self.total_steps
 
     def advance(self, step_tokens: int = 0) -> None:
-        """One optimizer step (or rollout step) done, having seen ``step_tokens`` tokens."""
+        """One optimizer step (or rollout step) done, having seen ``step_tokens`` tokens. From
+        here until :meth:`checkpoint_or_stop` a stop checkpoints this step (module doc)."""
+        from trainers.core.training import rng_state
+
         self.step += 1
         self.tokens_seen += step_tokens
+        if self._stepping is not None:
+            self._position = self._stepping.next_position
+            self._stepping = None
+        self.after_update = {"rng": rng_state(), "rows": None}
+        stop_anywhere(False)  # from now on there is work a checkpoint must keep
 
     def step_done(self, train_row: dict[str, Any], step_tokens: int, log_every: int) -> None:
         """:meth:`advance`, keep ``train_row`` as the last train metrics and log it when due
@@ -218,6 +285,9 @@ class TrainingRun:
         steps_per_epoch = -(-n_examples // per_step)
         start_epoch = position["epoch"] if position else 0
         start_batch = position["batch"] if position else 0
+        self._position = {"epoch": start_epoch, "batch": start_batch}
+        if not self.done:
+            self.progress("training", epoch=start_epoch)
         for epoch in range(start_epoch, num_epochs):
             if self.done:
                 return
@@ -226,7 +296,9 @@ class TrainingRun:
             for b in range(first, steps_per_epoch):
                 if self.done:
                     return
-                yield EpochStep(epoch, b, order[b * per_step : (b + 1) * per_step], steps_per_epoch)
+                ids = order[b * per_step : (b + 1) * per_step]
+                self._stepping = EpochStep(epoch, b, ids, steps_per_epoch)
+                yield self._stepping
 
     def event(self, every_n: int) -> int:
         """Which periodic event (every ``every_n`` steps) the current step is: samples differ
@@ -244,17 +316,30 @@ class TrainingRun:
     # writing -----------------------------------------------------------------------------------
     def progress(self, phase: Phase, **extra: Any) -> None:
         """Replace progress.json: the current step, the total, the phase, the tokens seen and
-        family extras (``epoch``, ``data`` ...)."""
+        family extras (``epoch``, ``data`` ...). ``evaluating`` / ``generating`` after a step's
+        update mark where that step's evaluation begins (module doc)."""
+        if phase in ("evaluating", "generating"):
+            self._events_begin()
         self.run.write_progress(
             self.step, self.total_steps, phase=phase, tokens_seen=self.tokens_seen, **extra
         )
 
+    def _events_begin(self) -> None:
+        """The step's evaluation starts: keep the random state and the rows logged so far."""
+        if self.after_update is not None and self.after_update["rows"] is None:
+            from trainers.core.training import rng_state
+
+            self.after_update = {"rng": rng_state(), "rows": self.run.rows_at(self.step)}
+
     def log(self, phase: str, metrics: dict[str, Any], step: int | None = None) -> None:
-        """One metrics.jsonl row (phase train / eval / rollout), mirrored to W&B."""
+        """One metrics.jsonl row (phase train / eval / rollout), mirrored to W&B; an eval row
+        also prints its line in train.log (:func:`eval_line`)."""
         at = self.step if step is None else step
         self.run.log_metrics(at, phase, metrics)
         if self.tracker is not None:
             self.tracker.log(metrics, at)
+        if phase == "eval":
+            print(eval_line(at, self.total_steps, metrics), flush=True)
 
     def log_samples(self, samples: list[dict[str, Any]]) -> None:
         self.run.log_samples(self.step, samples)
@@ -267,13 +352,16 @@ class TrainingRun:
         scheduler: Any,
         data_position: dict[str, Any],
         extra: dict[str, Any] | None = None,
+        *,
+        step: int | None = None,
     ) -> Path:
-        """``checkpoints/step-<N>`` at the current step, keeping ``keep_last`` of them."""
+        """``checkpoints/step-<N>`` at the current step (or ``step``: a stop saving the last
+        completed one), keeping ``keep_last`` of them."""
         from trainers.core.training import save_checkpoint
 
         return save_checkpoint(
             self.run.checkpoints_dir,
-            self.step,
+            self.step if step is None else step,
             model,
             optimizer,
             scheduler,
@@ -281,6 +369,37 @@ class TrainingRun:
             extra=extra,
             keep_last=self.checkpointing.keep_last,
         )
+
+    def checkpoint_with(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        *,
+        position: Callable[[], dict[str, Any]] | None = None,
+        extra: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        """What this run's checkpoints hold: the model, optimizer and scheduler, the data
+        position (``position()``; an epoch loop's own by default) and family state
+        (``extra()``; the tokens seen are always added). Both are read when a step completes."""
+        self._checkpointer = (model, optimizer, scheduler, position, extra)
+
+    def _snapshot(self) -> Callable[..., Path]:
+        """A save of the checkpoint as things stand now (data position and family state read
+        now), to call now or later: ``save(**more_extra)``."""
+        if self._checkpointer is None:
+            raise RuntimeError("TrainingRun.checkpoint_with was not called")
+        model, optimizer, scheduler, position, extra = self._checkpointer
+        where = position() if position is not None else dict(self._position or {})
+        state = {"tokens_seen": self.tokens_seen, **(extra() if extra is not None else {})}
+        step = self.step
+
+        def save(**more: Any) -> Path:
+            return self.save_checkpoint(
+                model, optimizer, scheduler, where, {**state, **more}, step=step
+            )
+
+        return save
 
     def print_step(self, row: dict[str, Any], accuracy_key: str | None = None) -> None:
         """The step's line in train.log: ``step s/T loss x [acc y] (t s)``."""
@@ -293,17 +412,71 @@ class TrainingRun:
             flush=True,
         )
 
-    def checkpoint_or_stop(self, save: Callable[[], Any], *, stopping: bool) -> None:
-        """The end of every step: ``save()`` every ``save_every`` steps, at the last step and
-        when stopping; then raise StopRequested when stopping (see the harness)."""
+    def checkpoint_or_stop(self, save: Callable[[], Any] | None = None, *, stopping: bool) -> None:
+        """The end of every step: save (``save()``, or what :meth:`checkpoint_with` named)
+        every ``save_every`` steps, at the last step and when stopping; then raise
+        StopRequested when stopping (see the harness). Otherwise the step is the new safe point
+        a later stop falls back to."""
+        from trainers.core.training import rng_state
+
+        snapshot = save if save is not None else self._snapshot()
+        saved: list[bool] = []
+
+        def saving() -> Any:
+            saved.append(True)
+            return snapshot()
+
         _checkpoint_or_stop(
             self.step,
             self.total_steps,
             self.checkpointing.save_every,
-            save,
+            saving,
             self.tracker,
             stopping=stopping,
         )
+        self.safe = SafePoint(self.step, snapshot, rng_state(), saved=bool(saved))
+        self.after_update = None
+
+    def on_stop(self, stop: StopRequested) -> str:
+        """The harness's stop handler (module doc): checkpoint the last completed step when it
+        is not on disk yet; close W&B; return the summary's detail."""
+        from trainers.core.training import set_rng_state
+
+        where = stop.where or self.run.phase or "start-up"
+        last = self.safe
+        if self.after_update is not None and self._checkpointer is None:
+            detail = (  # a loop without checkpoint_with: its own save names the step before
+                f"SIGTERM during {where} after step {self.step}: not checkpointed"
+                + (f" (the last checkpoint is step {last.step})" if last.saved else "")
+            )
+        elif self.after_update is not None:
+            rows = self.after_update["rows"]
+            if rows is None:
+                rows = self.run.rows_at(self.step)
+            set_rng_state(self.after_update["rng"])
+            self._snapshot()(redo_events=list(rows))
+            detail = (
+                f"SIGTERM during {where} after step {self.step}: checkpoint of step "
+                f"{self.step} written; the evaluation it interrupted runs again on resume"
+            )
+        elif last.saved:
+            detail = (
+                f"SIGTERM during {where}: the checkpoint of step {last.step} was already on "
+                "disk; nothing after it was lost but the step in progress"
+            )
+        elif last.save is None:
+            detail = f"SIGTERM during {where}: nothing to checkpoint (no step had completed)"
+        else:
+            if last.rng is not None:
+                set_rng_state(last.rng)
+            last.save()
+            detail = (
+                f"SIGTERM during {where} in step {last.step + 1}: the partial step was "
+                f"dropped; checkpoint of step {last.step} written"
+            )
+        if self.tracker is not None and not self.borrowed_tracker:
+            self.tracker.finish(exit_code=EXIT_STOPPED)
+        return detail
 
     def save_final_model(
         self, model: Any, tokenizer: Any, save: Callable[[Any, Any, Path], None] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -81,6 +82,32 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+SIGTERM_ENV = "RLHF_LAB_SIGTERM_AT"
+_reached: dict[str, int] = {}
+
+
+def sigterm_self_at(point: str) -> None:
+    """Fault injection for the stop tests (like ``RLHF_LAB_FAULT_AT_STEP``): with
+    ``RLHF_LAB_SIGTERM_AT=<point>[:<n>]`` the trainer sends itself SIGTERM the ``n``-th time
+    (default: the first) it reaches ``point``: a phase it enters (``loading_model``,
+    ``tokenizing``, ``reference_logprobs``, ``evaluating``, ``generating``, ``training`` ...) or a
+    stop check (``micro_batch``, ``eval_batch``, ``token``, ``reference_batch``)."""
+    spec = os.environ.get(SIGTERM_ENV)
+    if not spec:
+        return
+    name, _, nth = spec.partition(":")
+    if name.strip() != point:
+        return
+    _reached[point] = _reached.get(point, 0) + 1
+    if _reached[point] == (int(nth) if nth.strip().isdigit() else 1):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def reset_sigterm_hook() -> None:
+    """Count the points of :func:`sigterm_self_at` from zero again (a new trainer run)."""
+    _reached.clear()
+
+
 class RunDir:
     """Writer for one run directory. Create it once per process; it never deletes anything."""
 
@@ -89,6 +116,8 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self.samples_path.touch()  # present even when a run samples nothing
         self.start_time = time.time()
+        self.phase: str | None = None  # the phase progress.json shows (last written)
+        self._rows_logged: dict[int, tuple[int, int]] = {}  # step -> (metrics, samples) rows
 
     # paths -----------------------------------------------------------------------------------
     @property
@@ -115,11 +144,15 @@ class RunDir:
         row = {"step": step, "time_s": round(self.elapsed(), 3), "phase": phase, **metrics}
         MetricRow.model_validate(row)
         append_jsonl(self.metrics_path, row)
+        metrics, samples = self.rows_at(step)
+        self._rows_logged[step] = (metrics + 1, samples)
         return row
 
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
         for sample in samples:
             append_jsonl(self.samples_path, {"step": step, **sample})
+        metrics, count = self.rows_at(step)
+        self._rows_logged[step] = (metrics, count + len(samples))
 
     def write_progress(
         self, step: int, total_steps: int | None, *, phase: Phase | None = None, **extra: Any
@@ -133,6 +166,9 @@ class RunDir:
         payload.update(elapsed_s=round(self.elapsed(), 3), updated_at=time.time(), **extra)
         ProgressFile.model_validate(payload)
         atomic_write_json(self.path / "progress.json", payload)
+        if phase is not None and phase != self.phase:
+            self.phase = phase
+            sigterm_self_at(phase)
 
     def update_phase(self, phase: Phase, total_steps: int | None = None) -> None:
         """Say what the trainer does now, keeping what progress.json already shows (step and
@@ -158,11 +194,29 @@ class RunDir:
         fields = summary.model_dump(exclude_unset=True, exclude={"outcome", "wall_time_s"})
         self.write_summary(summary.outcome, **fields)
 
-    def truncate_metrics_after(self, step: int) -> None:
+    def truncate_metrics_after(
+        self, step: int, keep_at_step: tuple[int, int] | None = None
+    ) -> None:
         """On resume: drop metric/sample rows logged after the checkpoint's step (they will be
-        logged again), so the files hold exactly one history."""
-        for path in (self.metrics_path, self.samples_path):
+        logged again), so the files hold exactly one history. ``keep_at_step`` (metrics rows,
+        samples rows): of the rows at ``step`` itself keep only the first so many (a run stopped
+        during the evaluation after ``step``: what that evaluation wrote goes, it runs again)."""
+        for i, path in enumerate((self.metrics_path, self.samples_path)):
             if not path.exists():
                 continue
-            kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+            kept, at_step = [], 0
+            for r in read_jsonl(path):
+                at = r.get("step", 0)
+                if at == step and keep_at_step is not None:
+                    at_step += 1
+                    if at_step > keep_at_step[i]:
+                        continue
+                if at <= step:
+                    kept.append(r)
             atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def rows_at(self, step: int) -> tuple[int, int]:
+        """How many metrics and samples rows this process logged at ``step`` (see
+        :meth:`truncate_metrics_after`)."""
+        metrics, samples = self._rows_logged.get(step, (0, 0))
+        return metrics, samples

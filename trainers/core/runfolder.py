@@ -4,7 +4,8 @@ launcher and wrapper) and the one reader (the lab). Torch-free: pydantic and the
     run.json       RunFile       the lab, before launch and on every state change
     process.json   ProcessFile   the wrapper, while the trainer runs
     exit.json      ExitFile      the wrapper, when the trainer process ended
-    progress.json  ProgressFile  the trainer, from its first second (with a phase)
+    progress.json  ProgressFile  the wrapper when it starts the trainer (phase ``starting``), then
+                                 the trainer, from its first second (with a phase)
     summary.json   SummaryFile   the trainer, at the end (succeeded, failed or stopped)
     metrics.jsonl  MetricRow     the trainer, one row per log event
 
@@ -35,19 +36,21 @@ RunState = Literal[
     "running",  # the process is alive
     "succeeded",
     "failed",  # the trainer reported an error, or exited non-zero
-    "stopped",  # stopped on request, with a checkpoint to resume from
+    "stopped",  # the trainer honoured a stop: it wrote its checkpoint and outcome "stopped"
+    "killed",  # a stop had to SIGKILL the trainer: work since the last checkpoint is lost
     "died",  # the process vanished without writing how it ended (SIGKILL, OOM killer, reboot)
 ]
 RUN_STATES: tuple[str, ...] = RunState.__args__
 ACTIVE_STATES: frozenset[str] = frozenset({"queued", "starting", "running"})
 LIVE_STATES: frozenset[str] = frozenset({"starting", "running"})  # a process exists or is coming
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "died"})
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "killed", "died"})
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 
 # What a trainer is doing right now (progress.json). Families may report a finer ``stage``
 # besides (rejection sampling: generate / score / select ...).
 Phase = Literal[
+    "starting",  # the trainer process is starting (imports); written by the lab's wrapper
     "loading_model",
     "tokenizing",
     "reference_logprobs",
@@ -97,6 +100,9 @@ class RunFile(_FileModel):
     started_at: str | None = None
     ended_at: str | None = None
     stop_requested_at: str | None = None
+    killed_at: str | None = Field(
+        default=None, description="when a stop gave up waiting and sent SIGKILL"
+    )
     exit_code: int | None = None
     signal: int | None = None
     wandb_url: str | None = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,14 @@ import torch
 
 from trainers.core.config import ConfigError
 from trainers.core.generation import generate_completions
-from trainers.core.harness import stop_requested, trainer_main
+from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.logprobs import split_completion_logps
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
     epoch_total_steps,
+    eval_line,
     pick_runtime,
     round_robin,
     step_metrics,
@@ -171,6 +171,7 @@ def compute_reference_logps(
     model.eval()
     out = {k: torch.full((len(examples),), float("nan")) for k in ("chosen", "rejected", "kl")}
     for start in range(0, len(examples), batch_size):
+        raise_if_stopping("reference_batch")
         chunk = examples[start : start + batch_size]
         parts, _ = batch_logps(model, chunk, pad_id, device, with_kl)
         for name, (sums, _) in parts.items():
@@ -279,6 +280,7 @@ def evaluate(cfg, model, examples, ref, pad_id, device) -> dict[str, float]:
     model.eval()
     agg = StepMetrics()
     for start in range(0, len(examples), cfg.eval.eval_batch_size):
+        raise_if_stopping("eval_batch")
         ids = list(range(start, min(start + cfg.eval.eval_batch_size, len(examples))))
         _, metrics, _ = micro_batch_loss(cfg, model, examples, ids, ref, pad_id, device)
         agg.add(metrics, weight=len(ids))
@@ -352,6 +354,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
+    loop.checkpoint_with(model, optimizer, scheduler)
     state = loop.resume(model, optimizer, scheduler) if resume else None
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
     best = BestMetric("eval/accuracy")
@@ -362,14 +365,28 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
         loop.log("eval", loop.last_eval)
         best.update(loop.last_eval)
 
+    def after_step() -> None:  # the step's evaluation and samples, when due
+        if loop.every(cfg.eval.eval_every) and eval_ex:
+            run_eval()
+        if loop.every(cfg.eval.sample_every):
+            loop.progress("generating")
+            event = loop.event(cfg.eval.sample_every)
+            loop.log_samples(sample_generations(cfg, model, tokenizer, eval_records, event))
+
     if not resume and cfg.eval.eval_every > 0 and eval_ex:  # the starting point, for contrast
-        loop.run.log_metrics(0, "eval", evaluate(cfg, model, eval_ex, ref_eval, pad_id, device))
+        loop.progress("evaluating")
+        start = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
+        loop.run.log_metrics(0, "eval", start)
+        print(eval_line(0, total_steps, start), flush=True)
+    if loop.redo_events:  # stopped during the evaluation after the checkpoint's step
+        after_step()
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
         timer = StepTimer()
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.ids), cfg.train.batch_size):
+            raise_if_stopping("micro_batch")
             ids = pos.ids[m : m + cfg.train.batch_size]
             loss, metrics, n_tok = micro_batch_loss(cfg, model, train_ex, ids, ref, pad_id, device)
             (loss * len(ids) / len(pos.ids)).backward()
@@ -382,18 +399,10 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
             agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every)
-        if loop.every(cfg.eval.eval_every) and eval_ex:
-            run_eval()
-        if loop.every(cfg.eval.sample_every):
-            loop.progress("generating")
-            event = loop.event(cfg.eval.sample_every)
-            loop.log_samples(sample_generations(cfg, model, tokenizer, eval_records, event))
-        loop.progress("training", epoch=pos.epoch)
         loop.print_step(row, "accuracy")
-        loop.checkpoint_or_stop(
-            partial(loop.save_checkpoint, model, optimizer, scheduler, pos.next_position),
-            stopping=stop_requested(),
-        )
+        after_step()
+        loop.progress("training", epoch=pos.epoch)
+        loop.checkpoint_or_stop(stopping=stop_requested())
 
     loop.save_final_model(model, tokenizer)
     loop.finish()

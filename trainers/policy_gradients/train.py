@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from trainers.core.harness import stop_requested, trainer_main
+from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
 from trainers.core.models import (
     load_causal_lm,
@@ -234,6 +234,8 @@ def update(
             step_tokens = float(exp.completion_mask[step_rows].sum())
             loss_sum = pg_sum = 0.0
             for m in range(0, step_seqs, bs):
+                if not grad_norms:  # a stop drops the step only before its first update
+                    raise_if_stopping("micro_batch")
                 rows = step_rows[m : m + bs]
                 contrib, pg, metrics, n_tok = micro_batch_loss(
                     cfg, policy, value_model, exp, rows, step_seqs, step_tokens, device
@@ -331,6 +333,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
     loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
     tokenizer = load_tokenizer(cfg.model.name)
+    run.update_phase("tokenizing")
     train_prompts, held_out = load_prompts(
         cfg.data.specs, cfg.data.size, cfg.data.eval_size, cfg.seed
     )
@@ -344,6 +347,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
     print(f"data: {info['data']}", flush=True)
 
     load = dict(device=device, dtype=dtype, attn_implementation=attn)
+    run.update_phase("loading_model")
     policy = load_causal_lm(cfg.model.name, trainable=True, **load)
     use_gradient_checkpointing(policy, cfg.model.gradient_checkpointing)
     ref_model = None
@@ -379,14 +383,19 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         loop.log_samples(samples)
         best.update(loop.last_eval)
 
-    def checkpoint() -> None:
-        extra = {"tokens_seen": loop.tokens_seen, "best_eval": best.value}
+    def checkpoint_extra() -> dict[str, Any]:
+        extra: dict[str, Any] = {"best_eval": best.value}
         if value_model is not None:
             extra["value_model"] = value_model.state_dict()
-        loop.save_checkpoint(policy, optimizer, scheduler, stream.state(), extra)
+        return extra
 
+    loop.checkpoint_with(
+        policy, optimizer, scheduler, position=lambda: stream.state(), extra=checkpoint_extra
+    )
     if not resume and cfg.eval.eval_every > 0:
         run_eval()  # the starting point (e.g. the warm start's level), for contrast
+    if loop.redo_events and loop.every(cfg.eval.eval_every):
+        run_eval()  # stopped during the evaluation after the checkpoint's step
 
     while not loop.done:
         timer = StepTimer()
@@ -398,6 +407,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         exp, prep_info = prepare_update(exp, cfg, policy, ref_model, value_model, device)
         prepare_s = time.time() - t_prep
         # 5. update
+        loop.progress("training", data=stream.state())
         t_train = time.time()
         train_metrics = update(
             cfg, policy, value_model, optimizer, scheduler, params, exp, loop.step, device
@@ -430,16 +440,16 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
             loop.log("train", loop.last_train)
         if loop.every(cfg.eval.sample_every, at_end=bool(cfg.eval.sample_every)):
             loop.log_samples(rollout_samples(cfg, exp))
-        if loop.every(cfg.eval.eval_every):
-            run_eval()
-        loop.progress("training", data=stream.state())
         print(
             f"step {loop.step}/{total_steps} correctness {last_rollout['avg_correctness']:.3f} "
             f"format {last_rollout['avg_format']:.3f} loss {loop.last_train['loss']:.4f} "
             f"gen {ri.generate_s:.1f}s train {train_s:.1f}s",
             flush=True,
         )
-        loop.checkpoint_or_stop(checkpoint, stopping=stop_requested())
+        if loop.every(cfg.eval.eval_every):
+            run_eval()
+        loop.progress("training", data=stream.state())
+        loop.checkpoint_or_stop(stopping=stop_requested())
 
     loop.save_final_model(policy, tokenizer)
     loop.finish(data=stream.state())

@@ -29,7 +29,7 @@ import torch
 
 from trainers.core.config import ConfigError, validate_config
 from trainers.core.harness import StopRequested, Tracker, stop_requested, trainer_main
-from trainers.core.loop import pick_runtime
+from trainers.core.loop import eval_line, pick_runtime
 from trainers.core.models import (
     ModelError,
     hub_offline,
@@ -459,6 +459,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     device, dtype, attn = pick_runtime(cfg.model)
     runtime = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "attn": attn}
     system_prompt = pipeline.system_prompt_for(cfg)
+    run.update_phase("tokenizing")
     try:
         train_prompts, test_prompts = pipeline.load_prompts(cfg)
     except DataError as err:
@@ -469,6 +470,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     data_info = {"num_train_prompts": len(train_prompts), "num_test_prompts": len(test_prompts)}
     print(f"data: {data_info}", flush=True)
 
+    run.update_phase("loading_model", total_steps)
     tokenizer = load_tokenizer(cfg.model.name)
     policy = PolicyHolder(cfg, device, dtype, attn)
     tracker = Tracker(
@@ -555,7 +557,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
         run.log_metrics(0, "eval", baseline)
         tracker.log(baseline, 0)
         run.log_samples(0, [{**s, "stage": "baseline"} for s in samples])
-        print(f"baseline exact match {baseline['eval/exact_match']:.3f}", flush=True)
+        print(eval_line(0, total_steps, baseline), flush=True)
     policy.release()
 
     # ---- stage 3c: SFT on the selection -----------------------------------------------------
@@ -588,6 +590,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
         run.log_metrics(steps, "eval", final_eval)
         tracker.log(final_eval, steps)
         run.log_samples(steps, [{**s, "stage": "final"} for s in samples])
+        print(eval_line(steps, total_steps, final_eval), flush=True)
         print(
             f"exact match {baseline.get('eval/exact_match', float('nan')):.3f} -> "
             f"{final_eval['eval/exact_match']:.3f}",

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError
-from trainers.core.harness import stop_requested, trainer_main
+from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
@@ -167,6 +166,7 @@ class PreferenceKind:
         chosen, rejected = [], []
         bs = max(1, self.cfg.eval.eval_batch_size // 2)
         for start in range(0, len(self.held_out), bs):
+            raise_if_stopping("eval_batch")
             r_c, r_r, _ = self.scores(model, self.held_out[start : start + bs])
             chosen.append(r_c.float().cpu())
             rejected.append(r_r.float().cpu())
@@ -245,6 +245,7 @@ class OutcomeKind:
         scores, losses = [], []
         bs = self.cfg.eval.eval_batch_size
         for start in range(0, len(self.held_out), bs):
+            raise_if_stopping("eval_batch")
             logits, labels, cmask, _ = self._forward(model, self.held_out[start : start + bs])
             last = last_token_index(cmask)
             scores.append(logits.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu())
@@ -352,6 +353,7 @@ class StepKind:
         all_logits = []
         bs = self.cfg.eval.eval_batch_size
         for start in range(0, len(self.held_out), bs):
+            raise_if_stopping("eval_batch")
             step_logits, _, _ = self._forward(model, self.held_out[start : start + bs])
             all_logits.append(step_logits.float().cpu())
         logits = torch.cat(all_logits)
@@ -466,6 +468,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     trainable = [p for p in model.parameters() if p.requires_grad]
     info["trainable_parameters"] = sum(p.numel() for p in trainable)
     optimizer, scheduler = build_optimizer(trainable, cfg.train, total_steps)
+    loop.checkpoint_with(model, optimizer, scheduler)
     state = loop.resume(model, optimizer, scheduler) if resume else None
     name = f"{cfg.algorithm}-{run.path.name}"
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), name)
@@ -490,6 +493,8 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     if not resume and cfg.eval.eval_every > 0 and kind.held_out:
         run_eval()  # the starting point, for contrast
+    if loop.redo_events and loop.every(cfg.eval.eval_every) and kind.held_out:
+        run_eval()  # stopped during the evaluation after the checkpoint's step
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(kind.train), cfg.train, cfg.seed, position):
@@ -497,6 +502,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         step_weight = sum(kind.weight(kind.train[i]) for i in pos.ids)
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.ids), cfg.train.batch_size):
+            raise_if_stopping("micro_batch")
             batch = [kind.train[i] for i in pos.ids[m : m + cfg.train.batch_size]]
             weight = sum(kind.weight(ex) for ex in batch)
             if weight <= 0:
@@ -510,14 +516,11 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
             agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every)
+        loop.print_step(row)
         if loop.every(cfg.eval.eval_every) and kind.held_out:
             run_eval()
         loop.progress("training", epoch=pos.epoch)
-        loop.print_step(row)
-        loop.checkpoint_or_stop(
-            partial(loop.save_checkpoint, model, optimizer, scheduler, pos.next_position),
-            stopping=stop_requested(),
-        )
+        loop.checkpoint_or_stop(stopping=stop_requested())
 
     final_model = loop.save_final_model(model, tokenizer, save=save_reward_model)
     if final_model is not None:

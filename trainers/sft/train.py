@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,12 @@ import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
 from trainers.core.generation import generate_completions
-from trainers.core.harness import MetricsTracker, stop_requested, trainer_main
+from trainers.core.harness import (
+    MetricsTracker,
+    raise_if_stopping,
+    stop_requested,
+    trainer_main,
+)
 from trainers.core.logprobs import DEFAULT_CHUNK, hidden_to_logps, selective_log_softmax
 from trainers.core.loop import (
     BestMetric,
@@ -320,6 +324,7 @@ def evaluate(cfg: SFTConfig, model, examples, pad_id, device) -> dict[str, float
     model.eval()
     nll_sum, n_sum, hit_sum = 0.0, 0, 0
     for start in range(0, len(examples), cfg.eval.eval_batch_size):
+        raise_if_stopping("eval_batch")
         chunk = examples[start : start + cfg.eval.eval_batch_size]
         nll, n, hits, _ = micro_batch_terms(model, chunk, pad_id, device)
         nll_sum, n_sum, hit_sum = nll_sum + float(nll), n_sum + n, hit_sum + hits
@@ -447,6 +452,7 @@ def train(
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
+    loop.checkpoint_with(model, optimizer, scheduler)
     state = loop.resume(model, optimizer, scheduler) if resume else None
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"sft-{run.path.name}")
     best = BestMetric("eval/loss", higher=False)
@@ -469,6 +475,8 @@ def train(
 
     if not resume:  # the starting point, for contrast
         eval_and_samples(at_start=True)
+    if loop.redo_events:  # stopped during the evaluation after the checkpoint's step
+        eval_and_samples(at_start=False)
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
@@ -476,6 +484,7 @@ def train(
         step_targets = sum(train_ex[i].n_targets for i in pos.ids)
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.ids), cfg.train.batch_size):
+            raise_if_stopping("micro_batch")
             chunk = [train_ex[i] for i in pos.ids[m : m + cfg.train.batch_size]]
             nll, n, hits, n_tok = micro_batch_terms(model, chunk, pad_id, device)
             (nll / step_targets).backward()
@@ -495,18 +504,10 @@ def train(
             num_tokens=step_targets,
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every)
+        loop.print_step(row, "mean_token_accuracy")
         eval_and_samples(at_start=False)
         loop.progress("training", epoch=pos.epoch)
-        loop.print_step(row, "mean_token_accuracy")
-        save = partial(
-            loop.save_checkpoint,
-            model,
-            optimizer,
-            scheduler,
-            pos.next_position,
-            {"tokens_seen": loop.tokens_seen},
-        )
-        loop.checkpoint_or_stop(save, stopping=stop_requested())
+        loop.checkpoint_or_stop(stopping=stop_requested())
 
     final_model = loop.save_final_model(model, tokenizer)
     loop.finish()

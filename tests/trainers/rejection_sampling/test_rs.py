@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
-from conftest import trainer_argv
+from conftest import assert_phases, trainer_argv
 
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
@@ -598,11 +599,19 @@ def test_stop_during_sft_then_resume_keeps_one_history(tmp_path, monkeypatch):
     assert not math.isnan(summary["final_eval"]["eval/exact_match"])
 
 
-def test_wandb_offline_gets_every_stage_in_one_run(tmp_path, monkeypatch):
+def test_wandb_offline_gets_every_stage_in_one_run(tmp_path, monkeypatch, progress_writes, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_PROJECT", "rlhf-lab-tests")
     monkeypatch.setenv("WANDB_SILENT", "true")
     assert run("random_k_overall", tmp_path / "run", GSM8K_QUICK) == 0
+    # no blind start: every stage says what it does, the total known once the prompts are read
+    assert_phases(progress_writes, "tokenizing", "loading_model", "generating", "training")
+    assert_phases(progress_writes, "training", "evaluating", "done")
+    steps = json.loads((tmp_path / "run" / "summary.json").read_text())["steps"]
+    assert progress_writes[2] == ("loading_model", 0, steps)
+    out = capsys.readouterr().out
+    for step in (0, steps):  # train.log: a line for the evaluation before and after SFT
+        assert re.search(rf"^eval step {step}/{steps}: .*exact_match", out, re.M), out
     offline_runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1, offline_runs  # the SFT stage logs into the same W&B run
     data = b"".join(p.read_bytes() for p in offline_runs[0].glob("*.wandb"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
-from conftest import assert_same_gradients, trainer_argv
+from conftest import assert_phases, assert_same_gradients, trainer_argv
 
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
@@ -557,9 +557,16 @@ def test_shipped_configs_hold_the_book_defaults():
 
 
 @pytest.mark.parametrize("kind", ["preference", "orm", "prm"])
-def test_each_kind_writes_a_complete_run_dir_from_its_real_schema_fixture(tmp_path, kind):
+def test_each_kind_writes_a_complete_run_dir_from_its_real_schema_fixture(
+    tmp_path, kind, progress_writes, capsys
+):
     overrides = [*QUICK, *FIXTURE_DATA[kind], "data.max_samples=null", "data.eval_size=2"]
     assert run(kind, tmp_path / "run", overrides) == 0
+    assert_phases(progress_writes, "tokenizing", "loading_model", "evaluating", "training")
+    assert_phases(progress_writes, "training", "evaluating", "done")
+    assert progress_writes[2] == ("loading_model", 0, 2)  # the total, once tokenised
+    out = capsys.readouterr().out
+    assert "eval step 0/2: " in out and "eval step 2/2: " in out, out
     summary = assert_complete_run_dir(tmp_path / "run")
     assert summary["kind"] == kind and summary["algorithm"] == CONFIG_OF[kind]
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import trainer_argv
+from conftest import assert_phases, trainer_argv
 
 from trainers.core.config import load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -320,9 +320,16 @@ def test_split_keeps_sizes():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_short_run_writes_a_complete_run_dir_and_a_loadable_final_model(tmp_path):
+def test_short_run_writes_a_complete_run_dir_and_a_loadable_final_model(
+    tmp_path, progress_writes, capsys
+):
     run_dir = tmp_path / "run"
     assert run(run_dir, [*QUICK, "train.max_steps=3"]) == 0
+    assert_phases(progress_writes, "tokenizing", "loading_model", "evaluating", "generating")
+    assert_phases(progress_writes, "training", "evaluating", "training", "saving", "done")
+    assert progress_writes[2] == ("loading_model", 0, 3)  # the total, once tokenised
+    out = capsys.readouterr().out
+    assert all(f"eval step {s}/3: loss " in out for s in (0, 2, 3)), out
     for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "progress.json", "summary.json"):
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())
