@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.runs import LaunchResult, RunInfo
+from rlhf_lab.runs import LaunchResult
 
-State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "died"]
+State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died"]
 
 
 class SweepResult(BaseModel):
@@ -17,8 +17,12 @@ class SweepResult(BaseModel):
 
 
 class LaunchRunResult(BaseModel):
+    """A launch (or resume) as an agent reads it; run_status has the rest."""
+
     run_id: str
     campaign: str = Field(description="YYYY-MM-DD-<slug>; its ledger is ledger://<campaign>")
+    family: str
+    algorithm: str
     state: State
     device: str
     queued: bool
@@ -26,7 +30,6 @@ class LaunchRunResult(BaseModel):
     message: str
     log_path: str = Field(description="the run's train.log (stdout + stderr of the trainer)")
     next_step: str
-    run: RunInfo
 
 
 def launch_run_result(result: LaunchResult) -> LaunchRunResult:
@@ -45,6 +48,8 @@ def launch_run_result(result: LaunchResult) -> LaunchRunResult:
     return LaunchRunResult(
         run_id=info.id,
         campaign=info.campaign,
+        family=info.family,
+        algorithm=info.algorithm,
         state=result.state,
         device=result.device,
         queued=result.queued,
@@ -52,5 +57,4 @@ def launch_run_result(result: LaunchResult) -> LaunchRunResult:
         message=result.message,
         log_path=f"{info.run_dir}/train.log",
         next_step=nxt,
-        run=info,
     )

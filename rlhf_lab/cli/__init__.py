@@ -126,7 +126,7 @@ def plan(
                 f"model: {run.model}   expected optimizer steps: {run.expected_optimizer_steps}"
             )
             for change in run.shrink.diff:
-                typer.echo(f"  {change.key}: {change.default!r} -> {change.value!r}")
+                typer.echo(f"  {change.key}: {change.shipped!r} -> {change.used!r}")
             for fit in run.devices:
                 est = f"{fit.estimate_gb:.2f}" if fit.estimate_gb is not None else "?"
                 typer.echo(
@@ -159,7 +159,7 @@ def shrink(
     def human(r: Any) -> None:
         typer.echo(f"{r.recipe.id}: {r.steps_detail}")
         for change in r.diff:
-            typer.echo(f"  {change.key}: {change.default!r} -> {change.value!r}")
+            typer.echo(f"  {change.key}: {change.shipped!r} -> {change.used!r}")
         typer.echo("overrides: " + " ".join(f"--set {o}" for o in r.overrides))
         for note in r.notes:
             typer.echo(f"note: {note}")
@@ -452,7 +452,7 @@ def campaign_list(as_json: JsonOpt = False) -> None:
             [[c.id, c.status, c.runs, c.question] for c in items],
         )
 
-    emit(api.list_campaigns().campaigns, as_json, human)
+    emit(api.list_campaigns(limit=None).campaigns, as_json, human)
 
 
 # ------------------------------------------------------------------------------ resources/models

@@ -1,9 +1,12 @@
 """The MCP tools: each adapts one function of :mod:`rlhf_lab.api` (:data:`TOOL_OPERATIONS`),
-passing its typed arguments and returning its pydantic result with non-finite floats as null."""
+passing its typed arguments and returning its pydantic result (:func:`reply`: structured content
+with non-finite floats as null, and the same as compact JSON text). Every result is bounded with
+the default arguments (tests/mcp/test_output_sizes.py): lists and series are cut to a size, with
+a note saying how to see more."""
 
 from typing import Annotated
 
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from rlhf_lab import api
@@ -24,6 +27,7 @@ from rlhf_lab.api import (
     ShrinkResult,
 )
 from rlhf_lab.mcp_server._core import (
+    METRICS_MAX_BYTES,
     METRICS_MAX_POINTS,
     READ_ONLY,
     STOP_MAX_GRACE_S,
@@ -37,32 +41,36 @@ from rlhf_lab.mcp_server._core import (
     RunIdArg,
     State,
     _call,
-    _clean,
+    reply,
     server,
 )
+
+Result = CallToolResult  # each tool's result: Annotated[Result, <its model>]
 
 
 @server.tool(
     title="List recipes",
     annotations=READ_ONLY,
-    description="List the shipped training recipes (one YAML config per algorithm) with each "
-    "family's key metrics and acceptance criteria. Use it first when you do not know the exact "
-    "recipe name, or to look up what a family's sanity run should show.",
+    description="The shipped training recipes (one YAML per algorithm) with each family's key "
+    "metrics and acceptance criteria. Use it when you do not know a recipe's exact name, or to "
+    "look up what a family's sanity run should show.",
 )
 def list_recipes(
     family: Annotated[Family | None, Field(description="only this family")] = None,
-) -> RecipeList:
-    return _call("list_recipes", "call list_recipes without a family.", api.list_recipes, family)
+) -> Annotated[Result, RecipeList]:
+    return reply(
+        _call("list_recipes", "call list_recipes without a family.", api.list_recipes, family)
+    )
 
 
 @server.tool(
     title="Plan an experiment",
     annotations=READ_ONLY,
-    description="Plan a sanity run (or a comparison) from a request such as 'small SimPO sanity "
-    "check' or 'compare dpo and ipo': the recipe, the shrunk config and its diff, the memory "
-    "estimate against free memory, the exact commands, the metrics to watch and the acceptance "
-    "criteria, and the ledger campaign. Use it at the start of every new experiment; it writes "
-    "nothing.",
+    description="Plan a sanity run or a matched comparison from a request such as 'small SimPO "
+    "sanity check', 'compare ppo and grpo' or 'does a PRM beat an ORM for best-of-n?': per run "
+    "the recipe, the changes from it, memory against free memory, the exact launch command, "
+    "the metrics to watch and the acceptance criteria; the campaign and the launch order. Use "
+    "it at the start of every experiment; it writes nothing.",
 )
 def plan_experiment(
     request: Annotated[
@@ -76,8 +84,8 @@ def plan_experiment(
         str | None, Field(description="ledger slug, lowercase-with-hyphens (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
-) -> Plan:
-    return _call(
+) -> Annotated[Result, Plan]:
+    plan = _call(
         "plan_experiment",
         "pass algorithm= explicitly (see list_recipes).",
         api.plan_experiment,
@@ -87,23 +95,23 @@ def plan_experiment(
         campaign,
         list(overrides),
     )
+    return reply(plan)
 
 
 @server.tool(
     title="Shrink a config",
     annotations=READ_ONLY,
-    description="Turn a recipe into a quick sanity-run config (smaller data, few steps, frequent "
-    "logging; with model='tiny' also the offline built-in data) and validate it with the "
-    "trainer's own config model. Returns the validated config, the diff from the shipped "
-    "recipe and the expected number of steps. Use it before launch_run to check overrides; it "
-    "writes nothing.",
+    description="Turn a recipe into a quick sanity-run config (smaller data, few steps; with "
+    "model='tiny' the offline built-in data) validated by the trainer's config model: the full "
+    "config, its diff from the recipe and the expected steps. Use it to check overrides before "
+    "launch_run; it writes nothing.",
 )
 def shrink_config(
     recipe: RecipeArg,
     model: ModelArg = None,
     overrides: OverridesArg = [],  # noqa: B006
-) -> ShrinkResult:
-    return _call(
+) -> Annotated[Result, ShrinkResult]:
+    shrunk = _call(
         "shrink_config",
         "check the recipe name with list_recipes and the override keys in the message.",
         api.shrink_config,
@@ -111,15 +119,15 @@ def shrink_config(
         list(overrides),
         model=model,
     )
+    return reply(shrunk)
 
 
 @server.tool(
     title="Estimate memory",
     annotations=READ_ONLY,
-    description="Estimate the peak training memory of a recipe (shrunk by default) per component "
-    "(weights, gradients, optimizer, activations, logits, reference/reward models, KV cache) and "
-    "compare it with the memory free now on the device launch_run would use. Use it before every "
-    "launch, and before starting a second job on a device that is already training.",
+    description="Peak training memory of a recipe (shrunk by default) per component, against the "
+    "memory free now on the device launch_run would use. Use it before every launch and before "
+    "a second job on a busy device.",
 )
 def estimate_memory(
     recipe: RecipeArg,
@@ -131,8 +139,8 @@ def estimate_memory(
     device: Annotated[
         Device, Field(description="auto (GPU if visible, else cpu), cpu, cuda or cuda:N")
     ] = "auto",
-) -> MemoryCheck:
-    return _call(
+) -> Annotated[Result, MemoryCheck]:
+    check = _call(
         "estimate_memory",
         "check the recipe and model names (list_recipes; model='tiny' works offline).",
         api.estimate_memory,
@@ -142,20 +150,23 @@ def estimate_memory(
         shrink,
         device,
     )
+    return reply(check)
 
 
 @server.tool(
     title="Check resources",
     annotations=READ_ONLY,
-    description="GPU memory (total/used/free) and which processes and lab runs hold each GPU, CPU "
-    "count and load, free RAM. Use it before launching or when a run is slow. A machine without "
-    "a GPU is a normal answer (gpus is empty and notes say why), not an error.",
+    description="GPU memory and which processes and lab runs hold each GPU, CPU count and load, "
+    "free RAM. Use it before launching or when a run is slow; no GPU is an answer (gpus empty, "
+    "notes say why), not an error.",
 )
-def check_resources() -> Resources:
-    return _call(
-        "check_resources",
-        "retry once; a machine without a GPU is an answer, not an error.",
-        api.check_resources,
+def check_resources() -> Annotated[Result, Resources]:
+    return reply(
+        _call(
+            "check_resources",
+            "retry once; a machine without a GPU is an answer, not an error.",
+            api.check_resources,
+        )
     )
 
 
@@ -188,8 +199,8 @@ def launch_run(
     device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
     queue: Annotated[bool, Field(description="queue behind the device's current job")] = False,
     force: Annotated[bool, Field(description="start even though the device is busy")] = False,
-) -> LaunchRunResult:
-    return _call(
+) -> Annotated[Result, LaunchRunResult]:
+    launched = _call(
         "launch_run",
         "check the arguments with shrink_config and estimate_memory, then launch again.",
         api.launch_run,
@@ -203,28 +214,28 @@ def launch_run(
         queue=queue,
         force=force,
     )
+    return reply(launched)
 
 
 @server.tool(
     title="Run status",
     annotations=READ_ONLY,
-    description="State (queued/starting/running/succeeded/failed/stopped/died), step/total, ETA, "
-    "latest train and eval metrics, W&B URL and diagnosed alerts (OOM, NaN loss, stall, no "
-    "reward contrast, repetition, flat learning, download failure) with a hint each. Use it to "
-    "poll a launched run every 10-30 s; it returns at once.",
+    description="A run's state, step/total, ETA, latest train and eval metrics, W&B URL and "
+    "diagnosed alerts (OOM, NaN loss, stall, no reward contrast, repetition, flat learning, "
+    "download failure) with a hint each, and advice. Use it to poll a launched run every "
+    "10-30 s; it returns at once.",
 )
-def run_status(run_id: RunIdArg) -> RunStatusResult:
-    view = _call("run_status", "call list_runs to see the run ids.", api.run_status, run_id)
-    return _clean(view)
+def run_status(run_id: RunIdArg) -> Annotated[Result, RunStatusResult]:
+    return reply(_call("run_status", "call list_runs to see the run ids.", api.run_status, run_id))
 
 
 @server.tool(
     title="Tail logs",
     annotations=READ_ONLY,
-    description="Read a run's train.log (trainer stdout + stderr, progress bars folded). Without "
-    "cursor: the last `lines` lines. With the cursor a previous call returned: only what was "
-    "written since. Output is capped at max_bytes; pass the returned cursor to continue. Use it "
-    "to watch a run for loss lines, W&B links, OOMs, download errors and stalls.",
+    description="A run's train.log (trainer stdout + stderr, progress bars folded): the last "
+    "`lines` lines, or with a cursor only what was written since; capped at max_bytes. Use it "
+    "to watch for loss lines, W&B links, OOMs, download errors and stalls; pass the returned "
+    "cursor to continue.",
 )
 def tail_logs(
     run_id: RunIdArg,
@@ -235,8 +246,8 @@ def tail_logs(
     max_bytes: Annotated[
         int, Field(ge=256, le=TAIL_MAX_BYTES, description="cap on the returned text")
     ] = 8_000,
-) -> LogTail:
-    return _call(
+) -> Annotated[Result, LogTail]:
+    tail = _call(
         "tail_logs",
         "call list_runs to see the run ids.",
         api.tail_logs,
@@ -245,14 +256,16 @@ def tail_logs(
         cursor=cursor,
         max_bytes=max_bytes,
     )
+    return reply(tail)
 
 
 @server.tool(
     title="Get metrics",
     annotations=READ_ONLY,
-    description="A run's metric series from metrics.jsonl (rows with step, phase, metrics), "
-    "down-sampled evenly to max_points per phase (the last row is always kept). Use it to judge "
-    "learning curves, e.g. keys=['accuracy','margins'] for DPO or ['avg_correctness'] for GRPO.",
+    description="A run's metric rows (step, phase, metrics; 6 significant digits), each phase "
+    "down-sampled evenly (last row kept) until the rows fit in max_bytes; the note says what "
+    "was left out. Use it to judge learning curves, e.g. keys=['eval/accuracy','margins'] for "
+    "DPO or ['eval/avg_correctness'] for GRPO (fewer keys: more points).",
 )
 def get_metrics(
     run_id: RunIdArg,
@@ -261,9 +274,13 @@ def get_metrics(
     ] = None,
     phase: Annotated[Phase | None, Field(description="only train, eval or rollout rows")] = None,
     max_points: Annotated[
-        int, Field(ge=1, le=METRICS_MAX_POINTS, description="rows per phase after down-sampling")
-    ] = 200,
-) -> MetricsResult:
+        int | None,
+        Field(ge=1, le=METRICS_MAX_POINTS, description="at most this many rows per phase"),
+    ] = None,
+    max_bytes: Annotated[
+        int, Field(ge=256, le=METRICS_MAX_BYTES, description="cap on the rows' JSON size")
+    ] = 8_000,
+) -> Annotated[Result, MetricsResult]:
     series = _call(
         "get_metrics",
         "call list_runs to see the run ids.",
@@ -272,8 +289,9 @@ def get_metrics(
         keys,
         phase,
         max_points,
+        max_bytes,
     )
-    return _clean(series)
+    return reply(series)
 
 
 @server.tool(
@@ -290,9 +308,9 @@ def stop_run(
     grace_s: Annotated[
         float, Field(ge=0, le=STOP_MAX_GRACE_S, description="seconds between SIGTERM and SIGKILL")
     ] = 10.0,
-) -> RunStatus:
+) -> Annotated[Result, RunStatus]:
     status = _call("stop_run", "call list_runs to see the run ids.", api.stop_run, run_id, grace_s)
-    return _clean(status)
+    return reply(status)
 
 
 @server.tool(
@@ -300,15 +318,15 @@ def stop_run(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
-    description="Continue a died, stopped or failed run from its last checkpoint in the same run "
-    "folder (model, optimizer, scheduler, RNG and data position restored; metrics rows after the "
-    "checkpoint are dropped), detached like launch_run. Use it after a kill, an OOM fixed by "
-    "freeing the device, or a stop you want to undo; poll run_status afterwards.",
+    description="Continue a died, stopped or failed run from its last checkpoint in the same "
+    "folder (model, optimizer, scheduler, RNG and data position restored), detached like "
+    "launch_run. Use it after a kill, an OOM fixed by freeing the device, or a stop you want to "
+    "undo; poll run_status afterwards.",
 )
 def resume_run(
     run_id: RunIdArg,
     force: Annotated[bool, Field(description="start even if the device is busy")] = False,
-) -> LaunchRunResult:
+) -> Annotated[Result, LaunchRunResult]:
     result = _call(
         "resume_run",
         "call run_status: only a died, stopped or failed run with a checkpoint can be resumed.",
@@ -316,21 +334,24 @@ def resume_run(
         run_id,
         force=force,
     )
-    return _clean(result)
+    return reply(result)
 
 
 @server.tool(
     title="List runs",
     annotations=READ_ONLY,
-    description="List runs (oldest first) with state, step and latest metrics, optionally of one "
-    "campaign and/or in one state. Use it to find run ids, or state='running' to see what "
-    "occupies the devices.",
+    description="Runs (oldest first; the newest 50, or 10 with detail=true) as rows of id, "
+    "campaign, state, step/total and the held-out headline metric, optionally of one campaign "
+    "and/or state. Use it to find run ids, or state='running' to see what holds the devices.",
 )
 def list_runs(
     campaign: Annotated[str | None, Field(description="campaign slug or dated name")] = None,
     state: Annotated[State | None, Field(description="only runs in this state")] = None,
-    limit: Annotated[int, Field(ge=1, le=500, description="at most this many (newest)")] = 50,
-) -> RunList:
+    limit: Annotated[
+        int | None, Field(ge=1, le=500, description="at most this many (the newest)")
+    ] = None,
+    detail: Annotated[bool, Field(description="add each run's full status")] = False,
+) -> Annotated[Result, RunList]:
     listed = _call(
         "list_runs",
         "call list_campaigns for campaign names.",
@@ -338,8 +359,9 @@ def list_runs(
         campaign,
         state,
         limit,
+        detail,
     )
-    return _clean(listed)
+    return reply(listed)
 
 
 @server.tool(
@@ -347,24 +369,21 @@ def list_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="A comparison table of runs of ONE family by that family's rules: policy "
-    "gradients avg_correctness/avg_format/avg_binary/loss and reward contrast; direct alignment "
-    "held-out accuracy/margins/chosen and rejected rewards plus a sample each (loss scales "
-    "differ across losses); reward models held-out margins/correctness, never training loss; "
-    "rejection sampling each strategy beside its matched random control. Use it after "
-    "record_results on every run of a sweep; with record_in the table is also written into "
-    "that campaign's Comparison section (replacing the same set).",
+    description="A comparison table of runs of ONE family by that family's rules (held-out "
+    "metrics first; losses of different objectives are not compared; rejection sampling beside "
+    "its matched random control). Use it after record_results on every run of a sweep; "
+    "record_in also writes the table into that campaign's Comparison section.",
 )
 def compare_runs(
     run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
     record_in: Annotated[
         str | None, Field(description="campaign slug or name to record the table in")
     ] = None,
-) -> Comparison:
+) -> Annotated[Result, Comparison]:
     cmp = _call(
         "compare_runs", "call list_runs to see the run ids.", api.compare_runs, run_ids, record_in
     )
-    return _clean(cmp)
+    return reply(cmp)
 
 
 @server.tool(
@@ -372,33 +391,34 @@ def compare_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="Write (or refresh) a run's row in its campaign ledger: exact command, model, "
-    "dataset, seed, config file, values changed from the shipped recipe, final/best metrics, "
-    "failure mode, W&B link, sample excerpts and a plot. Use it when a run ends (any state), "
-    "then report from the returned record or the ledger://<campaign> resource. Text written by "
-    "hand outside the ledger's marker blocks is kept.",
+    description="Write (or refresh) a run's row in its campaign ledger: command, model, data, "
+    "seed, changed values, final/best metrics, failure mode, W&B link, samples and a plot. Use "
+    "it when a run ends (any state), then report from the result or ledger://<campaign>. Text "
+    "written by hand outside the ledger's marker blocks is kept.",
 )
 def record_results(
     run_id: RunIdArg,
     note: Annotated[
         str | None, Field(description="one-line observation for the run's row (null keeps the old)")
     ] = None,
-) -> RecordResult:
+) -> Annotated[Result, RecordResult]:
     rec = _call(
         "record_results", "call list_runs to see the run ids.", api.record_results, run_id, note
     )
-    return _clean(rec)
+    return reply(rec)
 
 
 @server.tool(
     title="List campaigns",
     annotations=READ_ONLY,
-    description="List the experiment campaigns (dated ledgers), newest first, with status, "
-    "question and run count. Use it to find a campaign to read (resource ledger://<campaign>) "
-    "or to record a comparison in.",
+    description="The experiment campaigns (dated ledgers), newest first, with status, question "
+    "and run count. Use it to find a campaign to read (resource ledger://<campaign>) or to "
+    "record a comparison in.",
 )
-def list_campaigns() -> CampaignList:
-    return _call("list_campaigns", "read ledger://index.", api.list_campaigns)
+def list_campaigns(
+    limit: Annotated[int, Field(ge=1, le=500, description="at most this many (the newest)")] = 50,
+) -> Annotated[Result, CampaignList]:
+    return reply(_call("list_campaigns", "read ledger://index.", api.list_campaigns, limit))
 
 
 TOOL_NAMES = (
