@@ -125,14 +125,14 @@ def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
 def resolve_config(
     recipe_or_file: str | Path | Recipe, overrides: list[str] | None = None
 ) -> ResolvedConfig:
-    """Load a recipe (name, ``family/name``, algorithm or YAML path), apply ``--set``-style
+    """Load a recipe (name, ``family/name``, algorithm or YAML path), apply dotted ``key=value``
     ``overrides``, validate with the family's model and diff against the shipped default."""
     recipe = find_recipe(recipe_or_file)
     overrides = list(overrides or [])
     raw = _apply(_load_yaml(recipe.path()), overrides)
     source = recipe.config_path
     if overrides:
-        source += " + " + " ".join(f"--set {o}" for o in overrides)
+        source += " + overrides " + " ".join(overrides)  # neutral words: both surfaces show it
     data = dump(validate_data(recipe.family, raw, source))
     default, default_source = shipped_default(recipe)
     info = family_info(recipe.family)

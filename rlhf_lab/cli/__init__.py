@@ -121,11 +121,12 @@ def plan(
     def human(p: Any) -> None:
         typer.echo(f"campaign: {p.campaign_name}")
         for run in p.runs:
-            typer.echo(f"\n== {run.recipe.id} ({run.family})")
+            after = f", after {', '.join(run.after)}" if run.after else ""
+            typer.echo(f"\n== {run.name}: {run.recipe} ({run.family}{after})")
             typer.echo(
                 f"model: {run.model}   expected optimizer steps: {run.expected_optimizer_steps}"
             )
-            for change in run.shrink.diff:
+            for change in run.changes:
                 typer.echo(f"  {change.key}: {change.shipped!r} -> {change.used!r}")
             for fit in run.devices:
                 est = f"{fit.estimate_gb:.2f}" if fit.estimate_gb is not None else "?"
@@ -135,9 +136,21 @@ def plan(
                 )
             typer.echo(f"launch:  {run.launch_command}")
             typer.echo(f"trainer: {run.trainer_command}")
-            typer.echo("watch: " + ", ".join(run.key_metrics))
-            for item in run.acceptance:
+        for crit in p.criteria:
+            typer.echo(f"\n{', '.join(crit.algorithms)}:")
+            if crit.key_metrics:
+                typer.echo("watch: " + ", ".join(crit.key_metrics))
+            for item in crit.acceptance:
                 typer.echo(f"accept: {item}")
+        if p.matched:
+            typer.echo("\nmatched across runs: " + ", ".join(p.matched))
+        if p.comparison:
+            typer.echo(f"comparison: {p.comparison}")
+        typer.echo("")
+        for step in p.steps:
+            typer.echo(step)
+        for note in p.notes:
+            typer.echo(f"note: {note}")
         for w in p.warnings:
             typer.echo(f"warning: {w}")
         for choice in p.offline_choices:

@@ -27,6 +27,16 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = list_recipes()
 
 
+def criteria(plan, algorithm: str) -> dict[str, list[str]]:
+    """A planned algorithm's key metrics, acceptance and watch items (shared entries too)."""
+    out: dict[str, list[str]] = {"key_metrics": [], "acceptance": [], "watch": []}
+    for entry in plan.criteria:
+        if algorithm in entry.algorithms:
+            for field, items in out.items():
+                items += getattr(entry, field)
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _lab_root(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
@@ -221,29 +231,40 @@ def test_plan_every_recipe(recipe, no_gpu):
             pytest.skip(str(err))
         raise
     run = plan.runs[0]
-    assert run.recipe.id == recipe.id and plan.recipe == recipe.id
+    assert run.recipe == recipe.id and run.name == run.algorithm
     algo = run.algorithm.replace("_", "-")
     assert plan.campaign == f"{algo}-sanity"
     assert plan.campaign_name.endswith(f"-{algo}-sanity")
     # the launch command and the trainer command
-    assert run.launch_argv[:4] == ["uv", "run", "rlhf-lab", "launch"]
-    assert "--shrink" in run.launch_argv and ["--model", "tiny"] == run.launch_argv[6:8]
-    assert run.launch_argv[-2:] == ["--campaign", plan.campaign]
-    assert shlex.split(run.launch_command) == run.launch_argv
-    assert run.trainer_argv[4] == FAMILIES[recipe.family].trainer_module
-    assert run.trainer_argv[6] == recipe.config_path
-    sets = [run.trainer_argv[i + 1] for i, a in enumerate(run.trainer_argv) if a == "--set"]
-    assert sets == run.shrink.overrides
-    assert resolve_config(recipe, sets).data == run.shrink.config
+    launch = shlex.split(run.launch_command)
+    assert launch[:4] == ["uv", "run", "rlhf-lab", "launch"]
+    assert "--shrink" in launch and ["--model", "tiny"] == launch[6:8]
+    assert launch[launch.index("--campaign") + 1] == plan.campaign
+    assert ("--queue" in launch) == (len(plan.runs) > 1)  # the runs of a plan take turns
+    trainer = shlex.split(run.trainer_command)
+    assert trainer[4] == FAMILIES[recipe.family].trainer_module
+    assert trainer[6] == recipe.config_path == run.config_path
+    sets = [trainer[i + 1] for i, a in enumerate(trainer) if a == "--set"]
+    shrunk = shrink_config(recipe, [], model="tiny")
+    assert sets == shrunk.overrides
+    resolved = resolve_config(recipe, sets)
+    assert resolved.data == shrunk.config
+    assert run.changes == resolved.diff == shrunk.diff  # one ConfigChange shape
     # memory next to every device
     assert set(run.memory) == {"cuda", "cpu"}
     assert run.memory["cpu"].total_gb > 0 and run.memory["cuda"].dtype == "bf16"
+    assert run.memory["cpu"].largest
     assert [d.device for d in run.devices] == ["cpu"]
     assert run.devices[0].estimate_gb == run.memory["cpu"].total_gb
     assert run.recommended_device == "cpu"  # tiny fits in RAM
-    assert run.key_metrics and run.acceptance and run.watch
-    assert run.expected_optimizer_steps == run.shrink.expected_optimizer_steps
-    json.dumps(plan.model_dump(mode="json"))
+    crit = criteria(plan, run.algorithm)
+    assert crit["key_metrics"] and crit["acceptance"] and crit["watch"]
+    assert run.expected_optimizer_steps == shrunk.expected_optimizer_steps
+    text = json.dumps(plan.model_dump(mode="json"))
+    # compact: each fact once (no recipe record, no full config, no override lists twice)
+    assert '"shrink"' not in text and "shrink_overrides" not in text and '"config":' not in text
+    assert all(text.count(json.dumps(a)) == 1 for a in crit["acceptance"])
+    assert len(text) < 12_000
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.id for r in RECIPES])
@@ -263,7 +284,8 @@ def test_plan_every_recipe_with_its_own_model_offline(recipe, no_gpu, monkeypatc
     assert any("cannot be loaded here" in w for w in plan.warnings)
     assert any("tiny" in c for c in plan.offline_choices)
     assert any("rlhf-lab models pull smollm2-135m-instruct" in c for c in plan.offline_choices)
-    assert "--model" not in run.launch_argv
+    assert not any("--model" in c for c in plan.offline_choices)  # neutral words, no CLI flag
+    assert "--model" not in shlex.split(run.launch_command)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,12 +324,11 @@ def test_plan_small_simpo_sanity(no_gpu, monkeypatch):
     plan = plan_experiment("small SimPO sanity check")
     assert plan.intent == "sanity" and plan.campaign == "simpo-sanity"
     run = plan.runs[0]
-    assert run.recipe.id == "direct_alignment/simpo" and run.model == "allenai/OLMo-2-0425-1B-SFT"
+    assert run.recipe == "direct_alignment/simpo" and run.model == "allenai/OLMo-2-0425-1B-SFT"
     assert run.launch_command == "uv run rlhf-lab launch simpo --shrink --campaign simpo-sanity"
     assert run.memory["cuda"].param_count == 1_484_916_736
-    assert not any("reference" in c.name for c in run.memory["cuda"].components)
     assert run.recommended_device is None  # a 1B model on 2 CPU cores is not recommended
-    assert any("samples stay coherent" in a for a in run.acceptance)
+    assert any("samples stay coherent" in a for a in criteria(plan, "simpo")["acceptance"])
 
 
 def test_plan_compare_dpo_and_ipo(no_gpu):
@@ -315,8 +336,8 @@ def test_plan_compare_dpo_and_ipo(no_gpu):
     assert plan.intent == "compare" and plan.campaign == "dpo-vs-ipo"
     assert [r.algorithm for r in plan.runs] == ["dpo", "ipo"]
     assert "IPO" in plan.comparison and "seed" in plan.comparison
-    assert {r.launch_argv[-1] for r in plan.runs} == {"dpo-vs-ipo"}
-    assert plan.launch_commands == [r.launch_command for r in plan.runs]
+    assert all(r.launch_command.endswith("--campaign dpo-vs-ipo --queue") for r in plan.runs)
+    assert plan.steps and not plan.matched  # nothing to match beyond the shared shrink rules
 
 
 def test_plan_grpo_on_tiny(no_gpu):
@@ -324,8 +345,8 @@ def test_plan_grpo_on_tiny(no_gpu):
     plan = plan_experiment("grpo on tiny")
     run = plan.runs[0]
     assert run.model == "tiny" and plan.campaign == "grpo-sanity"
-    assert "frac_reward_zero_std" in run.key_metrics
-    assert any("warm start" in w for w in run.warnings)
+    assert "frac_reward_zero_std" in criteria(plan, "grpo")["key_metrics"]
+    assert any("warm start" in w for w in plan.warnings)
     assert run.expected_optimizer_steps == 40
 
 
@@ -333,7 +354,7 @@ def test_plan_explicit_arguments_and_campaign(no_gpu):
     plan = plan_experiment(algorithm="conservative dpo", model="tiny", campaign="cdpo-eps-sweep")
     assert plan.runs[0].algorithm == "cdpo"
     assert plan.campaign == "cdpo-eps-sweep" and plan.campaign_name.endswith("-cdpo-eps-sweep")
-    assert plan.runs[0].launch_argv[-1] == "cdpo-eps-sweep"
+    assert plan.runs[0].launch_command.endswith("--campaign cdpo-eps-sweep")
     with pytest.raises(LabError, match="bad campaign slug"):
         plan_experiment(algorithm="dpo", model="tiny", campaign="../escape")
 
@@ -341,9 +362,10 @@ def test_plan_explicit_arguments_and_campaign(no_gpu):
 def test_plan_user_overrides_reach_both_commands(no_gpu):
     plan = plan_experiment("dpo on tiny", overrides=["train.learning_rate=1e-4"])
     run = plan.runs[0]
-    assert run.launch_argv[-4:-2] == ["--set", "train.learning_rate=1e-4"]
-    assert run.trainer_argv[-2:] == ["--set", "train.learning_rate=1e-4"]
-    assert run.shrink.config["train"]["learning_rate"] == 1e-4
+    assert shlex.split(run.launch_command)[-4:-2] == ["--set", "train.learning_rate=1e-4"]
+    assert shlex.split(run.trainer_command)[-2:] == ["--set", "train.learning_rate=1e-4"]
+    changed = {c.key: c.used for c in run.changes}
+    assert changed["train.learning_rate"] == 1e-4
 
 
 def test_plan_unknown_algorithm_lists_close_matches(no_gpu):
@@ -400,7 +422,12 @@ def test_plan_picks_a_free_gpu_that_fits(monkeypatch):
     assert fit["cuda:1"].fits is False and fit["cuda:2"].fits
     assert run.recommended_device == "cuda:2"  # fits and no lab run holds it
     assert run.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2"}
-    assert run.launch_argv[-4:] == ["--device", "cuda:2", "--campaign", "dpo-sanity"]
+    assert shlex.split(run.launch_command)[-4:] == [
+        "--device",
+        "cuda:2",
+        "--campaign",
+        "dpo-sanity",
+    ]
     assert run.trainer_command.startswith("CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=2 ")
 
 
