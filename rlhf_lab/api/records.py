@@ -36,7 +36,7 @@ def record_results(run_id: str, note: str | None = None) -> RecordResult:
 
 
 @operation
-def list_campaigns(limit: int | None = 50) -> CampaignList:
+def list_campaigns(limit: int | None = 20) -> CampaignList:
     """The newest ``limit`` campaigns (None: all), with a note when there are none yet or when
     some were left out."""
     if limit is not None and limit < 1:

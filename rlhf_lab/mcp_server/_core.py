@@ -1,11 +1,12 @@
 """The MCP server object, its shared argument types, and how a lab error becomes a tool error:
 the message, then its next steps rendered as tool calls (:func:`render_step`). Torch-free.
 
-What every client sees is kept small (:class:`LabServer`): tools/list advertises input schemas
-without pydantic's titles and output schemas cut to their top-level fields (nested objects are
-typed ``object``; the results still validate against them), a result's text is its compact JSON
-(not indented), an argument the SDK rejects reads ``argument `x`: got ...; expected ...`` (no
-pydantic wording, no URL), and resources/list names each campaign's ledger.
+What every client sees is kept small (:class:`LabServer`; tests/mcp/test_output_sizes.py):
+tools/list advertises input schemas without pydantic's titles and output schemas cut to their
+top-level fields and types (nested models typed ``object``, no descriptions: the results carry
+their fields, the docs describe them), a result's text is its compact JSON (not indented), an
+argument the SDK rejects reads ``argument `x`: got ...; expected ...`` (no pydantic wording, no
+URL), and resources/list names each campaign's ledger.
 """
 
 import copy
@@ -69,15 +70,17 @@ def _without_titles(schema: Any) -> Any:
     return schema
 
 
-_DROPPED = frozenset({"title", "default", "examples", "$defs"})
+# what an output schema leaves out: the result shows its fields; the docs and the API's models
+# describe them (clients send input schemas to the model, not output schemas)
+_DROPPED = frozenset({"title", "description", "default", "examples", "$defs", "required"})
 
 
 def compact_output_schema(schema: dict[str, Any], depth: int = 1) -> dict[str, Any]:
     """An output schema that lists ``depth`` levels of fields: the top-level fields keep their
-    types, enums and descriptions; a model nested below them is typed ``object`` (an array of
-    them ``array`` of ``object``) without its fields, which the result itself shows. ``$ref``s
-    are inlined, titles and defaults dropped. Every value the full schema accepts, the compact
-    one accepts too."""
+    types and enums; a model nested below them is typed ``object`` (an array of them ``array``
+    of ``object``) without its fields, which the result itself shows. ``$ref``s are inlined;
+    titles, descriptions, defaults and ``required`` dropped. Every value the full schema
+    accepts, the compact one accepts too (it only says less)."""
     defs = schema.get("$defs", {})
 
     def node(s: dict[str, Any], level: int) -> dict[str, Any]:
@@ -86,16 +89,11 @@ def compact_output_schema(schema: dict[str, Any], depth: int = 1) -> dict[str, A
             target = defs.get(ref.rsplit("/", 1)[-1], {})
             s = {**target, **{k: v for k, v in s.items() if k != "$ref"}}
         if 0 < level and level >= depth and "properties" in s:  # a nested model: its fields go
-            kept = {"type": "object"}
-            if level == 1 and s.get("description"):
-                kept["description"] = s["description"]
-            return kept
+            return {"type": "object"}
         out: dict[str, Any] = {}
         for key, value in s.items():
-            if key in _DROPPED:
-                continue
-            if key == "description" and level > 1:
-                continue
+            if key in _DROPPED or (key == "additionalProperties" and value is True):
+                continue  # (additionalProperties: true is JSON Schema's default)
             if key == "properties":
                 out[key] = {name: node(p, level + 1) for name, p in value.items()}
             elif key in ("anyOf", "oneOf", "allOf"):  # (no `type` arrays: less portable)
@@ -322,26 +320,17 @@ READ_ONLY = ToolAnnotations(
 RecipeArg = Annotated[
     str,
     Field(
-        description="recipe name (dpo, simpo, grpo, preference_rm, sft, ...), '<family>/<name>', "
-        "an algorithm name or alias, or a YAML path; list_recipes shows them"
+        description="recipe or algorithm (dpo, grpo, prm, sft, ...), '<family>/<name>' or a YAML"
     ),
 ]
-RunIdArg = Annotated[
-    str,
-    Field(description="run id as launch_run / list_runs return it, e.g. dpo-20260101-120000-ab12"),
-]
+RunIdArg = Annotated[str, Field(description="run id, e.g. dpo-20260101-120000-ab12")]
 ModelArg = Annotated[
     str | None,
     Field(
-        description="swap the model: 'tiny' (built-in ~1M-parameter preset, offline), a local "
-        "folder (e.g. another run's final_model/), a .gguf file or a hub id; null keeps the "
-        "recipe's model"
+        description="'tiny' (built-in, offline), a local folder (e.g. a run's final_model/), a "
+        ".gguf or a hub id; null: the recipe's"
     ),
 ]
 OverridesArg = Annotated[
-    list[str],
-    Field(
-        description="dotted key=value overrides applied last, e.g. ['train.max_steps=20', "
-        "'data.max_samples=256']"
-    ),
+    list[str], Field(description="dotted key=value, applied last, e.g. ['train.max_steps=20']")
 ]

@@ -51,9 +51,8 @@ Result = CallToolResult  # each tool's result: Annotated[Result, <its model>]
 @server.tool(
     title="List recipes",
     annotations=READ_ONLY,
-    description="The shipped training recipes (one YAML per algorithm) with each family's key "
-    "metrics and acceptance criteria. Use it when you do not know a recipe's exact name, or to "
-    "look up what a family's sanity run should show.",
+    description="The shipped recipes (one YAML per algorithm) with each family's key metrics and "
+    "acceptance criteria. Use it to find a recipe name or what a sanity run should show.",
 )
 def list_recipes(
     family: Annotated[Family | None, Field(description="only this family")] = None,
@@ -66,11 +65,10 @@ def list_recipes(
 @server.tool(
     title="Plan an experiment",
     annotations=READ_ONLY,
-    description="Plan a sanity run or a matched comparison from a request such as 'small SimPO "
-    "sanity check', 'compare ppo and grpo' or 'does a PRM beat an ORM for best-of-n?': per run "
-    "the recipe, the changes from it, memory against free memory, the exact launch command, "
-    "the metrics to watch and the acceptance criteria; the campaign and the launch order. Use "
-    "it at the start of every experiment; it writes nothing.",
+    description="Plan a sanity run or a matched comparison ('small SimPO sanity check', 'compare "
+    "ppo and grpo', 'does a PRM beat an ORM for best-of-n?'): per run the changes from the "
+    "recipe, memory against free memory and the exact launch command; criteria, campaign and "
+    "launch order. Use it first for every experiment; it writes nothing.",
 )
 def plan_experiment(
     request: Annotated[
@@ -101,10 +99,9 @@ def plan_experiment(
 @server.tool(
     title="Shrink a config",
     annotations=READ_ONLY,
-    description="Turn a recipe into a quick sanity-run config (smaller data, few steps; with "
-    "model='tiny' the offline built-in data) validated by the trainer's config model: the full "
-    "config, its diff from the recipe and the expected steps. Use it to check overrides before "
-    "launch_run; it writes nothing.",
+    description="A recipe as a quick sanity-run config (small data, few steps; model='tiny': "
+    "offline data), validated: the full config, its diff and the expected steps. Use it to "
+    "check overrides before launch_run; it writes nothing.",
 )
 def shrink_config(
     recipe: RecipeArg,
@@ -126,8 +123,7 @@ def shrink_config(
     title="Estimate memory",
     annotations=READ_ONLY,
     description="Peak training memory of a recipe (shrunk by default) per component, against the "
-    "memory free now on the device launch_run would use. Use it before every launch and before "
-    "a second job on a busy device.",
+    "free memory of the device launch_run would use. Use it before every launch.",
 )
 def estimate_memory(
     recipe: RecipeArg,
@@ -156,9 +152,8 @@ def estimate_memory(
 @server.tool(
     title="Check resources",
     annotations=READ_ONLY,
-    description="GPU memory and which processes and lab runs hold each GPU, CPU count and load, "
-    "free RAM. Use it before launching or when a run is slow; no GPU is an answer (gpus empty, "
-    "notes say why), not an error.",
+    description="GPU memory and who holds each GPU, CPU count and load, free RAM. Use it before "
+    "launching or when a run is slow; no GPU is an answer, not an error.",
 )
 def check_resources() -> Annotated[Result, Resources]:
     return reply(
@@ -220,10 +215,9 @@ def launch_run(
 @server.tool(
     title="Run status",
     annotations=READ_ONLY,
-    description="A run's state, step/total, ETA, latest train and eval metrics, W&B URL and "
-    "diagnosed alerts (OOM, NaN loss, stall, no reward contrast, repetition, flat learning, "
-    "download failure) with a hint each, and advice. Use it to poll a launched run every "
-    "10-30 s; it returns at once.",
+    description="A run's state, step/total, ETA, latest metrics, W&B URL, diagnosed alerts (OOM, "
+    "NaN loss, stall, no reward contrast, ...) with hints, and advice. Use it to poll a run "
+    "every 10-30 s.",
 )
 def run_status(run_id: RunIdArg) -> Annotated[Result, RunStatusResult]:
     return reply(_call("run_status", "call list_runs to see the run ids.", api.run_status, run_id))
@@ -232,10 +226,8 @@ def run_status(run_id: RunIdArg) -> Annotated[Result, RunStatusResult]:
 @server.tool(
     title="Tail logs",
     annotations=READ_ONLY,
-    description="A run's train.log (trainer stdout + stderr, progress bars folded): the last "
-    "`lines` lines, or with a cursor only what was written since; capped at max_bytes. Use it "
-    "to watch for loss lines, W&B links, OOMs, download errors and stalls; pass the returned "
-    "cursor to continue.",
+    description="A run's train.log: the last `lines` lines, or with the returned cursor only "
+    "what was written since; capped at max_bytes. Use it to watch for errors and stalls.",
 )
 def tail_logs(
     run_id: RunIdArg,
@@ -262,10 +254,9 @@ def tail_logs(
 @server.tool(
     title="Get metrics",
     annotations=READ_ONLY,
-    description="A run's metric rows (step, phase, metrics; 6 significant digits), each phase "
-    "down-sampled evenly (last row kept) until the rows fit in max_bytes; the note says what "
-    "was left out. Use it to judge learning curves, e.g. keys=['eval/accuracy','margins'] for "
-    "DPO or ['eval/avg_correctness'] for GRPO (fewer keys: more points).",
+    description="A run's metric rows (6 significant digits), each phase down-sampled evenly "
+    "(last row kept) to fit max_bytes; the note says what was left out. Use it to judge "
+    "curves, e.g. keys=['eval/accuracy'] (fewer keys: more points).",
 )
 def get_metrics(
     run_id: RunIdArg,
@@ -319,9 +310,7 @@ def stop_run(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
     description="Continue a died, stopped or failed run from its last checkpoint in the same "
-    "folder (model, optimizer, scheduler, RNG and data position restored), detached like "
-    "launch_run. Use it after a kill, an OOM fixed by freeing the device, or a stop you want to "
-    "undo; poll run_status afterwards.",
+    "folder, detached like launch_run. Use it after a kill, a fixed OOM or a stop to undo.",
 )
 def resume_run(
     run_id: RunIdArg,
@@ -340,9 +329,9 @@ def resume_run(
 @server.tool(
     title="List runs",
     annotations=READ_ONLY,
-    description="Runs (oldest first; the newest 50, or 10 with detail=true) as rows of id, "
-    "campaign, state, step/total and the held-out headline metric, optionally of one campaign "
-    "and/or state. Use it to find run ids, or state='running' to see what holds the devices.",
+    description="Runs (the newest 50, or 10 with detail=true; oldest first) as rows of id, "
+    "campaign, state, step/total and headline metric. Use it to find run ids, or "
+    "state='running' to see what holds the devices.",
 )
 def list_runs(
     campaign: Annotated[str | None, Field(description="campaign slug or dated name")] = None,
@@ -369,10 +358,9 @@ def list_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="A comparison table of runs of ONE family by that family's rules (held-out "
-    "metrics first; losses of different objectives are not compared; rejection sampling beside "
-    "its matched random control). Use it after record_results on every run of a sweep; "
-    "record_in also writes the table into that campaign's Comparison section.",
+    description="A table of runs of ONE family by that family's rules. Use it after "
+    "record_results on every run of a sweep; record_in also writes it into that campaign's "
+    "Comparison section.",
 )
 def compare_runs(
     run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
@@ -391,10 +379,9 @@ def compare_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="Write (or refresh) a run's row in its campaign ledger: command, model, data, "
-    "seed, changed values, final/best metrics, failure mode, W&B link, samples and a plot. Use "
-    "it when a run ends (any state), then report from the result or ledger://<campaign>. Text "
-    "written by hand outside the ledger's marker blocks is kept.",
+    description="Write (or refresh) a run's row in its campaign ledger (command, changes, "
+    "metrics, failure mode, samples, plot). Use it when a run ends (any state), then report "
+    "from ledger://<campaign>; hand-written text is kept.",
 )
 def record_results(
     run_id: RunIdArg,
@@ -411,12 +398,11 @@ def record_results(
 @server.tool(
     title="List campaigns",
     annotations=READ_ONLY,
-    description="The experiment campaigns (dated ledgers), newest first, with status, question "
-    "and run count. Use it to find a campaign to read (resource ledger://<campaign>) or to "
-    "record a comparison in.",
+    description="The campaigns (dated ledgers), newest first, with status, question and run "
+    "count. Use it to find a campaign to read (ledger://<campaign>).",
 )
 def list_campaigns(
-    limit: Annotated[int, Field(ge=1, le=500, description="at most this many (the newest)")] = 50,
+    limit: Annotated[int, Field(ge=1, le=500, description="at most this many (the newest)")] = 20,
 ) -> Annotated[Result, CampaignList]:
     return reply(_call("list_campaigns", "read ledger://index.", api.list_campaigns, limit))
 

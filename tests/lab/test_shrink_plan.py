@@ -13,10 +13,10 @@ import pytest
 
 from rlhf_lab import memory as memory_mod
 from rlhf_lab import plan as plan_mod
-from rlhf_lab.catalog import FAMILIES, Recipe, list_recipes
+from rlhf_lab.catalog import FAMILIES, Recipe, get_dotted, list_recipes
 from rlhf_lab.configs import resolve_config
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
-from rlhf_lab.paths import LabError
+from rlhf_lab.paths import LabError, experiments_dir
 from rlhf_lab.plan import parse_request, plan_experiment
 from rlhf_lab.resources import GpuInfo, Resources
 from rlhf_lab.shrink import format_override, shrink_config
@@ -384,6 +384,109 @@ def test_plan_rejection_sampling_adds_its_matched_control(no_gpu):
         pytest.skip("rejection_sampling ships no recipes yet")
     plan = plan_experiment("best-of-n on tiny")
     assert [r.algorithm for r in plan.runs] == ["top_per_prompt", "random_per_prompt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Matched plans
+# ---------------------------------------------------------------------------------------------
+
+
+def _planned_config(run) -> dict:
+    """The config a planned run's launch command would train with (its --set items applied to
+    the shrunk recipe, as `launch --shrink` does)."""
+    argv = shlex.split(run.launch_command)
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    model = argv[argv.index("--model") + 1] if "--model" in argv else None
+    return shrink_config(run.recipe, sets, model=model).config
+
+
+@pytest.mark.parametrize(
+    "request_text", ["compare PPO and GRPO", "grpo vs reinforce vs rloo", "ppo against reinforce"]
+)
+def test_policy_gradient_comparisons_match_sample_budget_and_prompts(no_gpu, request_text):
+    """Every arm trains on the same prompts with the same completions per step: PPO is not
+    planned as 16 prompts × 1 rollout against GRPO's 4 × 8 (the shipped recipes differ)."""
+    plan = plan_experiment(request_text, model="tiny")
+    assert len(plan.runs) >= 2 and {r.family for r in plan.runs} == {"policy_gradients"}
+    configs = {r.name: _planned_config(r) for r in plan.runs}
+    for key in ("rollout.prompts_per_step", "rollout.num_rollouts", "data.specs", "data.size"):
+        values = {json.dumps(get_dotted(c, key)) for c in configs.values()}
+        assert len(values) == 1, f"{key} differs across {list(configs)}: {values}"
+    for key in ("data.eval_size", "seed", "train.max_steps", "rollout.max_new_tokens"):
+        assert len({json.dumps(get_dotted(c, key)) for c in configs.values()}) == 1, key
+    budget = {
+        get_dotted(c, "rollout.prompts_per_step") * get_dotted(c, "rollout.num_rollouts")
+        for c in configs.values()
+    }
+    assert len(budget) == 1
+    if any(r.algorithm in ("grpo", "rloo") for r in plan.runs):  # groups need > 1 rollout
+        assert get_dotted(next(iter(configs.values())), "rollout.num_rollouts") > 1
+    (per_step,) = budget
+    assert any(f"{per_step} completions per step" in n for n in plan.notes)
+    assert (
+        "rollout.num_rollouts="
+        + str(get_dotted(next(iter(configs.values())), "rollout.num_rollouts"))
+        in plan.matched
+    )
+    # the shipped recipes really differ: without the matching PPO would get 16 × 1
+    if "ppo" in configs and "grpo" in configs:
+        shipped = shrink_config("ppo", [], model="tiny").config
+        assert get_dotted(shipped, "rollout.num_rollouts") == 1
+        assert "--set rollout.num_rollouts=" in next(
+            r.launch_command for r in plan.runs if r.name == "ppo"
+        )
+
+
+def test_user_overrides_still_win_over_the_matching(no_gpu):
+    plan = plan_experiment(
+        "compare ppo and grpo", model="tiny", overrides=["rollout.num_rollouts=4"]
+    )
+    assert {get_dotted(_planned_config(r), "rollout.num_rollouts") for r in plan.runs} == {4}
+
+
+def test_best_of_n_prm_vs_orm_is_one_campaign_with_scorers_and_a_control(no_gpu):
+    """'Does a PRM beat an ORM for best-of-n?': the two reward models, the best-of-n strategy
+    once per reward model with that model as its scorer (launched after it), and the matched
+    random control, in one campaign whose comparison names the scorers."""
+    plan = plan_experiment("does a PRM beat an ORM for best-of-n?", model="tiny")
+    names = [r.name for r in plan.runs]
+    assert names == [
+        "prm",
+        "orm",
+        "top_per_prompt[prm]",
+        "top_per_prompt[orm]",
+        "random_per_prompt",
+    ]
+    assert {r.launch_command.split("--campaign ")[1].split()[0] for r in plan.runs} == {
+        plan.campaign
+    }
+    by_name = {r.name: r for r in plan.runs}
+    for rm in ("prm", "orm"):
+        arm = by_name[f"top_per_prompt[{rm}]"]
+        assert arm.after == [rm]
+        # the RM run's final_model/ (under the lab's experiments/; its id is known once launched)
+        scorer = str(experiments_dir() / plan.campaign_name / "runs" / f"<{rm}-run-id>")
+        scorer += "/final_model"
+        assert f"--set 'scorer.name={scorer}'" in arm.launch_command
+        assert {c.key: c.used for c in arm.changes}["scorer.name"] == scorer
+        assert f"scored by the {rm} run" in plan.comparison
+        assert set(arm.memory) == {"cuda", "cpu"}  # sized although the scorer does not exist yet
+    control = by_name["random_per_prompt"]
+    assert control.after == [] and "scorer.name" not in control.launch_command
+    assert "random_per_prompt" in plan.comparison and "eval/exact_match" in plan.comparison
+    # the same pool for every rejection-sampling arm: only the strategy and the scorer differ
+    pools = [_planned_config(by_name[n]) for n in names[2:]]
+    for config in pools:  # (the W&B run name follows the recipe file)
+        config.pop("strategy", None)
+        config["scorer"].pop("name")
+        config["logging"].pop("wandb_run_name")
+    assert pools[0] == pools[1] == pools[2]
+    # the reward models score the prompts' task; the order is written out
+    assert "chain_sum" in " ".join(by_name["orm"].launch_command.split("--set")[1:])
+    text = " ".join(plan.steps)
+    assert "wait until prm and orm have succeeded" in text
+    assert "<prm-run-id>" in text and "<orm-run-id>" in text
+    assert any("one control serves every scorer" in n for n in plan.notes)
 
 
 # ---------------------------------------------------------------------------------------------
