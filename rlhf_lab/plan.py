@@ -61,6 +61,7 @@ __all__ = [
     "MemoryBrief",
     "Plan",
     "PlannedRun",
+    "matched_overrides",
     "parse_request",
     "plan_experiment",
 ]
@@ -574,6 +575,17 @@ def _match_policy_gradients(
         for k, v in values.items()
     ]
     return shown, notes
+
+
+def matched_overrides(
+    recipes: list[str], model: str | None = None, overrides: list[str] | None = None
+) -> dict[str, list[str]]:
+    """The overrides that match several recipes to each other (policy gradients: one rollout
+    shape, the same prompts and step settings; other families: none), by recipe as given; the
+    caller's ``overrides`` go after them. For launching matched runs without a plan (a sweep)."""
+    arms = [_Arm(recipe=find_recipe(r), name=f"{i}") for i, r in enumerate(recipes)]
+    _match_policy_gradients(arms, model, list(overrides or []))
+    return {r: arm.matched for r, arm in zip(recipes, arms, strict=True)}
 
 
 def _rm_run_path(slug_dated: str, rm_name: str) -> str:

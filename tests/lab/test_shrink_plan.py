@@ -437,6 +437,15 @@ def test_policy_gradient_comparisons_match_sample_budget_and_prompts(no_gpu, req
         )
 
 
+def test_matched_overrides_for_launching_without_a_plan():
+    """A sweep can match its runs the way a plan does."""
+    from rlhf_lab.plan import matched_overrides
+
+    matched = matched_overrides(["ppo", "grpo"], model="tiny")
+    assert matched["grpo"] == [] and "rollout.num_rollouts=8" in matched["ppo"]
+    assert matched_overrides(["dpo", "ipo"], model="tiny") == {"dpo": [], "ipo": []}
+
+
 def test_user_overrides_still_win_over_the_matching(no_gpu):
     plan = plan_experiment(
         "compare ppo and grpo", model="tiny", overrides=["rollout.num_rollouts=4"]
