@@ -317,18 +317,30 @@ def status(
 def runs(
     campaign: Annotated[str | None, typer.Option(help="campaign slug or name")] = None,
     state: Annotated[str | None, typer.Option(help="only runs in this state")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="the newest N (default 50, or 10 with --detail)")
+    ] = None,
+    detail: Annotated[bool, typer.Option("--detail", help="each run's full status")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """List runs, newest last."""
+    """List runs, newest last, with each run's headline metric."""
 
-    def human(items: Any) -> None:
-        _table(
-            "runs",
-            ["run", "state", "step", "campaign"],
-            [[r.id, r.state, f"{r.step or 0}/{r.total_steps or '?'}", r.campaign] for r in items],
-        )
+    def human(listed: Any) -> None:
+        rows = [
+            [
+                r.id,
+                r.state,
+                f"{r.step or 0}/{r.total_steps or '?'}",
+                f"{r.metric} {_fmt(r.value)}" if r.value is not None else "",
+                r.campaign,
+            ]
+            for r in listed.runs
+        ]
+        _table("runs", ["run", "state", "step", "headline", "campaign"], rows)
+        if listed.note:
+            typer.echo(listed.note)
 
-    emit(api.list_runs(campaign, state), as_json, human)
+    emit(api.run_list(campaign, state, limit, detail), as_json, human)
 
 
 @app.command()
@@ -360,12 +372,15 @@ def metrics(
     run: Annotated[str, typer.Argument(help="run id")],
     keys: Annotated[str | None, typer.Option(help="comma list of metric names")] = None,
     phase: Annotated[str | None, typer.Option(help="train, eval or rollout")] = None,
-    max_points: Annotated[int | None, typer.Option(help="down-sample to this many")] = None,
+    max_points: Annotated[int | None, typer.Option(help="at most this many rows per phase")] = None,
+    max_bytes: Annotated[
+        int, typer.Option("--max-bytes", help="down-sample until the rows' JSON fits")
+    ] = 8_000,
     as_json: JsonOpt = False,
 ) -> None:
-    """Metric series from metrics.jsonl."""
+    """Metric series from metrics.jsonl, down-sampled evenly per phase to a bounded size."""
     wanted = [k.strip() for k in keys.split(",")] if keys else None
-    series = api.read_metrics(run, wanted, phase, max_points)
+    series = api.get_metrics(run, wanted, phase, max_points, max_bytes)
 
     def human(s: Any) -> None:
         cols = [
@@ -374,6 +389,8 @@ def metrics(
             *(wanted or sorted({k for r in s.rows for k in r} - {"step", "phase", "time_s"}))[:8],
         ]
         _table(f"{run} metrics", cols, [[_fmt(r.get(c)) for c in cols] for r in s.rows])
+        if s.note:
+            typer.echo(s.note)
 
     emit(series, as_json, human)
 
@@ -581,9 +598,9 @@ COMMAND_OPERATIONS: dict[str, str] = {
     "launch": "launch_experiment",
     "sweep": "sweep",
     "status": "run_status",
-    "runs": "list_runs",
+    "runs": "run_list",
     "tail": "tail_log",
-    "metrics": "read_metrics",
+    "metrics": "get_metrics",
     "stop": "stop_run",
     "resume": "resume_run",
     "record": "record_run",

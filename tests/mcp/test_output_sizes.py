@@ -262,3 +262,29 @@ async def test_tools_list_is_small(client):
         text = json.dumps(tool.output_schema)
         assert "$defs" not in text and "$ref" not in text, tool.name
         assert tool.output_schema["type"] == "object" and tool.output_schema["properties"]
+
+
+def test_the_cli_json_shares_the_compact_defaults(big_lab):
+    """`rlhf-lab runs --json` and `metrics --json` are the same operations as the MCP tools,
+    with the same bounded defaults."""
+    from typer.testing import CliRunner
+
+    from rlhf_lab.cli import app
+
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(app, ["runs", "--json"]).output)
+    assert listed["total"] == RUNS and len(listed["runs"]) == 50
+    assert set(listed["runs"][0]) == {
+        "id",
+        "campaign",
+        "state",
+        "step",
+        "total_steps",
+        "metric",
+        "value",
+        "status",
+    }
+    series = json.loads(runner.invoke(app, ["metrics", BIG, "--json"]).output)
+    assert len(json.dumps(series["rows"], separators=(",", ":"))) <= 8_000 and series["note"]
+    table = runner.invoke(app, ["runs", "--limit", "3"])
+    assert table.exit_code == 0 and "eval/accuracy" in table.output and "newest 3" in table.output
