@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_lab.catalog import (
     Recipe,
@@ -34,6 +34,7 @@ from trainers.core.config import (
 
 __all__ = [
     "ConfigChange",
+    "ConfigValue",
     "ResolvedConfig",
     "config_model",
     "diff_configs",
@@ -44,12 +45,19 @@ __all__ = [
 ]
 
 
+ConfigValue = str | int | float | bool | list[Any] | dict[str, Any] | None
+"""A config leaf as YAML/JSON holds it: a scalar, a list or a mapping."""
+
+
 class ConfigChange(BaseModel):
-    """One leaf that differs from the shipped default."""
+    """One config value that differs from the shipped recipe: the same shape wherever a diff is
+    shown (a shrink, a plan, a ledger row)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")  # inf survives ledger.json
 
     key: str = Field(description="dotted key, e.g. train.learning_rate")
-    default: Any = None
-    value: Any = None
+    shipped: ConfigValue = Field(default=None, description="the shipped recipe's value")
+    used: ConfigValue = Field(default=None, description="the value this config uses")
 
 
 class ResolvedConfig(BaseModel):
@@ -102,7 +110,7 @@ def shipped_default(recipe: Recipe) -> tuple[dict[str, Any], str]:
 
 def diff_configs(default: dict[str, Any], data: dict[str, Any]) -> list[ConfigChange]:
     return [
-        ConfigChange(key=key, default=old, value=new)
+        ConfigChange(key=key, shipped=old, used=new)
         for key, (old, new) in config_diff(default, data).items()
     ]
 
@@ -117,7 +125,7 @@ def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
 def resolve_config(
     recipe_or_file: str | Path | Recipe, overrides: list[str] | None = None
 ) -> ResolvedConfig:
-    """Load a recipe (name, ``family/name``, algorithm or YAML path), apply ``--set``-style
+    """Load a recipe (name, ``family/name``, algorithm or YAML path), apply dotted ``key=value``
     ``overrides``, validate with the family's model and diff against the shipped default."""
     recipe = find_recipe(recipe_or_file)
     overrides = list(overrides or [])

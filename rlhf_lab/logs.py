@@ -581,8 +581,8 @@ def _check_stalled(status: RunStatus, run_dir: Path, stall_after_s: float) -> Al
         step=status.step,
         message=f"running, but nothing was logged or progressed for {idle / 60:.0f} min "
         f"(at step {status.step}/{status.total_steps})",
-        hint="look at the end of the log (`rlhf-lab tail`) and `py-spy dump --pid "
-        f"{status.trainer_pid or status.pid}`; stop it and resume if it is stuck",
+        hint="read the end of its log and, in a shell, `py-spy dump --pid "
+        f"{status.trainer_pid or status.pid}`; stop it and resume it if it is stuck",
     )
 
 
@@ -626,7 +626,7 @@ def diagnose(
                 severity="error",
                 step=status.step,
                 message=status.error,
-                hint="nothing ran: launch it again (`rlhf-lab launch`)",
+                hint="nothing ran: launch it again",
             )
         )
     elif status.state == "died":
@@ -637,8 +637,8 @@ def diagnose(
                 step=status.step,
                 message="the run's processes are gone without an exit status "
                 "(SIGKILL of the whole group, OOM killer or a reboot)",
-                hint="continue from the last checkpoint with `rlhf-lab resume <run-id>` (or "
-                "relaunch); if it recurs, lower memory use",
+                hint="resume it to continue from the last checkpoint (or launch it again); if "
+                "it recurs, lower memory use",
             )
         )
 
@@ -651,7 +651,8 @@ def diagnose(
                 severity="error",
                 message=f"a model or dataset could not be fetched from the hub: {line.strip()[:300]}",
                 hint="work offline: model.name=tiny or a local folder / .gguf, "
-                "data.dataset=builtin:..., or `rlhf-lab models pull` while online",
+                "data.dataset=builtin:..., or pull a model (in a shell: `uv run rlhf-lab models "
+                "pull <name>`) while online",
             )
         )
 
@@ -670,7 +671,7 @@ def diagnose(
         if code == 2 and not tb:
             hint = "the trainer rejected the config before starting: fix the key named above"
         else:
-            hint = "fix the error above (the traceback is in `detail`), then relaunch or --resume"
+            hint = "fix the error above (the traceback is in `detail`), then launch or resume it"
         alerts.append(
             Alert(
                 kind="failed",

@@ -1,10 +1,24 @@
-"""Plan an experiment from a request such as "small SimPO sanity check", "compare dpo and ipo" or
-"grpo on tiny": the recipe, the shrunk config and its diff, the memory estimate beside the free
-memory of every device, the exact launch and trainer commands, what to watch, the acceptance
-criteria and the ledger campaign.
+"""Plan an experiment from a request such as "small SimPO sanity check", "compare dpo and ipo",
+"compare ppo and grpo" or "does a PRM beat an ORM for best-of-n?": per run the recipe, the
+changes from it, the memory estimate beside the free memory of every device, the exact launch
+and trainer commands, what to watch and the acceptance criteria; the campaign, the launch order
+and the settings held equal across the runs.
+
+Comparisons are matched:
+
+* policy-gradient algorithms get the same sample budget per step (prompts per step × rollouts
+  per prompt), the same prompts (task, prompt count, held-out set, seed) and the same generation
+  and step settings: the arms take the rollout shape of the first one that needs groups of
+  rollouts (GRPO, RLOO, ...), so PPO is never planned as 16 × 1 against GRPO's 4 × 8;
+* a question that names reward models and a rejection-sampling (best-of-n) strategy is one
+  campaign: the reward-model runs first, then the strategy once per reward model with that
+  model's ``final_model/`` as its scorer (``scorer.name``), and its matched random control
+  (random selection ignores the scores, so one control serves every scorer).
 
 Nothing is launched or written. Models are never downloaded: a hub model whose files are not in
-the local Hugging Face cache is reported in ``warnings`` together with the offline choices.
+the local Hugging Face cache is reported in ``warnings`` together with the offline choices. A
+plan holds each fact once: the full shrunk config is shrink_config's, each component's
+derivation estimate_memory's.
 """
 
 from __future__ import annotations
@@ -14,35 +28,72 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import (
     ALGORITHM_ALIASES,
     Recipe,
     acceptance_for,
+    algorithm_spec,
     all_algorithms,
     close_algorithm_matches,
     family_info,
     find_recipe,
+    get_dotted,
     key_metrics_for,
     list_recipes,
     matched_controls,
     normalize_algorithm,
     recipe_for_algorithm,
+    source_root,
     watch_for,
 )
+from rlhf_lab.configs import ConfigChange
 from rlhf_lab.errors import InvalidArgument, NextStep, NotFound
 from rlhf_lab.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
-from rlhf_lab.paths import LabError, campaign_name, check_slug
+from rlhf_lab.paths import LabError, campaign_name, check_slug, experiments_dir
 from rlhf_lab.resources import Resources, check_resources
-from rlhf_lab.shrink import ShrinkResult, shrink_config
+from rlhf_lab.shrink import format_override, shrink_config
 
-__all__ = ["DeviceFit", "Plan", "PlannedRun", "parse_request", "plan_experiment"]
+__all__ = [
+    "Criteria",
+    "DeviceFit",
+    "MemoryBrief",
+    "Plan",
+    "PlannedRun",
+    "matched_overrides",
+    "parse_request",
+    "plan_experiment",
+]
 
 # Matched random controls of the reward-selected rejection-sampling strategies (from the specs).
 MATCHED_CONTROL: dict[str, str] = matched_controls()
 CPU_PARAM_LIMIT = 200_000_000  # above this, a CPU run is too slow to recommend
 _COMPARE_WORDS = re.compile(r"\b(compare|comparison|vs\.?|versus|against)\b")
+# Policy-gradient settings held equal across the arms of a comparison: the rollout shape
+# (prompts per step × rollouts per prompt), the prompts (task, count, held-out set, seed), the
+# generation, the number of steps and optimizer steps per rollout, and the reward.
+PG_MATCHED_KEYS = (
+    "rollout.prompts_per_step",
+    "rollout.num_rollouts",
+    "data.specs",
+    "data.size",
+    "data.eval_size",
+    "seed",
+    "rollout.max_new_tokens",
+    "rollout.temperature",
+    "rollout.top_p",
+    "rollout.top_k",
+    "rollout.min_p",
+    "train.max_steps",
+    "train.num_epochs",
+    "train.batch_size",
+    "train.gradient_accumulation_steps",
+    "eval.eval_every",
+    "eval.max_new_tokens",
+    "reward.format_weight",
+)
+_MISSING = object()
 
 
 class DeviceFit(BaseModel):
@@ -55,27 +106,50 @@ class DeviceFit(BaseModel):
     held_by: list[str] = Field(default_factory=list, description="lab runs using this device")
 
 
+class MemoryBrief(BaseModel):
+    """A memory estimate in brief (estimate_memory gives every component and its derivation)."""
+
+    total_gb: float
+    dtype: str
+    param_count: int
+    largest: str = Field(description="the largest component and its GiB")
+
+
+class Criteria(BaseModel):
+    """What to watch and what a good run shows, for the algorithms named (a run's criteria are
+    every entry that names its algorithm)."""
+
+    algorithms: list[str]
+    key_metrics: list[str] = Field(default_factory=list)
+    acceptance: list[str] = Field(default_factory=list)
+    watch: list[str] = Field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.key_metrics or self.acceptance or self.watch)
+
+
 class PlannedRun(BaseModel):
-    recipe: Recipe
+    name: str = Field(description="this run's name in the plan, e.g. grpo or top_per_prompt[prm]")
+    recipe: str = Field(description="<family>/<name> of the shipped recipe (or the YAML path)")
+    config_path: str
     family: str
     algorithm: str
     model: str | None
-    shrink: ShrinkResult
-    memory: dict[str, MemoryEstimate] = Field(
+    changes: list[ConfigChange] = Field(
+        description="values that differ from the recipe: the shrink rules, the matching, yours"
+    )
+    expected_optimizer_steps: int | None
+    memory: dict[str, MemoryBrief] = Field(
         default_factory=dict, description="estimate per device kind (cuda: bf16, cpu: fp32)"
     )
     devices: list[DeviceFit] = Field(default_factory=list)
     recommended_device: str | None = None
     env: dict[str, str] = Field(default_factory=dict, description="environment for the trainer")
-    launch_argv: list[str]
-    launch_command: str
-    trainer_argv: list[str]
-    trainer_command: str
-    expected_optimizer_steps: int | None
-    key_metrics: list[str]
-    acceptance: list[str]
-    watch: list[str]
-    warnings: list[str] = Field(default_factory=list)
+    launch_command: str = Field(description="the lab command (it shrinks and records the run)")
+    trainer_command: str = Field(description="the same run as a bare trainer command")
+    after: list[str] = Field(
+        default_factory=list, description="runs of this plan that must finish first (by name)"
+    )
 
 
 class Plan(BaseModel):
@@ -84,22 +158,20 @@ class Plan(BaseModel):
     campaign: str = Field(description="ledger slug")
     campaign_name: str = Field(description="YYYY-MM-DD-<slug>: the ledger file and folder")
     runs: list[PlannedRun]
+    steps: list[str] = Field(description="the launch order, naming the runs; later steps wait")
+    matched: list[str] = Field(
+        default_factory=list, description="settings held equal across the runs (key=value)"
+    )
     comparison: str | None = None
-    resources: Resources
-    warnings: list[str] = Field(default_factory=list)
+    criteria: list[Criteria] = Field(
+        default_factory=list,
+        description="key metrics, acceptance and what to watch; shared ones listed once",
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="'<runs>: ...' when it concerns some runs only"
+    )
     offline_choices: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-
-    @computed_field
-    @property
-    def recipe(self) -> str:
-        """The first run's recipe id."""
-        return self.runs[0].recipe.id
-
-    @computed_field
-    @property
-    def launch_commands(self) -> list[str]:
-        return [r.launch_command for r in self.runs]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +334,7 @@ def _model_warnings(name: str | None) -> tuple[Any, list[str], bool]:
     """(facts or None, warnings, whether the model is unusable here)."""
     if not name:
         return None, ["the config names no model"], True
-    from trainers.core.models import PULL_HINT, hub_offline, hub_reachable
+    from trainers.core.models import hub_offline, hub_reachable
 
     try:
         facts = model_facts(name)
@@ -281,8 +353,7 @@ def _model_warnings(name: str | None) -> tuple[Any, list[str], bool]:
             unusable = True
             warnings = [
                 f"model {name} cannot be loaded here: {why} and its weights are not in the "
-                f"local Hugging Face cache (no download was attempted). Offline choices: plan "
-                f"with model='tiny', or `{PULL_HINT}`."
+                f"local Hugging Face cache (no download was attempted); see offline_choices"
             ]
     return facts, warnings, unusable
 
@@ -338,7 +409,7 @@ def _devices(
         elif gpus:
             warnings.append(
                 "the estimate does not fit in the free memory of any GPU: shrink further "
-                "(--set train.batch_size=..., data.max_length=...) or use --model tiny"
+                "(smaller train.batch_size or data.max_length) or plan with the model tiny"
             )
         if wanted == "cuda" and not gpus:
             warnings.append("the config asks for model.device=cuda but this machine has no GPU")
@@ -349,7 +420,7 @@ def _devices(
         elif cpu.fits:
             warnings.append(
                 f"no GPU here; the model ({params or 0:,} parameters) fits in RAM but a CPU run "
-                "would be very slow: use --model tiny for a CPU sanity run"
+                "would be very slow: plan with the model tiny for a CPU sanity run"
             )
         elif cpu_e is not None:
             warnings.append(
@@ -359,24 +430,53 @@ def _devices(
     return out, choice, warnings
 
 
+def _memory_brief(estimate: MemoryEstimate) -> MemoryBrief:
+    top = max(estimate.components, key=lambda c: c.gb, default=None)
+    return MemoryBrief(
+        total_gb=estimate.total_gb,
+        dtype=estimate.dtype,
+        param_count=estimate.param_count,
+        largest=f"{top.name} {top.gb:.3g} GiB" if top else "",
+    )
+
+
+class _Arm(BaseModel):
+    """One run to plan: the recipe, its name in the plan, the overrides that match it to the
+    other runs, and what it waits for."""
+
+    recipe: Recipe
+    name: str
+    matched: list[str] = Field(default_factory=list)
+    after: list[str] = Field(default_factory=list)
+    scorer_model: str | None = Field(
+        default=None, description="the base model of the reward model that will score it"
+    )
+
+
 def _plan_run(
-    recipe: Recipe,
+    arm: _Arm,
     model: str | None,
     overrides: list[str],
     slug: str,
     dated: str,
     res: Resources,
-) -> PlannedRun:
-    shrink = shrink_config(recipe, overrides, model=model)
+    queue: bool = False,
+) -> tuple[PlannedRun, list[str]]:
+    """A planned run and its warnings (``queue``: its launch waits for the device's jobs)."""
+    recipe = arm.recipe
+    shrink = shrink_config(recipe, arm.matched + overrides, model=model)
     family, algorithm = shrink.family, shrink.algorithm
     facts, warnings, _ = _model_warnings(shrink.model)
 
+    config = shrink.config
+    if arm.scorer_model:  # the reward model does not exist yet: size it by its base model
+        config = {**config, "scorer": {**(config.get("scorer") or {}), "name": arm.scorer_model}}
     memory: dict[str, MemoryEstimate] = {}
     if facts is not None:
         for device in ("cuda", "cpu"):
             try:
                 memory[device] = estimate_memory(
-                    family, algorithm, shrink.config, facts.params, device=device
+                    family, algorithm, config, facts.params, device=device
                 )
             except LabError as err:
                 warnings.append(f"memory estimate ({device}) failed: {err}")
@@ -394,6 +494,8 @@ def _plan_run(
     if choice and choice.startswith("cuda:") and choice != "cuda:0":
         launch += ["--device", choice]  # the launcher's `auto` would take cuda:0
     launch += ["--campaign", slug]
+    if queue:
+        launch += ["--queue"]
 
     info = family_info(family)
     trainer = ["uv", "run", "python", "-m", info.trainer_module, "--config", recipe.config_path]
@@ -403,31 +505,237 @@ def _plan_run(
     env_prefix = " ".join(f"{k}={v}" for k, v in env.items())
     trainer_command = (env_prefix + " " if env_prefix else "") + shlex.join(trainer)
 
-    return PlannedRun(
-        recipe=recipe,
+    run = PlannedRun(
+        name=arm.name,
+        recipe=recipe.id if recipe.shipped else recipe.config_path,
+        config_path=recipe.config_path,
         family=family,
         algorithm=algorithm,
         model=shrink.model,
-        shrink=shrink,
-        memory=memory,
+        changes=shrink.diff,
+        expected_optimizer_steps=shrink.expected_optimizer_steps,
+        memory={k: _memory_brief(v) for k, v in memory.items()},
         devices=devices,
         recommended_device=choice,
         env=env,
-        launch_argv=launch,
         launch_command=shlex.join(launch),
-        trainer_argv=trainer,
         trainer_command=trainer_command,
-        expected_optimizer_steps=shrink.expected_optimizer_steps,
-        key_metrics=key_metrics_for(family, algorithm),
-        acceptance=acceptance_for(family, algorithm),
-        watch=watch_for(family, algorithm),
-        warnings=list(dict.fromkeys(warnings + shrink.notes)),
+        after=arm.after,
     )
+    return run, list(dict.fromkeys(warnings + shrink.notes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Matching the runs of a comparison
+# ---------------------------------------------------------------------------------------------
+
+
+def _needs_groups(algorithm: str) -> bool:
+    try:
+        return bool(algorithm_spec(algorithm).needs_groups)
+    except LabError:
+        return False
+
+
+def _match_policy_gradients(
+    arms: list[_Arm], model: str | None, overrides: list[str]
+) -> tuple[list[str], list[str]]:
+    """Give the policy-gradient arms the settings of one reference arm (the first that needs
+    groups of rollouts, else the first): the same rollout shape, prompts, generation and steps.
+    Fills each arm's ``matched`` overrides; returns (the matched key=value list, notes)."""
+    pg = [a for a in arms if a.recipe.family == "policy_gradients"]
+    if len(pg) < 2:
+        return [], []
+    shrunk = {a.name: shrink_config(a.recipe, overrides, model=model) for a in pg}
+    ref = next((a for a in pg if _needs_groups(shrunk[a.name].algorithm)), pg[0])
+    ref_config = shrunk[ref.name].config
+    values = {k: get_dotted(ref_config, k, _MISSING) for k in PG_MATCHED_KEYS}
+    values = {k: v for k, v in values.items() if v is not _MISSING}
+    for arm in pg:
+        if arm is ref:
+            continue
+        config = shrunk[arm.name].config
+        arm.matched = [
+            format_override(key, value)
+            for key, value in values.items()
+            if get_dotted(config, key, _MISSING) != value
+        ]
+    prompts = values.get("rollout.prompts_per_step")
+    rollouts = values.get("rollout.num_rollouts")
+    notes = []
+    if isinstance(prompts, int) and isinstance(rollouts, int):
+        notes.append(
+            f"matched sample budget: {prompts * rollouts} completions per step ({prompts} prompts "
+            f"× {rollouts} rollouts) in every run, the shape of {ref.name}"
+            + (" (it needs groups of rollouts)" if _needs_groups(ref.recipe.algorithm) else "")
+            + f"; the same {values.get('data.size', '?')} prompts (task, held-out set, seed)"
+        )
+    shown = [
+        format_override(k, v) if len(format_override(k, v)) <= 60 else f"{k} (as in {ref.name})"
+        for k, v in values.items()
+    ]
+    return shown, notes
+
+
+def matched_overrides(
+    recipes: list[str], model: str | None = None, overrides: list[str] | None = None
+) -> dict[str, list[str]]:
+    """The overrides that match several recipes to each other (policy gradients: one rollout
+    shape, the same prompts and step settings; other families: none), by recipe as given; the
+    caller's ``overrides`` go after them. For launching matched runs without a plan (a sweep)."""
+    arms = [_Arm(recipe=find_recipe(r), name=f"{i}") for i, r in enumerate(recipes)]
+    _match_policy_gradients(arms, model, list(overrides or []))
+    return {r: arm.matched for r, arm in zip(recipes, arms, strict=True)}
+
+
+def _rm_run_path(slug_dated: str, rm_name: str) -> str:
+    """Where a reward-model run of this plan will leave its model (its run id is known once it
+    is launched), relative to the source root when the experiments live under it."""
+    path = experiments_dir() / slug_dated / "runs" / f"<{rm_name}-run-id>" / "final_model"
+    try:
+        return str(path.relative_to(source_root()))
+    except ValueError:
+        return str(path)
+
+
+def _scorer_arms(recipes: list[Recipe], dated: str, preset: bool) -> tuple[list[_Arm], list[str]]:
+    """Reward models + rejection sampling in one question ("does a PRM beat an ORM for
+    best-of-n?"): the RM runs, each reward-selected strategy once per RM with that RM as its
+    scorer (after the RM), and each strategy's random control. Returns (arms, notes)."""
+    rms = [r for r in recipes if r.family == "reward_models"]
+    strategies = [r for r in recipes if r.family == "rejection_sampling"]
+    selected = [r for r in strategies if r.algorithm in MATCHED_CONTROL]
+    controls = [r for r in strategies if r.algorithm not in MATCHED_CONTROL]
+    if not selected:  # only a control was named: plan its reward-selected partner
+        partners = {v: k for k, v in MATCHED_CONTROL.items()}
+        selected = [recipe_for_algorithm(partners[c.algorithm]) for c in controls]
+    for strategy in selected:
+        control = recipe_for_algorithm(MATCHED_CONTROL[strategy.algorithm])
+        if control.id not in {c.id for c in controls}:
+            controls.append(control)
+    arms: list[_Arm] = []
+    for rm in rms:
+        matched = []
+        if preset and rm.algorithm == "orm":  # score the task the prompts come from
+            matched = ["data.dataset=builtin:reasoning-outcomes:chain_sum"]
+        arms.append(_Arm(recipe=rm, name=rm.algorithm, matched=matched))
+    for strategy in selected:
+        for rm in rms:
+            arms.append(
+                _Arm(
+                    recipe=strategy,
+                    name=f"{strategy.algorithm}[{rm.algorithm}]",
+                    matched=[f"scorer.name={_rm_run_path(dated, rm.algorithm)}"],
+                    after=[rm.algorithm],
+                )
+            )
+    for control in controls:
+        arms.append(_Arm(recipe=control, name=control.algorithm))
+    notes = [
+        "the random controls ignore the scores (same pool, same seed, same selection size), so "
+        "one control serves every scorer"
+    ]
+    if preset:
+        notes.append(
+            "on a preset model the reward models train on the prompts' task (chain_sum: the "
+            "PRM's built-in steps, the ORM's built-in outcomes restricted to chain_sum)"
+        )
+    return arms, notes
+
+
+def _scorer_steps(runs: list[PlannedRun], dated: str) -> list[str]:
+    rm = [r.name for r in runs if r.family == "reward_models"]
+    dependent = [r.name for r in runs if r.after]
+    free = [r.name for r in runs if not r.after and r.family != "reward_models"]
+    ids = ", ".join(f"<{n}-run-id>" for n in rm)
+    return [
+        f"1. launch the reward models {', '.join(rm)} (and {', '.join(free)}, which needs no "
+        "reward model) with their launch_command; note each run id launch prints",
+        f"2. wait until {' and '.join(rm)} have succeeded (run_status): each saves final_model/ "
+        "in its run folder",
+        f"3. then launch {', '.join(dependent)} with their launch_command, replacing {ids} with "
+        f"those run ids (experiments/{dated}/runs/<run-id> is the folder launch reported); a "
+        "rejection-sampling run launched before its reward model has finished fails at scoring",
+        "4. record_results on every run, then compare the rejection-sampling runs together "
+        "(compare_runs) and the reward models together",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------------
+
+
+def _plain_steps(runs: list[PlannedRun]) -> list[str]:
+    names = ", ".join(r.name for r in runs)
+    if len(runs) == 1:
+        return [f"1. launch {names} with its launch_command, then poll its status until it ends"]
+    return [
+        f"1. launch {names} with their launch_command: each queues behind the jobs already on "
+        "its device (one training job per device), so they run one after another",
+        "2. record_results on every run, then compare_runs on them together",
+    ]
+
+
+def _criteria(runs: list[PlannedRun]) -> list[Criteria]:
+    """Each algorithm's key metrics, acceptance and watch items, those its family shares in the
+    plan listed once for all of them."""
+    by_family: dict[str, list[str]] = {}
+    for run in runs:
+        algos = by_family.setdefault(run.family, [])
+        if run.algorithm not in algos:
+            algos.append(run.algorithm)
+    out: list[Criteria] = []
+    for family, algos in by_family.items():
+        own = {
+            a: Criteria(
+                algorithms=[a],
+                key_metrics=key_metrics_for(family, a),
+                acceptance=acceptance_for(family, a),
+                watch=watch_for(family, a),
+            )
+            for a in algos
+        }
+        first = own[algos[0]]
+        shared = Criteria(
+            algorithms=algos,
+            **{
+                field: [
+                    x
+                    for x in getattr(first, field)
+                    if all(x in getattr(c, field) for c in own.values())
+                ]
+                for field in ("key_metrics", "acceptance", "watch")
+            },
+        )
+        if len(algos) > 1 and shared:
+            out.append(shared)
+            for a, c in own.items():
+                rest = Criteria(
+                    algorithms=[a],
+                    **{
+                        field: [x for x in getattr(c, field) if x not in getattr(shared, field)]
+                        for field in ("key_metrics", "acceptance", "watch")
+                    },
+                )
+                if rest:
+                    out.append(rest)
+        else:
+            out.extend(own.values())
+    return out
+
+
+def _merged_warnings(per_run: list[tuple[str, list[str]]]) -> list[str]:
+    """Each warning once: as it is when every run has it, else prefixed with the runs it
+    concerns."""
+    seen: dict[str, list[str]] = {}
+    for name, warnings in per_run:
+        for w in warnings:
+            seen.setdefault(w, []).append(name)
+    return [
+        text if len(per_run) == 1 or len(names) == len(per_run) else f"{', '.join(names)}: {text}"
+        for text, names in seen.items()
+    ]
 
 
 def plan_experiment(
@@ -437,11 +745,12 @@ def plan_experiment(
     campaign: str | None = None,
     overrides: list[str] | None = None,
 ) -> Plan:
-    """Plan a sanity run (or a comparison) from free text and/or explicit arguments.
+    """Plan a sanity run (or a matched comparison) from free text and/or explicit arguments.
 
     ``algorithm`` (a name, alias, recipe or YAML path) and ``model`` win over what the text
-    says; ``campaign`` is the ledger slug (default ``<algo>-sanity``, or ``<a>-vs-<b>`` for a
-    comparison); ``overrides`` are extra ``--set`` items applied after the shrink rules.
+    says; ``campaign`` is the ledger slug (default ``<algo>-sanity``, ``<a>-vs-<b>`` for a
+    comparison); ``overrides`` are extra dotted overrides applied to every run after the shrink
+    rules and the matching.
     """
     if not request and not algorithm:
         raise InvalidArgument(
@@ -466,8 +775,11 @@ def plan_experiment(
             if r.id not in {x.id for x in recipes}:
                 recipes.append(r)
     chosen_model = model or parsed.model
-    intent: Literal["sanity", "compare"] = "compare" if len(recipes) > 1 else "sanity"
+    user = list(overrides or [])
+    families = {r.family for r in recipes}
+    scorer_question = {"reward_models", "rejection_sampling"} <= families
 
+    intent: Literal["sanity", "compare"] = "compare" if len(recipes) > 1 else "sanity"
     notes: list[str] = []
     if intent == "sanity" and recipes[0].algorithm in MATCHED_CONTROL:
         control = MATCHED_CONTROL[recipes[0].algorithm]
@@ -482,6 +794,10 @@ def plan_experiment(
 
     if campaign is not None:  # "" is a bad slug, not "use the default"
         slug = check_slug(campaign)
+    elif scorer_question:
+        rms = "-vs-".join(r.algorithm for r in recipes if r.family == "reward_models")
+        rs = next(r for r in recipes if r.family == "rejection_sampling")
+        slug = f"{rs.algorithm.replace('_', '-')}-{rms.replace('_', '-')}"[:60].strip("-")
     elif intent == "compare":
         slug = "-vs-".join(r.algorithm.replace("_", "-") for r in recipes)
         if len(slug) > 60:
@@ -491,21 +807,44 @@ def plan_experiment(
     check_slug(slug)
     dated = campaign_name(slug)
 
-    res = check_resources()
-    runs = [_plan_run(r, chosen_model, list(overrides or []), slug, dated, res) for r in recipes]
+    matched: list[str] = []
+    if scorer_question:
+        from trainers.core.tiny import PRESETS
 
-    warnings: list[str] = []
-    for run in runs:
-        warnings.extend(run.warnings)
-    warnings = list(dict.fromkeys(warnings))
+        arms, scorer_notes = _scorer_arms(recipes, dated, chosen_model in PRESETS)
+        notes += scorer_notes
+    else:
+        arms = [_Arm(recipe=r, name=r.algorithm) for r in recipes]
+        names = [a.name for a in arms]
+        for i, arm in enumerate(arms):  # the same algorithm twice (two YAML files): tell apart
+            if names.count(arm.name) > 1:
+                arm.name = f"{arm.name}#{i + 1}"
+        matched, match_notes = _match_policy_gradients(arms, chosen_model, user)
+        notes += match_notes
+
+    res = check_resources()
+    queue = len(arms) > 1  # one training job per device: the runs of a plan wait their turn
+    planned = [_plan_run(a, chosen_model, user, slug, dated, res, queue) for a in arms]
+    runs = [run for run, _ in planned]
+    warnings = _merged_warnings([(run.name, w) for run, w in planned])
     offline: list[str] = []
     if any("cannot be loaded here" in w or "cannot be resolved" in w for w in warnings):
         offline = list(OFFLINE_CHOICES)
 
     comparison = None
-    families = {r.family for r in runs}
-    if len(runs) > 1:
-        if len(families) == 1:
+    run_families = {r.family for r in runs}
+    if scorer_question:
+        rs_runs = [r for r in runs if r.family == "rejection_sampling"]
+        scored = [f"{r.name} (scored by the {r.after[0]} run)" for r in rs_runs if r.after]
+        controls = [r.name for r in rs_runs if not r.after]
+        comparison = (
+            f"held-out exact match (eval/exact_match) of {', '.join(scored)} against the matched "
+            f"random control {', '.join(controls)}: a scorer helps only by the gain over its "
+            "control; the reward models' own held-out metrics say how well each scores. "
+            + family_info("rejection_sampling").comparison
+        )
+    elif len(runs) > 1:
+        if len(run_families) == 1:
             comparison = family_info(runs[0].family).comparison
         else:
             comparison = (
@@ -513,14 +852,18 @@ def plan_experiment(
                 "metrics are not comparable"
             )
         comparison += "; keep the seed and the shrunk settings identical across runs"
+    steps = _scorer_steps(runs, dated) if scorer_question else _plain_steps(runs)
+    criteria = _criteria(runs)
     return Plan(
         request=request,
         intent=intent,
         campaign=slug,
         campaign_name=dated,
         runs=runs,
+        steps=steps,
+        matched=matched,
         comparison=comparison,
-        resources=res,
+        criteria=criteria,
         warnings=warnings,
         offline_choices=offline,
         notes=notes + res.notes,

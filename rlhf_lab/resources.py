@@ -275,7 +275,7 @@ def check_resources(include_runs: bool = True) -> Resources:
         if not run.alive:
             notes.append(
                 f"run {run.run_id} is marked {run.state} but its process is gone "
-                "(`rlhf-lab status` will mark it died)"
+                "(reading its status will mark it died)"
             )
     if gpus and os.environ.get("CUDA_VISIBLE_DEVICES"):
         notes.append(

@@ -58,7 +58,7 @@ class ShrinkResult(BaseModel):
     model: str | None = Field(description="model.name of the shrunk config")
     model_swap: str | None = Field(description="the model asked for (None: kept)")
     overrides: list[str] = Field(
-        description="every --set applied to the recipe, in order: the shrink rules, then the "
+        description="every override applied to the recipe, in order: the shrink rules, then the "
         "user's overrides"
     )
     shrink_overrides: list[str]
@@ -244,7 +244,7 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
         notes.append(
             "a tiny preset is randomly initialised: expect little reward contrast "
             "(frac_reward_zero_std near 1) unless it starts from an SFT warm start (run the "
-            "sft_tiny_warmstart recipe, then --set model.name=<its run dir>/final_model); "
+            "sft_tiny_warmstart recipe, then override model.name=<its run dir>/final_model); "
             "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
             "not a tuned value"
         )
@@ -293,7 +293,7 @@ def _rejection_sampling(r: _Rules, algorithm: str, preset: bool, notes: list[str
         r.set("data.dataset", family_info("rejection_sampling").builtin_datasets["*"])
         notes.append(
             "a random-init preset gets nothing right, so there is nothing to select: warm-start "
-            "it first (trainers/sft/configs/sft_tiny_warmstart.yaml, then --set "
+            "it first (trainers/sft/configs/sft_tiny_warmstart.yaml, then override "
             "model.name=<its run dir>/final_model)"
         )
     _common_quiet(r, big_model=not preset)

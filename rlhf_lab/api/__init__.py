@@ -32,6 +32,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from rlhf_lab import __version__
+from rlhf_lab.api._operation import argument_errors_text as argument_errors_text
+from rlhf_lab.api._operation import describe_schema as describe_schema
 from rlhf_lab.api._operation import operation
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep, Unavailable
 
@@ -84,6 +86,7 @@ _LAZY: dict[str, str] = {
     "LogTail": "rlhf_lab.api.watching",
     "MetricsResult": "rlhf_lab.api.watching",
     "RunList": "rlhf_lab.api.watching",
+    "RunRow": "rlhf_lab.api.watching",
     "advice_for": "rlhf_lab.api.watching",
     "run_status": "rlhf_lab.api.watching",
     "active_run_views": "rlhf_lab.api.watching",
@@ -170,6 +173,8 @@ __all__ = sorted(
         "LabError",
         "NextStep",
         "Unavailable",
+        "argument_errors_text",
+        "describe_schema",
         "device_busy_error",
         "launch_experiment",
         "launch_run",

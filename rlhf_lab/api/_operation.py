@@ -2,6 +2,11 @@
 hints before it runs, and whose malformed arguments become a typed
 :class:`~rlhf_lab.errors.InvalidArgument` (never a raw pydantic traceback).
 
+A malformed argument reads the same on every surface: one line per argument,
+``argument `max_points`: got "many"; expected an integer`` (:func:`argument_errors_text`), with
+the expected type read from the JSON schema of the arguments (:func:`describe_schema`). The MCP
+server renders the SDK's own argument validation with the same function.
+
 pydantic is imported, and the validator built, on the first call: importing the API stays cheap
 for the CLI's start-up. Stdlib only at import time.
 """
@@ -10,28 +15,150 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from rlhf_lab.errors import InvalidArgument
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_PLURAL = {
+    "string": "strings",
+    "integer": "integers",
+    "number": "numbers",
+    "boolean": "booleans",
+    "object": "objects",
+    "array": "lists",
+}
+_SINGULAR = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "an object",
+    "array": "a list",
+    "null": "null",
+}
+# pydantic error types that say "wrong type" (the expected type says the rest)
+_TYPE_ERRORS = ("_type", "_parsing", "literal_error", "enum", "missing")
 
-def _describe(fn: Callable[..., Any], errors: list[dict[str, Any]]) -> str:
-    """pydantic's error list as ``name: problem; ...``, naming positional arguments too."""
-    names = list(inspect.signature(fn).parameters)
-    parts = []
+
+def _json(value: Any, limit: int = 60) -> str:
+    """A value as the caller wrote it (JSON), shortened."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _range(schema: Mapping[str, Any]) -> str:
+    low = schema.get("minimum", schema.get("exclusiveMinimum"))
+    high = schema.get("maximum", schema.get("exclusiveMaximum"))
+    if low is not None and high is not None:
+        return f" from {low} to {high}"
+    if low is not None:
+        return f" of at least {low}" if "minimum" in schema else f" above {low}"
+    if high is not None:
+        return f" of at most {high}" if "maximum" in schema else f" below {high}"
+    return ""
+
+
+def describe_schema(schema: Mapping[str, Any] | None, *, plural: bool = False) -> str:
+    """A JSON schema in words: ``an integer from 1 to 2000``, ``one of "train", "eval"``,
+    ``a list of strings or null``. Unknown shapes read as ``any value``."""
+    if not schema:
+        return "any values" if plural else "any value"
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            parts = [describe_schema(s, plural=plural) for s in schema[key]]
+            return " or ".join(dict.fromkeys(p for p in parts if p))
+    if "enum" in schema:
+        return "one of " + ", ".join(_json(v, 30) for v in schema["enum"])
+    if "const" in schema:
+        return _json(schema["const"], 30)
+    if "$ref" in schema:
+        return "objects" if plural else "an object"
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " or ".join(describe_schema({**schema, "type": k}, plural=plural) for k in kind)
+    if kind == "array":
+        items = schema.get("items")
+        inner = describe_schema(items, plural=True) if items else ""
+        text = f"a list of {inner}" if inner and inner != "any values" else "a list"
+        if schema.get("minItems"):
+            text += f" (at least {schema['minItems']})"
+        return f"lists ({text})" if plural else text
+    if kind in ("integer", "number"):
+        return (_PLURAL[kind] if plural else _SINGULAR[kind]) + _range(schema)
+    if kind == "string":
+        text = "strings" if plural else "a string"
+        if "pattern" in schema:
+            text += f" matching {schema['pattern']}"
+        if schema.get("maxLength") is not None:
+            text += f" of at most {schema['maxLength']} characters"
+        return text
+    if kind in _SINGULAR:
+        return _PLURAL.get(kind, _SINGULAR[kind]) if plural else _SINGULAR[kind]
+    return "any values" if plural else "any value"
+
+
+def _where(loc: Sequence[Any]) -> str:
+    """``overrides[1]`` / ``config.train``: the argument and the positions inside it (pydantic's
+    union-branch labels such as ``literal['a']`` or ``function-after[...]`` are left out)."""
+    text = str(loc[0])
+    for part in loc[1:]:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif str(part).isidentifier():
+            text += f".{part}"
+    return text
+
+
+def _what(error: Mapping[str, Any]) -> str:
+    kind = str(error.get("type", ""))
+    if kind in ("missing", "missing_argument"):
+        return "missing (required)"
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        return "not an argument of this operation"
+    got = f"got {_json(error.get('input'))}"
+    if kind.endswith(_TYPE_ERRORS) or kind in _TYPE_ERRORS:
+        return got
+    msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{got} ({msg[:1].lower()}{msg[1:]})"
+
+
+def argument_errors_text(
+    errors: Sequence[Mapping[str, Any]],
+    properties: Mapping[str, Any] | None = None,
+    names: Sequence[str] = (),
+) -> str:
+    """pydantic's argument errors as one line per argument,
+    ``argument `x`: <what is wrong>; expected <type>`` (no pydantic wording of unions, no URL).
+
+    ``properties`` is the JSON schema of the arguments (name -> schema), ``names`` the
+    positional order, so that an error located at a position names its argument."""
+    properties = properties or {}
+    lines: dict[str, str] = {}
     for error in errors:
-        loc = list(error.get("loc", ()))
-        if loc and isinstance(loc[0], int) and loc[0] < len(names):
+        loc = list(error.get("loc", ())) or ["arguments"]
+        if isinstance(loc[0], int) and loc[0] < len(names):
             loc[0] = names[loc[0]]
-        # the argument, then list positions and keys (not pydantic's union-branch labels)
-        kept = loc[:1] + [p for p in loc[1:] if isinstance(p, int) or str(p).isidentifier()]
-        where = ".".join(str(p) for p in kept) or "arguments"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
-    return "; ".join(parts)
+        where = _where(loc)
+        if where in lines:  # one line per argument (a union reports each of its branches)
+            continue
+        expected = describe_schema(properties.get(str(loc[0])))
+        if len(loc) > 1 and isinstance(loc[1], int):
+            schema = properties.get(str(loc[0])) or {}
+            items = next(
+                (s.get("items") for s in [schema, *schema.get("anyOf", [])] if "items" in s), None
+            )
+            expected = describe_schema(items) if items else expected
+        text = f"argument `{where}`: {_what(error)}"
+        lines[where] = f"{text}; expected {expected}" if expected != "any value" else text
+    return "\n".join(lines.values()) or "the arguments are invalid"
 
 
 def _arguments_only(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -49,6 +176,17 @@ def _arguments_only(fn: Callable[..., Any]) -> Callable[..., Any]:
     return twin
 
 
+def _argument_schemas(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The JSON schema of each of ``fn``'s arguments ({} when pydantic cannot write one)."""
+    from pydantic import TypeAdapter
+
+    try:
+        schema = TypeAdapter(_arguments_only(fn)).json_schema()
+    except Exception:  # noqa: BLE001 - only the wording of an error depends on it
+        return {}
+    return dict(schema.get("properties") or {})
+
+
 def operation(fn: F) -> F:
     """Validate ``fn``'s arguments with pydantic (lax mode: "3" -> 3, tuple -> list) on each call."""
     validated: list[Callable[..., Any]] = []
@@ -64,9 +202,9 @@ def operation(fn: F) -> F:
         except ValidationError as err:
             if err.title != fn.__name__:  # a model built inside the function: not the caller's
                 raise
-            raise InvalidArgument(
-                f"bad arguments for {fn.__name__}: {_describe(fn, err.errors())}"
-            ) from None
+            names = list(inspect.signature(fn).parameters)
+            text = argument_errors_text(err.errors(include_url=False), _argument_schemas(fn), names)
+            raise InvalidArgument(text) from None
 
     wrapper.__lab_operation__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]

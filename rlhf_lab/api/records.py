@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
 from rlhf_lab.compare import Comparison
-from rlhf_lab.errors import LabError, NextStep
+from rlhf_lab.errors import InvalidArgument, LabError, NextStep
 from rlhf_lab.ledger import Campaign, RunRecord, record_run, show_campaign
 from rlhf_lab.ledger import list_campaigns as ledger_campaigns
 from rlhf_lab.paths import experiments_dir
@@ -20,6 +20,7 @@ class RecordResult(RunRecord):
 
 class CampaignList(BaseModel):
     campaigns: list[Campaign] = Field(description="newest first")
+    total: int = Field(default=0, description="campaigns before the limit")
     note: str | None = None
 
 
@@ -35,11 +36,17 @@ def record_results(run_id: str, note: str | None = None) -> RecordResult:
 
 
 @operation
-def list_campaigns() -> CampaignList:
-    """The campaigns, newest first, with a note when there are none yet."""
+def list_campaigns(limit: int | None = 20) -> CampaignList:
+    """The newest ``limit`` campaigns (None: all), with a note when there are none yet or when
+    some were left out."""
+    if limit is not None and limit < 1:
+        raise InvalidArgument("limit must be at least 1")
     camps = ledger_campaigns()
     note = None if camps else "no campaigns yet: launch_run creates one (default <algo>-sanity)"
-    return CampaignList(campaigns=camps, note=note)
+    if limit is not None and len(camps) > limit:
+        note = f"the newest {limit} of {len(camps)} campaigns; ledger://index lists them all"
+    shown = camps if limit is None else camps[:limit]
+    return CampaignList(campaigns=shown, total=len(camps), note=note)
 
 
 @operation

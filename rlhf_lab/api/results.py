@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.runs import LaunchResult, RunInfo
+from rlhf_lab.runs import LaunchResult
 
 State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died"]
 
@@ -18,8 +18,12 @@ class SweepResult(BaseModel):
 
 
 class LaunchRunResult(BaseModel):
+    """A launch (or resume) as an agent reads it; run_status has the rest."""
+
     run_id: str
     campaign: str = Field(description="YYYY-MM-DD-<slug>; its ledger is ledger://<campaign>")
+    family: str
+    algorithm: str
     state: State
     device: str
     queued: bool
@@ -30,7 +34,6 @@ class LaunchRunResult(BaseModel):
     warnings: list[str] = Field(
         default_factory=list, description="doubtful values the launch went ahead with"
     )
-    run: RunInfo
 
 
 def launch_run_result(result: LaunchResult) -> LaunchRunResult:
@@ -49,6 +52,8 @@ def launch_run_result(result: LaunchResult) -> LaunchRunResult:
     return LaunchRunResult(
         run_id=info.id,
         campaign=info.campaign,
+        family=info.family,
+        algorithm=info.algorithm,
         state=result.state,
         device=result.device,
         queued=result.queued,
@@ -57,5 +62,4 @@ def launch_run_result(result: LaunchResult) -> LaunchRunResult:
         log_path=f"{info.run_dir}/train.log",
         next_step=nxt,
         warnings=result.warnings,
-        run=info,
     )

@@ -9,15 +9,18 @@ again need not re-read its whole log. Running runs are always diagnosed afresh.
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
 from rlhf_lab.api.results import State
-from rlhf_lab.errors import LabError, NextStep
+from rlhf_lab.errors import InvalidArgument, LabError, NextStep
 from rlhf_lab.logs import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
 from rlhf_lab.runs import RunStatus, follow_run, list_runs, run_state, unfinished_runs
 
@@ -44,13 +47,35 @@ class LogTail(LogChunk):
 
 
 class MetricsResult(MetricSeries):
-    note: str | None = Field(default=None, description="why there are no rows, when there are none")
+    note: str | None = Field(
+        default=None,
+        description="why there are no rows, or how to see more when some were left out",
+    )
+
+
+class RunRow(BaseModel):
+    """A run in a list: where it stands and its held-out headline metric."""
+
+    id: str
+    campaign: str
+    state: str
+    step: int | None = None
+    total_steps: int | None = None
+    metric: str | None = Field(default=None, description="the algorithm's headline metric")
+    value: float | None = Field(default=None, description="its latest value (null: not yet)")
+    status: RunStatus | None = Field(default=None, description="the full status (detail=true)")
 
 
 class RunList(BaseModel):
-    runs: list[RunStatus] = Field(description="oldest first (the newest `limit` runs)")
+    runs: list[RunRow] = Field(description="oldest first (the newest `limit` runs)")
     total: int = Field(description="matching runs before the limit")
     note: str | None = None
+
+
+LIST_LIMIT = 50  # rows of a run list by default
+LIST_DETAIL_LIMIT = 10  # rows with their full status by default
+METRICS_BUDGET_BYTES = 8_000  # the rows get_metrics returns by default fit in this
+METRICS_DIGITS = 6  # significant digits of a metric value in get_metrics
 
 
 # ------------------------------------------------------------------------------ alert cache
@@ -147,14 +172,59 @@ def active_run_views() -> list[RunStatusResult]:
     return [run_status(s.id) for s in unfinished_runs()]
 
 
+def _headline(status: RunStatus) -> tuple[str | None, float | None]:
+    """The run's headline metric and its latest value (eval rows first, then train rows)."""
+    from rlhf_lab.catalog import headline_metric
+
+    try:
+        name = headline_metric(status.algorithm or status.family or "")
+    except LabError:
+        return None, None
+    for row in (status.last_eval, status.last_train):
+        value = row.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return name, float(value)
+    return name, None
+
+
+def run_row(status: RunStatus, detail: bool = False) -> RunRow:
+    """A run as one row of a list; ``detail`` adds its full status."""
+    metric, value = _headline(status)
+    return RunRow(
+        id=status.id,
+        campaign=status.campaign,
+        state=status.state,
+        step=status.step,
+        total_steps=status.total_steps,
+        metric=metric,
+        value=value,
+        status=status if detail else None,
+    )
+
+
 @operation
-def run_list(campaign: str | None = None, state: str | None = None, limit: int = 50) -> RunList:
-    """The newest ``limit`` matching runs (oldest first), their total and a note when empty."""
+def run_list(
+    campaign: str | None = None,
+    state: str | None = None,
+    limit: int | None = None,
+    detail: bool = False,
+) -> RunList:
+    """The newest ``limit`` matching runs (oldest first) as rows of id, campaign, state,
+    step/total and headline metric (``detail``: with the full status; the default limit is
+    then smaller), their total, and a note when empty or cut."""
+    if limit is not None and limit < 1:
+        raise InvalidArgument("limit must be at least 1")
     runs = list_runs(campaign, state)
+    shown = limit or (LIST_DETAIL_LIMIT if detail else LIST_LIMIT)
     note = None
     if not runs:
         note = "no runs match" + ("" if campaign or state else " (none launched yet: launch_run)")
-    return RunList(runs=runs[-limit:], total=len(runs), note=note)
+    elif len(runs) > shown:
+        note = (
+            f"the newest {shown} of {len(runs)} runs; narrow by campaign or state, or raise limit"
+        )
+    rows = [run_row(s, detail) for s in runs[-shown:]]
+    return RunList(runs=rows, total=len(runs), note=note)
 
 
 def wait_and_stream(
@@ -211,20 +281,89 @@ def follow_log(run_id: str, cursor: int | None, poll_s: float = 1.0) -> Iterator
 # ------------------------------------------------------------------------------------ metrics
 
 
+def _rounded(value: Any) -> Any:
+    """A metric value to :data:`METRICS_DIGITS` significant digits (non-floats unchanged)."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{METRICS_DIGITS}g}")
+    return value
+
+
+def even_indices(n: int, k: int) -> list[int]:
+    """``k`` indices spread evenly over ``range(n)``, the last always among them."""
+    if k >= n:
+        return list(range(n))
+    if k == 1:
+        return [n - 1]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def _rows_size(rows: list[dict[str, Any]]) -> int:
+    return len(json.dumps(rows, separators=(",", ":"), default=str))
+
+
 @operation
 def get_metrics(
     run_id: str,
     keys: list[str] | None = None,
     phase: str | None = None,
-    max_points: int = 200,
+    max_points: int | None = None,
+    max_bytes: int = METRICS_BUDGET_BYTES,
 ) -> MetricsResult:
-    """read_metrics plus a note saying why there are no rows, when there are none."""
-    series = read_metrics(run_id, keys, phase, max_points)
+    """A run's metric rows, bounded by size: each phase down-sampled evenly (its last row always
+    kept) to ``max_points`` rows, then further until the rows' JSON fits in ``max_bytes``;
+    values to 6 significant digits. The note says why there are no rows, or how to see more."""
+    if max_bytes < 256:
+        raise InvalidArgument("max_bytes must be at least 256")
+    full = read_metrics(run_id, keys, phase, None)
+    rows = [{k: _rounded(v) for k, v in r.items()} for r in full.rows]
+    per_phase: dict[Any, list[int]] = {}
+    for i, r in enumerate(rows):
+        per_phase.setdefault(r.get("phase"), []).append(i)
+    longest = max((len(v) for v in per_phase.values()), default=0)
+
+    def pick(points: int) -> list[dict[str, Any]]:
+        keep: list[int] = []
+        for idx in per_phase.values():
+            keep.extend(idx[j] for j in even_indices(len(idx), points))
+        return [rows[i] for i in sorted(keep)]
+
+    points = min(longest, max_points) if max_points else longest
+    picked = pick(points)
+    if _rows_size(picked) > max_bytes:  # the largest per-phase count that fits (binary search)
+        low, high = 1, points
+        while low < high:
+            mid = (low + high + 1) // 2
+            if _rows_size(pick(mid)) <= max_bytes:
+                low = mid
+            else:
+                high = mid - 1
+        points, picked = low, pick(low)
+        while len(picked) > 1 and _rows_size(picked) > max_bytes:  # one row per phase too big
+            picked = picked[1:]
     note = None
-    if not series.rows:
+    if not picked:
         note = (
             "no matching rows yet: the trainer writes one after each logged step"
             if not keys
             else f"no rows hold {', '.join(keys)}; call without keys to see the names"
         )
-    return MetricsResult(**series.model_dump(), note=note)
+    elif len(picked) < len(rows):
+        note = (
+            f"{len(picked)} of {len(rows)} rows (down-sampled evenly per phase, last row kept) to "
+            f"stay under {max_bytes} bytes; for more points pass keys=[...] with fewer metrics, "
+            "a phase, or a larger max_bytes"
+        )
+    seen: dict[str, None] = {}
+    for r in picked:
+        for k in r:
+            if k not in ("step", "phase", "time_s"):
+                seen.setdefault(k, None)
+    return MetricsResult(
+        run_id=run_id,
+        phase=phase,
+        keys=list(seen) if picked else full.keys,
+        rows=picked,
+        total_rows=full.total_rows,
+        downsampled=len(picked) < len(rows),
+        note=note,
+    )

@@ -121,12 +121,13 @@ def plan(
     def human(p: Any) -> None:
         typer.echo(f"campaign: {p.campaign_name}")
         for run in p.runs:
-            typer.echo(f"\n== {run.recipe.id} ({run.family})")
+            after = f", after {', '.join(run.after)}" if run.after else ""
+            typer.echo(f"\n== {run.name}: {run.recipe} ({run.family}{after})")
             typer.echo(
                 f"model: {run.model}   expected optimizer steps: {run.expected_optimizer_steps}"
             )
-            for change in run.shrink.diff:
-                typer.echo(f"  {change.key}: {change.default!r} -> {change.value!r}")
+            for change in run.changes:
+                typer.echo(f"  {change.key}: {change.shipped!r} -> {change.used!r}")
             for fit in run.devices:
                 est = f"{fit.estimate_gb:.2f}" if fit.estimate_gb is not None else "?"
                 typer.echo(
@@ -135,9 +136,21 @@ def plan(
                 )
             typer.echo(f"launch:  {run.launch_command}")
             typer.echo(f"trainer: {run.trainer_command}")
-            typer.echo("watch: " + ", ".join(run.key_metrics))
-            for item in run.acceptance:
+        for crit in p.criteria:
+            typer.echo(f"\n{', '.join(crit.algorithms)}:")
+            if crit.key_metrics:
+                typer.echo("watch: " + ", ".join(crit.key_metrics))
+            for item in crit.acceptance:
                 typer.echo(f"accept: {item}")
+        if p.matched:
+            typer.echo("\nmatched across runs: " + ", ".join(p.matched))
+        if p.comparison:
+            typer.echo(f"comparison: {p.comparison}")
+        typer.echo("")
+        for step in p.steps:
+            typer.echo(step)
+        for note in p.notes:
+            typer.echo(f"note: {note}")
         for w in p.warnings:
             typer.echo(f"warning: {w}")
         for choice in p.offline_choices:
@@ -159,7 +172,7 @@ def shrink(
     def human(r: Any) -> None:
         typer.echo(f"{r.recipe.id}: {r.steps_detail}")
         for change in r.diff:
-            typer.echo(f"  {change.key}: {change.default!r} -> {change.value!r}")
+            typer.echo(f"  {change.key}: {change.shipped!r} -> {change.used!r}")
         typer.echo("overrides: " + " ".join(f"--set {o}" for o in r.overrides))
         for note in r.notes:
             typer.echo(f"note: {note}")
@@ -371,18 +384,30 @@ def status(
 def runs(
     campaign: Annotated[str | None, typer.Option(help="campaign slug or name")] = None,
     state: Annotated[str | None, typer.Option(help="only runs in this state")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="the newest N (default 50, or 10 with --detail)")
+    ] = None,
+    detail: Annotated[bool, typer.Option("--detail", help="each run's full status")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """List runs, newest last."""
+    """List runs, newest last, with each run's headline metric."""
 
-    def human(items: Any) -> None:
-        _table(
-            "runs",
-            ["run", "state", "step", "campaign"],
-            [[r.id, r.state, f"{r.step or 0}/{r.total_steps or '?'}", r.campaign] for r in items],
-        )
+    def human(listed: Any) -> None:
+        rows = [
+            [
+                r.id,
+                r.state,
+                f"{r.step or 0}/{r.total_steps or '?'}",
+                f"{r.metric} {_fmt(r.value)}" if r.value is not None else "",
+                r.campaign,
+            ]
+            for r in listed.runs
+        ]
+        _table("runs", ["run", "state", "step", "headline", "campaign"], rows)
+        if listed.note:
+            typer.echo(listed.note)
 
-    emit(api.list_runs(campaign, state), as_json, human)
+    emit(api.run_list(campaign, state, limit, detail), as_json, human)
 
 
 @app.command()
@@ -414,12 +439,15 @@ def metrics(
     run: Annotated[str, typer.Argument(help="run id")],
     keys: Annotated[str | None, typer.Option(help="comma list of metric names")] = None,
     phase: Annotated[str | None, typer.Option(help="train, eval or rollout")] = None,
-    max_points: Annotated[int | None, typer.Option(help="down-sample to this many")] = None,
+    max_points: Annotated[int | None, typer.Option(help="at most this many rows per phase")] = None,
+    max_bytes: Annotated[
+        int, typer.Option("--max-bytes", help="down-sample until the rows' JSON fits")
+    ] = 8_000,
     as_json: JsonOpt = False,
 ) -> None:
-    """Metric series from metrics.jsonl."""
+    """Metric series from metrics.jsonl, down-sampled evenly per phase to a bounded size."""
     wanted = [k.strip() for k in keys.split(",")] if keys else None
-    series = api.read_metrics(run, wanted, phase, max_points)
+    series = api.get_metrics(run, wanted, phase, max_points, max_bytes)
 
     def human(s: Any) -> None:
         cols = [
@@ -428,6 +456,8 @@ def metrics(
             *(wanted or sorted({k for r in s.rows for k in r} - {"step", "phase", "time_s"}))[:8],
         ]
         _table(f"{run} metrics", cols, [[_fmt(r.get(c)) for c in cols] for r in s.rows])
+        if s.note:
+            typer.echo(s.note)
 
     emit(series, as_json, human)
 
@@ -522,7 +552,7 @@ def campaign_list(as_json: JsonOpt = False) -> None:
             [[c.id, c.status, c.runs, c.question] for c in items],
         )
 
-    emit(api.list_campaigns().campaigns, as_json, human)
+    emit(api.list_campaigns(limit=None).campaigns, as_json, human)
 
 
 # ------------------------------------------------------------------------------ resources/models
@@ -643,9 +673,9 @@ COMMAND_OPERATIONS: dict[str, str] = {
     "launch": "launch_experiment",
     "sweep": "sweep",
     "status": "run_status",
-    "runs": "list_runs",
+    "runs": "run_list",
     "tail": "tail_log",
-    "metrics": "read_metrics",
+    "metrics": "get_metrics",
     "stop": "stop_run",
     "resume": "resume_run",
     "record": "record_run",

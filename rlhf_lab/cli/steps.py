@@ -63,11 +63,20 @@ CLI_OPERATIONS: dict[str, Command] = {
     "get_metrics": Command(
         "metrics",
         ("run_id",),
-        {"keys": "--keys", "phase": "--phase", "max_points": "--max-points"},
+        {
+            "keys": "--keys",
+            "phase": "--phase",
+            "max_points": "--max-points",
+            "max_bytes": "--max-bytes",
+        },
     ),
     "stop_run": Command("stop", ("run_id",), {"grace_s": "--grace"}),
     "resume_run": Command("resume", ("run_id",), {"device": "--device", "force": "--force"}),
-    "list_runs": Command("runs", (), {"campaign": "--campaign", "state": "--state"}),
+    "list_runs": Command(
+        "runs",
+        (),
+        {"campaign": "--campaign", "state": "--state", "limit": "--limit", "detail": "--detail"},
+    ),
     "compare_runs": Command("compare", ("run_ids",), {"record_in": "--record-in"}),
     "record_results": Command("record", ("run_id",), {"note": "--note"}),
     "create_campaign": Command(

@@ -4,9 +4,11 @@ Torch-free."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rlhf_lab.configs import ConfigChange  # one shape for every config diff the lab shows
 
 __all__ = [
     "BLOCKS",
@@ -44,14 +46,6 @@ class MetricSummary(_Model):
     best: float | None = None
     best_step: int | None = None
     direction: Literal["max", "min"] | None = None
-
-
-class ConfigChange(_Model):
-    """A config value that differs from the shipped default YAML (dotted key)."""
-
-    key: str
-    shipped: Any = None
-    used: Any = None
 
 
 class SampleExcerpt(_Model):

@@ -1,6 +1,15 @@
 """The MCP server object, its shared argument types, and how a lab error becomes a tool error:
-the message, then its next steps rendered as tool calls (:func:`render_step`). Torch-free."""
+the message, then its next steps rendered as tool calls (:func:`render_step`). Torch-free.
 
+What every client sees is kept small (:class:`LabServer`; tests/mcp/test_output_sizes.py):
+tools/list advertises input schemas without pydantic's titles and output schemas cut to their
+top-level fields and types (nested models typed ``object``, no descriptions: the results carry
+their fields, the docs describe them), a result's text is its compact JSON (not indented), an
+argument the SDK rejects reads ``argument `x`: got ...; expected ...`` (no pydantic wording, no
+URL), and resources/list names each campaign's ledger.
+"""
+
+import copy
 import json
 import logging
 import math
@@ -9,8 +18,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
-from pydantic import BaseModel, Field
+from mcp.types import CallToolResult, Resource, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field, ValidationError
 
 from rlhf_lab import api
 from rlhf_lab.errors import LabError, NextStep
@@ -19,7 +28,9 @@ SERVER_NAME = "rlhf-lab"
 DEFAULT_PORT = 8765
 TAIL_MAX_BYTES = 64_000
 METRICS_MAX_POINTS = 2_000
+METRICS_MAX_BYTES = 40_000
 STOP_MAX_GRACE_S = 600.0
+LISTED_CAMPAIGNS = 100  # resources/list names this many campaign ledgers (newest first)
 
 log = logging.getLogger("rlhf_lab.mcp")
 
@@ -39,7 +50,132 @@ report from the ledger (resource ledger://{campaign}). One training job per devi
 estimate_memory says both fit. Without Hugging Face access use model="tiny".
 """
 
-server = MCPServer(SERVER_NAME, instructions=INSTRUCTIONS, version=api.LAB_VERSION)
+
+# ---------------------------------------------------------------------------------------------
+# What the client sees: compact schemas, compact results, readable argument errors
+# ---------------------------------------------------------------------------------------------
+
+
+def _without_titles(schema: Any) -> Any:
+    """``schema`` without pydantic's generated ``title`` strings (a property named "title" is a
+    dict under ``properties`` and stays)."""
+    if isinstance(schema, dict):
+        return {
+            k: _without_titles(v)
+            for k, v in schema.items()
+            if not (k == "title" and isinstance(v, str))
+        }
+    if isinstance(schema, list):
+        return [_without_titles(v) for v in schema]
+    return schema
+
+
+# what an output schema leaves out: the result shows its fields; the docs and the API's models
+# describe them (clients send input schemas to the model, not output schemas)
+_DROPPED = frozenset({"title", "description", "default", "examples", "$defs", "required"})
+
+
+def compact_output_schema(schema: dict[str, Any], depth: int = 1) -> dict[str, Any]:
+    """An output schema that lists ``depth`` levels of fields: the top-level fields keep their
+    types and enums; a model nested below them is typed ``object`` (an array of them ``array``
+    of ``object``) without its fields, which the result itself shows. ``$ref``s are inlined;
+    titles, descriptions, defaults and ``required`` dropped. Every value the full schema
+    accepts, the compact one accepts too (it only says less)."""
+    defs = schema.get("$defs", {})
+
+    def node(s: dict[str, Any], level: int) -> dict[str, Any]:
+        ref = s.get("$ref")
+        if isinstance(ref, str):
+            target = defs.get(ref.rsplit("/", 1)[-1], {})
+            s = {**target, **{k: v for k, v in s.items() if k != "$ref"}}
+        if 0 < level and level >= depth and "properties" in s:  # a nested model: its fields go
+            return {"type": "object"}
+        out: dict[str, Any] = {}
+        for key, value in s.items():
+            if key in _DROPPED or (key == "additionalProperties" and value is True):
+                continue  # (additionalProperties: true is JSON Schema's default)
+            if key == "properties":
+                out[key] = {name: node(p, level + 1) for name, p in value.items()}
+            elif key in ("anyOf", "oneOf", "allOf"):  # (no `type` arrays: less portable)
+                out[key] = [node(x, level) for x in value]
+            elif key == "items" and isinstance(value, dict):
+                out[key] = node(value, level)
+            elif key == "additionalProperties" and isinstance(value, dict):
+                out[key] = node(value, level + 1)
+            else:
+                out[key] = value
+        return out
+
+    return node(schema, 0)
+
+
+def reply(model: BaseModel) -> CallToolResult:
+    """A tool's result: its fields (non-finite floats as null) as structured content, and the
+    same as one line of compact JSON for clients that read only the text."""
+    text = json.dumps(
+        _finite(model.model_dump()), ensure_ascii=False, separators=(",", ":"), default=str
+    )
+    data = json.loads(text)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+
+
+class LabServer(MCPServer):
+    """The SDK's server with the lab's surface rules (see the module docstring)."""
+
+    _compact_tools: dict[str, Any] | None = None
+
+    async def list_tools(self):  # type: ignore[override]
+        tools = await super().list_tools()
+        if self._compact_tools is None or set(self._compact_tools) != {t.name for t in tools}:
+            self._compact_tools = {
+                t.name: t.model_copy(
+                    update={
+                        "input_schema": _without_titles(t.input_schema),
+                        "output_schema": (
+                            compact_output_schema(t.output_schema) if t.output_schema else None
+                        ),
+                    }
+                )
+                for t in tools
+            }
+        return [copy.copy(self._compact_tools[t.name]) for t in tools]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ValidationError) or type(exc) is not ToolError:
+                raise
+            schemas = {t.name: t.input_schema for t in await super().list_tools()}
+            properties = (schemas.get(name) or {}).get("properties") or {}
+            text = api.argument_errors_text(cause.errors(include_url=False), properties)
+            raise ToolError(
+                f"{text}\nNext: call {name} again with the argument fixed (see its input schema)"
+            ) from cause
+
+    async def list_resources(self) -> list[Resource]:
+        """The static resources, then each campaign's ledger (newest first, at most
+        :data:`LISTED_CAMPAIGNS`; ``ledger://index`` lists them all)."""
+        listed = await super().list_resources()
+        try:
+            campaigns = api.list_campaigns(limit=LISTED_CAMPAIGNS).campaigns
+        except LabError:  # an unreadable ledger folder must not hide the static resources
+            return listed
+        for camp in campaigns:
+            listed.append(
+                Resource(
+                    uri=f"ledger://{camp.id}",
+                    name=f"ledger-{camp.id}",
+                    title=f"Campaign {camp.id}",
+                    description=f"{camp.status}: {camp.question}"[:200],
+                    mime_type="text/markdown",
+                )
+            )
+        return listed
+
+
+server = LabServer(SERVER_NAME, instructions=INSTRUCTIONS, version=api.LAB_VERSION)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,13 +206,16 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
     ),
     "run_status": ("run_status", frozenset({"run_id"})),
     "tail_logs": ("tail_logs", frozenset({"run_id", "lines", "cursor", "max_bytes"})),
-    "get_metrics": ("get_metrics", frozenset({"run_id", "keys", "phase", "max_points"})),
+    "get_metrics": (
+        "get_metrics",
+        frozenset({"run_id", "keys", "phase", "max_points", "max_bytes"}),
+    ),
     "stop_run": ("stop_run", frozenset({"run_id", "grace_s"})),
     "resume_run": ("resume_run", frozenset({"run_id", "force"})),
-    "list_runs": ("list_runs", frozenset({"campaign", "state", "limit"})),
+    "list_runs": ("list_runs", frozenset({"campaign", "state", "limit", "detail"})),
     "compare_runs": ("compare_runs", frozenset({"run_ids", "record_in"})),
     "record_results": ("record_results", frozenset({"run_id", "note"})),
-    "list_campaigns": ("list_campaigns", frozenset()),
+    "list_campaigns": ("list_campaigns", frozenset({"limit"})),
 }
 # operations with no tool of their own, done through another tool: operation -> (the tool, how the
 # operation's argument names map to the tool's)
@@ -175,12 +314,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _clean(model: BaseModel, cls: type[BaseModel] | None = None) -> Any:
-    """A copy of ``model`` (as ``cls``) whose non-finite floats are None."""
-    data = _finite(model.model_dump())
-    return (cls or type(model)).model_validate(data)
-
-
 READ_ONLY = ToolAnnotations(
     read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
 )
@@ -188,26 +321,17 @@ READ_ONLY = ToolAnnotations(
 RecipeArg = Annotated[
     str,
     Field(
-        description="recipe name (dpo, simpo, grpo, preference_rm, sft, ...), '<family>/<name>', "
-        "an algorithm name or alias, or a YAML path; list_recipes shows them"
+        description="recipe or algorithm (dpo, grpo, prm, sft, ...), '<family>/<name>' or a YAML"
     ),
 ]
-RunIdArg = Annotated[
-    str,
-    Field(description="run id as launch_run / list_runs return it, e.g. dpo-20260101-120000-ab12"),
-]
+RunIdArg = Annotated[str, Field(description="run id, e.g. dpo-20260101-120000-ab12")]
 ModelArg = Annotated[
     str | None,
     Field(
-        description="swap the model: 'tiny' (built-in ~1M-parameter preset, offline), a local "
-        "folder (e.g. another run's final_model/), a .gguf file or a hub id; null keeps the "
-        "recipe's model"
+        description="'tiny' (built-in, offline), a local folder (e.g. a run's final_model/), a "
+        ".gguf or a hub id; null: the recipe's"
     ),
 ]
 OverridesArg = Annotated[
-    list[str],
-    Field(
-        description="dotted key=value overrides applied last, e.g. ['train.max_steps=20', "
-        "'data.max_samples=256']"
-    ),
+    list[str], Field(description="dotted key=value, applied last, e.g. ['train.max_steps=20']")
 ]

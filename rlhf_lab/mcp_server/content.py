@@ -1,7 +1,11 @@
-"""The MCP resources (the experiment index and each campaign's ledger) and prompts (the sanity
-check and comparison workflows), served from :mod:`rlhf_lab.api`."""
+"""The MCP resources (the experiment index and each campaign's ledger; resources/list also names
+every campaign, :class:`~rlhf_lab.mcp_server._core.LabServer`) and prompts (the sanity check and
+comparison workflows, each argument described), served from :mod:`rlhf_lab.api`."""
+
+from typing import Annotated
 
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+from pydantic import Field
 
 from rlhf_lab import api
 from rlhf_lab.errors import LabError
@@ -69,7 +73,15 @@ def _acceptance(algorithm: str) -> str:
     title="Sanity-check an algorithm",
     description="Run one short sanity experiment end to end with the rlhf-lab tools and report it",
 )
-def sanity_check(algorithm: str, model: str = "tiny", campaign: str = "") -> str:
+def sanity_check(
+    algorithm: Annotated[
+        str, Field(description="algorithm or recipe to check, e.g. dpo, grpo, preference_rm")
+    ],
+    model: Annotated[
+        str, Field(description="model to run it on; 'tiny' (the default) works offline")
+    ] = "tiny",
+    campaign: Annotated[str, Field(description="ledger slug; empty: <algorithm>-sanity")] = "",
+) -> str:
     camp = f"campaign='{campaign}'" if campaign else "the default campaign (<algorithm>-sanity)"
     return f"""\
 Run a short sanity experiment for {algorithm} on model '{model}' with the rlhf-lab tools, in
@@ -99,7 +111,16 @@ Run a short sanity experiment for {algorithm} on model '{model}' with the rlhf-l
     description="Compare several algorithms of one family with matched settings and the "
     "family's comparison rules",
 )
-def compare_algorithms(algorithms: str, model: str = "tiny", campaign: str = "") -> str:
+def compare_algorithms(
+    algorithms: Annotated[
+        str,
+        Field(description="two or more algorithms of one family, comma-separated: 'dpo, ipo'"),
+    ],
+    model: Annotated[
+        str, Field(description="model for every run; 'tiny' (the default) works offline")
+    ] = "tiny",
+    campaign: Annotated[str, Field(description="ledger slug; empty: <a>-vs-<b>")] = "",
+) -> str:
     names = [a.strip() for a in algorithms.replace(" ", ",").split(",") if a.strip()]
     listed = ", ".join(names) or algorithms
     camp = campaign or "-vs-".join(n.replace("_", "-") for n in names)[:60] or "comparison"
@@ -108,11 +129,14 @@ def compare_algorithms(algorithms: str, model: str = "tiny", campaign: str = "")
 Compare {listed} on model '{model}' with matched settings, in campaign '{camp}'.
 
 1. plan_experiment(request='compare {" and ".join(names)}', model='{model}',
-   campaign='{camp}'). Use the SAME overrides, seed and shrink for every run: only the
-   algorithm may differ.
+   campaign='{camp}'). The plan matches the runs (same seed, data and shrink; policy
+   gradients also the same prompts and completions per step) and lists what it held equal
+   under `matched`: launch each run with exactly the overrides of its launch_command, so that
+   only the algorithm differs.
 2. estimate_memory for each recipe. Launch them one after another with launch_run(...,
    campaign='{camp}', queue=true) so the device runs one job at a time (queue=false with
-   force=true only if the memory check says they fit together).
+   force=true only if the memory check says they fit together). Runs with `after` wait for
+   those runs to succeed (the plan's `steps` say how).
 3. Poll run_status for each run; tail_logs(cursor=...) when something looks wrong.
 4. record_results for every run (any final state), then
    compare_runs(run_ids=[...], record_in='{camp}').

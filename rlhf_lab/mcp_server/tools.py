@@ -1,9 +1,12 @@
 """The MCP tools: each adapts one function of :mod:`rlhf_lab.api` (:data:`TOOL_OPERATIONS`),
-passing its typed arguments and returning its pydantic result with non-finite floats as null."""
+passing its typed arguments and returning its pydantic result (:func:`reply`: structured content
+with non-finite floats as null, and the same as compact JSON text). Every result is bounded with
+the default arguments (tests/mcp/test_output_sizes.py): lists and series are cut to a size, with
+a note saying how to see more."""
 
 from typing import Annotated
 
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from rlhf_lab import api
@@ -25,6 +28,7 @@ from rlhf_lab.api import (
     SweepResult,
 )
 from rlhf_lab.mcp_server._core import (
+    METRICS_MAX_BYTES,
     METRICS_MAX_POINTS,
     READ_ONLY,
     STOP_MAX_GRACE_S,
@@ -38,32 +42,34 @@ from rlhf_lab.mcp_server._core import (
     RunIdArg,
     State,
     _call,
-    _clean,
+    reply,
     server,
 )
+
+Result = CallToolResult  # each tool's result: Annotated[Result, <its model>]
 
 
 @server.tool(
     title="List recipes",
     annotations=READ_ONLY,
-    description="List the shipped training recipes (one YAML config per algorithm) with each "
-    "family's key metrics and acceptance criteria. Use it first when you do not know the exact "
-    "recipe name, or to look up what a family's sanity run should show.",
+    description="The shipped recipes (one YAML per algorithm) with each family's key metrics and "
+    "acceptance criteria. Use it to find a recipe name or what a sanity run should show.",
 )
 def list_recipes(
     family: Annotated[Family | None, Field(description="only this family")] = None,
-) -> RecipeList:
-    return _call("list_recipes", "call list_recipes without a family.", api.list_recipes, family)
+) -> Annotated[Result, RecipeList]:
+    return reply(
+        _call("list_recipes", "call list_recipes without a family.", api.list_recipes, family)
+    )
 
 
 @server.tool(
     title="Plan an experiment",
     annotations=READ_ONLY,
-    description="Plan a sanity run (or a comparison) from a request such as 'small SimPO sanity "
-    "check' or 'compare dpo and ipo': the recipe, the shrunk config and its diff, the memory "
-    "estimate against free memory, the exact commands, the metrics to watch and the acceptance "
-    "criteria, and the ledger campaign. Use it at the start of every new experiment; it writes "
-    "nothing.",
+    description="Plan a sanity run or a matched comparison ('small SimPO sanity check', 'compare "
+    "ppo and grpo', 'does a PRM beat an ORM for best-of-n?'): per run the changes from the "
+    "recipe, memory against free memory and the exact launch command; criteria, campaign and "
+    "launch order. Use it first for every experiment; it writes nothing.",
 )
 def plan_experiment(
     request: Annotated[
@@ -77,8 +83,8 @@ def plan_experiment(
         str | None, Field(description="ledger slug, lowercase-with-hyphens (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
-) -> Plan:
-    return _call(
+) -> Annotated[Result, Plan]:
+    plan = _call(
         "plan_experiment",
         "pass algorithm= explicitly (see list_recipes).",
         api.plan_experiment,
@@ -88,23 +94,22 @@ def plan_experiment(
         campaign,
         list(overrides),
     )
+    return reply(plan)
 
 
 @server.tool(
     title="Shrink a config",
     annotations=READ_ONLY,
-    description="Turn a recipe into a quick sanity-run config (smaller data, few steps, frequent "
-    "logging; with model='tiny' also the offline built-in data) and validate it with the "
-    "trainer's own config model. Returns the validated config, the diff from the shipped "
-    "recipe and the expected number of steps. Use it before launch_run to check overrides; it "
-    "writes nothing.",
+    description="A recipe as a quick sanity-run config (small data, few steps; model='tiny': "
+    "offline data), validated: the full config, its diff and the expected steps. Use it to "
+    "check overrides before launch_run; it writes nothing.",
 )
 def shrink_config(
     recipe: RecipeArg,
     model: ModelArg = None,
     overrides: OverridesArg = [],  # noqa: B006
-) -> ShrinkResult:
-    return _call(
+) -> Annotated[Result, ShrinkResult]:
+    shrunk = _call(
         "shrink_config",
         "check the recipe name with list_recipes and the override keys in the message.",
         api.shrink_config,
@@ -112,15 +117,14 @@ def shrink_config(
         list(overrides),
         model=model,
     )
+    return reply(shrunk)
 
 
 @server.tool(
     title="Estimate memory",
     annotations=READ_ONLY,
-    description="Estimate the peak training memory of a recipe (shrunk by default) per component "
-    "(weights, gradients, optimizer, activations, logits, reference/reward models, KV cache) and "
-    "compare it with the memory free now on the device launch_run would use. Use it before every "
-    "launch, and before starting a second job on a device that is already training.",
+    description="Peak training memory of a recipe (shrunk by default) per component, against the "
+    "free memory of the device launch_run would use. Use it before every launch.",
 )
 def estimate_memory(
     recipe: RecipeArg,
@@ -132,8 +136,8 @@ def estimate_memory(
     device: Annotated[
         Device, Field(description="auto (GPU if visible, else cpu), cpu, cuda or cuda:N")
     ] = "auto",
-) -> MemoryCheck:
-    return _call(
+) -> Annotated[Result, MemoryCheck]:
+    check = _call(
         "estimate_memory",
         "check the recipe and model names (list_recipes; model='tiny' works offline).",
         api.estimate_memory,
@@ -143,20 +147,22 @@ def estimate_memory(
         shrink,
         device,
     )
+    return reply(check)
 
 
 @server.tool(
     title="Check resources",
     annotations=READ_ONLY,
-    description="GPU memory (total/used/free) and which processes and lab runs hold each GPU, CPU "
-    "count and load, free RAM. Use it before launching or when a run is slow. A machine without "
-    "a GPU is a normal answer (gpus is empty and notes say why), not an error.",
+    description="GPU memory and who holds each GPU, CPU count and load, free RAM. Use it before "
+    "launching or when a run is slow; no GPU is an answer, not an error.",
 )
-def check_resources() -> Resources:
-    return _call(
-        "check_resources",
-        "retry once; a machine without a GPU is an answer, not an error.",
-        api.check_resources,
+def check_resources() -> Annotated[Result, Resources]:
+    return reply(
+        _call(
+            "check_resources",
+            "retry once; a machine without a GPU is an answer, not an error.",
+            api.check_resources,
+        )
     )
 
 
@@ -192,8 +198,8 @@ def launch_run(
     device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
     queue: Annotated[bool, Field(description="queue behind the device's current job")] = False,
     force: Annotated[bool, Field(description="start even though the device is busy")] = False,
-) -> LaunchRunResult:
-    return _call(
+) -> Annotated[Result, LaunchRunResult]:
+    launched = _call(
         "launch_run",
         "check the arguments with shrink_config and estimate_memory, then launch again.",
         api.launch_run,
@@ -207,29 +213,26 @@ def launch_run(
         queue=queue,
         force=force,
     )
+    return reply(launched)
 
 
 @server.tool(
     title="Run status",
     annotations=READ_ONLY,
-    description="State (queued/starting/running/succeeded/failed/stopped/died), step/total, ETA, "
-    "a headline line (held-out metric first, training signal after), latest train and eval "
-    "metrics, W&B URL and diagnosed alerts (OOM, NaN loss, stall, no reward contrast, "
-    "repetition, flat learning, download failure, held-out regression, noise samples) with a "
-    "hint each. Use it to poll a launched run every 10-30 s; it returns at once.",
+    description="A run's state (queued/running/succeeded/failed/stopped/killed/died), "
+    "step/total and phase, ETA, a headline line (held-out metric first, training signal after), "
+    "latest metrics, W&B URL, diagnosed alerts (OOM, NaN loss, stall, held-out regression, noise "
+    "samples, ...) with hints, and advice. Use it to poll a run every 10-30 s.",
 )
-def run_status(run_id: RunIdArg) -> RunStatusResult:
-    view = _call("run_status", "call list_runs to see the run ids.", api.run_status, run_id)
-    return _clean(view)
+def run_status(run_id: RunIdArg) -> Annotated[Result, RunStatusResult]:
+    return reply(_call("run_status", "call list_runs to see the run ids.", api.run_status, run_id))
 
 
 @server.tool(
     title="Tail logs",
     annotations=READ_ONLY,
-    description="Read a run's train.log (trainer stdout + stderr, progress bars folded). Without "
-    "cursor: the last `lines` lines. With the cursor a previous call returned: only what was "
-    "written since. Output is capped at max_bytes; pass the returned cursor to continue. Use it "
-    "to watch a run for loss lines, W&B links, OOMs, download errors and stalls.",
+    description="A run's train.log: the last `lines` lines, or with the returned cursor only "
+    "what was written since; capped at max_bytes. Use it to watch for errors and stalls.",
 )
 def tail_logs(
     run_id: RunIdArg,
@@ -240,8 +243,8 @@ def tail_logs(
     max_bytes: Annotated[
         int, Field(ge=256, le=TAIL_MAX_BYTES, description="cap on the returned text")
     ] = 8_000,
-) -> LogTail:
-    return _call(
+) -> Annotated[Result, LogTail]:
+    tail = _call(
         "tail_logs",
         "call list_runs to see the run ids.",
         api.tail_logs,
@@ -250,14 +253,15 @@ def tail_logs(
         cursor=cursor,
         max_bytes=max_bytes,
     )
+    return reply(tail)
 
 
 @server.tool(
     title="Get metrics",
     annotations=READ_ONLY,
-    description="A run's metric series from metrics.jsonl (rows with step, phase, metrics), "
-    "down-sampled evenly to max_points per phase (the last row is always kept). Use it to judge "
-    "learning curves, e.g. keys=['accuracy','margins'] for DPO or ['avg_correctness'] for GRPO.",
+    description="A run's metric rows (6 significant digits), each phase down-sampled evenly "
+    "(last row kept) to fit max_bytes; the note says what was left out. Use it to judge "
+    "curves, e.g. keys=['eval/accuracy'] (fewer keys: more points).",
 )
 def get_metrics(
     run_id: RunIdArg,
@@ -266,9 +270,13 @@ def get_metrics(
     ] = None,
     phase: Annotated[Phase | None, Field(description="only train, eval or rollout rows")] = None,
     max_points: Annotated[
-        int, Field(ge=1, le=METRICS_MAX_POINTS, description="rows per phase after down-sampling")
-    ] = 200,
-) -> MetricsResult:
+        int | None,
+        Field(ge=1, le=METRICS_MAX_POINTS, description="at most this many rows per phase"),
+    ] = None,
+    max_bytes: Annotated[
+        int, Field(ge=256, le=METRICS_MAX_BYTES, description="cap on the rows' JSON size")
+    ] = 8_000,
+) -> Annotated[Result, MetricsResult]:
     series = _call(
         "get_metrics",
         "call list_runs to see the run ids.",
@@ -277,8 +285,9 @@ def get_metrics(
         keys,
         phase,
         max_points,
+        max_bytes,
     )
-    return _clean(series)
+    return reply(series)
 
 
 @server.tool(
@@ -304,9 +313,9 @@ def stop_run(
             description="seconds to wait for the trainer's checkpoint before SIGKILL",
         ),
     ] = 60.0,
-) -> StopResult:
+) -> Annotated[Result, StopResult]:
     status = _call("stop_run", "call list_runs to see the run ids.", api.stop_run, run_id, grace_s)
-    return _clean(status)
+    return reply(status)
 
 
 @server.tool(
@@ -314,15 +323,13 @@ def stop_run(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
-    description="Continue a died, stopped or failed run from its last checkpoint in the same run "
-    "folder (model, optimizer, scheduler, RNG and data position restored; metrics rows after the "
-    "checkpoint are dropped), detached like launch_run. Use it after a kill, an OOM fixed by "
-    "freeing the device, or a stop you want to undo; poll run_status afterwards.",
+    description="Continue a died, stopped or failed run from its last checkpoint in the same "
+    "folder, detached like launch_run. Use it after a kill, a fixed OOM or a stop to undo.",
 )
 def resume_run(
     run_id: RunIdArg,
     force: Annotated[bool, Field(description="start even if the device is busy")] = False,
-) -> LaunchRunResult:
+) -> Annotated[Result, LaunchRunResult]:
     result = _call(
         "resume_run",
         "call run_status: only a died, stopped or failed run with a checkpoint can be resumed.",
@@ -330,21 +337,24 @@ def resume_run(
         run_id,
         force=force,
     )
-    return _clean(result)
+    return reply(result)
 
 
 @server.tool(
     title="List runs",
     annotations=READ_ONLY,
-    description="List runs (oldest first) with state, step and latest metrics, optionally of one "
-    "campaign and/or in one state. Use it to find run ids, or state='running' to see what "
-    "occupies the devices.",
+    description="Runs (the newest 50, or 10 with detail=true; oldest first) as rows of id, "
+    "campaign, state, step/total and headline metric. Use it to find run ids, or "
+    "state='running' to see what holds the devices.",
 )
 def list_runs(
     campaign: Annotated[str | None, Field(description="campaign slug or dated name")] = None,
     state: Annotated[State | None, Field(description="only runs in this state")] = None,
-    limit: Annotated[int, Field(ge=1, le=500, description="at most this many (newest)")] = 50,
-) -> RunList:
+    limit: Annotated[
+        int | None, Field(ge=1, le=500, description="at most this many (the newest)")
+    ] = None,
+    detail: Annotated[bool, Field(description="add each run's full status")] = False,
+) -> Annotated[Result, RunList]:
     listed = _call(
         "list_runs",
         "call list_campaigns for campaign names.",
@@ -352,8 +362,9 @@ def list_runs(
         campaign,
         state,
         limit,
+        detail,
     )
-    return _clean(listed)
+    return reply(listed)
 
 
 @server.tool(
@@ -361,26 +372,22 @@ def list_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="Compare runs of ONE family, led by its held-out headline metric (training "
-    "numbers follow as the secondary training signal): runs grouped into arms (same setting, any "
-    "seed), each with a mean and 95% interval, and a verdict per pair (better / worse / tie "
-    "within noise / not comparable / undecided) by the stated rule; then the family's table "
-    "(direct alignment: held-out accuracy/margins/rewards plus samples; policy gradients: greedy "
-    "held-out correctness, then rollout correctness/format/binary and reward contrast; reward "
-    "models: held-out metrics only; rejection sampling: each strategy beside its matched random "
-    "control). Use it after record_results on every run of a sweep; with record_in the result "
-    "is also written into that campaign's Comparison section (replacing the same set).",
+    description="Compare runs of ONE family, led by its held-out headline: arms (same setting, "
+    "any seed) with mean and 95% interval, a verdict per pair (better / worse / tie within noise "
+    "/ not comparable / undecided) by the stated rule, then the family's table (training numbers "
+    "labelled as training signal). Use it after record_results on every run of a sweep; "
+    "record_in also writes it into that campaign's Comparison section.",
 )
 def compare_runs(
     run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
     record_in: Annotated[
         str | None, Field(description="campaign slug or name to record the table in")
     ] = None,
-) -> Comparison:
+) -> Annotated[Result, Comparison]:
     cmp = _call(
         "compare_runs", "call list_runs to see the run ids.", api.compare_runs, run_ids, record_in
     )
-    return _clean(cmp)
+    return reply(cmp)
 
 
 @server.tool(
@@ -388,33 +395,32 @@ def compare_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="Write (or refresh) a run's row in its campaign ledger: exact command, model, "
-    "dataset, seed, config file, values changed from the shipped recipe, final/best metrics, "
-    "failure mode, W&B link, sample excerpts and a plot. Use it when a run ends (any state), "
-    "then report from the returned record or the ledger://<campaign> resource. Text written by "
-    "hand outside the ledger's marker blocks is kept.",
+    description="Write (or refresh) a run's row in its campaign ledger (command, changes, "
+    "metrics, failure mode, samples, plot). Use it when a run ends (any state), then report "
+    "from ledger://<campaign>; hand-written text is kept.",
 )
 def record_results(
     run_id: RunIdArg,
     note: Annotated[
         str | None, Field(description="one-line observation for the run's row (null keeps the old)")
     ] = None,
-) -> RecordResult:
+) -> Annotated[Result, RecordResult]:
     rec = _call(
         "record_results", "call list_runs to see the run ids.", api.record_results, run_id, note
     )
-    return _clean(rec)
+    return reply(rec)
 
 
 @server.tool(
     title="List campaigns",
     annotations=READ_ONLY,
-    description="List the experiment campaigns (dated ledgers), newest first, with status, "
-    "question and run count. Use it to find a campaign to read (resource ledger://<campaign>) "
-    "or to record a comparison in.",
+    description="The campaigns (dated ledgers), newest first, with status, question and run "
+    "count. Use it to find a campaign to read (ledger://<campaign>).",
 )
-def list_campaigns() -> CampaignList:
-    return _call("list_campaigns", "read ledger://index.", api.list_campaigns)
+def list_campaigns(
+    limit: Annotated[int, Field(ge=1, le=500, description="at most this many (the newest)")] = 20,
+) -> Annotated[Result, CampaignList]:
+    return reply(_call("list_campaigns", "read ledger://index.", api.list_campaigns, limit))
 
 
 @server.tool(
@@ -438,19 +444,21 @@ def sweep_runs(
     base_seed: Annotated[
         int | None, Field(ge=0, description="first seed (null: the first recipe's)")
     ] = None,
-) -> SweepResult:
-    return _call(
-        "sweep_runs",
-        "check the recipes with list_recipes and the overrides with shrink_config.",
-        api.sweep,
-        list(recipes),
-        list(overrides),
-        shrink=shrink,
-        model=model,
-        campaign=campaign,
-        device=device,
-        seeds=seeds,
-        base_seed=base_seed,
+) -> Annotated[Result, SweepResult]:
+    return reply(
+        _call(
+            "sweep_runs",
+            "check the recipes with list_recipes and the overrides with shrink_config.",
+            api.sweep,
+            list(recipes),
+            list(overrides),
+            shrink=shrink,
+            model=model,
+            campaign=campaign,
+            device=device,
+            seeds=seeds,
+            base_seed=base_seed,
+        )
     )
 
 

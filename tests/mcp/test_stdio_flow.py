@@ -157,7 +157,7 @@ def test_agent_flow_over_stdio(lab_root):
                 "plan_experiment", {"request": "small dpo sanity check", "model": "tiny"}
             )
             assert plan["intent"] == "sanity"
-            assert plan["runs"][0]["recipe"]["id"] == "direct_alignment/dpo"
+            assert plan["runs"][0]["recipe"] == "direct_alignment/dpo"
 
             shrunk = await call(
                 "shrink_config", {"recipe": "dpo", "model": "tiny", "overrides": QUICK}

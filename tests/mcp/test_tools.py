@@ -207,7 +207,7 @@ async def test_every_tool_is_listed_typed_described_and_annotated(client):
 
 
 async def test_unexpected_exception_is_a_short_tool_error_without_traceback(client, monkeypatch):
-    def boom():
+    def boom(*args, **kwargs):
         raise RuntimeError("disk on fire\nsecond line")
 
     monkeypatch.setattr(api, "list_campaigns", boom)
@@ -238,8 +238,10 @@ async def test_plan_experiment(client, schemas):
     )
     assert out["intent"] == "sanity" and out["campaign"] == "dpo-sanity"
     (run,) = out["runs"]
-    assert run["recipe"]["id"] == "direct_alignment/dpo" and run["model"] == "tiny"
-    assert "accuracy" in run["key_metrics"] and run["acceptance"] and run["launch_command"]
+    assert run["recipe"] == "direct_alignment/dpo" and run["model"] == "tiny"
+    (criteria,) = out["criteria"]
+    assert criteria["algorithms"] == ["dpo"] and "accuracy" in criteria["key_metrics"]
+    assert criteria["acceptance"] and run["launch_command"] and out["steps"]
     assert not list(api.experiments_dir().glob("*.md")), "planning must not write a ledger"
     await fails(client, "plan_experiment", {"request": "bake a cake"}, "no algorithm", "Next:")
 
@@ -428,8 +430,14 @@ async def test_get_metrics_down_samples_and_keeps_the_last_row(client, schemas):
     rows.append({"step": 1001, "time_s": 1001.0, "phase": "train", "loss": math.nan})
     make_run(rows=rows)
     out = await call(client, schemas, "get_metrics", {"run_id": RUN})
-    assert len(out["rows"]) == 200 and out["downsampled"] and out["total_rows"] == 1001
+    # bounded by size by default: evenly down-sampled, the last row kept, a note on how to see more
+    assert 20 < len(out["rows"]) < 1001 and out["downsampled"] and out["total_rows"] == 1001
+    assert len(json.dumps(out["rows"], separators=(",", ":"))) <= 8_000
     assert out["rows"][-1]["step"] == 1001 and out["rows"][-1]["loss"] is None  # NaN -> null
+    assert out["rows"][1]["loss"] == float(f"{out['rows'][1]['loss']:.6g}")  # 6 digits
+    assert "max_bytes" in out["note"] and "keys" in out["note"]
+    more = await call(client, schemas, "get_metrics", {"run_id": RUN, "max_bytes": 40_000})
+    assert len(more["rows"]) > len(out["rows"])
     only = await call(
         client, schemas, "get_metrics", {"run_id": RUN, "keys": ["accuracy"], "max_points": 5}
     )
@@ -438,6 +446,7 @@ async def test_get_metrics_down_samples_and_keeps_the_last_row(client, schemas):
     assert none["rows"] == [] and "eval/nothing" in none["note"]
     await fails(client, "get_metrics", {"run_id": MISSING}, "no run", "list_runs")
     await fails(client, "get_metrics", {"run_id": RUN, "phase": "warmup"}, "phase")
+    await fails(client, "get_metrics", {"run_id": RUN, "max_bytes": 10**6}, "max_bytes")
 
 
 async def test_stop_run_on_a_finished_run_changes_nothing(client, schemas):
