@@ -607,7 +607,7 @@ def _summarise(arm: _Arm, head: Headline | None) -> ArmSummary:
             f"single seed: Wilson 95% sampling noise on n={n} held-out items ({arm.n_source})"
         )
     else:
-        summary.basis = "single seed: no noise estimate (run --seeds 3)"
+        summary.basis = "single seed: no noise estimate (sweep again with 3 seeds)"
     return summary
 
 
@@ -700,7 +700,9 @@ def verdict_between(
             else "one arm has a single seed: sampling noise only, seed noise not measured"
         )
         return verdict(verdict_of(iv, higher_is_better), reason, iv, method)
-    return verdict("undecided", "single seed and no noise estimate for this metric: run --seeds 3")
+    return verdict(
+        "undecided", "single seed and no noise estimate for this metric: sweep again with 3 seeds"
+    )
 
 
 def _pairs(family: str, arms: list[ArmSummary], higher_is_better: bool) -> list[tuple[int, int]]:
@@ -804,7 +806,7 @@ def _arms_markdown(
         lines += [
             "",
             "Single seed: every interval above is the sampling noise of the held-out items, not "
-            "run-to-run noise; `--seeds 3` on the sweep measures that.",
+            "run-to-run noise; a sweep with 3 seeds per arm measures that.",
         ]
     lines += ["", f"_Rule: {VERDICT_RULE}_"]
     return "\n".join(lines)

@@ -464,7 +464,11 @@ def _plan_run(
 ) -> tuple[PlannedRun, list[str]]:
     """A planned run and its warnings (``queue``: its launch waits for the device's jobs)."""
     recipe = arm.recipe
-    shrink = shrink_config(recipe, arm.matched + overrides, model=model)
+    # an override naming an upstream run's output (``<orm-run-id>``) cannot be checked before
+    # that run exists: the shrink validates the rest, and the commands carry it as written
+    pending = [o for o in arm.matched if "-run-id>" in o]
+    ready = [o for o in arm.matched if o not in pending]
+    shrink = shrink_config(recipe, ready + overrides, model=model)
     family, algorithm = shrink.family, shrink.algorithm
     facts, warnings, _ = _model_warnings(shrink.model)
 
@@ -489,7 +493,7 @@ def _plan_run(
     launch = ["uv", "run", "rlhf-lab", "launch", _recipe_ref(recipe), "--shrink"]
     if shrink.model_swap and model:
         launch += ["--model", model]
-    for item in shrink.user_overrides:
+    for item in [*shrink.user_overrides, *pending]:
         launch += ["--set", item]
     if choice and choice.startswith("cuda:") and choice != "cuda:0":
         launch += ["--device", choice]  # the launcher's `auto` would take cuda:0
@@ -500,7 +504,7 @@ def _plan_run(
     info = family_info(family)
     trainer = ["uv", "run", "python", "-m", info.trainer_module, "--config", recipe.config_path]
     trainer += ["--run-dir", f"experiments/{dated}/runs/<run-id>"]
-    for item in shrink.overrides:
+    for item in [*shrink.overrides, *pending]:
         trainer += ["--set", item]
     env_prefix = " ".join(f"{k}={v}" for k, v in env.items())
     trainer_command = (env_prefix + " " if env_prefix else "") + shlex.join(trainer)
@@ -512,7 +516,7 @@ def _plan_run(
         family=family,
         algorithm=algorithm,
         model=shrink.model,
-        changes=shrink.diff,
+        changes=[*shrink.diff, *_pending_changes(pending, shrink.config)],
         expected_optimizer_steps=shrink.expected_optimizer_steps,
         memory={k: _memory_brief(v) for k, v in memory.items()},
         devices=devices,
@@ -586,6 +590,19 @@ def matched_overrides(
     arms = [_Arm(recipe=find_recipe(r), name=f"{i}") for i, r in enumerate(recipes)]
     _match_policy_gradients(arms, model, list(overrides or []))
     return {r: arm.matched for r, arm in zip(recipes, arms, strict=True)}
+
+
+def _pending_changes(pending: list[str], config: dict[str, Any]) -> list[ConfigChange]:
+    """The diff entries of overrides that wait for an upstream run (see :func:`_plan_run`)."""
+    changes = []
+    for item in pending:
+        key, _, value = item.partition("=")
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        shipped = node if isinstance(node, str | int | float | bool) else None
+        changes.append(ConfigChange(key=key, shipped=shipped, used=value))
+    return changes
 
 
 def _rm_run_path(slug_dated: str, rm_name: str) -> str:

@@ -124,6 +124,8 @@ _LAZY: dict[str, str] = {
     "LaunchRunResult": "rlhf_lab.api.results",
     "SweepResult": "rlhf_lab.api.results",
     "launch_run_result": "rlhf_lab.api.results",
+    "StopRunResult": "rlhf_lab.api.results",
+    "stop_run_result": "rlhf_lab.api.results",
 }
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.runs import LaunchResult
+from rlhf_lab.runs import LaunchResult, StopResult
 
 State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died"]
 
@@ -34,6 +34,27 @@ class LaunchRunResult(BaseModel):
     warnings: list[str] = Field(
         default_factory=list, description="doubtful values the launch went ahead with"
     )
+
+
+class StopRunResult(BaseModel):
+    """A stop as an agent reads it (run_status has the rest of the run's status)."""
+
+    id: str
+    state: State
+    alive: bool
+    stop_requested: bool
+    step: int | None = None
+    total_steps: int | None = None
+    outcome: str | None = None
+    message: str = Field(description="what happened to the run and what was saved or lost")
+    last_checkpoint_step: int | None = Field(
+        default=None, description="the step resume_run continues from (null: no checkpoint)"
+    )
+
+
+def stop_run_result(result: StopResult) -> StopRunResult:
+    """The fields of a stop an agent acts on."""
+    return StopRunResult.model_validate(result.model_dump(include=set(StopRunResult.model_fields)))
 
 
 def launch_run_result(result: LaunchResult) -> LaunchRunResult:

@@ -235,8 +235,8 @@ def _run_items(run: RunRecord, campaign: str):
     if "noise_samples" in run.flags and run.model == "tiny" and run.family != "sft":
         yield NextItem(
             why=f"{run.run_id}: its samples are noise (the tiny preset starts from random weights)",
-            action="warm-start with SFT first, then launch again with "
-            "`--set model.name=<its final_model folder>`",
+            action="warm-start with SFT first, then launch again with model.name set to its "
+            "final_model folder",
             commands=[shlex.join([*LAB, "launch", "sft_tiny_warmstart", "--campaign", campaign])],
         )
 

@@ -198,7 +198,7 @@ def _failure(
     elif state == "stopped" and not parts:
         steps = _int_or_none(summary.steps) if summary else None
         at = f" at step {steps}" if steps is not None else ""
-        parts.append(f"stopped on request{at}; `rlhf-lab resume` continues from its checkpoint")
+        parts.append(f"stopped on request{at}; resuming it continues from its checkpoint")
     if meta.get("signal") not in (None, "", 0):
         parts.append(f"signal {meta.get('signal')}")
     if meta.get("exit_code") not in (None, 0):

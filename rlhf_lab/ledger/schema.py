@@ -96,7 +96,7 @@ class RunRecord(_Model):
     failure: str | None = Field(default=None, description="failure mode (error, signal, ...)")
     command: str | None = Field(
         default=None,
-        description="the lab-level command that reproduces the run (uv run rlhf-lab launch ...)",
+        description="the lab-level launch command that reproduces the run",
     )
     trainer_command: str | None = None
     argv: list[str] = Field(default_factory=list, description="the trainer argv as recorded")

@@ -24,7 +24,7 @@ from rlhf_lab.api import (
     RunList,
     RunStatusResult,
     ShrinkResult,
-    StopResult,
+    StopRunResult,
     SweepResult,
 )
 from rlhf_lab.mcp_server._core import (
@@ -171,15 +171,12 @@ def check_resources() -> Annotated[Result, Resources]:
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
     ),
-    description="Start a training run in the background (it outlives this server) and return "
-    "its run id at once; shrunk to a sanity run by default. It gets a folder in its campaign "
-    "and a ledger row, refreshed when it ends. Use it after plan_experiment / estimate_memory. "
-    "Refused, with nothing written, when a model cannot be resolved or loaded here, a length "
-    "exceeds the model's context, a learning rate is above 1, or the memory estimate does not "
-    "fit the device's free memory (RAM on cpu). If a run already trains on the device, the new "
-    "one starts beside it when its estimate fits the free memory and is refused otherwise. "
-    "queue=true starts it after the device's jobs end; force=true skips both memory checks. "
-    "Doubtful values come back in warnings.",
+    description="Start a training run in the background (it outlives this server); returns its "
+    "run id at once. Shrunk to a sanity run by default; gets a campaign folder and a ledger row. "
+    "Refused, nothing written, when the model cannot be resolved, a length exceeds its context, "
+    "the learning rate is above 1, or the memory estimate does not fit the device's free memory "
+    "(RAM on cpu). On a busy device it starts beside it when its estimate fits the free "
+    "memory and is refused otherwise; queue=true waits, force=true skips the memory checks. Doubtful values come back in warnings.",
 )
 def launch_run(
     recipe: RecipeArg,
@@ -295,13 +292,10 @@ def get_metrics(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
     ),
-    description="Stop a running or queued run: SIGTERM to its process group; the trainer "
-    "checkpoints its last completed step within seconds (wherever it is), writes outcome "
-    "'stopped' and exits, and the call returns then. If it has not ended after grace_s seconds "
-    "it is sent SIGKILL and the state is 'killed' (work since the last checkpoint lost). The "
-    "result's message says what was saved or lost and last_checkpoint_step where resume_run "
-    "continues. Use it for a run that is diverging, stalled or no longer needed; a finished run "
-    "is returned unchanged.",
+    description="Stop a running or queued run: the trainer checkpoints its last completed step "
+    "within seconds and ends 'stopped'; after grace_s it is killed ('killed': work since the "
+    "last checkpoint lost). message says what was saved; resume_run continues from "
+    "last_checkpoint_step. Use it for a diverging, stalled or unneeded run.",
 )
 def stop_run(
     run_id: RunIdArg,
@@ -313,9 +307,9 @@ def stop_run(
             description="seconds to wait for the trainer's checkpoint before SIGKILL",
         ),
     ] = 60.0,
-) -> Annotated[Result, StopResult]:
+) -> Annotated[Result, StopRunResult]:
     status = _call("stop_run", "call list_runs to see the run ids.", api.stop_run, run_id, grace_s)
-    return reply(status)
+    return reply(api.stop_run_result(status))
 
 
 @server.tool(

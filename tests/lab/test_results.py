@@ -218,7 +218,7 @@ def test_a_single_seed_loss_has_no_noise_estimate():
     assert [len(a.run_ids) for a in cmp.arms] == [1, 2]
     (verdict,) = cmp.verdicts
     assert verdict.a == "sft (train.learning_rate=0.0001)"  # the lower loss leads
-    assert verdict.verdict == "undecided" and "--seeds" in verdict.reason
+    assert verdict.verdict == "undecided" and "3 seeds" in verdict.reason
 
 
 # ---------------------------------------------------------------------------------------------

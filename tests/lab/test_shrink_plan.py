@@ -396,6 +396,7 @@ def _planned_config(run) -> dict:
     the shrunk recipe, as `launch --shrink` does)."""
     argv = shlex.split(run.launch_command)
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    sets = [s for s in sets if "-run-id>" not in s]  # filled in once the upstream run exists
     model = argv[argv.index("--model") + 1] if "--model" in argv else None
     return shrink_config(run.recipe, sets, model=model).config
 
