@@ -601,10 +601,14 @@ def sweep(
     seed_list = [first + i for i in range(seeds)]
     rest = [o for o in given if not _is_seed_override(o)]
     seeds_text = f"seed {seed_list[0]}" if seeds == 1 else f"seeds {seed_list[0]}-{seed_list[-1]}"
+    from rlhf_lab.plan import matched_overrides
+
+    # policy-gradient arms get one rollout shape and the same prompts (the plan's rule)
+    matched = matched_overrides(recipes, model, rest)
     launches = [
         launch_experiment(
             r,
-            [*rest, f"seed={seed}"],
+            [*matched[r], *rest, f"seed={seed}"],
             shrink=shrink,
             model=model,
             campaign=slug,

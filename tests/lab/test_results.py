@@ -567,6 +567,18 @@ def test_sweep_queues_matched_seeds_for_every_arm(monkeypatch):
         api.sweep(["dpo"], seeds=0)
 
 
+def test_a_policy_gradient_sweep_trains_every_arm_on_the_same_rollout_shape(monkeypatch):
+    """ppo ships 16 prompts x 1 rollout and grpo 4 x 8: a sweep gives both the same budget."""
+    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # nothing starts
+    result = api.sweep(["ppo", "grpo"], model="tiny", campaign="pg-matched")
+    shapes = []
+    for launch in result.launches:
+        cfg = yaml.safe_load((Path(launch.run.run_dir) / "config.yaml").read_text())
+        rollout = cfg["rollout"]
+        shapes.append((rollout["prompts_per_step"], rollout["num_rollouts"], cfg["data"]["size"]))
+    assert shapes[0] == shapes[1], shapes
+
+
 def test_cli_sweep_takes_seeds_and_base_seed(monkeypatch):
     seen = parse_with_the_cli("uv run rlhf-lab sweep dpo,ipo --seeds 3 --base-seed 5", monkeypatch)
     assert seen["kwargs"]["seeds"] == 3 and seen["kwargs"]["base_seed"] == 5
