@@ -628,7 +628,7 @@ def overoptimisation_advice(
         )
         stronger = 2 * now if now > 0 else OVEROPT_DEFAULT_KL
         out.append(
-            Advice(spec.kl_key, stronger, f"a tighter KL leash to the reference (now {now:g})")
+            Advice(spec.kl_key, stronger, f"a tighter KL leash to the reference, now {now:g}")
         )
     return out
 

@@ -14,7 +14,8 @@ Rules (stated in docs/architecture.md and printed under the block):
 - a run that overoptimised its reward model (proxy up, gold down:
   :func:`rlhf_lab.logs.overoptimisation`) -> stop where the gold reward peaked (the family's
   steps key) or a tighter KL leash (its ``kl_key`` doubled, 0.04 when it was 0), the changes
-  :func:`rlhf_lab.logs.overoptimisation_advice` gives the run's alert too;
+  :func:`rlhf_lab.logs.overoptimisation_advice` gives the run's alert too (this item replaces
+  the held-out regression one for the same run);
 - a run whose key metric stayed flat -> a learning-rate sweep (×3 and ×10);
 - a run whose samples are noise on the ``tiny`` preset -> warm-start it with SFT first.
 """
@@ -187,7 +188,8 @@ def _run_items(run: RunRecord, campaign: str):
     spec = _family(run)
     if spec is None or run.recipe is None:
         return
-    if "heldout_regression" in run.flags:
+    if "heldout_regression" in run.flags and "overoptimisation" not in run.flags:
+        # (overoptimisation is the sharper reading of the same fall: its item below)
         commands = []
         metric = run.headline.metric if run.headline else "the headline"
         best = run.metric(metric)

@@ -266,6 +266,8 @@ def test_ledger_plots_reward_against_kl_and_next_proposes_the_commands():
     assert any(f"train.max_steps={peak}" in c for c in sets)
     assert any("loss.beta=0.08" in c and "train.max_steps=40" in c for c in sets)
     assert all(c[:4] == ["uv", "run", "rlhf-lab", "launch"] and "grpo" in c for c in sets)
+    # one item for the run (its held-out gold regression too, but overoptimisation says more)
+    assert len(sets) == 2 and "regressed while training went on" not in nxt
     # recording again without plots keeps the plot
     rec = ledger.record_run(GAMED, plot=False)
     assert rec.reward_kl_plot == f"{CAMP}/plots/{GAMED}-reward-kl.png"
