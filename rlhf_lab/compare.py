@@ -243,8 +243,14 @@ def _policy_gradients(records: list[RunRecord], notes: list[str]) -> _Rules:
             f"columns: means over the last {PG_WINDOW} rollout steps). Read gold, not proxy: "
             "proxy up with gold down is overoptimisation."
         )
+    result = (
+        "the held-out headline: the gold reward of a run optimising a reward model (the proxy "
+        "when it has no gold)"
+        if any(c in PG_RM_EVAL_COLUMNS for c in held_out)
+        else "the greedy held-out eval/avg_correctness"
+    )
     notes.append(
-        "The result is the greedy held-out eval/avg_correctness (first column). The training "
+        f"The result is {result} (first column). The training "
         f"signal columns are sampled-rollout means over the last {PG_WINDOW} logged steps (one "
         f"rollout step is noisy); Δ avg_correctness = that mean minus the mean of the first "
         f"{PG_WINDOW}. Sampled correctness can rise while held-out correctness falls; avg_format, "
@@ -891,6 +897,8 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
         raise InvalidArgument(f"no comparison rules for family {family!r}")
     columns, rows = rules(records, notes, warnings)
     head, arms, verdicts = _arms_and_verdicts(family, records)
+    if family == "policy_gradients" and head is not None and head.metric in columns:
+        columns = [head.metric] + [c for c in columns if c != head.metric]  # the result first
     for rec in records:
         found = heldout_regression(
             family, rec.algorithm, read_metric_rows(rec.run_id), _rs_config(rec) or None

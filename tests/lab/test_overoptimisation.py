@@ -407,6 +407,20 @@ def test_compare_shows_gold_proxy_and_kl_for_runs_that_log_them():
     assert any("overoptimisation" in n for n in cmp.notes)
 
 
+def test_compare_leads_with_the_runs_headline_column():
+    # reasoning-gym prompts scored by an RM whose eval rows log correctness and the proxy, no
+    # gold: the spec's correctness is the headline and the first column
+    rows = [
+        {"step": s, "phase": "rollout", "proxy_reward": 0.1 * s, "kl_ref": 0.01 * s}
+        for s in range(1, 6)
+    ]
+    rows.append({"step": 5, "phase": "eval", "eval/avg_correctness": 0.3, "eval/proxy_reward": 1})
+    make_run(GAMED, rows, overrides=("model.name=tiny", "reward.model=/rm"))
+    cmp = compare_runs([GAMED])
+    assert cmp.headline == "eval/avg_correctness"
+    assert cmp.columns[:2] == ["eval/avg_correctness", "eval/proxy_reward"]
+
+
 def test_compare_of_verifier_runs_has_no_reward_model_columns():
     rows = [{"step": s, "phase": "rollout", "avg_correctness": 0.1 * s} for s in range(1, 6)]
     rows.append({"step": 5, "phase": "eval", "eval/avg_correctness": 0.4})
