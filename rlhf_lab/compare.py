@@ -11,7 +11,8 @@ interval, and each pair of arms a verdict by :data:`rlhf_lab.stats.VERDICT_RULE`
 - policy gradients: avg_correctness, avg_format, avg_binary and loss (means over the last few
   logged steps, since single rollout steps are noisy), the change of avg_correctness over the run,
   and reward contrast = 1 − frac_reward_zero_std (the share of groups whose rewards differ — the
-  only ones that teach anything);
+  only ones that teach anything); for runs optimising a learned reward model also the held-out
+  gold and proxy reward and the training proxy_reward, gold_reward and kl_ref;
 - direct alignment: held-out accuracy, margins, chosen and rejected rewards, plus one sample per run;
 - reward models: held-out metrics only (accuracy, reward margin, AUROC, ranking accuracy, PRM step
   accuracy beside the majority-label baseline), never the training loss;
@@ -96,6 +97,10 @@ RS_SCORE_KEYS: tuple[str, ...] = _columns("rejection_sampling")
 PG_WINDOW = 5
 PG_COLUMNS: tuple[str, ...] = _columns("policy_gradients")
 PG_EVAL_COLUMNS: tuple[str, ...] = _eval_twins_of_rising_metrics("policy_gradients")
+# a run optimising a learned reward model (the RLHF contract of the policy-gradient trainer):
+# shown only when some compared run logs them
+PG_RM_COLUMNS: tuple[str, ...] = ("proxy_reward", "gold_reward", "kl_ref")
+PG_RM_EVAL_COLUMNS: tuple[str, ...] = ("eval/gold_reward", "eval/proxy_reward")
 DA_COLUMNS: tuple[str, ...] = _columns("direct_alignment")
 RM_COLUMNS: tuple[str, ...] = _columns("reward_models")
 SFT_COLUMNS: tuple[str, ...] = _columns("sft")
@@ -215,13 +220,37 @@ def _policy_gradients(records: list[RunRecord], notes: list[str]) -> _Rules:
             and (v := as_float(r.get("eval/avg_correctness"))) is not None
         ]
         values["eval/avg_correctness_change"] = held[-1] - held[0] if len(held) >= 2 else None
+        for name in PG_RM_COLUMNS:
+            series = _train_values(metric_rows, name)
+            values[name] = _mean(series[-PG_WINDOW:]) if series else None
+        for name in PG_RM_EVAL_COLUMNS:
+            values[name] = _final(rec, name)
         rows.append(_row(rec, values))
-    held_out = [c for c in PG_EVAL_COLUMNS if any(r.values.get(c) is not None for r in rows)]
+    held_out = [
+        c
+        for c in (*PG_RM_EVAL_COLUMNS, *PG_EVAL_COLUMNS)
+        if any(r.values.get(c) is not None for r in rows)
+    ]
     if any(r.values.get("eval/avg_correctness_change") is not None for r in rows):
         held_out.append("eval/avg_correctness_change")
-    columns = held_out + list(PG_COLUMNS)
+    rm = [c for c in PG_RM_COLUMNS if any(r.values.get(c) is not None for r in rows)]
+    columns = held_out + list(PG_COLUMNS) + rm
+    if rm:
+        notes.append(
+            "Runs optimising a learned reward model: proxy_reward is that model's own score (it "
+            "rises by construction), gold_reward a judge the policy is not optimised against "
+            "(a verifier or a held-out gold model), kl_ref the KL to the reference (training "
+            f"columns: means over the last {PG_WINDOW} rollout steps). Read gold, not proxy: "
+            "proxy up with gold down is overoptimisation."
+        )
+    result = (
+        "the held-out headline: the gold reward of a run optimising a reward model (the proxy "
+        "when it has no gold)"
+        if any(c in PG_RM_EVAL_COLUMNS for c in held_out)
+        else "the greedy held-out eval/avg_correctness"
+    )
     notes.append(
-        "The result is the greedy held-out eval/avg_correctness (first column). The training "
+        f"The result is {result} (first column). The training "
         f"signal columns are sampled-rollout means over the last {PG_WINDOW} logged steps (one "
         f"rollout step is noisy); Δ avg_correctness = that mean minus the mean of the first "
         f"{PG_WINDOW}. Sampled correctness can rise while held-out correctness falls; avg_format, "
@@ -734,6 +763,12 @@ def _arms_and_verdicts(
     # one headline for all (else the family's, and the verdicts say "not comparable")
     heads = {r.headline.metric for r in records if r.headline is not None}
     head = headline_for(family, records[0].algorithm if len(heads) == 1 else None)
+    if len(heads) == 1 and head is not None and head.metric not in heads:
+        # the runs' own headline (e.g. the gold reward of runs optimising a reward model)
+        first = records[0]
+        head = headline_for(
+            family, first.algorithm, configs.get(first.run_id), read_metric_rows(first.run_id)
+        )
     summaries = [_summarise(arm, head) for arm in arms]
     spec = family_spec(family) if family in FAMILY_NAMES else None
     higher = head.higher_is_better if head else True
@@ -864,6 +899,8 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
         raise InvalidArgument(f"no comparison rules for family {family!r}")
     columns, rows = rules(records, notes, warnings)
     head, arms, verdicts = _arms_and_verdicts(family, records)
+    if family == "policy_gradients" and head is not None and head.metric in columns:
+        columns = [head.metric] + [c for c in columns if c != head.metric]  # the result first
     for rec in records:
         found = heldout_regression(
             family, rec.algorithm, read_metric_rows(rec.run_id), _rs_config(rec) or None

@@ -3,6 +3,15 @@ the family's spec), the training-time metric that mirrors it (the secondary "tra
 how many held-out items the headline was measured on, and the run's value and noise. Status,
 comparison, ledger and diagnosis read the headline through here. Torch-free.
 
+Runs rewarded by a learned reward model (a policy-gradient run with ``reward.model`` set, or
+whose rows log ``proxy_reward``) are judged on the gold signal when there is one: the headline
+is ``eval/gold_reward`` (a verifier, or a held-out gold reward model the policy is not optimised
+against) when it is logged or expected, else the spec's own headline when the rows log it, else
+``eval/proxy_reward`` (the optimised model's own score, labelled as such). A spec headline that
+the rows do not log while they log other held-out numbers falls back the same way (then to the
+held-out twin of the family's first rising key metric). :func:`headline_for` applies this when
+given the run's config and rows; without them it returns the spec's headline.
+
 The trainers do not log how many held-out items an evaluation used (rejection sampling logs
 ``eval/num_prompts``): the count comes from that metric when present, else from the family's
 eval-size config key (``data.eval_size``, ``data.max_test_samples``) in the run's config.yaml.
@@ -21,6 +30,8 @@ from rlhf_lab.stats import Interval, wilson_interval
 from trainers.core.spec import FAMILY_NAMES, FamilySpec, family_spec
 
 __all__ = [
+    "GOLD_HEADLINE",
+    "PROXY_HEADLINE",
     "Headline",
     "ItemCount",
     "headline_for",
@@ -28,10 +39,15 @@ __all__ = [
     "heldout_items",
     "last_value",
     "read_run_config",
+    "rewarded_by_model",
 ]
 
 # metrics a trainer may log with the number of held-out items of an evaluation
 COUNT_METRICS = ("eval/num_prompts", "eval/num_examples", "eval/n")
+# The RLHF contract of the policy-gradient trainer (held-out twins of the rollout metrics).
+GOLD_HEADLINE = "eval/gold_reward"
+PROXY_HEADLINE = "eval/proxy_reward"
+_RM_ROW_KEYS = ("proxy_reward", PROXY_HEADLINE)
 
 
 @dataclass(frozen=True)
@@ -63,11 +79,7 @@ def _spec(family: str | None) -> FamilySpec | None:
     return family_spec(family) if family in FAMILY_NAMES else None
 
 
-def headline_for(family: str | None, algorithm: str | None = None) -> Headline | None:
-    """The headline of a run of ``family`` (and ``algorithm``); None for an unknown family."""
-    spec = _spec(family)
-    if spec is None:
-        return None
+def _spec_headline(spec: FamilySpec, algorithm: str | None) -> Headline:
     metric = spec.headline_for(algorithm)
     direction = metric_direction(metric, spec.name)
     signal = spec.training_signal_for(algorithm)
@@ -81,6 +93,117 @@ def headline_for(family: str | None, algorithm: str | None = None) -> Headline |
         training_signal=signal,
         training_higher_is_better=None if signal_direction is None else signal_direction == "max",
     )
+
+
+def rewarded_by_model(config: dict | None, rows: Sequence[dict] = ()) -> bool:
+    """Whether a run optimises a learned reward model: ``reward.model`` in its config, or rows
+    that log the proxy reward."""
+    if isinstance(config, dict) and get_dotted(config, "reward.model"):
+        return True
+    return any(key in row for row in rows for key in _RM_ROW_KEYS)
+
+
+def _verifier_prompts(config: dict | None) -> bool | None:
+    """Whether the run's prompts come with a verifier (reasoning-gym); None when unknown."""
+    if not isinstance(config, dict):
+        return None
+    return get_dotted(config, "data.source") in (None, "reasoning_gym")
+
+
+def _gold_expected(config: dict | None) -> bool | None:
+    """Whether the run has a gold signal (a gold reward model, or verifier prompts)."""
+    if not isinstance(config, dict):
+        return None
+    return bool(get_dotted(config, "reward.gold_model")) or bool(_verifier_prompts(config))
+
+
+def _logged(rows: Sequence[dict], name: str) -> bool:
+    """Whether some row holds a finite value of ``name``."""
+    return any((v := _as_float(row.get(name))) is not None and math.isfinite(v) for row in rows)
+
+
+def _rising_twin(spec: FamilySpec) -> str | None:
+    """The held-out twin of the family's first key metric that should rise."""
+    for m in spec.key_metrics:
+        if m.key and m.higher_is_better and not m.name.startswith("eval/"):
+            return f"eval/{m.name}"
+    return None
+
+
+def _reward_headline(spec: FamilySpec, metric: str, config: dict | None) -> Headline:
+    """The headline for the gold or proxy reward (or a fallback metric) of ``spec``'s run."""
+    if metric == GOLD_HEADLINE:
+        # a verifier's score on held-out prompts is a share of them; a gold model's is not
+        share = not (isinstance(config, dict) and get_dotted(config, "reward.gold_model")) and bool(
+            _verifier_prompts(config)
+        )
+        label = "held-out gold reward (a judge the policy is not optimised against)"
+    elif metric == PROXY_HEADLINE:
+        share = False
+        label = (
+            "held-out proxy reward (the optimised reward model's own score, not an independent "
+            "judge)"
+        )
+    else:
+        share = spec.headline_is_share
+        label = f"held-out {metric}"
+    direction = metric_direction(metric, spec.name)
+    signal = metric.removeprefix("eval/")
+    signal_direction = metric_direction(signal, spec.name)
+    return Headline(
+        family=spec.name,
+        metric=metric,
+        label=label,
+        higher_is_better=direction != "min",
+        share=share,
+        training_signal=signal,
+        training_higher_is_better=signal_direction != "min",
+    )
+
+
+def _resolve(spec: FamilySpec, metric: str, config: dict | None, rows: Sequence[dict]) -> str:
+    """The rule of the module docstring: which held-out metric a run is judged on."""
+    rm = rewarded_by_model(config, rows)
+    if not rm and metric not in (GOLD_HEADLINE, PROXY_HEADLINE):
+        return metric
+    if rm:
+        order = [GOLD_HEADLINE, metric, PROXY_HEADLINE]
+    else:
+        order = [metric, GOLD_HEADLINE, PROXY_HEADLINE]
+    if (twin := _rising_twin(spec)) is not None:
+        order.append(twin)
+    order = list(dict.fromkeys(order))
+    for name in order:
+        if _logged(rows, name):
+            return name
+    # nothing logged yet: the first one the config says will be
+    gold, verifier = _gold_expected(config), _verifier_prompts(config)
+    for name in order:
+        if name == GOLD_HEADLINE and gold is False:
+            continue
+        if name == metric and rm and verifier is False and metric != PROXY_HEADLINE:
+            continue  # e.g. correctness on preference prompts that have no verifier
+        return name
+    return order[0]
+
+
+def headline_for(
+    family: str | None,
+    algorithm: str | None = None,
+    config: dict | None = None,
+    rows: Sequence[dict] = (),
+) -> Headline | None:
+    """The headline of a run of ``family`` (and ``algorithm``); None for an unknown family.
+    With the run's ``config`` and metrics ``rows``: the run's own headline by the rule of the
+    module docstring (the gold reward for a run rewarded by a learned model)."""
+    spec = _spec(family)
+    if spec is None:
+        return None
+    head = _spec_headline(spec, algorithm)
+    if config is None and not rows:
+        return head
+    metric = _resolve(spec, head.metric, config, rows)
+    return head if metric == head.metric else _reward_headline(spec, metric, config)
 
 
 def _as_float(value: Any) -> float | None:
@@ -147,11 +270,14 @@ def headline_line(
     last_eval: dict,
     last_train: dict,
     config: dict | None = None,
+    rows: Sequence[dict] = (),
 ) -> str | None:
     """One line for a run's status, held-out headline first and the training signal labelled
     as such: ``held-out eval/accuracy 0.867 (step 40; 95% 0.80–0.92 on n=128) · training
-    signal accuracy 0.95``. None for an unknown family."""
-    head = headline_for(family, algorithm)
+    signal accuracy 0.95``. None for an unknown family. ``rows``: recent metrics rows (e.g. the
+    rollout rows of a policy-gradient run) where the training signal is looked up when the last
+    train row lacks it."""
+    head = headline_for(family, algorithm, config, [last_eval, last_train, *rows])
     if head is None:
         return None
     value = _as_float(last_eval.get(head.metric))
@@ -171,6 +297,9 @@ def headline_line(
     signal = head.training_signal
     if signal is not None:
         train = _as_float(last_train.get(signal))
+        if train is None:
+            found = last_value(rows, signal, phase="train")
+            train = found[1] if found else None
         if train is not None:
             text += f" · training signal {signal} {_num(train)}"
     return text

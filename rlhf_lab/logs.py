@@ -6,7 +6,11 @@ reads the run folder through :mod:`rlhf_lab.runfolder` and train.log through
 Two checks guard against reading training numbers as results (held-out first):
 :func:`heldout_regression` (the held-out headline got worse beyond its noise, typically while
 the training signal rose) and :func:`noise_reason` (samples that are noise, e.g. from a
-random-init model); :func:`run_notes` and :func:`diagnose` report both."""
+random-init model); :func:`run_notes` and :func:`diagnose` report both. For a run optimising a
+learned reward model, :func:`overoptimisation` finds the proxy reward still rising while the gold
+reward falls (the rule is stated there and in docs/architecture.md), and
+:func:`overoptimisation_advice` gives the config changes its alert and the ledger's Next section
+both propose."""
 
 from __future__ import annotations
 
@@ -21,10 +25,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.headline import headline_for, headline_line, heldout_items, read_run_config
 from rlhf_lab.paths import find_run
-from rlhf_lab.runfolder import read_json_lines, read_metric_rows, read_summary
+from rlhf_lab.runfolder import read_json_lines, read_metric_rows, read_summary, tail_metric_rows
 from rlhf_lab.runlog import (
     PARTIAL_LINE_IDLE_S,
     TRACEBACK_HEAD,
@@ -45,6 +50,7 @@ __all__ = [
     "Alert",
     "LogChunk",
     "MetricSeries",
+    "Overoptimisation",
     "Regression",
     "diagnose",
     "fold_carriage_returns",
@@ -52,6 +58,8 @@ __all__ = [
     "last_traceback",
     "noise_reason",
     "noisy_samples",
+    "overoptimisation",
+    "overoptimisation_advice",
     "read_metrics",
     "repetition_reason",
     "run_notes",
@@ -67,9 +75,15 @@ FLAT_WINDOW = 6
 # flat-learning check, not the key-metric table (that is the catalog's, see ledger/metrics.py).
 # (Kept here: the order is the check's own — a policy-gradient run is judged on its training
 # correctness first, which every step logs, before the periodic held-out one.)
+# Phase "train" also matches the policy-gradient trainer's "rollout" rows (where its rewards are).
+# A run optimising a learned reward model is judged on the proxy reward it optimises first.
 KEY_METRICS: dict[str, tuple[tuple[str, str], ...]] = {
     "direct_alignment": (("eval/accuracy", "eval"), ("accuracy", "train")),
-    "policy_gradients": (("avg_correctness", "train"), ("eval/avg_correctness", "eval")),
+    "policy_gradients": (
+        ("proxy_reward", "train"),
+        ("avg_correctness", "train"),
+        ("eval/avg_correctness", "eval"),
+    ),
     "reward_models": (
         ("eval/accuracy", "eval"),
         ("eval/auroc", "eval"),
@@ -115,6 +129,7 @@ class Alert(BaseModel):
         "died",
         "heldout_regression",
         "noise_samples",
+        "overoptimisation",
     ]
     severity: Literal["error", "warning", "info"]
     message: str
@@ -367,7 +382,7 @@ def heldout_regression(
     difference excludes 0 (without n: a drop of ``REGRESSION_SHARE_DROP``); for a loss, a rise
     of ``REGRESSION_LOSS_RISE`` of the first value. Reports how the training signal moved
     (mean of the first vs the last up-to-5 training rows)."""
-    head = headline_for(family, algorithm)
+    head = headline_for(family, algorithm, config, rows)
     if head is None:
         return None
     points = _series(rows, head.metric, train_only=False)
@@ -430,6 +445,219 @@ def _check_regression(
         step=found.last_step if isinstance(found.last_step, int) else None,
         message=found.message,
         hint=_regression_hint(family),
+    )
+
+
+# The overoptimisation rule (stated in words in docs/architecture.md and the skills): over the
+# last half of the run's rollout rows that log both the proxy reward (the learned reward model
+# being optimised) and the gold reward (a verifier or a held-out gold model), at least
+# OVEROPT_MIN_ROWS of them, fit a least-squares line of each against the step. The alert fires
+# when the proxy's fitted change over that window is positive and the gold's negative, each
+# beyond OVEROPT_T standard errors of its fit (the rows' own scatter is the noise), and the
+# gold's fall is at least OVEROPT_MIN_FALL_SHARE of the gold's whole range over the run. Runs
+# without per-rollout gold are judged the same way on their eval rows (eval/proxy_reward,
+# eval/gold_reward).
+OVEROPT_MIN_ROWS = 8
+OVEROPT_T = 3.0
+OVEROPT_MIN_FALL_SHARE = 0.25
+OVEROPT_DEFAULT_KL = 0.04  # the KL strength proposed when the run had none (GRPO's usual β)
+_OVEROPT_SOURCES = (
+    ("rollout", "proxy_reward", "gold_reward"),
+    ("eval", "eval/proxy_reward", "eval/gold_reward"),
+)
+
+
+@dataclass(frozen=True)
+class Overoptimisation:
+    """The proxy reward rose while the gold reward fell (see the rule above)."""
+
+    source: str  # "rollout" or "eval"
+    proxy_key: str
+    gold_key: str
+    first_step: Any
+    last_step: Any
+    proxy_change: float
+    proxy_noise: float
+    gold_change: float
+    gold_noise: float
+    gold_peak_step: int | None
+    gold_peak: float
+    kl_ref: float | None = None
+
+    @property
+    def message(self) -> str:
+        kl = "" if self.kl_ref is None else f"; KL to the reference is now {self.kl_ref:.4g}"
+        return (
+            f"overoptimisation: over {self.source} steps {self.first_step}–{self.last_step} "
+            f"{self.proxy_key} rose by {self.proxy_change:+.4g} (fit noise ±{self.proxy_noise:.2g})"
+            f" while {self.gold_key} fell by {self.gold_change:+.4g} (±{self.gold_noise:.2g}); "
+            f"the gold reward peaked at step {self.gold_peak_step} ({self.gold_peak:.4g}){kl}: "
+            "the policy is exploiting the reward model, not getting better"
+        )
+
+
+def _trend(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares line of value on step: (fitted change over the span, its standard error);
+    the error is infinite when it cannot be estimated."""
+    n = len(points)
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if n < 3 or sxx <= 0:
+        return 0.0, math.inf
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    resid = sum((y - (my + slope * (x - mx))) ** 2 for x, y in points)
+    se = math.sqrt(resid / (n - 2) / sxx)
+    span = xs[-1] - xs[0]
+    return slope * span, se * span
+
+
+def _gold_peak(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(step, value) where a trailing mean of the gold reward (width max(3, n/8)) is highest;
+    the step is the middle of that window."""
+    k = max(3, len(points) // 8) if len(points) >= 3 else len(points)
+    best = None
+    for end in range(k, len(points) + 1):
+        window = points[end - k : end]
+        mean = sum(v for _, v in window) / k
+        if best is None or mean > best[1]:
+            best = (window[k // 2][0], mean)
+    assert best is not None
+    return best
+
+
+def overoptimisation(rows: list[dict]) -> Overoptimisation | None:
+    """The proxy reward still rising while the gold reward falls (rule above), or None."""
+    for source, proxy_key, gold_key in _OVEROPT_SOURCES:
+        by_step: dict[float, tuple[float, float, float | None]] = {}
+        for r in rows:
+            if (r.get("phase") == "eval") != (source == "eval"):
+                continue
+            step, proxy, gold = (
+                _float(r.get("step")),
+                _float(r.get(proxy_key)),
+                _float(r.get(gold_key)),
+            )
+            if step is None or proxy is None or gold is None:
+                continue
+            if not (math.isfinite(step) and math.isfinite(proxy) and math.isfinite(gold)):
+                continue
+            kl = _float(r.get("kl_ref"))
+            by_step[step] = (proxy, gold, kl if kl is not None and math.isfinite(kl) else None)
+        points = sorted(by_step.items())
+        if len(points) < OVEROPT_MIN_ROWS:
+            continue
+        window = points[-max(OVEROPT_MIN_ROWS, math.ceil(len(points) / 2)) :]
+        proxy_change, proxy_noise = _trend([(s, v[0]) for s, v in window])
+        gold_change, gold_noise = _trend([(s, v[1]) for s, v in window])
+        golds = [v[1] for _, v in points]
+        if not (
+            proxy_change > 0
+            and proxy_change > OVEROPT_T * proxy_noise
+            and gold_change < 0
+            and -gold_change > OVEROPT_T * gold_noise
+            and -gold_change >= OVEROPT_MIN_FALL_SHARE * (max(golds) - min(golds))
+        ):
+            continue
+        peak_step, peak = _gold_peak([(s, v[1]) for s, v in points])
+        kls = [v[2] for _, v in points if v[2] is not None]
+        return Overoptimisation(
+            source=source,
+            proxy_key=proxy_key,
+            gold_key=gold_key,
+            first_step=_step_text(window[0][0]),
+            last_step=_step_text(window[-1][0]),
+            proxy_change=proxy_change,
+            proxy_noise=proxy_noise,
+            gold_change=gold_change,
+            gold_noise=gold_noise,
+            gold_peak_step=int(peak_step),
+            gold_peak=peak,
+            kl_ref=kls[-1] if kls else None,
+        )
+    return None
+
+
+def _step_text(step: float) -> int | float:
+    return int(step) if float(step).is_integer() else step
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One config change that answers a finding: ``key=value`` and why."""
+
+    key: str
+    value: Any
+    why: str
+
+    @property
+    def override(self) -> str:
+        value = f"{self.value:.3g}" if isinstance(self.value, float) else str(self.value)
+        return f"{self.key}={value}"
+
+
+def overoptimisation_advice(
+    family: str | None, algorithm: str | None, kl_now: Any, peak_step: int | None, steps: Any
+) -> list[Advice]:
+    """What to change after overoptimisation, one alternative per item: stop where the gold
+    reward peaked (the family's steps key; half the steps when the peak is unknown), and a
+    tighter KL leash (the family's ``kl_key`` doubled, or ``OVEROPT_DEFAULT_KL`` when it was 0)
+    for an algorithm that has a KL term. The alert and the ledger's Next section both use it."""
+    from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
+
+    if family not in FAMILY_NAMES:
+        return []
+    spec = family_spec(family)
+    out: list[Advice] = []
+    stop = peak_step if isinstance(peak_step, int) and peak_step > 0 else None
+    why = "stop where the gold reward peaked"
+    if stop is None and isinstance(steps, int) and steps > 1:
+        stop, why = steps // 2, "half the steps"
+    if stop is not None:
+        out.append(Advice(spec.steps_key, stop, why))
+    try:
+        algo = spec_for(algorithm) if algorithm else None
+    except KeyError:
+        algo = None
+    if spec.kl_key and (algo is None or algo.kl != "none"):
+        now = (
+            float(kl_now)
+            if isinstance(kl_now, int | float) and not isinstance(kl_now, bool)
+            else 0.0
+        )
+        stronger = 2 * now if now > 0 else OVEROPT_DEFAULT_KL
+        out.append(
+            Advice(spec.kl_key, stronger, f"a tighter KL leash to the reference, now {now:g}")
+        )
+    return out
+
+
+def _check_overoptimisation(
+    family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path, steps: Any
+) -> Alert | None:
+    found = overoptimisation(rows)
+    if found is None:
+        return None
+    config = read_run_config(run_dir)
+    from trainers.core.spec import FAMILY_NAMES, family_spec
+
+    kl_key = family_spec(family).kl_key if family in FAMILY_NAMES else None
+    kl_now = get_dotted(config, kl_key) if kl_key and isinstance(config, dict) else None
+    advice = overoptimisation_advice(family, algorithm, kl_now, found.gold_peak_step, steps)
+    options = " or ".join(f"`--set {a.override}` ({a.why})" for a in advice)
+    hint = (
+        f"launch it again with {options}; `rlhf-lab record <run-id>` puts the full commands in "
+        "the campaign's Next section"
+        if options
+        else "stop earlier, or tighten the KL leash to the reference"
+    )
+    return Alert(
+        kind="overoptimisation",
+        severity="warning",
+        step=found.last_step if isinstance(found.last_step, int) else None,
+        message=found.message,
+        hint=hint,
     )
 
 
@@ -530,10 +758,11 @@ def _infer_family(rows: list[dict]) -> str | None:
 def _check_flat(family: str | None, rows: list[dict]) -> Alert | None:
     family = family if family in KEY_METRICS else _infer_family(rows)
     for key, phase in KEY_METRICS.get(family or "", ()):
+        phases = ("train", "rollout") if phase == "train" else (phase,)
         series = [
             (r.get("step"), f)
             for r in rows
-            if r.get("phase") == phase
+            if r.get("phase", "train") in phases
             and (f := _float(r.get(key))) is not None
             and math.isfinite(f)
         ]
@@ -555,7 +784,7 @@ def _check_flat(family: str | None, rows: list[dict]) -> Alert | None:
             kind="flat_learning",
             severity="warning",
             step=first_step if isinstance(first_step, int) else None,
-            message=f"{key} has not moved over the last {FLAT_WINDOW} {phase} rows "
+            message=f"{key} has not moved over the last {FLAT_WINDOW} {'/'.join(phases)} rows "
             f"(from step {first_step}: {lo:.4g}..{hi:.4g})",
             hint="raise train.learning_rate or the number of steps, and check the data and "
             "the model can learn the task (warm-start tiny models with SFT)",
@@ -690,6 +919,7 @@ def diagnose(
     for check in (
         _check_nan(rows),
         _check_regression(status.family, status.algorithm, rows, run_dir),
+        _check_overoptimisation(status.family, status.algorithm, rows, run_dir, status.step),
         _check_zero_std([r for r in rows if r.get("phase") in ("train", "rollout")]),
         repetition,
         None if repetition else _check_noise(run_dir / "samples.jsonl"),
@@ -702,7 +932,7 @@ def diagnose(
     return sorted(alerts, key=lambda a: order[a.severity])
 
 
-RunFlag = Literal["heldout_regression", "noise_samples", "flat"]
+RunFlag = Literal["heldout_regression", "overoptimisation", "noise_samples", "flat"]
 
 
 def run_flags(
@@ -714,12 +944,15 @@ def run_flags(
 ) -> dict[str, str]:
     """The findings a ledger row and the Next section act on, flag -> one-line note:
     ``heldout_regression`` (:func:`heldout_regression`), ``noise_samples``
-    (:func:`noisy_samples`) and ``flat`` (the flat-learning check: the key metric did not move
-    over the last rows)."""
+    (:func:`noisy_samples`), ``overoptimisation`` (:func:`overoptimisation`) and ``flat`` (the
+    flat-learning check: the key metric did not move over the last rows)."""
     flags: dict[str, str] = {}
     found = heldout_regression(family, algorithm, rows, config)
     if found is not None:
         flags["heldout_regression"] = found.message
+    gamed = overoptimisation(rows)
+    if gamed is not None:
+        flags["overoptimisation"] = gamed.message
     noise = noisy_samples(samples or [])
     if noise is not None:
         flags["noise_samples"] = noise
@@ -765,6 +998,12 @@ def status_headline(status: RunStatus) -> str | None:
     """The run's status line, held-out first: the headline metric from the last eval row (with
     its sampling noise), then the training signal from the last train row, labelled as such."""
     config = read_run_config(Path(status.run_dir)) if status.run_dir else None
+    head = headline_for(status.family, status.algorithm, config, [status.last_eval])
+    rows: list[dict] = []
+    if head is not None and head.training_signal and head.training_signal not in status.last_train:
+        # the policy-gradient trainer logs its rewards on "rollout" rows, not on train rows
+        if status.run_dir:
+            rows = tail_metric_rows(Path(status.run_dir) / "metrics.jsonl", 64 * 1024)
     return headline_line(
-        status.family, status.algorithm, status.last_eval, status.last_train, config
+        status.family, status.algorithm, status.last_eval, status.last_train, config, rows
     )

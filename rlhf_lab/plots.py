@@ -1,4 +1,6 @@
-"""Metric curves for the ledger: one PNG per run with a panel per key metric (train and eval).
+"""Metric curves for the ledger: one PNG per run with a panel per key metric (train and eval),
+and for a run that optimises a learned reward model the Gao et al. picture (proxy and gold reward
+against the square root of the KL to the reference, :func:`plot_reward_vs_kl`).
 
 matplotlib is imported lazily, inside the function, and only through its object-oriented API with
 the Agg canvas: no pyplot global state, so several threads can draw their own figures at once and
@@ -149,6 +151,12 @@ def plot_run_metrics(
     if title:
         fig.suptitle(title, fontsize=10)
 
+    out = _save(fig, out_path)
+    return PlotResult(path=str(out), panels=names, series=count, skipped_points=skipped)
+
+
+def _save(fig: Any, out_path: str | Path) -> Path:
+    """Write ``fig`` as a PNG under a temporary name, then rename it into place."""
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp.png", dir=out.parent)
@@ -160,4 +168,159 @@ def plot_run_metrics(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return PlotResult(path=str(out), panels=names, series=count, skipped_points=skipped)
+    return out
+
+
+# The RLHF contract of the policy-gradient trainer: rollout rows log these three.
+KL_KEY = "kl_ref"
+PROXY_KEY = "proxy_reward"
+GOLD_KEY = "gold_reward"
+KL_AXIS_LABEL = "√KL(π ‖ π_ref) per sequence  (square root of kl_ref, nats; negatives as 0)"
+
+
+class RewardKLPoints(BaseModel):
+    """The points of the reward-against-KL picture (x = √max(kl_ref, 0))."""
+
+    steps: list[float] = Field(default_factory=list)
+    x: list[float] = Field(default_factory=list)
+    proxy: list[float] = Field(default_factory=list)
+    gold: list[float | None] = Field(default_factory=list)
+    eval_x: list[float] = Field(default_factory=list, description="KL of each held-out point")
+    eval_proxy: list[float | None] = Field(default_factory=list)
+    eval_gold: list[float | None] = Field(default_factory=list)
+
+
+def _finite(value: Any) -> float | None:
+    number = as_float(value)
+    return number if number is not None and math.isfinite(number) else None
+
+
+def reward_kl_points(rows: Iterable[dict[str, Any]]) -> RewardKLPoints:
+    """Rollout (non-eval) rows with a finite ``kl_ref`` and ``proxy_reward`` (``gold_reward``
+    when logged), one point per step, plus the eval rows' ``eval/proxy_reward`` and
+    ``eval/gold_reward``: an evaluation at step s is placed at the KL of the rollouts the same
+    policy sampled next (the first rollout row after s; the last one when none follows)."""
+    points = RewardKLPoints()
+    rollout: dict[float, tuple[float, float, float | None]] = {}
+    evals: dict[float, tuple[float | None, float | None]] = {}
+    for row in rows:
+        if not isinstance(row, dict) or (step := _finite(row.get("step"))) is None:
+            continue
+        if row.get("phase") == "eval":
+            p, g = (
+                _finite(row.get(EVAL_PREFIX + PROXY_KEY)),
+                _finite(row.get(EVAL_PREFIX + GOLD_KEY)),
+            )
+            if p is not None or g is not None:
+                evals[step] = (p, g)
+            continue
+        kl, proxy = _finite(row.get(KL_KEY)), _finite(row.get(PROXY_KEY))
+        if kl is None or proxy is None:
+            continue
+        rollout[step] = (kl, proxy, _finite(row.get(GOLD_KEY)))
+    order = sorted(rollout)
+    for step in order:
+        kl, proxy, gold = rollout[step]
+        points.steps.append(step)
+        points.x.append(math.sqrt(max(kl, 0.0)))
+        points.proxy.append(proxy)
+        points.gold.append(gold)
+    for step, (p, g) in sorted(evals.items()):
+        after = [s for s in order if s > step]
+        at = after[0] if after else (order[-1] if order else None)
+        if at is None:
+            continue
+        points.eval_x.append(math.sqrt(max(rollout[at][0], 0.0)))
+        points.eval_proxy.append(p)
+        points.eval_gold.append(g)
+    return points
+
+
+def _centred_mean(values: Sequence[float], k: int) -> list[float]:
+    """Each value averaged with its neighbours, ``k`` on each side (fewer at the ends)."""
+    out = []
+    for i in range(len(values)):
+        window = values[max(0, i - k) : i + k + 1]
+        out.append(sum(window) / len(window))
+    return out
+
+
+def plot_reward_vs_kl(
+    rows: Iterable[dict[str, Any]], out_path: str | Path, title: str = ""
+) -> PlotResult:
+    """The Gao et al. (2022) picture of a run that optimises a learned reward model: the proxy
+    reward (the model being optimised; left axis) and the gold reward (right axis) against
+    √KL to the reference policy, as in the paper (x = √max(kl_ref, 0); kl_ref is the summed
+    per-token KL of a sequence, averaged over the rollout batch). Each rollout row is a faint
+    point with a centred running mean (n/20 rows each side) through them; held-out evaluations
+    are squares; a dotted line marks where the smoothed gold reward peaked. Writes nothing
+    (``path=None``) when fewer than 2 rollout rows log both ``kl_ref`` and ``proxy_reward``."""
+    pts = reward_kl_points(rows)
+    if len(pts.x) < 2:
+        return PlotResult(path=None)
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.4 + (0.3 if title else 0.0)), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    k = len(pts.x) // 20
+    colors = {"proxy": "tab:blue", "gold": "tab:orange"}
+    square = {"marker": "s", "s": 26, "edgecolors": "black", "linewidths": 0.5, "zorder": 3}
+    ax.scatter(pts.x, pts.proxy, s=8, alpha=0.3, color=colors["proxy"])
+    (line,) = ax.plot(
+        pts.x, _centred_mean(pts.proxy, k), color=colors["proxy"], lw=1.6, label="proxy reward"
+    )
+    handles = [line]
+    panels, count = [PROXY_KEY], 1
+    ax.set_xlabel(KL_AXIS_LABEL, fontsize=8)
+    ax.set_ylabel("proxy reward (the optimised RM)", fontsize=8, color=colors["proxy"])
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    evals = [(x, p) for x, p in zip(pts.eval_x, pts.eval_proxy, strict=True) if p is not None]
+    if evals:
+        ex, ey = zip(*evals, strict=True)
+        handles.append(ax.scatter(ex, ey, color=colors["proxy"], label="held-out proxy", **square))
+        count += 1
+    gold = [(x, g) for x, g in zip(pts.x, pts.gold, strict=True) if g is not None]
+    eval_gold = [(x, g) for x, g in zip(pts.eval_x, pts.eval_gold, strict=True) if g is not None]
+    if gold or eval_gold:
+        twin = ax.twinx()
+        twin.set_ylabel("gold reward", fontsize=8, color=colors["gold"])
+        twin.tick_params(labelsize=8)
+        if gold:
+            gx, gy = zip(*gold, strict=True)
+            smooth = _centred_mean(list(gy), k)
+            twin.scatter(gx, gy, s=8, alpha=0.3, color=colors["gold"])
+            (line,) = twin.plot(gx, smooth, color=colors["gold"], lw=1.6, label="gold reward")
+            handles.append(line)
+            count += 1
+            peak = gx[max(range(len(smooth)), key=smooth.__getitem__)]
+            handles.append(
+                ax.axvline(
+                    peak, color=colors["gold"], ls=":", lw=1.2, label=f"gold peak (√KL {peak:.3g})"
+                )
+            )
+        if eval_gold:
+            ex, ey = zip(*eval_gold, strict=True)
+            handles.append(
+                twin.scatter(ex, ey, color=colors["gold"], label="held-out gold", **square)
+            )
+            count += 1
+        panels.append(GOLD_KEY)
+    height = fig.get_figheight()
+    top = 1.0 - ((0.45 if title else 0.1) + 0.45) / height
+    fig.subplots_adjust(left=0.11, right=0.89, bottom=0.55 / height, top=top)
+    fig.legend(
+        handles=handles,
+        fontsize=7,
+        loc="lower center",
+        bbox_to_anchor=(0.5, top + 0.01),
+        ncol=min(len(handles), 3),
+        frameon=False,
+    )
+    if title:
+        fig.suptitle(title, fontsize=10)
+    out = _save(fig, out_path)
+    return PlotResult(path=str(out), panels=panels, series=count)

@@ -11,6 +11,11 @@ Rules (stated in docs/architecture.md and printed under the block):
 - arms that are not matched -> the same arms again with one set of settings;
 - a run whose held-out headline regressed -> fewer steps (stop at its best held-out step) or a
   stronger KL / reference anchor where the family has one (the family's ``kl_key``, doubled);
+- a run that overoptimised its reward model (proxy up, gold down:
+  :func:`rlhf_lab.logs.overoptimisation`) -> stop where the gold reward peaked (the family's
+  steps key) or a tighter KL leash (its ``kl_key`` doubled, 0.04 when it was 0), the changes
+  :func:`rlhf_lab.logs.overoptimisation_advice` gives the run's alert too (this item replaces
+  the held-out regression one for the same run);
 - a run whose key metric stayed flat -> a learning-rate sweep (×3 and ×10);
 - a run whose samples are noise on the ``tiny`` preset -> warm-start it with SFT first.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, RunRecord, _LedgerData
+from rlhf_lab.logs import overoptimisation_advice
 from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
 
 __all__ = ["NextItem", "next_items"]
@@ -182,7 +188,8 @@ def _run_items(run: RunRecord, campaign: str):
     spec = _family(run)
     if spec is None or run.recipe is None:
         return
-    if "heldout_regression" in run.flags:
+    if "heldout_regression" in run.flags and "overoptimisation" not in run.flags:
+        # (overoptimisation is the sharper reading of the same fall: its item below)
         commands = []
         metric = run.headline.metric if run.headline else "the headline"
         best = run.metric(metric)
@@ -215,6 +222,28 @@ def _run_items(run: RunRecord, campaign: str):
             why=f"{run.run_id}: held-out {metric} regressed while training went on",
             action=f"fewer steps ({spec.steps_key}={stop_at}, {where}){kl_note}",
             commands=commands,
+        )
+    if "overoptimisation" in run.flags:
+        advice = overoptimisation_advice(
+            run.family,
+            run.algorithm,
+            _setting(run, spec.kl_key),
+            run.gold_peak_step,
+            run.steps,
+        )
+        yield NextItem(
+            why=f"{run.run_id}: its proxy reward kept rising while the gold reward fell "
+            "(overoptimisation of the reward model)",
+            action=" or ".join(f"{a.override} ({a.why})" for a in advice)
+            or "stop earlier or tighten the KL leash",
+            commands=[
+                _launch(
+                    run.recipe,
+                    _with(run.overrides, **{a.key.replace(".", "__"): a.value}),
+                    campaign,
+                )
+                for a in advice
+            ],
         )
     if "flat" in run.flags:
         lr = _setting(run, spec.learning_rate_key)

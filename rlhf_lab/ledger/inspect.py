@@ -34,7 +34,7 @@ from rlhf_lab.ledger.schema import (
     SampleExcerpt,
 )
 from rlhf_lab.ledger.text import _clip, _first, _int_or_none, _now, _one_line, load_yaml
-from rlhf_lab.logs import run_flags, run_notes
+from rlhf_lab.logs import overoptimisation, run_flags, run_notes
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.plots import as_float
 from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text
@@ -308,6 +308,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     attempts = attempts_of(path, meta, state, run_id)
     walls = [a.wall_time_s for a in attempts if a.wall_time_s is not None]
     flags = run_flags(family, algorithm, rows, sample_lines.rows, cfg)
+    gamed = overoptimisation(rows) if "overoptimisation" in flags else None
     return RunRecord(
         run_id=run_id,
         campaign=campaign,
@@ -336,6 +337,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         attempts=attempts,
         headline=_headline(family, algorithm, metrics, rows, cfg),
         flags=list(flags),
+        gold_peak_step=gamed.gold_peak_step if gamed else None,
         wandb_url=str(wandb) if wandb else None,
         samples=_sample_excerpts(sample_lines.rows),
         diagnostics=_diagnose(family, state, rows, metrics, flags),
@@ -365,8 +367,10 @@ def _headline(
     rows: list[dict],
     cfg: dict | None,
 ) -> HeadlineValue | None:
-    """The run's held-out headline: final value, items it was measured on, Wilson interval."""
-    head = headline_for(family, algorithm)
+    """The run's held-out headline (:func:`rlhf_lab.headline.headline_for` with its config and
+    rows: the gold reward for a run optimising a learned reward model): final value, items it
+    was measured on, Wilson interval."""
+    head = headline_for(family, algorithm, cfg, rows)
     if head is None:
         return None
     summary = next((m for m in metrics if m.name == head.metric), None)

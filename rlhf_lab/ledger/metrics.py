@@ -6,7 +6,8 @@ ledger's convention: a bare name covers the training metric and its held-out ``e
 name given with the prefix is held-out only. ``_TRAIN_TWINS`` names the families whose catalog
 lists only the held-out metric where the ledger also shows the training one; ``_LEDGER_EXTRAS``
 the metrics the ledger shows beyond the catalog's (rejection sampling's SFT stage and its test
-accuracy, which the comparison of strategies reads).
+accuracy, which the comparison of strategies reads; a policy-gradient run's proxy and gold reward
+and KL to the reference, the RLHF picture).
 
 Which way each metric is better comes from the algorithm specs through
 :func:`rlhf_lab.catalog.metric_direction`; this module keeps no direction table of its own.
@@ -37,6 +38,9 @@ _TRAIN_TWINS: dict[str, tuple[str, ...]] = {"reward_models": ("accuracy", "rewar
 # Metrics the ledger shows beyond the catalog's key metrics.
 _LEDGER_EXTRAS: dict[str, tuple[str, ...]] = {
     "rejection_sampling": ("sft/loss", "eval/accuracy", "test_accuracy"),
+    # a run optimising a learned reward model: the proxy and gold reward and the KL to the
+    # reference (each shown only when the run logs it)
+    "policy_gradients": ("proxy_reward", "gold_reward", "kl_ref"),
 }
 
 

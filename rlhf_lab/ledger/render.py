@@ -383,7 +383,7 @@ def _runs_groups(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     out = []
     for family, members in groups.items():
         present = {m.name for r in members for m in r.metrics}
-        heads = [headline_for(r.family, r.algorithm) for r in members]
+        heads = [r.headline or headline_for(r.family, r.algorithm) for r in members]
         headlines = {h.metric for h in heads if h}
         names = [
             n

@@ -124,6 +124,14 @@ class RunRecord(_Model):
     note: str | None = None
     samples: list[SampleExcerpt] = Field(default_factory=list)
     plot: str | None = Field(default=None, description="PNG path relative to experiments/")
+    reward_kl_plot: str | None = Field(
+        default=None,
+        description="proxy and gold reward against √KL to the reference (PNG relative to "
+        "experiments/), for a run that logs kl_ref and proxy_reward",
+    )
+    gold_peak_step: int | None = Field(
+        default=None, description="where the gold reward peaked, when overoptimisation was found"
+    )
     diagnostics: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     run_dir: str = ""

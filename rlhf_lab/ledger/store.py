@@ -33,7 +33,7 @@ from rlhf_lab.ledger.render import _campaign_model, _render_markdown
 from rlhf_lab.ledger.schema import Campaign, ComparisonEntry, RunRecord, _CampaignMeta, _LedgerData
 from rlhf_lab.ledger.text import _now, _one_line
 from rlhf_lab.paths import experiments_dir, find_run, today
-from rlhf_lab.plots import plot_run_metrics
+from rlhf_lab.plots import plot_reward_vs_kl, plot_run_metrics
 from rlhf_lab.runfolder import read_metric_rows, read_record
 from rlhf_lab.runs import run_state
 from trainers.core.runfolder import ACTIVE_STATES
@@ -136,7 +136,8 @@ def record_run(run_id: str, note: str | None = None, *, plot: bool = True) -> Ru
 
     Reads run.json, config.yaml, summary.json, progress.json, metrics.jsonl and samples.jsonl;
     unreadable or missing files become warnings in the record. Draws the family's key metrics to
-    <campaign>/plots/<run-id>.png. Recording again replaces the same row; ``note=None`` keeps the
+    <campaign>/plots/<run-id>.png, and for a run that logs ``kl_ref`` and ``proxy_reward`` the
+    proxy and gold reward against √KL to <campaign>/plots/<run-id>-reward-kl.png. Recording again replaces the same row; ``note=None`` keeps the
     note recorded before. The campaign is created if the run's folder has none yet.
     """
     path = find_run(run_id)
@@ -153,10 +154,11 @@ def record_run(run_id: str, note: str | None = None, *, plot: bool = True) -> Ru
     if refresh_warning:
         record.warnings.append(refresh_warning)
     if plot:
+        rows = read_metric_rows(path / "metrics.jsonl").rows
         png = _asset_dir(name) / "plots" / f"{run_id}.png"
         try:
             result = plot_run_metrics(
-                read_metric_rows(path / "metrics.jsonl").rows,
+                rows,
                 _metric_keys(record.family),
                 png,
                 title=f"{run_id} ({record.algorithm or record.family or 'run'})",
@@ -165,6 +167,16 @@ def record_run(run_id: str, note: str | None = None, *, plot: bool = True) -> Ru
                 record.plot = os.path.relpath(result.path, experiments_dir())
         except Exception as err:  # a plot must never lose the record
             record.warnings.append(f"plot not drawn: {type(err).__name__}: {err}")
+        try:
+            result = plot_reward_vs_kl(
+                rows,
+                _asset_dir(name) / "plots" / f"{run_id}-reward-kl.png",
+                title=f"{run_id}: proxy and gold reward against KL to the reference",
+            )
+            if result.path:
+                record.reward_kl_plot = os.path.relpath(result.path, experiments_dir())
+        except Exception as err:  # a plot must never lose the record
+            record.warnings.append(f"reward-against-KL plot not drawn: {type(err).__name__}: {err}")
     if note is not None:
         record.note = _one_line(note, 1000) if note.strip() else None
     with _acquire(_locked(name), name):
@@ -187,6 +199,8 @@ def record_run(run_id: str, note: str | None = None, *, plot: bool = True) -> Ru
                     record.note = old.note
                 if not plot and record.plot is None:
                     record.plot = old.plot
+                if not plot and record.reward_kl_plot is None:
+                    record.reward_kl_plot = old.reward_kl_plot
                 data.runs[i] = record
                 break
         else:
