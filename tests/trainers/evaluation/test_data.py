@@ -85,9 +85,10 @@ def test_math_prompts_carry_the_gold_and_the_tag_format_prompt():
     cfg = EvalConfig(suite="math", target="tiny", prompts={"size": 3})
     prompts, info = math_prompts(cfg)
     assert len(prompts) == 3 and info["n_prompts"] == 3
-    assert prompts[0].messages[0]["role"] == "system" and "<answer>" in prompts[0].messages[0][
-        "content"
-    ]
+    assert (
+        prompts[0].messages[0]["role"] == "system"
+        and "<answer>" in prompts[0].messages[0]["content"]
+    )
     assert prompts[0].meta["gold"] == gold_answer(
         builtin_arithmetic_rows(3, EVAL_SEED_BASE)[0]["answer"]
     )

@@ -163,6 +163,8 @@ def test_generation_health_and_kl_to_the_baseline(tmp_path):
         ev.metrics
     )
     assert ev.details["kl"]["unbiased"]  # temperature 1, no filters
+    distinct = ev.metrics["distinct_2"]
+    assert 0 < distinct.value <= 1 and distinct.low is None  # a corpus ratio: no interval
 
     other = ["target=tiny", "baseline=tiny-llama", *common]
     assert evaluate(tmp_path / "other", "generation", other) == 0
