@@ -7,6 +7,7 @@ launcher and wrapper) and the one reader (the lab). Torch-free: pydantic and the
     progress.json  ProgressFile  the wrapper when it starts the trainer (phase ``starting``), then
                                  the trainer, from its first second (with a phase)
     summary.json   SummaryFile   the trainer, at the end (succeeded, failed or stopped)
+    eval.json      EvalFile      an evaluation job (trainers/evaluation), at its end
     metrics.jsonl  MetricRow     the trainer, one row per log event
 
 Every schema accepts fields it does not know (``extra="allow"``): a file written by a newer
@@ -179,12 +180,51 @@ class MetricRow(_FileModel):
         return dict(self.model_extra or {})
 
 
+class EvalMetric(_FileModel):
+    """One number of ``eval.json``: the value, its two-sided interval (None where there is
+    none) and how many independent items (prompts, pairs) it rests on."""
+
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int = 0
+
+
+class EvalFile(_FileModel):
+    """``eval.json``: what an evaluation job measured (``trainers/evaluation``). ``metrics``
+    are the target's, ``baseline_metrics`` the baseline's on the same prompts and seed, and
+    ``difference`` target − baseline, paired by prompt. ``settings`` holds the resolved config
+    (seed, sampling, prompts ...); ``cache_keys`` a key per evaluated model (its weights + the
+    suite + the settings + the prompt set) under which a per-model result may be reused."""
+
+    format_version: int = 1
+    suite: str
+    headline: str | None = None
+    target: str
+    target_model: str | None = None
+    target_run: str | None = None
+    baseline: str | None = None
+    baseline_model: str | None = None
+    judge: str | None = None
+    level: float = 0.95
+    settings: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, EvalMetric] = Field(default_factory=dict)
+    baseline_metrics: dict[str, EvalMetric] = Field(default_factory=dict)
+    difference: dict[str, EvalMetric] = Field(default_factory=dict)
+    details: dict[str, Any] = Field(default_factory=dict)
+    fingerprints: dict[str, str] = Field(default_factory=dict)
+    cache_keys: dict[str, str] = Field(default_factory=dict)
+    created_at: str | None = None
+    wall_time_s: float | None = None
+
+
 FILES: dict[str, type[_FileModel]] = {
     "run.json": RunFile,
     "process.json": ProcessFile,
     "exit.json": ExitFile,
     "progress.json": ProgressFile,
     "summary.json": SummaryFile,
+    "eval.json": EvalFile,
 }
 
 M = TypeVar("M", bound=BaseModel)
@@ -245,6 +285,8 @@ def parse_metric_line(line: str | bytes) -> MetricRow | None:
 
 __all__ = [
     "ACTIVE_STATES",
+    "EvalFile",
+    "EvalMetric",
     "FILES",
     "LIVE_STATES",
     "METRIC_PHASES",

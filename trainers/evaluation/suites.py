@@ -1,0 +1,559 @@
+"""The evaluation suites. Each takes a :class:`Job` and returns a :class:`SuiteResult`; the
+formulas and caveats are in ``trainers/evaluation/README.md``.
+
+Models are loaded one at a time (target, then baseline, then the judge or the reference) and
+released in between, so the peak memory is one model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainers.core.config import ConfigError
+from trainers.core.harness import raise_if_stopping
+from trainers.core.rundir import RunDir
+from trainers.evaluation import statistics as st
+from trainers.evaluation.config import EvalConfig
+from trainers.evaluation.prompts import (
+    EvalPrompt,
+    math_prompts,
+    open_prompts,
+    prompt_set_fingerprint,
+    reasoning_prompts,
+)
+from trainers.evaluation.sampling import (
+    Samples,
+    load_policy,
+    release_memory,
+    sample,
+    sequence_logps,
+)
+from trainers.evaluation.targets import ModelRef
+
+N_SAMPLE_ROWS = 8  # prompts whose completions go to samples.jsonl
+
+
+@dataclass
+class SuiteResult:
+    metrics: dict[str, st.Estimate]
+    baseline_metrics: dict[str, st.Estimate] = field(default_factory=dict)
+    difference: dict[str, st.Estimate] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)
+    items: list[dict] = field(default_factory=list)
+    prompt_set: str | None = None
+
+
+class Job:
+    """One evaluation: the config, the resolved models and the run folder's progress."""
+
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        run: RunDir,
+        target: ModelRef,
+        baseline: ModelRef | None,
+        judge: str | None,
+    ) -> None:
+        self.cfg, self.run = cfg, run
+        self.target, self.baseline, self.judge = target, baseline, judge
+        self.step, self.total = 0, 0
+        self.phase = "loading_model"
+
+    # progress ---------------------------------------------------------------------------------
+    def plan(self, units: int) -> None:
+        """Add ``units`` (generation or scoring batches) to the planned total."""
+        self.total += units
+        self.show()
+
+    def enter(self, phase: str, stage: str) -> None:
+        print(f"{phase}: {stage}", flush=True)
+        self.phase = phase
+        self.stage = stage
+        self.show()
+
+    def advance(self) -> None:
+        self.step = min(self.step + 1, self.total)
+        self.show()
+
+    def show(self) -> None:
+        self.run.write_progress(
+            self.step, self.total or None, phase=self.phase, stage=getattr(self, "stage", None)
+        )
+
+    # statistics -------------------------------------------------------------------------------
+    def mean(self, values: Sequence[float]) -> st.Estimate:
+        b = self.cfg.bootstrap
+        return st.mean_estimate(values, resamples=b.resamples, level=b.level, seed=self.cfg.seed)
+
+    def of(self, items: Sequence[Any], statistic: Callable[[Sequence[Any]], Any]) -> st.Estimate:
+        b = self.cfg.bootstrap
+        return st.bootstrap(
+            items, statistic, resamples=b.resamples, level=b.level, seed=self.cfg.seed
+        )
+
+    # models -----------------------------------------------------------------------------------
+    def models(self) -> list[tuple[str, ModelRef]]:
+        out = [("target", self.target)]
+        if self.baseline is not None:
+            out.append(("baseline", self.baseline))
+        return out
+
+    def batches(self, n_prompts: int) -> int:
+        return -(-n_prompts // self.cfg.sampling.batch_size)
+
+    def sample_with(self, role: str, ref: ModelRef, prompts: list[EvalPrompt], extra=None):
+        """Load ``ref``, sample the prompts, run ``extra(model, tokenizer, samples)`` while the
+        model is loaded, release it. Returns (samples, extra's result)."""
+        self.enter("loading_model", f"{role} {ref.model}")
+        model, tokenizer = load_policy(ref.model, self.cfg)
+        self.enter("generating", f"{role}: {len(prompts)} prompts x {self.cfg.sampling.n}")
+        samples = sample(
+            model,
+            tokenizer,
+            [p.messages for p in prompts],
+            self.cfg.sampling,
+            self.cfg.seed,
+            self.advance,
+        )
+        more = extra(model, tokenizer, samples) if extra is not None else None
+        del model
+        release_memory()
+        return samples, more
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _per_prompt(samples: Samples, values: Sequence[float], n_prompts: int) -> list[float]:
+    return [_mean([values[r] for r in samples.rows_of(i)]) for i in range(n_prompts)]
+
+
+def _paired(job: Job, a: Sequence[float | None], b: Sequence[float | None]) -> st.Estimate:
+    diffs = [x - y for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+    return job.mean(diffs)
+
+
+# ---------------------------------------------------------------------------------------------
+# reasoning and math: answers checked against a reference
+# ---------------------------------------------------------------------------------------------
+
+
+def _reasoning_check(text: str, prompt: EvalPrompt) -> tuple[float, bool, bool]:
+    """(score, correct, format) of a reasoning-gym response."""
+    from trainers.core.tasks import score_response
+    from trainers.sft.data import has_tag_format
+
+    score = score_response(text, prompt.meta)
+    return score, score >= 1.0 - 1e-9, has_tag_format(text)
+
+
+def _math_check(text: str, prompt: EvalPrompt) -> tuple[float, bool, bool]:
+    """(score, correct, an answer was found) of a math response."""
+    from trainers.evaluation.math_answers import is_correct
+
+    ok, extracted = is_correct(text, prompt.meta["gold"])
+    return float(ok), ok, extracted is not None
+
+
+def _answer_metrics(
+    job: Job, prompts: list[EvalPrompt], samples: Samples, check, pass_k: list[int]
+) -> tuple[dict[str, st.Estimate], dict[str, list], list[dict]]:
+    """Per-prompt values and their estimates for one model."""
+    n, P = samples.n, len(prompts)
+    checked = [check(samples.texts[r], prompts[r // n]) for r in range(P * n)]
+    scores = [c[0] for c in checked]
+    correct = [float(c[1]) for c in checked]
+    fmt = [float(c[2]) for c in checked]
+    per = {
+        "accuracy": _per_prompt(samples, correct, P),
+        "format_rate": _per_prompt(samples, fmt, P),
+        "score_mean": _per_prompt(samples, scores, P),
+        "mean_length": _per_prompt(samples, [float(x) for x in samples.lengths()], P),
+        "never_ending": _per_prompt(samples, [float(t) for t in samples.truncated], P),
+    }
+    for k in sorted(set(pass_k)):
+        if k > 1:
+            per[f"pass@{k}"] = [
+                st.pass_at_k(n, sum(c[1] for c in checked[i * n : (i + 1) * n]), k)
+                for i in range(P)
+            ]
+    metrics = {name: job.mean(values) for name, values in per.items()}
+    rows = [{"correct": int(sum(correct[r] for r in samples.rows_of(i))), "n": n} for i in range(P)]
+    return metrics, per, rows
+
+
+COMPARED = ("accuracy", "format_rate", "score_mean")
+
+
+def answer_suite(job: Job, prompts: list[EvalPrompt], info: dict, check) -> SuiteResult:
+    cfg = job.cfg
+    pass_k = [k for k in cfg.reasoning.pass_k if k <= cfg.sampling.n]
+    job.plan(job.batches(len(prompts)) * len(job.models()))
+    results: dict[str, tuple] = {}
+    texts: dict[str, Samples] = {}
+    for role, ref in job.models():
+        samples, _ = job.sample_with(role, ref, prompts)
+        job.enter("evaluating", f"{role}: checking answers")
+        results[role] = _answer_metrics(job, prompts, samples, check, pass_k)
+        texts[role] = samples
+    metrics, per, rows = results["target"]
+    out = SuiteResult(
+        metrics, details={"prompts": info}, prompt_set=prompt_set_fingerprint(prompts)
+    )
+    if "baseline" in results:
+        b_metrics, b_per, b_rows = results["baseline"]
+        out.baseline_metrics = b_metrics
+        for name in per:
+            if name in COMPARED or name.startswith("pass@"):
+                out.difference[name] = _paired(job, per[name], b_per[name])
+    for i, p in enumerate(prompts):
+        item = {"id": p.id, "target": rows[i]}
+        if "baseline" in results:
+            item["baseline"] = results["baseline"][2][i]
+        out.items.append(item)
+    out.samples = _sample_rows(prompts, texts, lambda i, role: rows_of(results, role, i))
+    return out
+
+
+def rows_of(results: dict, role: str, i: int) -> dict:
+    return results[role][2][i]
+
+
+def _sample_rows(prompts, texts: dict[str, Samples], extra) -> list[dict]:
+    out = []
+    for i, p in enumerate(prompts[:N_SAMPLE_ROWS]):
+        row: dict[str, Any] = {"prompt": p.question}
+        for role, samples in texts.items():
+            row[role] = samples.texts[samples.rows_of(i)[0]]
+            row[f"{role}_result"] = extra(i, role)
+        out.append(row)
+    return out
+
+
+def reasoning_suite(job: Job) -> SuiteResult:
+    prompts, info = reasoning_prompts(job.cfg, job.target)
+    return answer_suite(job, prompts, info, _reasoning_check)
+
+
+def math_suite(job: Job) -> SuiteResult:
+    prompts, info = math_prompts(job.cfg)
+    info = {**info, "checker": "math-verify"}
+    return answer_suite(job, prompts, info, _math_check)
+
+
+# ---------------------------------------------------------------------------------------------
+# winrate: target vs baseline, judged by a reward model
+# ---------------------------------------------------------------------------------------------
+
+
+def _outcome(t_text: str, b_text: str, t_score: float, b_score: float, margin: float) -> int:
+    if t_text == b_text or abs(t_score - b_score) <= margin:
+        return st.TIE
+    return st.WIN if t_score > b_score else st.LOSS
+
+
+def winrate_suite(job: Job) -> SuiteResult:
+    cfg = job.cfg
+    assert job.baseline is not None and job.judge is not None
+    prompts, info = open_prompts(cfg, job.target)
+    n, P = cfg.sampling.n, len(prompts)
+    job.plan(job.batches(P) * 2 + 2)
+    t, _ = job.sample_with("target", job.target, prompts)
+    b, _ = job.sample_with("baseline", job.baseline, prompts)
+
+    from trainers.reward_models.scoring import RewardScorer
+
+    job.enter("loading_model", f"judge {job.judge}")
+    scorer = RewardScorer.from_pretrained(
+        job.judge,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        attn_implementation=cfg.attn_implementation,
+        batch_size=cfg.winrate.judge_batch_size,
+    )
+    job.enter("evaluating", "judging")
+
+    def conversations(samples: Samples) -> list[list[dict]]:
+        return [
+            [*prompts[r // n].messages, {"role": "assistant", "content": samples.texts[r]}]
+            for r in range(P * n)
+        ]
+
+    raise_if_stopping("eval_batch")
+    t_scores = scorer.score(conversations(t))
+    job.advance()
+    raise_if_stopping("eval_batch")
+    b_scores = scorer.score(conversations(b))
+    job.advance()
+    del scorer
+    release_memory()
+
+    margin = cfg.winrate.tie_margin
+    outcomes = [
+        [_outcome(t.texts[r], b.texts[r], t_scores[r], b_scores[r], margin) for r in t.rows_of(i)]
+        for i in range(P)
+    ]
+    diffs = [[len(t.texts[r]) - len(b.texts[r]) for r in t.rows_of(i)] for i in range(P)]
+    bs = cfg.bootstrap
+    wtl = st.win_tie_loss(outcomes, resamples=bs.resamples, level=bs.level, seed=cfg.seed)
+    lc, coverage = st.length_controlled_win_rate(
+        outcomes,
+        diffs,
+        n_buckets=cfg.winrate.length_buckets,
+        resamples=bs.resamples,
+        level=bs.level,
+        seed=cfg.seed,
+    )
+    t_len = _per_prompt(t, [float(len(x)) for x in t.texts], P)
+    b_len = _per_prompt(b, [float(len(x)) for x in b.texts], P)
+    t_judge = _per_prompt(t, t_scores, P)
+    b_judge = _per_prompt(b, b_scores, P)
+    metrics = {
+        **wtl,
+        "win_rate_length_controlled": lc,
+        "judge_score": job.mean(t_judge),
+        "mean_length_chars": job.mean(t_len),
+    }
+    out = SuiteResult(
+        metrics,
+        baseline_metrics={
+            "judge_score": job.mean(b_judge),
+            "mean_length_chars": job.mean(b_len),
+        },
+        difference={
+            "judge_score": _paired(job, t_judge, b_judge),
+            "mean_length_chars": _paired(job, t_len, b_len),
+        },
+        details={
+            "prompts": info,
+            "judge": job.judge,
+            "length_unit": "characters",
+            "length_controlled_coverage": coverage,
+            "pairs": P * n,
+            "tie_margin": margin,
+        },
+        prompt_set=prompt_set_fingerprint(prompts),
+    )
+    out.items = [
+        {"id": p.id, "outcomes": outcomes[i], "length_diffs": diffs[i]}
+        for i, p in enumerate(prompts)
+    ]
+    out.samples = _sample_rows(
+        prompts,
+        {"target": t, "baseline": b},
+        lambda i, role: {
+            "judge_score": (t_scores if role == "target" else b_scores)[i * n],
+            "outcome": outcomes[i][0],
+        },
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# generation: health of the samples and KL to the baseline
+# ---------------------------------------------------------------------------------------------
+
+
+def _health(job: Job, samples: Samples, P: int) -> tuple[dict[str, st.Estimate], dict]:
+    cfg = job.cfg
+    groups = [[samples.texts[r] for r in samples.rows_of(i)] for i in range(P)]
+    rep_n = cfg.generation.repetition_n
+    reps = [st.repetition_rate(x, rep_n) for x in samples.texts]
+    per = {
+        "mean_length": _per_prompt(samples, [float(x) for x in samples.lengths()], P),
+        "never_ending": _per_prompt(samples, [float(x) for x in samples.truncated], P),
+        f"repetition_{rep_n}": [
+            _mean([reps[r] for r in samples.rows_of(i) if reps[r] is not None]) for i in range(P)
+        ],
+    }
+    metrics = {name: job.mean([v for v in values if v is not None]) for name, values in per.items()}
+    texts = [x for g in groups for x in g]
+    for k in cfg.generation.distinct:
+        # a corpus statistic: a resample repeats texts, which lowers it, so the bootstrap's
+        # percentiles would not bracket it; no interval (README.md, "generation")
+        metrics[f"distinct_{k}"] = st.Estimate(st.distinct_n(texts, k), None, None, P)
+    return metrics, per
+
+
+def generation_suite(job: Job) -> SuiteResult:
+    cfg = job.cfg
+    prompts, info = open_prompts(cfg, job.target)
+    n, P = cfg.sampling.n, len(prompts)
+    lp_batches = -(-(P * n) // cfg.generation.logprob_batch_size)
+    with_kl = cfg.generation.kl and job.baseline is not None
+    job.plan(job.batches(P) * len(job.models()) + (2 * lp_batches if with_kl else 0))
+
+    def target_logps(model, tokenizer, samples):
+        if not with_kl:
+            return None
+        job.enter("evaluating", "target log-probs of its samples")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return sequence_logps(model, samples, pad, cfg.generation.logprob_batch_size, job.advance)
+
+    t, t_lp = job.sample_with("target", job.target, prompts, target_logps)
+    metrics, t_per = _health(job, t, P)
+    details: dict[str, Any] = {"prompts": info}
+    out = SuiteResult(metrics, details=details, prompt_set=prompt_set_fingerprint(prompts))
+    if job.baseline is None:
+        return out
+
+    def baseline_logps(model, tokenizer, samples):
+        if not with_kl:
+            return None
+        job.enter("evaluating", "baseline log-probs of the target's samples")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return sequence_logps(model, t, pad, cfg.generation.logprob_batch_size, job.advance)
+
+    b, b_lp = job.sample_with("baseline", job.baseline, prompts, baseline_logps)
+    out.baseline_metrics, b_per = _health(job, b, P)
+    for name in t_per:
+        out.difference[name] = _paired(job, t_per[name], b_per[name])
+    if with_kl:
+        ratio = [t_lp[r] - b_lp[r] for r in range(P * n)]
+        per_prompt = [
+            [(ratio[r], len(t.completion_ids[r])) for r in t.rows_of(i)] for i in range(P)
+        ]
+        metrics["kl_to_baseline"] = job.mean(_per_prompt(t, ratio, P))
+        metrics["kl_per_token"] = job.of(
+            per_prompt,
+            lambda gs: sum(x for g in gs for x, _ in g) / max(1, sum(m for g in gs for _, m in g)),
+        )
+        exact = (
+            cfg.sampling.temperature == 1
+            and cfg.sampling.top_p == 1
+            and cfg.sampling.top_k == 0
+            and cfg.sampling.min_p == 0
+        )
+        details["kl"] = {
+            "estimator": "mean over the target's samples of log pi_target(y|x) - "
+            "log pi_baseline(y|x), summed over the completion's tokens",
+            "unbiased": exact,
+            "note": None
+            if exact
+            else "samples were drawn with temperature/top-k/top-p/min-p filters, not from "
+            "pi_target itself: the estimate is E_q[log pi_target - log pi_baseline], not a KL",
+        }
+    out.items = [
+        {
+            "id": p.id,
+            "target_lengths": [len(t.completion_ids[r]) for r in t.rows_of(i)],
+            **({"log_ratios": [t_lp[r] - b_lp[r] for r in t.rows_of(i)]} if with_kl else {}),
+        }
+        for i, p in enumerate(prompts)
+    ]
+    out.samples = _sample_rows(
+        prompts,
+        {"target": t, "baseline": b},
+        lambda i, role: {"truncated": (t if role == "target" else b).truncated[i * n]},
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# pair_accuracy: a direct-alignment run's implicit reward on its held-out pairs
+# ---------------------------------------------------------------------------------------------
+
+
+def pair_accuracy_suite(job: Job) -> SuiteResult:
+    """Per held-out pair, the run's own loss function decides whether the implicit reward ranks
+    chosen above rejected (trainers.direct_alignment.train.micro_batch_loss on one pair)."""
+    from trainers.core.loop import pick_runtime
+    from trainers.core.models import load_causal_lm, load_tokenizer
+    from trainers.direct_alignment.train import (
+        compute_reference_logps,
+        micro_batch_loss,
+        prepare_examples,
+    )
+
+    run_cfg = job.target.run_config
+    model_section = run_cfg.model.model_copy(
+        update={"device": job.cfg.device, "dtype": job.cfg.dtype}
+    )
+    device, dtype, attn = pick_runtime(model_section)
+    job.enter("tokenizing", "the run's held-out pairs")
+    tokenizer = load_tokenizer(job.target.model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    _, eval_ex, _, _ = prepare_examples(run_cfg, tokenizer)
+    if not eval_ex:
+        raise ConfigError(f"the run {job.target.given!r} held out no pairs (data.eval_size 0)")
+    with_ref = run_cfg.needs_reference
+    roles = [("target", job.target.model)]
+    if not with_ref and job.baseline is not None:
+        roles.append(("baseline", job.baseline.model))
+    job.plan(len(eval_ex) * len(roles) + (1 if with_ref else 0))
+
+    ref_eval = None
+    if with_ref:
+        ref_name = run_cfg.model.ref_name or run_cfg.model.name
+        job.enter("reference_logprobs", ref_name)
+        ref_model = load_causal_lm(
+            ref_name, device=device, dtype=dtype, attn_implementation=attn, trainable=False
+        )
+        ref_eval = compute_reference_logps(
+            ref_model,
+            eval_ex,
+            pad_id,
+            device,
+            run_cfg.eval.eval_batch_size,
+            with_kl=run_cfg.loss == "kto",
+        )
+        del ref_model
+        release_memory()
+        job.advance()
+
+    per: dict[str, dict[str, list[float]]] = {}
+    for role, name in roles:
+        job.enter("loading_model", f"{role} {name}")
+        model = load_causal_lm(
+            name, device=device, dtype=dtype, attn_implementation=attn, trainable=False
+        )
+        job.enter("evaluating", f"{role}: implicit reward of each held-out pair")
+        acc, margin = [], []
+        for i in range(len(eval_ex)):
+            raise_if_stopping("eval_batch")
+            _, m, _ = micro_batch_loss(run_cfg, model, eval_ex, [i], ref_eval, pad_id, device)
+            acc.append(float(m["accuracy"]))
+            if "margins" in m:
+                margin.append(float(m["margins"]))
+            job.advance()
+        per[role] = {"pair_accuracy": acc, "reward_margin": margin}
+        del model
+        release_memory()
+    metrics = {k: job.mean(v) for k, v in per["target"].items() if v}
+    out = SuiteResult(
+        metrics,
+        details={
+            "loss": run_cfg.loss,
+            "beta": run_cfg.beta,
+            "held_out_pairs": len(eval_ex),
+            "dataset": run_cfg.data.dataset,
+            "reference": (run_cfg.model.ref_name or run_cfg.model.name) if with_ref else None,
+            "baseline_note": (
+                "the loss measures the policy against its reference, so the starting model's "
+                "implicit reward is 0 on every pair: no baseline row"
+                if with_ref
+                else None
+            ),
+        },
+    )
+    if "baseline" in per:
+        out.baseline_metrics = {k: job.mean(v) for k, v in per["baseline"].items() if v}
+        out.difference = {
+            k: _paired(job, per["target"][k], per["baseline"][k])
+            for k in per["target"]
+            if per["target"][k] and per["baseline"][k]
+        }
+    return out
+
+
+SUITE_FUNCTIONS: dict[str, Callable[[Job], SuiteResult]] = {
+    "reasoning": reasoning_suite,
+    "math": math_suite,
+    "winrate": winrate_suite,
+    "generation": generation_suite,
+    "pair_accuracy": pair_accuracy_suite,
+}
