@@ -645,10 +645,10 @@ def _check_overoptimisation(
     kl_key = family_spec(family).kl_key if family in FAMILY_NAMES else None
     kl_now = get_dotted(config, kl_key) if kl_key and isinstance(config, dict) else None
     advice = overoptimisation_advice(family, algorithm, kl_now, found.gold_peak_step, steps)
-    options = " or ".join(f"`--set {a.override}` ({a.why})" for a in advice)
+    options = " or ".join(f"the override {a.override} ({a.why})" for a in advice)
     hint = (
-        f"launch it again with {options}; `rlhf-lab record <run-id>` puts the full commands in "
-        "the campaign's Next section"
+        f"launch it again with {options}; recording the run puts the full commands in the "
+        "campaign's Next section"
         if options
         else "stop earlier, or tighten the KL leash to the reference"
     )

@@ -234,8 +234,8 @@ def test_diagnose_raises_the_alert_with_exact_overrides():
     assert alert.severity == "warning" and alert.step == 40
     assert "gold_reward fell" in alert.message
     peak = overoptimisation(rlhf_rows(gao)).gold_peak_step
-    assert f"`--set train.max_steps={peak}`" in alert.hint
-    assert "`--set loss.beta=0.08`" in alert.hint
+    assert f"override train.max_steps={peak} " in alert.hint
+    assert "override loss.beta=0.08 " in alert.hint
     assert "overoptimisation" not in [a.kind for a in diagnose(HONEST)]
 
 
