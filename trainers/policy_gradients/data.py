@@ -34,7 +34,6 @@ from trainers.core.builtin_data import (
     builtin_preference_records,
     check_specs,
     composite_prompts,
-    split_builtin_name,
     to_prompt,
 )
 from trainers.core.config import ConfigError
@@ -135,7 +134,8 @@ def _preference_records(dataset: str, split: str, n: int, seed: int) -> tuple[li
     from trainers.core.preferences import load_preference_records
 
     if dataset == "builtin" or dataset.startswith("builtin:"):
-        tasks = split_builtin_name(dataset)[1] if dataset.startswith("builtin:") else None
+        spec = dataset.partition(":")[2]
+        tasks = [t.strip() for t in spec.split(",") if t.strip()] or None
         return builtin_preference_records(n, seed, tasks), "builtin"
     stats: dict = {}
     try:
