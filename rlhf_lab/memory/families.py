@@ -261,7 +261,10 @@ def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> i
     if inputs.arch is not None:
         gb, how = _rollout_kv_cache(inputs, inputs.arch, new_tokens, per_step)
         bld.add("generation KV cache", gb, ["generate"], how)
-    for key, label in (("reward.model", "reward model"), ("reward.gold_model", "gold reward model")):
+    for key, label in (
+        ("reward.model", "reward model"),
+        ("reward.gold_model", "gold reward model"),
+    ):
         name = inputs.setting(key)
         if isinstance(name, str) and name:
             _add_pg_reward_model(inputs, bld, label, name, prompt_tokens + new_tokens)

@@ -1,6 +1,7 @@
 """Rewards of the policy-gradient family: reasoning-gym correctness, tag format, DAPO's overlong
-penalty, their combinations, and DAPO's dynamic-sampling group filter (docs/algorithms.md, "Policy
-gradients")."""
+penalty, their combinations, DAPO's dynamic-sampling group filter, and the shaping of a reward
+model's score (normalisation, running moments, clip, missing-EOS penalty, the weighted total)
+(docs/algorithms.md, "Policy gradients")."""
 
 from __future__ import annotations
 

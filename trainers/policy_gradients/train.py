@@ -1,5 +1,5 @@
-"""Policy-gradient RL on verifiable reasoning tasks: REINFORCE, RLOO, PPO, GRPO, Dr. GRPO, GSPO,
-CISPO, SAPO, DAPO and MaxRL, one loop for all ten.
+"""Policy-gradient RL on verifiable reasoning tasks or against a learned reward model: REINFORCE,
+RLOO, PPO, GRPO, Dr. GRPO, GSPO, CISPO, SAPO, DAPO and MaxRL, one loop for all ten.
 
     python -m trainers.policy_gradients.train --config configs/grpo.yaml --run-dir DIR \
         [--set model.name=tiny] [--set train.max_steps=20] [--resume]
@@ -7,7 +7,9 @@ CISPO, SAPO, DAPO and MaxRL, one loop for all ten.
 One rollout step, as in the algorithm box:
   1. sample ``prompts_per_step`` prompts (DAPO: keep sampling until enough groups show contrast);
   2. roll out ``num_rollouts`` completions per prompt with the current policy (= π_old);
-  3. score them (correctness + format_weight·format (+ DAPO overlong penalty));
+  3. score them (verifier_weight·correctness + format_weight·format (+ DAPO overlong penalty)
+     + model_weight·normalised reward-model score − missing-EOS penalty, clipped; README.md
+     "Rewards");
   4. advantages (group baselines, or GAE on a learned value model for PPO; KL shaping of the
      reward for reinforce / rloo / ppo when β > 0);
   5. for each of ``updates_per_rollout`` passes: shuffle, micro-batches, per-token losses,

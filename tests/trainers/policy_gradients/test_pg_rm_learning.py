@@ -62,7 +62,7 @@ def reward_model(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("rm") / "preference_rm"
     assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, RM_OVERRIDES)) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_eval"]["eval/accuracy"] > 0.6, summary["final_eval"]  # above chance
+    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]  # above chance
     return run_dir / "final_model"
 
 
