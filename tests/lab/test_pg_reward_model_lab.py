@@ -1,7 +1,6 @@
 """The lab's view of policy-gradient runs rewarded by a reward model (torch-free): the memory
-estimate counts the reward model and the gold reward model, the headline of such a run is its
-held-out gold reward (else its held-out proxy reward), and the shipped RM recipes shrink on the
-tiny preset with the reward model kept and offline prompts."""
+estimate counts the reward model and the gold reward model, and the shipped RM recipes shrink on
+the tiny preset with the reward model kept and offline prompts."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import json
 import pytest
 
 from rlhf_lab.configs import resolve_config
-from rlhf_lab.headline import headline_for, headline_line
 from rlhf_lab.memory import estimate_memory
 from rlhf_lab.shrink import shrink_config
 
@@ -69,34 +67,6 @@ def test_memory_estimate_notes_a_reward_model_it_cannot_size(tmp_path):
     data = resolve_config("grpo", ["model.name=tiny", f"reward.model={tmp_path / 'gone'}"]).data
     est = estimate_memory("policy_gradients", "grpo", data, device="cpu")
     assert any(n.startswith("reward model ") and "not counted" in n for n in est.notes)
-
-
-def test_headline_of_a_reward_model_run_follows_its_config():
-    verifier = resolve_config("grpo", ["reward.model=x/rm"]).data
-    head = headline_for("policy_gradients", "grpo", verifier)
-    assert head.metric == "eval/avg_correctness" and head.share  # the verifier is the gold
-    gold = resolve_config("grpo", ["reward.model=x/rm", "reward.gold_model=y/rm"]).data
-    head = headline_for("policy_gradients", "grpo", gold)
-    assert (head.metric, head.share, head.training_signal) == (
-        "eval/gold_reward",
-        False,
-        "gold_reward",
-    )
-    assert head.higher_is_better
-    hh = resolve_config("grpo_rm").data  # HH-RLHF prompts: no gold signal at all
-    head = headline_for("policy_gradients", "grpo", hh)
-    assert (head.metric, head.training_signal) == ("eval/proxy_reward", "proxy_reward")
-    assert "proxy" in head.label
-    line = headline_line(
-        "policy_gradients",
-        "grpo",
-        {"step": 4, "eval/proxy_reward": 1.25},
-        {"proxy_reward": 0.5},
-        hh,
-    )
-    assert line == "held-out eval/proxy_reward 1.25 (step 4) · training signal proxy_reward 0.5"
-    # without a config (callers that have none) the family's headline stays
-    assert headline_for("policy_gradients", "grpo").metric == "eval/avg_correctness"
 
 
 @pytest.mark.parametrize("recipe", ["ppo_rm", "grpo_rm"])

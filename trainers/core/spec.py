@@ -13,16 +13,14 @@ them without pulling in torch.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import Any, Literal
+from typing import Literal
 
 __all__ = [
     "FAMILY_NAMES",
     "AlgorithmSpec",
     "FamilySpec",
-    "HeadlineChoice",
     "KLPlacement",
     "MetricSpec",
     "all_specs",
@@ -62,16 +60,6 @@ class MetricSpec:
         if self.higher_is_better is None:
             return None
         return "max" if self.higher_is_better else "min"
-
-
-@dataclass(frozen=True)
-class HeadlineChoice:
-    """A headline a family picks from a run's config (``FamilySpec.config_headline``): the
-    metric, its label in words, and whether it is a share of held-out items (binomial noise)."""
-
-    metric: str
-    label: str
-    share: bool = True
 
 
 @dataclass(frozen=True)
@@ -174,10 +162,6 @@ class FamilySpec:
     steps_key: str = "train.max_steps"
     kl_key: str | None = None
     """The config key of the KL / reference-anchoring strength (None: the family has none)."""
-    config_headline: Callable[[Mapping[str, Any]], HeadlineChoice | None] | None = None
-    """Torch-free function of a run's resolved config that names another headline for runs the
-    family's single one does not fit (policy gradients rewarded by a reward model: the held-out
-    gold reward, else the held-out proxy reward); None from it keeps the family's."""
 
     @property
     def algorithm_names(self) -> tuple[str, ...]:
@@ -203,19 +187,6 @@ class FamilySpec:
                 if algorithm in (spec.name, spec.run_name) and spec.headline_metric:
                     return spec.headline_metric
         return self.headline_metric
-
-    def headline_choice(
-        self, algorithm: str | None = None, config: Mapping[str, Any] | None = None
-    ) -> HeadlineChoice:
-        """The headline of a run of ``algorithm`` with ``config``: the family's
-        ``config_headline`` when it names one for this config, else :meth:`headline_for`."""
-        if config is not None and self.config_headline is not None:
-            choice = self.config_headline(config)
-            if choice is not None:
-                return choice
-        return HeadlineChoice(
-            self.headline_for(algorithm), self.headline_label, self.headline_is_share
-        )
 
     def training_signal_for(self, algorithm: str | None = None) -> str | None:
         """The training-time twin of the headline (secondary; see ``training_signal``)."""

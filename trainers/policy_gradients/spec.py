@@ -10,10 +10,7 @@ loaded only when ``loss.beta > 0`` for an algorithm whose ``kl`` is not ``"none"
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from trainers.core.spec import AlgorithmSpec, FamilySpec, HeadlineChoice, MetricSpec
+from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
 
 FAMILY_NAME = "policy_gradients"
 PAPER_DEFAULT_CLIP = (0.2, 0.2)
@@ -168,38 +165,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 )
 
 
-def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    value = config.get(name)
-    return value if isinstance(value, Mapping) else {}
-
-
-def reward_model_headline(config: Mapping[str, Any]) -> HeadlineChoice | None:
-    """The headline of a run rewarded by a reward model (``reward.model``), from its config:
-
-    * a gold reward model (``reward.gold_model``): its greedy held-out score, ``eval/gold_reward``;
-    * prompts with a verifier (reasoning-gym, or the built-in preference prompts): None, the
-      family's ``eval/avg_correctness`` (it is the held-out gold reward then);
-    * otherwise (no gold signal at all): the held-out score of the optimised reward model,
-      ``eval/proxy_reward`` — a proxy, which a policy can raise without getting better.
-    """
-    reward, data = _section(config, "reward"), _section(config, "data")
-    if reward.get("gold_model"):
-        return HeadlineChoice(
-            "eval/gold_reward", "greedy held-out score of the gold reward model", share=False
-        )
-    dataset = data.get("dataset")
-    verifier = data.get("source", "reasoning_gym") == "reasoning_gym" or (
-        isinstance(dataset, str) and (dataset == "builtin" or dataset.startswith("builtin:"))
-    )
-    if reward.get("model") and not verifier:
-        return HeadlineChoice(
-            "eval/proxy_reward",
-            "greedy held-out score of the optimised reward model (a proxy: no gold signal)",
-            share=False,
-        )
-    return None
-
-
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
     config_module="trainers.policy_gradients.config",
@@ -252,5 +217,4 @@ FAMILY = FamilySpec(
     heldout_keys=("data.specs", "data.eval_size"),
     algorithm_knobs=("algorithm", "loss."),
     kl_key="loss.beta",
-    config_headline=reward_model_headline,
 )

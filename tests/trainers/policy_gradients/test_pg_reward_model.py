@@ -384,7 +384,7 @@ def test_ppo_on_builtin_prompts_whitens_with_running_statistics(tmp_path, rm_dir
     assert rollouts[-1]["gold_reward"] == rollouts[-1]["avg_correctness"]  # the verifier is gold
     assert [r["reward_norm/mean"] is not None for r in rollouts] == [True, True]
     assert summary["reward_models"]["reward.model"]["tokens"] == "re-tokenised from text"
-    assert summary["best_metrics"].keys() == {"eval/avg_correctness"}
+    assert summary["best_metrics"].keys() == {"eval/gold_reward"}  # = held-out correctness
     samples = [s for s in read_jsonl(run_dir / "samples.jsonl") if s["kind"] == "rollout"]
     assert all(abs(s["total"]) <= 3.0 for s in samples)
 
