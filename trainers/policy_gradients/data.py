@@ -155,7 +155,10 @@ def preference_prompts(
     dataset: deduplicated, in a seeded order, the first ``eval_size`` held out and the next
     ``size`` for training (fewer when the dataset has fewer distinct prompts)."""
     wanted = size + eval_size
-    records, fmt = _preference_records(dataset, split, 2 * wanted + 16, seed)
+    # HH-RLHF repeats prompts across pairs; the built-in generator rarely does (and is slower)
+    builtin = dataset == "builtin" or dataset.startswith("builtin:")
+    margin = wanted // 8 if builtin else wanted
+    records, fmt = _preference_records(dataset, split, wanted + margin + 16, seed)
     unique: dict[str, Prompt] = {}
     for record in records:
         key = json.dumps(record.prompt, sort_keys=True)

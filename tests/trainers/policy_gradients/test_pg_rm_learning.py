@@ -4,7 +4,7 @@ reward-model trainer (seconds), then PPO and GRPO against it.
 1. From the random-init preset, PPO and GRPO raise the reward model's held-out (greedy) score
    over the start: the learned reward is being optimised.
 2. From the SFT warm start (``trainers.sft.train.warm_start_model()``, trained once per session
-   and shared with the SFT and rejection-sampling tests), GRPO against the same reward model on
+   and shared with the SFT and evaluation tests), GRPO against the same reward model on
    the warm start's one-digit chain sums — the verifier's correctness is the gold signal, not in
    the reward — raises the proxy while gold correctness falls: overoptimisation, made visible by
    the ``proxy_reward`` / ``gold_reward`` / ``kl_ref`` rows the lab's alert reads.
