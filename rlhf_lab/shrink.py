@@ -7,7 +7,8 @@ The rules follow the reference book's habits for short runs, per family:
   an effective batch of 16 so that 10-20 optimizer steps pass early (the acceptance window);
 * SFT: the same shape as direct alignment (640 examples, one epoch);
 * policy gradients: ``train.max_steps`` 20 rollout steps over a ``data.size`` of exactly that many
-  prompts (10 on a tiny preset, with 64 new tokens);
+  prompts (10 on a tiny preset, with 64 new tokens; preference prompts become the offline
+  ``builtin`` set there); ``reward.model`` is kept;
 * reward models: fewer samples (512 pairs / solutions; ORM 128 prompts × 8 completions) and one
   epoch;
 * rejection sampling: fewer training prompts, test prompts and completions per prompt, one SFT
@@ -247,6 +248,19 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
             "sft_tiny_warmstart recipe, then override model.name=<its run dir>/final_model); "
             "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
             "not a tuned value"
+        )
+        if r.get("data.source") == "preference":
+            r.set("data.dataset", "builtin")  # the offline prompts of the built-in pairs
+    reward_model = r.get("reward.model")
+    if isinstance(reward_model, str) and reward_model:
+        notes.append(
+            f"reward.model={reward_model} is kept (a shrink never swaps the reward model)"
+            + (
+                ": on a tiny preset pass a tiny reward model, e.g. the preference_rm recipe "
+                "shrunk on tiny, then --set reward.model=run:<its run id>"
+                if preset
+                else ""
+            )
         )
     _common_quiet(r, big_model=not preset)
 

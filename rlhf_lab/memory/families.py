@@ -212,7 +212,9 @@ def _rollout_kv_cache(
 def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
     """The policy trained on micro-batches of rollouts (a shared prompt forwarded once when
     checkpointing is off); a frozen reference when the KL term needs one; PPO's value model,
-    trained beside the policy; the generation KV cache of rollouts or evaluation."""
+    trained beside the policy; the generation KV cache of rollouts or evaluation; the frozen
+    reward model and gold reward model (``reward.model``, ``reward.gold_model``) with their
+    scoring forward."""
     algo = inputs.algorithm or inputs.setting("algorithm", "grpo")
     prompt_tokens = inputs.prompt_tokens
     new_tokens = int(inputs.setting("rollout.max_new_tokens", 512))
@@ -259,8 +261,34 @@ def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> i
     if inputs.arch is not None:
         gb, how = _rollout_kv_cache(inputs, inputs.arch, new_tokens, per_step)
         bld.add("generation KV cache", gb, ["generate"], how)
+    for key, label in (
+        ("reward.model", "reward model"),
+        ("reward.gold_model", "gold reward model"),
+    ):
+        name = inputs.setting(key)
+        if isinstance(name, str) and name:
+            _add_pg_reward_model(inputs, bld, label, name, prompt_tokens + new_tokens)
     bld.notes.append(f"prompts counted as {prompt_tokens} tokens (system prompt + question)")
     return trainable
+
+
+def _add_pg_reward_model(
+    inputs: EstimateInputs, bld: EstimateBuilder, label: str, name: str, seq: int
+) -> None:
+    """A policy-gradient run's frozen reward model: its weights, resident for the whole run,
+    and its no-grad forward over ``reward.score_batch_size`` sequences, counted with generation
+    (scoring follows it; an upper bound, the KV cache is freed by then). A name this machine
+    cannot size (e.g. a ``run:`` reference not resolved yet) is a note."""
+    try:
+        rm = model_facts(name).params
+    except LabError as err:
+        bld.notes.append(f"{label} {name}: size unknown here ({err.message}); not counted")
+        return
+    bld.frozen(label, rm.total, inputs.b, ["train", "generate"])
+    if rm.arch is not None:
+        rows = int(inputs.setting("reward.score_batch_size", 16))
+        fwd = forward_gb(rm.arch, inputs.b, rows, seq, inputs.eager)
+        bld.add(f"{label} forward (no grad)", fwd, ["generate"], f"{rows} rows × {seq} tokens")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,7 +47,18 @@ class DatasetSpecSection(StrictModel):
     config: dict = Field(default_factory=dict, description="the task's reasoning-gym settings")
 
 
+PromptSource = Literal["reasoning_gym", "preference"]
+BUILTIN_PROMPTS = "builtin"
+"""``data.dataset`` of the offline prompt set: the prompts of the built-in preference pairs
+(reasoning-gym questions, so the verifier can score them)."""
+
+
 class DataSection(StrictModel):
+    source: PromptSource = Field(
+        default="reasoning_gym",
+        description="reasoning_gym: a seeded composite of data.specs; preference: the prompts of "
+        "a preference dataset (data.dataset)",
+    )
     specs: list[DatasetSpecSection] = Field(
         default_factory=lambda: [
             DatasetSpecSection(
@@ -55,12 +66,29 @@ class DataSection(StrictModel):
             )
         ],
         min_length=1,
-        description="reasoning-gym `composite` of these tasks",
+        description="reasoning-gym `composite` of these tasks (source reasoning_gym)",
     )
+    dataset: str | None = Field(
+        default=None,
+        description="source preference: a hub id or local .jsonl/.json/.parquet/.csv file or "
+        "folder of an HH-RLHF-style (chosen/rejected transcripts) or UltraFeedback-style "
+        "(`prompt` column or chosen message lists) dataset, or `builtin` (offline: the prompts "
+        "of the built-in preference pairs, reasoning-gym questions; builtin:task_a,task_b for "
+        "some tasks)",
+    )
+    split: str = Field(default="train", description="dataset split (source preference)")
     size: int = Field(default=3000, ge=1, description="training prompts (one epoch)")
     eval_size: int = Field(
         default=64, ge=0, description="held-out prompts for the greedy eval/ metrics"
     )
+
+    @property
+    def has_verifier(self) -> bool:
+        """Whether every prompt carries a reasoning-gym entry the verifier can score."""
+        if self.source == "reasoning_gym":
+            return True
+        ds = self.dataset or ""
+        return ds == BUILTIN_PROMPTS or ds.startswith(f"{BUILTIN_PROMPTS}:")
 
 
 class RolloutSection(StrictModel):
@@ -124,8 +152,60 @@ class LossSection(StrictModel):
     accuracy_max_reward: float = 1.0
 
 
+RewardNormalize = Literal["none", "batch", "running"]
+
+
 class RewardSection(StrictModel):
-    format_weight: float = Field(default=0.5, ge=0)
+    """The scalar reward of a completion (README "Rewards"; docs/algorithms.md):
+
+    total = clip(model_weight·norm(rm) + verifier_weight·correctness + format_weight·format
+                 + penalty − missing_eos_penalty·[no end-of-turn], ±clip)
+
+    ``None`` weights take their default at validation time (written to config.yaml)."""
+
+    model: str | None = Field(
+        default=None,
+        description="reward model: a reward-model run's final_model/ (preference or orm), any "
+        "local or hub sequence-classification checkpoint with one label, or run:<id> (the lab "
+        "resolves it)",
+    )
+    model_weight: float | None = Field(
+        default=None, ge=0, description="weight of the reward model's score (None: 1 with a model)"
+    )
+    verifier_weight: float | None = Field(
+        default=None,
+        ge=0,
+        description="weight of reasoning-gym correctness (None: 1 for reasoning_gym prompts, "
+        "else 0)",
+    )
+    format_weight: float | None = Field(
+        default=None,
+        ge=0,
+        description="weight of the <think>/<answer> tag format (None: 0.5 for reasoning_gym "
+        "prompts, else 0)",
+    )
+    gold_model: str | None = Field(
+        default=None,
+        description="a held-out 'gold' reward model, scored and logged (gold_reward), never "
+        "optimised; None: the verifier is the gold signal where the prompts have one",
+    )
+    normalize: RewardNormalize = Field(
+        default="none",
+        description="whitening of the reward model's score: none, batch (this rollout batch's "
+        "mean/std) or running (mean/std of every score so far, exact Welford/Chan merge)",
+    )
+    clip: float | None = Field(
+        default=None, gt=0, description="clip the shaped reward to [-clip, clip] (None: off)"
+    )
+    missing_eos_penalty: float = Field(
+        default=0.0,
+        ge=0,
+        description="subtracted from the reward of a completion cut at max_new_tokens without "
+        "an end-of-turn token",
+    )
+    score_batch_size: int = Field(
+        default=16, ge=1, description="sequences per reward-model forward pass"
+    )
 
 
 class EvalSection(StrictModel):
@@ -140,6 +220,28 @@ class EvalSection(StrictModel):
         default=1, ge=0, description="rollout steps between samples.jsonl rows; 0 = none"
     )
     num_samples: int = Field(default=2, ge=0, description="rollouts written per sample event")
+
+
+def _reward_defaults(data: dict) -> dict:
+    """Fill the reward weights left at None from the prompt source and the reward model, so
+    config.yaml records the weights used: model_weight 1 with a model (else 0), verifier_weight
+    1 and format_weight 0.5 for reasoning-gym prompts (else 0)."""
+    reward = data.get("reward")
+    section = data.get("data")
+    if reward is None:
+        reward = {}
+    if not isinstance(reward, dict) or not isinstance(section, dict | None):
+        return {}  # field validation reports the problem
+    source = (section or {}).get("source", "reasoning_gym")
+    reasoning = source == "reasoning_gym"
+    reward = dict(reward)
+    if reward.get("model_weight") is None:
+        reward["model_weight"] = 1.0 if reward.get("model") else 0.0
+    if reward.get("verifier_weight") is None:
+        reward["verifier_weight"] = 1.0 if reasoning else 0.0
+    if reward.get("format_weight") is None:
+        reward["format_weight"] = 0.5 if reasoning else 0.0
+    return {"reward": reward}
 
 
 class PolicyGradientConfig(StrictModel):
@@ -176,7 +278,7 @@ class PolicyGradientConfig(StrictModel):
             loss["clip_eps_lo"] = lo
         if loss.get("clip_eps_hi") is None:
             loss["clip_eps_hi"] = hi
-        return {**data, "loss": loss}
+        return {**data, "loss": loss, **_reward_defaults(data)}
 
     @model_validator(mode="after")
     def _check(self):
@@ -208,7 +310,56 @@ class PolicyGradientConfig(StrictModel):
         names = [s.name for s in self.data.specs]
         if len(names) != len(set(names)):
             raise ValueError(f"data.specs names must be unique (got {names})")
+        self._check_prompts_and_rewards()
         return self
+
+    def _check_prompts_and_rewards(self) -> None:
+        d, rw = self.data, self.reward
+        if d.source == "preference" and not d.dataset:
+            raise ValueError(
+                "data.dataset is required with data.source=preference: a hub id, a local "
+                f".jsonl/.json/.parquet/.csv file or folder, or {BUILTIN_PROMPTS!r} (offline)"
+            )
+        if d.source == "reasoning_gym" and d.dataset is not None:
+            raise ValueError(
+                f"data.dataset={d.dataset!r} is read only with data.source=preference (the "
+                "reasoning_gym source builds its prompts from data.specs)"
+            )
+        if rw.model is None and rw.model_weight:
+            raise ValueError("reward.model_weight > 0 needs reward.model (a reward model to score)")
+        if rw.model is None and rw.normalize != "none":
+            raise ValueError(
+                f"reward.normalize={rw.normalize!r} whitens the reward model's score and needs "
+                "reward.model; leave it 'none' for verifier rewards"
+            )
+        if rw.verifier_weight and not d.has_verifier:
+            raise ValueError(
+                f"reward.verifier_weight={rw.verifier_weight} needs prompts the reasoning-gym "
+                f"verifier can score (data.source=reasoning_gym or data.dataset={BUILTIN_PROMPTS}"
+                f"); the prompts of {d.dataset!r} have no reference answer: set "
+                "reward.verifier_weight=0"
+            )
+        weights = {
+            "reward.model_weight": rw.model_weight if rw.model else 0.0,
+            "reward.verifier_weight": rw.verifier_weight,
+            "reward.format_weight": rw.format_weight,
+        }
+        if not any(weights.values()):
+            raise ValueError(
+                "every reward weight is 0 ("
+                + ", ".join(f"{k}={v or 0:g}" for k, v in weights.items())
+                + "): every completion would get the same reward and nothing would be learnt; "
+                "set reward.model (with reward.model_weight > 0), reward.verifier_weight > 0 "
+                "(reasoning-gym prompts) or reward.format_weight > 0"
+            )
+        spec = self.spec
+        if (spec.dynamic_sampling or spec.reward_signal == "binary") and not d.has_verifier:
+            raise ValueError(
+                f"algorithm {self.algorithm} reads reasoning-gym correctness (DAPO's dynamic "
+                "sampling, MaxRL's binary reward), which the prompts of "
+                f"{d.dataset!r} do not have: use data.source=reasoning_gym or "
+                f"data.dataset={BUILTIN_PROMPTS}, or another algorithm"
+            )
 
     # ---- derived facts the loop and the lab share ---------------------------------------------
     @property
@@ -234,6 +385,14 @@ class PolicyGradientConfig(StrictModel):
         if self.train.max_steps is not None:
             return self.train.max_steps
         return max(1, self.train.num_epochs * (self.data.size // self.rollout.prompts_per_step))
+
+    @property
+    def gold_source(self) -> str | None:
+        """What ``gold_reward`` measures: ``"model"`` (reward.gold_model), ``"verifier"``
+        (reasoning-gym correctness) or None (no gold signal)."""
+        if self.reward.gold_model:
+            return "model"
+        return "verifier" if self.data.has_verifier else None
 
     @property
     def uses_kl(self) -> bool:

@@ -1,10 +1,21 @@
-"""Prompts for policy-gradient runs: a seeded reasoning-gym ``composite`` of ``data.specs``.
+"""Prompts for policy-gradient runs, from one of two sources (``data.source``):
 
-Each prompt is the chat ``[system: SYSTEM_PROMPT, user: question]`` plus what scoring needs
-(``meta = {"task", "entry"}``: reasoning-gym scores an answer against its own entry). The
-held-out split is drawn from the same task mixture with a different seed, and any question that
-also appears in the training prompts is dropped from it. The generator itself lives with the
-other built-in datasets in :mod:`trainers.core.builtin_data`.
+* ``reasoning_gym`` (default): a seeded reasoning-gym ``composite`` of ``data.specs``. Each prompt
+  is the chat ``[system: SYSTEM_PROMPT, user: question]`` plus what scoring needs
+  (``meta = {"task", "entry"}``: reasoning-gym scores an answer against its own entry). The
+  held-out split is drawn from the same task mixture with a different seed, and any question
+  that also appears in the training prompts is dropped from it. The generator itself lives with
+  the other built-in datasets in :mod:`trainers.core.builtin_data`.
+* ``preference``: the prompts of a preference dataset (``data.dataset``), read with the shared
+  preference loader (:mod:`trainers.core.preferences`: HH-RLHF transcripts, UltraFeedback message
+  lists, plain ``prompt``/``chosen``/``rejected``), or of a prompt-only file with a ``prompt``
+  column (a string or a message list). Prompts are deduplicated (HH-RLHF repeats a prompt across
+  pairs), put in a seeded order, and the first ``eval_size`` are held out; the next ``size`` are
+  the training prompts. These prompts have no reference answer (``meta`` is empty): they are
+  scored by a reward model. ``builtin`` (or ``builtin:task_a,task_b``) takes the prompts of the
+  built-in preference pairs (:func:`trainers.core.builtin_data.builtin_preference_records`):
+  reasoning-gym questions that do carry ``meta``, so the verifier can score them (as the gold
+  signal, or in the reward).
 
 Training prompts are served by :class:`PromptStream`: one seeded permutation per epoch, consumed
 ``prompts_per_step`` at a time (a short tail is dropped, as a ``drop_last`` loader would), with a
@@ -13,17 +24,21 @@ position that a checkpoint can save and restore.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from trainers.core.builtin_data import (
     HELD_OUT_SEED_OFFSET,
     build_composite,
+    builtin_preference_records,
     check_specs,
     composite_prompts,
     to_prompt,
 )
-from trainers.core.records import Prompt
+from trainers.core.config import ConfigError
+from trainers.core.records import PreferenceRecord, Prompt
+from trainers.core.splits import rows_to_read, shuffled
 
 __all__ = [
     "HELD_OUT_SEED_OFFSET",
@@ -32,6 +47,8 @@ __all__ = [
     "build_composite",
     "check_specs",
     "load_prompts",
+    "load_run_prompts",
+    "preference_prompts",
     "to_prompt",
 ]
 
@@ -41,6 +58,126 @@ def load_prompts(
 ) -> tuple[list[Prompt], list[Prompt]]:
     """(training prompts, held-out prompts). Held-out questions never occur in training."""
     return composite_prompts(specs, size, eval_size, seed)
+
+
+def load_run_prompts(data: Any, seed: int) -> tuple[list[Prompt], list[Prompt], dict]:
+    """(training prompts, held-out prompts, load statistics) for a config's ``data`` section."""
+    if data.source == "preference":
+        return preference_prompts(data.dataset, data.split, data.size, data.eval_size, seed)
+    train, held = composite_prompts(data.specs, data.size, data.eval_size, seed)
+    return train, held, {"source": "reasoning_gym"}
+
+
+def _question(messages: list[dict]) -> str:
+    """The text of the prompt's last user message (what samples.jsonl shows as the question)."""
+    for msg in reversed(messages):
+        if msg["role"] == "user":
+            return msg["content"]
+    return messages[-1]["content"] if messages else ""
+
+
+def _record_prompt(record: PreferenceRecord) -> Prompt:
+    """A preference record's prompt; built-in records keep their reasoning-gym entry (``meta``
+    with ``task`` and ``entry``), so the verifier can score completions of it."""
+    meta = record.meta or {}
+    if "task" in meta and "entry" in meta:
+        answer = str(meta["entry"].get("answer", ""))
+        return Prompt(
+            messages=list(record.prompt),
+            question=_question(record.prompt),
+            answer=answer,
+            meta={"task": meta["task"], "entry": meta["entry"]},
+        )
+    return Prompt(
+        messages=list(record.prompt), question=_question(record.prompt), answer="", meta={}
+    )
+
+
+def _prompt_only_records(
+    dataset: str, split: str, n: int, seed: int, schema_error: str
+) -> list[PreferenceRecord]:
+    """Rows of a dataset with a ``prompt`` column and no pairs (a string or a message list);
+    ConfigError (with the preference loader's ``schema_error``) when there is no such column."""
+    from trainers.core.datasets import open_split
+    from trainers.core.messages import as_messages
+
+    ds = open_split(dataset, split, _HINT)
+    if "prompt" not in ds.column_names:
+        raise ConfigError(
+            f"data.dataset={dataset!r}: no prompts found. {schema_error} A prompt-only dataset "
+            "needs a `prompt` column (a string or a list of messages)."
+        )
+    rows, limit = rows_to_read(ds, n, seed)
+    out = []
+    for row in rows:
+        try:
+            messages = as_messages(row.get("prompt"))
+        except ValueError:
+            continue
+        if messages and any(m["content"].strip() for m in messages):
+            out.append(PreferenceRecord(prompt=messages, chosen="", rejected=None))
+        if len(out) >= limit:
+            break
+    return out
+
+
+_HINT = (
+    "For offline runs use data.dataset=builtin (the prompts of the built-in preference pairs), "
+    "or a local .jsonl/.json/.parquet/.csv file or folder."
+)
+
+
+def _preference_records(dataset: str, split: str, n: int, seed: int) -> tuple[list, str]:
+    """Up to ``n`` records (seeded order) of a preference or prompt-only dataset, and the
+    format read."""
+    from trainers.core.datasets import DatasetNotFoundError
+    from trainers.core.preferences import load_preference_records
+
+    if dataset == "builtin" or dataset.startswith("builtin:"):
+        spec = dataset.partition(":")[2]
+        tasks = [t.strip() for t in spec.split(",") if t.strip()] or None
+        return builtin_preference_records(n, seed, tasks), "builtin"
+    stats: dict = {}
+    try:
+        records = load_preference_records(dataset, split, "auto", n, seed, stats=stats)
+        return records, str(stats.get("format"))
+    except DatasetNotFoundError as err:
+        raise ConfigError(f"data.dataset: {err}") from None
+    except ValueError as err:
+        schema_error = str(err)
+    return _prompt_only_records(dataset, split, n, seed, schema_error), "prompt"
+
+
+def preference_prompts(
+    dataset: str, split: str, size: int, eval_size: int, seed: int
+) -> tuple[list[Prompt], list[Prompt], dict]:
+    """(training prompts, held-out prompts, statistics) from the prompts of a preference
+    dataset: deduplicated, in a seeded order, the first ``eval_size`` held out and the next
+    ``size`` for training (fewer when the dataset has fewer distinct prompts)."""
+    wanted = size + eval_size
+    # HH-RLHF repeats prompts across pairs; the built-in generator rarely does (and is slower)
+    builtin = dataset == "builtin" or dataset.startswith("builtin:")
+    margin = wanted // 8 if builtin else wanted
+    records, fmt = _preference_records(dataset, split, wanted + margin + 16, seed)
+    unique: dict[str, Prompt] = {}
+    for record in records:
+        key = json.dumps(record.prompt, sort_keys=True)
+        if key not in unique:
+            unique[key] = _record_prompt(record)
+    prompts = shuffled(list(unique.values()), seed)
+    held_out, train = prompts[:eval_size], prompts[eval_size:wanted]
+    if not train:
+        raise ConfigError(
+            f"data.dataset={dataset!r}: {len(prompts)} distinct prompt(s) found, none left for "
+            f"training after data.eval_size={eval_size} held out"
+        )
+    stats = {
+        "source": "preference",
+        "format": fmt,
+        "records_read": len(records),
+        "distinct_prompts": len(prompts),
+    }
+    return train, held_out, stats
 
 
 class PromptStream:

@@ -35,6 +35,7 @@ class Experience:
     returns: Tensor | None = None  # (N, T) PPO GAE returns
     advantages: Tensor | None = None  # (N, T), zero outside the mask
     shaped_total: Tensor | None = None  # (N,) the reward the advantage used (after KL shaping)
+    kl_ref: Tensor | None = None  # (N,) Σ_t k3(π_old ‖ π_ref) of each sequence (kl_ref metric)
 
     @property
     def prompt_width(self) -> int:
@@ -47,6 +48,17 @@ class Experience:
     @property
     def lengths(self) -> Tensor:
         return self.completion_mask.sum(-1)
+
+    def token_ids(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompt ids, completion ids) of every row, without padding; a completion keeps its
+        end-of-turn token when it has one."""
+        width_p = self.prompt_width
+        lengths = self.completion_mask.sum(-1).long().tolist()
+        prompts, completions = [], []
+        for row, (n_p, n_c) in enumerate(zip(self.prompt_lens.tolist(), lengths, strict=True)):
+            prompts.append(self.input_ids[row, width_p - n_p : width_p].tolist())
+            completions.append(self.input_ids[row, width_p : width_p + n_c].tolist())
+        return prompts, completions
 
     def to(self, device) -> Experience:
         moved = {}

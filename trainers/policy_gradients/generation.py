@@ -77,6 +77,45 @@ def generate_group_batch(
 
 
 @torch.no_grad()
+def greedy_rollouts(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: list[Prompt],
+    max_new_tokens: int,
+    batch_size: int,
+) -> dict[str, list]:
+    """Greedy completions for held-out evaluation, with their token ids: ``texts``, ``lengths``
+    (completion tokens, end-of-turn included), ``truncated``, ``prompt_ids`` and
+    ``completion_ids`` (up to and including the first end-of-turn token)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    stop_ids = set(end_of_turn_ids(tokenizer))
+    was_training = model.training
+    model.eval()
+    out: dict[str, list] = {
+        "texts": [],
+        "lengths": [],
+        "truncated": [],
+        "prompt_ids": [],
+        "completion_ids": [],
+    }
+    for start in range(0, len(prompts), batch_size):
+        rows = [chat_prompt_ids(tokenizer, p.messages) for p in prompts[start : start + batch_size]]
+        new_tokens = sample_tokens(
+            model, rows, max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id
+        )
+        for prompt_row, tokens in zip(rows, new_tokens, strict=True):
+            kept, cut = cut_at_first_stop(tokens, stop_ids)
+            out["lengths"].append(len(kept))
+            out["truncated"].append(cut)
+            out["texts"].append(
+                tokenizer.decode(kept if cut else kept[:-1], skip_special_tokens=True)
+            )
+            out["prompt_ids"].append(prompt_row)
+            out["completion_ids"].append(kept)
+    model.train(was_training)
+    return out
+
+
 def greedy_completions(
     model: nn.Module,
     tokenizer: Any,
@@ -85,20 +124,5 @@ def greedy_completions(
     batch_size: int,
 ) -> tuple[list[str], list[int], list[bool]]:
     """Greedy completions for held-out evaluation: (texts, lengths, truncated)."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stop_ids = set(end_of_turn_ids(tokenizer))
-    was_training = model.training
-    model.eval()
-    texts, lengths, truncated = [], [], []
-    for start in range(0, len(prompts), batch_size):
-        rows = [chat_prompt_ids(tokenizer, p.messages) for p in prompts[start : start + batch_size]]
-        new_tokens = sample_tokens(
-            model, rows, max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id
-        )
-        for tokens in new_tokens:
-            kept, cut = cut_at_first_stop(tokens, stop_ids)
-            lengths.append(len(kept))
-            truncated.append(cut)
-            texts.append(tokenizer.decode(kept if cut else kept[:-1], skip_special_tokens=True))
-    model.train(was_training)
-    return texts, lengths, truncated
+    out = greedy_rollouts(model, tokenizer, prompts, max_new_tokens, batch_size)
+    return out["texts"], out["lengths"], out["truncated"]

@@ -1,6 +1,7 @@
 """Rewards of the policy-gradient family: reasoning-gym correctness, tag format, DAPO's overlong
-penalty, their combinations, and DAPO's dynamic-sampling group filter (docs/algorithms.md, "Policy
-gradients")."""
+penalty, their combinations, DAPO's dynamic-sampling group filter, and the shaping of a reward
+model's score (normalisation, running moments, clip, missing-EOS penalty, the weighted total)
+(docs/algorithms.md, "Policy gradients")."""
 
 from __future__ import annotations
 
@@ -92,3 +93,137 @@ def dapo_keep_groups(
     all_min = (groups == min_reward).all(dim=1)
     all_max = (groups == max_reward).all(dim=1)
     return ~(all_min | all_max)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward-model scores and shaping (docs/algorithms.md, "Rewards from a reward model")
+# ---------------------------------------------------------------------------------------------
+
+NORMALIZE_EPS = 1e-8
+
+
+def text_rewards(
+    texts: list[str], lengths: list[int], *, penalty: tuple[int, int] | None = None
+) -> dict[str, Tensor]:
+    """The reward parts that need no verifier (prompts without a reference answer): ``format``
+    (:func:`format_score`) and ``penalty`` (DAPO's overlong penalty, else 0)."""
+    if len(texts) != len(lengths):
+        raise ValueError("texts and lengths must have the same length")
+    fmt = [format_score(t) for t in texts]
+    pen = [overlong_penalty(n, *penalty) if penalty else 0.0 for n in lengths]
+    return {
+        "format": torch.tensor(fmt, dtype=torch.float32),
+        "penalty": torch.tensor(pen, dtype=torch.float32),
+    }
+
+
+def whiten(x: Tensor, mean: float | Tensor, std: float | Tensor) -> Tensor:
+    """(x − mean) / (std + 1e-8)."""
+    return (x - mean) / (std + NORMALIZE_EPS)
+
+
+def batch_whiten(x: Tensor) -> Tensor:
+    """Whiten with the batch's own mean and population std (one score: 0)."""
+    x = x.float()
+    if x.numel() < 2:
+        return torch.zeros_like(x)
+    return whiten(x, x.mean(), x.std(unbiased=False))
+
+
+class RunningMoments:
+    """Mean and population variance of every value seen so far, merged batch by batch with
+    Chan et al.'s parallel form of Welford's update (exact, no momentum):
+
+        n' = n + m;  δ = mean_b − mean;  mean' = mean + δ·m/n';
+        M2' = M2 + M2_b + δ²·n·m/n'   (M2 = n·variance)
+
+    ``state()`` / ``from_state`` round-trip it through a checkpoint."""
+
+    def __init__(self, count: int = 0, mean: float = 0.0, m2: float = 0.0):
+        self.count, self.mean, self.m2 = int(count), float(mean), float(m2)
+
+    @property
+    def var(self) -> float:
+        return self.m2 / self.count if self.count else 0.0
+
+    @property
+    def std(self) -> float:
+        return self.var**0.5
+
+    def update(self, x: Tensor) -> None:
+        x = x.detach().double().flatten()
+        m = x.numel()
+        if m == 0:
+            return
+        mean_b = float(x.mean())
+        m2_b = float(((x - mean_b) ** 2).sum())
+        n = self.count
+        total = n + m
+        delta = mean_b - self.mean
+        self.mean += delta * m / total
+        self.m2 += m2_b + delta * delta * n * m / total
+        self.count = total
+
+    def state(self) -> dict:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> RunningMoments:
+        return cls(**state) if state else cls()
+
+
+def normalize_scores(x: Tensor, mode: str, running: RunningMoments | None = None) -> Tensor:
+    """The reward model's scores after ``reward.normalize``: ``none`` as is; ``batch`` whitened
+    with this batch's mean/std; ``running`` whitened with the running moments *after* adding
+    this batch to them (so the first batch is whitened by its own statistics)."""
+    if mode == "none":
+        return x.float()
+    if mode == "batch":
+        return batch_whiten(x)
+    if mode == "running":
+        if running is None:
+            raise ValueError("normalize='running' needs a RunningMoments")
+        running.update(x)
+        if running.count < 2:
+            return torch.zeros_like(x, dtype=torch.float32)
+        return whiten(x.float(), running.mean, running.std)
+    raise ValueError(f"unknown reward normalisation {mode!r}")
+
+
+def clip_reward(x: Tensor, clip: float | None) -> Tensor:
+    """``x`` clamped to [−clip, clip] (``clip`` None: unchanged)."""
+    return x if clip is None else x.clamp(-clip, clip)
+
+
+def eos_penalty(truncated: Tensor, penalty: float) -> Tensor:
+    """−penalty for each completion that ended without an end-of-turn token, else 0."""
+    return -float(penalty) * truncated.float()
+
+
+def shaped_total(
+    parts: dict[str, Tensor],
+    truncated: Tensor,
+    *,
+    model_weight: float,
+    verifier_weight: float,
+    format_weight: float,
+    missing_eos_penalty: float = 0.0,
+    clip: float | None = None,
+) -> Tensor:
+    """The scalar reward of each completion from its parts:
+
+    total = clip(model_weight·model_norm + verifier_weight·correctness + format_weight·format
+                 + penalty − missing_eos_penalty·truncated, ±clip)
+
+    ``model_norm`` is the reward model's normalised score (:func:`normalize_scores`); a part
+    that is absent counts 0. The KL leash is applied later, where the algorithm puts it."""
+    n = truncated.numel()
+    zero = torch.zeros(n, dtype=torch.float32)
+    total = (
+        model_weight * parts.get("model_norm", zero).float()
+        + verifier_weight * parts.get("correctness", zero).float()
+        + format_weight * parts.get("format", zero).float()
+        + parts.get("penalty", zero).float()
+        + eos_penalty(truncated, missing_eos_penalty)
+    )
+    return clip_reward(total, clip)

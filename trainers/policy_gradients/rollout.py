@@ -4,14 +4,19 @@ One rollout step, as in the algorithm box:
 
 1. ``generate_group_batch`` (:mod:`.generation`) — each prompt is prefilled once and its
    ``num_rollouts`` completions are sampled from the repeated KV cache.
-2. ``score`` — rewards.compute_rewards on the decoded completions (DAPO adds the overlong
-   penalty).
+2. ``score`` — the reward parts of the decoded completions: reasoning-gym correctness and tag
+   format (rewards.compute_rewards; only format without a verifier), DAPO's overlong penalty,
+   the reward model's score (``RewardModels.proxy``, normalised as ``reward.normalize`` says)
+   and the gold reward model's score; then the weighted, shaped ``total``
+   (rewards.shaped_total).
 3. DAPO only (``rollout_step``): dynamic sampling keeps drawing prompts until
    ``prompts_per_step`` groups with differing correctness are kept, within a bound.
 4. ``prepare_update`` — π_old log-probs (only when the update needs them: see
    ``PolicyGradientConfig.needs_old_logps``), reference log-probs (β > 0), values for an
    algorithm with a value model; KL shaping of the reward where the spec puts the KL in the
-   reward; advantages by the estimator the algorithm's spec names.
+   reward; advantages by the estimator the algorithm's spec names. With a reference model,
+   each sequence's summed KL to it (``Experience.kl_ref``, the ``kl_ref`` metric) from π_old
+   (or, when the π_old forward is skipped, from the update's first pass, where π = π_old).
 
 The result is an :class:`~.experience.Experience` that lives on the CPU between phases. The
 building blocks live in one module per job: :mod:`.experience` (the batch and its layout),
@@ -22,7 +27,7 @@ re-exported here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,9 +47,20 @@ from trainers.policy_gradients.experience import (
     concat_experiences,
     cut_at_first_stop,
 )
-from trainers.policy_gradients.generation import generate_group_batch, greedy_completions
+from trainers.policy_gradients.generation import (
+    generate_group_batch,
+    greedy_completions,
+    greedy_rollouts,
+)
 from trainers.policy_gradients.losses import kl_estimate
-from trainers.policy_gradients.rewards import compute_rewards, dapo_keep_groups
+from trainers.policy_gradients.rewards import (
+    RunningMoments,
+    compute_rewards,
+    dapo_keep_groups,
+    normalize_scores,
+    shaped_total,
+    text_rewards,
+)
 from trainers.policy_gradients.token_passes import (
     ValueModel,
     completion_token_stats,
@@ -59,6 +75,7 @@ from trainers.policy_gradients.token_passes import per_token_pass as _per_token_
 __all__ = [
     "DynamicSamplingError",
     "Experience",
+    "RewardModels",
     "RolloutInfo",
     "ValueModel",
     "assemble",
@@ -68,12 +85,15 @@ __all__ = [
     "explained_variance",
     "generate_group_batch",
     "greedy_completions",
+    "greedy_rollouts",
     "load_value_model",
     "masked_mean_rows",
     "position_ids_of",
     "prepare_update",
     "rollout_step",
     "score",
+    "score_texts",
+    "sequence_kl",
     "sequence_logps",
     "trim",
 ]
@@ -83,16 +103,93 @@ class DynamicSamplingError(RuntimeError):
     """DAPO could not find enough prompt groups with reward contrast within its bound."""
 
 
-def score(exp: Experience, cfg: PolicyGradientConfig) -> dict[str, Tensor]:
+@dataclass
+class RewardModels:
+    """The run's reward models (None when unused) and the running moments of the proxy's
+    scores (``reward.normalize=running``; saved in checkpoints)."""
+
+    proxy: Any = None  # reward_model.ModelReward: the optimised reward model
+    gold: Any = None  # reward_model.ModelReward: the held-out gold reward model
+    moments: RunningMoments = field(default_factory=RunningMoments)
+    stop_ids: set[int] = field(default_factory=set)
+
+
+def score_texts(
+    cfg: PolicyGradientConfig,
+    prompts: list[Prompt],
+    texts: list[str],
+    lengths: list[int],
+    truncated: Tensor,
+    models: RewardModels | None = None,
+    *,
+    prompt_ids: list[list[int]] | None = None,
+    completion_ids: list[list[int]] | None = None,
+    update_moments: bool = True,
+    penalty: tuple[int, int] | None = None,
+    verifier: Any = None,
+) -> dict[str, Tensor]:
+    """The reward parts of N completions and their weighted ``total`` (float32, (N,) each):
+    ``correctness``/``binary`` (verifier prompts only), ``format``, ``penalty``, ``model`` (the
+    reward model's raw score) and ``model_norm`` (after ``reward.normalize``), ``gold`` (the
+    gold reward model's score). ``update_moments=False`` (evaluation) whitens the proxy's score
+    with neither the batch nor the running statistics: ``model_norm`` is the raw score.
+    ``verifier``: the function that scores verifier prompts (default
+    :func:`~.rewards.compute_rewards`)."""
+    rw = cfg.reward
+    metas = [p.meta for p in prompts]
+    if cfg.data.has_verifier:
+        verify = verifier or compute_rewards
+        parts = dict(verify(texts, metas, lengths, format_weight=rw.format_weight, penalty=penalty))
+        parts.pop("total", None)
+    else:
+        parts = text_rewards(texts, lengths, penalty=penalty)
+    models = models or RewardModels()
+    messages = [p.messages for p in prompts]
+    ids = dict(prompt_ids=prompt_ids, completion_ids=completion_ids, stop_ids=models.stop_ids)
+    if models.proxy is not None:
+        raw = models.proxy.score(messages, texts, **ids)
+        parts["model"] = raw
+        mode = rw.normalize if update_moments else "none"
+        parts["model_norm"] = normalize_scores(raw, mode, models.moments)
+    if models.gold is not None:
+        parts["gold"] = models.gold.score(messages, texts, **ids)
+    parts["total"] = shaped_total(
+        parts,
+        truncated,
+        model_weight=rw.model_weight or 0.0,
+        verifier_weight=rw.verifier_weight or 0.0,
+        format_weight=rw.format_weight or 0.0,
+        missing_eos_penalty=rw.missing_eos_penalty,
+        clip=rw.clip,
+    )
+    return parts
+
+
+def score(
+    exp: Experience, cfg: PolicyGradientConfig, models: RewardModels | None = None
+) -> dict[str, Tensor]:
     """Rewards of the batch's completions (DAPO-style specs add the overlong penalty)."""
     penalty = (cfg.loss.l_max, cfg.loss.l_cache) if cfg.spec.overlong_penalty else None
-    return compute_rewards(
+    prompt_ids = completion_ids = None
+    if models is not None and (models.proxy is not None or models.gold is not None):
+        prompt_ids, completion_ids = exp.token_ids()
+    return score_texts(
+        cfg,
+        exp.prompts,
         exp.texts,
-        [p.meta for p in exp.prompts],
         [int(n) for n in exp.lengths.tolist()],
-        format_weight=cfg.reward.format_weight,
+        exp.truncated,
+        models,
+        prompt_ids=prompt_ids,
+        completion_ids=completion_ids,
         penalty=penalty,
     )
+
+
+def sequence_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """Σ_t k3(logπ_t − logπ_ref,t) over each sequence's completion tokens (N,): a non-negative,
+    unbiased sample estimate of the sequence-level KL(π ‖ π_ref)."""
+    return (kl_estimate(logp.float(), ref_logp.float(), "k3", mask) * mask).sum(-1)
 
 
 def prepare_update(
@@ -115,6 +212,8 @@ def prepare_update(
         exp.old_logps = sequence_logps(policy, exp, bs, device)
     if cfg.uses_kl:
         exp.ref_logps = sequence_logps(ref_model, exp, bs, device)
+        if exp.old_logps is not None:  # else the update's first pass fills it (π = π_old there)
+            exp.kl_ref = sequence_kl(exp.old_logps, exp.ref_logps, mask)
 
     total = exp.rewards["total"].clone()
     token_kl = None
@@ -161,6 +260,7 @@ def rollout_step(
     stream: PromptStream,
     train_prompts: list[Prompt],
     cfg: PolicyGradientConfig,
+    models: RewardModels | None = None,
 ) -> tuple[Experience, RolloutInfo]:
     """Sample prompts, generate, score. DAPO keeps drawing ``prompts_per_step`` prompts at a
     time and keeps only groups whose correctness is not all-min / all-max, until
@@ -179,7 +279,7 @@ def rollout_step(
         t0 = time.time()
         batch = generate_group_batch(policy, tokenizer, prompts, cfg)
         t1 = time.time()
-        batch.rewards = score(batch, cfg)
+        batch.rewards = score(batch, cfg, models)
         score_s += time.time() - t1
         gen_s += t1 - t0
         n_drawn_prompts += P

@@ -164,6 +164,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
     ),
 )
 
+
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
     config_module="trainers.policy_gradients.config",
@@ -181,6 +182,11 @@ FAMILY = FamilySpec(
         MetricSpec("loss", higher_is_better=None),
         MetricSpec("frac_reward_zero_std", higher_is_better=False),
         MetricSpec("avg_total", higher_is_better=True, key=False),
+        # reward from a reward model (README "Rewards"): the optimised score, the gold signal,
+        # and the distance from the reference policy they are read against
+        MetricSpec("proxy_reward", higher_is_better=True, key=False),
+        MetricSpec("gold_reward", higher_is_better=True, key=False),
+        MetricSpec("kl_ref", higher_is_better=None, key=False),
     ),
     headline_metric="eval/avg_correctness",
     acceptance=(

@@ -1,5 +1,5 @@
-"""Policy-gradient RL on verifiable reasoning tasks: REINFORCE, RLOO, PPO, GRPO, Dr. GRPO, GSPO,
-CISPO, SAPO, DAPO and MaxRL, one loop for all ten.
+"""Policy-gradient RL on verifiable reasoning tasks or against a learned reward model: REINFORCE,
+RLOO, PPO, GRPO, Dr. GRPO, GSPO, CISPO, SAPO, DAPO and MaxRL, one loop for all ten.
 
     python -m trainers.policy_gradients.train --config configs/grpo.yaml --run-dir DIR \
         [--set model.name=tiny] [--set train.max_steps=20] [--resume]
@@ -7,7 +7,9 @@ CISPO, SAPO, DAPO and MaxRL, one loop for all ten.
 One rollout step, as in the algorithm box:
   1. sample ``prompts_per_step`` prompts (DAPO: keep sampling until enough groups show contrast);
   2. roll out ``num_rollouts`` completions per prompt with the current policy (= π_old);
-  3. score them (correctness + format_weight·format (+ DAPO overlong penalty));
+  3. score them (verifier_weight·correctness + format_weight·format (+ DAPO overlong penalty)
+     + model_weight·normalised reward-model score − missing-EOS penalty, clipped; README.md
+     "Rewards");
   4. advantages (group baselines, or GAE on a learned value model for PPO; KL shaping of the
      reward for reinforce / rloo / ppo when β > 0);
   5. for each of ``updates_per_rollout`` passes: shuffle, micro-batches, per-token losses,
@@ -25,6 +27,8 @@ from typing import Any
 
 import torch
 
+from trainers.core.config import ConfigError
+from trainers.core.generation import end_of_turn_ids
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
 from trainers.core.models import (
@@ -44,7 +48,7 @@ from trainers.core.training import (
 )
 from trainers.policy_gradients.advantages import frac_zero_std
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.data import PromptStream, check_specs, load_prompts
+from trainers.policy_gradients.data import PromptStream, check_specs, load_run_prompts
 from trainers.policy_gradients.losses import (
     POLICY_LOSSES,
     PolicyLossInputs,
@@ -52,14 +56,18 @@ from trainers.policy_gradients.losses import (
     aggregate,
     value_loss,
 )
-from trainers.policy_gradients.rewards import compute_rewards
+from trainers.policy_gradients.reward_model import ModelReward, inspect_reward_model
+from trainers.policy_gradients.rewards import RunningMoments, compute_rewards
 from trainers.policy_gradients.rollout import (
     Experience,
+    RewardModels,
     completion_token_stats,
-    greedy_completions,
+    greedy_rollouts,
     load_value_model,
     prepare_update,
     rollout_step,
+    score_texts,
+    sequence_kl,
     trim,
 )
 
@@ -69,8 +77,44 @@ from trainers.policy_gradients.rollout import (
 
 
 def preflight(cfg: PolicyGradientConfig) -> None:
-    """Checks that need no model: the task specs exist and parse."""
-    check_specs(cfg.data.specs)
+    """Checks before anything is written: the task specs exist and parse, a local prompt
+    dataset exists, and each reward model is a scalar reward model whose config and tokenizer
+    load here (ConfigError naming the key otherwise)."""
+    from pathlib import Path
+
+    from trainers.core.datasets import looks_like_path
+
+    d = cfg.data
+    if d.source == "reasoning_gym":
+        check_specs(d.specs)
+    elif d.dataset and not d.has_verifier and looks_like_path(d.dataset):
+        if not Path(d.dataset).expanduser().exists():
+            raise ConfigError(
+                f"data.dataset: file not found: {d.dataset}. Use an existing "
+                ".jsonl/.json/.parquet/.csv file or folder, a hub id, or builtin (offline)"
+            )
+    for key, name in reward_model_names(cfg):
+        inspect_reward_model(name, key)
+
+
+def reward_model_names(cfg: PolicyGradientConfig) -> list[tuple[str, str]]:
+    """(config key, name) of the reward models the run loads."""
+    out = []
+    if cfg.reward.model:
+        out.append(("reward.model", cfg.reward.model))
+    if cfg.reward.gold_model:
+        out.append(("reward.gold_model", cfg.reward.gold_model))
+    return out
+
+
+def headline_metric(cfg: PolicyGradientConfig) -> str:
+    """The held-out metric this run is judged on (summary.json's best value; the lab's rule in
+    ``rlhf_lab/headline.py``): a run rewarded by a reward model is judged on its held-out gold
+    reward when it has a gold signal, else on the optimised model's held-out score (a proxy);
+    any other run on greedy held-out correctness, the family's headline."""
+    if cfg.reward.model:
+        return "eval/gold_reward" if cfg.gold_source else "eval/proxy_reward"
+    return "eval/avg_correctness"
 
 
 def planned_rollout_steps(cfg: PolicyGradientConfig) -> int:
@@ -85,6 +129,18 @@ def config_notes(cfg: PolicyGradientConfig) -> list[str]:
         notes.append(
             f"loss.beta={cfg.loss.beta} is ignored: {cfg.algorithm} has no KL term (as in the "
             "book's code); no reference model is loaded"
+        )
+    if cfg.reward.model and cfg.reward.gold_model == cfg.reward.model:
+        notes.append(
+            "reward.gold_model is the optimised reward model itself: gold_reward equals "
+            "proxy_reward and cannot reveal overoptimisation"
+        )
+    if cfg.reward.model and not cfg.uses_kl:
+        notes.append(
+            "no KL leash to the reference (loss.beta=0"
+            + ("" if cfg.spec.kl != "none" else f", {cfg.algorithm} has no KL term")
+            + "): nothing holds the policy near its start while it maximises the reward model, "
+            "and kl_ref is not logged"
         )
     if cfg.algorithm == "dapo" and cfg.loss.l_max - cfg.loss.l_cache >= cfg.rollout.max_new_tokens:
         notes.append(
@@ -103,10 +159,27 @@ def _mean(x: torch.Tensor) -> float:
     return float(x.float().mean()) if x.numel() else float("nan")
 
 
+REWARD_PARTS = ("total", "correctness", "format", "binary", "penalty")
+
+
+def gold_and_proxy(r: dict[str, torch.Tensor], cfg: PolicyGradientConfig, prefix: str = ""):
+    """``proxy_reward`` (mean raw reward-model score) and ``gold_reward`` (the gold reward
+    model's mean score, else mean verifier correctness) when they exist."""
+    out = {}
+    if "model" in r:
+        out[f"{prefix}proxy_reward"] = _mean(r["model"])
+    if "gold" in r:
+        out[f"{prefix}gold_reward"] = _mean(r["gold"])
+    elif cfg.gold_source == "verifier" and "correctness" in r:
+        out[f"{prefix}gold_reward"] = _mean(r["correctness"])
+    return out
+
+
 def reward_metrics(drawn: Experience, cfg: PolicyGradientConfig) -> dict[str, float]:
     """Reward statistics of every rollout the step sampled (DAPO: before filtering)."""
     r = drawn.rewards
-    out = {f"avg_{k}": _mean(r[k]) for k in ("total", "correctness", "format", "binary", "penalty")}
+    out = {f"avg_{k}": _mean(r[k]) for k in REWARD_PARTS if k in r}
+    out.update(gold_and_proxy(r, cfg))
     G = cfg.rollout.num_rollouts
     if G >= 2:
         signal = r["binary"] if cfg.algorithm == "maxrl" else r["total"]
@@ -155,8 +228,10 @@ def micro_batch_loss(
     step_seqs: int,
     step_tokens: float,
     device: torch.device,
+    kl_ref: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float, dict[str, float], float]:
-    """The loss contribution of ``rows`` to its optimizer step, and its metrics."""
+    """The loss contribution of ``rows`` to its optimizer step, and its metrics. ``kl_ref``
+    (N,), when given, receives each row's Σ_t k3 to the reference (π = π_old here)."""
     idx = torch.tensor(rows, dtype=torch.long)
     ids, attn, width_t, width_p = trim(
         exp.input_ids[idx],
@@ -178,6 +253,8 @@ def micro_batch_loss(
         ref_logp=_rows(exp.ref_logps, idx, width_t, device),
     )
     per_token, stats = POLICY_LOSSES[cfg.algorithm](inputs, params)
+    if kl_ref is not None and inputs.ref_logp is not None:
+        kl_ref[idx] = sequence_kl(logp.detach(), inputs.ref_logp, mask).cpu()
     agg = dict(
         mode=cfg.loss.loss_agg,
         step_num_seqs=step_seqs,
@@ -226,6 +303,11 @@ def update(
     token_stats = StepMetrics()
     step_losses, step_pg, grad_norms, lrs = [], [], [], []
     skipped = 0
+    # the sequences' KL to the reference, from the first pass before any optimizer step (π is
+    # π_old there), when prepare_update had no π_old log-probs to take it from
+    kl_buf = None
+    if exp.kl_ref is None and exp.ref_logps is not None:
+        kl_buf = torch.full((n,), float("nan"))
     for epoch in range(cfg.loss.updates_per_rollout):
         order = epoch_order(n, cfg.seed, step * cfg.loss.updates_per_rollout + epoch)
         for start in range(0, n, per_opt):
@@ -238,7 +320,15 @@ def update(
                     raise_if_stopping("micro_batch")
                 rows = step_rows[m : m + bs]
                 contrib, pg, metrics, n_tok = micro_batch_loss(
-                    cfg, policy, value_model, exp, rows, step_seqs, step_tokens, device
+                    cfg,
+                    policy,
+                    value_model,
+                    exp,
+                    rows,
+                    step_seqs,
+                    step_tokens,
+                    device,
+                    kl_ref=kl_buf if not grad_norms else None,
                 )
                 if not torch.isfinite(contrib):
                     skipped += 1  # as the book's loop: a non-finite micro-batch is skipped
@@ -262,6 +352,8 @@ def update(
     }
     if skipped:
         out["nonfinite_micro_batches"] = skipped
+    if kl_buf is not None and not bool(kl_buf.isnan().any()):
+        exp.kl_ref = kl_buf
     return out
 
 
@@ -271,26 +363,44 @@ def update(
 
 
 def evaluate(
-    cfg: PolicyGradientConfig, policy: torch.nn.Module, tokenizer: Any, held_out: list[Any]
+    cfg: PolicyGradientConfig,
+    policy: torch.nn.Module,
+    tokenizer: Any,
+    held_out: list[Any],
+    models: RewardModels | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Greedy completions on the held-out prompts: eval/avg_correctness, eval/avg_format, ..."""
+    """Greedy completions on the held-out prompts: eval/avg_correctness, eval/avg_format, ...
+    (verifier prompts), eval/proxy_reward and eval/gold_reward (reward models), eval/avg_total
+    (the weighted reward with the reward model's raw score: no whitening)."""
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    texts, lengths, truncated = greedy_completions(
-        policy, tokenizer, held_out, max_new, cfg.eval.eval_batch_size
+    out = greedy_rollouts(policy, tokenizer, held_out, max_new, cfg.eval.eval_batch_size)
+    texts, lengths = out["texts"], out["lengths"]
+    r = score_texts(
+        cfg,
+        held_out,
+        texts,
+        lengths,
+        torch.tensor(out["truncated"], dtype=torch.bool),
+        models,
+        prompt_ids=out["prompt_ids"],
+        completion_ids=out["completion_ids"],
+        update_moments=False,
+        verifier=compute_rewards,
     )
-    r = compute_rewards(
-        texts, [p.meta for p in held_out], lengths, format_weight=cfg.reward.format_weight
-    )
-    metrics = {f"eval/avg_{k}": _mean(r[k]) for k in ("correctness", "format", "binary", "total")}
+    parts = ("correctness", "format", "binary", "total")
+    metrics = {f"eval/avg_{k}": _mean(r[k]) for k in parts if k in r}
+    metrics.update(gold_and_proxy(r, cfg, prefix="eval/"))
     metrics["eval/response_length/mean"] = sum(lengths) / max(1, len(lengths))
+    truncated = out["truncated"]
     metrics["eval/response_length/clipped_frac"] = sum(truncated) / max(1, len(truncated))
+    shown = [k for k in ("correctness", "format", "binary", "model", "gold") if k in r]
     samples = [
         {
             "kind": "eval",
             "question": p.question,
             "answer": p.answer,
             "completion": t,
-            **{k: float(r[k][i]) for k in ("correctness", "format", "binary")},
+            **{k: float(r[k][i]) for k in shown},
         }
         for i, (p, t) in enumerate(zip(held_out, texts, strict=True))
     ][: cfg.eval.num_samples]
@@ -334,14 +444,25 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     tokenizer = load_tokenizer(cfg.model.name)
     run.update_phase("tokenizing")
-    train_prompts, held_out = load_prompts(
-        cfg.data.specs, cfg.data.size, cfg.data.eval_size, cfg.seed
-    )
-    info: dict[str, Any] = {"data": {"n_train": len(train_prompts), "n_eval": len(held_out)}}
+    train_prompts, held_out, load_stats = load_run_prompts(cfg.data, cfg.seed)
+    info: dict[str, Any] = {
+        "data": {"n_train": len(train_prompts), "n_eval": len(held_out), **load_stats}
+    }
     if len(held_out) < cfg.data.eval_size:
         notes.append(
             f"only {len(held_out)} of data.eval_size={cfg.data.eval_size} held-out prompts: the "
-            "task has few distinct questions beyond the training ones"
+            "data has few distinct prompts beyond the training ones"
+        )
+        print(f"note: {notes[-1]}", flush=True)
+    if len(train_prompts) < cfg.rollout.prompts_per_step:
+        raise ConfigError(
+            f"only {len(train_prompts)} distinct training prompt(s) in data.dataset, fewer than "
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step}"
+        )
+    if len(train_prompts) < cfg.data.size:
+        notes.append(
+            f"only {len(train_prompts)} of data.size={cfg.data.size} training prompts (the "
+            "data has no more distinct prompts)"
         )
         print(f"note: {notes[-1]}", flush=True)
     print(f"data: {info['data']}", flush=True)
@@ -361,16 +482,38 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         value_model.train()
         params += [p for p in value_model.parameters() if p.requires_grad]
 
+    models = RewardModels(stop_ids=set(end_of_turn_ids(tokenizer)))
+    rm_load = dict(
+        device=device,
+        dtype=dtype,
+        attn_implementation=attn,
+        batch_size=cfg.reward.score_batch_size,
+        policy_tokenizer=tokenizer,
+    )
+    for key, name in reward_model_names(cfg):
+        scorer = ModelReward(inspect_reward_model(name, key), **rm_load)
+        if key == "reward.model":
+            models.proxy = scorer
+        else:
+            models.gold = scorer
+        info.setdefault("reward_models", {})[key] = {
+            "name": name,
+            "kind": scorer.kind,
+            "tokens": "policy ids reused" if scorer.reuse_ids else "re-tokenised from text",
+        }
+        print(f"{key}: {name} ({scorer.kind}; {info['reward_models'][key]['tokens']})", flush=True)
+
     opt_steps = total_steps * cfg.loss.updates_per_rollout * cfg.optimizer_steps_per_update
     optimizer, scheduler = build_optimizer(params, cfg.train, opt_steps)
     stream = PromptStream(len(train_prompts), cfg.seed)
-    best = BestMetric("eval/avg_correctness")
+    best = BestMetric(headline_metric(cfg))
     if resume:
         state = loop.resume(policy, optimizer, scheduler)
         stream = PromptStream.from_state(len(train_prompts), cfg.seed, state["data_position"])
         if value_model is not None:
             value_model.load_state_dict(state["extra"]["value_model"])
         best.value = state["extra"].get("best_eval")
+        models.moments = RunningMoments.from_state(state["extra"].get("reward_moments"))
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.algorithm}-{run.path.name}")
     last_rollout: dict[str, Any] = {}
 
@@ -378,13 +521,13 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         if not held_out:
             return
         loop.progress("evaluating")
-        loop.last_eval, samples = evaluate(cfg, policy, tokenizer, held_out)
+        loop.last_eval, samples = evaluate(cfg, policy, tokenizer, held_out, models)
         loop.log("eval", loop.last_eval)
         loop.log_samples(samples)
         best.update(loop.last_eval)
 
     def checkpoint_extra() -> dict[str, Any]:
-        extra: dict[str, Any] = {"best_eval": best.value}
+        extra: dict[str, Any] = {"best_eval": best.value, "reward_moments": models.moments.state()}
         if value_model is not None:
             extra["value_model"] = value_model.state_dict()
         return extra
@@ -401,7 +544,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         timer = StepTimer()
         # 1-3. sample prompts, roll out, score (on CPU afterwards)
         loop.progress("generating", data=stream.state())
-        exp, ri = rollout_step(policy, tokenizer, stream, train_prompts, cfg)
+        exp, ri = rollout_step(policy, tokenizer, stream, train_prompts, cfg, models)
         # 4. log-probs / values / advantages
         t_prep = time.time()
         exp, prep_info = prepare_update(exp, cfg, policy, ref_model, value_model, device)
@@ -425,6 +568,11 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
             "timing/score_s": ri.score_s,
             "timing/prepare_s": prepare_s,
         }
+        if exp.kl_ref is not None:
+            last_rollout["kl_ref"] = _mean(exp.kl_ref)
+        if cfg.reward.normalize == "running":
+            last_rollout["reward_norm/mean"] = models.moments.mean
+            last_rollout["reward_norm/std"] = models.moments.std
         if cfg.algorithm == "dapo":
             last_rollout["dynamic_sampling/kept_frac"] = ri.groups_kept / ri.groups_drawn
             last_rollout["dynamic_sampling/prompts_drawn"] = ri.prompts_drawn
@@ -440,9 +588,21 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
             loop.log("train", loop.last_train)
         if loop.every(cfg.eval.sample_every, at_end=bool(cfg.eval.sample_every)):
             loop.log_samples(rollout_samples(cfg, exp))
+        shown = [
+            (label, last_rollout[key])
+            for label, key in (
+                ("proxy", "proxy_reward"),
+                ("gold", "gold_reward"),
+                ("correctness", "avg_correctness"),
+                ("format", "avg_format"),
+                ("kl_ref", "kl_ref"),
+            )
+            if key in last_rollout
+        ]
         print(
-            f"step {loop.step}/{total_steps} correctness {last_rollout['avg_correctness']:.3f} "
-            f"format {last_rollout['avg_format']:.3f} loss {loop.last_train['loss']:.4f} "
+            f"step {loop.step}/{total_steps} "
+            + " ".join(f"{label} {value:.3f}" for label, value in shown)
+            + f" loss {loop.last_train['loss']:.4f} "
             f"gen {ri.generate_s:.1f}s train {train_s:.1f}s",
             flush=True,
         )

@@ -1,0 +1,82 @@
+"""The lab's view of policy-gradient runs rewarded by a reward model (torch-free): the memory
+estimate counts the reward model and the gold reward model, and the shipped RM recipes shrink on
+the tiny preset with the reward model kept and offline prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlhf_lab.configs import resolve_config
+from rlhf_lab.memory import estimate_memory
+from rlhf_lab.shrink import shrink_config
+
+# a small Llama-shaped reward model's config.json (what the estimate reads; no weights needed)
+RM_CONFIG = {
+    "architectures": ["LlamaForSequenceClassification"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 4096,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "num_labels": 1,
+}
+
+
+@pytest.fixture(autouse=True)
+def _lab_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path / "lab"))
+
+
+def _rm_folder(tmp_path, name="rm"):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(RM_CONFIG))
+    return folder
+
+
+def _components(est) -> dict[str, float]:
+    return {c.name: c.gb for c in est.components}
+
+
+def test_memory_estimate_counts_the_reward_model_and_the_gold(tmp_path):
+    rm = _rm_folder(tmp_path)
+    base = ["model.name=tiny", "data.source=preference", "data.dataset=builtin"]
+    plain = resolve_config("grpo", ["model.name=tiny"]).data
+    with_rm = resolve_config("grpo", [*base, f"reward.model={rm}"]).data
+    with_gold = resolve_config("grpo", [*base, f"reward.model={rm}", f"reward.gold_model={rm}"])
+    e0 = estimate_memory("policy_gradients", "grpo", plain, device="cpu")
+    e1 = estimate_memory("policy_gradients", "grpo", with_rm, device="cpu")
+    e2 = estimate_memory("policy_gradients", "grpo", with_gold.data, device="cpu")
+    assert e0.total_gb < e1.total_gb < e2.total_gb
+    c1 = _components(e1)
+    # 4096·256 embeddings + 4 layers·(4·256² attention + 3·256·512 MLP + norms) + head ≈ 4.2M
+    assert 0.01 < c1["reward model weights (frozen)"] < 0.02  # ≈ 4.2M params × 4 B (fp32 on cpu)
+    assert c1["reward model forward (no grad)"] > 0
+    assert "gold reward model weights (frozen)" in _components(e2)
+    phases = {c.name: c.phases for c in e1.components}
+    assert phases["reward model weights (frozen)"] == ["train", "generate"]
+
+
+def test_memory_estimate_notes_a_reward_model_it_cannot_size(tmp_path):
+    data = resolve_config("grpo", ["model.name=tiny", f"reward.model={tmp_path / 'gone'}"]).data
+    est = estimate_memory("policy_gradients", "grpo", data, device="cpu")
+    assert any(n.startswith("reward model ") and "not counted" in n for n in est.notes)
+
+
+@pytest.mark.parametrize("recipe", ["ppo_rm", "grpo_rm"])
+def test_reward_model_recipes_shrink_on_tiny_with_the_reward_model_kept(recipe):
+    res = shrink_config(recipe, model="tiny")
+    cfg = res.config
+    assert cfg["data"]["source"] == "preference" and cfg["data"]["dataset"] == "builtin"
+    assert cfg["reward"]["model"] == resolve_config(recipe).data["reward"]["model"]
+    assert any("reward.model=" in n and "run:<its run id>" in n for n in res.notes)
+    kept = shrink_config(recipe)
+    assert kept.config["data"]["dataset"] == "Anthropic/hh-rlhf"
+    mine = shrink_config(recipe, ["reward.model=/somewhere/final_model"], model="tiny")
+    assert mine.config["reward"]["model"] == "/somewhere/final_model"

@@ -1,0 +1,197 @@
+"""RLHF on the tiny model with built-in data: a preference reward model trained by the
+reward-model trainer (seconds), then PPO and GRPO against it.
+
+1. From the random-init preset, PPO and GRPO raise the reward model's held-out (greedy) score
+   over the start: the learned reward is being optimised.
+2. From the SFT warm start (``trainers.sft.train.warm_start_model()``, trained once per session
+   and shared with the SFT and evaluation tests), GRPO against the same reward model on
+   the warm start's one-digit chain sums — the verifier's correctness is the gold signal, not in
+   the reward — raises the proxy while gold correctness falls: overoptimisation, made visible by
+   the ``proxy_reward`` / ``gold_reward`` / ``kl_ref`` rows the lab's alert reads.
+
+The reward model is trained on verifier-labelled preferences (chosen: a correct worked answer;
+rejected: a wrong answer, no tags, or the answer outside the tags). A ~1M-parameter RM learns the
+format signals but not arithmetic, so the policy learns to please it without getting sums right:
+the "good RM → gold rises" direction is out of reach at this scale (see the PG README,
+"Measured: RLHF against a learned reward model on tiny").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import trainer_argv
+
+from trainers.core.rundir import read_jsonl
+from trainers.policy_gradients import train as pg_train
+from trainers.reward_models import train as rm_train
+
+ROOT = Path(__file__).resolve().parents[3]
+PG_CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
+RM_CONFIG = ROOT / "trainers" / "reward_models" / "configs" / "preference_rm.yaml"
+
+RM_OVERRIDES = [
+    "model.name=tiny",
+    "data.dataset=builtin:reasoning-preferences:chain_sum",
+    "data.max_samples=320",
+    "data.eval_size=48",
+    "data.max_length=160",
+    "train.batch_size=16",
+    "train.gradient_accumulation_steps=1",
+    "train.learning_rate=1.0e-3",
+    "train.num_epochs=1",
+    "eval.eval_every=0",
+    "checkpoint.save_every=null",
+    "seed=11",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def reward_model(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("rm") / "preference_rm"
+    assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, RM_OVERRIDES)) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]  # above chance
+    return run_dir / "final_model"
+
+
+def rows(run_dir: Path, phase: str) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == phase]
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+COMMON = [
+    "model.gradient_checkpointing=false",
+    "rollout.max_new_tokens=24",
+    "train.gradient_accumulation_steps=1",
+    "train.learning_rate=1.0e-3",
+    "eval.max_new_tokens=24",
+    "eval.eval_batch_size=32",
+    "eval.num_samples=1",
+    "checkpoint.save_every=null",
+    "checkpoint.save_final_model=false",
+    "seed=42",
+]
+
+
+@pytest.mark.slow
+def test_ppo_and_grpo_raise_the_reward_models_held_out_score(tmp_path, reward_model):
+    prompts = [
+        "model.name=tiny",
+        "data.source=preference",
+        "data.dataset=builtin:chain_sum",
+        "data.size=32",
+        "data.eval_size=16",
+        f"reward.model={reward_model}",
+    ]
+    report = []
+    for algorithm, extra in (
+        (
+            "grpo",
+            [
+                "rollout.prompts_per_step=4",
+                "rollout.num_rollouts=4",
+                "train.batch_size=16",
+                "train.max_steps=6",
+                "eval.eval_every=6",
+                "loss.beta=0.05",
+            ],
+        ),
+        (
+            "ppo",
+            [
+                "rollout.prompts_per_step=16",
+                "rollout.num_rollouts=1",
+                "train.batch_size=16",
+                "train.max_steps=8",
+                "eval.eval_every=8",
+                "loss.beta=0.05",
+                "reward.normalize=running",
+            ],
+        ),
+    ):
+        run_dir = tmp_path / algorithm
+        overrides = [*COMMON, *prompts, *extra]
+        assert (
+            pg_train.main(trainer_argv(PG_CONFIGS / f"{algorithm}.yaml", run_dir, overrides)) == 0
+        )
+        evals, rollouts = rows(run_dir, "eval"), rows(run_dir, "rollout")
+        start, end = evals[0]["eval/proxy_reward"], evals[-1]["eval/proxy_reward"]
+        sampled = (rollouts[0]["proxy_reward"], mean(r["proxy_reward"] for r in rollouts[-2:]))
+        report.append(
+            f"{algorithm}: held-out proxy {start:.2f} -> {end:.2f}; sampled "
+            f"{sampled[0]:.2f} -> {sampled[1]:.2f}; kl_ref {rollouts[-1]['kl_ref']:.2f}"
+        )
+        assert end > start + 1.0, report
+        assert sampled[1] > sampled[0], report
+        assert all("kl_ref" in r and "gold_reward" in r for r in rollouts), report
+    print("; ".join(report))
+
+
+@pytest.mark.slow
+def test_grpo_against_the_learned_reward_overoptimises_gold_correctness(tmp_path, reward_model):
+    from trainers.sft.train import WARM_START_TASKS, warm_start_model
+
+    task = json.dumps(WARM_START_TASKS["chain_sum"])
+    overrides = [
+        *COMMON,
+        f"model.name={warm_start_model()}",
+        f"data.specs=[{{name: chain_sum, config: {task}}}]",
+        "data.size=64",
+        "data.eval_size=32",
+        f"reward.model={reward_model}",
+        "reward.verifier_weight=0",  # the verifier is the gold signal, not in the reward
+        "reward.format_weight=0",
+        "rollout.prompts_per_step=8",
+        "rollout.num_rollouts=8",
+        "rollout.temperature=0.8",
+        "rollout.top_p=1.0",
+        "rollout.top_k=0",
+        "train.batch_size=16",
+        "train.max_steps=10",
+        "eval.eval_every=10",
+        "loss.beta=0.02",
+    ]
+    run_dir = tmp_path / "grpo"
+    assert pg_train.main(trainer_argv(PG_CONFIGS / "grpo.yaml", run_dir, overrides)) == 0
+    evals, rollouts = rows(run_dir, "eval"), rows(run_dir, "rollout")
+    proxy = (evals[0]["eval/proxy_reward"], evals[-1]["eval/proxy_reward"])
+    gold = (evals[0]["eval/gold_reward"], evals[-1]["eval/gold_reward"])
+    sampled_gold = (
+        mean(r["gold_reward"] for r in rollouts[:3]),
+        mean(r["gold_reward"] for r in rollouts[-3:]),
+    )
+    sampled_proxy = (
+        mean(r["proxy_reward"] for r in rollouts[:3]),
+        mean(r["proxy_reward"] for r in rollouts[-3:]),
+    )
+    report = (
+        f"held-out proxy {proxy[0]:.2f} -> {proxy[1]:.2f}, gold {gold[0]:.3f} -> {gold[1]:.3f}; "
+        f"sampled proxy {sampled_proxy[0]:.2f} -> {sampled_proxy[1]:.2f}, gold "
+        f"{sampled_gold[0]:.3f} -> {sampled_gold[1]:.3f}; kl_ref "
+        f"{rollouts[1]['kl_ref']:.1f} -> {rollouts[-1]['kl_ref']:.1f}"
+    )
+    print(report)
+    assert evals[0]["eval/gold_reward"] == evals[0]["eval/avg_correctness"]  # gold = verifier
+    # seeds 42, 1, 2 (tuning): held-out proxy +1.0 / +1.9 / +0.8, held-out gold −0.09 / −0.22 /
+    # −0.19; sampled gold per step is noisy (which sums a step draws), so only its direction
+    assert proxy[1] > proxy[0] + 0.5, report  # the proxy is optimised...
+    assert sampled_proxy[1] > sampled_proxy[0], report
+    assert gold[1] < gold[0] - 0.05, report  # ...while held-out gold correctness falls
+    assert sampled_gold[1] < sampled_gold[0], report
+    assert rollouts[-1]["kl_ref"] > rollouts[1]["kl_ref"], report  # away from the SFT start
