@@ -456,7 +456,11 @@ def _check_regression(
 # beyond OVEROPT_T standard errors of its fit (the rows' own scatter is the noise), and the
 # gold's fall is at least OVEROPT_MIN_FALL_SHARE of the gold's whole range over the run. Runs
 # without per-rollout gold are judged the same way on their eval rows (eval/proxy_reward,
-# eval/gold_reward).
+# eval/gold_reward). A second test catches a gold that collapses early and stays down (the trend
+# of the last half is then flat): the last quarter of the rows (at least 3) against the window
+# of the same width where the gold was highest before it — the gold's drop and the proxy's rise
+# between them each beyond OVEROPT_T standard errors of the difference of the two windows'
+# means, and the drop again at least OVEROPT_MIN_FALL_SHARE of the gold's range.
 OVEROPT_MIN_ROWS = 8
 OVEROPT_T = 3.0
 OVEROPT_MIN_FALL_SHARE = 0.25
@@ -527,6 +531,62 @@ def _gold_peak(points: list[tuple[float, float]]) -> tuple[float, float]:
     return best
 
 
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and squared standard error of a window's values."""
+    n = len(values)
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else math.inf
+    return mean, var / n
+
+
+def _fires(
+    proxy_change: float,
+    proxy_noise: float,
+    gold_change: float,
+    gold_noise: float,
+    gold_range: float,
+) -> bool:
+    """Both tests' condition: the proxy up and the gold down, each beyond OVEROPT_T standard
+    errors, the gold's fall at least OVEROPT_MIN_FALL_SHARE of its range."""
+    return (
+        proxy_change > 0
+        and proxy_change > OVEROPT_T * proxy_noise
+        and gold_change < 0
+        and -gold_change > OVEROPT_T * gold_noise
+        and -gold_change >= OVEROPT_MIN_FALL_SHARE * gold_range
+    )
+
+
+def _fall_from_peak(
+    points: list[tuple[float, tuple[float, float, float | None]]],
+) -> tuple[float, float, float, float, int] | None:
+    """The second test of the rule: (proxy rise, its se, gold drop, its se, index of the last
+    window's first row) between the gold's best earlier window and the last window, or None."""
+    k = max(3, len(points) // 4)
+    if len(points) < 2 * k:
+        return None
+    last = points[-k:]
+    best = None
+    for start in range(0, len(points) - 2 * k + 1):
+        window = points[start : start + k]
+        gold = sum(v[1] for _, v in window) / k
+        if best is None or gold > best[0]:
+            best = (gold, window)
+    assert best is not None
+    peak = best[1]
+    gold_peak, se_gp = _mean_se([v[1] for _, v in peak])
+    gold_last, se_gl = _mean_se([v[1] for _, v in last])
+    proxy_peak, se_pp = _mean_se([v[0] for _, v in peak])
+    proxy_last, se_pl = _mean_se([v[0] for _, v in last])
+    return (
+        proxy_last - proxy_peak,
+        math.sqrt(se_pp + se_pl),
+        gold_last - gold_peak,
+        math.sqrt(se_gp + se_gl),
+        len(points) - k,
+    )
+
+
 def overoptimisation(rows: list[dict]) -> Overoptimisation | None:
     """The proxy reward still rising while the gold reward falls (rule above), or None."""
     for source, proxy_key, gold_key in _OVEROPT_SOURCES:
@@ -548,18 +608,18 @@ def overoptimisation(rows: list[dict]) -> Overoptimisation | None:
         points = sorted(by_step.items())
         if len(points) < OVEROPT_MIN_ROWS:
             continue
+        golds = [v[1] for _, v in points]
+        gold_range = max(golds) - min(golds)
+
         window = points[-max(OVEROPT_MIN_ROWS, math.ceil(len(points) / 2)) :]
         proxy_change, proxy_noise = _trend([(s, v[0]) for s, v in window])
         gold_change, gold_noise = _trend([(s, v[1]) for s, v in window])
-        golds = [v[1] for _, v in points]
-        if not (
-            proxy_change > 0
-            and proxy_change > OVEROPT_T * proxy_noise
-            and gold_change < 0
-            and -gold_change > OVEROPT_T * gold_noise
-            and -gold_change >= OVEROPT_MIN_FALL_SHARE * (max(golds) - min(golds))
-        ):
-            continue
+        if not _fires(proxy_change, proxy_noise, gold_change, gold_noise, gold_range):
+            fall = _fall_from_peak(points)
+            if fall is None or not _fires(*fall[:4], gold_range):
+                continue
+            proxy_change, proxy_noise, gold_change, gold_noise, first = fall
+            window = points[first:]
         peak_step, peak = _gold_peak([(s, v[1]) for s, v in points])
         kls = [v[2] for _, v in points if v[2] is not None]
         return Overoptimisation(

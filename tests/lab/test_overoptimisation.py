@@ -185,6 +185,30 @@ def test_noise_level_wiggles_are_not_overoptimisation():
     assert overoptimisation(rows) is None
 
 
+def test_a_gold_that_collapses_early_and_stays_down_is_overoptimisation():
+    """The last half's trend is flat here (gold already at its floor), so only the comparison
+    with the gold's best earlier window catches it; the same shape with the proxy flat does not
+    fire."""
+    rng = random.Random(5)
+
+    def rows(proxy_slope: float) -> list[dict]:
+        return [
+            {
+                "step": s,
+                "phase": "rollout",
+                "proxy_reward": 1.0 + proxy_slope * s + rng.gauss(0, 0.03),
+                "gold_reward": (0.6 if s <= 6 else 0.1) + rng.gauss(0, 0.03),
+            }
+            for s in range(1, 25)
+        ]
+
+    found = overoptimisation(rows(0.05))
+    assert found is not None and found.gold_change < -0.4 and found.proxy_change > 0.5
+    assert found.first_step == 19 and found.last_step == 24  # the last quarter
+    assert found.gold_peak_step <= 6
+    assert overoptimisation(rows(0.0)) is None
+
+
 def test_flat_proxy_or_too_few_rows_is_not_overoptimisation():
     falling_gold_flat_proxy = [
         {"step": s, "phase": "rollout", "proxy_reward": 1.0 + 0.01 * (-1) ** s,
