@@ -257,7 +257,7 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
             f"reward.model={reward_model} is kept (a shrink never swaps the reward model)"
             + (
                 ": on a tiny preset pass a tiny reward model, e.g. the preference_rm recipe "
-                "shrunk on tiny, then --set reward.model=run:<its run id>"
+                "shrunk on tiny, then the override reward.model=run:<its run id>"
                 if preset
                 else ""
             )
