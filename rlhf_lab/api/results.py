@@ -8,7 +8,9 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.runs import LaunchResult, StopResult
 
-State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died"]
+State = Literal[
+    "queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died", "cancelled"
+]
 
 
 class SweepResult(BaseModel):
