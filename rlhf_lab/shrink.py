@@ -246,14 +246,9 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
         r.set("rollout.max_new_tokens", 64)
         r.set("eval.max_new_tokens", None)
         r.set("train.learning_rate", 1.0e-3)  # what the PG train tests use on tiny
-        if _from_run(r.get("model.name")):
-            return _common_quiet(r, big_model=False)
         notes.append(
-            "a tiny preset is randomly initialised: expect little reward contrast "
-            "(frac_reward_zero_std near 1) unless it starts from an SFT warm start (run the "
-            "sft_tiny_warmstart recipe, then override model.name=run:<its run id>, or run the "
-            "r1-zero pipeline); "
-            "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
+            _cold_start(r.get("model.name"))
+            + "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
             "not a tuned value"
         )
     _common_quiet(r, big_model=not preset)
@@ -313,6 +308,19 @@ def _from_run(model: Any) -> bool:
     from rlhf_lab.lineage import is_ref, run_of_path
 
     return is_ref(model) or run_of_path(model) is not None
+
+
+def _cold_start(model: Any) -> str:
+    """The policy-gradient note on a random-init preset ("" when it starts from a run's output,
+    an SFT warm start)."""
+    if _from_run(model):
+        return ""
+    return (
+        "a tiny preset is randomly initialised: expect little reward contrast "
+        "(frac_reward_zero_std near 1) unless it starts from an SFT warm start (run the "
+        "sft_tiny_warmstart recipe, then override model.name=run:<its run id>, or run the "
+        "r1-zero pipeline); "
+    )
 
 
 def _shrink_hook(family: str, algorithm: str) -> str:
