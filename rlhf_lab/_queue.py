@@ -60,24 +60,33 @@ def _next_queued(tried: set[str]) -> tuple[str | None, bool]:
     retried, so a broken run.json cannot spin the worker. A queued run whose upstream run ended
     without succeeding is cancelled here (and recorded) and never started."""
     from rlhf_lab.runs import find_run, queued_runs
-    from rlhf_lab.runs.deps import cancel, dependency_verdict
+    from rlhf_lab.runs.deps import dependency_verdict, queued_cycles
     from rlhf_lab.runs.records import _read_run_json
 
-    waiting = False
+    waiting: list[str] = []
     for status in queued_runs():
         if status.id in tried:
             continue
         run_dir = find_run(status.id)
         verdict, reason = dependency_verdict(_read_run_json(run_dir) or {})
         if verdict == "ready":
-            return status.id, waiting
+            return status.id, bool(waiting)
         if verdict == "waiting":
-            waiting = True
+            waiting.append(status.id)
             continue
-        if cancel(run_dir, reason or "an upstream run did not succeed"):
-            _say(f"{status.id} cancelled: {reason}")
-            record_hook(status.id)
-    return None, waiting
+        _cancel(run_dir, reason or "an upstream run did not succeed")
+    for run_id, reason in queued_cycles(waiting).items():  # they would wait forever
+        _cancel(find_run(run_id), reason)
+        waiting.remove(run_id)
+    return None, bool(waiting)
+
+
+def _cancel(run_dir, reason: str) -> None:  # noqa: ANN001
+    from rlhf_lab.runs.deps import cancel
+
+    if cancel(run_dir, reason):
+        _say(f"{run_dir.name} cancelled: {reason}")
+        record_hook(run_dir.name)
 
 
 def settle_dependents(run_id: str) -> None:

@@ -60,7 +60,7 @@ REWARD_KEYS = ("reward.model", "reward.gold_model")
 SCORER_KEYS = ("scorer.name",)
 REF_KEYS = (*POLICY_KEYS, *REWARD_KEYS, *SCORER_KEYS)
 # reward-model kinds (algorithm names) a policy-gradient reward can come from
-REWARD_ALGORITHMS = ("preference_rm", "orm")
+REWARD_ALGORITHMS = ("preference", "preference_rm", "orm")  # spec names (and an alias)
 _FAILED = frozenset({"failed", "stopped", "killed", "died", "cancelled"})
 
 
@@ -229,9 +229,9 @@ def check_ref(key: str, run_id: str) -> Upstream:
     if key in REWARD_KEYS and (
         up.family != "reward_models" or up.algorithm not in REWARD_ALGORITHMS
     ):
-        raise _kind_error(key, run_id, up, "a reward model of kind preference_rm or orm")
+        raise _kind_error(key, run_id, up, "a preference (Bradley-Terry) or outcome reward model")
     if key in SCORER_KEYS and up.family != "reward_models":
-        raise _kind_error(key, run_id, up, "a reward model (preference_rm, orm or prm)")
+        raise _kind_error(key, run_id, up, "a reward model (preference, orm or prm)")
     if up.state in _FAILED:
         raise Conflict(
             f"{key}=run:{run_id}: that run is {up.state} and will leave no final model; resume "

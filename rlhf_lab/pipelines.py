@@ -22,6 +22,7 @@ stage.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -263,9 +264,16 @@ def handoffs(stages: list[StagePlan]) -> dict[str, list[str]]:
     return out
 
 
-def check_stages(stages: list[StagePlan], *, shrink: bool = True, launching: bool = True) -> dict:
+def check_stages(
+    stages: list[StagePlan],
+    *,
+    shrink: bool = True,
+    launching: bool = True,
+    also: Callable[[str, str, dict], Any] | None = None,
+) -> dict:
     """Check every stage as its launch will, before anything is written: each is shrunk (or
-    resolved) and validated with the runs of earlier stages standing in under placeholder ids.
+    resolved) and validated with the runs of earlier stages standing in under placeholder ids;
+    ``also(family, algorithm, config)`` runs more checks in the same context (the memory fit).
     Returns stage -> (family, algorithm, config)."""
     from rlhf_lab.configs import resolve_config
     from rlhf_lab.lineage import Upstream, base_model, pending_runs
@@ -286,6 +294,8 @@ def check_stages(stages: list[StagePlan], *, shrink: bool = True, launching: boo
                     resolved = resolve_config(s.recipe, overrides)
                     family, algorithm, data = resolved.family, resolved.algorithm, resolved.data
                 check_config(family, data, launching=launching)
+                if also is not None:
+                    also(family, algorithm, data)
             except LabError as err:
                 raise type(err)(
                     f"pipeline stage {s.name} ({s.recipe}): {err.message}",

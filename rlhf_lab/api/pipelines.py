@@ -90,16 +90,25 @@ def list_pipelines() -> PipelineList:
     return PipelineList(pipelines=out)
 
 
-def _cancel_launched(launched: dict[str, str], why: str) -> None:
-    """A later stage could not be launched: the stages already queued will not run."""
-    from rlhf_lab.runs import find_run
+def _undo_launched(launched: dict[str, str], why: str) -> str:
+    """A later stage could not be launched: the stages already queued are cancelled, one the
+    queue worker already started is stopped (a pipeline runs whole or not at all). Says so."""
+    from rlhf_lab.runs import find_run, stop_run
     from rlhf_lab.runs.deps import cancel
 
-    for run_id in launched.values():
+    cancelled, stopped = [], []
+    for stage, run_id in launched.items():
         try:
-            cancel(find_run(run_id), why)
+            if cancel(find_run(run_id), why):
+                cancelled.append(stage)
+            else:
+                stop_run(run_id)
+                stopped.append(stage)
         except LabError:
             continue
+    parts = [f"stages {', '.join(cancelled)} were cancelled"] if cancelled else []
+    parts += [f"stages {', '.join(stopped)} were stopped"] if stopped else []
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 @operation
@@ -134,7 +143,13 @@ def run_pipeline(
                 next=NextStep("list_pipelines"),
                 kind="unavailable",
             )
-    check_stages(stages, shrink=shrink)  # every stage, before anything is written
+    from rlhf_lab.api import _check_memory
+    from rlhf_lab.runs import resolve_device
+
+    def fits(family: str, algorithm: str, data: dict) -> None:  # queued: the device's total
+        _check_memory(family, algorithm, data, resolve_device(device, data), queue=True)
+
+    check_stages(stages, shrink=shrink, also=fits)  # every stage, before anything is written
     given = handoffs(stages)
     launched: dict[str, str] = {}
     rows: list[PipelineStageRun] = []
@@ -155,10 +170,11 @@ def run_pipeline(
                 stage=s.name,
             )
         except LabError as err:
-            _cancel_launched(launched, f"pipeline launch stopped at stage {s.name}: {err.message}")
+            undone = _undo_launched(
+                launched, f"pipeline launch stopped at stage {s.name}: {err.message}"
+            )
             raise type(err)(
-                f"pipeline {defn.name}, stage {s.name}: {err.message}"
-                + (f" (stages {', '.join(launched)} were cancelled)" if launched else ""),
+                f"pipeline {defn.name}, stage {s.name}: {err.message}{undone}",
                 next=list(err.next_steps),
                 kind=err.kind,
             ) from None

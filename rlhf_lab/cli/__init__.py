@@ -402,6 +402,9 @@ def _print_status(view: Any) -> None:
     eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
     phase = f" ({s.phase})" if s.phase and not s.terminal else ""
     typer.echo(f"{s.id}  [{s.state}]  step {steps}{phase}{eta}  campaign {s.campaign}")
+    if s.after:
+        stage = f"stage {s.stage}, " if s.stage else ""
+        typer.echo(f"  {stage}after {', '.join(s.after)}")
     if getattr(view, "headline", None):  # held-out first
         typer.echo(f"  {view.headline}")
     meta = ("step", "time_s", "phase")

@@ -402,9 +402,7 @@ def list_runs(
 )
 def compare_runs(
     run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
-    record_in: Annotated[
-        str | None, Field(description="campaign to record the table in")
-    ] = None,
+    record_in: Annotated[str | None, Field(description="campaign to record the table in")] = None,
 ) -> Annotated[Result, Comparison]:
     cmp = _call(
         "compare_runs", "call list_runs to see the run ids.", api.compare_runs, run_ids, record_in

@@ -8,10 +8,11 @@ run in creation order, starts the first whose upstream runs all succeeded and ca
 whose upstream failed; the recorder of a run that ends (and the worker, for the runs it started)
 cancels that run's queued dependents at once, so a cancellation never waits for another job.
 
-What is refused at launch, before anything is written: an upstream id that names no run, an
+What is refused at launch, before anything is written: an upstream id that names no run, and an
 upstream that already failed/stopped/was killed/died/was cancelled (a dependent of it could never
-start: resume the upstream first), a run after itself, and a cycle (a run after one of its own
-dependents).
+start: resume the upstream first). A new run cannot close a cycle (nothing waits for a run that
+does not exist yet; pipelines refuse cycles among their stages); queued runs that a hand-edited
+run.json makes wait for each other are cancelled by the worker (:func:`queued_cycles`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound
+from rlhf_lab.errors import Conflict, NextStep, NotFound
 from rlhf_lab.paths import check_run_id, find_run
 from rlhf_lab.runs.process import _run_lock
 from rlhf_lab.runs.records import (
@@ -38,10 +39,10 @@ __all__ = [
     "cancel",
     "cancel_dependents_of",
     "check_after",
-    "check_acyclic",
     "dependency_verdict",
     "ensure_final_model",
     "failed_upstream",
+    "queued_cycles",
     "rearm",
     "rearm_dependents",
     "waiting_for",
@@ -66,16 +67,6 @@ def _after_of(record: dict) -> list[str]:
     return [str(a) for a in after] if isinstance(after, list) else []
 
 
-def _graph() -> dict[str, list[str]]:
-    """Run id -> its upstream run ids, for every run that has some."""
-    out: dict[str, list[str]] = {}
-    for path in _all_run_dirs():
-        after = _after_of(_read_run_json(path) or {})
-        if after:
-            out[path.name] = after
-    return out
-
-
 def _reaches(graph: dict[str, list[str]], start: str, target: str) -> list[str] | None:
     """A path of ``after`` edges from ``start`` to ``target`` (both included), or None."""
     stack: list[tuple[str, list[str]]] = [(start, [start])]
@@ -90,25 +81,6 @@ def _reaches(graph: dict[str, list[str]], start: str, target: str) -> list[str] 
         for up in graph.get(node, []):
             stack.append((up, [*path, up]))
     return None
-
-
-def check_acyclic(run_id: str, after: list[str], graph: dict[str, list[str]] | None = None) -> None:
-    """Refuse ``after`` for ``run_id`` when it would close a cycle: the run itself, or a run
-    that (transitively) waits for ``run_id``."""
-    graph = _graph() if graph is None else graph
-    for up in after:
-        if up == run_id:
-            raise InvalidArgument(
-                f"run {run_id} cannot run after itself", next=NextStep("list_runs")
-            )
-        path = _reaches(graph, up, run_id)
-        if path is not None:
-            chain = " -> ".join([run_id, *path])
-            raise InvalidArgument(
-                f"a dependency cycle: {chain} (each run waits for the next); a run cannot run "
-                "after one of its own dependents",
-                next=NextStep("list_runs"),
-            )
 
 
 def check_after(after: list[str] | None) -> list[str]:
@@ -141,6 +113,28 @@ def check_after(after: list[str] | None) -> list[str]:
                     NextStep("run_status", {"run_id": run_id}, note="why it ended"),
                 ],
             )
+    return out
+
+
+def queued_cycles(queued: list[str]) -> dict[str, str]:
+    """Queued runs that wait for each other in a circle (only a hand-edited run.json can do
+    that) -> the reason to cancel them: none of them could ever start."""
+    graph: dict[str, list[str]] = {}
+    for run_id in queued:
+        try:
+            graph[run_id] = [a for a in _after_of(_read_run_json(find_run(run_id)) or {})]
+        except Exception:
+            continue
+    out: dict[str, str] = {}
+    for run_id, after in graph.items():
+        for up in after:
+            path = _reaches(graph, up, run_id)
+            if path is not None:
+                out[run_id] = (
+                    "cancelled before it started: a dependency cycle "
+                    f"({' -> '.join([run_id, *path])}) that no run could ever leave"
+                )
+                break
     return out
 
 

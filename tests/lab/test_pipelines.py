@@ -115,7 +115,6 @@ def cli(*argv: str):
 
 
 SFT = "sft-20260101-000000-aaaa"
-RM = "preference-rm-20260101-000000-bbbb"
 FAILED = "sft-20260101-000000-dddd"
 
 
@@ -316,6 +315,44 @@ def test_a_pipeline_queues_its_stages_after_the_stages_they_take_a_model_from(la
     assert sorted(rearm_dependents(ids["sft"])) == sorted([ids["rm"], ids["ppo"]])
     assert [record(dirs[s])["state"] for s in ("rm", "ppo")] == ["queued", "queued"]
     assert _queue._next_queued(set()) == (ids["rm"], False)
+
+
+def test_an_output_another_run_takes_is_always_saved(lab_root, no_worker):
+    """The shrink turns final models off for large models (and a user may too): a queued
+    upstream is made to save it when a run that takes its model is launched; one that already
+    ran without saving it is refused. A plain ``after`` is replayed in the ledger's command."""
+    up = api.launch_experiment(
+        "sft", [*SFT_STEPS, "checkpoint.save_final_model=false"], model="tiny", queue=True
+    ).run
+    down = api.launch_experiment("dpo", [f"model.name=run:{up.id}"], shrink=True)
+    assert any(f"upstream run {up.id} will save its final model" in w for w in down.warnings)
+    config = yaml.safe_load((Path(up.run_dir) / "config.yaml").read_text())
+    assert config["checkpoint"]["save_final_model"] is True
+    assert record(Path(up.run_dir))["overrides"][-1] == "checkpoint.save_final_model=true"
+    assert down.queued and record(Path(down.run.run_dir))["after"] == [up.id]
+
+    waiting = api.launch_experiment("dpo", [], model="tiny", after=[up.id])
+    assert waiting.queued and f"--after {up.id}" in api.record_results(waiting.run.id).command
+
+    done = synthetic_run(lab_root, SFT, "sft", "sft")
+    (done / "config.yaml").write_text(yaml.safe_dump({"checkpoint": {"save_final_model": False}}))
+    with pytest.raises(Conflict, match="does not save its final model"):
+        api.launch_experiment("dpo", [f"model.name=run:{SFT}"], shrink=True)
+    out = cli("launch", "dpo", "--model", "tiny", "--after", SFT, "--after", "nope")
+    assert out.exit_code == 2 and "cannot run after nope: there is no run" in out.output
+
+
+def test_runs_waiting_for_each_other_are_cancelled_not_left_waiting(lab_root, no_worker):
+    """Only a hand-edited run.json can make two queued runs wait for each other; the queue
+    worker then cancels both instead of polling forever."""
+    a = api.launch_experiment("dpo", [], model="tiny", queue=True).run
+    b = api.launch_experiment("dpo", [], model="tiny", after=[a.id], queue=True).run
+    rec = record(Path(a.run_dir))
+    (Path(a.run_dir) / "run.json").write_text(json.dumps({**rec, "after": [b.id]}))
+    assert _queue._next_queued(set()) == (None, False)
+    for run in (a, b):
+        rec = record(Path(run.run_dir))
+        assert rec["state"] == "cancelled" and "dependency cycle" in rec["error"]
 
 
 def _set_state(run_dir: Path, state: str) -> None:
