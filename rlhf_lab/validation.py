@@ -108,11 +108,19 @@ def _model_names(data: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _resolve(key: str, name: str) -> Any:
     """The trainer's resolution of a model name; NotFound when it names nothing."""
+    from rlhf_lab.lineage import run_of_path
     from trainers.core.models import ModelError, resolve_model
 
     try:
         return resolve_model(name)
     except ModelError as err:
+        run_id = run_of_path(name)
+        if run_id is not None:  # another run's output that is not there (yet)
+            raise NotFound(
+                f"{key}={name!r} does not exist yet: write {key}=run:{run_id} to wait for run "
+                f"{run_id} and take its final model once it has succeeded",
+                next=NextStep("run_status", {"run_id": run_id}),
+            ) from None
         raise NotFound(
             f"{key}={name!r} cannot be resolved: {err}", next=model_steps(name)
         ) from None

@@ -132,9 +132,7 @@ def estimate_memory(
     model: ModelArg = None,
     overrides: OverridesArg = [],  # noqa: B006
     shrink: Annotated[bool, Field(description="the shrunk config (false: the full recipe)")] = True,
-    device: Annotated[
-        Device, Field(description="auto (GPU if visible, else cpu), cpu, cuda or cuda:N")
-    ] = "auto",
+    device: Annotated[Device, Field(description="auto (GPU if any), cpu, cuda or cuda:N")] = "auto",
 ) -> Annotated[Result, MemoryCheck]:
     check = _call(
         "estimate_memory",
@@ -447,10 +445,9 @@ def list_campaigns(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
-    description="Queue matched runs of several recipes in one campaign (same overrides and "
-    "shrink; run one after another). seeds=K: K runs per recipe with the same seeds; "
-    "compare_runs then gives each arm's mean, 95% interval and a verdict. Use it for any "
-    "comparison meant to be reported.",
+    description="Queue matched runs of several recipes in one campaign, one after another; "
+    "seeds=K gives each recipe K runs with the same seeds, so compare_runs can give each arm a "
+    "95% interval and a verdict. Use it for any comparison meant to be reported.",
 )
 def sweep_runs(
     recipes: Annotated[list[str], Field(min_length=1, description="recipes, e.g. ['dpo','ipo']")],

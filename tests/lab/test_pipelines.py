@@ -154,6 +154,7 @@ def test_a_run_output_is_shrunk_estimated_and_checked_like_the_model_it_came_fro
 def test_bad_references_and_dependencies_are_refused_before_anything_is_written(lab_root):
     synthetic_run(lab_root, SFT, "sft", "sft")
     synthetic_run(lab_root, FAILED, "sft", "sft", state="failed")
+    queued = synthetic_run(lab_root, "sft-20260101-000000-eeee", "sft", "sft", state="queued")
     before = run_folders(lab_root)
     unknown = "dpo-20260101-000000-0000"
     cases = [
@@ -170,6 +171,11 @@ def test_bad_references_and_dependencies_are_refused_before_anything_is_written(
             InvalidArgument,
             "read only in",
             dict(recipe="dpo", overrides=[f"data.dataset=run:{SFT}"]),
+        ),
+        (  # the old way, a path to an output not written yet: the error says how to wait for it
+            NotFound,
+            "write model.name=run:sft-20260101-000000-eeee to wait",
+            dict(recipe="dpo", overrides=[f"model.name={queued / 'final_model'}"]),
         ),
     ]
     for kind, needle, kwargs in cases:
