@@ -7,6 +7,11 @@ The recorder (started detached by :func:`rlhf_lab.runs.record_when_ended` when a
 or resumed without the queue) waits for that run's end and calls the same ledger hook as the
 worker, so every run is recorded the same way whichever path started it.
 
+A queued run launched ``after`` other runs (:mod:`rlhf_lab.runs.deps`) is started only once
+they have all succeeded; while it waits the worker keeps looking (it starts other queued runs
+meanwhile), and when one of them ends any other way the run is ``cancelled`` and recorded. Both
+the worker and the recorder cancel a run's queued dependents as soon as it ends unsuccessfully.
+
 The worker is started detached by :func:`rlhf_lab.runs.ensure_queue_worker`. Only one worker runs at a time:
 it holds ``experiments/.lab/queue.lock`` for its whole life (a second worker finds the lock taken
 and exits at once). For each queued run it waits until the run's device has no active job,
@@ -49,12 +54,54 @@ def record_hook(run_id: str) -> None:
         traceback.print_exc()
 
 
-def _next_queued(tried: set[str]) -> str | None:
-    """The oldest queued run this worker has not tried yet (a run it could not start is never
-    retried, so a broken run.json cannot spin the worker)."""
-    from rlhf_lab.runs import queued_runs
+def _next_queued(tried: set[str]) -> tuple[str | None, bool]:
+    """(the oldest queued run this worker has not tried yet whose upstream runs have all
+    succeeded, whether queued runs wait for upstream runs). A run it could not start is never
+    retried, so a broken run.json cannot spin the worker. A queued run whose upstream run ended
+    without succeeding is cancelled here (and recorded) and never started."""
+    from rlhf_lab.runs import find_run, queued_runs
+    from rlhf_lab.runs.deps import dependency_verdict, queued_cycles
+    from rlhf_lab.runs.records import _read_run_json
 
-    return next((s.id for s in queued_runs() if s.id not in tried), None)
+    waiting: list[str] = []
+    for status in queued_runs():
+        if status.id in tried:
+            continue
+        run_dir = find_run(status.id)
+        verdict, reason = dependency_verdict(_read_run_json(run_dir) or {})
+        if verdict == "ready":
+            return status.id, bool(waiting)
+        if verdict == "waiting":
+            waiting.append(status.id)
+            continue
+        _cancel(run_dir, reason or "an upstream run did not succeed")
+    for run_id, reason in queued_cycles(waiting).items():  # they would wait forever
+        _cancel(find_run(run_id), reason)
+        waiting.remove(run_id)
+    return None, bool(waiting)
+
+
+def _cancel(run_dir, reason: str) -> None:  # noqa: ANN001
+    from rlhf_lab.runs.deps import cancel
+
+    if cancel(run_dir, reason):
+        _say(f"{run_dir.name} cancelled: {reason}")
+        record_hook(run_dir.name)
+
+
+def settle_dependents(run_id: str) -> None:
+    """A run ended: cancel its queued dependents now if it did not succeed (and record them)."""
+    from rlhf_lab.runs.deps import cancel_dependents_of
+
+    try:
+        cancelled = cancel_dependents_of(run_id)
+    except Exception:  # the queue must never stop over a dependent
+        _say(f"could not settle the dependents of {run_id}:")
+        traceback.print_exc()
+        return
+    for dependent in cancelled:
+        _say(f"{dependent} cancelled: upstream run {run_id} did not succeed")
+        record_hook(dependent)
 
 
 def run_one(run_id: str) -> None:
@@ -78,6 +125,7 @@ def run_one(run_id: str) -> None:
     _say(f"started {run_id} (pid {info.pid}) on {info.device}")
     status = wait_for_end(run_id, poll_s=POLL_S)
     _say(f"{run_id} ended: {status.state}")
+    settle_dependents(run_id)
     # Record in the background so the next run can take the device at once; the thread is not
     # a daemon, so the worker finishes recording before it exits.
     threading.Thread(target=record_hook, args=(run_id,), name=f"record-{run_id}").start()
@@ -94,6 +142,7 @@ def record_after_end(run_id: str) -> int:
         _say(f"recorder for {run_id} stops: {err}")
         return 0
     _say(f"{run_id} ended: {status.state}; recording it")
+    settle_dependents(run_id)
     record_hook(run_id)
     return 0
 
@@ -113,10 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     tried: set[str] = set()
     try:
         while True:
-            run_id = _next_queued(tried)
+            run_id, waiting = _next_queued(tried)
+            if run_id is None and waiting:  # dependents wait for upstream runs: look again
+                time.sleep(POLL_S)
+                continue
             if run_id is None:
                 lock.release()
-                if _next_queued(tried) is None:
+                if _next_queued(tried) == (None, False):
                     _say("queue empty; worker exits")
                     return 0
                 try:

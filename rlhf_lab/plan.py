@@ -45,13 +45,12 @@ from rlhf_lab.catalog import (
     matched_controls,
     normalize_algorithm,
     recipe_for_algorithm,
-    source_root,
     watch_for,
 )
 from rlhf_lab.configs import ConfigChange
-from rlhf_lab.errors import InvalidArgument, NextStep, NotFound
+from rlhf_lab.errors import InvalidArgument, NextStep, NotFound, Unavailable
 from rlhf_lab.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
-from rlhf_lab.paths import LabError, campaign_name, check_slug, experiments_dir
+from rlhf_lab.paths import LabError, campaign_name, check_slug
 from rlhf_lab.resources import Resources, check_resources
 from rlhf_lab.shrink import format_override, shrink_config
 
@@ -154,7 +153,13 @@ class PlannedRun(BaseModel):
 
 class Plan(BaseModel):
     request: str | None
-    intent: Literal["sanity", "compare"]
+    intent: Literal["sanity", "compare", "pipeline"]
+    pipeline: str | None = Field(
+        default=None, description="the pipeline these runs are (run_pipeline launches them all)"
+    )
+    pipeline_command: str | None = Field(
+        default=None, description="the lab command that queues every stage of the pipeline"
+    )
     campaign: str = Field(description="ledger slug")
     campaign_name: str = Field(description="YYYY-MM-DD-<slug>: the ledger file and folder")
     runs: list[PlannedRun]
@@ -448,8 +453,9 @@ class _Arm(BaseModel):
     name: str
     matched: list[str] = Field(default_factory=list)
     after: list[str] = Field(default_factory=list)
-    scorer_model: str | None = Field(
-        default=None, description="the base model of the reward model that will score it"
+    model: str | None = Field(default=None, description="its model swap (None: the plan's)")
+    starts_from_run: bool = Field(
+        default=False, description="its model.name is a run of the plan: no model swap"
     )
 
 
@@ -464,17 +470,15 @@ def _plan_run(
 ) -> tuple[PlannedRun, list[str]]:
     """A planned run and its warnings (``queue``: its launch waits for the device's jobs)."""
     recipe = arm.recipe
-    # an override naming an upstream run's output (``<orm-run-id>``) cannot be checked before
-    # that run exists: the shrink validates the rest, and the commands carry it as written
-    pending = [o for o in arm.matched if "-run-id>" in o]
+    # ``run:<orm-run-id>`` names a run of this plan: it is checked as that run (lineage's
+    # pending runs); any other value naming a run id still unknown is carried as written
+    pending = [o for o in arm.matched if "-run-id>" in o and "=run:<" not in o]
     ready = [o for o in arm.matched if o not in pending]
     shrink = shrink_config(recipe, ready + overrides, model=model)
     family, algorithm = shrink.family, shrink.algorithm
     facts, warnings, _ = _model_warnings(shrink.model)
 
     config = shrink.config
-    if arm.scorer_model:  # the reward model does not exist yet: size it by its base model
-        config = {**config, "scorer": {**(config.get("scorer") or {}), "name": arm.scorer_model}}
     memory: dict[str, MemoryEstimate] = {}
     if facts is not None:
         for device in ("cuda", "cpu"):
@@ -605,16 +609,6 @@ def _pending_changes(pending: list[str], config: dict[str, Any]) -> list[ConfigC
     return changes
 
 
-def _rm_run_path(slug_dated: str, rm_name: str) -> str:
-    """Where a reward-model run of this plan will leave its model (its run id is known once it
-    is launched), relative to the source root when the experiments live under it."""
-    path = experiments_dir() / slug_dated / "runs" / f"<{rm_name}-run-id>" / "final_model"
-    try:
-        return str(path.relative_to(source_root()))
-    except ValueError:
-        return str(path)
-
-
 def _scorer_arms(recipes: list[Recipe], dated: str, preset: bool) -> tuple[list[_Arm], list[str]]:
     """Reward models + rejection sampling in one question ("does a PRM beat an ORM for
     best-of-n?"): the RM runs, each reward-selected strategy once per RM with that RM as its
@@ -642,7 +636,7 @@ def _scorer_arms(recipes: list[Recipe], dated: str, preset: bool) -> tuple[list[
                 _Arm(
                     recipe=strategy,
                     name=f"{strategy.algorithm}[{rm.algorithm}]",
-                    matched=[f"scorer.name={_rm_run_path(dated, rm.algorithm)}"],
+                    matched=[f"scorer.name=run:{_placeholder(rm.algorithm)}"],
                     after=[rm.algorithm],
                 )
             )
@@ -660,6 +654,43 @@ def _scorer_arms(recipes: list[Recipe], dated: str, preset: bool) -> tuple[list[
     return arms, notes
 
 
+def _placeholder(name: str) -> str:
+    """How a run of this plan is named before it exists: ``<orm-run-id>``."""
+    return f"<{name}-run-id>"
+
+
+def _plan_runs(
+    arms: list[_Arm],
+    model: str | None,
+    overrides: list[str],
+    slug: str,
+    dated: str,
+    res: Resources,
+    queue: bool,
+) -> list[tuple[PlannedRun, list[str]]]:
+    """Plan the arms in order; each planned run stands in for itself under its placeholder id
+    (``run:<orm-run-id>``), so a later arm that takes its output is checked and sized as the
+    model it will be (:func:`rlhf_lab.lineage.pending_runs`)."""
+    from rlhf_lab.lineage import Upstream, base_model, pending_runs
+
+    known: dict[str, Upstream] = {}
+    out = []
+    for arm in arms:
+        with pending_runs(known):
+            own = None if arm.starts_from_run else arm.model or model
+            run, warnings = _plan_run(arm, own, overrides, slug, dated, res, queue)
+            base = base_model(run.model) if run.model else None
+        known[_placeholder(arm.name)] = Upstream(
+            run_id=_placeholder(arm.name),
+            family=run.family,
+            algorithm=run.algorithm,
+            state="queued",
+            base_model=base,
+        )
+        out.append((run, warnings))
+    return out
+
+
 def _scorer_steps(runs: list[PlannedRun], dated: str) -> list[str]:
     rm = [r.name for r in runs if r.family == "reward_models"]
     dependent = [r.name for r in runs if r.after]
@@ -668,12 +699,10 @@ def _scorer_steps(runs: list[PlannedRun], dated: str) -> list[str]:
     return [
         f"1. launch the reward models {', '.join(rm)} (and {', '.join(free)}, which needs no "
         "reward model) with their launch_command; note each run id launch prints",
-        f"2. wait until {' and '.join(rm)} have succeeded (run_status): each saves final_model/ "
-        "in its run folder",
-        f"3. then launch {', '.join(dependent)} with their launch_command, replacing {ids} with "
-        f"those run ids (experiments/{dated}/runs/<run-id> is the folder launch reported); a "
-        "rejection-sampling run launched before its reward model has finished fails at scoring",
-        "4. record_results on every run, then compare the rejection-sampling runs together "
+        f"2. launch {', '.join(dependent)} with their launch_command, replacing {ids} with those "
+        f"run ids: each is queued and starts once its reward model has succeeded (wait until "
+        f"{' and '.join(rm)} have succeeded; a failed one cancels its dependents)",
+        "3. record_results on every run, then compare the rejection-sampling runs together "
         "(compare_runs) and the reward models together",
     ]
 
@@ -777,6 +806,12 @@ def plan_experiment(
     parsed = (
         parse_request(request) if request else ParsedRequest(targets=[], model=None, compare=False)
     )
+    if request and not algorithm:
+        from rlhf_lab.pipelines import match_pipeline
+
+        wanted = match_pipeline(request)
+        if wanted is not None:
+            return _plan_pipeline(wanted, request, model or parsed.model, campaign, overrides)
     if algorithm:
         recipes = [_recipe_from_algorithm_arg(algorithm)]
         for target in parsed.targets:
@@ -841,7 +876,7 @@ def plan_experiment(
 
     res = check_resources()
     queue = len(arms) > 1  # one training job per device: the runs of a plan wait their turn
-    planned = [_plan_run(a, chosen_model, user, slug, dated, res, queue) for a in arms]
+    planned = _plan_runs(arms, chosen_model, user, slug, dated, res, queue)
     runs = [run for run, _ in planned]
     warnings = _merged_warnings([(run.name, w) for run, w in planned])
     offline: list[str] = []
@@ -884,4 +919,93 @@ def plan_experiment(
         warnings=warnings,
         offline_choices=offline,
         notes=notes + res.notes,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipelines
+# ---------------------------------------------------------------------------------------------
+
+
+def _plan_pipeline(
+    name: str,
+    request: str | None,
+    model: str | None,
+    campaign: str | None,
+    overrides: list[str] | None,
+) -> Plan:
+    """A request for a chain ("an RLHF pipeline", "train a reward model then run PPO against
+    it", "r1-zero"): the pipeline's stages as planned runs, each after the stages whose output it
+    takes (``run:<sft-run-id>`` in its command), the one command that queues them all, and what
+    to check at each stage. An override without a stage name applies to every stage."""
+    from rlhf_lab.pipelines import find_pipeline, plan_stages, with_run_ids
+
+    defn = find_pipeline(name)
+    user = [
+        o if o.split(".", 1)[0] in defn.stages or o.startswith("*.") else f"*.{o}"
+        for o in overrides or []
+    ]
+    stages = plan_stages(defn, model, user)
+    missing = []
+    for stage in stages:
+        try:
+            find_recipe(stage.recipe)
+        except LabError:
+            missing.append(f"{stage.name}: {stage.recipe}")
+    if missing:
+        raise Unavailable(
+            f"the {defn.name} pipeline needs recipes this checkout does not have ({', '.join(missing)})",
+            next=NextStep("list_recipes", note="the recipes and pipelines available"),
+        )
+    slug = check_slug(campaign) if campaign is not None else f"{defn.name}-pipeline"
+    dated = campaign_name(slug)
+    ids = {s.name: _placeholder(s.name) for s in stages}
+    arms = [
+        _Arm(
+            recipe=find_recipe(s.recipe),
+            name=s.name,
+            matched=with_run_ids(s.overrides, ids),
+            after=s.after,
+            model=s.model,
+            starts_from_run="model.name" in s.refs,
+        )
+        for s in stages
+    ]
+    res = check_resources()
+    planned = _plan_runs(arms, None, [], slug, dated, res, queue=True)
+    runs = [run for run, _ in planned]
+    argv = ["uv", "run", "rlhf-lab", "pipeline", defn.name]
+    if model:
+        argv += ["--model", model]
+    for item in user:
+        argv += ["--set", item]
+    argv += ["--campaign", slug]
+    chain = " → ".join(s.name for s in stages)
+    steps = [
+        f"1. queue every stage at once with pipeline_command (run_pipeline): {chain}; each stage "
+        "starts when the stages whose final model it takes have succeeded, and a failed stage "
+        "cancels the later ones (resume_run on it re-arms them); the launch_command of each run "
+        "does the same one stage at a time",
+    ]
+    steps += [
+        f"{i}. {s.name} ({s.recipe}): {' '.join(s.check.split())}"
+        for i, s in enumerate([s for s in stages if s.check], start=2)
+    ]
+    steps.append(
+        f"{len(steps) + 1}. each stage is recorded in the campaign ledger when it ends; its "
+        "Setup section shows the stages and where each output went"
+    )
+    return Plan(
+        request=request,
+        intent="pipeline",
+        pipeline=defn.name,
+        pipeline_command=shlex.join(argv),
+        campaign=slug,
+        campaign_name=dated,
+        runs=runs,
+        steps=steps,
+        comparison=None,
+        criteria=_criteria(runs),
+        warnings=_merged_warnings([(run.name, w) for run, w in planned]),
+        notes=[" ".join(defn.description.split()), *res.notes],
     )

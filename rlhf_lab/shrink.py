@@ -18,7 +18,9 @@ Everything runs often: evaluation every few steps, metrics every step, no interm
 checkpoints. The model is kept unless ``model`` is given; a built-in preset (``tiny``,
 ``tiny-llama``, ``small``) also switches to the offline ``builtin:*`` data sets and to sizes,
 lengths and learning rates that suit a ~1M-parameter model (direct alignment: the tested recipe
-of ``rlhf_lab/demo.py``; SFT: the warm-start recipe's values).
+of ``rlhf_lab/demo.py``; SFT: the warm-start recipe's values). Another run's output
+(``run:<id>`` or its ``final_model`` path) is shrunk like the model it was trained from (its
+lineage, :func:`rlhf_lab.lineage.base_model`): an SFT run of ``tiny`` counts as ``tiny``.
 
 User ``overrides`` are applied after the rules, so they always win.
 """
@@ -117,11 +119,14 @@ def _find_key(data: dict[str, Any], leaf: str, prefix: str = "") -> str | None:
 
 
 def _is_preset(model: str | None) -> bool:
+    """Whether ``model`` is a built-in preset, or another run's output trained from one (its
+    lineage: ``run:<id>`` or a run's ``final_model`` path, followed back to the first model)."""
     if not model:
         return False
+    from rlhf_lab.lineage import base_model
     from trainers.core.tiny import PRESETS
 
-    return model in PRESETS
+    return base_model(model) in PRESETS
 
 
 class _Rules:
@@ -162,7 +167,7 @@ def _common_quiet(r: _Rules, big_model: bool) -> None:
 
 def _swap_model(r: _Rules, model: str, preset: bool) -> None:
     r.set("model.name", model)
-    r.set("model.ref_name", None)
+    r.set("model.ref_name", None)  # the reference is the starting model (an SFT run's output)
     if preset:
         r.set("model.gradient_checkpointing", False)
         if get_dotted(r.data, "model.chat_template_source") is not None:
@@ -243,10 +248,8 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
         r.set("eval.max_new_tokens", None)
         r.set("train.learning_rate", 1.0e-3)  # what the PG train tests use on tiny
         notes.append(
-            "a tiny preset is randomly initialised: expect little reward contrast "
-            "(frac_reward_zero_std near 1) unless it starts from an SFT warm start (run the "
-            "sft_tiny_warmstart recipe, then override model.name=<its run dir>/final_model); "
-            "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
+            _cold_start(r.get("model.name"))
+            + "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
             "not a tuned value"
         )
         if r.get("data.source") == "preference":
@@ -305,12 +308,33 @@ def _rejection_sampling(r: _Rules, algorithm: str, preset: bool, notes: list[str
         r.cap(_find_key(data, "max_new_tokens"), 64)
         r.cap(_find_key(data, "eval_max_new_tokens"), 64)
         r.set("data.dataset", family_info("rejection_sampling").builtin_datasets["*"])
-        notes.append(
-            "a random-init preset gets nothing right, so there is nothing to select: warm-start "
-            "it first (trainers/sft/configs/sft_tiny_warmstart.yaml, then override "
-            "model.name=<its run dir>/final_model)"
-        )
+        if not _from_run(r.get("model.name")):
+            notes.append(
+                "a random-init preset gets nothing right, so there is nothing to select: warm-start "
+                "it first (trainers/sft/configs/sft_tiny_warmstart.yaml, then override "
+                "model.name=run:<its run id>)"
+            )
     _common_quiet(r, big_model=not preset)
+
+
+def _from_run(model: Any) -> bool:
+    """``model`` is another run's output (``run:<id>`` or a run's final_model path)."""
+    from rlhf_lab.lineage import is_ref, run_of_path
+
+    return is_ref(model) or run_of_path(model) is not None
+
+
+def _cold_start(model: Any) -> str:
+    """The policy-gradient note on a random-init preset ("" when it starts from a run's output,
+    an SFT warm start)."""
+    if _from_run(model):
+        return ""
+    return (
+        "a tiny preset is randomly initialised: expect little reward contrast "
+        "(frac_reward_zero_std near 1) unless it starts from an SFT warm start (run the "
+        "sft_tiny_warmstart recipe, then override model.name=run:<its run id>, or run the "
+        "r1-zero pipeline); "
+    )
 
 
 def _shrink_hook(family: str, algorithm: str) -> str:
@@ -486,7 +510,7 @@ def shrink_config(
     config_model(recipe.family)  # a clear LabError when the family has no config model yet
     base = resolve_config(recipe, user)  # the rules see the user's values
     swap = model or _user_model(user)
-    preset = _is_preset(swap)
+    preset = _is_preset(swap)  # a run's output trained from a preset counts as that preset
 
     notes: list[str] = []
     rules = _Rules(base.data)

@@ -12,6 +12,10 @@ lab writes anything (plan, shrink, estimate_memory and launch all run them). Tor
   ``data.max_prompt_length``) above the policy model's context (``max_position_embeddings`` of
   its config.json, or the preset's) is refused; so is a generation length (``*max_new_tokens``)
   that leaves no room for a prompt in that context.
+- **References** (``run:<id>`` values, :mod:`rlhf_lab.lineage`): each names a run of this lab of
+  the right kind (a reward model for ``reward.model``, ``reward.gold_model`` and ``scorer.name``)
+  that has not ended without succeeding and will leave its final model; its folder need not
+  exist yet. The model's context and learning-rate band are those of the model it came from.
 - **Learning rates** (every ``learning_rate`` leaf): above 1 the trainer's config model refuses
   (``trainers/core/config.py``); outside the plausible band below a warning is returned.
 
@@ -104,11 +108,19 @@ def _model_names(data: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _resolve(key: str, name: str) -> Any:
     """The trainer's resolution of a model name; NotFound when it names nothing."""
+    from rlhf_lab.lineage import run_of_path
     from trainers.core.models import ModelError, resolve_model
 
     try:
         return resolve_model(name)
     except ModelError as err:
+        run_id = run_of_path(name)
+        if run_id is not None:  # another run's output that is not there (yet)
+            raise NotFound(
+                f"{key}={name!r} does not exist yet: write {key}=run:{run_id} to wait for run "
+                f"{run_id} and take its final model once it has succeeded",
+                next=NextStep("run_status", {"run_id": run_id}),
+            ) from None
         raise NotFound(
             f"{key}={name!r} cannot be resolved: {err}", next=model_steps(name)
         ) from None
@@ -148,10 +160,12 @@ def model_context(name: str) -> int | None:
 
 
 def _check_scorer(family: str, data: dict[str, Any]) -> None:
+    from rlhf_lab.lineage import is_ref
+
     if family != "rejection_sampling":
         return
     name = get_dotted(data, "scorer.name")
-    if not isinstance(name, str) or name == _VERIFIER:
+    if not isinstance(name, str) or name == _VERIFIER or is_ref(name):
         return
     from pathlib import Path
 
@@ -223,10 +237,13 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
     ``launching``, a hub model that cannot be loaded here), a scorer folder that is not a reward
     model, or a length above the model's context; returns the warnings (implausible learning
     rates, a hub model not loadable here while planning, a context that cannot be known)."""
+    from rlhf_lab.lineage import base_model, check_ref, find_refs, is_ref, stand_in
     from trainers.core.tiny import PRESETS
 
     out = ConfigChecks()
-    names = _model_names(data)
+    for key, run_id in find_refs(data).items():
+        check_ref(key, run_id)
+    names = [(k, n) for k, n in _model_names(data) if not is_ref(n)]
     for key, name in names:
         source = _resolve(key, name)
         why = _hub_unavailable(source)
@@ -238,7 +255,7 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
     _check_scorer(family, data)
     policy = get_dotted(data, "model.name")
     if isinstance(policy, str):
-        out.context = model_context(policy)
+        out.context = model_context(stand_in(policy))
         if out.context is not None:
             _check_lengths(data, out.context, policy)
         else:
@@ -246,5 +263,6 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
                 f"the context length of model {policy} is unknown here (its config.json is not "
                 "available), so the sequence lengths were not checked against it"
             )
-    out.warnings.extend(_lr_warnings(data, preset=isinstance(policy, str) and policy in PRESETS))
+    base = base_model(policy) if isinstance(policy, str) else None
+    out.warnings.extend(_lr_warnings(data, preset=base in PRESETS))
     return out

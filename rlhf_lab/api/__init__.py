@@ -18,6 +18,8 @@ lives where:
 - :mod:`rlhf_lab.api.watching`: ``run_status`` (alerts + advice), ``active_run_views``,
   ``run_list``, ``tail_logs``, ``follow_log``, ``get_metrics``, ``wait_and_stream``;
 - :mod:`rlhf_lab.api.records`: ``record_results``, ``list_campaigns``, ledger markdown;
+- :mod:`rlhf_lab.api.pipelines`: ``run_pipeline`` (a chain of runs in one campaign) and
+  ``list_pipelines``;
 - re-exported as they are: plan/shrink/config, runs, logs, ledger, compare, resources, models,
   skills and the demo.
 
@@ -126,6 +128,11 @@ _LAZY: dict[str, str] = {
     "launch_run_result": "rlhf_lab.api.results",
     "StopRunResult": "rlhf_lab.api.results",
     "stop_run_result": "rlhf_lab.api.results",
+    # pipelines
+    "PipelineResult": "rlhf_lab.api.pipelines",
+    "PipelineList": "rlhf_lab.api.pipelines",
+    "run_pipeline": "rlhf_lab.api.pipelines",
+    "list_pipelines": "rlhf_lab.api.pipelines",
 }
 
 
@@ -424,9 +431,20 @@ def launch_experiment(
     device: str = "auto",
     force: bool = False,
     queue: bool = False,
+    after: list[str] | None = None,
+    pipeline: str | None = None,
+    stage: str | None = None,
 ) -> LaunchResult:
     """Resolve (and optionally shrink) a recipe, check it, make sure its campaign exists, and
     start the trainer in the background (or queue it). Returns at once with the run id.
+
+    ``after``: run ids this run waits for: it stays queued until each has succeeded and is
+    cancelled if one ends otherwise. A ``run:<id>`` value (``model.name=run:<sft>``,
+    ``reward.model=run:<rm>``, ``scorer.name=run:<rm>``) names that run's final model, is checked
+    like a model (:mod:`rlhf_lab.lineage`), implies ``after`` it, and reaches config.yaml as the
+    run's ``final_model`` path (run.json keeps the id); a queued upstream that would not save its
+    final model is made to. An upstream that already failed is refused (resume it first).
+    ``pipeline`` / ``stage``: set by :func:`run_pipeline` for the runs it creates.
 
     Every check comes before anything is written (campaign, run folder, queue entry, ledger
     row): the config validates; every model it names resolves and, for a hub id, can be loaded
@@ -438,10 +456,13 @@ def launch_experiment(
     a recorder process)."""
     from rlhf_lab.api.recipes import FIX_OVERRIDES
     from rlhf_lab.ledger import create_campaign
+    from rlhf_lab.lineage import find_refs, resolve_refs
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.runs import resolve_device
+    from rlhf_lab.runs.deps import check_after, ensure_final_model
     from rlhf_lab.validation import check_config
 
+    upstream = check_after(after)  # unknown or failed upstream runs: refused first
     family, algorithm, data, applied, source = _resolve_recipe(
         recipe, list(overrides or []), shrink, model
     )
@@ -454,9 +475,17 @@ def launch_experiment(
     except LabError as err:
         raise err.with_next(FIX_OVERRIDES) from None
     _check_gpu_present(dev, data)
+    refs = find_refs(data)  # checked by check_config; each one is also an upstream run
+    upstream = check_after([*upstream, *refs.values()])
+    forced = [
+        run_id for run_id in dict.fromkeys(refs.values()) if ensure_final_model(run_id, write=False)
+    ]
     fits_together = None
+    waits = bool(upstream) and any(s != "succeeded" for s in _states(upstream))
     if not force:  # refused before the campaign is written; runs.launch re-checks the device
-        fits_together, memory_warnings = _check_memory(family, algorithm, data, dev, queue=queue)
+        fits_together, memory_warnings = _check_memory(
+            family, algorithm, data, dev, queue=queue or waits
+        )
         warnings += memory_warnings
     model_name = (data.get("model") or {}).get("name")
     dataset = (data.get("data") or {}).get("dataset")
@@ -468,10 +497,15 @@ def launch_experiment(
         dataset=dataset if isinstance(dataset, str) else None,
         seeds=[data["seed"]] if isinstance(data.get("seed"), int) else None,
     )
+    for run_id in forced:  # a queued upstream that would not save its final model now does
+        ensure_final_model(run_id, write=True)
+        warnings.append(
+            f"upstream run {run_id} will save its final model (checkpoint.save_final_model=true)"
+        )
     result = _launch(
         family,
         algorithm,
-        data,
+        resolve_refs(data, refs),
         slug,
         source,
         applied,
@@ -479,11 +513,21 @@ def launch_experiment(
         force=force,
         queue=queue,
         fits_together=fits_together,
+        after=upstream,
+        references=refs,
+        pipeline=pipeline,
+        stage=stage,
     )
     warnings += _record_now(result.run.id)
     if not result.queued:
         warnings += _record_when_ended(result.run.id)
     return result.model_copy(update={"warnings": [*result.warnings, *warnings]})
+
+
+def _states(run_ids: list[str]) -> list[str]:
+    from rlhf_lab.runs import run_state
+
+    return [run_state(r).state for r in run_ids]
 
 
 @operation
@@ -498,6 +542,7 @@ def launch_run(
     device: str = "auto",
     queue: bool = False,
     force: bool = False,
+    after: list[str] | None = None,
 ) -> LaunchRunResult:
     """:func:`launch_experiment` (shrunk by default) with the result shaped for an agent."""
     result = launch_experiment(
@@ -510,6 +555,7 @@ def launch_run(
         device=device,
         force=force,
         queue=queue,
+        after=after,
     )
     from rlhf_lab.api.results import launch_run_result
 
@@ -523,7 +569,9 @@ def resume_run(run_id: str, device: str | None = None, force: bool = False) -> L
     from rlhf_lab.runs import resume_run as resume
 
     result = resume(run_id, device=device, force=force)
-    warnings = _record_when_ended(result.run.id)
+    warnings = [] if result.queued else _record_when_ended(result.run.id)
+    for rearmed in [*result.rearmed, *([run_id] if result.queued else [])]:
+        warnings += _record_now(rearmed)  # the ledger shows them queued again
     return result.model_copy(update={"warnings": [*result.warnings, *warnings]})
 
 

@@ -43,6 +43,9 @@ class FamilyBrief(BaseModel):
 class RecipeList(BaseModel):
     recipes: list[Recipe]
     families: list[FamilyBrief] = Field(description="the families of the listed recipes")
+    pipelines: list[str] = Field(
+        default_factory=list, description="run_pipeline names: '<name>: <stage>: <recipe> -> ...'"
+    )
 
 
 class MemoryCheck(BaseModel):
@@ -75,7 +78,20 @@ def list_recipes(family: str | None = None) -> RecipeList:
     """The shipped recipes (optionally of one family) and a brief of each family listed."""
     recipes = catalog_recipes(family)
     names = list(dict.fromkeys(r.family for r in recipes))
-    return RecipeList(recipes=recipes, families=[family_brief(n) for n in names])
+    return RecipeList(
+        recipes=recipes, families=[family_brief(n) for n in names], pipelines=_pipelines()
+    )
+
+
+def _pipelines() -> list[str]:
+    """The pipelines in one line each (their stages in launch order)."""
+    from rlhf_lab.pipelines import list_pipeline_defs, plan_stages
+
+    out = []
+    for defn in list_pipeline_defs():
+        chain = " -> ".join(f"{s.name}: {s.recipe}" for s in plan_stages(defn))
+        out.append(f"{defn.name}: {chain}")
+    return out
 
 
 def find_known_recipe(recipe: str) -> Recipe:

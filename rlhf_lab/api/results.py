@@ -8,7 +8,9 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.runs import LaunchResult, StopResult
 
-State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died"]
+State = Literal[
+    "queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died", "cancelled"
+]
 
 
 class SweepResult(BaseModel):
@@ -60,7 +62,12 @@ def stop_run_result(result: StopResult) -> StopRunResult:
 def launch_run_result(result: LaunchResult) -> LaunchRunResult:
     """A launch (or resume) as an agent reads it: ids, log path and the call to make next."""
     info = result.run
-    if result.queued:
+    if result.queued and info.after:
+        nxt = (
+            f"queued after {', '.join(info.after)}: it starts once they have succeeded and is "
+            f"cancelled if one fails; poll run_status('{info.id}')"
+        )
+    elif result.queued:
         nxt = (
             f"queued (position {result.queue_position}); poll run_status('{info.id}') until it "
             "is running, then follow it"

@@ -24,7 +24,9 @@ from rlhf_lab.errors import InvalidArgument, LabError, NextStep
 from rlhf_lab.logs import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
 from rlhf_lab.runs import RunStatus, follow_run, list_runs, run_state, unfinished_runs
 
-FINISHED_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "killed", "died"})
+FINISHED_STATES: frozenset[str] = frozenset(
+    {"succeeded", "failed", "stopped", "killed", "died", "cancelled"}
+)
 
 
 class RunView(BaseModel):
@@ -128,8 +130,18 @@ def advice_for(view: RunView) -> str:
     Operations are named by their lab API names (run_status, tail_logs, record_results)."""
     s = view.status
     errors = [a for a in view.alerts if a.severity == "error"]
+    if s.state == "queued" and s.after:
+        return (
+            f"waits for upstream run(s) {', '.join(s.after)} to succeed (it is cancelled if one "
+            "does not): poll run_status again in 10-30 s"
+        )
     if s.state in ("queued", "starting"):
         return "not training yet: poll run_status again in 10-30 s"
+    if s.state == "cancelled":
+        return (
+            f"never started: {s.error or 'an upstream run did not succeed'}; resume_run on the "
+            "upstream run re-arms it"
+        )
     if s.state == "running":
         if errors:
             return f"running with an alert ({errors[0].kind}): {errors[0].hint}"

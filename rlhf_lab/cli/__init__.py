@@ -96,14 +96,18 @@ def recipes(
 ) -> None:
     """List families, algorithms and their shipped configs."""
 
+    listed = api.list_recipes(family)
+
     def human(items: Any) -> None:
         _table(
             "recipes",
             ["recipe", "family", "config", "description"],
             [[r.name, r.family, r.config_path, r.description] for r in items],
         )
+        for line in listed.pipelines:
+            typer.echo(f"pipeline {line}")
 
-    emit(api.list_recipes(family).recipes, as_json, human)
+    emit(listed.recipes, as_json, human)
 
 
 @app.command()
@@ -258,9 +262,19 @@ def launch(
         bool,
         typer.Option(help="stream the log with a progress bar; Ctrl-C asks: stop or detach"),
     ] = False,
+    after: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--after", help="run id it waits for (repeatable): starts once they all succeeded"
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Start a trainer in the background (detached); returns at once with the run id.
+
+    --after RUN queues it until RUN has succeeded (cancelled if RUN fails; resuming RUN re-arms
+    it). A value run:<id> (--set model.name=run:<sft-run>, reward.model=run:<rm-run>) is that
+    run's final model and implies --after it.
 
     Checked first, nothing written on a refusal: the config, the model (it must resolve, and a
     hub model must be loadable here), lengths within the model's context, and the memory
@@ -278,6 +292,7 @@ def launch(
         device=device,
         force=force,
         queue=queue,
+        after=after or [],
     )
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
@@ -291,6 +306,54 @@ def launch(
             typer.echo(f"warning: {warning}")
     if foreground and not result.queued:
         raise typer.Exit(_follow(result.run.id))
+
+
+@app.command()
+@lab_errors
+def pipeline(
+    name: Annotated[str, typer.Argument(help="rlhf, r1-zero, a pipeline YAML, or `list`")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="STAGE.key=value (repeatable), e.g. ppo.train.max_steps=3"),
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="the model of the first stages")] = None,
+    campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None,
+    no_shrink: Annotated[bool, typer.Option("--no-shrink", help="full configs")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
+    as_json: JsonOpt = False,
+) -> None:
+    """Queue a whole chain of runs in one campaign (`pipeline list` shows them): each stage
+    starts when the stages whose final model it takes have succeeded; a failed stage cancels
+    the later ones. Every stage is checked before anything is written."""
+    if name == "list":
+
+        def listing(result: Any) -> None:
+            for p in result.pipelines:
+                missing = f"  [missing recipes: {', '.join(p.missing)}]" if p.missing else ""
+                typer.echo(f"{p.name}: {p.description}{missing}")
+                for stage in p.stages:
+                    typer.echo(f"  {stage}")
+
+        emit(api.list_pipelines(), as_json, listing)
+        return
+
+    def human(result: Any) -> None:
+        typer.echo(result.message)
+        for s in result.stages:
+            after = f" after {', '.join(s.after)}" if s.after else ""
+            typer.echo(f"  {s.stage}: {s.run_id} [{s.state}{after}]")
+            for handoff in s.handoff:
+                typer.echo(f"    {handoff}")
+            if s.check:
+                typer.echo(f"    check: {s.check}")
+        typer.echo(f"watch:   rlhf-lab runs --campaign {result.campaign}")
+        for warning in result.warnings:
+            typer.echo(f"warning: {warning}")
+
+    result = api.run_pipeline(
+        name, model, campaign, set_ or [], shrink=not no_shrink, device=device
+    )
+    emit(result, as_json, human)
 
 
 @app.command()
@@ -339,6 +402,9 @@ def _print_status(view: Any) -> None:
     eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
     phase = f" ({s.phase})" if s.phase and not s.terminal else ""
     typer.echo(f"{s.id}  [{s.state}]  step {steps}{phase}{eta}  campaign {s.campaign}")
+    if s.after:
+        stage = f"stage {s.stage}, " if s.stage else ""
+        typer.echo(f"  {stage}after {', '.join(s.after)}")
     if getattr(view, "headline", None):  # held-out first
         typer.echo(f"  {view.headline}")
     meta = ("step", "time_s", "phase")
@@ -671,6 +737,7 @@ COMMAND_OPERATIONS: dict[str, str] = {
     "plan": "plan_experiment",
     "shrink": "shrink_config",
     "launch": "launch_experiment",
+    "pipeline": "run_pipeline",
     "sweep": "sweep",
     "status": "run_status",
     "runs": "run_list",

@@ -51,6 +51,7 @@ CLI_OPERATIONS: dict[str, Command] = {
             "device": "--device",
             "queue": "--queue",
             "force": "--force",
+            "after": "--after",
         },
     ),
     "sweep": Command(
@@ -58,6 +59,10 @@ CLI_OPERATIONS: dict[str, Command] = {
         ("recipes",),
         {"overrides": "--set", "model": "--model", "campaign": "--campaign", "device": "--device"},
     ),
+    "run_pipeline": Command(
+        "pipeline", ("name",), {"model": "--model", "campaign": "--campaign", "overrides": "--set"}
+    ),
+    "list_pipelines": Command("recipes"),  # it lists the pipelines too (so does `pipeline list`)
     "run_status": Command("status", ("run_id",)),
     "tail_logs": Command("tail", ("run_id",), {"lines": "-n", "cursor": "--cursor"}),
     "get_metrics": Command(

@@ -66,6 +66,11 @@ def lab_command(meta: dict[str, Any], overrides: list[str] | None = None) -> str
     args = [*LAB, "launch", recipe]
     for item in items if isinstance(items, list) else []:
         args += ["--set", str(item)]
+    refs = meta.get("references") if isinstance(meta.get("references"), dict) else {}
+    after = meta.get("after") if isinstance(meta.get("after"), list) else []
+    for run_id in after:  # a run:<id> value already implies waiting for that run
+        if run_id not in refs.values():
+            args += ["--after", str(run_id)]
     if isinstance(meta.get("campaign"), str) and meta["campaign"]:
         args += ["--campaign", meta["campaign"]]
     return shlex.join(args)

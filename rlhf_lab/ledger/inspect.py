@@ -29,6 +29,7 @@ from rlhf_lab.ledger.metrics import (
 from rlhf_lab.ledger.schema import (
     ConfigChange,
     HeadlineValue,
+    Lineage,
     MetricSummary,
     RunRecord,
     SampleExcerpt,
@@ -295,6 +296,13 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     source = meta.get("config_source") if isinstance(meta.get("config_source"), str) else None
     cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
     changes = _config_changes(family, source, cwd, cfg, warnings)
+    lineage = _lineage(meta)
+    if lineage is not None:  # a referenced model is shown as the run it came from, not a path
+        refs = lineage.references
+        changes = [
+            c.model_copy(update={"used": f"run:{refs[c.key]}"}) if c.key in refs else c
+            for c in changes
+        ]
 
     names = _expand_metric_names(_metric_keys(family))
     summary_data = summary.model_dump() if summary else None
@@ -304,6 +312,10 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     )
     wandb = meta.get("wandb_url") or (summary.wandb_url if summary else None)
     model = _first(cfg, ("model.name", "model_name"))
+    if lineage is not None and "model.name" in lineage.references:
+        from rlhf_lab.lineage import describe_ref
+
+        model = describe_ref(lineage.references["model.name"])
     root = repo_root()
     attempts = attempts_of(path, meta, state, run_id)
     walls = [a.wall_time_s for a in attempts if a.wall_time_s is not None]
@@ -344,6 +356,23 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         warnings=warnings,
         run_dir=os.path.relpath(path, root),
         recorded_at=_now(),
+        lineage=lineage,
+    )
+
+
+def _lineage(meta: dict) -> Lineage | None:
+    """The run's upstream runs and pipeline stage from run.json (None for a run with neither)."""
+    after = meta.get("after") if isinstance(meta.get("after"), list) else []
+    refs = meta.get("references") if isinstance(meta.get("references"), dict) else {}
+    stage = meta.get("stage") if isinstance(meta.get("stage"), str) else None
+    if not (after or refs or stage):
+        return None
+    pipeline = meta.get("pipeline") if isinstance(meta.get("pipeline"), str) else None
+    return Lineage(
+        after=[str(a) for a in after],
+        references={str(k): str(v) for k, v in refs.items()},
+        pipeline=pipeline,
+        stage=stage,
     )
 
 

@@ -396,10 +396,47 @@ def _runs_groups(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     return out
 
 
+def _stages(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
+    """The pipeline stages of a campaign as one story: per run that is a stage (or hands its
+    model to another run), its stage, run, state, the runs it waited for and where its final
+    model went (``final_model → reward.model of ppo``). Empty for a campaign without either."""
+    linked = [r for r in runs if r.lineage is not None]
+    if not linked:
+        return []
+    name = {
+        r.run_id: (r.lineage.stage if r.lineage and r.lineage.stage else r.run_id) for r in runs
+    }
+    given: dict[str, dict[str, list[str]]] = {}
+    for r in linked:
+        assert r.lineage is not None
+        for key, up in r.lineage.references.items():
+            given.setdefault(up, {}).setdefault(name[r.run_id], []).append(key)
+    rows = []
+    for r in runs:
+        stage = r.lineage.stage if r.lineage else None
+        if stage is None and r.run_id not in given and r.lineage is None:
+            continue
+        handoff = [
+            f"final_model → {', '.join(keys)} of {to}"
+            for to, keys in given.get(r.run_id, {}).items()
+        ]
+        rows.append(
+            {
+                "stage": stage or "—",
+                "pipeline": r.lineage.pipeline if r.lineage else None,
+                "run_id": r.run_id,
+                "state": _state_text(r),
+                "after": [name.get(a, a) for a in (r.lineage.after if r.lineage else [])],
+                "handoff": handoff,
+            }
+        )
+    return rows
+
+
 def _block_contents(data: _LedgerData, campaign: Campaign) -> dict[str, str]:
     runs = data.runs
     return {
-        "setup": _render("setup.md.j2", runs=runs, meta=campaign),
+        "setup": _render("setup.md.j2", runs=runs, meta=campaign, stages=_stages(runs)),
         "runs": _render("runs.md.j2", groups=_runs_groups(runs), runs=[_run_view(r) for r in runs]),
         "plots": _render("plots.md.j2", runs=runs),
         "comparison": _render(

@@ -20,6 +20,7 @@ __all__ = [
     "ComparisonEntry",
     "ConfigChange",
     "HeadlineValue",
+    "Lineage",
     "MetricSummary",
     "RunRecord",
     "SampleExcerpt",
@@ -84,6 +85,16 @@ class Attempt(_Model):
     detail: str | None = None
 
 
+class Lineage(_Model):
+    """Where a run's inputs come from: the runs it waited for and the config values that name
+    their final models (``run:<id>``), and its stage when a pipeline made it."""
+
+    after: list[str] = Field(default_factory=list, description="upstream run ids")
+    references: dict[str, str] = Field(default_factory=dict, description="config key -> run id")
+    pipeline: str | None = None
+    stage: str | None = None
+
+
 class RunRecord(_Model):
     """One run's row in a campaign ledger, built from its run folder."""
 
@@ -136,6 +147,7 @@ class RunRecord(_Model):
     warnings: list[str] = Field(default_factory=list)
     run_dir: str = ""
     recorded_at: str = ""
+    lineage: Lineage | None = Field(default=None, description="upstream runs, pipeline stage")
 
     def metric(self, name: str) -> MetricSummary | None:
         return next((m for m in self.metrics if m.name == name), None)

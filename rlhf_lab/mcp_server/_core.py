@@ -37,7 +37,9 @@ log = logging.getLogger("rlhf_lab.mcp")
 Family = Literal[
     "direct_alignment", "policy_gradients", "reward_models", "rejection_sampling", "sft"
 ]
-State = Literal["queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died"]
+State = Literal[
+    "queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died", "cancelled"
+]
 Phase = Literal["train", "eval", "rollout"]
 Device = Literal["auto", "cpu", "cuda"] | Annotated[str, Field(pattern=r"^cuda:\d{1,3}$")]
 
@@ -201,9 +203,10 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
         "launch_run",
         frozenset(
             {"recipe", "overrides", "shrink", "model", "campaign", "question", "device"}
-            | {"queue", "force"}
+            | {"queue", "force", "after"}
         ),
     ),
+    "run_pipeline": ("run_pipeline", frozenset({"name", "model", "campaign", "overrides"})),
     "run_status": ("run_status", frozenset({"run_id"})),
     "tail_logs": ("tail_logs", frozenset({"run_id", "lines", "cursor", "max_bytes"})),
     "get_metrics": (
@@ -221,6 +224,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
 # operation's argument names map to the tool's)
 MCP_INDIRECT_OPERATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "create_campaign": ("launch_run", {"slug": "campaign"}),  # launching names the campaign
+    "list_pipelines": ("list_recipes", {}),  # its result lists the pipelines too
 }
 # operations only the shell offers (no MCP tool does them): operation -> the command template
 MCP_SHELL_OPERATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -320,18 +324,13 @@ READ_ONLY = ToolAnnotations(
 
 RecipeArg = Annotated[
     str,
-    Field(
-        description="recipe or algorithm (dpo, grpo, prm, sft, ...), '<family>/<name>' or a YAML"
-    ),
+    Field(description="recipe or algorithm (dpo, grpo, sft, ...), <family>/<name> or a YAML"),
 ]
-RunIdArg = Annotated[str, Field(description="run id, e.g. dpo-20260101-120000-ab12")]
+RunIdArg = Annotated[str, Field(description="run id (see list_runs)")]
 ModelArg = Annotated[
     str | None,
-    Field(
-        description="'tiny' (built-in, offline), a local folder (e.g. a run's final_model/), a "
-        ".gguf or a hub id; null: the recipe's"
-    ),
+    Field(description="'tiny' (offline), run:<id>, a folder, .gguf or hub id; null: the recipe's"),
 ]
 OverridesArg = Annotated[
-    list[str], Field(description="dotted key=value, applied last, e.g. ['train.max_steps=20']")
+    list[str], Field(description="key=value, applied last, e.g. ['train.max_steps=20']")
 ]

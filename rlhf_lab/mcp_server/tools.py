@@ -17,6 +17,7 @@ from rlhf_lab.api import (
     LogTail,
     MemoryCheck,
     MetricsResult,
+    PipelineResult,
     Plan,
     RecipeList,
     RecordResult,
@@ -53,7 +54,7 @@ Result = CallToolResult  # each tool's result: Annotated[Result, <its model>]
     title="List recipes",
     annotations=READ_ONLY,
     description="The shipped recipes (one YAML per algorithm) with each family's key metrics and "
-    "acceptance criteria. Use it to find a recipe name or what a sanity run should show.",
+    "acceptance criteria, and the pipelines. Use it to find a recipe or what a run should show.",
 )
 def list_recipes(
     family: Annotated[Family | None, Field(description="only this family")] = None,
@@ -66,10 +67,10 @@ def list_recipes(
 @server.tool(
     title="Plan an experiment",
     annotations=READ_ONLY,
-    description="Plan a sanity run or a matched comparison ('small SimPO sanity check', 'compare "
-    "ppo and grpo', 'does a PRM beat an ORM for best-of-n?'): per run the changes from the "
-    "recipe, memory against free memory and the exact launch command; criteria, campaign and "
-    "launch order. Use it first for every experiment; it writes nothing.",
+    description="Plan a sanity run, a matched comparison or a pipeline ('simpo sanity check', "
+    "'compare ppo and grpo', 'does a PRM beat an ORM for best-of-n?', 'rlhf pipeline'): per run "
+    "the changes from the recipe, memory vs free memory, the exact command; criteria, campaign, "
+    "launch order. Use it first; it writes nothing.",
 )
 def plan_experiment(
     request: Annotated[
@@ -80,7 +81,7 @@ def plan_experiment(
     ] = None,
     model: ModelArg = None,
     campaign: Annotated[
-        str | None, Field(description="ledger slug, lowercase-with-hyphens (default <algo>-sanity)")
+        str | None, Field(description="ledger slug (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
 ) -> Annotated[Result, Plan]:
@@ -100,9 +101,9 @@ def plan_experiment(
 @server.tool(
     title="Shrink a config",
     annotations=READ_ONLY,
-    description="A recipe as a quick sanity-run config (small data, few steps; model='tiny': "
-    "offline data), validated: the full config, its diff and the expected steps. Use it to "
-    "check overrides before launch_run; it writes nothing.",
+    description="A recipe as a validated quick sanity-run config (model='tiny': offline data): "
+    "the full config, its diff and the expected steps. Use it to check overrides before "
+    "launch_run; it writes nothing.",
 )
 def shrink_config(
     recipe: RecipeArg,
@@ -123,19 +124,15 @@ def shrink_config(
 @server.tool(
     title="Estimate memory",
     annotations=READ_ONLY,
-    description="Peak training memory of a recipe (shrunk by default) per component, against the "
-    "free memory of the device launch_run would use. Use it before every launch.",
+    description="Peak training memory of a recipe (shrunk by default) per component, against "
+    "the free memory of the device launch_run would use. Use it before a launch.",
 )
 def estimate_memory(
     recipe: RecipeArg,
     model: ModelArg = None,
     overrides: OverridesArg = [],  # noqa: B006
-    shrink: Annotated[
-        bool, Field(description="estimate the shrunk sanity config (false: the full recipe)")
-    ] = True,
-    device: Annotated[
-        Device, Field(description="auto (GPU if visible, else cpu), cpu, cuda or cuda:N")
-    ] = "auto",
+    shrink: Annotated[bool, Field(description="the shrunk config (false: the full recipe)")] = True,
+    device: Annotated[Device, Field(description="auto (GPU if any), cpu, cuda or cuda:N")] = "auto",
 ) -> Annotated[Result, MemoryCheck]:
     check = _call(
         "estimate_memory",
@@ -153,8 +150,8 @@ def estimate_memory(
 @server.tool(
     title="Check resources",
     annotations=READ_ONLY,
-    description="GPU memory and who holds each GPU, CPU count and load, free RAM. Use it before "
-    "launching or when a run is slow; no GPU is an answer, not an error.",
+    description="GPU memory and which runs hold each GPU, CPU count and load, free RAM. Use it "
+    "before launching or when a run is slow; no GPU is an answer.",
 )
 def check_resources() -> Annotated[Result, Resources]:
     return reply(
@@ -171,30 +168,29 @@ def check_resources() -> Annotated[Result, Resources]:
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
     ),
-    description="Start a training run in the background (it outlives this server); returns its "
-    "run id at once. Shrunk to a sanity run by default; gets a campaign folder and a ledger row. "
-    "Refused, nothing written, when the model cannot be resolved, a length exceeds its context, "
-    "the learning rate is above 1, or the memory estimate does not fit the device's free memory "
-    "(RAM on cpu). On a busy device it starts beside it when its estimate fits the free "
-    "memory and is refused otherwise; queue=true waits, force=true skips the memory checks. Doubtful values come back in warnings.",
+    description="Start a training run in the background; returns its run id at once. Shrunk by "
+    "default; gets a ledger row. Refused, nothing written, for an unresolvable model, a length "
+    "over its context, lr > 1 or an estimate over the free memory; on a busy device it starts "
+    "beside it when its estimate fits the free memory, refused otherwise (queue=true waits, "
+    "force=true skips). A value run:<id> is that run's final model and waits for it.",
 )
 def launch_run(
     recipe: RecipeArg,
     overrides: OverridesArg = [],  # noqa: B006
     shrink: Annotated[
-        bool, Field(description="shrink to a quick sanity run first (false: the full recipe)")
+        bool, Field(description="shrink to a sanity run (false: the full recipe)")
     ] = True,
     model: ModelArg = None,
     campaign: Annotated[
-        str | None,
-        Field(description="campaign slug (lowercase-with-hyphens); default <algorithm>-sanity"),
+        str | None, Field(description="campaign slug; default <algorithm>-sanity")
     ] = None,
-    question: Annotated[
-        str | None, Field(description="the question the campaign answers (new campaigns)")
-    ] = None,
+    question: Annotated[str | None, Field(description="the question of a new campaign")] = None,
     device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
     queue: Annotated[bool, Field(description="queue behind the device's current job")] = False,
     force: Annotated[bool, Field(description="start even though the device is busy")] = False,
+    after: Annotated[
+        list[str], Field(description="run ids to wait for; cancelled if one fails")
+    ] = [],  # noqa: B006
 ) -> Annotated[Result, LaunchRunResult]:
     launched = _call(
         "launch_run",
@@ -209,15 +205,45 @@ def launch_run(
         device=device,
         queue=queue,
         force=force,
+        after=list(after),
     )
     return reply(launched)
 
 
 @server.tool(
+    title="Run a pipeline",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
+    ),
+    description="Queue a chain of runs in one campaign: rlhf (sft, reward model, ppo against "
+    "it) or r1-zero (sft warm start, grpo); a stage starts once those it takes a model from "
+    "succeeded, a failure cancels the rest. Use it when plan_experiment proposes a pipeline.",
+)
+def run_pipeline(
+    name: Annotated[str, Field(description="rlhf, r1-zero or a pipeline YAML")],
+    model: ModelArg = None,
+    campaign: Annotated[str | None, Field(description="campaign slug")] = None,
+    overrides: Annotated[
+        list[str], Field(description="stage.key=value, e.g. ['ppo.train.max_steps=3']")
+    ] = [],  # noqa: B006
+) -> Annotated[Result, PipelineResult]:
+    return reply(
+        _call(
+            "run_pipeline",
+            "see the pipelines and their stages in list_recipes.",
+            api.run_pipeline,
+            name,
+            model,
+            campaign,
+            list(overrides),
+        )
+    )
+
+
+@server.tool(
     title="Run status",
     annotations=READ_ONLY,
-    description="A run's state (queued/running/succeeded/failed/stopped/killed/died), "
-    "step/total and phase, ETA, a headline line (held-out metric first, training signal after), "
+    description="A run's state, step/total, phase, ETA, headline (held-out metric first), "
     "latest metrics, W&B URL, diagnosed alerts (OOM, NaN loss, stall, held-out regression, noise "
     "samples, ...) with hints, and advice. Use it to poll a run every 10-30 s.",
 )
@@ -228,8 +254,8 @@ def run_status(run_id: RunIdArg) -> Annotated[Result, RunStatusResult]:
 @server.tool(
     title="Tail logs",
     annotations=READ_ONLY,
-    description="A run's train.log: the last `lines` lines, or with the returned cursor only "
-    "what was written since; capped at max_bytes. Use it to watch for errors and stalls.",
+    description="A run's train.log: the last `lines` lines, or with the returned cursor what "
+    "is new; capped at max_bytes. Use it to watch for errors and stalls.",
 )
 def tail_logs(
     run_id: RunIdArg,
@@ -258,7 +284,7 @@ def tail_logs(
     annotations=READ_ONLY,
     description="A run's metric rows (6 significant digits), each phase down-sampled evenly "
     "(last row kept) to fit max_bytes; the note says what was left out. Use it to judge "
-    "curves, e.g. keys=['eval/accuracy'] (fewer keys: more points).",
+    "curves (fewer keys: more points).",
 )
 def get_metrics(
     run_id: RunIdArg,
@@ -292,10 +318,10 @@ def get_metrics(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
     ),
-    description="Stop a running or queued run: the trainer checkpoints its last completed step "
-    "within seconds and ends 'stopped'; after grace_s it is killed ('killed': work since the "
-    "last checkpoint lost). message says what was saved; resume_run continues from "
-    "last_checkpoint_step. Use it for a diverging, stalled or unneeded run.",
+    description="Stop a running or queued run: the trainer checkpoints its last step within "
+    "seconds ('stopped'); after grace_s it is killed ('killed': work since the last checkpoint "
+    "lost). resume_run continues from last_checkpoint_step. Use it for a diverging, stalled or "
+    "unneeded run.",
 )
 def stop_run(
     run_id: RunIdArg,
@@ -318,7 +344,8 @@ def stop_run(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
     description="Continue a died, stopped or failed run from its last checkpoint in the same "
-    "folder, detached like launch_run. Use it after a kill, a fixed OOM or a stop to undo.",
+    "folder, detached like launch_run; its cancelled dependents queue again. Use it after a "
+    "kill, a fixed OOM or a stop to undo.",
 )
 def resume_run(
     run_id: RunIdArg,
@@ -337,9 +364,9 @@ def resume_run(
 @server.tool(
     title="List runs",
     annotations=READ_ONLY,
-    description="Runs (the newest 50, or 10 with detail=true; oldest first) as rows of id, "
-    "campaign, state, step/total and headline metric. Use it to find run ids, or "
-    "state='running' to see what holds the devices.",
+    description="Runs (newest 50, or 10 with detail=true; oldest first): id, campaign, state, "
+    "step/total, headline metric. Use it to find run ids; state='running' shows what holds the "
+    "devices.",
 )
 def list_runs(
     campaign: Annotated[str | None, Field(description="campaign slug or dated name")] = None,
@@ -367,16 +394,13 @@ def list_runs(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
     description="Compare runs of ONE family, led by its held-out headline: arms (same setting, "
-    "any seed) with mean and 95% interval, a verdict per pair (better / worse / tie within noise "
-    "/ not comparable / undecided) by the stated rule, then the family's table (training numbers "
-    "labelled as training signal). Use it after record_results on every run of a sweep; "
-    "record_in also writes it into that campaign's Comparison section.",
+    "any seed) with mean and 95% interval, a verdict per pair by the stated rule, then the "
+    "family's table (training numbers labelled training signal). Use it after record_results on "
+    "every run of a sweep; record_in writes it into that campaign's ledger.",
 )
 def compare_runs(
     run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
-    record_in: Annotated[
-        str | None, Field(description="campaign slug or name to record the table in")
-    ] = None,
+    record_in: Annotated[str | None, Field(description="campaign to record the table in")] = None,
 ) -> Annotated[Result, Comparison]:
     cmp = _call(
         "compare_runs", "call list_runs to see the run ids.", api.compare_runs, run_ids, record_in
@@ -389,9 +413,8 @@ def compare_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="Write (or refresh) a run's row in its campaign ledger (command, changes, "
-    "metrics, failure mode, samples, plot). Use it when a run ends (any state), then report "
-    "from ledger://<campaign>; hand-written text is kept.",
+    description="Write (or refresh) a run's row in its campaign ledger. Use it when a run ends "
+    "(any state), then report from ledger://<campaign>; hand-written text is kept.",
 )
 def record_results(
     run_id: RunIdArg,
@@ -422,10 +445,9 @@ def list_campaigns(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
-    description="Queue matched runs of several recipes in one campaign (same overrides and "
-    "shrink; the queue runs them one after another). seeds=K gives every recipe K runs with the "
-    "same seeds base, base+1, ...; compare_runs then reports each arm's mean with a 95% interval "
-    "and a verdict. Use it for any comparison meant to be reported.",
+    description="Queue matched runs of several recipes in one campaign, one after another; "
+    "seeds=K gives each recipe K runs with the same seeds, so compare_runs can give each arm a "
+    "95% interval and a verdict. Use it for any comparison meant to be reported.",
 )
 def sweep_runs(
     recipes: Annotated[list[str], Field(min_length=1, description="recipes, e.g. ['dpo','ipo']")],
@@ -464,6 +486,7 @@ TOOL_NAMES = (
     "estimate_memory",
     "check_resources",
     "launch_run",
+    "run_pipeline",
     "run_status",
     "tail_logs",
     "get_metrics",
@@ -483,6 +506,7 @@ TOOL_OPERATIONS: dict[str, str] = {
     "estimate_memory": "estimate_memory",
     "check_resources": "check_resources",
     "launch_run": "launch_run",
+    "run_pipeline": "run_pipeline",
     "run_status": "run_status",
     "tail_logs": "tail_logs",
     "get_metrics": "get_metrics",

@@ -202,9 +202,16 @@ def prepare_run(
     *,
     device: str = "auto",
     state: Literal["queued", "starting"] = "starting",
+    after: list[str] | None = None,
+    references: dict[str, str] | None = None,
+    pipeline: str | None = None,
+    stage: str | None = None,
 ) -> RunInfo:
     """Create ``experiments/<campaign>/runs/<run-id>/`` with ``config.yaml`` (the resolved config)
-    and ``run.json``. Every input is checked first: nothing is created for an invalid one."""
+    and ``run.json``. Every input is checked first: nothing is created for an invalid one.
+    ``after``: upstream run ids (checked by the caller, :func:`rlhf_lab.runs.deps.check_after`);
+    ``references``: config key -> upstream run id of each ``run:<id>`` value; ``pipeline`` and
+    ``stage`` name the pipeline stage the run is."""
     _check_family(family)
     name = campaign_name(campaign)
     config_text = _config_text(config_data)
@@ -238,6 +245,12 @@ def prepare_run(
         "state": state,
         "created_at": _now(),
     }
+    if after:
+        record["after"] = list(after)
+    if references:
+        record["references"] = dict(references)
+    if pipeline:
+        record.update(pipeline=pipeline, stage=stage)
     _atomic_write_json(run_dir / "run.json", record)
     return RunInfo(run_dir=str(run_dir), **record)
 
@@ -383,18 +396,28 @@ def launch(
     force: bool = False,
     queue: bool = False,
     fits_together: bool | None = None,
+    after: list[str] | None = None,
+    references: dict[str, str] | None = None,
+    pipeline: str | None = None,
+    stage: str | None = None,
 ) -> LaunchResult:
     """Create a run and start it detached, or queue it behind the device's current job.
 
     One training job per device: another job on the device is an error (naming it) unless
     ``fits_together`` (the caller's memory check said both fit) or ``force``. ``queue=True``
-    writes the run as ``queued`` and makes sure the queue worker runs.
+    writes the run as ``queued`` and makes sure the queue worker runs. ``after``: upstream run
+    ids (checked by the caller); while one of them has not succeeded the run is queued and the
+    queue worker starts it once they all have (or cancels it when one fails).
     """
+    from rlhf_lab.runs.deps import waiting_for
+
     lab = patchable()
     _check_family(family)
     campaign_name(campaign)
     dev = resolve_device(device, config_data)
-    if queue:
+    links = {"after": after, "references": references, "pipeline": pipeline, "stage": stage}
+    upstream = waiting_for({"after": list(after or [])})
+    if queue or upstream:
         info = prepare_run(
             family,
             algorithm,
@@ -404,12 +427,15 @@ def launch(
             overrides,
             device=dev,
             state="queued",
+            **links,
         )
         ahead = [s.id for s in queued_runs()]
         position = ahead.index(info.id) + 1 if info.id in ahead else None
         lab.ensure_queue_worker()
-        busy = [s.id for s in active_runs(dev)]
+        busy = [s.id for s in active_runs(dev) if s.id not in upstream]
         msg = f"queued {info.id} on {dev} (position {position})"
+        if upstream:
+            msg += f"; starts once {', '.join(upstream)} succeeded"
         if busy:
             msg += f"; waits for {', '.join(busy)}"
         return LaunchResult(
@@ -426,7 +452,7 @@ def launch(
             )
             raise _busy_error(dev, busy, why)
         info = prepare_run(
-            family, algorithm, config_data, campaign, config_source, overrides, device=dev
+            family, algorithm, config_data, campaign, config_source, overrides, device=dev, **links
         )
         try:
             info = lab.start_run(info.id)
@@ -515,6 +541,36 @@ def _archive_attempt(run_dir: Path, record: dict, from_step: int, dev: str) -> d
     return record
 
 
+def _rearm_cancelled(run_id: str, run_dir: Path, dev: str) -> LaunchResult:
+    """ "Resuming" a cancelled run (it never started): queue it again when none of its upstream
+    runs is failed any more (each was resumed or is running), else say which to resume."""
+    from rlhf_lab.runs.deps import failed_upstream, rearm
+
+    record = _read_record(run_dir)
+    failed = failed_upstream(record)
+    if failed:
+        up, state = failed
+        raise NotReady(
+            f"run {run_id} was cancelled because upstream run {up} is {state or 'gone'}; "
+            f"resume {up} first (that re-arms {run_id})",
+            next=NextStep("resume_run", {"run_id": up}),
+        )
+    if not rearm(run_dir):
+        raise Conflict(
+            f"run {run_id} is no longer cancelled; not re-armed",
+            next=NextStep("run_status", {"run_id": run_id}),
+        )
+    patchable().ensure_queue_worker()
+    info = _info(run_dir, _read_record(run_dir))
+    return LaunchResult(
+        run=info,
+        state="queued",
+        queued=True,
+        device=dev,
+        message=f"{run_id} never started (cancelled); queued again after {', '.join(info.after)}",
+    )
+
+
 def resume_run(
     run_id: str,
     *,
@@ -533,6 +589,8 @@ def resume_run(
     lab = patchable()
     run_dir = find_run(run_id)
     status = _status(run_dir)
+    if status.state == "cancelled":
+        return _rearm_cancelled(run_id, run_dir, status.device or "cpu")
     steps = _check_resumable(run_id, status.state, run_dir)
     dev = resolve_device(device or status.device or "auto")
     with _device_lock(dev):
@@ -553,10 +611,17 @@ def resume_run(
             _mark_failed(run_dir, f"could not start: {err}")
             raise
     msg = f"resumed {run_id} from checkpoint step {steps[-1]} on {dev} (pid {info.pid})"
+    from rlhf_lab.runs.deps import rearm_dependents
+
+    rearmed = rearm_dependents(run_id)
+    if rearmed:
+        lab.ensure_queue_worker()
+        msg += f"; its dependents {', '.join(rearmed)} are queued again and wait for it"
     return LaunchResult(
         run=info,
         state="running",
         device=dev,
         sharing_device_with=[s.id for s in busy],
         message=msg,
+        rearmed=rearmed,
     )

@@ -107,6 +107,10 @@ class RunStatus(BaseModel):
     started_at: str | None = None
     ended_at: str | None = None
     stop_requested: bool = False
+    after: list[str] = Field(
+        default_factory=list, description="upstream runs it waits for (run:<id> references too)"
+    )
+    stage: str | None = Field(default=None, description="pipeline stage (pipeline runs)")
 
     @property
     def terminal(self) -> bool:
@@ -127,6 +131,10 @@ class LaunchResult(BaseModel):
         default_factory=list,
         description="what the checks before the launch found doubtful (e.g. a learning rate "
         "outside the plausible range); the run was launched anyway",
+    )
+    rearmed: list[str] = Field(
+        default_factory=list,
+        description="cancelled dependent runs a resume queued again (they wait for this run)",
     )
 
 

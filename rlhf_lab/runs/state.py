@@ -303,6 +303,8 @@ def _build_status(
         started_at=record.get("started_at"),
         ended_at=record.get("ended_at"),
         stop_requested=bool(record.get("stop_requested_at")),
+        after=[str(a) for a in record.get("after") or [] if isinstance(record.get("after"), list)],
+        stage=record.get("stage") if isinstance(record.get("stage"), str) else None,
     )
 
 

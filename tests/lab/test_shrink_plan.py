@@ -16,7 +16,7 @@ from rlhf_lab import plan as plan_mod
 from rlhf_lab.catalog import FAMILIES, Recipe, get_dotted, list_recipes
 from rlhf_lab.configs import resolve_config
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
-from rlhf_lab.paths import LabError, experiments_dir
+from rlhf_lab.paths import LabError
 from rlhf_lab.plan import parse_request, plan_experiment
 from rlhf_lab.resources import GpuInfo, Resources
 from rlhf_lab.shrink import format_override, shrink_config
@@ -474,9 +474,8 @@ def test_best_of_n_prm_vs_orm_is_one_campaign_with_scorers_and_a_control(no_gpu)
     for rm in ("prm", "orm"):
         arm = by_name[f"top_per_prompt[{rm}]"]
         assert arm.after == [rm]
-        # the RM run's final_model/ (under the lab's experiments/; its id is known once launched)
-        scorer = str(experiments_dir() / plan.campaign_name / "runs" / f"<{rm}-run-id>")
-        scorer += "/final_model"
+        # the RM run's final model, by run id (known once launched; the launch then waits for it)
+        scorer = f"run:<{rm}-run-id>"
         assert f"--set 'scorer.name={scorer}'" in arm.launch_command
         assert {c.key: c.used for c in arm.changes}["scorer.name"] == scorer
         assert f"scored by the {rm} run" in plan.comparison
@@ -494,7 +493,7 @@ def test_best_of_n_prm_vs_orm_is_one_campaign_with_scorers_and_a_control(no_gpu)
     # the reward models score the prompts' task; the order is written out
     assert "chain_sum" in " ".join(by_name["orm"].launch_command.split("--set")[1:])
     text = " ".join(plan.steps)
-    assert "wait until prm and orm have succeeded" in text
+    assert "wait until prm and orm have succeeded" in text and "queued" in text
     assert "<prm-run-id>" in text and "<orm-run-id>" in text
     assert any("one control serves every scorer" in n for n in plan.notes)
 

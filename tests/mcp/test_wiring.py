@@ -24,7 +24,13 @@ from rlhf_lab.paths import LabError
 from rlhf_lab.skills import LOCAL_ENTRY, install_skills, list_skills, mcp_entry, parse_skill
 
 ROOT = Path(__file__).resolve().parents[2]
-SKILLS = {"run-sanity-experiment", "compare-algorithms", "debug-failing-run", "write-up-campaign"}
+SKILLS = {
+    "run-sanity-experiment",
+    "compare-algorithms",
+    "debug-failing-run",
+    "write-up-campaign",
+    "run-rlhf-pipeline",
+}
 PREFIX = "mcp__rlhf-lab__"
 runner = CliRunner()
 

@@ -40,11 +40,14 @@ RunState = Literal[
     "stopped",  # the trainer honoured a stop: it wrote its checkpoint and outcome "stopped"
     "killed",  # a stop had to SIGKILL the trainer: work since the last checkpoint is lost
     "died",  # the process vanished without writing how it ended (SIGKILL, OOM killer, reboot)
+    "cancelled",  # a dependent run whose upstream run did not succeed; it never started
 ]
 RUN_STATES: tuple[str, ...] = RunState.__args__
 ACTIVE_STATES: frozenset[str] = frozenset({"queued", "starting", "running"})
 LIVE_STATES: frozenset[str] = frozenset({"starting", "running"})  # a process exists or is coming
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "killed", "died"})
+TERMINAL_STATES: frozenset[str] = frozenset(
+    {"succeeded", "failed", "stopped", "killed", "died", "cancelled"}
+)
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 
@@ -112,6 +115,18 @@ class RunFile(_FileModel):
         default_factory=list,
         description="one entry per resume: how the attempt before it ended",
     )
+    after: list[str] = Field(
+        default_factory=list,
+        description="upstream run ids: the run stays queued until every one has succeeded, and "
+        "is cancelled when one ends any other way",
+    )
+    references: dict[str, str] = Field(
+        default_factory=dict,
+        description="config key -> upstream run id of each run:<id> value (config.yaml holds "
+        "the upstream's final_model path)",
+    )
+    pipeline: str | None = Field(default=None, description="the pipeline that made this run")
+    stage: str | None = Field(default=None, description="this run's stage in that pipeline")
 
 
 class ProcessFile(_FileModel):
