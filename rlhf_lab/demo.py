@@ -80,14 +80,14 @@ def run_demo(campaign_slug: str = "demo") -> str:
         model="tiny",
         campaign=campaign_slug,
     )
-    watch: dict[str, list[str]] = {}
+    to_watch: dict[str, list[str]] = {}
     for crit in plan.criteria:
         for algorithm in crit.algorithms:
-            watch.setdefault(algorithm, []).extend(crit.key_metrics)
+            to_watch.setdefault(algorithm, []).extend(crit.key_metrics)
     for run in plan.runs:
         _say(
             f"  {run.recipe}: {run.expected_optimizer_steps} optimizer steps; watch "
-            + ", ".join(watch.get(run.algorithm, [])[:4])
+            + ", ".join(to_watch.get(run.algorithm, [])[:4])
         )
         _say(f"  launch: {run.launch_command}")
     for warning in plan.warnings:

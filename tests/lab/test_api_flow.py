@@ -68,3 +68,18 @@ def test_launch_foreground_streams_to_the_end(lab_root):
     assert result.exit_code == 0, result.output
     assert "succeeded" in result.output
     assert "step 2/2" in result.output  # the trainer's own log lines were streamed
+
+
+@pytest.mark.slow
+def test_the_readme_demo_runs_to_a_ledger_with_both_runs(lab_root):
+    """`uv run rlhf-lab demo` (README's first command) end to end: two tiny runs queued, watched,
+    recorded and compared in one campaign."""
+    result = CliRunner().invoke(app, ["demo", "--campaign", "demo-check"])
+    assert result.exit_code == 0, result.output
+    assert "== compare" in result.output
+    ledgers = list((lab_root / "experiments").glob("*-demo-check.md"))
+    assert len(ledgers) == 1, ledgers
+    text = ledgers[0].read_text()
+    states = [r.state for r in api.list_runs(campaign=ledgers[0].stem)]
+    assert sorted(states) == ["succeeded", "succeeded"], states
+    assert "dpo" in text and "simpo" in text and "eval/accuracy" in text
