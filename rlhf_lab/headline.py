@@ -7,7 +7,9 @@ Runs rewarded by a learned reward model (a policy-gradient run with ``reward.mod
 whose rows log ``proxy_reward``) are judged on the gold signal when there is one: the headline
 is ``eval/gold_reward`` (a verifier, or a held-out gold reward model the policy is not optimised
 against) when it is logged or expected, else the spec's own headline when the rows log it, else
-``eval/proxy_reward`` (the optimised model's own score, labelled as such). A spec headline that
+``eval/proxy_reward`` (the optimised model's own score, labelled as such); a gold (or spec
+headline) that is 0 at every one of two or more evaluations carries no signal and is passed
+over the same way. A spec headline that
 the rows do not log while they log other held-out numbers falls back the same way (then to the
 held-out twin of the family's first rising key metric). :func:`headline_for` applies this when
 given the run's config and rows; without them it returns the spec's headline.
@@ -122,6 +124,14 @@ def _logged(rows: Sequence[dict], name: str) -> bool:
     return any((v := _as_float(row.get(name))) is not None and math.isfinite(v) for row in rows)
 
 
+def _zero_throughout(rows: Sequence[dict], name: str) -> bool:
+    """Whether ``name`` is 0 in every row that logs it, over at least two evaluations: a gold
+    signal that never moved off zero says nothing about the run (the task is out of the
+    model's reach), so the headline falls back past it."""
+    values = [v for row in rows if (v := _as_float(row.get(name))) is not None]
+    return len(values) >= 2 and all(v == 0 for v in values)
+
+
 def _rising_twin(spec: FamilySpec) -> str | None:
     """The held-out twin of the family's first key metric that should rise."""
     for m in spec.key_metrics:
@@ -174,7 +184,7 @@ def _resolve(spec: FamilySpec, metric: str, config: dict | None, rows: Sequence[
         order.append(twin)
     order = list(dict.fromkeys(order))
     for name in order:
-        if _logged(rows, name):
+        if _logged(rows, name) and not (rm and name != order[-1] and _zero_throughout(rows, name)):
             return name
     # nothing logged yet: the first one the config says will be
     gold, verifier = _gold_expected(config), _verifier_prompts(config)

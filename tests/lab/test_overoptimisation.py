@@ -385,6 +385,18 @@ def test_headline_falls_back_to_proxy_then_to_what_the_rows_log():
     assert headline_for("policy_gradients", "grpo", rg, rows).metric == "eval/avg_correctness"
     # a verifier-only run keeps the spec's headline
     assert headline_for("policy_gradients", "grpo", cfg, rows).metric == "eval/avg_correctness"
+    # an RM-rewarded run whose gold (and correctness) stayed 0 at every evaluation: the gold
+    # carries no signal, the held-out proxy leads (seen on the tiny rlhf pipeline's PPO stage)
+    flat = [
+        {"step": s, "phase": "eval", "eval/avg_correctness": 0.0, "eval/gold_reward": 0.0,
+         "eval/proxy_reward": p}
+        for s, p in ((0, -1.9), (5, 3.9), (10, -4.1))
+    ]  # fmt: skip
+    assert headline_for("policy_gradients", "ppo", rg, flat).metric == "eval/proxy_reward"
+    assert headline_for("policy_gradients", "ppo", rg, flat[:1]).metric == "eval/gold_reward"
+    # a verifier-only run (no reward model, no proxy) keeps its headline even when it is 0
+    no_proxy = [{k: v for k, v in r.items() if "proxy" not in k} for r in flat]
+    assert headline_for("policy_gradients", "ppo", cfg, no_proxy).metric == "eval/avg_correctness"
 
 
 def test_a_spec_headline_the_rows_do_not_log_falls_back(monkeypatch):
