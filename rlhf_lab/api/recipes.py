@@ -130,28 +130,28 @@ def acceptance_text(algorithm: str) -> str:
     )
 
 
+def _device_memory_gb(device: str, which: Literal["free", "total"]) -> float | None:
+    """RAM (available or total) for ``cpu``, the GPU's free or total memory for
+    ``cuda``/``cuda:N`` (GiB); None for a GPU this machine does not show."""
+    res = check_resources(include_runs=False)
+    if device == "cpu":
+        return res.ram_available_gb if which == "free" else res.ram_total_gb
+    for gpu in res.gpus:
+        if device in (f"cuda:{gpu.index}", "cuda"):
+            return gpu.free_gb if which == "free" else gpu.total_gb
+    return None
+
+
 def device_free_gb(device: str) -> float | None:
     """Memory free now on ``device`` (GiB): available RAM for ``cpu``, free GPU memory for
     ``cuda``/``cuda:N``; None for a GPU this machine does not show."""
-    res = check_resources(include_runs=False)
-    if device == "cpu":
-        return res.ram_available_gb
-    for gpu in res.gpus:
-        if device in (f"cuda:{gpu.index}", "cuda"):
-            return gpu.free_gb
-    return None
+    return _device_memory_gb(device, "free")
 
 
 def device_total_gb(device: str) -> float | None:
     """All the memory of ``device`` (GiB): total RAM for ``cpu``, the GPU's memory for
     ``cuda``/``cuda:N``; None for a GPU this machine does not show."""
-    res = check_resources(include_runs=False)
-    if device == "cpu":
-        return res.ram_total_gb
-    for gpu in res.gpus:
-        if device in (f"cuda:{gpu.index}", "cuda"):
-            return gpu.total_gb
-    return None
+    return _device_memory_gb(device, "total")
 
 
 def _verdict(need: str, target: str, free: float | None, ok: bool | None) -> str:

@@ -35,7 +35,8 @@ from rlhf_lab.ledger.schema import (
     SampleExcerpt,
 )
 from rlhf_lab.ledger.text import _clip, _first, _int_or_none, _now, _one_line, load_yaml
-from rlhf_lab.logs import overoptimisation, run_flags, run_notes
+from rlhf_lab.logs import run_flags, run_notes
+from rlhf_lab.overoptimisation import overoptimisation
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.plots import as_float
 from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text

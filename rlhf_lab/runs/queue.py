@@ -45,28 +45,22 @@ def ensure_queue_worker() -> int | None:
     except Exception:
         return None  # a worker holds the lock; it re-checks the queue before it exits
     probe.release()
-    with (_lab_dir() / "queue.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rlhf_lab._queue"],
-            cwd=str(_source_dir()),
-            env=_worker_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
-    patchable()._reap_in_background(proc)
-    return proc.pid
+    return _start_detached()
 
 
 def record_when_ended(run_id: str) -> int:
     """Start the detached recorder of a run started at once: it waits for the run's end and
     records it in its campaign ledger, as the queue worker does for the runs it starts. Returns
     the recorder's pid."""
+    return _start_detached("--record", run_id)
+
+
+def _start_detached(*args: str) -> int:
+    """``python -m rlhf_lab._queue ARGS`` in its own session, its output appended to the lab's
+    queue.log; returns its pid."""
     with (_lab_dir() / "queue.log").open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rlhf_lab._queue", "--record", run_id],
+            [sys.executable, "-m", "rlhf_lab._queue", *args],
             cwd=str(_source_dir()),
             env=_worker_env(),
             stdin=subprocess.DEVNULL,
