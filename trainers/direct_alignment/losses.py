@@ -5,7 +5,8 @@ already reduced over the response tokens) and a :class:`LossParams`, and returns
 
     (loss, metrics)
 
-where ``loss`` is the batch mean of the per-pair (per-example for KTO) loss and ``metrics`` maps
+where ``loss`` is the mean over the batch of the per-pair loss (KTO: of the per-example loss,
+over every desirable and undesirable example, so a pair counts as two examples) and ``metrics`` maps
 names to detached 0-dim tensors. No model code lives here, so each function can be read next to
 its paper and tested on hand-made numbers.
 
@@ -181,10 +182,6 @@ def _log_odds(p: Tensor) -> Tensor:
     return p - _log1mexp(p)
 
 
-def _mean_or_zero(t: Tensor) -> Tensor:
-    return t.mean() if t.numel() > 0 else t.new_zeros(())
-
-
 # --------------------------------------------------------------------------- losses
 
 
@@ -273,8 +270,13 @@ def orpo_loss(inputs: LossInputs, params: LossParams) -> tuple[Tensor, Metrics]:
 def kto_loss(inputs: LossInputs, params: LossParams) -> tuple[Tensor, Metrics]:
     """KTO (Ethayarajh et al. 2024, "KTO: Model Alignment as Prospect Theoretic Optimization").
 
-    loss = λ_D·mean_D(1 − σ(β(Δc − z))) + λ_U·mean_U(1 − σ(β(z − Δr))),
-    z = max(0, mean(kl_logps − ref_kl_logps)), detached; an empty set contributes 0.
+    loss = (Σ_D λ_D·(1 − σ(β(Δc − z))) + Σ_U λ_U·(1 − σ(β(z − Δr)))) / (n_D + n_U),
+
+    the paper's mean over every example of the batch of λ_y·(1 − v(x, y)) (as TRL), with
+    z = max(0, mean(kl_logps − ref_kl_logps)), detached. On paired data each pair is one
+    desirable and one undesirable example; with unbalanced unpaired data the class counts weigh
+    in, which the paper's λ_D·n_D / (λ_U·n_U) ∈ [1, 4/3] guidance assumes. (Before: λ_D·mean_D +
+    λ_U·mean_U, twice this on paired data and blind to the counts.)
     ``chosen_*`` are the desirable and ``rejected_*`` the undesirable examples.
     """
     if inputs.paired:
@@ -293,7 +295,8 @@ def kto_loss(inputs: LossInputs, params: LossParams) -> tuple[Tensor, Metrics]:
     dc, dr = inputs.chosen_logps - ref_c, inputs.rejected_logps - ref_r
     desirable = 1 - torch.sigmoid(beta * (dc - z))
     undesirable = 1 - torch.sigmoid(beta * (z - dr))
-    loss = params.lambda_d * _mean_or_zero(desirable) + params.lambda_u * _mean_or_zero(undesirable)
+    weighted = params.lambda_d * desirable.sum() + params.lambda_u * undesirable.sum()
+    loss = weighted / (nc + nr)
 
     if inputs.paired:
         accuracy = _share(dc > dr, dc)

@@ -313,7 +313,7 @@ def kto_expected(beta, ld, lu, c, rc, r, rr, kl, ref_kl, paired):
     dc, dr = sub(c, rc), sub(r, rr)
     des = [1 - sig(beta * (a - z)) for a in dc]
     und = [1 - sig(beta * (z - b)) for b in dr]
-    loss = ld * (mean(des) if des else 0.0) + lu * (mean(und) if und else 0.0)
+    loss = (ld * sum(des) + lu * sum(und)) / (len(des) + len(und))  # mean over all examples
     if paired:
         accuracy = mean(float(a > b) for a, b in zip(dc, dr, strict=True))
     else:
@@ -363,6 +363,34 @@ def test_kto_unpaired_values_and_weights():
     assert_metrics(metrics, expected)
     # Δc = [0.5, -1, 0], Δr = [-1, 0.5], z = 1/6: only Δc=0.5 and Δr=-1 sit on the right side.
     assert metrics["accuracy"].item() == pytest.approx(2 / 5)
+
+
+def test_kto_is_the_mean_over_all_examples_on_an_unbalanced_batch():
+    """The paper's (and TRL's) aggregation, by hand: 3 desirable and 1 undesirable examples,
+    β = 1, λ_D = 1, λ_U = 2, z = 0 (mismatched log-probs equal the reference's)."""
+    c, rc = [1.0, 0.0, -1.0], [0.0, 0.0, 0.0]  # Δc = 1, 0, −1
+    r, rr = [0.0], [2.0]  # Δr = −2
+    params = LossParams(beta=1.0, lambda_d=1.0, lambda_u=2.0)
+    inputs = kto_inputs(c, r, rc, rr, kl=[-3.0], ref_kl=[-3.0], paired=False)
+    loss, metrics = LOSSES["kto"](inputs, params)
+    # 1 − σ(1) = 0.2689414214, 1 − σ(0) = 0.5, 1 − σ(−1) = 0.7310585786; undesirable
+    # 1 − σ(z − Δr) = 1 − σ(2) = 0.1192029220, weighted by λ_U = 2
+    desirable = 0.2689414213699951 + 0.5 + 0.7310585786300049
+    undesirable = 2.0 * 0.11920292202211769
+    assert loss.item() == pytest.approx((desirable + undesirable) / 4, rel=1e-12)  # 0.434601...
+    # the old aggregation λ_D·mean_D + λ_U·mean_U would give 0.5 + 0.2384 = 0.7384
+    assert loss.item() == pytest.approx(0.43460146101105884, rel=1e-12)
+    assert metrics["kl"].item() == 0.0
+
+
+def test_kto_paired_is_half_the_sum_of_the_class_means():
+    """On paired data (n_D = n_U) the mean over all examples is (mean_D + mean_U) / 2 with
+    λ = 1: half the value of the pre-fix aggregation, which summed the class means."""
+    loss, _ = LOSSES["kto"](kto_inputs(C, R, RC, RR), LossParams(beta=0.1))
+    z = max(0.0, mean(sub(KL, REF_KL)))
+    des = mean(1 - sig(0.1 * (a - z)) for a in sub(C, RC))
+    und = mean(1 - sig(0.1 * (z - b)) for b in sub(R, RR))
+    assert loss.item() == pytest.approx((des + und) / 2, rel=1e-12)
 
 
 def test_kto_negative_kl_clamped_to_zero():
@@ -695,11 +723,11 @@ class TestAgainstTRL:
         loss = KTOTrainer._compute_loss(stand_in, model, batch, return_outputs=False)
         return loss, {k: v[-1] for k, v in stand_in._metrics["train"].items()}
 
-    def test_kto_paired_is_twice_trl(self, trl):
+    def test_kto_paired_equals_trl(self, trl):
         beta = 0.1
         loss, metrics = LOSSES["kto"](kto_inputs(C, R, RC, RR), LossParams(beta=beta))
         trl_loss, trl_metrics = self._trl_kto(beta, 1.0, 1.0, C, R, RC, RR, KL, REF_KL)
-        assert loss.item() == pytest.approx(2 * trl_loss.item(), rel=1e-9)
+        assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-9)
         assert metrics["kl"].item() == pytest.approx(trl_metrics["kl"])
         for mine, name in [
             ("chosen_rewards", "rewards/chosen"),
@@ -720,13 +748,12 @@ class TestAgainstTRL:
             inputs = kto_inputs(c, r, rc, rr, kl=kl, ref_kl=ref_kl, paired=False)
             return LOSSES["kto"](inputs, LossParams(beta=beta, lambda_d=ld_, lambda_u=lu_))
 
-        mean_d, mean_u = ours(1.0, 0.0)[0].item(), ours(0.0, 1.0)[0].item()
         loss, metrics = ours(ld, lu)
-        assert loss.item() == pytest.approx(ld * mean_d + lu * mean_u, rel=1e-12)
         trl_loss, trl_metrics = self._trl_kto(beta, ld, lu, c, r, rc, rr, kl, ref_kl)
-        n_d, n_u = len(c), len(r)
-        assert trl_loss.item() * (n_d + n_u) == pytest.approx(
-            ld * n_d * mean_d + lu * n_u * mean_u, rel=1e-9
-        )
+        assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-9)
+        # the class sums add up: λ_D·Σ_D + λ_U·Σ_U over the n_D + n_U examples
+        n = len(c) + len(r)
+        sum_d, sum_u = n * ours(1.0, 0.0)[0].item(), n * ours(0.0, 1.0)[0].item()
+        assert loss.item() == pytest.approx((ld * sum_d + lu * sum_u) / n, rel=1e-12)
         assert metrics["kl"].item() == pytest.approx(trl_metrics["kl"])
         assert metrics["margins"].item() == pytest.approx(trl_metrics["rewards/margins"])
