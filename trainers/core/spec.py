@@ -73,7 +73,8 @@ class AlgorithmSpec:
     against (``is_control``: this one is the random control of its partner);
     ``reward_signal`` the reward its advantage reads (policy gradients: ``total`` or
     ``binary``); ``overlong_penalty`` / ``dynamic_sampling`` turn on DAPO's length penalty and
-    its refilling of groups without reward contrast; ``run_name`` the name runs are filed under when it differs from ``name``. ``key_metrics``, ``acceptance``
+    its refilling of groups without reward contrast; ``greedy_baseline`` an extra greedy
+    completion per prompt each rollout step, scored as the baseline (ReMax); ``run_name`` the name runs are filed under when it differs from ``name``. ``key_metrics``, ``acceptance``
     and ``watch`` are what this algorithm adds to its family's.
     """
 
@@ -98,6 +99,7 @@ class AlgorithmSpec:
     reward_signal: str = "total"
     overlong_penalty: bool = False
     dynamic_sampling: bool = False
+    greedy_baseline: bool = False
     key_metrics: tuple[MetricSpec, ...] = ()
     headline_metric: str | None = None
     acceptance: tuple[str, ...] = ()

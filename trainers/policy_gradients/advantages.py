@@ -3,7 +3,9 @@
 Sequence-level estimators take the rewards ``r`` of N = (number of prompts)·G completions, where
 the G completions of one prompt are contiguous (rows g·G … g·G+G−1), and return one advantage
 per completion (shape (N,)); the trainer broadcasts it over the completion tokens. PPO's
-:func:`gae` works per token on (B, T) tensors with a completion mask.
+:func:`gae` works per token on (B, T) tensors with a completion mask, and so do the critic-free
+token-level estimators (REINFORCE++, ReMax), which sum the shaped token rewards backwards
+(returns-to-go) before a baseline or a normalisation over the whole batch.
 
 A group whose rewards are all equal carries no contrast: every group-relative estimator returns
 exactly 0 for it (the centred rewards are set to 0 rather than left as float round-off, so no
@@ -81,6 +83,55 @@ def maxrl_advantages(b: Tensor, G: int) -> Tensor:
     return torch.where(mean > 0, centred / safe, torch.zeros_like(centred)).reshape(-1)
 
 
+def returns_to_go(token_rewards: Tensor, mask: Tensor) -> Tensor:
+    """G_t = Σ_{i ≥ t} r_i over each row's completion tokens (γ = 1); 0 outside the mask."""
+    on = mask > 0
+    r = torch.where(on, token_rewards.float(), 0.0)
+    return torch.where(on, r.flip(-1).cumsum(-1).flip(-1), 0.0)
+
+
+def whiten_over_batch(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """(x − μ) / (σ + eps) with μ, σ the mean and population std over EVERY completion token of
+    the batch (REINFORCE++'s global normalisation, OpenRLHF's convention); 0 outside the mask,
+    and exactly 0 everywhere when all the batch's values are equal."""
+    on = mask > 0
+    values = x.float()[on]
+    if values.numel() == 0 or bool(values.max() == values.min()):
+        return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    mu = values.mean()
+    sigma = values.std(correction=0)
+    return torch.where(on, (x.float() - mu) / (sigma + eps), 0.0)
+
+
+def shaped_token_rewards(r: Tensor, kl_penalty: Tensor, mask: Tensor) -> Tensor:
+    """The sequence reward r_b on the last completion token of row b, minus β·k_t on every
+    completion token (``kl_penalty`` is β·k_t, zeros without a KL term)."""
+    on = mask > 0
+    return sequence_reward_to_tokens(r, mask) - torch.where(on, kl_penalty.float(), 0.0)
+
+
+def reinforce_pp_advantages(r: Tensor, kl_penalty: Tensor, mask: Tensor) -> Tensor:
+    """REINFORCE++ (Hu et al. 2025): A_t = r − Σ_{i ≥ t} β·k_i, the return-to-go of the shaped
+    token rewards, then normalised over every completion token of the batch (not per prompt)."""
+    returns = returns_to_go(shaped_token_rewards(r, kl_penalty, mask), mask)
+    return whiten_over_batch(returns, mask)
+
+
+def reinforce_pp_baseline_advantages(r: Tensor, kl_penalty: Tensor, mask: Tensor, G: int) -> Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025): the group mean is subtracted from the sequence
+    reward first (r_i − mean_G r), then as :func:`reinforce_pp_advantages`."""
+    centred, _ = _centred(_grouped(r, G))
+    return reinforce_pp_advantages(centred.reshape(-1), kl_penalty, mask)
+
+
+def remax_advantages(r: Tensor, r_greedy: Tensor, kl_penalty: Tensor, mask: Tensor) -> Tensor:
+    """ReMax (Li et al. 2023): A_t = (r − Σ_{i ≥ t} β·k_i) − r(x, ŷ), the return-to-go minus the
+    reward of the prompt's greedy completion ŷ (``r_greedy``, one per row); no normalisation."""
+    returns = returns_to_go(shaped_token_rewards(r, kl_penalty, mask), mask)
+    baseline = r_greedy.detach().float().to(returns.device).unsqueeze(-1)
+    return torch.where(mask > 0, returns - baseline, 0.0)
+
+
 def _on_total(fn: Callable[[Tensor, int], Tensor]) -> Callable[[dict[str, Tensor], int], Tensor]:
     def advantage(rewards: dict[str, Tensor], G: int) -> Tensor:
         return fn(rewards["total"], G)
@@ -105,6 +156,37 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 """Sequence advantage estimators by name, from the rewards dict (keys total, correctness, format,
 penalty, binary) and G; an algorithm's spec names the one it uses (GSPO, CISPO, SAPO and DAPO
 use ``grpo``)."""
+
+
+TokenAdvantageFn = Callable[[dict[str, Tensor], Tensor, Tensor, int], Tensor]
+
+
+def _reinforce_pp(rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int) -> Tensor:
+    return reinforce_pp_advantages(rewards["total"], kl_penalty, mask)
+
+
+def _reinforce_pp_baseline(
+    rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int
+) -> Tensor:
+    return reinforce_pp_baseline_advantages(rewards["total"], kl_penalty, mask, G)
+
+
+def _remax(rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int) -> Tensor:
+    if "greedy" not in rewards:
+        raise ValueError(
+            "remax needs rewards['greedy'], the reward of each prompt's greedy completion"
+        )
+    return remax_advantages(rewards["total"], rewards["greedy"], kl_penalty, mask)
+
+
+TOKEN_REWARD_ADVANTAGES: dict[str, TokenAdvantageFn] = {
+    "reinforce_pp": _reinforce_pp,
+    "reinforce_pp_baseline": _reinforce_pp_baseline,
+    "remax": _remax,
+}
+"""Critic-free token-level estimators by name, from the rewards dict (ReMax reads ``greedy``, the
+reward of the prompt's greedy completion, repeated over its rows), the per-token KL penalty β·k_t
+(N, T) (zeros without a KL term), the completion mask and G; each returns (N, T) advantages."""
 
 
 def sequence_advantage_for(algorithm: str) -> AdvantageFn:

@@ -1,6 +1,6 @@
 """Policy-gradient config (torch-free; the lab validates with it).
 
-One config model serves all ten algorithms; ``algorithm`` picks the advantage estimator, the
+One config model serves every algorithm of the family; ``algorithm`` picks the advantage estimator, the
 per-token loss, where the KL term goes and the default loss aggregation, as the algorithm's spec
 in ``spec.py`` declares them (docs/algorithms.md, "Policy gradients"). Fields left at ``None`` mean "the algorithm's default" and are filled in at
 validation time, so the run directory's ``config.yaml`` always records the values used.
@@ -353,6 +353,13 @@ class PolicyGradientConfig(StrictModel):
                 "(reasoning-gym prompts) or reward.format_weight > 0"
             )
         spec = self.spec
+        if spec.greedy_baseline and rw.normalize != "none":
+            raise ValueError(
+                f"algorithm {self.algorithm} subtracts the reward of the greedy completion, which "
+                "is scored without whitening, from the sampled completions' reward: "
+                f"reward.normalize={rw.normalize!r} would put the two on different scales; "
+                "leave reward.normalize 'none'"
+            )
         if (spec.dynamic_sampling or spec.reward_signal == "binary") and not d.has_verifier:
             raise ValueError(
                 f"algorithm {self.algorithm} reads reasoning-gym correctness (DAPO's dynamic "

@@ -214,6 +214,34 @@ def gspo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, 
     return _finish(pg, inp, params, stats)
 
 
+def gmpo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
+    """GMPO (Zhao et al. 2025, Geometric-Mean Policy Optimization): the sequence objective is the
+    geometric mean of the token ratios, each clipped PPO-style in log space,
+
+        l̃_t = sgn(A)·min(sgn(A)·logρ_t, sgn(A)·clip(logρ_t, −ε_lo, ε_hi))
+        s = exp(mean_t∈mask l̃_t),   ℓ_t = −A·s
+
+    the same value on every token of the sequence (so ``seq_mean_token_mean`` gives −A·s per
+    sequence). The clip is pessimistic per token, as PPO's: for A > 0 a token's log-ratio is
+    capped at ε_hi, for A < 0 floored at −ε_lo, and a capped token passes no gradient. ``ε`` are
+    log-space bounds here (the paper's (e^−0.4, e^0.4) is ε_lo = ε_hi = 0.4); ``ratio`` is s.
+    """
+    on = _on(inp)
+    adv = _adv(inp)
+    log_ratio = _log_ratio(inp)
+    sign = torch.sign(adv)
+    clipped_log_ratio = log_ratio.clamp(-params.clip_eps_lo, params.clip_eps_hi)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_log_ratio)
+    n = on.float().sum(dim=1, keepdim=True).clamp(min=1.0)
+    seq_ratio = torch.exp(_masked(pessimistic, on).sum(dim=1, keepdim=True) / n)
+    seq_ratio = seq_ratio.expand_as(inp.logp)
+    pg = -adv * seq_ratio
+    high = (log_ratio > params.clip_eps_hi) & (adv > 0)
+    low = (log_ratio < -params.clip_eps_lo) & (adv < 0)
+    stats = {"ratio": seq_ratio, "clipped": (high | low).float()}
+    return _finish(pg, inp, params, stats)
+
+
 def cispo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
     """CISPO (MiniMax-M1, 2025): clip the importance-sampling weight, not the update,
 
@@ -254,6 +282,7 @@ POLICY_LOSS_FUNCTIONS: dict[str, PolicyLossFn] = {
     "reinforce": reinforce_loss,
     "clipped_surrogate": clipped_surrogate_loss,
     "gspo": gspo_loss,
+    "gmpo": gmpo_loss,
     "cispo": cispo_loss,
     "sapo": sapo_loss,
 }

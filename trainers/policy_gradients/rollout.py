@@ -10,7 +10,9 @@ One rollout step, as in the algorithm box:
    and the gold reward model's score; then the weighted, shaped ``total``
    (rewards.shaped_total).
 3. DAPO only (``rollout_step``): dynamic sampling keeps drawing prompts until
-   ``prompts_per_step`` groups with differing correctness are kept, within a bound.
+   ``prompts_per_step`` groups with differing correctness are kept, within a bound. ReMax only:
+   each prompt's greedy completion is generated and scored the same way (``greedy_baseline``),
+   its ``total`` stored as ``rewards["greedy"]`` on the prompt's rows.
 4. ``prepare_update`` — π_old log-probs (only when the update needs them: see
    ``PolicyGradientConfig.needs_old_logps``), reference log-probs (β > 0), values for an
    algorithm with a value model; KL shaping of the reward where the spec puts the KL in the
@@ -37,6 +39,7 @@ from trainers.core.logprobs import position_ids_of
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     TOKEN_ADVANTAGES,
+    TOKEN_REWARD_ADVANTAGES,
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
@@ -234,6 +237,11 @@ def prepare_update(
         exp.advantages, exp.returns = adv * mask, ret * mask
         exp.shaped_total = (token_rewards * mask).sum(-1)
         info["explained_variance"] = explained_variance(exp.values, exp.returns, mask)
+    elif spec.advantage in TOKEN_REWARD_ADVANTAGES:  # critic-free, per token (REINFORCE++, ReMax)
+        penalty = torch.zeros_like(mask) if token_kl is None else cfg.loss.beta * token_kl * mask
+        estimator = TOKEN_REWARD_ADVANTAGES[spec.advantage]
+        exp.advantages = estimator(exp.rewards, penalty, mask, G) * mask
+        exp.shaped_total = total - penalty.sum(-1)
     else:
         if token_kl is not None:  # reinforce / rloo: one scalar per sequence
             total = total - cfg.loss.beta * masked_mean_rows(token_kl, mask)
@@ -242,6 +250,35 @@ def prepare_update(
         exp.advantages = seq_adv.float().unsqueeze(-1) * mask
         exp.shaped_total = total
     return exp, info
+
+
+def greedy_baseline(
+    policy: nn.Module,
+    tokenizer: Any,
+    prompts: list[Prompt],
+    cfg: PolicyGradientConfig,
+    models: RewardModels | None = None,
+) -> Tensor:
+    """ReMax's baseline: the ``total`` reward of each prompt's greedy completion (same
+    max_new_tokens, same reward path; the reward model's score unwhitened, which the config
+    guarantees the samples' is too), repeated over the prompt's ``num_rollouts`` rows (N,)."""
+    rc = cfg.rollout
+    per_call = max(1, (rc.generation_batch_size or len(prompts) * rc.num_rollouts))
+    out = greedy_rollouts(
+        policy, tokenizer, prompts, rc.max_new_tokens, min(per_call, len(prompts))
+    )
+    rewards = score_texts(
+        cfg,
+        prompts,
+        out["texts"],
+        out["lengths"],
+        torch.tensor(out["truncated"], dtype=torch.bool),
+        models,
+        prompt_ids=out["prompt_ids"],
+        completion_ids=out["completion_ids"],
+        update_moments=False,
+    )
+    return rewards["total"].repeat_interleave(rc.num_rollouts)
 
 
 @dataclass
@@ -282,6 +319,10 @@ def rollout_step(
         batch.rewards = score(batch, cfg, models)
         score_s += time.time() - t1
         gen_s += t1 - t0
+        if cfg.spec.greedy_baseline:  # ReMax; its generation and scoring count as generation
+            t2 = time.time()
+            batch.rewards["greedy"] = greedy_baseline(policy, tokenizer, prompts, cfg, models)
+            gen_s += time.time() - t2
         n_drawn_prompts += P
         drawn.append(batch)
         if not cfg.spec.dynamic_sampling:

@@ -1,7 +1,8 @@
 """The policy-gradient family's algorithm specs (torch-free).
 
-Each record names its sequence advantage estimator (a key of
-``trainers.policy_gradients.advantages.ADVANTAGES``, or ``"gae"`` for PPO's token-level
+Each record names its advantage estimator (a key of
+``trainers.policy_gradients.advantages.ADVANTAGES`` for a sequence advantage,
+``TOKEN_REWARD_ADVANTAGES`` for a critic-free token-level one, or ``"gae"`` for PPO's
 estimator in ``TOKEN_ADVANTAGES``), its per-token loss (a key of
 ``trainers.policy_gradients.losses.POLICY_LOSS_FUNCTIONS``), where β·KL goes, and the loss
 aggregation and clip range a config gets when it leaves them unset. The reference model is
@@ -161,6 +162,58 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         kl="none",
         needs_groups=True,
         acceptance=("avg_binary must be above 0 in some groups: MaxRL's advantage is 0 otherwise",),
+    ),
+    _pg(
+        "reinforce_pp",
+        summary="REINFORCE++: no critic, no groups; the KL per token in the reward, returns-to-go "
+        "normalised over the whole batch, PPO's clipped ratio.",
+        paper="Hu et al. 2025, REINFORCE++",
+        aliases=("reinforce++", "reinforce plus plus", "reinforce-pp"),
+        advantage="reinforce_pp",
+        loss="clipped_surrogate",
+        kl="reward",
+        needs_old_logprobs=True,
+        watch=("kl_reward: the token-level KL is part of every advantage",),
+    ),
+    _pg(
+        "reinforce_pp_baseline",
+        summary="REINFORCE++ with the group mean reward subtracted first, then the batch-wide "
+        "normalisation (for reasoning tasks with several rollouts per prompt).",
+        paper="Hu et al. 2025, REINFORCE++ (REINFORCE++-baseline)",
+        aliases=("reinforce++-baseline", "reinforce++ baseline", "reinforce_baseline"),
+        advantage="reinforce_pp_baseline",
+        loss="clipped_surrogate",
+        kl="reward",
+        needs_groups=True,
+        needs_old_logprobs=True,
+    ),
+    _pg(
+        "remax",
+        summary="REINFORCE whose baseline is the reward of the prompt's greedy completion (one "
+        "extra greedy rollout per prompt each step).",
+        paper="Li et al. 2023, ReMax",
+        aliases=("re-max",),
+        advantage="remax",
+        loss="reinforce",
+        kl="reward",
+        greedy_baseline=True,
+        key_metrics=(MetricSpec("avg_greedy", higher_is_better=True, key=False),),
+        watch=("avg_greedy (the baseline) against avg_total: the sampled rollouts' advantage",),
+    ),
+    _pg(
+        "gmpo",
+        summary="GRPO advantages on the geometric mean of the token ratios, each clipped in log "
+        "space, as the sequence objective.",
+        paper="Zhao et al. 2025, Geometric-Mean Policy Optimization",
+        aliases=("geometric-mean policy optimization", "geometric mean policy optimization"),
+        advantage="grpo",
+        loss="gmpo",
+        kl="loss",
+        # log-space bounds: ratios clipped to (e^-0.4, e^0.4), the paper's range
+        clip_eps=(0.4, 0.4),
+        needs_groups=True,
+        needs_old_logprobs=True,
+        watch=("clip_frac (tokens whose log-ratio hit ±0.4)",),
     ),
 )
 

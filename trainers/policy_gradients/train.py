@@ -1,5 +1,6 @@
 """Policy-gradient RL on verifiable reasoning tasks or against a learned reward model: REINFORCE,
-RLOO, PPO, GRPO, Dr. GRPO, GSPO, CISPO, SAPO, DAPO and MaxRL, one loop for all ten.
+RLOO, PPO, GRPO, Dr. GRPO, GSPO, CISPO, SAPO, DAPO, MaxRL, REINFORCE++ (and its group-baseline
+variant), ReMax and GMPO, one loop for all fourteen.
 
     python -m trainers.policy_gradients.train --config configs/grpo.yaml --run-dir DIR \
         [--set model.name=tiny] [--set train.max_steps=20] [--resume]
@@ -7,11 +8,12 @@ RLOO, PPO, GRPO, Dr. GRPO, GSPO, CISPO, SAPO, DAPO and MaxRL, one loop for all t
 One rollout step, as in the algorithm box:
   1. sample ``prompts_per_step`` prompts (DAPO: keep sampling until enough groups show contrast);
   2. roll out ``num_rollouts`` completions per prompt with the current policy (= π_old);
+     ReMax also one greedy completion per prompt (its baseline);
   3. score them (verifier_weight·correctness + format_weight·format (+ DAPO overlong penalty)
      + model_weight·normalised reward-model score − missing-EOS penalty, clipped; README.md
      "Rewards");
-  4. advantages (group baselines, or GAE on a learned value model for PPO; KL shaping of the
-     reward for reinforce / rloo / ppo when β > 0);
+  4. advantages (group baselines, GAE on a learned value model for PPO, or returns-to-go for
+     REINFORCE++ / ReMax; KL shaping of the reward where the spec puts the KL there, β > 0);
   5. for each of ``updates_per_rollout`` passes: shuffle, micro-batches, per-token losses,
      aggregate over the whole optimizer step (``loss_agg``), backward; clip and step every
      ``gradient_accumulation_steps`` micro-batches;
@@ -159,7 +161,7 @@ def _mean(x: torch.Tensor) -> float:
     return float(x.float().mean()) if x.numel() else float("nan")
 
 
-REWARD_PARTS = ("total", "correctness", "format", "binary", "penalty")
+REWARD_PARTS = ("total", "correctness", "format", "binary", "penalty", "greedy")
 
 
 def gold_and_proxy(r: dict[str, torch.Tensor], cfg: PolicyGradientConfig, prefix: str = ""):

@@ -20,7 +20,7 @@ from trainers.core.spec import (
 )
 
 EXPECTED_COUNTS = {
-    "policy_gradients": 10,
+    "policy_gradients": 14,
     "direct_alignment": 9,
     "reward_models": 3,
     "rejection_sampling": 4,
@@ -72,11 +72,16 @@ def test_aliases_are_unique_across_families() -> None:
 
 
 def test_policy_gradient_names_exist_in_the_registries() -> None:
-    from trainers.policy_gradients.advantages import ADVANTAGES, TOKEN_ADVANTAGES
+    from trainers.policy_gradients.advantages import (
+        ADVANTAGES,
+        TOKEN_ADVANTAGES,
+        TOKEN_REWARD_ADVANTAGES,
+    )
     from trainers.policy_gradients.losses import AGG_MODES, POLICY_LOSS_FUNCTIONS
 
+    registries = (ADVANTAGES, TOKEN_ADVANTAGES, TOKEN_REWARD_ADVANTAGES)
     for spec in family_spec("policy_gradients").algorithms:
-        assert spec.advantage in ADVANTAGES or spec.advantage in TOKEN_ADVANTAGES, spec.name
+        assert sum(spec.advantage in r for r in registries) == 1, spec.name
         assert spec.needs_value_model == (spec.advantage in TOKEN_ADVANTAGES), spec.name
         assert spec.loss in POLICY_LOSS_FUNCTIONS, spec.name
         assert spec.loss_agg in AGG_MODES, spec.name
@@ -105,11 +110,20 @@ def test_policy_gradient_dispatch_reads_the_specs() -> None:
     from trainers.policy_gradients import losses as pg_losses
 
     specs = family_spec("policy_gradients").algorithms
-    assert {s.name for s in specs if s.kl == "loss"} == {"grpo", "drgrpo", "gspo", "cispo", "sapo"}
+    assert {s.name for s in specs if s.kl == "loss"} == {
+        "grpo",
+        "drgrpo",
+        "gspo",
+        "cispo",
+        "sapo",
+        "gmpo",
+    }
     assert {s.name for s in specs if s.kl == "none"} == {"dapo", "maxrl"}
     assert {s.name for s in specs if s.needs_groups} == set(pg_config.ALGORITHMS) - {
         "reinforce",
         "ppo",
+        "reinforce_pp",
+        "remax",
     }
     for name in ("KL_IN_LOSS", "KL_IGNORED", "GROUP_ALGORITHMS", "DEFAULT_LOSS_AGG"):
         assert not hasattr(pg_config, name) and not hasattr(pg_losses, name), name  # no 2nd table
