@@ -254,6 +254,11 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
         )
         if r.get("data.source") == "preference":
             r.set("data.dataset", "builtin")  # the offline prompts of the built-in pairs
+    if _greedy_baseline(algorithm):
+        notes.append(
+            f"{algorithm} also generates and scores one greedy completion per prompt each rollout "
+            "step (its baseline): prompts_per_step × (num_rollouts + 1) generations per step"
+        )
     reward_model = r.get("reward.model")
     if isinstance(reward_model, str) and reward_model:
         notes.append(
@@ -335,6 +340,14 @@ def _cold_start(model: Any) -> str:
         "sft_tiny_warmstart recipe, then override model.name=run:<its run id>, or run the "
         "r1-zero pipeline); "
     )
+
+
+def _greedy_baseline(algorithm: str) -> bool:
+    """Whether the algorithm's spec adds a greedy rollout per prompt (ReMax)."""
+    try:
+        return spec_for(algorithm).greedy_baseline
+    except KeyError:
+        return False
 
 
 def _shrink_hook(family: str, algorithm: str) -> str:

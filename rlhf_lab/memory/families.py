@@ -30,6 +30,7 @@ from rlhf_lab.memory.blocks import (
     packed_positions,
     per_row_positions,
 )
+from trainers.core.spec import AlgorithmSpec, family_spec
 
 
 def config_leaf(config: dict[str, Any], key: str, default: Any = None) -> Any:
@@ -189,14 +190,21 @@ def estimate_sft(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
 # Policy gradients
 # ---------------------------------------------------------------------------------------------
 
-# Algorithms whose KL term needs no reference model even with loss.beta > 0.
-_NO_REFERENCE_PG = ("dapo", "maxrl")
+
+def _pg_spec(algorithm: str) -> AlgorithmSpec | None:
+    """The policy-gradient algorithm's spec (None for a name the family lacks)."""
+    try:
+        return family_spec("policy_gradients").algorithm(algorithm)
+    except KeyError:
+        return None
 
 
 def _rollout_kv_cache(
     inputs: EstimateInputs, arch: ModelArch, new_tokens: int, per_step: int
 ) -> tuple[float, str]:
-    """The larger generation KV cache of a rollout batch and an evaluation batch."""
+    """The larger generation KV cache of a rollout batch and an evaluation batch (ReMax's
+    greedy baseline batch, one row per prompt in calls no larger than the rollout's, never
+    exceeds the rollout batch)."""
     prompt = inputs.prompt_tokens
     gen_rows = int(inputs.setting("rollout.generation_batch_size") or per_step)
     eval_rows = int(inputs.setting("eval.eval_batch_size", 32))
@@ -245,10 +253,17 @@ def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> i
         **inputs.trained_kwargs(),
     )
     trainable = inputs.params
+    spec = _pg_spec(str(algo))
     beta = float(inputs.setting("loss.beta", 0.0))
-    if beta > 0 and algo not in _NO_REFERENCE_PG:
+    if beta > 0 and (spec is None or spec.kl != "none"):  # DAPO, MaxRL: no KL, no reference
         bld.frozen("reference", inputs.params, inputs.b, ["train", "generate"])
-    if algo == "ppo":
+    if spec is not None and spec.greedy_baseline:
+        bld.notes.append(
+            f"{algo}: one greedy completion per prompt each step as the baseline ({prompts} more "
+            f"generations and reward scorings per step besides the {per_step} samples; generated "
+            "after them, so their KV cache never adds to the rollout batch's)"
+        )
+    if spec is not None and spec.needs_value_model:
         bld.trained(
             "value model",
             inputs.params,

@@ -402,7 +402,13 @@ def _planned_config(run) -> dict:
 
 
 @pytest.mark.parametrize(
-    "request_text", ["compare PPO and GRPO", "grpo vs reinforce vs rloo", "ppo against reinforce"]
+    "request_text",
+    [
+        "compare PPO and GRPO",
+        "grpo vs reinforce vs rloo",
+        "ppo against reinforce",
+        "compare grpo, gmpo, remax and reinforce++",
+    ],
 )
 def test_policy_gradient_comparisons_match_sample_budget_and_prompts(no_gpu, request_text):
     """Every arm trains on the same prompts with the same completions per step: PPO is not
