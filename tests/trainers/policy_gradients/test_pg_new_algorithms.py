@@ -9,12 +9,17 @@ end to end below, and the learning runs are in test_pg_new_algorithms_learning.p
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import trainer_argv
 from pydantic import ValidationError
 
+from trainers.core.rundir import read_jsonl
 from trainers.core.spec import spec_for
+from trainers.policy_gradients import rollout as pg_rollout
+from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.advantages import (
     TOKEN_REWARD_ADVANTAGES,
     grpo_advantages,
@@ -221,3 +226,77 @@ def test_remax_refuses_a_whitened_reward_model_score():
         data={"source": "preference", "dataset": "builtin"},
         reward={"model": "some/rm"},
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end on tiny: ReMax's greedy baseline, REINFORCE++'s reward KL
+# ---------------------------------------------------------------------------------------------
+
+CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+SMALL = [
+    "model.name=tiny",
+    "model.gradient_checkpointing=false",
+    "data.size=8",
+    "data.eval_size=2",
+    "rollout.prompts_per_step=2",
+    "rollout.num_rollouts=2",
+    "rollout.max_new_tokens=8",
+    "train.batch_size=4",
+    "train.gradient_accumulation_steps=1",
+    "train.max_steps=1",
+    "eval.eval_every=0",
+    "eval.max_new_tokens=4",
+    "eval.num_samples=2",
+    "checkpoint.save_every=null",
+    "checkpoint.save_final_model=false",
+]
+
+
+def alternating_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=None):
+    """Stand-in verifier: row i is right iff i is odd (so the two greedy completions of a step,
+    scored as rows 0 and 1, get 0 and 1, and each sampled group holds one of each)."""
+    n = len(texts)
+    correct = torch.tensor([float(i % 2) for i in range(n)])
+    zeros = torch.zeros(n)
+    fmt = torch.full((n,), 0.5)
+    total = correct + format_weight * fmt
+    return {
+        "correctness": correct,
+        "format": fmt,
+        "penalty": zeros,
+        "binary": correct,
+        "total": total,
+    }
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_remax_subtracts_the_scored_greedy_completion(tmp_path, monkeypatch, one_thread):
+    monkeypatch.setattr(pg_rollout, "compute_rewards", alternating_rewards)
+    run_dir = tmp_path / "remax"
+    argv = trainer_argv(CONFIGS / "remax.yaml", run_dir, SMALL)
+    assert pg_train.main(argv) == 0
+    (rollout,) = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == "rollout"]
+    # greedy totals: prompt 0 → 0 + 0.25, prompt 1 → 1 + 0.25, each on its prompt's 2 rows
+    assert rollout["avg_greedy"] == pytest.approx(0.75)
+    samples = [s for s in read_jsonl(run_dir / "samples.jsonl") if s["kind"] == "rollout"]
+    assert [s["greedy"] for s in samples] == pytest.approx([0.25, 1.25])
+    for s in samples:  # β = 0: every token's advantage is the sample's total minus the greedy one
+        assert s["advantage"] == pytest.approx(s["total"] - s["greedy"])
+
+
+def test_reinforce_pp_puts_its_k1_kl_in_the_reward(tmp_path, monkeypatch, one_thread):
+    monkeypatch.setattr(pg_rollout, "compute_rewards", alternating_rewards)
+    run_dir = tmp_path / "rpp"
+    assert pg_train.main(trainer_argv(CONFIGS / "reinforce_pp.yaml", run_dir, SMALL)) == 0
+    (rollout,) = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == "rollout"]
+    # π_old is the reference at step 1: k1 = log π_old − log π_ref is exactly 0 on every token
+    assert rollout["kl_reward"] == 0.0 and rollout["kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    config = (run_dir / "config.yaml").read_text()
+    assert "kl_estimator: k1" in config and "beta: 0.01" in config
