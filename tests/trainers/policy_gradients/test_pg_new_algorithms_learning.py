@@ -1,0 +1,99 @@
+"""Learning runs of the issue-#17 policy-gradient algorithms on the random-init ``tiny`` model.
+
+A random ``tiny`` model earns no verifier reward (test_pg_learning.py needs an SFT warm start for
+that, ~1.5 min on its own), so these runs optimise a dense stand-in reward that a random policy
+already shows contrast on: the share of a completion's characters that are vowels (a, e, i, o,
+u). The reward is a plain function of the decoded text, scored for the rollouts and for the
+greedy held-out evaluation alike; it checks that each algorithm's advantage and loss push the
+policy up its reward, not that it learns a task.
+
+Measured (seed 42, 10 rollout steps of 16 completions, 16 new tokens, lr 1e-3; contended 2-core
+machine, ~30 s a run): sampled vowel share over the first two / last three steps, and greedy
+held-out share at step 0 / 10 —
+
+    reinforce_pp           0.26 -> 0.59   greedy 0.0 -> 1.0
+    reinforce_pp_baseline  0.26 -> 0.79   greedy 0.0 -> 1.0
+    gmpo                   0.27 -> 0.49   greedy 0.0 -> 0.5
+
+ReMax is not here because it does not learn in this setting: on a random model the greedy
+completion is a run of newlines (reward 0), so its baseline is 0 and it behaves as plain
+REINFORCE; over 12 steps (lr 1e-3 or 3e-3, temperature 0.6 or 1.0) its sampled share stayed
+at 0.25-0.28 and the greedy held-out share at 0 (``reinforce``: 0.25 -> 0.32). Its greedy
+baseline itself is checked end to end in test_pg_new_algorithms.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import trainer_argv
+
+from trainers.core.rundir import read_jsonl
+from trainers.policy_gradients import rollout as pg_rollout
+from trainers.policy_gradients import train as pg_train
+
+CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+STEPS = 10
+
+
+def vowel_share_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=None):
+    """Stand-in verifier: correctness = share of vowel characters in the completion text."""
+    share = torch.tensor([sum(c in "aeiou" for c in t) / max(1, len(t)) for t in texts])
+    zeros = torch.zeros(len(texts))
+    return {
+        "correctness": share,
+        "format": zeros,
+        "penalty": zeros,
+        "binary": (share > 0.5).float(),
+        "total": share,
+    }
+
+
+def overrides(algorithm: str) -> list[str]:
+    groups = algorithm != "reinforce_pp"  # 16 completions per step either way
+    return [
+        "model.name=tiny",
+        "model.gradient_checkpointing=false",
+        "data.size=64",
+        "data.eval_size=16",
+        f"rollout.prompts_per_step={4 if groups else 16}",
+        f"rollout.num_rollouts={4 if groups else 1}",
+        "rollout.max_new_tokens=16",
+        "train.batch_size=16",
+        "train.gradient_accumulation_steps=1",
+        "train.learning_rate=1.0e-3",
+        f"train.max_steps={STEPS}",
+        f"eval.eval_every={STEPS}",
+        "eval.eval_batch_size=16",
+        "eval.max_new_tokens=16",
+        "eval.sample_every=0",
+        "reward.format_weight=0",
+        "checkpoint.save_every=null",
+        "checkpoint.save_final_model=false",
+        "seed=42",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["reinforce_pp", "reinforce_pp_baseline", "gmpo"])
+def test_new_algorithm_raises_its_reward(tmp_path, monkeypatch, algorithm):
+    monkeypatch.setattr(pg_rollout, "compute_rewards", vowel_share_rewards)
+    monkeypatch.setattr(pg_train, "compute_rewards", vowel_share_rewards)  # the greedy eval
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        argv = trainer_argv(CONFIGS / f"{algorithm}.yaml", tmp_path / "run", overrides(algorithm))
+        assert pg_train.main(argv) == 0
+    finally:
+        torch.set_num_threads(before)
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = [r["avg_total"] for r in metrics if r["phase"] == "rollout"]
+    evals = [r["eval/avg_correctness"] for r in metrics if r["phase"] == "eval"]
+    assert len(rows) == STEPS and len(evals) == 2
+    early, late = sum(rows[:2]) / 2, sum(rows[-3:]) / 3
+    report = f"{algorithm}: sampled {early:.3f} -> {late:.3f}, greedy held-out {evals[0]:.3f} -> {evals[-1]:.3f}"
+    print(report)
+    assert late >= early + 0.1, report
+    assert evals[-1] > evals[0], report
