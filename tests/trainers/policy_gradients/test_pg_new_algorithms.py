@@ -300,3 +300,20 @@ def test_reinforce_pp_puts_its_k1_kl_in_the_reward(tmp_path, monkeypatch, one_th
     assert rollout["kl_reward"] == 0.0 and rollout["kl_ref"] == pytest.approx(0.0, abs=1e-6)
     config = (run_dir / "config.yaml").read_text()
     assert "kl_estimator: k1" in config and "beta: 0.01" in config
+
+
+@pytest.mark.parametrize("a", [0.8, -0.8])
+def test_gmpo_gradient_sign_on_policy(a):
+    """At ρ = 1 a positive advantage makes the loss fall as logπ rises, a negative one rise, and
+    nothing flows into padding (as test_pg_math checks for the other losses)."""
+    lp = torch.tensor([[-1.0, -0.5, 0.0]])
+    logp = lp.clone().requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    adv = torch.tensor([[a, a, float("nan")]])
+    per_token, _ = gmpo_loss(PolicyLossInputs(logp, lp, adv, mask), PolicyLossParams(0.4, 0.4))
+    aggregate(
+        per_token, mask, "seq_mean_token_mean", step_num_seqs=1, step_num_tokens=2, max_new_tokens=4
+    ).backward()
+    g = logp.grad[0]
+    assert (g[:2] < 0).all() if a > 0 else (g[:2] > 0).all()
+    assert g[2] == 0 and torch.isfinite(g).all()
