@@ -18,7 +18,9 @@ held-out share at step 0 / 10 —
 ReMax is not here because it does not learn in this setting: on a random model the greedy
 completion is a run of newlines (reward 0), so its baseline is 0 and it behaves as plain
 REINFORCE; over 12 steps (lr 1e-3 or 3e-3, temperature 0.6 or 1.0) its sampled share stayed
-at 0.25-0.28 and the greedy held-out share at 0 (``reinforce``: 0.25 -> 0.32). Its greedy
+at 0.25-0.28 (0.28 -> 0.27, first 2 / last 3) and the greedy held-out share at 0 (``reinforce``:
+0.28 -> 0.31). From a model whose greedy completion already scores 1.0 every advantage is
+negative and the sampled share fell (0.42 -> 0.32); see the family README. Its greedy
 baseline itself is checked end to end in test_pg_new_algorithms.py.
 """
 
