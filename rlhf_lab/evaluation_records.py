@@ -168,7 +168,7 @@ def evaluation_rows(records: Sequence[Any]) -> list[dict[str, Any]]:
         if s is None:
             out.append(
                 {
-                    "job": r.run_id,
+                    "job": f"`{r.run_id}`",
                     "target": "",
                     "suite": r.algorithm or "",
                     "metric": r.state,
