@@ -964,7 +964,8 @@ def _evaluations(
     ids: list[str], records: list[RunRecord], notes: list[str], campaign: str | None
 ) -> Comparison:
     """compare_runs of evaluation jobs (rlhf_lab.evaluation_compare)."""
-    columns, rows, table = evaluation_comparison(records)
+    columns, values, table = evaluation_comparison(records)
+    rows = [_row(rec, v) for rec, v in zip(records, values, strict=True)]
     markdown = "\n\n".join([table, EVAL_NOTE, *[f"- {n}" for n in notes]])
     comparison = Comparison(
         family=EVAL_FAMILY,

@@ -97,11 +97,11 @@ def evaluations_of_runs(records: Sequence[Any]) -> str | None:
     return "Evaluations of these runs:\n\n" + evaluation_table(items) + "\n\n" + EVAL_NOTE
 
 
-def evaluation_comparison(records: Sequence[Any]) -> tuple[list[str], list[Any], str]:
-    """(columns, comparison rows, markdown table) for ``compare`` given evaluation jobs: the
+def evaluation_comparison(
+    records: Sequence[Any],
+) -> tuple[list[str], list[dict[str, float | None]], str]:
+    """(columns, each job's values, markdown table) for ``compare`` given evaluation jobs: the
     values are each job's headline, its baseline's and the difference."""
-    from rlhf_lab.compare import ComparisonRow
-
     items = [(r.run_id, r.state, r.evaluation) for r in records]
     heads = sorted({s.headline for _, _, s in items if s is not None and s.headline})
     columns = [c for h in heads for c in (h, f"baseline {h}", f"Δ {h}")]
@@ -113,9 +113,5 @@ def evaluation_comparison(records: Sequence[Any]) -> tuple[list[str], list[Any],
             values[s.headline] = row.target.value if row.target else None
             values[f"baseline {s.headline}"] = row.baseline.value if row.baseline else None
             values[f"Δ {s.headline}"] = row.difference.value if row.difference else None
-        rows.append(
-            ComparisonRow(
-                run_id=r.run_id, algorithm=r.algorithm, state=r.state, seed=r.seed, values=values
-            )
-        )
+        rows.append(values)
     return columns, rows, evaluation_table(items)

@@ -25,6 +25,7 @@ orm, or a folder holding a reward model).
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,7 +274,7 @@ def _preflight(config: dict[str, Any], suite: str) -> None:
     try:
         preflight(EvalConfig.model_validate(config))
     except ConfigError as err:
-        message = str(err).replace("--set ", "the override ").replace("--set=", "")
+        message = re.sub(r"-{2}set[ =]", "the override ", str(err))
         raise InvalidArgument(
             f"the {suite} evaluation cannot run: {message}",
             next=NextStep("evaluate_model", {"overrides": ["prompts.tasks=[chain_sum]"]})

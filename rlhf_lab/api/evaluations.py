@@ -13,13 +13,14 @@ __all__ = ["EvaluationLaunch", "evaluate_model"]
 
 
 class EvaluationLaunch(BaseModel):
-    """The evaluation jobs one call started (one per suite)."""
+    """The evaluation jobs one call started (one per suite); run_status follows each."""
 
-    target: str = Field(description="the run or model evaluated")
-    baseline: str | None = Field(description="what it is compared with (auto: its start)")
     campaign: str
-    evaluations: list[LaunchRunResult]
+    run_ids: list[str]
+    baseline: str | None
+    message: str
     next_step: str
+    warnings: list[str] = Field(default_factory=list)
 
 
 def _slug(target_campaign: str | None, campaign: str | None, suite: str) -> str:
@@ -70,7 +71,7 @@ def evaluate_model(
         f"How does {target} do on {', '.join(names)}, against its starting model?",
         model=jobs[0].target.path,
     )
-    launched = []
+    launched: list[LaunchRunResult] = []
     for i, job in enumerate(jobs):
         busy = bool(active_runs(job.device))
         result = lab._launch(
@@ -92,10 +93,11 @@ def evaluate_model(
         )
     first = launched[0].run_id
     return EvaluationLaunch(
-        target=target,
-        baseline=jobs[0].config.get("baseline"),
         campaign=name,
-        evaluations=launched,
+        run_ids=[e.run_id for e in launched],
+        baseline=jobs[0].config.get("baseline"),
+        message="; ".join(e.message for e in launched),
+        warnings=[w for e in launched for w in e.warnings],
         next_step=f"poll run_status('{first}'); when the jobs end their numbers are in the "
         f"Evaluation section of ledger://{name} and in each run folder's eval.json",
     )

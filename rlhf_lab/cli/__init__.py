@@ -615,11 +615,11 @@ def eval_(
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
-    for e in result.evaluations:
-        typer.echo(e.message)
-        typer.echo(f"run id:  {e.run_id}   (watch: rlhf-lab status {e.run_id})")
-        for warning in e.warnings:
-            typer.echo(f"warning: {warning}")
+    typer.echo(result.message)
+    for run_id in result.run_ids:
+        typer.echo(f"run id:  {run_id}   (watch: rlhf-lab status {run_id})")
+    for warning in result.warnings:
+        typer.echo(f"warning: {warning}")
     typer.echo(f"ledger:  experiments/{result.campaign}.md (Evaluation)")
 
 

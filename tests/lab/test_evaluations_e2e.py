@@ -97,10 +97,10 @@ def test_warm_start_and_grpo_evaluated_before_and_after_into_the_ledger(lab_root
     warm_eval = api.evaluate_model(sft_id, overrides=EVAL)
     assert warm_eval.campaign == CAMPAIGN and warm_eval.baseline == "auto"
     grpo_eval = api.evaluate_model(f"run:{grpo_id}", overrides=EVAL)
-    (w_job,), (g_job,) = warm_eval.evaluations, grpo_eval.evaluations
-    assert w_job.family == "evaluation" and w_job.algorithm == "reasoning"
-    assert api.run_status(w_job.run_id).state in ("running", "succeeded")  # a job like a run
-    w, g = evaluated(w_job.run_id), evaluated(g_job.run_id)
+    (w_id,), (g_id,) = warm_eval.run_ids, grpo_eval.run_ids
+    status = api.run_status(w_id).status  # a job like a run
+    assert status.family == "evaluation" and status.algorithm == "reasoning"
+    w, g = evaluated(w_id), evaluated(g_id)
 
     assert w.baseline == "auto (tiny)" and w.target_run.endswith(sft_id)
     assert g.target_run.endswith(grpo_id)
@@ -116,27 +116,27 @@ def test_warm_start_and_grpo_evaluated_before_and_after_into_the_ledger(lab_root
 
     ledger = api.campaign_markdown(CAMPAIGN)
     section = ledger.split("## Evaluation", 1)[1].split("## Comparison", 1)[0]
-    for job, ev in ((w_job.run_id, w), (g_job.run_id, g)):
+    for job, ev in ((w_id, w), (g_id, g)):
         acc = ev.metrics["accuracy"]
         assert f"`{job}`" in section
         assert f"{acc.value:.3g} [{acc.low:.3g}, {acc.high:.3g}]" in section
     assert f"| {sft_id} | reasoning | accuracy (headline) |" in section
     assert f"| {grpo_id} | reasoning | accuracy (headline) |" in section
     runs_block = ledger.split("## Runs", 1)[1].split("## Plots", 1)[0]
-    assert grpo_id in runs_block and w_job.run_id not in runs_block  # jobs have their own block
+    assert grpo_id in runs_block and w_id not in runs_block  # jobs have their own block
 
     # compare: the evaluations side by side, and beside the training runs they evaluated
-    table = api.compare_runs([w_job.run_id, g_job.run_id])
+    table = api.compare_runs([w_id, g_id])
     assert table.family == "evaluation" and table.columns[:3] == [
         "accuracy",
         "baseline accuracy",
         "Δ accuracy",
     ]
     assert table.rows[1].values["accuracy"] == g.metrics["accuracy"].value
-    assert f"`{g_job.run_id}`" in api.compare_runs([grpo_id]).markdown
+    assert f"`{g_id}`" in api.compare_runs([grpo_id]).markdown
 
     # the same evaluation again: both models' results come from the cache, numbers unchanged
-    again = evaluated(api.evaluate_model(grpo_id, overrides=EVAL).evaluations[0].run_id)
+    again = evaluated(api.evaluate_model(grpo_id, overrides=EVAL).run_ids[0])
     assert again.details["cache"] == {"target": "hit", "baseline": "hit"}
     assert again.metrics["accuracy"] == g.metrics["accuracy"]
     assert again.difference["accuracy"] == g.difference["accuracy"]
