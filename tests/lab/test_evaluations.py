@@ -295,3 +295,33 @@ async def test_bad_arguments_on_mcp_are_named_as_arguments_and_write_nothing(lab
         result = await client.call_tool("evaluate_model", {"target": "x", "suite": "reasoning"})
         assert result.is_error  # a suite list, not a string: an argument error
     assert _written(lab_root) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan proposes an evaluation after every training run, with its cost
+# ---------------------------------------------------------------------------------------------
+
+
+def test_plan_proposes_an_evaluation_after_each_training_run_with_its_cost():
+    from rlhf_lab.evaluation_cost import estimate_evaluation
+    from rlhf_lab.memory import blocks, model_facts
+
+    plan = api.plan_experiment("compare dpo and simpo", model="tiny")
+    step = plan.steps[-1]
+    assert "evaluate_model" in step and step.startswith(f"{len(plan.steps)}. ")
+    for name in ("dpo on pair_accuracy", "dpo on generation", "simpo on generation"):
+        assert name in step, step
+
+    cost = estimate_evaluation("tiny", "reasoning", device="cpu")
+    assert cost.generated_tokens == 128 * 8 * 256 * 2  # prompts × n × new tokens × 2 policies
+    assert (
+        estimate_evaluation("tiny", "reasoning", baseline=False).generated_tokens == 128 * 8 * 256
+    )
+    assert estimate_evaluation("tiny", "pair_accuracy").generated_tokens == 0
+    # weights (fp32 on the CPU) + one batch's KV cache + the process, then 10% slack
+    arch = model_facts("tiny").params
+    kv, _ = blocks.kv_cache_gb(arch.arch, 4, 16 * 8, blocks.DEFAULT_PROMPT_TOKENS + 256)
+    want = (blocks.weights_gb(arch.total, 4) + kv + blocks.CPU_BASELINE_GB) * 1.1
+    assert cost.memory_gb == pytest.approx(want, abs=1e-3)
+    bigger = estimate_evaluation("tiny", "reasoning", ["sampling.batch_size=64"], device="cpu")
+    assert bigger.memory_gb > cost.memory_gb
