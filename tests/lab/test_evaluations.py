@@ -325,3 +325,27 @@ def test_plan_proposes_an_evaluation_after_each_training_run_with_its_cost():
     assert cost.memory_gb == pytest.approx(want, abs=1e-3)
     bigger = estimate_evaluation("tiny", "reasoning", ["sampling.batch_size=64"], device="cpu")
     assert bigger.memory_gb > cost.memory_gb
+
+
+def test_a_run_still_queued_is_evaluated_after_it(lab_root, monkeypatch):
+    """The job waits for its target like any dependent run (nothing trains here: the queue
+    worker is not started)."""
+    from rlhf_lab import runs
+
+    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
+    queued = write_run(lab_root, "grpo-20260101-000000-0001", "policy_gradients", "grpo")
+    record = json.loads((queued / "run.json").read_text())
+    (queued / "run.json").write_text(json.dumps({**record, "state": "queued"}))
+    for name in ("summary.json", "exit.json"):
+        (queued / name).unlink()
+    launched = api.evaluate_model(queued.name, overrides=["prompts.size=8"])
+    (job_id,) = launched.run_ids
+    assert launched.campaign == CAMPAIGN and launched.baseline == "auto"
+    job = json.loads((runs.find_run(job_id) / "run.json").read_text())
+    assert job["family"] == "evaluation" and job["state"] == "queued"
+    assert job["after"] == [queued.name] and job["device"] == "cpu"  # the target run's device
+    config = yaml.safe_load((runs.find_run(job_id) / "config.yaml").read_text())
+    assert config["target"] == str(queued) and config["baseline"] == "auto"
+    assert config["cache_dir"].endswith("experiments/.lab/eval-cache")
+    assert config["prompts"]["size"] == 8 and config["device"] == "cpu"
+    assert job["argv"][1:3] == ["-m", "trainers.evaluation.run"]
