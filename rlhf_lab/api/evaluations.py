@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
@@ -27,6 +29,26 @@ def _slug(target_campaign: str | None, campaign: str | None, suite: str) -> str:
     if campaign is not None:
         return campaign
     return target_campaign or f"eval-{suite.replace('_', '-')}"
+
+
+def _cost_text(job: Any) -> str:
+    """``; estimated ~0.9 GiB, <=N sampled tokens`` (rlhf_lab.evaluation_cost), or ""."""
+    from rlhf_lab.errors import LabError
+    from rlhf_lab.evaluation_cost import estimate_evaluation
+
+    model = f"{job.target.path}/final_model" if job.target.run_id is not None else job.target.path
+    try:
+        cost = estimate_evaluation(
+            model,
+            job.suite,
+            job.overrides,
+            device=job.device,
+            baseline=job.config.get("baseline") is not None,
+        )
+    except LabError:
+        return ""
+    memory = f"~{cost.memory_gb:.2g} GiB, " if cost.memory_gb is not None else ""
+    return f"; estimated {memory}≤{cost.generated_tokens:,} sampled tokens"
 
 
 @operation
@@ -86,11 +108,11 @@ def evaluate_model(
             after=job.after,
         )
         warnings = lab._record_now(result.run.id)
+        cost = _cost_text(job)
         if not result.queued:
             warnings += lab._record_when_ended(result.run.id)
-        launched.append(
-            launch_run_result(result.model_copy(update={"warnings": result.warnings + warnings}))
-        )
+        update = {"warnings": result.warnings + warnings, "message": result.message + cost}
+        launched.append(launch_run_result(result.model_copy(update=update)))
     first = launched[0].run_id
     return EvaluationLaunch(
         campaign=name,
