@@ -339,9 +339,14 @@ def prepare_evaluation(
     dev = resolve_device(device or tgt.device or "auto")
     overrides = [str(o) for o in overrides or []]
     config = eval_config(suite, tgt, base, judge_path, overrides, dev)
-    if not tgt.waits:  # a run still training is checked by the job when it starts
+    runs_used = [tgt.run_id, _run_id_of(baseline or ""), _run_id_of(judge or "")]
+    after = list(dict.fromkeys(r for r in runs_used if r))
+    if not any(_unfinished(r) for r in after):  # else the job checks when it starts
         _preflight(config, suite)
-    after = [tgt.run_id] if tgt.waits and tgt.run_id else []
-    if judge and (jid := _run_id_of(judge)) is not None:
-        after.append(jid)
     return EvalJob(suite, tgt, config, overrides, dev, after)
+
+
+def _unfinished(run_id: str) -> bool:
+    from rlhf_lab.lineage import upstream
+
+    return upstream(run_id).state != "succeeded"
