@@ -81,10 +81,6 @@ class EvalTarget:
     family: str | None = None
     algorithm: str | None = None
 
-    @property
-    def waits(self) -> bool:
-        return self.run_id is not None and self.state != "succeeded"
-
 
 @dataclass
 class EvalJob:
