@@ -8,6 +8,7 @@ imports this module).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,14 @@ def _sampling(settings: dict[str, Any]) -> str:
     return ", ".join(parts + [f"seed {settings.get('seed')}"]) if s else ""
 
 
+_RUN_OUTPUT = re.compile(r"[^\s()]*/runs/([a-z0-9]+(?:-[a-z0-9]+)*)/final_model\b")
+
+
+def _named(text: str | None) -> str | None:
+    """A run's final_model path shown as ``run:<id>`` (the ledger names runs, not paths)."""
+    return _RUN_OUTPUT.sub(r"run:\1", text) if text else text
+
+
 def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
     """The job's summary from its ``eval.json`` (None while it has none); never raises."""
     from trainers.core.runfolder import EvalFile, read_file
@@ -123,8 +132,8 @@ def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
             headline=ev.headline,
             target=ev.target,
             target_run=target_run,
-            baseline=ev.baseline,
-            judge=ev.judge,
+            baseline=_named(ev.baseline),
+            judge=_named(ev.judge),
             level=ev.level,
             n_prompts=n_prompts,
             sampling=_sampling(ev.settings),
