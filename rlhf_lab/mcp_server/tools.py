@@ -484,7 +484,8 @@ def sweep_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
-    description="Evaluate a run's final model against its starting model in the background.",
+    description="Use after a run: evaluates its final model against its starting model, in the "
+    "background.",
 )
 def evaluate_model(
     target: Annotated[str, Field(description="run id or model")],
