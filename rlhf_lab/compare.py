@@ -34,6 +34,8 @@ from pydantic import Field
 
 from rlhf_lab.catalog import get_dotted, matched_controls
 from rlhf_lab.errors import Corrupt, InvalidArgument, NextStep
+from rlhf_lab.evaluation_compare import EVAL_NOTE, evaluation_comparison, evaluations_of_runs
+from rlhf_lab.evaluation_records import EVAL_FAMILY
 from rlhf_lab.headline import Headline, headline_for
 from rlhf_lab.ledger import (
     ArmSummary,
@@ -894,6 +896,8 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
     for r in records:
         if r.state != "succeeded":
             notes.append(f"{r.run_id} ({r.state}): its numbers are from where it stopped.")
+    if family == EVAL_FAMILY:  # evaluation jobs: their own table (rlhf_lab.evaluation_compare)
+        return _evaluations(ids, records, notes, campaign)
     rules = _FAMILY_RULES.get(family)
     if rules is None:
         raise InvalidArgument(f"no comparison rules for family {family!r}")
@@ -918,6 +922,9 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
             "Samples (latest step):\n\n"
             + "\n".join(f"- {_code(r.run_id)}: {_code(r.sample)}" for r in samples)
         )
+    evaluated = evaluations_of_runs(records)
+    if evaluated:
+        parts.append(evaluated)
     if notes or warnings:
         parts.append("\n".join([f"- {n}" for n in notes] + [f"- warning: {w}" for w in warnings]))
     markdown = "\n\n".join(parts)
@@ -948,6 +955,37 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
             higher_is_better=comparison.higher_is_better,
             arms=arms,
             verdicts=verdicts,
+        )
+        comparison.recorded_in = record_comparison(campaign, entry).id
+    return comparison
+
+
+def _evaluations(
+    ids: list[str], records: list[RunRecord], notes: list[str], campaign: str | None
+) -> Comparison:
+    """compare_runs of evaluation jobs (rlhf_lab.evaluation_compare)."""
+    columns, values, table = evaluation_comparison(records)
+    rows = [_row(rec, v) for rec, v in zip(records, values, strict=True)]
+    markdown = "\n\n".join([table, EVAL_NOTE, *[f"- {n}" for n in notes]])
+    comparison = Comparison(
+        family=EVAL_FAMILY,
+        run_ids=ids,
+        headline=columns[0] if columns else None,
+        columns=columns,
+        rows=rows,
+        rule=EVAL_NOTE,
+        table=table,
+        markdown=markdown,
+        notes=notes,
+    )
+    if campaign is not None:
+        entry = ComparisonEntry(
+            key=f"{EVAL_FAMILY}:{','.join(sorted(ids))}",
+            title=f"evaluations: {len(ids)} job(s)",
+            family=EVAL_FAMILY,
+            run_ids=ids,
+            markdown=markdown,
+            headline=comparison.headline,
         )
         comparison.recorded_in = record_comparison(campaign, entry).id
     return comparison

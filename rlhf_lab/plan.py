@@ -712,6 +712,14 @@ def _scorer_steps(runs: list[PlannedRun], dated: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _evaluation_steps(runs: list[PlannedRun], number: int) -> list[str]:
+    """An evaluation after every training run, with its cost (rlhf_lab.evaluation_cost)."""
+    from rlhf_lab.evaluation_cost import plan_evaluation_step
+
+    step = plan_evaluation_step(runs, number)
+    return [step] if step else []
+
+
 def _plain_steps(runs: list[PlannedRun]) -> list[str]:
     names = ", ".join(r.name for r in runs)
     if len(runs) == 1:
@@ -905,6 +913,7 @@ def plan_experiment(
             )
         comparison += "; keep the seed and the shrunk settings identical across runs"
     steps = _scorer_steps(runs, dated) if scorer_question else _plain_steps(runs)
+    steps += _evaluation_steps(runs, len(steps) + 1)
     criteria = _criteria(runs)
     return Plan(
         request=request,
@@ -995,6 +1004,7 @@ def _plan_pipeline(
         f"{len(steps) + 1}. each stage is recorded in the campaign ledger when it ends; its "
         "Setup section shows the stages and where each output went"
     )
+    steps += _evaluation_steps(runs, len(steps) + 1)
     return Plan(
         request=request,
         intent="pipeline",

@@ -18,6 +18,7 @@ lives where:
 - :mod:`rlhf_lab.api.watching`: ``run_status`` (alerts + advice), ``active_run_views``,
   ``run_list``, ``tail_logs``, ``follow_log``, ``get_metrics``, ``wait_and_stream``;
 - :mod:`rlhf_lab.api.records`: ``record_results``, ``list_campaigns``, ledger markdown;
+- :mod:`rlhf_lab.api.evaluations`: ``evaluate_model`` (evaluation jobs, launched like runs);
 - :mod:`rlhf_lab.api.pipelines`: ``run_pipeline`` (a chain of runs in one campaign) and
   ``list_pipelines``;
 - re-exported as they are: plan/shrink/config, runs, logs, ledger, compare, resources, models,
@@ -128,6 +129,9 @@ _LAZY: dict[str, str] = {
     "launch_run_result": "rlhf_lab.api.results",
     "StopRunResult": "rlhf_lab.api.results",
     "stop_run_result": "rlhf_lab.api.results",
+    # evaluations
+    "EvaluationLaunch": "rlhf_lab.api.evaluations",
+    "evaluate_model": "rlhf_lab.api.evaluations",
     # pipelines
     "PipelineResult": "rlhf_lab.api.pipelines",
     "PipelineList": "rlhf_lab.api.pipelines",

@@ -576,6 +576,53 @@ def record(
     emit(api.record_run(run, note), as_json, human)
 
 
+@app.command("eval")
+@lab_errors
+def eval_(
+    target: Annotated[str, typer.Argument(help="run id (its final model) or model name")],
+    suite: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--suite",
+            help="reasoning, math, winrate, generation or pair_accuracy (repeatable; "
+            "default reasoning)",
+        ),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="auto (a run's starting model; the default for a run), none, a run id or a model"
+        ),
+    ] = None,
+    judge: Annotated[str | None, typer.Option(help="winrate: a reward-model run id")] = None,
+    set_: SetOpt = None,
+    campaign: Annotated[str | None, typer.Option(help="campaign slug (default: the run's)")] = None,
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a run's final model (or a model) in the background: one job per suite, with
+    its starting model on the same prompts and seed, and intervals; recorded in the campaign's
+    Evaluation section when it ends (trainers/evaluation/README.md)."""
+    result = api.evaluate_model(
+        target,
+        suite=suite or None,
+        baseline=baseline,
+        judge=judge,
+        overrides=set_ or [],
+        campaign=campaign,
+        device=device,
+    )
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+        return
+    typer.echo(result.message)
+    for run_id in result.run_ids:
+        typer.echo(f"run id:  {run_id}   (watch: rlhf-lab status {run_id})")
+    for warning in result.warnings:
+        typer.echo(f"warning: {warning}")
+    typer.echo(f"ledger:  experiments/{result.campaign}.md (Evaluation)")
+
+
 @app.command()
 @lab_errors
 def compare(
@@ -747,6 +794,7 @@ COMMAND_OPERATIONS: dict[str, str] = {
     "resume": "resume_run",
     "record": "record_run",
     "compare": "compare_runs",
+    "eval": "evaluate_model",
     "campaign new": "create_campaign",
     "campaign show": "show_campaign",
     "campaign list": "list_campaigns",

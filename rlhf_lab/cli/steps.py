@@ -63,6 +63,18 @@ CLI_OPERATIONS: dict[str, Command] = {
         "pipeline", ("name",), {"model": "--model", "campaign": "--campaign", "overrides": "--set"}
     ),
     "list_pipelines": Command("recipes"),  # it lists the pipelines too (so does `pipeline list`)
+    "evaluate_model": Command(
+        "eval",
+        ("target",),
+        {
+            "suite": "--suite",
+            "baseline": "--baseline",
+            "judge": "--judge",
+            "overrides": "--set",
+            "campaign": "--campaign",
+            "device": "--device",
+        },
+    ),
     "run_status": Command("status", ("run_id",)),
     "tail_logs": Command("tail", ("run_id",), {"lines": "-n", "cursor": "--cursor"}),
     "get_metrics": Command(
@@ -93,7 +105,7 @@ CLI_OPERATIONS: dict[str, Command] = {
     "pull_model": Command("models pull", ("name",)),
 }
 # positional arguments a command cannot do without (shown as "..." when a step leaves them out)
-_REQUIRED = {"recipe", "recipes", "run_id", "run_ids", "slug", "campaign", "name"}
+_REQUIRED = {"recipe", "recipes", "run_id", "run_ids", "slug", "campaign", "name", "target"}
 
 
 def _cli_value(value: Any) -> str:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.catalog import get_dotted, source_root
 from rlhf_lab.errors import LabError
+from rlhf_lab.evaluation_records import EvalSummary, is_evaluation, read_eval_summary
 from rlhf_lab.headline import headline_for, heldout_items, noise_interval
 from rlhf_lab.ledger.commands import attempts_of, lab_command, recipe_argument, trainer_command
 from rlhf_lab.ledger.metrics import (
@@ -358,7 +359,17 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         run_dir=os.path.relpath(path, root),
         recorded_at=_now(),
         lineage=lineage,
+        evaluation=_evaluation(path, family, warnings),
     )
+
+
+def _evaluation(path: Path, family: str | None, warnings: list[str]) -> EvalSummary | None:
+    """An evaluation job's numbers from its eval.json (rlhf_lab.evaluation_records)."""
+    if not is_evaluation(family):
+        return None
+    summary, warning = read_eval_summary(path)
+    warnings += [warning] if warning else []
+    return summary
 
 
 def _lineage(meta: dict) -> Lineage | None:

@@ -17,6 +17,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import Corrupt, NextStep
+from rlhf_lab.evaluation_records import evaluation_notes, evaluation_rows, training_runs
 from rlhf_lab.headline import headline_for
 from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.ledger.layout import _asset_dir, _md_path
@@ -40,6 +41,7 @@ _BLOCK_HEADINGS = {
     "setup": "Setup",
     "runs": "Runs",
     "plots": "Plots",
+    "evaluation": "Evaluation",
     "comparison": "Comparison",
     "observations-auto": "Observations",
     "next": "Next",
@@ -434,11 +436,16 @@ def _stages(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
 
 
 def _block_contents(data: _LedgerData, campaign: Campaign) -> dict[str, str]:
-    runs = data.runs
+    runs = training_runs(data.runs)  # evaluation jobs have their own block
     return {
         "setup": _render("setup.md.j2", runs=runs, meta=campaign, stages=_stages(runs)),
         "runs": _render("runs.md.j2", groups=_runs_groups(runs), runs=[_run_view(r) for r in runs]),
         "plots": _render("plots.md.j2", runs=runs),
+        "evaluation": _render(
+            "evaluation.md.j2",
+            rows=evaluation_rows(data.runs),
+            notes=evaluation_notes(data.runs),
+        ),
         "comparison": _render(
             "comparison.md.j2", comparisons=data.comparisons, campaign=campaign.id
         ),

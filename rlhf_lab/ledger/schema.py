@@ -9,6 +9,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_lab.configs import ConfigChange  # one shape for every config diff the lab shows
+from rlhf_lab.evaluation_records import EvalSummary
 
 __all__ = [
     "BLOCKS",
@@ -27,7 +28,15 @@ __all__ = [
     "Verdict",
 ]
 
-BLOCKS: tuple[str, ...] = ("setup", "runs", "plots", "comparison", "observations-auto", "next")
+BLOCKS: tuple[str, ...] = (
+    "setup",
+    "runs",
+    "plots",
+    "evaluation",
+    "comparison",
+    "observations-auto",
+    "next",
+)
 
 MANUAL_STATUSES = frozenset({"concluded", "abandoned", "archived", "paused"})
 
@@ -148,6 +157,9 @@ class RunRecord(_Model):
     run_dir: str = ""
     recorded_at: str = ""
     lineage: Lineage | None = Field(default=None, description="upstream runs, pipeline stage")
+    evaluation: EvalSummary | None = Field(
+        default=None, description="an evaluation job's numbers (its eval.json)"
+    )
 
     def metric(self, name: str) -> MetricSummary | None:
         return next((m for m in self.metrics if m.name == name), None)

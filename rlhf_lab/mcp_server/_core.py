@@ -218,6 +218,10 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
     "list_runs": ("list_runs", frozenset({"campaign", "state", "limit", "detail"})),
     "compare_runs": ("compare_runs", frozenset({"run_ids", "record_in"})),
     "record_results": ("record_results", frozenset({"run_id", "note"})),
+    "evaluate_model": (
+        "evaluate_model",
+        frozenset({"target", "suite", "baseline", "judge", "overrides"}),
+    ),
     "list_campaigns": ("list_campaigns", frozenset({"limit"})),
 }
 # operations with no tool of their own, done through another tool: operation -> (the tool, how the

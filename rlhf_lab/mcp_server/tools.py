@@ -13,6 +13,7 @@ from rlhf_lab import api
 from rlhf_lab.api import (
     CampaignList,
     Comparison,
+    EvaluationLaunch,
     LaunchRunResult,
     LogTail,
     MemoryCheck,
@@ -478,6 +479,37 @@ def sweep_runs(
     )
 
 
+@server.tool(
+    title="Evaluate a model",
+    annotations=ToolAnnotations(
+        read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+    ),
+    description="Use after a run: evaluates its final model against its starting model, in the "
+    "background.",
+)
+def evaluate_model(
+    target: Annotated[str, Field(description="run id or model")],
+    suite: Annotated[list[str], Field(description="reasoning, math, winrate, generation")] = [  # noqa: B006
+        "reasoning"
+    ],
+    baseline: Annotated[str | None, Field(description="auto, none, run id or model")] = None,
+    judge: Annotated[str | None, Field(description="winrate: reward-model run")] = None,
+    overrides: OverridesArg = [],  # noqa: B006
+) -> Annotated[Result, EvaluationLaunch]:
+    return reply(
+        _call(
+            "evaluate_model",
+            "call list_runs for run ids.",
+            api.evaluate_model,
+            target,
+            suite=list(suite),
+            baseline=baseline,
+            judge=judge,
+            overrides=list(overrides),
+        )
+    )
+
+
 TOOL_NAMES = (
     "resume_run",
     "list_recipes",
@@ -496,6 +528,7 @@ TOOL_NAMES = (
     "record_results",
     "list_campaigns",
     "sweep_runs",
+    "evaluate_model",
 )
 
 # tool -> the one lab API function it adapts (tests/lab/test_api_layer.py checks each exists)
@@ -517,4 +550,5 @@ TOOL_OPERATIONS: dict[str, str] = {
     "record_results": "record_results",
     "list_campaigns": "list_campaigns",
     "sweep_runs": "sweep",
+    "evaluate_model": "evaluate_model",
 }

@@ -58,6 +58,8 @@ __all__ = [
 
 # Families the lab may launch (each runs as `python -m trainers.<family>.train`).
 FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
+# Jobs that are no training family but run like one: job -> its module (rlhf_lab.evaluations).
+JOB_MODULES: dict[str, str] = {"evaluation": "trainers.evaluation.run"}
 
 # Package versions recorded in run.json (importlib.metadata only; nothing is imported).
 VERSION_PACKAGES = (
@@ -124,6 +126,8 @@ def _versions() -> dict[str, str]:
 
 def _check_family(family: str) -> str:
     """``family`` when the lab can launch it (known, with a trainer); a typed error otherwise."""
+    if family in JOB_MODULES:
+        return family
     if family not in FAMILIES:
         raise InvalidArgument(
             f"unknown family {family!r}; known families: {', '.join(FAMILIES)}",
@@ -142,7 +146,7 @@ def trainer_argv(family: str, run_dir: Path, resume: bool = False) -> list[str]:
     argv = [
         sys.executable,
         "-m",
-        f"trainers.{family}.train",
+        JOB_MODULES.get(family, f"trainers.{family}.train"),
         "--config",
         str(run_dir / "config.yaml"),
         "--run-dir",

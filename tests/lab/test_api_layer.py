@@ -36,6 +36,7 @@ CLI_ARGV: dict[str, list[str]] = {
     "resume": ["resume", RUN],
     "record": ["record", RUN],
     "compare": ["compare", RUN],
+    "eval": ["eval", RUN],
     "campaign new": ["campaign", "new", "x", "--question", "q"],
     "campaign show": ["campaign", "show", "x"],
     "campaign list": ["campaign", "list"],
@@ -64,6 +65,7 @@ MCP_ARGS: dict[str, dict] = {
     "record_results": {"run_id": RUN},
     "list_campaigns": {},
     "sweep_runs": {"recipes": ["dpo", "ipo"]},
+    "evaluate_model": {"target": RUN},
 }
 
 

@@ -251,7 +251,16 @@ def test_create_campaign_writes_front_matter_sections_and_folders(lab_root):
     assert front["family"] == "direct_alignment" and front["model"] == "tiny"
     assert front["dataset"] is None and front["seeds"] == [1, 2]
     headings = re.findall(r"^## (.+)$", body, re.M)
-    assert headings == ["Goal", "Setup", "Runs", "Plots", "Comparison", "Observations", "Next"]
+    assert headings == [
+        "Goal",
+        "Setup",
+        "Runs",
+        "Plots",
+        "Evaluation",
+        "Comparison",
+        "Observations",
+        "Next",
+    ]
     assert_markers_balanced(text)
 
     # idempotent: the same slug returns the campaign and never rewrites it

@@ -134,6 +134,10 @@ class EvalConfig(StrictModel):
     judge: str | None = Field(
         default=None, description="winrate: a reward-model folder (preference or orm)"
     )
+    cache_dir: str | None = Field(
+        default=None,
+        description="reuse per-model results (reasoning, math) from this folder; None: off",
+    )
     seed: int = 0
     device: Literal["auto", "cuda", "cpu"] = "auto"
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"

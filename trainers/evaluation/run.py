@@ -17,8 +17,6 @@ checkpoint) with outcome ``stopped``; ``--resume`` starts it again from the begi
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 import time
 from datetime import UTC, datetime
@@ -30,6 +28,7 @@ from trainers.core.harness import StopRequested, set_stop_handler, trainer_main
 from trainers.core.models import model_fingerprint
 from trainers.core.rundir import RunDir, append_jsonl, atomic_write_json
 from trainers.core.runfolder import EvalFile, SummaryFile
+from trainers.evaluation.cache import cache_key, settings_of
 from trainers.evaluation.config import AUTO, BUILTIN_ARITHMETIC, EvalConfig
 from trainers.evaluation.statistics import Estimate
 from trainers.evaluation.targets import (
@@ -123,18 +122,6 @@ def _metric(e: Estimate) -> dict[str, Any]:
     return e.as_dict()
 
 
-def settings_of(cfg: EvalConfig) -> dict[str, Any]:
-    """What the numbers depend on besides the models: the config without target and baseline."""
-    return cfg.model_dump(mode="json", exclude={"target", "baseline"})
-
-
-def cache_key(fingerprint: str, settings: dict[str, Any], prompt_set: str | None) -> str:
-    blob = json.dumps(
-        {"model": fingerprint, "settings": settings, "prompts": prompt_set}, sort_keys=True
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
 def _fingerprint(name: str) -> str | None:
     try:
         return model_fingerprint(name)
@@ -170,17 +157,18 @@ def evaluate(cfg: EvalConfig, run: RunDir, resume: bool) -> SummaryFile:
         + (f", judge {judge}" if judge else ""),
         flush=True,
     )
-    job = Job(cfg, run, target, baseline, judge)
-    result = SUITE_FUNCTIONS[cfg.suite](job)
-
-    job.enter("saving", EVAL_FILE)
-    settings = settings_of(cfg)
     fingerprints = {"target": _fingerprint(target.model)}
     if baseline is not None:
         fingerprints["baseline"] = _fingerprint(baseline.model)
     if judge is not None:
         fingerprints["judge"] = _fingerprint(judge)
     fingerprints = {k: v for k, v in fingerprints.items() if v}
+    job = Job(cfg, run, target, baseline, judge)
+    job.fingerprints = fingerprints
+    result = SUITE_FUNCTIONS[cfg.suite](job)
+
+    job.enter("saving", EVAL_FILE)
+    settings = settings_of(cfg)
     per_model_settings = {**settings, "judge": fingerprints.get("judge")}
     cache_keys = {
         role: cache_key(fp, per_model_settings, result.prompt_set)

@@ -14,6 +14,7 @@ from typing import Any
 from trainers.core.config import ConfigError
 from trainers.core.harness import raise_if_stopping
 from trainers.core.rundir import RunDir
+from trainers.evaluation import cache
 from trainers.evaluation import statistics as st
 from trainers.evaluation.config import EvalConfig
 from trainers.evaluation.prompts import (
@@ -61,6 +62,7 @@ class Job:
         self.target, self.baseline, self.judge = target, baseline, judge
         self.step, self.total = 0, 0
         self.phase = "loading_model"
+        self.fingerprints: dict[str, str] = {}  # role -> model_fingerprint (set by the job)
 
     # progress ---------------------------------------------------------------------------------
     def plan(self, units: int) -> None:
@@ -189,20 +191,67 @@ def _answer_metrics(
 COMPARED = ("accuracy", "format_rate", "score_mean")
 
 
+def _cached_role(job: Job, role: str, key: str | None):
+    """(metrics, per, rows) and the first completions of ``role`` from the cache, or None."""
+    entry = cache.load(job.cfg.cache_dir, key)
+    if entry is None:
+        return None
+    metrics = {
+        k: st.Estimate(**v, level=job.cfg.bootstrap.level) for k, v in entry["metrics"].items()
+    }
+    first = Samples(n=1, prompt_ids=[], completion_ids=[], truncated=[], texts=entry["first"])
+    print(f"cache hit: {role} ({key}) reused", flush=True)
+    return (metrics, entry["per"], entry["rows"]), first
+
+
 def answer_suite(job: Job, prompts: list[EvalPrompt], info: dict, check) -> SuiteResult:
     cfg = job.cfg
     pass_k = [k for k in cfg.reasoning.pass_k if k <= cfg.sampling.n]
-    job.plan(job.batches(len(prompts)) * len(job.models()))
+    prompt_set = prompt_set_fingerprint(prompts)
+    keys = {
+        role: cache.model_key(cfg, job.fingerprints[role], prompt_set)
+        if cfg.cache_dir and job.fingerprints.get(role)
+        else None
+        for role, _ in job.models()
+    }
+    cached: dict[str, bool] = {}
     results: dict[str, tuple] = {}
     texts: dict[str, Samples] = {}
-    for role, ref in job.models():
+    for role, ref in job.models():  # looked up in turn: a baseline may reuse the target's result
+        hit = _cached_role(job, role, keys[role])
+        cached[role] = hit is not None
+        if hit is not None:
+            results[role], texts[role] = hit
+            continue
+        job.plan(job.batches(len(prompts)))
         samples, _ = job.sample_with(role, ref, prompts)
         job.enter("evaluating", f"{role}: checking answers")
         results[role] = _answer_metrics(job, prompts, samples, check, pass_k)
         texts[role] = samples
+        metrics_r, per_r, rows_r = results[role]
+        first = [samples.texts[samples.rows_of(i)[0]] for i in range(len(prompts))]
+        cache.store(
+            cfg.cache_dir,
+            keys[role],
+            {
+                "model": ref.model,
+                "metrics": {k: v.as_dict() for k, v in metrics_r.items()},
+                "per": per_r,
+                "rows": rows_r,
+                "first": first[:N_SAMPLE_ROWS],
+            },
+        )
     metrics, per, rows = results["target"]
     out = SuiteResult(
-        metrics, details={"prompts": info}, prompt_set=prompt_set_fingerprint(prompts)
+        metrics,
+        details={
+            "prompts": info,
+            "cache": {
+                role: ("hit" if cached[role] else "miss") if keys[role] else "off"
+                for role, _ in job.models()
+            },
+        },
+        prompt_set=prompt_set,
     )
     if "baseline" in results:
         b_metrics, b_per, b_rows = results["baseline"]
