@@ -25,7 +25,15 @@ from rlhf_lab.paths import experiments_dir
 from rlhf_lab.runfolder import read_record
 from trainers.core.runfolder import LIVE_STATES
 
-__all__ = ["GpuInfo", "GpuProcess", "LabRunHold", "Resources", "check_resources", "gpu_index"]
+__all__ = [
+    "GpuInfo",
+    "GpuProcess",
+    "LabRunHold",
+    "Resources",
+    "check_resources",
+    "gpu_index",
+    "query_gpus",
+]
 
 GIB = 2**30
 # Runs that hold a device: a process exists or is coming up (the contract's live states).
@@ -40,7 +48,11 @@ class GpuProcess(BaseModel):
 
 
 class GpuInfo(BaseModel):
-    index: int
+    index: int = Field(description="the lab's number: cuda:N and --gpus use it")
+    nvml_index: int | None = Field(
+        default=None,
+        description="NVML's (nvidia-smi's) number where CUDA_VISIBLE_DEVICES renumbers",
+    )
     name: str
     uuid: str | None = None
     total_gb: float
@@ -57,6 +69,7 @@ class LabRunHold(BaseModel):
     state: str
     pid: int | None = None
     device: str | None = None
+    devices: list[str] = Field(default_factory=list, description="every device the run holds")
     alive: bool = Field(
         description="the process exists (and, when recorded, has the same create time)"
     )
@@ -132,11 +145,12 @@ def active_lab_runs(root: Path | None = None) -> list[LabRunHold]:
         return out
     for path in sorted(base.glob("*/runs/*/run.json")):
         info = read_record(path.parent).data
-        if info is None or info.get("state") not in ACTIVE_STATES:
-            continue
+        if info is None or info.get("state") not in ACTIVE_STATES or info.get("slurm"):
+            continue  # a Slurm job holds the cluster's devices, not this machine's
         pid = info.get("pid") if isinstance(info.get("pid"), int) else None
         device = info.get("device")
-        idx = gpu_index(device)
+        held = info.get("devices") if isinstance(info.get("devices"), list) else [device]
+        indices = [i for i in (gpu_index(d) for d in held) if i is not None]
         out.append(
             LabRunHold(
                 run_id=str(info.get("id") or path.parent.name),
@@ -144,8 +158,9 @@ def active_lab_runs(root: Path | None = None) -> list[LabRunHold]:
                 state=str(info["state"]),
                 pid=pid,
                 device=None if device is None else str(device),
+                devices=[str(d) for d in held if d is not None],
                 alive=_alive(pid, info.get("create_time")),
-                gpu_indices=[idx] if idx is not None else [],
+                gpu_indices=indices,
             )
         )
     return out
@@ -160,7 +175,26 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def query_gpus() -> tuple[list[GpuInfo], str | None, list[str]]:
+    """THE device query: every GPU NVML shows (memory, utilisation, processes) in NVML order
+    (nvidia-smi's, by PCI bus id), the driver version, and notes on why there is none. Every
+    other part of the lab (placement, ``--device auto``, the memory checks, ``gpu``) reads the
+    GPUs through this one function; the placement tests replace it with a fake inventory."""
+    notes: list[str] = []
+    gpus, driver = _nvml_gpus(notes)
+    return gpus, driver, notes
+
+
 def _query_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
+    """:func:`query_gpus`, looked up on this module at call time (tests replace it here)."""
+    import rlhf_lab.resources as module
+
+    gpus, driver, found = module.query_gpus()
+    notes.extend(found)
+    return gpus, driver
+
+
+def _nvml_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
     try:
         import pynvml
     except ImportError:

@@ -279,6 +279,8 @@ def _build_status(
         family=record.get("family"),
         algorithm=record.get("algorithm"),
         device=record.get("device"),
+        devices=held_devices(record),
+        nproc=record.get("nproc") if isinstance(record.get("nproc"), int) else None,
         state=state,
         run_dir=str(run_dir),
         alive=alive,
@@ -504,12 +506,26 @@ def _unreadable_run(run_dir: Path, error: str) -> RunStatus:
     )
 
 
+def held_devices(record: dict) -> list[str]:
+    """Every device of this machine a run holds: run.json ``devices`` (a torchrun run on several
+    GPUs), else its ``device``; none for a Slurm job (it runs on the cluster's) or a run whose
+    GPU is still to be picked (``auto``)."""
+    if record.get("slurm"):
+        return []
+    devices = record.get("devices")
+    if isinstance(devices, list) and devices:
+        return [str(d) for d in devices]
+    device = record.get("device")
+    return [str(device)] if device and device != "auto" else []
+
+
 def active_runs(device: str | None = None) -> list[RunStatus]:
-    """Runs starting or running now (on ``device`` when given)."""
+    """Runs starting or running now (holding ``device`` when given; a run on several devices
+    holds each of them)."""
     dev = None if device is None else resolve_device(device)
     out = []
     for status in _collect(_all_run_dirs(ACTIVE_STATES), None, None):
-        if status.state in ACTIVE_STATES and (dev is None or status.device == dev):
+        if status.state in ACTIVE_STATES and (dev is None or dev in status.devices):
             out.append(status)
     return out
 
