@@ -253,7 +253,7 @@ def prepare_run(
         raise InvalidArgument(f"a new run starts as queued or starting, not {state!r}")
     if placement is None:
         placement = Placement(devices=[resolve_device(device, config_data)])
-    resolved = placement.device
+    resolved = "slurm" if slurm else placement.device
     overrides = [str(o) for o in (overrides or [])]
     try:
         run_id = new_run_id(algorithm)
