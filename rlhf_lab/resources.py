@@ -14,6 +14,7 @@ GPU's process list.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from pathlib import Path
 from types import ModuleType
@@ -48,7 +49,7 @@ class GpuProcess(BaseModel):
 
 
 class GpuInfo(BaseModel):
-    index: int = Field(description="the lab's number: cuda:N and --gpus use it")
+    index: int = Field(description="the lab's number (cuda:N)")
     nvml_index: int | None = Field(
         default=None,
         description="NVML's (nvidia-smi's) number where CUDA_VISIBLE_DEVICES renumbers",
@@ -85,6 +86,7 @@ class Resources(BaseModel):
     ram_total_gb: float
     ram_available_gb: float
     lab_runs: list[LabRunHold] = Field(default_factory=list)
+    slurm: bool = Field(default=False, description="sbatch found: runs can go to Slurm")
     notes: list[str] = Field(default_factory=list)
 
 
@@ -331,5 +333,6 @@ def check_resources(include_runs: bool = True) -> Resources:
         ram_total_gb=round(vm.total / GIB, 3),
         ram_available_gb=round(vm.available / GIB, 3),
         lab_runs=runs,
+        slurm=shutil.which("sbatch") is not None,
         notes=notes,
     )

@@ -90,7 +90,7 @@ class Placement(BaseModel):
 
     devices: list[str] = Field(default_factory=list, description="empty: picked at start")
     gpus_wanted: int = Field(default=0, description="GPUs to pick at start (0: devices fixed)")
-    nproc: int = Field(default=1, description="ranks on this machine (torchrun --nproc-per-node)")
+    nproc: int = Field(default=1, description="ranks on this machine (torchrun processes)")
     distributed: bool = Field(default=False, description="started under torchrun")
 
     @property

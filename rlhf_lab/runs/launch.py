@@ -720,7 +720,7 @@ def resume_run(
     steps = _check_resumable(run_id, status.state, run_dir)
     record = _read_record(run_dir)
     if record.get("slurm"):
-        from rlhf_lab.slurm import resubmit
+        from rlhf_lab.slurm_runs import resubmit
 
         return resubmit(run_id, from_step=steps[-1])
     devices = held_devices(record) if device is None else []
