@@ -252,7 +252,8 @@ def slurm_run_state(
 ) -> tuple[str, str | None, bool, str | None]:
     """(run state, error, alive, Slurm state) of a Slurm run. ``local``: the state and error the
     lab's exit record and the trainer's summary give once the job is over (the local rule with
-    no live process); ``exit_known``: the wrapper wrote exit.json."""
+    no live process); ``exit_known``: the wrapper wrote exit.json. A job counts as running until
+    it has left Slurm's queue (``COMPLETING`` included), so Slurm's final state is never missed."""
     slurm = record.get("slurm") or {}
     job_id = str(slurm.get("job_id") or "")
     recorded = record.get("state")
@@ -263,7 +264,7 @@ def slurm_run_state(
     state, reason = job_state(job_id)
     if state in QUEUED_STATES:
         return "queued", None, False, state
-    if state in RUNNING_STATES and not (state == "COMPLETING" and exit_known):
+    if state in RUNNING_STATES:  # COMPLETING too: Slurm's final word (TIMEOUT ...) comes next
         return "running", None, True, state
     if state in FAILED_BY_SLURM:
         why = FAILED_BY_SLURM[state]

@@ -25,7 +25,7 @@ from rlhf_lab.slurm import (
     submit,
 )
 
-__all__ = ["launch_slurm", "resubmit"]
+__all__ = ["launch_slurm", "resubmit", "resume_if_slurm"]
 
 
 def launch_slurm(
@@ -115,3 +115,18 @@ def resubmit(run_id: str, from_step: int) -> LaunchResult:
         message=f"resubmitted {run_id} as Slurm job {job_id}; it resumes from checkpoint step "
         f"{from_step}",
     )
+
+
+def resume_if_slurm(run_id: str) -> LaunchResult | None:
+    """Resubmit ``run_id`` when it is a Slurm run that can be resumed (the local resume's rule:
+    died, stopped, killed or failed, with a checkpoint); None for a local run."""
+    from rlhf_lab.paths import find_run
+    from rlhf_lab.runs.launch import _check_resumable
+    from rlhf_lab.runs.records import _read_run_json
+    from rlhf_lab.runs.state import _status
+
+    run_dir = find_run(run_id)
+    if not (_read_run_json(run_dir) or {}).get("slurm"):
+        return None
+    steps = _check_resumable(run_id, _status(run_dir).state, run_dir)
+    return resubmit(run_id, from_step=steps[-1])

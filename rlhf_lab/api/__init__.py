@@ -653,8 +653,9 @@ def resume_run(run_id: str, device: str | None = None, force: bool = False) -> L
     """:func:`rlhf_lab.runs.resume_run`, recorded like a launch: the run's ledger row is
     refreshed when the resumed attempt ends (a recorder process)."""
     from rlhf_lab.runs import resume_run as resume
+    from rlhf_lab.slurm_runs import resume_if_slurm
 
-    result = resume(run_id, device=device, force=force)
+    result = resume_if_slurm(run_id) or resume(run_id, device=device, force=force)
     warnings = [] if result.queued else _record_when_ended(result.run.id)
     for rearmed in [*result.rearmed, *([run_id] if result.queued else [])]:
         warnings += _record_now(rearmed)  # the ledger shows them queued again

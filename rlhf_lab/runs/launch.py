@@ -720,9 +720,10 @@ def resume_run(
     steps = _check_resumable(run_id, status.state, run_dir)
     record = _read_record(run_dir)
     if record.get("slurm"):
-        from rlhf_lab.slurm_runs import resubmit
-
-        return resubmit(run_id, from_step=steps[-1])
+        raise Conflict(
+            f"run {run_id} is a Slurm job: it resumes as a new job (rlhf_lab.api.resume_run)",
+            next=NextStep("resume_run", {"run_id": run_id}),
+        )
     devices = held_devices(record) if device is None else []
     if len(devices) <= 1:  # a run on several devices resumes on the same set (same world size)
         devices = [resolve_device(device or status.device or "auto")]
