@@ -703,7 +703,9 @@ def gpu(as_json: JsonOpt = False) -> None:
             f"{r.ram_total_gb:.1f} GiB available"
         )
         for hold in r.lab_runs:
-            typer.echo(f"lab run {hold.run_id} on {hold.device}")
+            typer.echo(f"lab run {hold.run_id} on {', '.join(hold.devices) or hold.device}")
+        if r.slurm:
+            typer.echo("Slurm: sbatch found (launch --slurm submits jobs)")
         for note in r.notes:
             if note not in why:
                 typer.echo(f"note: {note}")

@@ -268,3 +268,28 @@ def test_bad_world_size_is_refused_before_anything_is_written(lab):
             "sft", [*QUICK, "train.batch_size=8"], model="tiny", campaign="ws", nproc=4
         )
     assert not any(Path(runs._lab_dir()).parent.glob("*-ws"))
+
+
+# After 16-dist's trainers run under torchrun, set this to 2: the same test then checks a real
+# two-rank CPU run end to end (rank 0 writes the run folder).
+REAL_NPROC = 1
+
+
+@pytest.mark.slow
+def test_real_cpu_run_under_torchrun_succeeds(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(api, "_record_when_ended", lambda run_id: [])
+    quick = [
+        *QUICK,
+        "eval.eval_every=2",
+        "eval.sample_every=0",
+        "checkpoint.save_final_model=false",
+    ]
+    result = api.launch_experiment("sft", quick, model="tiny", campaign="real", nproc=REAL_NPROC)
+    assert result.run.argv[1:3] == ["-m", "torch.distributed.run"]
+    assert result.run.argv[result.run.argv.index("--nproc-per-node") + 1] == str(REAL_NPROC)
+    final = runs.wait_for_end(result.run.id, poll_s=1, timeout_s=400)
+    log = (Path(result.run.run_dir) / "train.log").read_text()
+    assert final.state == "succeeded", log[-2000:]
+    assert final.devices == ["cpu"] and final.nproc == REAL_NPROC
+    assert final.step == final.total_steps == 2

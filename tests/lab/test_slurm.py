@@ -128,7 +128,7 @@ def test_stop_signals_the_job_and_the_run_is_stopped_then_resubmitted(cluster):
     assert resumed.queued and resumed.run.slurm["job_id"] != job
     assert resumed.run.slurm["jobs"] == [job, resumed.run.slurm["job_id"]]
     assert "--resume" in (Path(resumed.run.run_dir) / "job.sh").read_text()
-    again = runs.stop_run(run_id, grace_s=60)  # pending or starting: ends without training
+    again = runs.stop_run(run_id, grace_s=5)  # pending or starting: ends without training
     assert again.state in ("stopped", "killed")
 
 
