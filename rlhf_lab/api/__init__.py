@@ -482,6 +482,7 @@ def launch_experiment(
     slug = campaign if campaign is not None else f"{algorithm.replace('_', '-')}-sanity"
     campaign_name(slug)  # validates the slug before anything is written
     if slurm is not None:  # a cluster job: Slurm queues and places it
+        _check_slurm_request(device, gpus, queue)
         return _launch_slurm(family, algorithm, data, slug, question, source, applied, slurm, after)
     # a bad device, GPU id or world size is refused before the campaign exists
     placement = resolve_placement(device, gpus, nproc, data)
@@ -548,6 +549,20 @@ def launch_experiment(
     if not result.queued:
         warnings += _record_when_ended(result.run.id)
     return result.model_copy(update={"warnings": [*result.warnings, *warnings]})
+
+
+def _check_slurm_request(device: str, gpus: str | int | None, queue: bool) -> None:
+    """Refuse what only applies to this machine in a Slurm launch (one clear error each)."""
+    from rlhf_lab.slurm import refuse_local_only
+
+    if gpus is not None:
+        raise InvalidArgument(
+            "gpus names this machine's GPUs; a Slurm job asks for gpus_per_node in slurm"
+        )
+    if device not in ("auto", None):
+        raise refuse_local_only(f"device {device}")
+    if queue:
+        raise refuse_local_only("queue")
 
 
 def _slurm_options(slurm: dict[str, Any]) -> Any:

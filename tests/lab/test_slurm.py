@@ -23,7 +23,7 @@ import pytest
 
 import rlhf_lab.api as api
 from rlhf_lab import runs
-from rlhf_lab.errors import InvalidArgument, Unavailable
+from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
 from rlhf_lab.slurm import SlurmOptions, job_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,6 +184,10 @@ def test_bad_slurm_options_and_world_size_are_refused(tmp_path, monkeypatch):
         api.launch_experiment("sft", QUICK, model="tiny", slurm={"nodes": 0})
     with pytest.raises(InvalidArgument, match="more than the global batch allows"):
         api.launch_experiment("sft", QUICK, model="tiny", slurm={"nodes": 4, "gpus_per_node": 2})
+    with pytest.raises(InvalidArgument, match="gpus_per_node"):
+        api.launch_experiment("sft", QUICK, model="tiny", gpus="0,1", slurm={})
+    with pytest.raises(LabError, match="does not apply to a Slurm job"):
+        api.launch_experiment("sft", QUICK, model="tiny", queue=True, slurm={})
     assert not list(tmp_path.glob("experiments/*/runs/*"))
 
 
