@@ -187,6 +187,22 @@ def query_gpus() -> tuple[list[GpuInfo], str | None, list[str]]:
     return gpus, driver, notes
 
 
+def lab_numbered(gpus: list[GpuInfo]) -> list[GpuInfo]:
+    """``gpus`` (NVML order) as the lab numbers them (``cuda:N``): all of them when
+    ``CUDA_VISIBLE_DEVICES`` is unset, else the listed ones in its order, renumbered from 0 as
+    CUDA does (entries are NVML indices or UUIDs; CUDA stops at the first unknown entry)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [g.model_copy(update={"nvml_index": g.index}) for g in gpus]
+    out = []
+    for position, entry in enumerate(v.strip() for v in visible.split(",") if v.strip()):
+        match = next((g for g in gpus if str(g.index) == entry or g.uuid == entry), None)
+        if match is None:
+            break
+        out.append(match.model_copy(update={"index": position, "nvml_index": match.index}))
+    return out
+
+
 def _query_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
     """:func:`query_gpus`, looked up on this module at call time (tests replace it here)."""
     import rlhf_lab.resources as module
@@ -296,7 +312,9 @@ def check_resources(include_runs: bool = True) -> Resources:
     gpus, driver = _query_gpus(notes)
     runs = active_lab_runs() if include_runs else []
 
-    for run in runs:
+    to_nvml = {g.index: g.nvml_index for g in lab_numbered(gpus)}
+    for run in runs:  # a run's cuda:N is the lab's number; the GPUs below are in NVML's
+        run.gpu_indices = [to_nvml.get(i, i) for i in run.gpu_indices]
         pids = _family_pids(run.pid) if run.alive else set()
         for gpu in gpus:
             for proc in gpu.processes:

@@ -55,18 +55,7 @@ def visible_gpus() -> list[GpuInfo]:
     from rlhf_lab import resources
 
     gpus, _, _ = resources.query_gpus()
-    entries = _visible_entries()
-    if entries is None:
-        return [g.model_copy(update={"nvml_index": g.index}) for g in gpus]
-    out = []
-    for position, entry in enumerate(entries):
-        match = next(
-            (g for g in gpus if str(g.index) == entry or (g.uuid and g.uuid == entry)), None
-        )
-        if match is None:
-            break  # CUDA stops at the first invalid entry too
-        out.append(match.model_copy(update={"index": position, "nvml_index": match.index}))
-    return out
+    return resources.lab_numbered(gpus)
 
 
 def _visible_gpu_count() -> int:

@@ -191,6 +191,18 @@ def test_run_on_several_gpus_holds_each_and_starts_under_torchrun(lab, monkeypat
     ]
 
 
+def test_lab_numbers_under_cuda_visible_devices_map_to_the_physical_gpu(lab, monkeypatch):
+    fake_inventory(monkeypatch, [40, 40, 40, 40])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    with pytest.raises(Unavailable, match=r"GPU 2 was asked for .* shows 2 GPU\(s\)"):
+        api.launch_experiment("sft", QUICK, model="tiny", campaign="cvd", gpus="2,")
+    result = api.launch_experiment("sft", QUICK, model="tiny", campaign="cvd", gpus="1,")
+    assert result.devices == ["cuda:1"]
+    assert wait_for(Path(result.run.run_dir) / "env.json")["CUDA_VISIBLE_DEVICES"] == "3"
+    shown = resources.check_resources()
+    assert [g.lab_runs for g in shown.gpus] == [[], [], [], [result.run.id]]
+
+
 def test_sweep_of_four_arms_runs_on_four_gpus_at_once(lab, monkeypatch):
     fake_inventory(monkeypatch, [40, 40, 40, 40])
     swept = api.sweep(["dpo", "ipo", "simpo", "orpo"], QUICK, model="tiny", campaign="four")
