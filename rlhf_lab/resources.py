@@ -70,7 +70,7 @@ class LabRunHold(BaseModel):
     state: str
     pid: int | None = None
     device: str | None = None
-    devices: list[str] = Field(default_factory=list, description="every device the run holds")
+    devices: list[str] = Field(default_factory=list)
     alive: bool = Field(
         description="the process exists (and, when recorded, has the same create time)"
     )
@@ -86,7 +86,7 @@ class Resources(BaseModel):
     ram_total_gb: float
     ram_available_gb: float
     lab_runs: list[LabRunHold] = Field(default_factory=list)
-    slurm: bool = Field(default=False, description="sbatch found: runs can go to Slurm")
+    slurm: bool = False
     notes: list[str] = Field(default_factory=list)
 
 

@@ -191,11 +191,11 @@ def launch_run(
     after: Annotated[
         list[str], Field(description="run ids to wait for; cancelled if one fails")
     ] = [],  # noqa: B006
-    gpus: Annotated[str | None, Field(description="GPU ids 0,1 or a count: torchrun")] = None,
-    nproc: Annotated[int | None, Field(description="CPU ranks: torchrun")] = None,
+    gpus: Annotated[str | None, Field(description="GPU ids 0,1 or a count")] = None,
+    nproc: Annotated[int | None, Field(description="CPU ranks")] = None,
     slurm: Annotated[
         dict[str, Any] | None,
-        Field(description="submit to Slurm: nodes, gpus_per_node, partition, time, account"),
+        Field(description="Slurm job: nodes, gpus_per_node, partition, time"),
     ] = None,
 ) -> Annotated[Result, LaunchRunResult]:
     launched = _call(

@@ -67,9 +67,9 @@ class RunInfo(RunFile):
     model_config = ConfigDict(extra="ignore")
 
     run_dir: str = Field(description="absolute path of the run folder")
-    devices: list[str] = Field(default_factory=list, description="every device the run holds")
-    nproc: int | None = Field(default=None, description="ranks per node under torchrun")
-    slurm: dict[str, Any] | None = Field(default=None, description="the Slurm job, if any")
+    devices: list[str] = Field(default_factory=list)
+    nproc: int | None = None
+    slurm: dict[str, Any] | None = None
 
 
 class RunStatus(BaseModel):
@@ -80,10 +80,10 @@ class RunStatus(BaseModel):
     family: str | None = None
     algorithm: str | None = None
     device: str | None = None
-    devices: list[str] = Field(default_factory=list, description="every device the run holds")
-    nproc: int | None = Field(default=None, description="ranks per node (torchrun runs)")
-    slurm_job: str | None = Field(default=None, description="Slurm job id (cluster runs)")
-    slurm_state: str | None = Field(default=None, description="the job's state in Slurm")
+    devices: list[str] = Field(default_factory=list)
+    nproc: int | None = None
+    slurm_job: str | None = None
+    slurm_state: str | None = None
     state: RunState
     run_dir: str
     alive: bool = Field(description="the wrapper or trainer process is running now")
@@ -130,7 +130,7 @@ class LaunchResult(BaseModel):
     queued: bool = False
     queue_position: int | None = Field(default=None, description="1 = next to start")
     device: str
-    devices: list[str] = Field(default_factory=list, description="every device the run holds")
+    devices: list[str] = Field(default_factory=list)
     sharing_device_with: list[str] = Field(
         default_factory=list, description="runs already on the device (force / fits_together)"
     )
