@@ -1,4 +1,5 @@
-"""The queue worker: starts queued runs one after another, in creation order.
+"""The queue worker: starts queued runs in creation order, each once its devices are free (with
+several GPUs, several at once).
 
     python -m rlhf_lab._queue                 # the worker
     python -m rlhf_lab._queue --record RUN_ID # the recorder of one run started at once
@@ -14,9 +15,10 @@ the worker and the recorder cancel a run's queued dependents as soon as it ends 
 
 The worker is started detached by :func:`rlhf_lab.runs.ensure_queue_worker`. Only one worker runs at a time:
 it holds ``experiments/.lab/queue.lock`` for its whole life (a second worker finds the lock taken
-and exits at once). For each queued run it waits until the run's device has no active job,
-starts it, waits for it to end, then calls the ledger hook ``rlhf_lab.ledger.record_run(run_id)``
-when that exists (in a thread, so the next run starts at once). When the queue is empty it releases the lock, looks once more (a launch may have
+and exits at once). For each queued run it waits until the run's devices have no active job (or
+enough GPUs are free, for a run whose GPU the lab picks), starts it, and goes on to the next;
+a thread per started run waits for its end and calls the ledger hook
+``rlhf_lab.ledger.record_run(run_id)``. When the queue is empty it releases the lock, looks once more (a launch may have
 queued a run while it held the lock) and exits. Output goes to ``experiments/.lab/queue.log``.
 """
 
@@ -65,7 +67,7 @@ def _next_queued(tried: set[str]) -> tuple[str | None, bool]:
 
     waiting: list[str] = []
     for status in queued_runs():
-        if status.id in tried:
+        if status.id in tried or status.slurm_job:  # Slurm queues its own jobs
             continue
         run_dir = find_run(status.id)
         verdict, reason = dependency_verdict(_read_run_json(run_dir) or {})
@@ -106,7 +108,7 @@ def settle_dependents(run_id: str) -> None:
 
 def run_one(run_id: str) -> None:
     from rlhf_lab.paths import LabError
-    from rlhf_lab.runs import _start_when_free, wait_for_end
+    from rlhf_lab.runs import _start_when_free
 
     try:
         info = _start_when_free(run_id, poll_s=POLL_S)
@@ -122,13 +124,21 @@ def run_one(run_id: str) -> None:
     if info is None:
         _say(f"{run_id} left the queue before it started")
         return
-    _say(f"started {run_id} (pid {info.pid}) on {info.device}")
+    _say(f"started {run_id} (pid {info.pid}) on {','.join(info.devices) or info.device}")
+    # Wait for its end in the background, so the next queued run can start on another free
+    # device at once; the thread is not a daemon, so the worker records every run it started
+    # before it exits.
+    threading.Thread(target=_see_to_the_end, args=(run_id,), name=f"watch-{run_id}").start()
+
+
+def _see_to_the_end(run_id: str) -> None:
+    """Wait until a run the worker started ends, settle its dependents, record it."""
+    from rlhf_lab.runs import wait_for_end
+
     status = wait_for_end(run_id, poll_s=POLL_S)
     _say(f"{run_id} ended: {status.state}")
     settle_dependents(run_id)
-    # Record in the background so the next run can take the device at once; the thread is not
-    # a daemon, so the worker finishes recording before it exits.
-    threading.Thread(target=record_hook, args=(run_id,), name=f"record-{run_id}").start()
+    record_hook(run_id)
 
 
 def record_after_end(run_id: str) -> int:

@@ -14,6 +14,10 @@ group, OOM killer, reboot): the lab reports such a run as ``died`` (``killed`` w
 stop that gave up waiting and sent SIGKILL). Before starting the trainer it writes
 ``progress.json`` with phase ``starting``, so a status shows something from the first moment.
 
+In a Slurm job (``RLHF_LAB_SLURM=1``, set by the job script of :mod:`rlhf_lab.slurm`) the
+child is ``srun`` and SIGTERM is not forwarded: srun would kill its tasks at once, and Slurm
+signals the tasks themselves.
+
 Standard library only (plus psutil when present): never imports torch.
 """
 
@@ -93,7 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     child: subprocess.Popen | None = None
     pending: list[int] = []
 
+    in_slurm_job = os.environ.get("RLHF_LAB_SLURM") == "1"
+
     def forward(signum, frame) -> None:  # noqa: ARG001
+        if in_slurm_job and signum == signal.SIGTERM:
+            # the child is srun, which kills its tasks at once on a SIGTERM; Slurm signals the
+            # tasks themselves (scancel --signal=TERM, the time limit), so they checkpoint
+            _say("SIGTERM in a Slurm job: left to the job's tasks")
+            return
         if child is not None and child.poll() is None:
             try:
                 child.send_signal(signum)

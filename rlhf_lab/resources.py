@@ -14,6 +14,7 @@ GPU's process list.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +26,15 @@ from rlhf_lab.paths import experiments_dir
 from rlhf_lab.runfolder import read_record
 from trainers.core.runfolder import LIVE_STATES
 
-__all__ = ["GpuInfo", "GpuProcess", "LabRunHold", "Resources", "check_resources", "gpu_index"]
+__all__ = [
+    "GpuInfo",
+    "GpuProcess",
+    "LabRunHold",
+    "Resources",
+    "check_resources",
+    "gpu_index",
+    "query_gpus",
+]
 
 GIB = 2**30
 # Runs that hold a device: a process exists or is coming up (the contract's live states).
@@ -40,7 +49,11 @@ class GpuProcess(BaseModel):
 
 
 class GpuInfo(BaseModel):
-    index: int
+    index: int = Field(description="the lab's number (cuda:N)")
+    nvml_index: int | None = Field(
+        default=None,
+        description="NVML's (nvidia-smi's) number where CUDA_VISIBLE_DEVICES renumbers",
+    )
     name: str
     uuid: str | None = None
     total_gb: float
@@ -57,6 +70,7 @@ class LabRunHold(BaseModel):
     state: str
     pid: int | None = None
     device: str | None = None
+    devices: list[str] = Field(default_factory=list)
     alive: bool = Field(
         description="the process exists (and, when recorded, has the same create time)"
     )
@@ -72,6 +86,7 @@ class Resources(BaseModel):
     ram_total_gb: float
     ram_available_gb: float
     lab_runs: list[LabRunHold] = Field(default_factory=list)
+    slurm: bool = False
     notes: list[str] = Field(default_factory=list)
 
 
@@ -132,11 +147,12 @@ def active_lab_runs(root: Path | None = None) -> list[LabRunHold]:
         return out
     for path in sorted(base.glob("*/runs/*/run.json")):
         info = read_record(path.parent).data
-        if info is None or info.get("state") not in ACTIVE_STATES:
-            continue
+        if info is None or info.get("state") not in ACTIVE_STATES or info.get("slurm"):
+            continue  # a Slurm job holds the cluster's devices, not this machine's
         pid = info.get("pid") if isinstance(info.get("pid"), int) else None
         device = info.get("device")
-        idx = gpu_index(device)
+        held = info.get("devices") if isinstance(info.get("devices"), list) else [device]
+        indices = [i for i in (gpu_index(d) for d in held) if i is not None]
         out.append(
             LabRunHold(
                 run_id=str(info.get("id") or path.parent.name),
@@ -144,8 +160,9 @@ def active_lab_runs(root: Path | None = None) -> list[LabRunHold]:
                 state=str(info["state"]),
                 pid=pid,
                 device=None if device is None else str(device),
+                devices=[str(d) for d in held if d is not None],
                 alive=_alive(pid, info.get("create_time")),
-                gpu_indices=[idx] if idx is not None else [],
+                gpu_indices=indices,
             )
         )
     return out
@@ -160,7 +177,42 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def query_gpus() -> tuple[list[GpuInfo], str | None, list[str]]:
+    """THE device query: every GPU NVML shows (memory, utilisation, processes) in NVML order
+    (nvidia-smi's, by PCI bus id), the driver version, and notes on why there is none. Every
+    other part of the lab (placement, ``--device auto``, the memory checks, ``gpu``) reads the
+    GPUs through this one function; the placement tests replace it with a fake inventory."""
+    notes: list[str] = []
+    gpus, driver = _nvml_gpus(notes)
+    return gpus, driver, notes
+
+
+def lab_numbered(gpus: list[GpuInfo]) -> list[GpuInfo]:
+    """``gpus`` (NVML order) as the lab numbers them (``cuda:N``): all of them when
+    ``CUDA_VISIBLE_DEVICES`` is unset, else the listed ones in its order, renumbered from 0 as
+    CUDA does (entries are NVML indices or UUIDs; CUDA stops at the first unknown entry)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [g.model_copy(update={"nvml_index": g.index}) for g in gpus]
+    out = []
+    for position, entry in enumerate(v.strip() for v in visible.split(",") if v.strip()):
+        match = next((g for g in gpus if str(g.index) == entry or g.uuid == entry), None)
+        if match is None:
+            break
+        out.append(match.model_copy(update={"index": position, "nvml_index": match.index}))
+    return out
+
+
 def _query_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
+    """:func:`query_gpus`, looked up on this module at call time (tests replace it here)."""
+    import rlhf_lab.resources as module
+
+    gpus, driver, found = module.query_gpus()
+    notes.extend(found)
+    return gpus, driver
+
+
+def _nvml_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
     try:
         import pynvml
     except ImportError:
@@ -260,7 +312,9 @@ def check_resources(include_runs: bool = True) -> Resources:
     gpus, driver = _query_gpus(notes)
     runs = active_lab_runs() if include_runs else []
 
-    for run in runs:
+    to_nvml = {g.index: g.nvml_index for g in lab_numbered(gpus)}
+    for run in runs:  # a run's cuda:N is the lab's number; the GPUs below are in NVML's
+        run.gpu_indices = [to_nvml.get(i, i) for i in run.gpu_indices]
         pids = _family_pids(run.pid) if run.alive else set()
         for gpu in gpus:
             for proc in gpu.processes:
@@ -297,5 +351,6 @@ def check_resources(include_runs: bool = True) -> Resources:
         ram_total_gb=round(vm.total / GIB, 3),
         ram_available_gb=round(vm.available / GIB, 3),
         lab_runs=runs,
+        slurm=shutil.which("sbatch") is not None,
         notes=notes,
     )

@@ -64,6 +64,7 @@ _LAZY: dict[str, str] = {
     "list_recipes": "rlhf_lab.api.recipes",
     "estimate_memory": "rlhf_lab.api.recipes",
     "device_free_gb": "rlhf_lab.api.recipes",
+    "slurm_job_preview": "rlhf_lab.api.placement",
     "acceptance_text": "rlhf_lab.api.recipes",
     "find_known_recipe": "rlhf_lab.api.recipes",
     # runs
@@ -438,9 +439,18 @@ def launch_experiment(
     after: list[str] | None = None,
     pipeline: str | None = None,
     stage: str | None = None,
+    gpus: str | int | None = None,
+    nproc: int | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Resolve (and optionally shrink) a recipe, check it, make sure its campaign exists, and
     start the trainer in the background (or queue it). Returns at once with the run id.
+
+    ``gpus`` (ids ``"0,1"`` or a count ``4``) or ``nproc`` (CPU ranks) run the trainer under
+    torchrun, one rank per device; the run holds each device, the memory estimate is per rank
+    and checked on each device, and the world size must split the config's batches.
+    ``slurm`` (:class:`rlhf_lab.slurm.SlurmOptions` as a mapping: nodes, gpus_per_node,
+    partition, time, account ...) submits the run as a Slurm job instead (:mod:`rlhf_lab.slurm`).
 
     ``after``: run ids this run waits for: it stays queued until each has succeeded and is
     cancelled if one ends otherwise. A ``run:<id>`` value (``model.name=run:<sft>``,
@@ -458,12 +468,14 @@ def launch_experiment(
     ``force``. An implausible learning rate is a warning in the result. The launched run gets
     its ledger row at once and again when it ends (queued runs by the queue worker, others by
     a recorder process)."""
+    from rlhf_lab.api.placement import check_placement, pick_devices
     from rlhf_lab.api.recipes import FIX_OVERRIDES
     from rlhf_lab.ledger import create_campaign
     from rlhf_lab.lineage import find_refs, resolve_refs
     from rlhf_lab.paths import campaign_name
-    from rlhf_lab.runs import resolve_device
+    from rlhf_lab.runs import resolve_device, resolve_placement
     from rlhf_lab.runs.deps import check_after, ensure_final_model
+    from rlhf_lab.runs.world import check_world_size
     from rlhf_lab.validation import check_config
 
     upstream = check_after(after)  # unknown or failed upstream runs: refused first
@@ -473,7 +485,13 @@ def launch_experiment(
     # campaign="" is a bad slug, not "use the default" (it would launch into another campaign)
     slug = campaign if campaign is not None else f"{algorithm.replace('_', '-')}-sanity"
     campaign_name(slug)  # validates the slug before anything is written
-    dev = resolve_device(device, data)  # a bad device is refused before the campaign exists
+    if slurm is not None:  # a cluster job: Slurm queues and places it
+        _check_slurm_request(device, gpus, queue)
+        return _launch_slurm(family, algorithm, data, slug, question, source, applied, slurm, after)
+    # a bad device, GPU id or world size is refused before the campaign exists
+    placement = resolve_placement(device, gpus, nproc, data)
+    check_world_size(family, data, placement.nproc)
+    dev = placement.device if placement.devices else resolve_device(device, data)
     try:
         warnings = list(check_config(family, data, launching=True).warnings)
     except LabError as err:
@@ -486,7 +504,15 @@ def launch_experiment(
     ]
     fits_together = None
     waits = bool(upstream) and any(s != "succeeded" for s in _states(upstream))
-    if not force:  # refused before the campaign is written; runs.launch re-checks the device
+    if not (queue or waits):  # the freest GPU(s) no run holds, picked now
+        placement = pick_devices(placement)
+        dev = placement.device if placement.devices else dev
+    if not force and (placement.distributed or not placement.devices):
+        fits_together, memory_warnings = check_placement(
+            family, algorithm, data, placement, queue=queue or waits
+        )
+        warnings += memory_warnings
+    elif not force:  # refused before the campaign is written; runs.launch re-checks the device
         fits_together, memory_warnings = _check_memory(
             family, algorithm, data, dev, queue=queue or waits
         )
@@ -521,10 +547,79 @@ def launch_experiment(
         references=refs,
         pipeline=pipeline,
         stage=stage,
+        placement=placement,
     )
     warnings += _record_now(result.run.id)
     if not result.queued:
         warnings += _record_when_ended(result.run.id)
+    return result.model_copy(update={"warnings": [*result.warnings, *warnings]})
+
+
+def _check_slurm_request(device: str, gpus: str | int | None, queue: bool) -> None:
+    """Refuse what only applies to this machine in a Slurm launch (one clear error each)."""
+    from rlhf_lab.slurm import refuse_local_only
+
+    if gpus is not None:
+        raise InvalidArgument(
+            "gpus names this machine's GPUs; a Slurm job asks for gpus_per_node in slurm"
+        )
+    if device not in ("auto", None):
+        raise refuse_local_only(f"device {device}")
+    if queue:
+        raise refuse_local_only("queue")
+
+
+def _slurm_options(slurm: dict[str, Any]) -> Any:
+    """The Slurm options of a launch, or one InvalidArgument naming the bad ones."""
+    from pydantic import ValidationError
+
+    from rlhf_lab.slurm import SlurmOptions, checked_options
+
+    try:
+        return checked_options(SlurmOptions.model_validate(slurm))
+    except ValidationError as err:
+        bad = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'slurm'}: {e['msg']}" for e in err.errors()
+        )
+        raise InvalidArgument(f"bad Slurm options ({bad})") from None
+
+
+def _launch_slurm(
+    family: str,
+    algorithm: str,
+    data: dict,
+    slug: str,
+    question: str | None,
+    source: str,
+    applied: list[str],
+    slurm: dict[str, Any],
+    after: list[str] | None,
+) -> LaunchResult:
+    """Submit a checked run as a Slurm job: every check (config, world size, Slurm present)
+    comes before the campaign or run folder is written."""
+    from rlhf_lab.ledger import create_campaign
+    from rlhf_lab.runs.world import check_world_size
+    from rlhf_lab.slurm import check_slurm_available
+    from rlhf_lab.slurm_runs import launch_slurm
+    from rlhf_lab.validation import check_config
+
+    options = _slurm_options(slurm)
+    if after:
+        from rlhf_lab.slurm import refuse_local_only
+
+        raise refuse_local_only("waiting for other runs (after)")
+    check_world_size(family, data, options.world_size)
+    warnings = list(check_config(family, data, launching=True).warnings)
+    check_slurm_available()
+    create_campaign(
+        slug,
+        question or f"Does {algorithm} pass a short sanity run?",
+        family=family,
+        model=(data.get("model") or {}).get("name"),
+    )
+    result = launch_slurm(family, algorithm, data, slug, source, applied, options)
+    warnings += _record_now(result.run.id)
+    warnings += _record_when_ended(result.run.id)
     return result.model_copy(update={"warnings": [*result.warnings, *warnings]})
 
 
@@ -547,6 +642,9 @@ def launch_run(
     queue: bool = False,
     force: bool = False,
     after: list[str] | None = None,
+    gpus: str | int | None = None,
+    nproc: int | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> LaunchRunResult:
     """:func:`launch_experiment` (shrunk by default) with the result shaped for an agent."""
     result = launch_experiment(
@@ -560,6 +658,9 @@ def launch_run(
         force=force,
         queue=queue,
         after=after,
+        gpus=gpus,
+        nproc=nproc,
+        slurm=slurm,
     )
     from rlhf_lab.api.results import launch_run_result
 
@@ -571,8 +672,9 @@ def resume_run(run_id: str, device: str | None = None, force: bool = False) -> L
     """:func:`rlhf_lab.runs.resume_run`, recorded like a launch: the run's ledger row is
     refreshed when the resumed attempt ends (a recorder process)."""
     from rlhf_lab.runs import resume_run as resume
+    from rlhf_lab.slurm_runs import resume_if_slurm
 
-    result = resume(run_id, device=device, force=force)
+    result = resume_if_slurm(run_id) or resume(run_id, device=device, force=force)
     warnings = [] if result.queued else _record_when_ended(result.run.id)
     for rearmed in [*result.rearmed, *([run_id] if result.queued else [])]:
         warnings += _record_now(rearmed)  # the ledger shows them queued again

@@ -118,9 +118,17 @@ def plan(
     model: Annotated[str | None, typer.Option(help="swap the model, e.g. tiny")] = None,
     campaign: Annotated[str | None, typer.Option(help="ledger slug")] = None,
     set_: SetOpt = None,
+    slurm: SlurmOpt = False,
+    nodes: NodesOpt = 1,
+    gpus_per_node: GpusPerNodeOpt = 0,
+    partition: PartitionOpt = None,
+    time: TimeOpt = None,
+    account: AccountOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Plan an experiment: recipe, shrunk config, memory vs free memory, commands, what to watch."""
+    """Plan an experiment: recipe, shrunk config, memory vs free memory, commands, what to watch.
+    With --slurm, also the job script each run would be submitted with."""
+    job = _slurm_opts(slurm, nodes, gpus_per_node, None, partition, time, account)
 
     def human(p: Any) -> None:
         typer.echo(f"campaign: {p.campaign_name}")
@@ -140,6 +148,9 @@ def plan(
                 )
             typer.echo(f"launch:  {run.launch_command}")
             typer.echo(f"trainer: {run.trainer_command}")
+            if job is not None:
+                typer.echo("slurm job script (run folder and id filled in at launch):")
+                typer.echo(api.slurm_job_preview(run.recipe, job))
         for crit in p.criteria:
             typer.echo(f"\n{', '.join(crit.algorithms)}:")
             if crit.key_metrics:
@@ -244,6 +255,35 @@ def _stop_or_detach(interactive: bool, ask: Callable[[str], str | None]) -> str:
     return "detach" if answer is not None and answer.strip().lower().startswith("d") else "stop"
 
 
+GpusOpt = Annotated[
+    str | None, typer.Option(help="GPU ids (0,1,2,3) or a count (4): one torchrun rank per GPU")
+]
+NprocOpt = Annotated[int | None, typer.Option(help="CPU ranks under torchrun (gloo)")]
+SlurmOpt = Annotated[bool, typer.Option("--slurm", help="submit as a Slurm job (sbatch)")]
+NodesOpt = Annotated[int, typer.Option(help="Slurm: nodes")]
+GpusPerNodeOpt = Annotated[int, typer.Option(help="Slurm: GPUs per node (0: CPU job)")]
+PartitionOpt = Annotated[str | None, typer.Option(help="Slurm: partition")]
+TimeOpt = Annotated[str | None, typer.Option(help="Slurm: time limit (minutes or H:MM:SS)")]
+AccountOpt = Annotated[str | None, typer.Option(help="Slurm: account")]
+
+
+def _slurm_opts(
+    slurm: bool,
+    nodes: int,
+    gpus_per_node: int,
+    nproc: int | None,
+    partition: str | None,
+    time: str | None,
+    account: str | None,
+) -> dict | None:
+    """The Slurm options of --slurm as the API takes them (None without --slurm)."""
+    if not slurm:
+        return None
+    options = {"nodes": nodes, "gpus_per_node": gpus_per_node, "nproc_per_node": nproc}
+    options.update(partition=partition, time=time, account=account)
+    return {k: v for k, v in options.items() if v is not None}
+
+
 @app.command()
 @lab_errors
 def launch(
@@ -268,9 +308,21 @@ def launch(
             "--after", help="run id it waits for (repeatable): starts once they all succeeded"
         ),
     ] = None,
+    gpus: GpusOpt = None,
+    nproc: NprocOpt = None,
+    slurm: SlurmOpt = False,
+    nodes: NodesOpt = 1,
+    gpus_per_node: GpusPerNodeOpt = 0,
+    partition: PartitionOpt = None,
+    time: TimeOpt = None,
+    account: AccountOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Start a trainer in the background (detached); returns at once with the run id.
+
+    --gpus 0,1,2,3 (ids, as `rlhf-lab gpu` numbers them) or --gpus 4 (the 4 freest free GPUs)
+    or --nproc N (CPU ranks) runs it under torchrun; --slurm submits it to Slurm instead
+    (--nodes, --gpus-per-node, --partition, --time, --account; `plan --slurm` shows the script).
 
     --after RUN queues it until RUN has succeeded (cancelled if RUN fails; resuming RUN re-arms
     it). A value run:<id> (--set model.name=run:<sft-run>, reward.model=run:<rm-run>) is that
@@ -293,6 +345,9 @@ def launch(
         force=force,
         queue=queue,
         after=after or [],
+        gpus=gpus,
+        nproc=nproc,
+        slurm=_slurm_opts(slurm, nodes, gpus_per_node, nproc, partition, time, account),
     )
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
@@ -402,6 +457,10 @@ def _print_status(view: Any) -> None:
     eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
     phase = f" ({s.phase})" if s.phase and not s.terminal else ""
     typer.echo(f"{s.id}  [{s.state}]  step {steps}{phase}{eta}  campaign {s.campaign}")
+    if s.slurm_job:
+        typer.echo(f"  Slurm job {s.slurm_job} ({s.slurm_state or '?'})")
+    elif len(s.devices) > 1 or s.nproc:
+        typer.echo(f"  devices {', '.join(s.devices)}" + (f", {s.nproc} ranks" if s.nproc else ""))
     if s.after:
         stage = f"stage {s.stage}, " if s.stage else ""
         typer.echo(f"  {stage}after {', '.join(s.after)}")
@@ -691,7 +750,9 @@ def gpu(as_json: JsonOpt = False) -> None:
             f"{r.ram_total_gb:.1f} GiB available"
         )
         for hold in r.lab_runs:
-            typer.echo(f"lab run {hold.run_id} on {hold.device}")
+            typer.echo(f"lab run {hold.run_id} on {', '.join(hold.devices) or hold.device}")
+        if r.slurm:
+            typer.echo("Slurm: sbatch found (launch --slurm submits jobs)")
         for note in r.notes:
             if note not in why:
                 typer.echo(f"note: {note}")

@@ -52,6 +52,8 @@ CLI_OPERATIONS: dict[str, Command] = {
             "queue": "--queue",
             "force": "--force",
             "after": "--after",
+            "gpus": "--gpus",
+            "nproc": "--nproc",
         },
     ),
     "sweep": Command(

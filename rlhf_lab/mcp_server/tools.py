@@ -4,7 +4,7 @@ with non-finite floats as null, and the same as compact JSON text). Every result
 the default arguments (tests/mcp/test_output_sizes.py): lists and series are cut to a size, with
 a note saying how to see more."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from mcp.types import CallToolResult, ToolAnnotations
 from pydantic import Field
@@ -192,6 +192,12 @@ def launch_run(
     after: Annotated[
         list[str], Field(description="run ids to wait for; cancelled if one fails")
     ] = [],  # noqa: B006
+    gpus: Annotated[str | None, Field(description="GPU ids 0,1 or a count")] = None,
+    nproc: Annotated[int | None, Field(description="CPU ranks")] = None,
+    slurm: Annotated[
+        dict[str, Any] | None,
+        Field(description="Slurm job: nodes, gpus_per_node, partition, time"),
+    ] = None,
 ) -> Annotated[Result, LaunchRunResult]:
     launched = _call(
         "launch_run",
@@ -207,6 +213,9 @@ def launch_run(
         queue=queue,
         force=force,
         after=list(after),
+        gpus=gpus,
+        nproc=nproc,
+        slurm=slurm,
     )
     return reply(launched)
 

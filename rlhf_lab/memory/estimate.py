@@ -26,6 +26,7 @@ from rlhf_lab.memory.architecture import (
 )
 from rlhf_lab.memory.blocks import EstimateBuilder, MemoryComponent
 from rlhf_lab.memory.families import FAMILY_ESTIMATORS, EstimateInputs
+from rlhf_lab.memory.sharding import shard_components
 
 ModelArg = int | ParamCount | ModelArch | str | None
 
@@ -45,6 +46,7 @@ class MemoryEstimate(BaseModel):
     phases: dict[str, float] = Field(description="GiB held in each phase")
     peak_phase: str
     total_gb: float
+    world_size: int = Field(default=1, description="ranks; >1: the estimate is one rank's")
     notes: list[str] = Field(default_factory=list)
 
 
@@ -133,6 +135,7 @@ def estimate_memory(
     reference_cached: bool = False,
     master_weights: bool = False,
     prompt_tokens: int = blocks.DEFAULT_PROMPT_TOKENS,
+    world_size: int = 1,
 ) -> MemoryEstimate:
     """Peak memory of one run of ``family``/``algorithm`` with ``config`` (a validated config
     dict, e.g. ``ShrinkResult.config``), per component, in GiB.
@@ -142,7 +145,8 @@ def estimate_memory(
     ``model.device``; ``auto`` counts as a GPU). ``reference_cached``: direct alignment with a
     warm reference log-prob cache loads no reference model. ``master_weights``: mixed
     precision with fp32 master weights, gradients and moments. ``prompt_tokens``: prompt length
-    of generated sequences (policy gradients, rejection sampling).
+    of generated sequences (policy gradients, rejection sampling). ``world_size``: ranks under
+    torchrun with FSDP2; the estimate is then that of ONE rank (:mod:`rlhf_lab.memory.sharding`).
     """
     from rlhf_lab.catalog import FAMILIES
 
@@ -162,6 +166,10 @@ def estimate_memory(
     bld = EstimateBuilder()
     bld.notes.extend(notes)
     trainable = FAMILY_ESTIMATORS[family](inputs, bld)
+    if world_size > 1:
+        layers = inputs.arch.num_layers if inputs.arch is not None else None
+        bld.components = shard_components(bld.components, world_size, layers)
+        bld.notes.append(f"per rank of {world_size} (FSDP2: model states / {world_size})")
     _add_runtime(bld, dev)
 
     phases = blocks.phase_totals(bld.components)
@@ -184,6 +192,7 @@ def estimate_memory(
         phases=phases,
         peak_phase=peak_phase,
         total_gb=round(max(phases.values()), 3),
+        world_size=world_size,
         notes=bld.notes,
     )
 

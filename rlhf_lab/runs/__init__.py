@@ -23,10 +23,15 @@ from __future__ import annotations
 from rlhf_lab.paths import check_run_id, find_run
 from rlhf_lab.runs.devices import (
     DEVICE_RE,
+    Placement,
     _cpu_cores,
     _visible_gpu_count,
     cpu_threads_beside,
+    freest_gpus,
+    parse_gpus,
     resolve_device,
+    resolve_placement,
+    visible_gpus,
 )
 from rlhf_lab.runs.launch import (
     _ATTEMPT_FILES,
@@ -43,11 +48,13 @@ from rlhf_lab.runs.launch import (
     prepare_run,
     resume_run,
     start_run,
+    torchrun_args,
     trainer_argv,
 )
 from rlhf_lab.runs.process import (
     _alive,
     _device_lock,
+    _devices_lock,
     _marker,
     _process_alive,
     _reap_in_background,
@@ -101,6 +108,11 @@ __all__ = [
     "ACTIVE_STATES",
     "DEVICE_RE",
     "FAMILIES",
+    "Placement",
+    "freest_gpus",
+    "parse_gpus",
+    "resolve_placement",
+    "visible_gpus",
     "LIVE_STATES",
     "LaunchResult",
     "RESUMABLE_STATES",
@@ -127,6 +139,7 @@ __all__ = [
     "_derive_state",
     "_describe",
     "_device_lock",
+    "_devices_lock",
     "_eta",
     "_git_info",
     "_info",
@@ -164,6 +177,7 @@ __all__ = [
     "run_state",
     "start_run",
     "stop_run",
+    "torchrun_args",
     "trainer_argv",
     "unfinished_runs",
     "wait_for_end",

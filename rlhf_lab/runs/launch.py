@@ -31,8 +31,15 @@ from typing import Literal
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound, NotReady, Unavailable
 from rlhf_lab.families import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.paths import LabError, campaign_name, experiments_dir, find_run, new_run_id
-from rlhf_lab.runs.devices import cpu_threads_beside, resolve_device
-from rlhf_lab.runs.process import _device_lock, _run_lock
+from rlhf_lab.runs.devices import (
+    Placement,
+    cpu_threads_beside,
+    freest_gpus,
+    physical_gpu_ids,
+    resolve_device,
+    resolve_placement,
+)
+from rlhf_lab.runs.process import _devices_lock, _run_lock
 from rlhf_lab.runs.records import (
     LaunchResult,
     RunInfo,
@@ -45,7 +52,7 @@ from rlhf_lab.runs.records import (
     _source_dir,
     patchable,
 )
-from rlhf_lab.runs.state import _describe, _status, active_runs, queued_runs
+from rlhf_lab.runs.state import _describe, _status, active_runs, held_devices, queued_runs
 
 __all__ = [
     "FAMILIES",
@@ -141,10 +148,17 @@ def _check_family(family: str) -> str:
     return family
 
 
-def trainer_argv(family: str, run_dir: Path, resume: bool = False) -> list[str]:
-    """The trainer's command line: the resolved config.yaml already holds every override."""
+def trainer_argv(
+    family: str, run_dir: Path, resume: bool = False, nproc: int | None = None
+) -> list[str]:
+    """The trainer's command line: the resolved config.yaml already holds every override.
+    With ``nproc`` the trainer runs under torchrun (one machine, ``--standalone``: a c10d
+    rendezvous on a free local port) with that many ranks."""
+    launcher = [sys.executable]
+    if nproc is not None:
+        launcher += ["-m", "torch.distributed.run", *torchrun_args(nproc)]
     argv = [
-        sys.executable,
+        *launcher,
         "-m",
         JOB_MODULES.get(family, f"trainers.{family}.train"),
         "--config",
@@ -155,27 +169,44 @@ def trainer_argv(family: str, run_dir: Path, resume: bool = False) -> list[str]:
     return [*argv, "--resume"] if resume else argv
 
 
-def _trainer_env(device: str, sharing: int = 0) -> dict[str, str]:
+def torchrun_args(nproc: int, nnodes: int = 1, endpoint: str | None = None) -> list[str]:
+    """torchrun's options: one machine standalone, or ``nnodes`` machines meeting at the c10d
+    rendezvous ``endpoint`` (host:port of the first node)."""
+    if nnodes == 1 and endpoint is None:
+        return ["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc)]
+    return [
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        str(endpoint),
+    ]
+
+
+def _trainer_env(
+    device: str, sharing: int = 0, devices: list[str] | None = None, nproc: int = 1
+) -> dict[str, str]:
     """The trainer's environment. A CPU trainer started beside ``sharing`` other CPU runs gets
-    ``OMP_NUM_THREADS`` (torch's intra-op threads) set to its share of the cores, unless the
-    caller's environment already sets it."""
+    ``OMP_NUM_THREADS`` (torch's intra-op threads) set to its share of the cores, divided among
+    its ``nproc`` ranks, unless the caller's environment already sets it. A GPU run sees exactly
+    its ``devices`` (``CUDA_VISIBLE_DEVICES``, in nvidia-smi order)."""
     env = dict(os.environ)
-    if device == "cpu" and sharing > 0 and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(cpu_threads_beside(sharing, patchable()._cpu_cores()))
+    cpu_split = device == "cpu" and (sharing > 0 or nproc > 1)
+    if cpu_split and "OMP_NUM_THREADS" not in os.environ:
+        share = cpu_threads_beside(sharing, patchable()._cpu_cores())
+        env["OMP_NUM_THREADS"] = str(max(1, share // max(nproc, 1)))
     env["PYTHONUNBUFFERED"] = "1"
     src = str(_source_dir())
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in parts if p != src]])
-    if device.startswith("cuda:"):
-        index = int(device.split(":", 1)[1])
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is None:
-            env["CUDA_VISIBLE_DEVICES"] = str(index)
+    gpus = [d for d in (devices or [device]) if d.startswith("cuda:")]
+    if gpus:
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        else:
-            ids = [v.strip() for v in visible.split(",") if v.strip()]
-            if index < len(ids):
-                env["CUDA_VISIBLE_DEVICES"] = ids[index]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(physical_gpu_ids(gpus))
     return env
 
 
@@ -210,18 +241,23 @@ def prepare_run(
     references: dict[str, str] | None = None,
     pipeline: str | None = None,
     stage: str | None = None,
+    placement: Placement | None = None,
+    slurm: dict | None = None,
 ) -> RunInfo:
     """Create ``experiments/<campaign>/runs/<run-id>/`` with ``config.yaml`` (the resolved config)
     and ``run.json``. Every input is checked first: nothing is created for an invalid one.
     ``after``: upstream run ids (checked by the caller, :func:`rlhf_lab.runs.deps.check_after`);
     ``references``: config key -> upstream run id of each ``run:<id>`` value; ``pipeline`` and
-    ``stage`` name the pipeline stage the run is."""
+    ``stage`` name the pipeline stage the run is. ``placement``: its devices and ranks (None:
+    ``device``); ``slurm``: the Slurm job options of a cluster run (:mod:`rlhf_lab.slurm`)."""
     _check_family(family)
     name = campaign_name(campaign)
     config_text = _config_text(config_data)
     if state not in ("queued", "starting"):
         raise InvalidArgument(f"a new run starts as queued or starting, not {state!r}")
-    resolved = resolve_device(device, config_data)
+    if placement is None:
+        placement = Placement(devices=[resolve_device(device, config_data)])
+    resolved = "slurm" if slurm else placement.device
     overrides = [str(o) for o in (overrides or [])]
     try:
         run_id = new_run_id(algorithm)
@@ -244,11 +280,19 @@ def prepare_run(
         "device": resolved,
         "config_source": str(config_source) if config_source is not None else None,
         "overrides": overrides,
-        "argv": patchable().trainer_argv(family, run_dir),
+        "argv": _argv(family, run_dir, placement.nproc if placement.distributed else None),
         "cwd": str(_source_dir()),
         "state": state,
         "created_at": _now(),
     }
+    if placement.devices:
+        record["devices"] = list(placement.devices)
+    if placement.gpus_wanted and not placement.devices:
+        record["gpus_wanted"] = placement.gpus_wanted
+    if placement.distributed:
+        record["nproc"] = placement.nproc
+    if slurm:
+        record["slurm"] = dict(slurm)
     if after:
         record["after"] = list(after)
     if references:
@@ -257,6 +301,30 @@ def prepare_run(
         record.update(pipeline=pipeline, stage=stage)
     _atomic_write_json(run_dir / "run.json", record)
     return RunInfo(run_dir=str(run_dir), **record)
+
+
+def _argv(family: str, run_dir: Path, nproc: int | None, resume: bool = False) -> list[str]:
+    """:func:`trainer_argv` through the package (tests replace it), under torchrun with
+    ``nproc`` ranks when given."""
+    extra = {"nproc": nproc} if nproc is not None else {}
+    return patchable().trainer_argv(family, run_dir, resume=resume, **extra)
+
+
+def _held_devices(exclude: str | None = None) -> set[str]:
+    """Every device a live run other than ``exclude`` holds."""
+    return {d for s in active_runs() if s.id != exclude for d in s.devices}
+
+
+def _pick_gpus(run_id: str, record: dict) -> list[str]:
+    """The devices of a run whose GPUs the lab picks at start: the freest free ones."""
+    wanted = int(record.get("gpus_wanted") or 1)
+    picked = freest_gpus(wanted, _held_devices(exclude=run_id))
+    if picked is None:
+        raise NotReady(
+            f"run {run_id} needs {wanted} free GPU(s) and fewer are free now",
+            next=NextStep("launch_run", {"queue": True}, note="starts when they free up"),
+        )
+    return picked
 
 
 def _spawn(wrapper: list[str], cwd: Path, env: dict[str, str], log) -> subprocess.Popen:  # noqa: ANN001
@@ -305,8 +373,13 @@ def start_run(run_id: str) -> RunInfo:
                 next=NextStep("launch_run", note="a new run"),
             )
         family = _check_family(record.get("family", ""))
-        device = resolve_device(record.get("device") or "auto")
-        argv = lab.trainer_argv(family, run_dir, resume=bool(record.get("resumes")))
+        if record.get("gpus_wanted") and not record.get("devices"):
+            record["devices"] = _pick_gpus(run_id, record)
+            record["device"] = record["devices"][0]
+        devices = held_devices(record) or [resolve_device(record.get("device") or "auto")]
+        device = devices[0]
+        nproc = record.get("nproc") if isinstance(record.get("nproc"), int) else None
+        argv = _argv(family, run_dir, nproc, resume=bool(record.get("resumes")))
         wrapper = [sys.executable, "-m", "rlhf_lab._wrapper", str(run_dir), "--", *argv]
         cwd = _source_dir()
         commit, dirty = _git_info(cwd)
@@ -320,16 +393,23 @@ def start_run(run_id: str) -> RunInfo:
             versions=_versions(),
         )
         sharing = cpu_runs if device == "cpu" else []
-        env = _trainer_env(device, len(sharing))
+        env = _trainer_env(device, len(sharing), devices, nproc or 1)
         if "OMP_NUM_THREADS" in env:
             record["cpu_threads"] = int(env["OMP_NUM_THREADS"])
         started = _now()
         with (run_dir / "train.log").open("ab") as log:
             log.write(f"[rlhf-lab] {started} on {record['host']}: {shlex.join(argv)}\n".encode())
             if env.get("OMP_NUM_THREADS") != os.environ.get("OMP_NUM_THREADS"):  # set by us
+                beside = f"sharing the CPU with {', '.join(sharing)}" if sharing else "the CPU"
+                ranks = f", {nproc} ranks" if nproc else ""
                 log.write(
-                    f"[rlhf-lab] sharing the CPU with {', '.join(sharing)}: "
-                    f"{env['OMP_NUM_THREADS']} intra-op thread(s)\n".encode()
+                    f"[rlhf-lab] {beside}: {env['OMP_NUM_THREADS']} intra-op thread(s)"
+                    f"{' per rank' if nproc else ''}{ranks}\n".encode()
+                )
+            if nproc and device != "cpu":
+                log.write(
+                    f"[rlhf-lab] devices {', '.join(devices)} (CUDA_VISIBLE_DEVICES="
+                    f"{env.get('CUDA_VISIBLE_DEVICES')}), {nproc} ranks\n".encode()
                 )
             log.flush()
             proc = _spawn(wrapper, cwd, env, log)
@@ -404,6 +484,8 @@ def launch(
     references: dict[str, str] | None = None,
     pipeline: str | None = None,
     stage: str | None = None,
+    placement: Placement | None = None,
+    slurm: dict | None = None,
 ) -> LaunchResult:
     """Create a run and start it detached, or queue it behind the device's current job.
 
@@ -411,15 +493,20 @@ def launch(
     ``fits_together`` (the caller's memory check said both fit) or ``force``. ``queue=True``
     writes the run as ``queued`` and makes sure the queue worker runs. ``after``: upstream run
     ids (checked by the caller); while one of them has not succeeded the run is queued and the
-    queue worker starts it once they all have (or cancels it when one fails).
+    queue worker starts it once they all have (or cancels it when one fails). ``placement``:
+    its devices and ranks (:func:`~rlhf_lab.runs.devices.resolve_placement`; default: from
+    ``device``); a run on several devices holds each, and a GPU left to the lab is the freest one
+    no run holds (picked when it starts, for a queued run).
     """
     from rlhf_lab.runs.deps import waiting_for
 
     lab = patchable()
     _check_family(family)
     campaign_name(campaign)
-    dev = resolve_device(device, config_data)
+    if placement is None:
+        placement = resolve_placement(device, None, None, config_data)
     links = {"after": after, "references": references, "pipeline": pipeline, "stage": stage}
+    made = {"placement": placement, "slurm": slurm}
     upstream = waiting_for({"after": list(after or [])})
     if queue or upstream:
         info = prepare_run(
@@ -429,47 +516,84 @@ def launch(
             campaign,
             config_source,
             overrides,
-            device=dev,
             state="queued",
             **links,
+            **made,
         )
         ahead = [s.id for s in queued_runs()]
         position = ahead.index(info.id) + 1 if info.id in ahead else None
         lab.ensure_queue_worker()
-        busy = [s.id for s in active_runs(dev) if s.id not in upstream]
-        msg = f"queued {info.id} on {dev} (position {position})"
+        where = _where(placement)
+        busy = sorted({s.id for d in placement.devices for s in active_runs(d)} - set(upstream))
+        msg = f"queued {info.id} on {where} (position {position})"
         if upstream:
             msg += f"; starts once {', '.join(upstream)} succeeded"
         if busy:
             msg += f"; waits for {', '.join(busy)}"
         return LaunchResult(
-            run=info, state="queued", queued=True, queue_position=position, device=dev, message=msg
+            run=info,
+            state="queued",
+            queued=True,
+            queue_position=position,
+            device=placement.device,
+            devices=placement.devices,
+            message=msg,
         )
 
-    with _device_lock(dev):
-        busy = active_runs(dev)
-        if busy and not force and not fits_together:
-            why = (
-                "the memory check said both do not fit"
-                if fits_together is False
-                else "no memory check said both fit"
+    with _devices_lock([] if not placement.devices else ["placement"]):
+        if not placement.devices:  # the freest GPUs no run holds, else the freest GPUs
+            picked = freest_gpus(placement.gpus_wanted, _held_devices())
+            chosen = picked or freest_gpus(placement.gpus_wanted, set()) or []
+            placement = placement.model_copy(update={"devices": chosen, "gpus_wanted": 0})
+            made["placement"] = placement
+        with _devices_lock(placement.devices):
+            busy = _busy_on(placement.devices)
+            if busy and not force and not fits_together:
+                why = (
+                    "the memory check said both do not fit"
+                    if fits_together is False
+                    else "no memory check said both fit"
+                )
+                raise _busy_error(_where(placement), busy, why)
+            info = prepare_run(
+                family, algorithm, config_data, campaign, config_source, overrides, **links, **made
             )
-            raise _busy_error(dev, busy, why)
-        info = prepare_run(
-            family, algorithm, config_data, campaign, config_source, overrides, device=dev, **links
-        )
-        try:
-            info = lab.start_run(info.id)
-        except Exception as err:
-            _mark_failed(Path(info.run_dir), f"could not start: {err}")
-            raise
+            try:
+                info = lab.start_run(info.id)
+            except Exception as err:
+                _mark_failed(Path(info.run_dir), f"could not start: {err}")
+                raise
     shared = [s.id for s in busy]
-    msg = f"started {info.id} on {dev} (pid {info.pid})"
+    msg = f"started {info.id} on {_where(placement)} (pid {info.pid})"
     if shared:
         msg += f", sharing the device with {', '.join(shared)}"
     return LaunchResult(
-        run=info, state="running", device=dev, sharing_device_with=shared, message=msg
+        run=info,
+        state="running",
+        device=placement.device,
+        devices=placement.devices,
+        sharing_device_with=shared,
+        message=msg,
     )
+
+
+def _where(placement: Placement) -> str:
+    """``cuda:0``, ``cuda:0,cuda:1 (2 ranks)``, ``cpu (2 ranks)`` or ``the freest GPU``."""
+    if not placement.devices:
+        n = placement.gpus_wanted
+        return "the freest free GPU" if n == 1 else f"the {n} freest free GPUs"
+    where = ",".join(placement.devices)
+    return where + (f" ({placement.nproc} ranks)" if placement.nproc > 1 else "")
+
+
+def _busy_on(devices: list[str], exclude: str | None = None) -> list:
+    """Live runs (other than ``exclude``) holding any of ``devices``, each once."""
+    seen: dict[str, object] = {}
+    for dev in devices:
+        for status in active_runs(dev):
+            if status.id != exclude:
+                seen.setdefault(status.id, status)
+    return list(seen.values())
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:
@@ -513,7 +637,7 @@ def _check_resumable(run_id: str, state: str, run_dir: Path) -> list[int]:
     return steps
 
 
-def _archive_attempt(run_dir: Path, record: dict, from_step: int, dev: str) -> dict:
+def _archive_attempt(run_dir: Path, record: dict, from_step: int, devices: list[str]) -> dict:
     """Record how the previous attempt ended (run.json ``resumes``), move its exit/process/
     summary files to ``attempts/<n>/`` and mark the run ``starting`` again. Returns the record."""
     previous = {
@@ -540,7 +664,9 @@ def _archive_attempt(run_dir: Path, record: dict, from_step: int, dev: str) -> d
         "started_at",
     ):
         record.pop(key, None)
-    record.update(state="starting", starting_at=_now(), device=dev, resumes=resumes)
+    record.update(state="starting", starting_at=_now(), device=devices[0], resumes=resumes)
+    if len(devices) > 1 or record.get("devices"):
+        record["devices"] = list(devices)
     _atomic_write_json(run_dir / "run.json", record)
     return record
 
@@ -596,9 +722,18 @@ def resume_run(
     if status.state == "cancelled":
         return _rearm_cancelled(run_id, run_dir, status.device or "cpu")
     steps = _check_resumable(run_id, status.state, run_dir)
-    dev = resolve_device(device or status.device or "auto")
-    with _device_lock(dev):
-        busy = [s for s in active_runs(dev) if s.id != run_id]
+    record = _read_record(run_dir)
+    if record.get("slurm"):
+        raise Conflict(
+            f"run {run_id} is a Slurm job: it resumes as a new job (rlhf_lab.api.resume_run)",
+            next=NextStep("resume_run", {"run_id": run_id}),
+        )
+    devices = held_devices(record) if device is None else []
+    if len(devices) <= 1:  # a run on several devices resumes on the same set (same world size)
+        devices = [resolve_device(device or status.device or "auto")]
+    dev = ",".join(devices)
+    with _devices_lock(devices):
+        busy = _busy_on(devices, exclude=run_id)
         if busy and not force and not fits_together:
             raise _busy_error(dev, busy, None, resuming=run_id)
         with _run_lock(run_dir):
@@ -608,7 +743,7 @@ def resume_run(
                     f"run {run_id} became {record.get('state')} meanwhile; not resumed",
                     next=NextStep("run_status", {"run_id": run_id}),
                 )
-            _archive_attempt(run_dir, record, steps[-1], dev)
+            _archive_attempt(run_dir, record, steps[-1], devices)
         try:
             info = lab.start_run(run_id)
         except Exception as err:
@@ -624,7 +759,8 @@ def resume_run(
     return LaunchResult(
         run=info,
         state="running",
-        device=dev,
+        device=devices[0],
+        devices=devices,
         sharing_device_with=[s.id for s in busy],
         message=msg,
         rearmed=rearmed,

@@ -38,6 +38,18 @@ def _device_lock(device: str) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _devices_lock(devices: list[str]) -> Iterator[None]:
+    """The launch locks of every device of a run, taken in one order (no two launches
+    deadlock), plus the placement lock while GPUs are still to be picked (``[]``)."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        for device in sorted(set(devices)) or ["placement"]:
+            stack.enter_context(_device_lock(device))
+        yield
+
+
 def _process_alive(pid: int | None, create_time: float | None, marker: str | None = None) -> bool:
     """True if ``pid`` runs now and is the same process (same create time, not a zombie).
     With no recorded create time, ``marker`` must appear in the command line instead."""

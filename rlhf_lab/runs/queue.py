@@ -1,5 +1,6 @@
-"""The run queue: queued runs start one after another, in creation order, each once its device is
-free. Torch-free.
+"""The run queue: queued runs start in creation order, each once its device (or set of devices)
+is free; a run whose GPU the lab picks starts on whichever GPU frees up, so with several GPUs
+several queued runs train at once. Torch-free.
 
 ``launch(queue=True)`` writes the run as ``queued`` and calls :func:`ensure_queue_worker`, which
 starts the detached worker (``python -m rlhf_lab._queue``, a thin entry point) unless one runs.
@@ -17,9 +18,10 @@ import subprocess
 import sys
 import time
 
-from rlhf_lab.runs.process import _device_lock
-from rlhf_lab.runs.records import RunInfo, _lab_dir, _source_dir, patchable
-from rlhf_lab.runs.state import active_runs, run_state
+from rlhf_lab.paths import find_run
+from rlhf_lab.runs.process import _devices_lock
+from rlhf_lab.runs.records import RunInfo, _lab_dir, _read_run_json, _source_dir, patchable
+from rlhf_lab.runs.state import run_state
 
 __all__ = ["ensure_queue_worker", "record_when_ended"]
 
@@ -74,14 +76,25 @@ def _start_detached(*args: str) -> int:
 
 
 def _start_when_free(run_id: str, poll_s: float = 1.0) -> RunInfo | None:
-    """Queue worker: start ``run_id`` once its device is free. None if it left the queue."""
+    """Queue worker: start ``run_id`` once every device it names is free, or, when the lab picks
+    its GPUs, once enough GPUs are free (it gets the freest). None if it left the queue."""
+    from rlhf_lab.runs.devices import freest_gpus
+    from rlhf_lab.runs.launch import _busy_on, _held_devices
+    from rlhf_lab.runs.state import held_devices
+
     while True:
         status = run_state(run_id)
         if status.state != "queued":
             return None
-        dev = status.device or "cpu"
-        with _device_lock(dev):
-            if not active_runs(dev):
+        record = _read_run_json(find_run(run_id)) or {}
+        devices = held_devices(record)
+        with _devices_lock(devices):
+            if devices:
+                free = not _busy_on(devices)
+            else:
+                wanted = int(record.get("gpus_wanted") or 1)
+                free = freest_gpus(wanted, _held_devices(exclude=run_id)) is not None
+            if free:
                 if run_state(run_id).state != "queued":
                     return None
                 return patchable().start_run(run_id)

@@ -67,6 +67,9 @@ class RunInfo(RunFile):
     model_config = ConfigDict(extra="ignore")
 
     run_dir: str = Field(description="absolute path of the run folder")
+    devices: list[str] = Field(default_factory=list)
+    nproc: int | None = None
+    slurm: dict[str, Any] | None = None
 
 
 class RunStatus(BaseModel):
@@ -77,6 +80,10 @@ class RunStatus(BaseModel):
     family: str | None = None
     algorithm: str | None = None
     device: str | None = None
+    devices: list[str] = Field(default_factory=list)
+    nproc: int | None = None
+    slurm_job: str | None = None
+    slurm_state: str | None = None
     state: RunState
     run_dir: str
     alive: bool = Field(description="the wrapper or trainer process is running now")
@@ -123,6 +130,7 @@ class LaunchResult(BaseModel):
     queued: bool = False
     queue_position: int | None = Field(default=None, description="1 = next to start")
     device: str
+    devices: list[str] = Field(default_factory=list)
     sharing_device_with: list[str] = Field(
         default_factory=list, description="runs already on the device (force / fits_together)"
     )

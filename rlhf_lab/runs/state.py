@@ -149,6 +149,8 @@ def run_state(run_id: str) -> RunStatus:
 def _status(run_dir: Path) -> RunStatus:
     record = _read_record(run_dir)
     _checked_run_file(run_dir, record)
+    if record.get("slurm"):
+        return _slurm_status(run_dir, record)
     proc_info, _ = read_process(run_dir)
     alive = record.get("state") in ACTIVE_STATES and _alive(run_dir, record, proc_info)
     # Read exit.json / summary.json only after the liveness check: the wrapper writes exit.json
@@ -169,6 +171,54 @@ def _status(run_dir: Path) -> RunStatus:
             f"{run_dir}: a run file holds a value of the wrong type for {where!r} "
             f"({err.errors()[0]['msg']}); fix run.json, progress.json, exit.json or summary.json"
         ) from None
+
+
+def _slurm_status(run_dir: Path, record: dict) -> RunStatus:
+    """The status of a Slurm run: Slurm says whether the job waits or runs; once it is over,
+    Slurm's final state (a time limit, a node failure ...) or else the lab's exit record and
+    the trainer's summary decide (:func:`rlhf_lab.slurm.slurm_run_state`). The state seen is
+    written to run.json, with Slurm's in its ``slurm`` block."""
+    from rlhf_lab.slurm import slurm_run_state
+
+    proc_info, _ = read_process(run_dir)
+    exit_info, _ = read_exit(run_dir)
+    summary, _ = read_summary(run_dir)
+    ended = {**record, "state": "running", "pid": record.get("pid") or -1}
+    local = _derive_state(ended, False, exit_info, summary, proc_info)
+    state, error, alive, slurm_state = slurm_run_state(record, exit_info is not None, local)
+    block = record.get("slurm") or {}
+    if state != record.get("state") or (slurm_state and slurm_state != block.get("state")):
+        with _run_lock(run_dir):
+            record = _read_run_json(run_dir) or record
+            record["slurm"] = {**(record.get("slurm") or {}), "state": slurm_state}
+            if state in TERMINAL_STATES and record.get("state") not in TERMINAL_STATES:
+                record["ended_at"] = _ended_at(run_dir, exit_info)
+                if exit_info is not None:
+                    record["exit_code"], record["signal"] = exit_info.exit_code, exit_info.signal
+                if error:
+                    record["error"] = error
+            if record.get("state") != "running" and state == "running":
+                record["started_at"] = record.get("started_at") or _now()
+            record["state"] = state
+            try:
+                _atomic_write_json(run_dir / "run.json", record)
+            except OSError:
+                pass
+    progress, _ = read_progress(run_dir)
+    status = _build_status(
+        run_dir, record, state, alive, proc_info, exit_info, summary, progress, error
+    )
+    if error and state == "failed" and slurm_state in _slurm_failures():
+        status.error = error  # Slurm's reason comes first (the trainer only saw a SIGTERM)
+    status.slurm_job = str(block.get("job_id")) if block.get("job_id") else None
+    status.slurm_state = slurm_state
+    return status
+
+
+def _slurm_failures() -> set[str]:
+    from rlhf_lab.slurm import FAILED_BY_SLURM
+
+    return set(FAILED_BY_SLURM)
 
 
 def _ended_at(run_dir: Path, exit_info: ExitFile | None) -> str:
@@ -279,6 +329,8 @@ def _build_status(
         family=record.get("family"),
         algorithm=record.get("algorithm"),
         device=record.get("device"),
+        devices=held_devices(record),
+        nproc=record.get("nproc") if isinstance(record.get("nproc"), int) else None,
         state=state,
         run_dir=str(run_dir),
         alive=alive,
@@ -333,6 +385,8 @@ def stop_run(run_id: str, grace_s: float = STOP_GRACE_S) -> StopResult:
     status = _status(run_dir)
     if status.terminal:  # already over (this also notices a run that just ended)
         return _stop_result(run_dir, status, grace_s, already=True)
+    if status.slurm_job or (_read_run_json(run_dir) or {}).get("slurm"):
+        return _stop_slurm(run_dir, status, grace_s)
     with _run_lock(run_dir):
         record = _read_record(run_dir)
         if record.get("state") in TERMINAL_STATES:
@@ -362,6 +416,34 @@ def stop_run(run_id: str, grace_s: float = STOP_GRACE_S) -> StopResult:
             time.sleep(0.05)
         _settle_killed(run_dir)
     return _stop_result(run_dir, _status(run_dir), grace_s)
+
+
+def _stop_slurm(run_dir: Path, status: RunStatus, grace_s: float) -> StopResult:
+    """Stop a Slurm run: a pending job is cancelled (``stopped``, it never started); a running
+    one gets SIGTERM in its steps and, after ``grace_s``, is cancelled (``killed``)."""
+    from rlhf_lab.slurm import stop_slurm_run
+
+    with _run_lock(run_dir):
+        record = _read_record(run_dir)
+        record["stop_requested_at"] = _now()
+        _atomic_write_json(run_dir / "run.json", record)
+    pending = status.state == "queued"
+    cancelled = stop_slurm_run(record, grace_s)
+    if pending or cancelled:
+        with _run_lock(run_dir):
+            record = _read_record(run_dir)
+            if cancelled:
+                record.update(killed_at=_now(), state="killed", error=KILLED_ERROR)
+            else:
+                record["state"] = "stopped"
+            record["ended_at"] = _now()
+            _atomic_write_json(run_dir / "run.json", record)
+    final = _status(run_dir)
+    deadline = time.time() + 30
+    while not final.terminal and time.time() < deadline:  # the job is leaving Slurm's queue
+        time.sleep(0.5)
+        final = _status(run_dir)
+    return _stop_result(run_dir, final, grace_s, never_started=pending)
 
 
 def _settle_killed(run_dir: Path) -> None:
@@ -504,12 +586,26 @@ def _unreadable_run(run_dir: Path, error: str) -> RunStatus:
     )
 
 
+def held_devices(record: dict) -> list[str]:
+    """Every device of this machine a run holds: run.json ``devices`` (a torchrun run on several
+    GPUs), else its ``device``; none for a Slurm job (it runs on the cluster's) or a run whose
+    GPU is still to be picked (``auto``)."""
+    if record.get("slurm"):
+        return []
+    devices = record.get("devices")
+    if isinstance(devices, list) and devices:
+        return [str(d) for d in devices]
+    device = record.get("device")
+    return [str(device)] if device and device != "auto" else []
+
+
 def active_runs(device: str | None = None) -> list[RunStatus]:
-    """Runs starting or running now (on ``device`` when given)."""
+    """Runs starting or running now (holding ``device`` when given; a run on several devices
+    holds each of them)."""
     dev = None if device is None else resolve_device(device)
     out = []
     for status in _collect(_all_run_dirs(ACTIVE_STATES), None, None):
-        if status.state in ACTIVE_STATES and (dev is None or status.device == dev):
+        if status.state in ACTIVE_STATES and (dev is None or dev in status.devices):
             out.append(status)
     return out
 

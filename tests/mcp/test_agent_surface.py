@@ -120,6 +120,7 @@ CLI_ONLY = {
     "rlhf_lab/skills.py",
     "rlhf_lab/families.py",
     "rlhf_lab/runs/launch.py",
+    "rlhf_lab/slurm.py",  # the Slurm job script is shell text
 }
 
 

@@ -1,0 +1,125 @@
+"""The launch checks of a run on several devices or ranks (torchrun) and of a Slurm job: the
+world size against the config's batches, and the per-rank memory estimate against EACH device's
+free memory (on the CPU the ranks share the RAM: ranks × per-rank estimate). Torch-free.
+
+The memory hooks are :mod:`rlhf_lab.api`'s ``_device_free_gb`` / ``_device_total_gb`` (looked up
+there at call time, so the tests' replacements reach this module too).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_lab.errors import Conflict, LabError, NextStep
+from rlhf_lab.runs.devices import Placement
+
+__all__ = ["check_placement", "per_rank_estimate_gb", "pick_devices"]
+
+
+def _api() -> Any:
+    import rlhf_lab.api as api
+
+    return api
+
+
+def per_rank_estimate_gb(
+    family: str, algorithm: str, data: dict, device: str, world_size: int
+) -> tuple[float | None, str]:
+    """(peak GiB of ONE rank on ``device`` or None, why there is none): the FSDP2 estimate of
+    :func:`rlhf_lab.memory.estimate_memory` with ``world_size``."""
+    from rlhf_lab.memory import estimate_memory
+
+    try:
+        kind = "cpu" if device == "cpu" else "cuda"
+        est = estimate_memory(family, algorithm, data, device=kind, world_size=world_size)
+        return est.total_gb, ""
+    except LabError as err:
+        return None, f"no memory estimate ({err.message})"
+
+
+def pick_devices(placement: Placement) -> Placement:
+    """A placement whose GPUs the lab picks, with them picked now: the freest GPUs no lab run
+    holds, else the freest GPUs (the busy-device check then names the run holding them)."""
+    from rlhf_lab.runs.devices import freest_gpus
+    from rlhf_lab.runs.launch import _held_devices
+
+    if placement.devices:
+        return placement
+    wanted = placement.gpus_wanted or 1
+    chosen = freest_gpus(wanted, _held_devices()) or freest_gpus(wanted, set()) or []
+    return placement.model_copy(update={"devices": chosen, "gpus_wanted": 0})
+
+
+def check_placement(
+    family: str, algorithm: str, data: dict, placement: Placement, *, queue: bool
+) -> tuple[bool | None, list[str]]:
+    """The memory and busy-device rule of :func:`rlhf_lab.api._check_memory` for a run on
+    several devices or ranks: every device must fit one rank's estimate (the CPU: all ranks');
+    returns (``fits_together``, warnings). A run whose GPUs are picked at start (queued) is
+    checked against the largest GPU's total memory."""
+    from rlhf_lab.memory import fits
+    from rlhf_lab.runs import active_runs, visible_gpus
+
+    api = _api()
+    world = placement.nproc if placement.distributed else 1
+    devices = placement.devices
+    if not devices:  # picked when it starts: the largest GPU decides whether it ever can
+        gpus = sorted(visible_gpus(), key=lambda g: -g.total_gb)
+        devices = [f"cuda:{gpus[0].index}"] if gpus else ["cpu"]
+        queue = True
+    kind = devices[0]
+    estimate, why = per_rank_estimate_gb(family, algorithm, data, kind, world)
+    warnings = [f"{why}: the memory fit was not checked"] if estimate is None else []
+    if estimate is None:
+        return None, warnings
+    ranks_here = world if kind == "cpu" else 1  # CPU ranks share one RAM
+    need = estimate * ranks_here
+    label = f"~{estimate:.2f} GiB per rank" + (f" × {ranks_here} ranks" if ranks_here > 1 else "")
+    together = False
+    for device in dict.fromkeys(devices):
+        if queue:
+            total = api._device_total_gb(device)
+            if total is not None and not fits(need, total):
+                raise _refusal(device, label, total, "all the memory", queued=True)
+            continue
+        busy = active_runs(device)
+        free = api._device_free_gb(device)
+        ok = None if free is None else fits(need, free)
+        if busy:
+            if not ok:
+                raise api.device_busy_error(device, busy, ok, estimate_gb=need, free_gb=free)
+            together = True
+        elif ok is False:
+            raise _refusal(device, label, free, "the free memory")
+    return (True if together else None), warnings
+
+
+def _refusal(device: str, label: str, have: float, what: str, queued: bool = False) -> Conflict:
+    where = "RAM" if device == "cpu" else f"memory of {device}"
+    tail = "queued, it could never start" if queued else "it would likely run out of memory"
+    return Conflict(
+        f"the memory estimate of this run ({label}) does not fit {what} of the {where} "
+        f"({have:.2f} GiB, 10% margin kept); {tail}",
+        next=[
+            NextStep("estimate_memory", note="per rank, for more devices or ranks"),
+            NextStep(
+                "shrink_config",
+                note="lower train.batch_size or data.max_length, "
+                "model.gradient_checkpointing=true, or a smaller model",
+            ),
+            NextStep("launch_run", {"force": True}, note="start anyway, at the risk of an OOM"),
+        ],
+    )
+
+
+def slurm_job_preview(recipe: str, slurm: dict[str, Any]) -> str:
+    """The job script a Slurm launch of ``recipe`` would write and submit, with ``<run-dir>``
+    and ``<run-id>`` standing for the run folder and id it gets (nothing is written)."""
+    from rlhf_lab.api import _slurm_options
+    from rlhf_lab.api.recipes import find_known_recipe
+    from rlhf_lab.runs.records import _source_dir
+    from rlhf_lab.slurm import job_script
+
+    options = _slurm_options(slurm)
+    family = find_known_recipe(recipe).family
+    return job_script("<run-id>", family, "<run-dir>", options, source_dir=_source_dir())

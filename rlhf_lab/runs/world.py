@@ -1,0 +1,81 @@
+"""Whether a config's batches can be split over ``world_size`` ranks (torchrun), checked before
+anything is written. Torch-free, pure.
+
+The convention (the trainers' under torchrun): ``train.batch_size`` is one rank's micro-batch and
+the global batch of an optimizer step is micro-batch × ``train.gradient_accumulation_steps`` ×
+world size; a rollout step's prompts (``rollout.prompts_per_step``; rejection sampling's
+``generation.rollout_batch_size``) are global and split across the ranks by whole prompt groups,
+so they must be a multiple of the world size; and the training examples must fill at least one
+global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_lab.catalog import get_dotted
+from rlhf_lab.errors import InvalidArgument, NextStep
+
+__all__ = ["check_world_size", "global_batch"]
+
+# (config key, what it counts) of the global batches split by whole items across the ranks
+SPLIT_BATCHES: dict[str, tuple[str, str]] = {
+    "policy_gradients": ("rollout.prompts_per_step", "prompts per step"),
+    "rejection_sampling": ("generation.rollout_batch_size", "prompts per generation call"),
+}
+
+
+def global_batch(config: dict[str, Any], world_size: int) -> int:
+    """Examples per optimizer step over all ranks: micro-batch × accumulation × world size."""
+    micro = int(get_dotted(config, "train.batch_size", 1) or 1)
+    accum = int(get_dotted(config, "train.gradient_accumulation_steps", 1) or 1)
+    return micro * accum * world_size
+
+
+def _fewer_ranks(key: str, value: int, world_size: int) -> list[NextStep]:
+    return [
+        NextStep("launch_run", {"nproc": max(1, min(value, world_size))}, note="fewer ranks"),
+        NextStep("shrink_config", note=f"or set {key} to a multiple of {world_size}"),
+    ]
+
+
+def check_world_size(family: str, config: dict[str, Any], world_size: int) -> None:
+    """Refuse (InvalidArgument) a world size the config's batches cannot be split over: more
+    ranks than a split batch has items, a split batch not divisible by the world size, or
+    fewer training examples than one global batch."""
+    if world_size <= 1:
+        return
+    split = SPLIT_BATCHES.get(family)
+    if split is not None:
+        key, what = split
+        value = get_dotted(config, key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < world_size:
+                raise InvalidArgument(
+                    f"{world_size} ranks are more than the global batch allows: {key}={value} "
+                    f"{what}, and each rank needs at least one whole prompt group",
+                    next=_fewer_ranks(key, value, world_size),
+                )
+            if value % world_size:
+                raise InvalidArgument(
+                    f"{key}={value} ({what}) is not divisible by the world size {world_size}: "
+                    "the ranks split it by whole prompt groups",
+                    next=_fewer_ranks(key, value, world_size),
+                )
+        return
+    samples = get_dotted(config, "data.max_samples")
+    if isinstance(samples, int) and not isinstance(samples, bool) and samples > 0:
+        eval_size = get_dotted(config, "data.eval_size", 0)
+        train = samples - (eval_size if isinstance(eval_size, int) else 0)
+        needed = global_batch(config, world_size)
+        if train < needed:
+            raise InvalidArgument(
+                f"{world_size} ranks are more than the global batch allows: one optimizer step "
+                f"takes {needed} examples (train.batch_size per rank × "
+                f"train.gradient_accumulation_steps × {world_size} ranks) and the data has "
+                f"{train} training examples",
+                next=[
+                    NextStep("launch_run", {"nproc": 1}, note="fewer ranks"),
+                    NextStep("shrink_config", note="more data.max_samples or a smaller batch"),
+                ],
+            )

@@ -1,0 +1,223 @@
+"""Cluster runs through a REAL one-node Slurm (Debian slurm-wlm + munge on this machine, brought
+up by tests/e2e/slurm.py; ``.ci/run`` does it before the suite and sets
+``RLHF_LAB_REQUIRE_SLURM=1``, so in CI these tests fail rather than skip when Slurm is missing).
+
+Three shrunk tiny SFT runs are submitted together (module fixture) so that their start-up
+overlaps: one goes through Slurm to ``succeeded`` (pending -> running -> succeeded, the log read
+by ``tail``); one is stopped while it trains (``scancel --signal=TERM`` to the job's steps: the
+trainer checkpoints, the run is ``stopped`` and resumes as a new job); one is killed by Slurm's
+time limit (``--time 1``: one minute) and is ``failed`` with that reason. The cheap checks (the
+job script, ``plan --slurm``, a machine without sbatch, bad options) need no cluster.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import rlhf_lab.api as api
+from rlhf_lab import runs
+from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
+from rlhf_lab.slurm import SlurmOptions, job_script
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = [
+    "data.max_samples=32",
+    "data.eval_size=8",
+    "train.batch_size=4",
+    "train.max_steps=2",
+    "eval.eval_every=2",
+    "eval.sample_every=0",
+    "checkpoint.save_final_model=false",
+]
+# Trains until it is stopped or Slurm ends it (tiny steps, a checkpoint every 5).
+LONG = [
+    *QUICK,
+    "train.max_steps=100000",
+    "train.num_epochs=10000",
+    "eval.eval_every=100000",
+    "checkpoint.save_every=5",
+]
+DEADLINE_S = 420  # bounded polls: two busy cores, torch imported twice per job (torchrun + rank)
+
+
+def _slurm_setup():
+    spec = importlib.util.spec_from_file_location("rlhf_lab_e2e_slurm", ROOT / "tests/e2e/slurm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = _slurm_setup().ensure_slurm()
+    if reason:
+        if os.environ.get("RLHF_LAB_REQUIRE_SLURM"):
+            pytest.fail(f"RLHF_LAB_REQUIRE_SLURM is set but {reason}")
+        pytest.skip(f"no Slurm here: {reason}")
+    root = tmp_path_factory.mktemp("slurm-lab")
+    old = os.environ.get("RLHF_LAB_ROOT")
+    os.environ["RLHF_LAB_ROOT"] = str(root)
+    submitted = {
+        "ok": api.launch_experiment("sft", QUICK, model="tiny", campaign="slurm", slurm={}),
+        "stop": api.launch_experiment("sft", LONG, model="tiny", campaign="slurm", slurm={}),
+        "limit": api.launch_experiment(
+            "sft", LONG, model="tiny", campaign="slurm", slurm={"time": "1"}
+        ),
+    }
+    yield {name: result.run.id for name, result in submitted.items()}
+    for run_id in (r.run.id for r in submitted.values()):
+        job = (runs.run_state(run_id).slurm_job or "").strip()
+        if job:
+            subprocess.run(["scancel", job], capture_output=True)
+    if old is None:
+        os.environ.pop("RLHF_LAB_ROOT", None)
+    else:
+        os.environ["RLHF_LAB_ROOT"] = old
+
+
+@pytest.mark.slow
+def test_a_slurm_run_goes_from_pending_to_succeeded(cluster):
+    run_id = cluster["ok"]
+    first = runs.run_state(run_id)
+    assert first.slurm_job and first.state in ("queued", "running")
+    run_dir = Path(first.run_dir)
+    script = (run_dir / "job.sh").read_text()
+    assert (
+        "srun" in script and "torch.distributed.run" in script and "--rdzv-backend c10d" in script
+    )
+    final = wait_until(
+        lambda: (s := runs.run_state(run_id)).terminal and s, DEADLINE_S, "the run to end"
+    )
+    assert final.state == "succeeded", (final.error, (run_dir / "train.log").read_text()[-2000:])
+    assert final.slurm_state in ("COMPLETED", None)
+    assert (run_dir / "exit.json").is_file()  # the lab's exit record, written inside the job
+    log = api.tail_logs(run_id, lines=50)  # tail reads the job's log in the run folder
+    assert f"Slurm job {final.slurm_job}" in log.text and "exited with code 0" in log.text
+
+
+@pytest.mark.slow
+def test_stop_signals_the_job_and_the_run_is_stopped_then_resubmitted(cluster):
+    run_id = cluster["stop"]
+    wait_until(
+        lambda: (s := runs.run_state(run_id)).state == "running" and (s.step or 0) >= 6,
+        DEADLINE_S,
+        "the long run to train past its first checkpoint",
+    )
+    stopped = runs.stop_run(run_id, grace_s=120)
+    assert stopped.state == "stopped", stopped.message
+    assert stopped.last_checkpoint_step is not None and stopped.last_checkpoint_step >= 5
+    job = stopped.slurm_job
+    resumed = api.resume_run(run_id)
+    assert resumed.queued and resumed.run.slurm["job_id"] != job
+    assert resumed.run.slurm["jobs"] == [job, resumed.run.slurm["job_id"]]
+    assert "--resume" in (Path(resumed.run.run_dir) / "job.sh").read_text()
+    again = runs.stop_run(run_id, grace_s=5)  # pending or starting: ends without training
+    assert again.state in ("stopped", "killed")
+
+
+@pytest.mark.slow
+def test_slurm_time_limit_fails_the_run_with_the_reason(cluster):
+    run_id = cluster["limit"]
+    final = wait_until(
+        lambda: (s := runs.run_state(run_id)).terminal and s, DEADLINE_S, "the time limit"
+    )
+    assert final.state == "failed"
+    assert final.slurm_state == "TIMEOUT"
+    assert "time limit" in final.error and "(1)" in final.error
+
+
+# ------------------------------------------------------------------------ no cluster needed
+
+
+def test_job_script_runs_srun_and_torchrun_with_rendezvous_on_the_first_node(tmp_path):
+    options = SlurmOptions(nodes=2, gpus_per_node=4, partition="gpu", time="2:00:00", account="lab")
+    text = job_script("dpo-1", "direct_alignment", tmp_path / "run", options, source_dir=ROOT)
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=2:00:00",
+        "#SBATCH --account=lab",
+        f"#SBATCH --output={tmp_path}/run/train.log",
+    ):
+        assert line in text
+    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    assert "--nnodes 2 --nproc-per-node 4 --rdzv-backend c10d" in text
+    assert '--rdzv-endpoint "$head_node:$rdzv_port"' in text
+    assert "srun --kill-on-bad-exit=1" in text and "rlhf_lab._wrapper" in text
+    assert "-m trainers.direct_alignment.train --config" in text
+    syntax = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_without_sbatch_a_slurm_launch_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    with pytest.raises(Unavailable, match="Slurm is not installed here"):
+        api.launch_experiment("sft", QUICK, model="tiny", campaign="nosl", slurm={"nodes": 1})
+    assert not list(tmp_path.glob("experiments/*nosl*"))
+
+
+def test_bad_slurm_options_and_world_size_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    with pytest.raises(InvalidArgument, match="bad Slurm time"):
+        api.launch_experiment("sft", QUICK, model="tiny", slurm={"time": "soon"})
+    with pytest.raises(InvalidArgument, match="bad Slurm options"):
+        api.launch_experiment("sft", QUICK, model="tiny", slurm={"nodes": 0})
+    with pytest.raises(InvalidArgument, match="more than the global batch allows"):
+        api.launch_experiment("sft", QUICK, model="tiny", slurm={"nodes": 4, "gpus_per_node": 2})
+    with pytest.raises(InvalidArgument, match="gpus_per_node"):
+        api.launch_experiment("sft", QUICK, model="tiny", gpus="0,1", slurm={})
+    with pytest.raises(LabError, match="does not apply to a Slurm job"):
+        api.launch_experiment("sft", QUICK, model="tiny", queue=True, slurm={})
+    assert not list(tmp_path.glob("experiments/*/runs/*"))
+
+
+def test_plan_shows_the_job_script(tmp_path):
+    env = {**os.environ, "RLHF_LAB_ROOT": str(tmp_path)}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlhf_lab.cli",
+            "plan",
+            "--algorithm",
+            "dpo",
+            "--model",
+            "tiny",
+            "--slurm",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--time",
+            "30",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH --nodes=2" in done.stdout and "#SBATCH --time=30" in done.stdout
+    assert "--rdzv-backend c10d" in done.stdout
+    assert not list(tmp_path.glob("experiments/*/runs/*"))  # shown, not submitted
