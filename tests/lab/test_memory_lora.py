@@ -115,3 +115,17 @@ def test_the_lab_accepts_lora_overrides_and_refuses_them_without_enabled():
         resolve_config("dpo", ["model.name=tiny", "model.lora.rank=8"])
     with pytest.raises(LabError, match="model.lora.rnak"):
         resolve_config("dpo", ["model.name=tiny", "model.lora.rnak=8"])
+
+
+def test_the_lab_refuses_target_modules_the_model_does_not_have():
+    from rlhf_lab.validation import check_config
+
+    good = resolve_config("dpo", ["model.name=tiny", "model.lora.enabled=true"])
+    check_config("direct_alignment", good.data)
+    bad = resolve_config(
+        "dpo",
+        ["model.name=tiny", "model.lora.enabled=true", "model.lora.target_modules=[q_proj,attn]"],
+    )
+    with pytest.raises(LabError, match="attn is not a linear layer of model tiny") as err:
+        check_config("direct_alignment", bad.data)
+    assert "gate_proj" in err.value.message

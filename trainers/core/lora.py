@@ -22,7 +22,8 @@ nothing else:
 5. **Bad targets** are refused before anything is written (:func:`check_lora_targets`, from
    the harness): the message names the linear layers the model has.
 
-Default target modules per architecture (:data:`DEFAULT_TARGETS`): the attention and MLP
+Default target modules per architecture (:data:`DEFAULT_TARGETS`, which are also every linear
+layer of a block there, so the lab checks names against it without torch): the attention and MLP
 projections of each block (Llama / Qwen / SmolLM / Mistral / Gemma: ``q_proj k_proj v_proj
 o_proj gate_proj up_proj down_proj``; GPT-2: ``c_attn c_proj c_fc``); an architecture not in the
 table gets every linear layer but the LM head (peft's ``all-linear``).
@@ -58,7 +59,6 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
             "olmo2",
             "smollm3",
             "granite",
-            "phi",
         ),
         _LLAMA_STYLE,
     ),
