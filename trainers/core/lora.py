@@ -194,6 +194,13 @@ def add_adapters(model: torch.nn.Module, lora: LoraSection) -> torch.nn.Module:
         warnings.simplefilter("ignore", FutureWarning)  # a transformers deprecation, in peft
         adapted = get_peft_model(model, lora_config(lora, model))
     adapted.train(model.training)
+    sizes = describe(adapted)
+    targets = adapted.peft_config["default"].target_modules
+    print(
+        f"lora: rank {lora.rank}, alpha {lora.alpha:g} on {', '.join(sorted(targets))}: "
+        f"{sizes['trainable_params']:,} of {sizes['total_params']:,} parameters train",
+        flush=True,
+    )
     return adapted
 
 
