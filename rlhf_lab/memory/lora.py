@@ -8,7 +8,8 @@ What changes against full fine-tuning (``trainers/core/lora.py`` is what the tra
   fp16 model), so they cost ``4 B`` weights + ``4 B`` gradients + ``8 B`` AdamW moments each;
 * activations are those of full fine-tuning (backward still runs through every layer to reach
   the adapters below) plus, per target layer and token, the adapter's input after dropout
-  (``in`` values and a 1-byte mask, when dropout > 0) and its rank-``r`` output;
+  (``in`` values and a 1-byte mask, when dropout > 0), its rank-``r`` intermediate and its
+  branch output (``out`` values, see :func:`adapter_activation_bytes`);
 * no reference copy: the reference is the base with the adapters off (unless
   ``model.ref_name`` names another model).
 
@@ -91,11 +92,15 @@ def adapter_params(arch: ModelArch, plan: LoraPlan) -> int:
 
 
 def adapter_activation_bytes(arch: ModelArch, plan: LoraPlan, b: int) -> int:
-    """Bytes one block's adapters save for backward per token: the dropped-out input of each
-    adapted layer (with its mask) when dropout > 0, and each rank-``r`` intermediate."""
+    """Bytes one block's adapters add per token: the dropped-out input of each adapted layer
+    (with its mask) when dropout > 0 and each rank-``r`` intermediate, saved for backward; and
+    the adapter branch's output beside the base layer's (``out`` values per adapted layer),
+    which the allocator keeps through the forward (measured on ``small``: the forward's peak
+    exceeds the saved tensors by about that much, with or without dropout)."""
     shapes = target_shapes(arch, plan.targets)
     dropped = sum(a for a, _ in shapes) * (b + 1) if plan.dropout > 0 else 0
-    return dropped + len(shapes) * plan.rank * b
+    branch = sum(out for _, out in shapes) * b
+    return dropped + branch + len(shapes) * plan.rank * b
 
 
 def add_lora_trained(
