@@ -2,8 +2,9 @@
 trainer process reaches, for two model sizes and the main algorithm families. Target: the
 estimate within ±20 % of the measured peak in every case.
 
-    uv run python bench/memory_estimate.py            # 13 cases, tiny and small (~2.5 min idle)
+    uv run python bench/memory_estimate.py            # 18 cases, tiny and small (~3.5 min idle)
     uv run python bench/memory_estimate.py --quick    # tiny-dpo, small-sft, small-grpo-kl
+    uv run python bench/memory_estimate.py --lora     # the LoRA cases (model.lora.enabled)
     uv run python bench/memory_estimate.py --cases small-dpo,small-rm --threads 0 --jobs 1
 
 What is compared is what rlhf_lab.memory estimates. On the CPU its total is the whole process's peak
@@ -130,6 +131,26 @@ CASES = (
         "small-rm-acc", "preference_rm", "small", ("train.batch_size=4", TWO, "data.max_length=64")
     ),
 )
+# LoRA adapters (model.lora): frozen base, fp32 adapters with their gradients and AdamW state,
+# the reference as the base with the adapters off (no copy)
+LORA = ("model.lora.enabled=true", "model.lora.rank=16")
+CASES += (
+    Case("small-sft-lora", "sft", "small", ("train.batch_size=16", ONE, SFT_LENGTH, *LORA)),
+    Case(
+        "small-dpo-lora", "dpo", "small", ("train.batch_size=8", ONE, "data.max_length=64", *LORA)
+    ),
+    Case(
+        "small-grpo-kl-lora", "grpo", "small", ("train.batch_size=4", TWO, "loss.beta=0.04", *LORA)
+    ),
+    Case("small-ppo-lora", "ppo", "small", ("train.batch_size=4", TWO, *LORA)),
+    Case(
+        "small-rm-lora",
+        "preference_rm",
+        "small",
+        ("train.batch_size=8", ONE, "data.max_length=64", *LORA),
+    ),
+)
+LORA_CASES = tuple(c.name for c in CASES if c.name.endswith("-lora"))
 QUICK_CASES = ("tiny-dpo", "small-sft", "small-grpo-kl")
 
 
@@ -309,6 +330,7 @@ def ensure_models(models: set[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_CASES)}")
+    parser.add_argument("--lora", action="store_true", help="only the LoRA cases")
     parser.add_argument("--cases", help="comma list of case names (default: all)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--jobs", type=int, default=2, help="cases measured at the same time")
@@ -327,6 +349,7 @@ def main() -> None:
     if device == "cuda" and not gpus:
         raise SystemExit("--device cuda: NVML sees no GPU here")
     wanted = args.cases.split(",") if args.cases else QUICK_CASES if args.quick else None
+    wanted = LORA_CASES if args.lora and not args.cases else wanted
     cases = [c for c in CASES if wanted is None or c.name in wanted]
     unknown = set(wanted or []) - {c.name for c in cases}
     if unknown:

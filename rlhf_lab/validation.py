@@ -263,6 +263,36 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
                 f"the context length of model {policy} is unknown here (its config.json is not "
                 "available), so the sequence lengths were not checked against it"
             )
+        _check_lora_targets(data, stand_in(policy), policy)
     base = base_model(policy) if isinstance(policy, str) else None
     out.warnings.extend(_lr_warnings(data, preset=base in PRESETS))
     return out
+
+
+def _check_lora_targets(data: dict[str, Any], name: str, shown: str) -> None:
+    """Refuse LoRA target modules that are not linear layers of the policy, for the
+    architectures whose layers the trainers know (``trainers.core.lora.DEFAULT_TARGETS``); the
+    trainer checks any other model itself before it writes anything."""
+    targets = get_dotted(data, "model.lora.target_modules")
+    if not get_dotted(data, "model.lora.enabled") or not isinstance(targets, list):
+        return
+    from rlhf_lab.memory import model_facts
+    from trainers.core.lora import DEFAULT_TARGETS, missing_targets
+
+    try:
+        arch = model_facts(name).params.arch
+    except LabError:
+        return
+    layers = DEFAULT_TARGETS.get(arch.model_type) if arch is not None else None
+    missing = missing_targets(targets, list(layers or ()))
+    if layers and missing:
+        raise InvalidArgument(
+            f"model.lora.target_modules: {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not a linear layer of model {shown} "
+            f"({arch.model_type}); its linear layers: {', '.join(layers)}",
+            next=NextStep(
+                "shrink_config",
+                {"overrides": ["model.lora.target_modules=null"]},
+                note="the architecture's default targets (attention and MLP projections)",
+            ),
+        )

@@ -30,6 +30,7 @@ from rlhf_lab.memory.blocks import (
     packed_positions,
     per_row_positions,
 )
+from rlhf_lab.memory.lora import add_lora_trained, lora_plan, reference_is_base
 from trainers.core.spec import AlgorithmSpec, family_spec
 
 
@@ -85,12 +86,39 @@ class EstimateInputs:
 FamilyEstimator = Callable[[EstimateInputs, EstimateBuilder], int]
 
 
+def _trained(
+    inputs: EstimateInputs,
+    bld: EstimateBuilder,
+    label: str,
+    params: int,
+    arch: ModelArch | None,
+    **shape: Any,
+) -> int:
+    """A trained model, in full or through LoRA adapters when the config enables them
+    (:mod:`rlhf_lab.memory.lora`); returns its trained parameters."""
+    plan = lora_plan(inputs.config)
+    if plan is None:
+        bld.trained(label, params, arch, **shape, **inputs.trained_kwargs())
+        return params
+    shape.pop("accumulating", None)  # adapter gradients are small: no overlap to model
+    return add_lora_trained(
+        bld, label, params, arch, plan, b=inputs.b, ckpt=inputs.ckpt, eager=inputs.eager, **shape
+    )
+
+
 def _train_on_packed_rows(
     inputs: EstimateInputs, bld: EstimateBuilder, label: str, rows: int, seq: int
-) -> None:
+) -> int:
     """The trained model of direct alignment and SFT: ``rows × seq`` tokens a micro-batch,
-    completions packed into one row before the LM head, resident while sampling too."""
-    bld.trained(
+    completions packed into one row before the LM head, resident while sampling too (and
+    during the reference pass when, with LoRA, it is the reference). Returns its trained
+    parameters."""
+    resident = ["train", "generate"]
+    if reference_is_base(inputs.config, inputs.model_name):
+        resident.append("reference")
+    return _trained(
+        inputs,
+        bld,
         label,
         inputs.params,
         inputs.arch,
@@ -98,8 +126,7 @@ def _train_on_packed_rows(
         seq=seq,
         logit_positions=packed_positions(rows, seq),
         accumulating=inputs.accumulates(),
-        resident=["train", "generate"],
-        **inputs.trained_kwargs(),
+        resident=resident,
     )
 
 
@@ -143,14 +170,16 @@ def estimate_direct_alignment(inputs: EstimateInputs, bld: EstimateBuilder) -> i
     per_example = 3 if algo == "kto" else 2
     rows = int(inputs.setting("train.batch_size", 1)) * per_example
     seq = int(inputs.setting("data.max_length", 512))
-    _train_on_packed_rows(inputs, bld, "policy", rows, seq)
+    trainable = _train_on_packed_rows(inputs, bld, "policy", rows, seq)
+    lora_base = reference_is_base(inputs.config, inputs.model_name)
     if algo in ("simpo", "orpo"):
         bld.notes.append(f"{algo} is reference-free: no reference model")
     elif inputs.reference_cached:
         bld.notes.append("reference log-probs come from the warm cache: no reference model")
     else:
         ref_pc, ref_params = _reference_model(inputs, bld)
-        bld.frozen("reference", ref_params, inputs.b, ["reference"])
+        if not lora_base:
+            bld.frozen("reference", ref_params, inputs.b, ["reference"])
         if ref_pc is not None and ref_pc.arch is not None:
             eval_rows = int(inputs.setting("eval.eval_batch_size", 8)) * per_example
             fwd = forward_gb(ref_pc.arch, inputs.b, eval_rows, seq, inputs.eager)
@@ -163,12 +192,15 @@ def estimate_direct_alignment(inputs: EstimateInputs, bld: EstimateBuilder) -> i
                 f"{eval_rows} rows × {seq} tokens",
             )
         bld.notes.append(
-            "the reference pass runs once before the policy is loaded (then it is freed and "
-            "its log-probs cached), so it does not add to the training peak"
+            "LoRA: the reference pass runs on the policy with its adapters off (no copy), "
+            "once before training, its log-probs cached"
+            if lora_base
+            else "the reference pass runs once before the policy is loaded (then it is freed "
+            "and its log-probs cached), so it does not add to the training peak"
         )
     prompt = int(inputs.setting("data.max_prompt_length") or min(seq, 512))
     _add_sampling_kv_cache(inputs, bld, prompt)
-    return inputs.params
+    return trainable
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,9 +213,9 @@ def estimate_sft(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
     samples."""
     rows = int(inputs.setting("train.batch_size", 1))
     seq = int(inputs.setting("data.max_length", 2048))
-    _train_on_packed_rows(inputs, bld, "model", rows, seq)
+    trainable = _train_on_packed_rows(inputs, bld, "model", rows, seq)
     _add_sampling_kv_cache(inputs, bld, int(inputs.setting("eval.sample_max_input_tokens") or seq))
-    return inputs.params
+    return trainable
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,19 +276,17 @@ def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> i
             f"{rows} rows, each prompt forwarded once"
         )
     shape = dict(rows=rows, seq=seq, accumulating=micro > 1, resident=["train", "generate"])
-    bld.trained(
-        "policy",
-        inputs.params,
-        inputs.arch,
-        logit_positions=per_row_positions(rows, new_tokens),
-        **shape,
-        **inputs.trained_kwargs(),
+    logits = per_row_positions(rows, new_tokens)
+    trainable = _trained(
+        inputs, bld, "policy", inputs.params, inputs.arch, logit_positions=logits, **shape
     )
-    trainable = inputs.params
     spec = _pg_spec(str(algo))
     beta = float(inputs.setting("loss.beta", 0.0))
     if beta > 0 and (spec is None or spec.kl != "none"):  # DAPO, MaxRL: no KL, no reference
-        bld.frozen("reference", inputs.params, inputs.b, ["train", "generate"])
+        if reference_is_base(inputs.config, inputs.model_name):
+            bld.notes.append("LoRA: the reference is the policy with its adapters off (no copy)")
+        else:
+            bld.frozen("reference", inputs.params, inputs.b, ["train", "generate"])
     if spec is not None and spec.greedy_baseline:
         bld.notes.append(
             f"{algo}: one greedy completion per prompt each step as the baseline ({prompts} more "
@@ -264,15 +294,9 @@ def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> i
             "after them, so their KV cache never adds to the rollout batch's)"
         )
     if spec is not None and spec.needs_value_model:
-        bld.trained(
-            "value model",
-            inputs.params,
-            inputs.arch,
-            logit_positions=0,
-            **shape,
-            **inputs.trained_kwargs(),
+        trainable += _trained(
+            inputs, bld, "value model", inputs.params, inputs.arch, logit_positions=0, **shape
         )
-        trainable = 2 * inputs.params
     if inputs.arch is not None:
         gb, how = _rollout_kv_cache(inputs, inputs.arch, new_tokens, per_step)
         bld.add("generation KV cache", gb, ["generate"], how)
@@ -330,7 +354,9 @@ def estimate_reward_models(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
             bld.add("backbone forward (no grad)", fwd, ["train"])
         bld.notes.append("freeze_backbone: only the head trains (its state is negligible)")
         return 0
-    bld.trained(
+    return _trained(
+        inputs,
+        bld,
         "reward model",
         body,
         arch,
@@ -339,9 +365,7 @@ def estimate_reward_models(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
         logit_positions=0,
         accumulating=inputs.accumulates(),
         resident=["train"],
-        **inputs.trained_kwargs(),
     )
-    return body
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,7 +418,9 @@ def estimate_rejection_sampling(inputs: EstimateInputs, bld: EstimateBuilder) ->
         bld.notes.append("scored by a verifier: no reward model")
     rows = int(config_leaf(config, "batch_size", 1))
     seq = int(config_leaf(config, "max_seq_length", 0) or config_leaf(config, "max_length", 1024))
-    bld.trained(
+    trainable = _trained(
+        inputs,
+        bld,
         "policy (SFT)",
         inputs.params,
         arch,
@@ -403,10 +429,9 @@ def estimate_rejection_sampling(inputs: EstimateInputs, bld: EstimateBuilder) ->
         logit_positions=packed_positions(rows, seq),
         accumulating=inputs.accumulates("gradient_accumulation_steps"),
         resident=["train"],
-        **inputs.trained_kwargs(),
     )
     bld.notes.append("stages run one after another: generate, score, then SFT on the selection")
-    return inputs.params
+    return trainable
 
 
 FAMILY_ESTIMATORS: dict[str, FamilyEstimator] = {

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 M = TypeVar("M", bound=BaseModel)
 # "1e-5", "1.5E3", ".5e1" (YAML 1.1 reads them as strings). A run of digits matches only one
@@ -40,6 +47,43 @@ class StrictModel(BaseModel):
 # ---------------------------------------------------------------------------------------------
 
 
+class LoraSection(StrictModel):
+    """Low-rank adapters (peft's LoRA) on the model's linear layers instead of full fine-tuning.
+
+    With ``enabled`` the base weights are frozen, only the adapters (and a reward or value
+    head) train, the reference is the base with the adapters switched off, and the run saves
+    both the adapter and the merged model (``trainers/core/lora.py``)."""
+
+    enabled: bool = Field(default=False, description="train LoRA adapters (default: full)")
+    rank: int = Field(default=16, ge=1, description="r, the adapters' rank")
+    alpha: float = Field(default=32.0, gt=0, description="scaling numerator: ΔW = (α/r)·BA")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] | Literal["all-linear"] | None = Field(
+        default=None,
+        description="linear layers to adapt, by name (q_proj ...); None: the architecture's "
+        "default (attention + MLP projections), 'all-linear': every linear but the LM head",
+    )
+
+    @model_validator(mode="after")
+    def _settings_need_enabled(self) -> LoraSection:
+        """A LoRA setting given while LoRA is off would be ignored without a word."""
+        fields = type(self).model_fields
+        given = sorted(
+            k
+            for k in self.model_fields_set - {"enabled"}
+            if getattr(self, k) != fields[k].get_default(call_default_factory=True)
+        )
+        if given and not self.enabled:
+            keys = ", ".join(f"model.lora.{k}" for k in given)
+            raise ValueError(
+                f"{keys} given but model.lora.enabled is false: set model.lora.enabled=true to "
+                "train LoRA adapters, or drop the LoRA settings for full fine-tuning"
+            )
+        if isinstance(self.target_modules, list) and not self.target_modules:
+            raise ValueError("model.lora.target_modules is empty: name at least one module")
+        return self
+
+
 class ModelSection(StrictModel):
     name: str = Field(description="preset (tiny), local folder, .gguf file or hub id")
     ref_name: str | None = Field(
@@ -49,6 +93,9 @@ class ModelSection(StrictModel):
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     gradient_checkpointing: bool = False
+    lora: LoraSection = Field(
+        default_factory=LoraSection, description="LoRA adapters instead of full fine-tuning"
+    )
 
 
 # Above this a learning rate is refused: no AdamW fine-tuning uses it and the loss is NaN within

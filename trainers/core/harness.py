@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from trainers.core.config import ConfigError, LoggingSection, dump_config, load_config, read_yaml
+from trainers.core.lora import check_lora_targets
 from trainers.core.rundir import SIGTERM_ENV as SIGTERM_ENV
 from trainers.core.rundir import RunDir, reset_sigterm_hook, sigterm_self_at
 from trainers.core.runfolder import SummaryFile
@@ -274,6 +275,7 @@ def run_trainer(
                 "--run-dir (nothing was changed)"
             )
         preflight(cfg)
+        check_lora_targets(getattr(cfg, "model", None))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

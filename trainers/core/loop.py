@@ -229,7 +229,9 @@ class TrainingRun:
         checkpoints = list_checkpoints(self.run.checkpoints_dir)
         if not checkpoints:
             raise ConfigError(f"--resume: no checkpoint in {self.run.checkpoints_dir}")
-        state = load_checkpoint(checkpoints[-1], model, optimizer, scheduler)
+        from trainers.core.lora import checkpointable  # LoRA: the adapters only
+
+        state = load_checkpoint(checkpoints[-1], checkpointable(model), optimizer, scheduler)
         self.step = state["step"]
         extra = state.get("extra", {})
         self.tokens_seen = extra.get("tokens_seen", 0)
@@ -382,7 +384,9 @@ class TrainingRun:
         """What this run's checkpoints hold: the model, optimizer and scheduler, the data
         position (``position()``; an epoch loop's own by default) and family state
         (``extra()``; the tokens seen are always added). Both are read when a step completes."""
-        self._checkpointer = (model, optimizer, scheduler, position, extra)
+        from trainers.core.lora import checkpointable  # LoRA: the adapters only
+
+        self._checkpointer = (checkpointable(model), optimizer, scheduler, position, extra)
 
     def _snapshot(self) -> Callable[..., Path]:
         """A save of the checkpoint as things stand now (data position and family state read
@@ -482,12 +486,18 @@ class TrainingRun:
         self, model: Any, tokenizer: Any, save: Callable[[Any, Any, Path], None] | None = None
     ) -> str | None:
         """Write ``final_model/`` when the config asks for it (``save(model, tokenizer, path)``
-        for models that are not plain transformers); returns its path, or None."""
+        for models that are not plain transformers); returns its path, or None. A model with
+        LoRA adapters also writes ``final_adapter/`` and merges them into ``final_model/``
+        (:func:`trainers.core.lora.save_final`; the model is merged afterwards)."""
+        from trainers.core.lora import has_adapters, save_final
+
         if not self.checkpointing.save_final_model:
             return None
         self.progress("saving")
         path = self.run.path / "final_model"
-        if save is not None:
+        if has_adapters(model):
+            save_final(model, tokenizer, path, save)
+        elif save is not None:
             save(model, tokenizer, path)
         else:
             from trainers.core.tiny import quiet_hf

@@ -37,6 +37,7 @@ from trainers.core.loop import (
     round_robin,
     step_metrics,
 )
+from trainers.core.lora import add_adapters, needs_reference_copy, reference_view
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
@@ -188,9 +189,12 @@ def reference_cache_path(cfg: DirectAlignmentConfig, examples, dtype) -> Path:
     return cache_root() / "ref_logps" / f"{key}.pt"
 
 
-def load_or_compute_reference(cfg, examples, pad_id, device, dtype, attn) -> tuple[dict, dict]:
+def load_or_compute_reference(
+    cfg, examples, pad_id, device, dtype, attn, policy: torch.nn.Module | None = None
+) -> tuple[dict, dict]:
     """Reference log-probs from the disk cache, or computed once with a temporary reference
-    model that is freed afterwards. Returns (logps, info)."""
+    model that is freed afterwards; with LoRA (``policy`` given, with adapters) from the
+    policy's base, its adapters off, without a second copy. Returns (logps, info)."""
     path = reference_cache_path(cfg, examples, dtype)
     if path.is_file():
         return torch.load(path, weights_only=True), {
@@ -198,17 +202,21 @@ def load_or_compute_reference(cfg, examples, pad_id, device, dtype, attn) -> tup
             "ref_cache_path": str(path),
         }
     t0 = time.time()
-    ref = load_causal_lm(
-        cfg.model.ref_name or cfg.model.name,
-        device=device,
-        dtype=dtype,
-        attn_implementation=attn,
-        trainable=False,
-    )
-    logps = compute_reference_logps(
-        ref, examples, pad_id, device, cfg.eval.eval_batch_size, with_kl=cfg.loss == "kto"
-    )
-    del ref
+    with_kl, batch_size = cfg.loss == "kto", cfg.eval.eval_batch_size
+    if policy is not None:
+        with reference_view(policy) as ref:
+            logps = compute_reference_logps(ref, examples, pad_id, device, batch_size, with_kl)
+        policy.train()
+    else:
+        ref = load_causal_lm(
+            cfg.model.ref_name or cfg.model.name,
+            device=device,
+            dtype=dtype,
+            attn_implementation=attn,
+            trainable=False,
+        )
+        logps = compute_reference_logps(ref, examples, pad_id, device, batch_size, with_kl)
+        del ref
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{time.time_ns()}")
     torch.save(logps, tmp)
@@ -336,21 +344,28 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     total_steps = epoch_total_steps(len(train_ex), cfg.train)
     loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
+    def load_policy() -> torch.nn.Module:
+        run.update_phase("loading_model", total_steps)
+        model = load_causal_lm(
+            cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
+        )
+        return add_adapters(model, cfg.model.lora)  # LoRA when model.lora.enabled
+
+    # LoRA: the policy loads first, its base (adapters off) is the reference; else the
+    # reference is its own model, loaded and freed before the policy loads
+    model = None if needs_reference_copy(cfg.model) else load_policy()
     ref = ref_eval = None
     if cfg.needs_reference:
         run.update_phase("reference_logprobs", total_steps)
         ref, cache_info = load_or_compute_reference(
-            cfg, train_ex + eval_ex, pad_id, device, dtype, attn
+            cfg, train_ex + eval_ex, pad_id, device, dtype, attn, policy=model
         )
         ref_eval = {k: v[len(train_ex) :] for k, v in ref.items()}
         ref = {k: v[: len(train_ex)] for k, v in ref.items()}
         info.update(cache_info)
         print(f"reference log-probs: cache {cache_info['ref_cache']}", flush=True)
 
-    run.update_phase("loading_model", total_steps)
-    model = load_causal_lm(
-        cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
-    )
+    model = model if model is not None else load_policy()
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)

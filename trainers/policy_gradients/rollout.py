@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from trainers.core.logprobs import position_ids_of
+from trainers.core.lora import reference_view
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     TOKEN_ADVANTAGES,
@@ -213,8 +214,9 @@ def prepare_update(
     kl_in_reward = cfg.uses_kl and spec.kl == "reward"
     if cfg.needs_old_logps or kl_in_reward:
         exp.old_logps = sequence_logps(policy, exp, bs, device)
-    if cfg.uses_kl:
-        exp.ref_logps = sequence_logps(ref_model, exp, bs, device)
+    if cfg.uses_kl:  # ref_model None with LoRA: the policy with its adapters off
+        with reference_view(policy, ref_model) as reference:
+            exp.ref_logps = sequence_logps(reference, exp, bs, device)
         if exp.old_logps is not None:  # else the update's first pass fills it (π = π_old there)
             exp.kl_ref = sequence_kl(exp.old_logps, exp.ref_logps, mask)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from trainers.core.config import LoraSection
 from trainers.core.logprobs import (
     hidden_to_token_stats,
     position_ids_of,
@@ -76,11 +77,17 @@ class ValueModel(nn.Module):
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
 
 
-def load_value_model(name: str, **load_kwargs: object) -> ValueModel:
-    """A fresh value model on the decoder of causal LM ``name`` (loaded trainable)."""
+def load_value_model(
+    name: str, lora: LoraSection | None = None, **load_kwargs: object
+) -> ValueModel:
+    """A fresh value model on the decoder of causal LM ``name`` (loaded trainable); with
+    ``lora`` enabled its body is frozen with adapters of its own and the head trains in full."""
+    from trainers.core.lora import add_adapters
     from trainers.core.models import load_causal_lm
 
     lm = load_causal_lm(name, trainable=True, **load_kwargs)
+    if lora is not None:
+        lm = add_adapters(lm, lora)
     value = ValueModel(lm)
     del lm
     return value

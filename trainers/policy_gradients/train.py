@@ -33,6 +33,12 @@ from trainers.core.config import ConfigError
 from trainers.core.generation import end_of_turn_ids
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
+from trainers.core.lora import (
+    add_adapters,
+    checkpoint_state,
+    load_checkpoint_state,
+    needs_reference_copy,
+)
 from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
@@ -471,15 +477,15 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     load = dict(device=device, dtype=dtype, attn_implementation=attn)
     run.update_phase("loading_model")
-    policy = load_causal_lm(cfg.model.name, trainable=True, **load)
+    policy = add_adapters(load_causal_lm(cfg.model.name, trainable=True, **load), cfg.model.lora)
     use_gradient_checkpointing(policy, cfg.model.gradient_checkpointing)
-    ref_model = None
-    if cfg.uses_kl:
+    ref_model = None  # with LoRA: the policy's base, adapters off (lora.reference_view)
+    if cfg.uses_kl and needs_reference_copy(cfg.model):
         ref_model = load_causal_lm(cfg.model.ref_name or cfg.model.name, trainable=False, **load)
     value_model = None
     params = [p for p in policy.parameters() if p.requires_grad]
     if cfg.algorithm == "ppo":
-        value_model = load_value_model(cfg.model.name, **load)
+        value_model = load_value_model(cfg.model.name, lora=cfg.model.lora, **load)
         use_gradient_checkpointing(value_model.body, cfg.model.gradient_checkpointing)
         value_model.train()
         params += [p for p in value_model.parameters() if p.requires_grad]
@@ -513,7 +519,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         state = loop.resume(policy, optimizer, scheduler)
         stream = PromptStream.from_state(len(train_prompts), cfg.seed, state["data_position"])
         if value_model is not None:
-            value_model.load_state_dict(state["extra"]["value_model"])
+            load_checkpoint_state(value_model, state["extra"]["value_model"])
         best.value = state["extra"].get("best_eval")
         models.moments = RunningMoments.from_state(state["extra"].get("reward_moments"))
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.algorithm}-{run.path.name}")
@@ -531,7 +537,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
     def checkpoint_extra() -> dict[str, Any]:
         extra: dict[str, Any] = {"best_eval": best.value, "reward_moments": models.moments.state()}
         if value_model is not None:
-            extra["value_model"] = value_model.state_dict()
+            extra["value_model"] = checkpoint_state(value_model)  # LoRA: adapters + head
         return extra
 
     loop.checkpoint_with(

@@ -349,6 +349,7 @@ def sft_config(cfg: RejectionSamplingConfig, selection_path: Path):
             "dtype": cfg.model.dtype,
             "attn_implementation": cfg.model.attn_implementation,
             "gradient_checkpointing": cfg.model.gradient_checkpointing,
+            "lora": cfg.model.lora.model_dump(exclude_unset=True),
             "chat_template_source": None,
         },
         "data": {

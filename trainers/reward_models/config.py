@@ -153,6 +153,11 @@ class RewardModelConfig(StrictModel):
                     f"data.dataset {ds!r} is not an offline set for kind {self.kind!r}; use "
                     f"{wanted!r} (the sets: {', '.join(BUILTIN_BY_KIND.values())})"
                 )
+        if self.freeze_backbone and self.model.lora.enabled:
+            raise ValueError(
+                "freeze_backbone=true trains the head only, model.lora.enabled=true adds "
+                "adapters to the backbone: choose one"
+            )
         return self
 
     @property

@@ -37,6 +37,7 @@ from trainers.core.loop import (
     round_robin,
     step_metrics,
 )
+from trainers.core.lora import add_adapters
 from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
@@ -461,6 +462,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         trainable=True,
         freeze_backbone=cfg.freeze_backbone,
     )
+    model.backbone = add_adapters(model.backbone, cfg.model.lora)  # the head stays trainable
     use_gradient_checkpointing(
         model.backbone, cfg.model.gradient_checkpointing and not cfg.freeze_backbone
     )

@@ -44,6 +44,7 @@ from trainers.core.loop import (
     round_robin,
     step_metrics,
 )
+from trainers.core.lora import add_adapters
 from trainers.core.models import (
     hub_offline,
     hub_reachable,
@@ -449,6 +450,7 @@ def train(
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
+    model = add_adapters(model, cfg.model.lora)  # LoRA when model.lora.enabled
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
