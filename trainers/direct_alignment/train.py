@@ -24,6 +24,13 @@ from typing import Any
 import torch
 
 from trainers.core.config import ConfigError
+from trainers.core.distributed import (
+    broadcast_object,
+    gather_blocks,
+    rank_block,
+    shard_model,
+    world,
+)
 from trainers.core.generation import generate_completions
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.logprobs import split_completion_logps
@@ -190,9 +197,11 @@ def reference_cache_path(cfg: DirectAlignmentConfig, examples, dtype) -> Path:
 
 def load_or_compute_reference(cfg, examples, pad_id, device, dtype, attn) -> tuple[dict, dict]:
     """Reference log-probs from the disk cache, or computed once with a temporary reference
-    model that is freed afterwards. Returns (logps, info)."""
+    model that is freed afterwards. Returns (logps, info). Under torchrun the reference model
+    is sharded too, each rank computes its block of the examples, the blocks are gathered on
+    every rank, and rank 0 writes the cache (rank 0 decides hit or miss for all)."""
     path = reference_cache_path(cfg, examples, dtype)
-    if path.is_file():
+    if broadcast_object(path.is_file()):
         return torch.load(path, weights_only=True), {
             "ref_cache": "hit",
             "ref_cache_path": str(path),
@@ -205,14 +214,23 @@ def load_or_compute_reference(cfg, examples, pad_id, device, dtype, attn) -> tup
         attn_implementation=attn,
         trainable=False,
     )
+    shard_model(ref)
+    block = rank_block(len(examples))
     logps = compute_reference_logps(
-        ref, examples, pad_id, device, cfg.eval.eval_batch_size, with_kl=cfg.loss == "kto"
+        ref,
+        [examples[i] for i in block],
+        pad_id,
+        device,
+        cfg.eval.eval_batch_size,
+        with_kl=cfg.loss == "kto",
     )
+    logps = {k: gather_blocks(v, len(examples)) for k, v in logps.items()}
     del ref
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{time.time_ns()}")
-    torch.save(logps, tmp)
-    tmp.replace(path)
+    if world().is_main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{time.time_ns()}")
+        torch.save(logps, tmp)
+        tmp.replace(path)
     info = {
         "ref_cache": "miss",
         "ref_cache_path": str(path),
@@ -352,6 +370,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
+    shard_model(model)  # FSDP2 under torchrun; nothing on one process
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
     loop.checkpoint_with(model, optimizer, scheduler)
@@ -385,9 +404,9 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
         timer = StepTimer()
         agg, step_tokens = StepMetrics(), 0
-        for m in range(0, len(pos.ids), cfg.train.batch_size):
+        for m in range(0, len(pos.local_ids), cfg.train.batch_size):
             raise_if_stopping("micro_batch")
-            ids = pos.ids[m : m + cfg.train.batch_size]
+            ids = pos.local_ids[m : m + cfg.train.batch_size]
             loss, metrics, n_tok = micro_batch_loss(cfg, model, train_ex, ids, ref, pad_id, device)
             (loss * len(ids) / len(pos.ids)).backward()
             agg.add(metrics, weight=len(ids))
