@@ -182,8 +182,8 @@ class RunDir:
         """Say what the trainer does now, keeping what progress.json already shows (step and
         family fields): the phases before the loop's first step, when a resumed run has not yet
         reloaded its step. ``total_steps`` replaces the shown total once it is known."""
-        if not self.writer:
-            self.phase = phase
+        if not self.writer:  # nothing to read back; the phase still counts (sigterm_self_at)
+            self.write_progress(0, total_steps, phase=phase)
             return
         previous, _ = read_file(self.path / "progress.json", ProgressFile)
         fields = previous.model_dump(exclude_unset=True) if previous is not None else {}

@@ -40,9 +40,10 @@ def main(spec_path: str) -> int:
                 else:
                     os.environ[k] = v
         codes.append(code)
-        if rank == "0":
-            with open(spec_path + ".codes", "w") as f:
+        if rank == "0":  # whole file or none: torchrun may kill this rank right after
+            with open(spec_path + ".codes.tmp", "w") as f:
                 json.dump(codes, f)
+            os.replace(spec_path + ".codes.tmp", spec_path + ".codes")
         if code not in (0, 143):
             return code
     return 0
