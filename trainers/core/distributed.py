@@ -38,7 +38,7 @@ import io
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -85,7 +85,6 @@ class World:
     local_rank: int = 0
     backend: str | None = None
     mixed_precision: Any = None  # the bf16 compute dtype under FSDP on CUDA, else None
-    seeds: list[int] = field(default_factory=list)  # sampling seed of every rank, once set
 
     @property
     def is_main(self) -> bool:
@@ -252,24 +251,10 @@ def gather_blocks(values: Any, n: int) -> Any:
 
 
 def rank_seed(seed: int, rank: int | None = None) -> int:
-    """The sampling seed of ``rank``: ``seed + rank`` (rank 0 samples as a single process)."""
+    """The sampling seed of ``rank``: ``seed + rank`` (rank 0 samples as a single process).
+    Every rank first builds identical weights from the config's seed; a loop that samples its
+    own share (policy-gradient rollouts, once they run under torchrun) reseeds with this."""
     return seed + (_world.rank if rank is None else rank)
-
-
-def seed_rank_sampling(seed: int) -> int:
-    """Reseed this rank's generators for sampling (after every rank built identical weights
-    from the shared seed) and record every rank's seed; returns this rank's."""
-    import torch
-
-    from trainers.core.training import seed_everything
-
-    mine = rank_seed(seed)
-    if _world.distributed:
-        seed_everything(mine)
-        if torch.cuda.is_available():
-            torch.cuda.manual_seed(mine)
-    _world.seeds = [rank_seed(seed, r) for r in range(_world.size)]
-    return mine
 
 
 def describe() -> dict[str, Any]:
@@ -279,8 +264,6 @@ def describe() -> dict[str, Any]:
     out: dict[str, Any] = {"world_size": _world.size, "backend": _world.backend}
     if _world.mixed_precision is not None:
         out["mixed_precision"] = "bf16 params, fp32 reductions"
-    if _world.seeds:
-        out["sampling_seeds"] = list(_world.seeds)
     return out
 
 
