@@ -109,8 +109,15 @@ class OptimSection(StrictModel):
     max_steps: int | None = Field(
         default=None, ge=1, description="stop after this many optimizer steps (None: epochs)"
     )
-    batch_size: int = Field(default=4, ge=1, description="micro-batch size (examples)")
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    batch_size: int = Field(
+        default=4, ge=1, description="micro-batch size (examples), per process under torchrun"
+    )
+    gradient_accumulation_steps: int = Field(
+        default=1,
+        ge=1,
+        description="micro-batches per optimizer step, per process; the global batch is "
+        "batch_size x gradient_accumulation_steps x the number of processes",
+    )
     schedule: Literal["linear", "constant"] = "linear"
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from trainers.core.distributed import gathered
 from trainers.core.harness import raise_if_stopping
 from trainers.core.logprobs import position_ids_of
 
@@ -154,6 +155,15 @@ def sample_tokens(
         raise ValueError(
             f"max_new_tokens and repeats must be >= 1, got {max_new_tokens}, {repeats}"
         )
+    with gathered(model):  # under torchrun: whole weights, no collective per token
+        return _sample_tokens(
+            model, prompts, max_new_tokens, stop_ids, pad_id, sampling, repeats, generator
+        )
+
+
+def _sample_tokens(
+    model, prompts, max_new_tokens, stop_ids, pad_id, sampling, repeats, generator
+) -> list[list[int]]:
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)

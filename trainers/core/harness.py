@@ -35,6 +35,12 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from trainers.core.config import ConfigError, LoggingSection, dump_config, load_config, read_yaml
+from trainers.core.distributed import (
+    init_from_env,
+    prefix_output,
+    world,
+    world_from_env,
+)
 from trainers.core.lora import check_lora_targets
 from trainers.core.rundir import SIGTERM_ENV as SIGTERM_ENV
 from trainers.core.rundir import RunDir, reset_sigterm_hook, sigterm_self_at
@@ -73,8 +79,17 @@ def raise_if_stopping(where: str) -> None:
     optimizer update, between evaluation batches, between generated tokens. ``where`` names the
     check for the stop's detail and for :data:`SIGTERM_ENV`."""
     sigterm_self_at(where)
-    if _stop_flag["set"]:
+    if _stop_flag["set"] and not _several_ranks():  # under torchrun: at the step's end only
         raise StopRequested(f"SIGTERM during {where}", where=where)
+
+
+def _several_ranks() -> bool:
+    """Under torchrun a rank must not leave a step alone (the others would wait for it in a
+    collective): a stop is decided by every rank together at the end of the step
+    (:meth:`~trainers.core.loop.TrainingRun.checkpoint_or_stop`)."""
+    from trainers.core.distributed import world
+
+    return world().distributed
 
 
 def stop_anywhere(on: bool) -> None:
@@ -249,15 +264,20 @@ def run_trainer(
     preflight: Callable[[C], None],
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
+    multi_process: bool = True,
 ) -> int:
     """Validate, create the run directory, call ``train(cfg, run, resume)``, record the outcome.
 
     ``train`` returns the summary of a successful run (a ``SummaryFile``, or its fields) and
     writes progress/metrics itself. ``planned_steps(cfg)``: the total steps when the config
-    alone tells them (for the first progress.json). Returns the process exit code.
+    alone tells them (for the first progress.json). ``multi_process=False``: the family does
+    not run under torchrun yet (one clear error, nothing written). Returns the exit code.
     """
     args = parse_args(argv, description)
     run_dir = Path(args.run_dir)
+    ranks = world_from_env()  # under torchrun: this process's rank (one process: rank 0 of 1)
+    if ranks.distributed:
+        prefix_output(ranks.rank)
     try:
         if args.resume and (run_dir / "config.yaml").is_file() and not Path(args.config).exists():
             args.config = str(run_dir / "config.yaml")
@@ -274,6 +294,18 @@ def run_trainer(
                 f"{run_dir} already holds a run; pass --resume to continue it or choose a new "
                 "--run-dir (nothing was changed)"
             )
+        if ranks.distributed and not multi_process:
+            raise ConfigError(
+                f"this trainer runs on one process in this version, not under torchrun "
+                f"({ranks.size} processes): start it with python -m; sft, direct_alignment and "
+                "reward_models run on several processes"
+            )
+        lora = getattr(getattr(cfg, "model", None), "lora", None)
+        if ranks.distributed and lora is not None and lora.enabled:
+            raise ConfigError(
+                "LoRA runs on one process in this version, not under torchrun: start it with "
+                "python -m, or train in full (model.lora.enabled=false) to shard it"
+            )
         preflight(cfg)
         check_lora_targets(getattr(cfg, "model", None))
     except ConfigError as err:
@@ -283,8 +315,9 @@ def run_trainer(
     _stop_flag.update(set=False, anywhere=True, handler=None)
     reset_sigterm_hook()
     previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
-    run = RunDir(run_dir)
+    run = RunDir(run_dir, writer=ranks.is_main)  # rank 0 alone writes the run folder
     try:
+        init_from_env(getattr(getattr(cfg, "model", None), "device", "auto"))
         run.write_config(dump_config(cfg))
         write_first_progress(run, args.resume, planned_steps(cfg) if planned_steps else None)
         summary = train(cfg, run, args.resume)
@@ -295,18 +328,23 @@ def run_trainer(
             run.write_summary("succeeded", **summary)
     except StopRequested as stop:
         stop_anywhere(False)
+        if another_rank_failed(run):  # torchrun stopped this rank because another one failed
+            return EXIT_FAILED
         detail = _stop_detail(stop, run)
         run.write_summary("stopped", detail=detail)
         print(f"stopped on SIGTERM: {detail}", file=sys.stderr, flush=True)
         return EXIT_STOPPED
     except (Exception, KeyboardInterrupt) as err:
         stop_anywhere(False)
+        traceback.print_exc()
+        if another_rank_failed(run):  # a collective broke because another rank crashed first
+            return EXIT_FAILED
+        who = f"rank {ranks.rank}: " if ranks.distributed else ""
         run.write_summary(
             "failed",
-            error=f"{type(err).__name__}: {err}",
+            error=f"{who}{type(err).__name__}: {err}",
             traceback=traceback.format_exc(limit=20),
         )
-        traceback.print_exc()
         return EXIT_FAILED
     finally:  # in-process callers (tests, a pipeline) get their own handler back
         stop_anywhere(False)
@@ -315,12 +353,31 @@ def run_trainer(
     return 0
 
 
+def another_rank_failed(run: RunDir) -> bool:
+    """Under torchrun: whether another rank already ended this attempt as ``failed`` (its
+    summary, written after this process started, names it); that error is the run's."""
+    from trainers.core.runfolder import read_file
+
+    if not world().distributed:
+        return False
+    path = run.path / "summary.json"
+    summary, _ = read_file(path, SummaryFile)
+    return (
+        summary is not None
+        and summary.outcome == "failed"
+        and (summary.error or "").startswith("rank ")
+        and path.stat().st_mtime >= run.start_time
+    )
+
+
 def trainer_main(
     doc: str,
     config_model: type[C],
     preflight: Callable[[C], None],
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
+    *,
+    multi_process: bool = True,
 ) -> Callable[[list[str] | None], int]:
     """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
     (the command's description is the first line of ``doc``, the module docstring)."""
@@ -333,6 +390,7 @@ def trainer_main(
             preflight=preflight,
             train=train,
             planned_steps=planned_steps,
+            multi_process=multi_process,
         )
 
     return main

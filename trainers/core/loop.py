@@ -72,12 +72,16 @@ from trainers.core.runfolder import Phase, SummaryFile
 
 def pick_runtime(model: ModelSection) -> tuple[Any, Any, str]:
     """(device, dtype, attention implementation) the ``model`` section asks for, resolved on
-    this machine (``auto`` picks CUDA, bf16 and the fastest attention available)."""
+    this machine (``auto`` picks CUDA, bf16 and the fastest attention available). Under
+    torchrun: this rank's GPU, and fp32 weights computed in bf16 by FSDP where the run asked
+    for bf16 on CUDA (:func:`trainers.core.distributed.plan_precision`)."""
+    from trainers.core.distributed import plan_precision, rank_device
     from trainers.core.models import pick_attn_implementation, pick_device, pick_dtype
 
-    device = pick_device(model.device)
+    device = rank_device(pick_device(model.device))
     dtype = pick_dtype(model.dtype, device)
-    return device, dtype, pick_attn_implementation(model.attn_implementation, device, dtype)
+    attn = pick_attn_implementation(model.attn_implementation, device, dtype)
+    return device, plan_precision(device, dtype), attn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,27 +100,34 @@ def every(step: int, n: int | None, total_steps: int | None, *, at_end: bool = T
 
 
 def count_steps(
-    n_examples: int, per_step: int, num_epochs: int, max_steps: int | None
+    n_examples: int, per_step: int, num_epochs: int, max_steps: int | None, world_size: int = 1
 ) -> tuple[int, int]:
     """(optimizer steps per epoch, total optimizer steps) of an epoch-based loop: the last
-    partial batch of an epoch is a step of its own; ``max_steps`` caps the total."""
-    steps_per_epoch = -(-n_examples // per_step)
+    partial batch of an epoch is a step of its own (under ``world_size`` processes, when it
+    holds at least one example per process); ``max_steps`` caps the total."""
+    steps_per_epoch = n_examples // per_step + (n_examples % per_step >= world_size)
     total = steps_per_epoch * num_epochs
     if max_steps:
         total = min(total, max_steps)
     return steps_per_epoch, total
 
 
-def examples_per_step(train: OptimSection) -> int:
-    """Examples in one optimizer step: micro-batch size x gradient accumulation steps."""
-    return train.batch_size * train.gradient_accumulation_steps
+def examples_per_step(train: OptimSection, world_size: int | None = None) -> int:
+    """Examples in one optimizer step (the global batch): micro-batch size x gradient
+    accumulation steps x the number of processes (``batch_size`` is per rank)."""
+    from trainers.core.distributed import world
+
+    size = world().size if world_size is None else world_size
+    return train.batch_size * train.gradient_accumulation_steps * size
 
 
 def epoch_total_steps(n_examples: int, train: OptimSection) -> int:
     """Total optimizer steps of an epoch-based run over ``n_examples`` (see
     :func:`count_steps`)."""
+    from trainers.core.distributed import world
+
     per_step = examples_per_step(train)
-    return count_steps(n_examples, per_step, train.num_epochs, train.max_steps)[1]
+    return count_steps(n_examples, per_step, train.num_epochs, train.max_steps, world().size)[1]
 
 
 @dataclass(frozen=True)
@@ -125,8 +136,16 @@ class EpochStep:
 
     epoch: int
     batch: int
-    ids: list[int]
+    ids: list[int]  # the step's examples, on every rank (the global batch)
     steps_per_epoch: int
+
+    @property
+    def local_ids(self) -> list[int]:
+        """This rank's share of :attr:`ids` (all of them on one process); loops run their
+        micro-batches over it and normalise by counts over :attr:`ids`."""
+        from trainers.core.distributed import rank_share
+
+        return rank_share(self.ids)
 
     @property
     def epoch_progress(self) -> float:
@@ -263,8 +282,11 @@ class TrainingRun:
 
     def step_done(self, train_row: dict[str, Any], step_tokens: int, log_every: int) -> None:
         """:meth:`advance`, keep ``train_row`` as the last train metrics and log it when due
-        (every ``log_every`` steps and at the last one)."""
-        self.advance(step_tokens)
+        (every ``log_every`` steps and at the last one). ``step_tokens``: this rank's; the
+        tokens seen count every rank's."""
+        from trainers.core.distributed import sum_over_ranks
+
+        self.advance(int(sum_over_ranks(step_tokens)))
         self.last_train = train_row
         if self.should_log(log_every):
             self.log("train", train_row)
@@ -281,10 +303,11 @@ class TrainingRun:
         epochs in its seeded order (:func:`trainers.core.training.epoch_order`),
         :func:`examples_per_step` examples a step. The caller calls :meth:`advance` (or
         :meth:`step_done`) once per step."""
+        from trainers.core.distributed import even_length, world
         from trainers.core.training import epoch_order
 
         per_step, num_epochs = examples_per_step(train), train.num_epochs
-        steps_per_epoch = -(-n_examples // per_step)
+        steps_per_epoch = count_steps(n_examples, per_step, 1, None, world().size)[0]
         start_epoch = position["epoch"] if position else 0
         start_batch = position["batch"] if position else 0
         self._position = {"epoch": start_epoch, "batch": start_batch}
@@ -299,6 +322,7 @@ class TrainingRun:
                 if self.done:
                     return
                 ids = order[b * per_step : (b + 1) * per_step]
+                ids = ids[: even_length(len(ids))]  # every rank gets as many (module doc)
                 self._stepping = EpochStep(epoch, b, ids, steps_per_epoch)
                 yield self._stepping
 
@@ -421,8 +445,10 @@ class TrainingRun:
         every ``save_every`` steps, at the last step and when stopping; then raise
         StopRequested when stopping (see the harness). Otherwise the step is the new safe point
         a later stop falls back to."""
+        from trainers.core.distributed import any_rank
         from trainers.core.training import rng_state
 
+        stopping = any_rank(stopping)  # every rank stops at the same step (harness)
         snapshot = save if save is not None else self._snapshot()
         saved: list[bool] = []
 
@@ -488,23 +514,29 @@ class TrainingRun:
         """Write ``final_model/`` when the config asks for it (``save(model, tokenizer, path)``
         for models that are not plain transformers); returns its path, or None. A model with
         LoRA adapters also writes ``final_adapter/`` and merges them into ``final_model/``
-        (:func:`trainers.core.lora.save_final`; the model is merged afterwards)."""
+        (:func:`trainers.core.lora.save_final`; the model is merged afterwards; one process
+        only). Under torchrun the shards are consolidated into one ordinary folder that rank 0
+        writes (``save`` then gets the whole state dict as ``state_dict=``)."""
         from trainers.core.lora import has_adapters, save_final
 
         if not self.checkpointing.save_final_model:
             return None
+        from trainers.core.distributed import barrier, full_state_dict, world
+
         self.progress("saving")
         path = self.run.path / "final_model"
+        whole = {"state_dict": full_state_dict(model)} if world().distributed else {}
         if has_adapters(model):
             save_final(model, tokenizer, path, save)
-        elif save is not None:
-            save(model, tokenizer, path)
-        else:
+        elif world().is_main and save is not None:
+            save(model, tokenizer, path, **whole)
+        elif world().is_main:
             from trainers.core.tiny import quiet_hf
 
             with quiet_hf():
-                model.save_pretrained(path)
+                model.save_pretrained(path, **whole)
                 tokenizer.save_pretrained(path)
+        barrier()
         return str(path)
 
     def finish(self, **extra: Any) -> None:
@@ -529,9 +561,12 @@ class TrainingRun:
     ) -> SummaryFile:
         """The typed summary of a run that succeeded: steps, last train and eval rows, the best
         key metric, peak memory on ``device``, tokens seen, W&B; family fields ride along."""
+        from trainers.core.distributed import describe
         from trainers.core.training import peak_memory_gb
 
         extra.setdefault("wandb_url", self.wandb_url)
+        if describe():
+            extra.setdefault("distributed", describe())
         return SummaryFile(
             outcome="succeeded",
             algorithm=algorithm,
@@ -571,8 +606,10 @@ def step_metrics(
     """The train row of a step, in the order every family logs it: the step's aggregated
     metrics, grad_norm, learning_rate, epoch, family extras, then throughput (tokens per second
     since ``timer`` started), the step's wall time and peak memory on ``device``."""
+    from trainers.core.distributed import sum_over_ranks
     from trainers.core.training import peak_memory_gb
 
+    step_tokens = int(sum_over_ranks(step_tokens))  # throughput of the whole step
     dt = timer.dt
     row: dict[str, Any] = {**aggregated, "grad_norm": grad_norm, "learning_rate": learning_rate}
     if epoch is not None:

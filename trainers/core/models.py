@@ -346,27 +346,31 @@ def count_parameters(model, *, trainable_only: bool = False) -> int:
 
 
 def pick_device(pref: str | torch.device = "auto") -> torch.device:
-    """``auto`` (CUDA if available, else CPU), ``cuda``/``cuda:N``, ``cpu`` or ``mps``."""
+    """``auto`` (CUDA if available, else CPU), ``cuda``/``cuda:N``, ``cpu`` or ``mps``. CUDA is
+    asked about through :func:`trainers.core.distributed.query_cuda` (tests replace it)."""
     import torch
+
+    from trainers.core.distributed import query_cuda
 
     if isinstance(pref, torch.device):
         pref = str(pref)
     choice = (pref or "auto").strip().lower()
+    cuda = query_cuda()
     if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if cuda.count else "cpu")
     if choice == "cpu":
         return torch.device("cpu")
     if choice == "cuda" or choice.startswith("cuda:"):
-        if not torch.cuda.is_available():
+        if not cuda.count:
             raise DeviceError(
                 f"device={pref} was asked for but CUDA is not available on this machine. "
                 "Use device=cpu or device=auto."
             )
         dev = torch.device(choice)
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
+        if dev.index is not None and dev.index >= cuda.count:
             raise DeviceError(
                 f"device={pref} does not exist: this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s). Use device=cuda or device=auto."
+                f"{cuda.count} CUDA device(s). Use device=cuda or device=auto."
             )
         return dev
     if choice == "mps":
@@ -399,7 +403,9 @@ def pick_dtype(
     choice = (pref or "auto").strip().lower()
     if choice == "auto":
         dev = torch.device(device) if device is not None else pick_device("auto")
-        if dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        from trainers.core.distributed import query_cuda
+
+        if dev.type == "cuda" and query_cuda().bf16:
             return torch.bfloat16
         return torch.float32
     if choice in _DTYPE_NAMES:

@@ -109,12 +109,17 @@ def reset_sigterm_hook() -> None:
 
 
 class RunDir:
-    """Writer for one run directory. Create it once per process; it never deletes anything."""
+    """Writer for one run directory. Create it once per process; it never deletes anything.
 
-    def __init__(self, path: str | Path) -> None:
+    ``writer=False`` (ranks other than 0 under torchrun): the same calls, nothing written; the
+    rows a step logged are still counted, so every rank agrees on them."""
+
+    def __init__(self, path: str | Path, *, writer: bool = True) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.samples_path.touch()  # present even when a run samples nothing
+        self.writer = writer
+        if writer:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.samples_path.touch()  # present even when a run samples nothing
         self.start_time = time.time()
         self.phase: str | None = None  # the phase progress.json shows (last written)
         self._rows_logged: dict[int, tuple[int, int]] = {}  # step -> (metrics, samples) rows
@@ -134,7 +139,8 @@ class RunDir:
 
     # writers ---------------------------------------------------------------------------------
     def write_config(self, yaml_text: str) -> None:
-        atomic_write_text(self.path / "config.yaml", yaml_text)
+        if self.writer:
+            atomic_write_text(self.path / "config.yaml", yaml_text)
 
     def elapsed(self) -> float:
         return time.time() - self.start_time
@@ -143,13 +149,14 @@ class RunDir:
         """Append one row (``MetricRow``: step, time_s, phase, then the metrics)."""
         row = {"step": step, "time_s": round(self.elapsed(), 3), "phase": phase, **metrics}
         MetricRow.model_validate(row)
-        append_jsonl(self.metrics_path, row)
+        if self.writer:
+            append_jsonl(self.metrics_path, row)
         metrics, samples = self.rows_at(step)
         self._rows_logged[step] = (metrics + 1, samples)
         return row
 
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
-        for sample in samples:
+        for sample in samples if self.writer else []:
             append_jsonl(self.samples_path, {"step": step, **sample})
         metrics, count = self.rows_at(step)
         self._rows_logged[step] = (metrics, count + len(samples))
@@ -165,7 +172,8 @@ class RunDir:
             payload["phase"] = phase
         payload.update(elapsed_s=round(self.elapsed(), 3), updated_at=time.time(), **extra)
         ProgressFile.model_validate(payload)
-        atomic_write_json(self.path / "progress.json", payload)
+        if self.writer:
+            atomic_write_json(self.path / "progress.json", payload)
         if phase is not None and phase != self.phase:
             self.phase = phase
             sigterm_self_at(phase)
@@ -174,6 +182,9 @@ class RunDir:
         """Say what the trainer does now, keeping what progress.json already shows (step and
         family fields): the phases before the loop's first step, when a resumed run has not yet
         reloaded its step. ``total_steps`` replaces the shown total once it is known."""
+        if not self.writer:  # nothing to read back; the phase still counts (sigterm_self_at)
+            self.write_progress(0, total_steps, phase=phase)
+            return
         previous, _ = read_file(self.path / "progress.json", ProgressFile)
         fields = previous.model_dump(exclude_unset=True) if previous is not None else {}
         for name in ("step", "total_steps", "phase", "elapsed_s", "updated_at"):
@@ -187,7 +198,8 @@ class RunDir:
         failure path."""
         payload = {"outcome": outcome, "wall_time_s": round(self.elapsed(), 3), **fields}
         SummaryFile.model_validate(payload)
-        atomic_write_json(self.path / "summary.json", payload)
+        if self.writer or outcome == "failed":  # any rank's crash ends the run (harness)
+            atomic_write_json(self.path / "summary.json", payload)
 
     def write_summary_file(self, summary: SummaryFile) -> None:
         """Write a typed summary; its wall time is this process's (set here)."""
@@ -201,6 +213,8 @@ class RunDir:
         logged again), so the files hold exactly one history. ``keep_at_step`` (metrics rows,
         samples rows): of the rows at ``step`` itself keep only the first so many (a run stopped
         during the evaluation after ``step``: what that evaluation wrote goes, it runs again)."""
+        if not self.writer:
+            return
         for i, path in enumerate((self.metrics_path, self.samples_path)):
             if not path.exists():
                 continue

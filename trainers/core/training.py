@@ -94,8 +94,10 @@ def clip_and_measure(params: Iterable[torch.nn.Parameter], max_norm: float | Non
     params = [p for p in params if p.grad is not None]
     if not params:
         return 0.0
+    from trainers.core.distributed import local_value
+
     limit = max_norm if max_norm is not None else float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(params, limit))
+    return float(local_value(torch.nn.utils.clip_grad_norm_(params, limit)))
 
 
 def use_gradient_checkpointing(module: torch.nn.Module, enabled: bool) -> None:
@@ -141,7 +143,12 @@ class StepMetrics:
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
     def mean(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+        """The weighted means over every rank's micro-batches (under torchrun a collective:
+        every rank calls it at the same point; one process: its own)."""
+        from trainers.core.distributed import global_weighted
+
+        sums, weights = global_weighted(self.sums, self.weights)
+        return {k: sums[k] / weights[k] for k in sums if weights.get(k, 0) > 0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,7 +166,14 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     keep_last: int = 1,
 ) -> Path:
-    """Write ``checkpoints/step-<N>`` atomically (temp folder + rename) and prune old ones."""
+    """Write ``checkpoints/step-<N>`` atomically (temp folder + rename) and prune old ones.
+    Under torchrun the checkpoint is sharded (:func:`save_sharded_checkpoint`)."""
+    from trainers.core.distributed import world
+
+    if world().distributed:
+        return save_sharded_checkpoint(
+            checkpoints_dir, step, model, optimizer, scheduler, data_position, extra, keep_last
+        )
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoints_dir / f"step-{step:07d}"
     tmp = checkpoints_dir / f".tmp-step-{step:07d}-{os.getpid()}"
@@ -201,11 +215,106 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore everything saved by :func:`save_checkpoint`; returns the state dict (step,
     data_position, extra). RNG state is restored last so nothing after it consumes randomness."""
+    if (path / SHARDS).is_dir():
+        return load_sharded_checkpoint(path, model, optimizer, scheduler)
     model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
+    return state
+
+
+# Sharded checkpoints (torchrun): torch.distributed.checkpoint -----------------------------------
+
+SHARDS = "shards"  # the DCP folder of model and optimizer shards inside a checkpoint
+
+
+def _rng_file(rank: int) -> str:
+    return f"rng-rank{rank}.pt"
+
+
+def save_sharded_checkpoint(
+    checkpoints_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    data_position: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    keep_last: int = 1,
+) -> Path:
+    """A checkpoint every rank writes together: model and optimizer shards with
+    ``torch.distributed.checkpoint`` (``shards/``), each rank's random state
+    (``rng-rank<r>.pt``), and from rank 0 the scheduler, data position and family state
+    (``state.pt``, written last: its presence marks a complete checkpoint). Atomic as the
+    single-process one: a temp folder renamed by rank 0 once every rank has written."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from trainers.core.distributed import barrier, world
+
+    w = world()
+    final = checkpoints_dir / f"step-{step:07d}"
+    tmp = checkpoints_dir / f".tmp-step-{step:07d}"
+    if w.is_main:
+        checkpoints_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / SHARDS))
+    torch.save(rng_state(), tmp / _rng_file(w.rank))
+    barrier()
+    if w.is_main:
+        torch.save(
+            {
+                "step": step,
+                "scheduler": scheduler.state_dict(),
+                "data_position": data_position,
+                "extra": extra or {},
+                "world_size": w.size,
+            },
+            tmp / "state.pt",
+        )
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return final
+
+
+def load_sharded_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """Restore a :func:`save_sharded_checkpoint` on the same world size (each rank its shards
+    and its own random state)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from trainers.core.config import ConfigError
+    from trainers.core.distributed import world
+
+    w = world()
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    saved_size = state.get("world_size", 1)
+    if saved_size != w.size:
+        raise ConfigError(
+            f"--resume: {path.name} was written by {saved_size} processes and this run has "
+            f"{w.size}; resume with {saved_size} processes (sharded checkpoints resume on the "
+            "same number of processes)"
+        )
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    sd = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(sd, checkpoint_id=str(path / SHARDS))
+    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(torch.load(path / _rng_file(w.rank), map_location="cpu", weights_only=False))
     return state
 
 

@@ -24,6 +24,13 @@ from typing import Any
 import torch
 
 from trainers.core.config import ConfigError
+from trainers.core.distributed import (
+    broadcast_object,
+    gather_blocks,
+    rank_block,
+    shard_model,
+    world,
+)
 from trainers.core.generation import generate_completions
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.logprobs import split_completion_logps
@@ -194,18 +201,23 @@ def load_or_compute_reference(
 ) -> tuple[dict, dict]:
     """Reference log-probs from the disk cache, or computed once with a temporary reference
     model that is freed afterwards; with LoRA (``policy`` given, with adapters) from the
-    policy's base, its adapters off, without a second copy. Returns (logps, info)."""
+    policy's base, its adapters off, without a second copy. Returns (logps, info). Under
+    torchrun the reference model is sharded too, each rank computes its block of the examples,
+    the blocks are gathered on every rank, and rank 0 writes the cache (rank 0 decides hit or
+    miss for all)."""
     path = reference_cache_path(cfg, examples, dtype)
-    if path.is_file():
+    if broadcast_object(path.is_file()):
         return torch.load(path, weights_only=True), {
             "ref_cache": "hit",
             "ref_cache_path": str(path),
         }
     t0 = time.time()
     with_kl, batch_size = cfg.loss == "kto", cfg.eval.eval_batch_size
+    block = rank_block(len(examples))
+    mine = [examples[i] for i in block]
     if policy is not None:
         with reference_view(policy) as ref:
-            logps = compute_reference_logps(ref, examples, pad_id, device, batch_size, with_kl)
+            logps = compute_reference_logps(ref, mine, pad_id, device, batch_size, with_kl)
         policy.train()
     else:
         ref = load_causal_lm(
@@ -215,12 +227,15 @@ def load_or_compute_reference(
             attn_implementation=attn,
             trainable=False,
         )
-        logps = compute_reference_logps(ref, examples, pad_id, device, batch_size, with_kl)
+        shard_model(ref)
+        logps = compute_reference_logps(ref, mine, pad_id, device, batch_size, with_kl)
         del ref
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{time.time_ns()}")
-    torch.save(logps, tmp)
-    tmp.replace(path)
+    logps = {k: gather_blocks(v, len(examples)) for k, v in logps.items()}
+    if world().is_main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{time.time_ns()}")
+        torch.save(logps, tmp)
+        tmp.replace(path)
     info = {
         "ref_cache": "miss",
         "ref_cache_path": str(path),
@@ -367,6 +382,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     model = model if model is not None else load_policy()
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
+    shard_model(model)  # FSDP2 under torchrun; nothing on one process
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
     loop.checkpoint_with(model, optimizer, scheduler)
@@ -400,9 +416,9 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
         timer = StepTimer()
         agg, step_tokens = StepMetrics(), 0
-        for m in range(0, len(pos.ids), cfg.train.batch_size):
+        for m in range(0, len(pos.local_ids), cfg.train.batch_size):
             raise_if_stopping("micro_batch")
-            ids = pos.ids[m : m + cfg.train.batch_size]
+            ids = pos.local_ids[m : m + cfg.train.batch_size]
             loss, metrics, n_tok = micro_batch_loss(cfg, model, train_ex, ids, ref, pad_id, device)
             (loss * len(ids) / len(pos.ids)).backward()
             agg.add(metrics, weight=len(ids))

@@ -628,7 +628,12 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
 
 
 main = trainer_main(
-    __doc__, PolicyGradientConfig, preflight, train, planned_steps=planned_rollout_steps
+    __doc__,
+    PolicyGradientConfig,
+    preflight,
+    train,
+    planned_steps=planned_rollout_steps,
+    multi_process=False,  # not yet under torchrun (docs/architecture.md, Multi-process training)
 )
 
 

@@ -635,7 +635,9 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     return SummaryFile(outcome="succeeded", **fields)
 
 
-main = trainer_main(__doc__, RejectionSamplingConfig, preflight, train)
+main = trainer_main(  # not yet under torchrun (docs/architecture.md, Multi-process training)
+    __doc__, RejectionSamplingConfig, preflight, train, multi_process=False
+)
 
 
 if __name__ == "__main__":

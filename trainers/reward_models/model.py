@@ -151,17 +151,26 @@ def _set_trainable(model: RewardModel, trainable: bool, freeze_backbone: bool) -
     model.train(trainable)
 
 
-def save_reward_model(model: RewardModel, tokenizer, folder: str | Path) -> Path:
+def save_reward_model(
+    model: RewardModel, tokenizer, folder: str | Path, state_dict: dict | None = None
+) -> Path:
     """Write backbone + tokenizer (save_pretrained), head weights and ``reward_model.json``.
-    The json is written last: its presence marks a complete folder."""
+    The json is written last: its presence marks a complete folder. ``state_dict``: the whole
+    model's weights when ``model`` itself is sharded (a run under torchrun)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model.backbone.save_pretrained(folder)
+    parts: dict[str, dict | None] = {"backbone.": None, "head.": None}
+    if state_dict is not None:
+        parts = {
+            p: {k[len(p) :]: v for k, v in state_dict.items() if k.startswith(p)} for p in parts
+        }
+    model.backbone.save_pretrained(folder, state_dict=parts["backbone."])
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-    head = {k: v.detach().float().cpu().contiguous() for k, v in model.head.state_dict().items()}
+    head_sd = parts["head."] if parts["head."] is not None else model.head.state_dict()
+    head = {k: v.detach().float().cpu().contiguous() for k, v in head_sd.items()}
     save_file(head, str(folder / HEAD_FILE))
     atomic_write_json(folder / META_FILE, model.metadata())
     return folder

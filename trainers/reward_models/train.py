@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError
+from trainers.core.distributed import plan_precision, rank_device, shard_model
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.loop import (
     BestMetric,
@@ -436,8 +437,8 @@ def prepare_kind(cfg: RewardModelConfig, tokenizer: Any) -> PreferenceKind | Out
 def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Load and tokenise the kind's data, then the reward-model loop; see the module doc."""
     seed_everything(cfg.seed)
-    device = pick_device(cfg.model.device)
-    dtype = pick_dtype(cfg.model.dtype, device)
+    device = rank_device(pick_device(cfg.model.device))
+    dtype = plan_precision(device, pick_dtype(cfg.model.dtype, device))
     tokenizer = load_tokenizer(cfg.model.name)
     if tokenizer.pad_token_id is None:
         raise ConfigError("the tokenizer has neither a pad nor an eos token")
@@ -466,6 +467,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     use_gradient_checkpointing(
         model.backbone, cfg.model.gradient_checkpointing and not cfg.freeze_backbone
     )
+    shard_model(model)  # FSDP2 under torchrun; nothing on one process
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     info["trainable_parameters"] = sum(p.numel() for p in trainable)
@@ -501,11 +503,11 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(kind.train), cfg.train, cfg.seed, position):
         timer = StepTimer()
-        step_weight = sum(kind.weight(kind.train[i]) for i in pos.ids)
+        step_weight = sum(kind.weight(kind.train[i]) for i in pos.ids)  # over every rank's share
         agg, step_tokens = StepMetrics(), 0
-        for m in range(0, len(pos.ids), cfg.train.batch_size):
+        for m in range(0, len(pos.local_ids), cfg.train.batch_size):
             raise_if_stopping("micro_batch")
-            batch = [kind.train[i] for i in pos.ids[m : m + cfg.train.batch_size]]
+            batch = [kind.train[i] for i in pos.local_ids[m : m + cfg.train.batch_size]]
             weight = sum(kind.weight(ex) for ex in batch)
             if weight <= 0:
                 continue

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
+from trainers.core.distributed import shard_model
 from trainers.core.generation import generate_completions
 from trainers.core.harness import (
     MetricsTracker,
@@ -452,6 +453,7 @@ def train(
     )
     model = add_adapters(model, cfg.model.lora)  # LoRA when model.lora.enabled
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
+    shard_model(model)  # FSDP2 under torchrun; nothing on one process
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
     loop.checkpoint_with(model, optimizer, scheduler)
@@ -483,11 +485,11 @@ def train(
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
         timer = StepTimer()
-        step_targets = sum(train_ex[i].n_targets for i in pos.ids)
+        step_targets = sum(train_ex[i].n_targets for i in pos.ids)  # over every rank's share
         agg, step_tokens = StepMetrics(), 0
-        for m in range(0, len(pos.ids), cfg.train.batch_size):
+        for m in range(0, len(pos.local_ids), cfg.train.batch_size):
             raise_if_stopping("micro_batch")
-            chunk = [train_ex[i] for i in pos.ids[m : m + cfg.train.batch_size]]
+            chunk = [train_ex[i] for i in pos.local_ids[m : m + cfg.train.batch_size]]
             nll, n, hits, n_tok = micro_batch_terms(model, chunk, pad_id, device)
             (nll / step_targets).backward()
             agg.add({"loss": float(nll.detach()) / n, "mean_token_accuracy": hits / n}, weight=n)
