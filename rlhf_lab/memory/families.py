@@ -1,5 +1,6 @@
 """One memory estimator per training family, registered in :data:`FAMILY_ESTIMATORS` under the
-family's name (what an algorithm spec's memory hook names).
+family's name, and those an algorithm's spec names as its own memory hook
+(:data:`HOOK_ESTIMATORS`: online DPO).
 
 An estimator receives the resolved inputs of one estimate (:class:`EstimateInputs`: the config,
 the algorithm, the model's size and architecture, dtype width and switches) and an
@@ -394,10 +395,29 @@ def estimate_rejection_sampling(inputs: EstimateInputs, bld: EstimateBuilder) ->
     return inputs.params
 
 
+def _in_online_module(name: str) -> FamilyEstimator:
+    """An estimator of :mod:`rlhf_lab.memory.online` (which builds on this module's helpers),
+    imported when first used."""
+
+    def estimate(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
+        from rlhf_lab.memory import online
+
+        return getattr(online, name)(inputs, bld)
+
+    estimate.__name__ = name
+    return estimate
+
+
 FAMILY_ESTIMATORS: dict[str, FamilyEstimator] = {
     "direct_alignment": estimate_direct_alignment,
     "policy_gradients": estimate_policy_gradients,
     "reward_models": estimate_reward_models,
     "rejection_sampling": estimate_rejection_sampling,
     "sft": estimate_sft,
+    "distillation": _in_online_module("estimate_distillation"),
+}
+
+# Estimators an algorithm's spec names as its own memory hook (instead of its family's).
+HOOK_ESTIMATORS: dict[str, FamilyEstimator] = {
+    "online_dpo": _in_online_module("estimate_online_dpo"),
 }
