@@ -341,6 +341,16 @@ def _online_dpo(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> No
         r.cap("data.max_samples", 256)
 
 
+def _warm_start_specs() -> list[dict[str, Any]]:
+    """The reasoning-gym tasks and settings of the tiny SFT warm start, read from its shipped
+    recipe (its ``data.builtin_task_configs``), as a distillation ``data.specs`` list."""
+    from rlhf_lab.configs import resolve_config
+
+    data = resolve_config(find_recipe("sft_tiny_warmstart"), []).data
+    tasks = get_dotted(data, "data.builtin_task_configs") or {}
+    return [{"name": name, "config": conf} for name, conf in tasks.items()]
+
+
 def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
     """A few hundred prompts, 64 new tokens; on a preset the warm start's task, and a teacher
     that must come from a run of the same preset (another model cannot score its tokens)."""
@@ -351,11 +361,9 @@ def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> 
     r.cap("data.eval_size", 64 if preset else 32)
     r.cap("rollout.max_new_tokens", 64 if preset else 128)
     if preset:
-        from trainers.sft.train import WARM_START_TASKS
-
         r.set("data.source", "reasoning_gym")
         r.set("data.dataset", None)
-        r.set("data.specs", [{"name": k, "config": v} for k, v in WARM_START_TASKS.items()])
+        r.set("data.specs", _warm_start_specs())
         r.set("data.size", 640)
         r.set("train.batch_size", 16)
         r.set("train.gradient_accumulation_steps", 1)

@@ -122,6 +122,45 @@ def test_two_steps_sample_rank_and_update(tmp_path):
     assert evals[0]["eval/margins"] == pytest.approx(0.0, abs=1e-4)
 
 
+def _seq_cls_reward_model(folder: Path) -> Path:
+    """A random tiny Qwen2ForSequenceClassification (one label) with the tiny tokenizer: any
+    such checkpoint may rank."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from trainers.core.models import load_tokenizer
+    from trainers.core.tiny import ensure_preset
+
+    config = AutoConfig.from_pretrained(ensure_preset("tiny"))
+    config.num_labels = 1
+    config.pad_token_id = load_tokenizer("tiny").pad_token_id
+    torch.manual_seed(3)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    load_tokenizer("tiny").save_pretrained(folder)
+    return folder
+
+
+def test_a_reward_model_ranks_prompts_the_verifier_cannot_score(tmp_path):
+    """Plain preference data (no reasoning-gym entries) ranked by a sequence classifier: its
+    real-valued scores leave no ties, and no verifier metric is logged."""
+    rm = _seq_cls_reward_model(tmp_path / "rm")
+    overrides = [
+        *QUICK,
+        "data.dataset=" + str(ROOT / "tests" / "fixtures" / "plain_pairs.jsonl"),
+        "data.max_samples=5",
+        "data.eval_size=1",
+        "train.gradient_accumulation_steps=1",
+        "train.max_steps=1",
+        f"reward.model={rm}",
+    ]
+    run_dir = tmp_path / "run"
+    assert run(run_dir, overrides) == 0
+    summary = assert_complete_run_dir(run_dir)
+    assert summary["ranker"] == {"reward_model": str(rm), "verifier": False}
+    row = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == "train"][0]
+    assert row["tie_frac"] == 0.0 and row["pairs"] == 4
+    assert row["score_chosen"] > row["score_rejected"] and "correctness" not in row
+
+
 def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
     """Sampling is seeded by (seed, step): 3 steps straight == 1 step, stop, resume, 2 more
     (same sampled pairs, same losses)."""
