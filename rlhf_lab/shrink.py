@@ -356,7 +356,6 @@ def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> 
     that must come from a run of the same preset (another model cannot score its tokens)."""
     r.set("train.num_epochs", 1)
     r.set("eval.eval_every", 10)
-    r.set("eval.sample_every", 10)
     r.cap("eval.num_samples", 2)
     r.cap("data.eval_size", 64 if preset else 32)
     r.cap("rollout.max_new_tokens", 64 if preset else 128)

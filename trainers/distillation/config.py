@@ -69,8 +69,9 @@ class EvalSection(StrictModel):
     max_new_tokens: int | None = Field(
         default=None, ge=1, description="None: rollout.max_new_tokens"
     )
-    sample_every: int = Field(default=25, ge=0, description="optimizer steps; 0 = none")
-    num_samples: int = Field(default=2, ge=0, description="samples written per event")
+    num_samples: int = Field(
+        default=2, ge=0, description="greedy held-out completions written per evaluation"
+    )
 
 
 class DistillationConfig(StrictModel):
