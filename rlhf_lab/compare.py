@@ -426,6 +426,22 @@ def _rejection_sampling(records: list[RunRecord], notes: list[str], warnings: li
 
 _FamilyRule = Callable[[list[RunRecord], list[str], list[str]], _Rules]
 
+
+def _spec_columns(family: str) -> _FamilyRule:
+    """The rule of a family compared on its spec's columns at the end of each run, with the
+    spec's comparison sentence as the note (distillation)."""
+
+    def rule(records: list[RunRecord], notes: list[str], warnings: list[str]) -> _Rules:
+        columns = list(_columns(family))
+        rows = [_row(rec, {c: _final(rec, c) for c in columns}) for rec in records]
+        notes.append(
+            family_spec(family).comparison[:1].upper() + family_spec(family).comparison[1:]
+        )
+        return columns, rows
+
+    return rule
+
+
 # One comparison rule per family (each family's spec states the rule in words).
 _FAMILY_RULES: dict[str, _FamilyRule] = {
     "policy_gradients": lambda records, notes, warnings: _policy_gradients(records, notes),
@@ -433,6 +449,7 @@ _FAMILY_RULES: dict[str, _FamilyRule] = {
     "reward_models": lambda records, notes, warnings: _reward_models(records, notes),
     "sft": lambda records, notes, warnings: _sft(records, notes),
     "rejection_sampling": _rejection_sampling,
+    "distillation": _spec_columns("distillation"),
 }
 
 

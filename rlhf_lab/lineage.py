@@ -3,7 +3,8 @@
 A config value ``run:<id>`` names the model another run of this lab leaves in its
 ``final_model/`` folder: ``model.name=run:<sft>`` (start from an SFT run), ``model.ref_name``,
 ``reward.model=run:<rm>`` / ``reward.gold_model`` (policy gradients against a learned reward
-model) and ``scorer.name=run:<rm>`` (rejection sampling). The folder is known before the upstream
+model), ``scorer.name=run:<rm>`` (rejection sampling) and ``teacher.name=run:<id>``
+(distillation: any run that trains a language model). The folder is known before the upstream
 run ends (``<run_dir>/final_model``), so a reference is checked when a run is planned or launched
 and written into the dependent's config.yaml as that path, while run.json keeps the run id
 (``references``) and the dependent waits for the upstream run (``after``).
@@ -58,7 +59,8 @@ RUN_REF = "run:"
 POLICY_KEYS = ("model.name", "model.ref_name")
 REWARD_KEYS = ("reward.model", "reward.gold_model")
 SCORER_KEYS = ("scorer.name",)
-REF_KEYS = (*POLICY_KEYS, *REWARD_KEYS, *SCORER_KEYS)
+TEACHER_KEYS = ("teacher.name",)  # distillation: a causal LM run (not a reward model)
+REF_KEYS = (*POLICY_KEYS, *REWARD_KEYS, *SCORER_KEYS, *TEACHER_KEYS)
 # reward-model kinds (algorithm names) a policy-gradient reward can come from
 REWARD_ALGORITHMS = ("preference", "preference_rm", "orm")  # spec names (and an alias)
 _FAILED = frozenset({"failed", "stopped", "killed", "died", "cancelled"})
@@ -232,6 +234,8 @@ def check_ref(key: str, run_id: str) -> Upstream:
         raise _kind_error(key, run_id, up, "a preference (Bradley-Terry) or outcome reward model")
     if key in SCORER_KEYS and up.family != "reward_models":
         raise _kind_error(key, run_id, up, "a reward model (preference, orm or prm)")
+    if key in TEACHER_KEYS and up.family == "reward_models":
+        raise _kind_error(key, run_id, up, "a language model (an SFT, DPO, RL or distillation run)")
     if up.state in _FAILED:
         raise Conflict(
             f"{key}=run:{run_id}: that run is {up.state} and will leave no final model; resume "

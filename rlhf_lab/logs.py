@@ -88,6 +88,7 @@ KEY_METRICS: dict[str, tuple[tuple[str, str], ...]] = {
         ("eval/step_accuracy", "eval"),
     ),
     "sft": (("loss", "train"),),
+    "distillation": (("teacher_logp", "train"), ("eval/avg_correctness", "eval")),
 }
 DOWNLOAD_PATTERNS = (
     "OfflineModeIsEnabled",

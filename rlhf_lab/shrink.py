@@ -12,7 +12,10 @@ The rules follow the reference book's habits for short runs, per family:
 * reward models: fewer samples (512 pairs / solutions; ORM 128 prompts × 8 completions) and one
   epoch;
 * rejection sampling: fewer training prompts, test prompts and completions per prompt, one SFT
-  epoch.
+  epoch;
+* online DPO: direct alignment's rules with fewer prompts and shorter samples;
+* distillation: a few hundred prompts, 64-128 new tokens; on a preset the warm start's task and
+  a teacher that is a run of the same preset.
 
 Everything runs often: evaluation every few steps, metrics every step, no intermediate
 checkpoints. The model is kept unless ``model`` is given; a built-in preset (``tiny``,
@@ -322,6 +325,68 @@ def _rejection_sampling(r: _Rules, algorithm: str, preset: bool, notes: list[str
     _common_quiet(r, big_model=not preset)
 
 
+def _online_dpo(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+    """Direct alignment's rules, then shorter samples; on a preset the verifier ranks the
+    built-in prompts, which only a warm-started policy answers differently twice."""
+    _direct_alignment(r, "dpo", preset, notes)  # its learning rate is set below
+    r.set("eval.sample_every", 10)
+    if preset:
+        r.set("data.max_samples", 256)
+        r.set("data.eval_size", 32)
+        r.set("online.max_new_tokens", 48)
+        r.set("train.learning_rate", 1.0e-4)
+        if not _from_run(r.get("model.name")):
+            notes.append(
+                "a random-init preset gets every answer wrong, so the verifier ties nearly every "
+                "pair (tie_frac near 1): start from an SFT warm start (the sft_tiny_warmstart "
+                "recipe, then the override model.name=run:<its run id>)"
+            )
+    else:
+        r.cap("online.max_new_tokens", 128)
+        r.cap("data.max_samples", 256)
+
+
+def _warm_start_specs() -> list[dict[str, Any]]:
+    """The reasoning-gym tasks and settings of the tiny SFT warm start, read from its shipped
+    recipe (its ``data.builtin_task_configs``), as a distillation ``data.specs`` list."""
+    from rlhf_lab.configs import resolve_config
+
+    data = resolve_config(find_recipe("sft_tiny_warmstart"), []).data
+    tasks = get_dotted(data, "data.builtin_task_configs") or {}
+    return [{"name": name, "config": conf} for name, conf in tasks.items()]
+
+
+def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+    """A few hundred prompts, 64 new tokens; on a preset the warm start's task, and a teacher
+    that must come from a run of the same preset (another model cannot score its tokens)."""
+    r.set("train.num_epochs", 1)
+    r.set("eval.eval_every", 10)
+    r.cap("eval.num_samples", 2)
+    r.cap("data.eval_size", 64 if preset else 32)
+    r.cap("rollout.max_new_tokens", 64 if preset else 128)
+    if preset:
+        r.set("data.source", "reasoning_gym")
+        r.set("data.dataset", None)
+        r.set("data.specs", _warm_start_specs())
+        r.set("data.size", 640)
+        r.set("train.batch_size", 16)
+        r.set("train.gradient_accumulation_steps", 1)
+        r.set("train.learning_rate", 1.0e-3)
+        teacher = r.get("teacher.name")
+        if not _from_run(teacher):
+            r.set("teacher.name", r.get("model.name"))
+            notes.append(
+                f"teacher.name={teacher} cannot score a preset's tokens (another tokenizer): set "
+                "to the student's preset for a smoke run; a real one distils a trained run of "
+                "that preset (the sft_tiny_warmstart recipe, then the override "
+                "teacher.name=run:<its run id>)"
+            )
+    else:
+        r.cap("data.size", 320)
+        r.cap("train.gradient_accumulation_steps", 2)
+    _common_quiet(r, big_model=not preset)
+
+
 def _from_run(model: Any) -> bool:
     """``model`` is another run's output (``run:<id>`` or a run's final_model path)."""
     from rlhf_lab.lineage import is_ref, run_of_path
@@ -366,6 +431,8 @@ _RULES = {
     "policy_gradients": _policy_gradients,
     "reward_models": _reward_models,
     "rejection_sampling": _rejection_sampling,
+    "online_dpo": _online_dpo,
+    "distillation": _distillation,
 }
 
 
@@ -462,6 +529,14 @@ def expected_optimizer_steps(family: str, config: dict[str, Any]) -> tuple[int |
             f"micro-batch / {accum} accumulation) = {per_update} optimizer step(s) per update × "
             f"{updates} update(s) per rollout"
         )
+        return steps, detail
+
+    if family == "distillation":
+        size = int(g("data.size", 0) or 0)
+        steps = _epochs_steps(size, per_step, epochs, max_steps)
+        detail = f"ceil({size} prompts / ({batch} × {accum})) × {epochs} epoch(s)"
+        if max_steps:
+            detail += f", capped by train.max_steps = {max_steps}"
         return steps, detail
 
     if family == "rejection_sampling":

@@ -1,8 +1,9 @@
 """Checks of a resolved config that the trainer's own config model cannot make, done before the
 lab writes anything (plan, shrink, estimate_memory and launch all run them). Torch-free.
 
-- **Models**: every model the config names (``model.name``, ``model.ref_name``, a rejection-
-  sampling ``scorer.name`` other than ``verifier``) must resolve here: a built-in preset, a
+- **Models**: every model the config names (``model.name``, ``model.ref_name``, a
+  distillation ``teacher.name``, a rejection-sampling ``scorer.name`` other than ``verifier``)
+  must resolve here (and a teacher must share the student's tokenizer and vocabulary): a built-in preset, a
   pulled model, an existing folder with ``config.json`` or a ``.gguf`` file, or a hub id. A name
   that resolves to nothing (a missing folder, an unknown word) is refused. A hub id whose weights
   are not in the local cache while the hub is offline is refused at launch (the trainer could
@@ -99,7 +100,7 @@ def _leaves(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 def _model_names(data: dict[str, Any]) -> list[tuple[str, str]]:
     """(dotted key, name) of every model the config loads (scorer folders apart)."""
     out = []
-    for key in ("model.name", "model.ref_name"):
+    for key in ("model.name", "model.ref_name", "teacher.name"):
         value = get_dotted(data, key)
         if isinstance(value, str):
             out.append((key, value))
@@ -179,6 +180,46 @@ def _check_scorer(family: str, data: dict[str, Any]) -> None:
         )
 
 
+def _vocab_size(name: str) -> int | None:
+    """The output vocabulary of ``name`` from its config (None when it cannot be read here)."""
+    from rlhf_lab.memory.architecture import model_facts
+
+    try:
+        arch = model_facts(name).params.arch
+    except LabError:
+        return None
+    return arch.vocab_size if arch is not None else None
+
+
+def _check_teacher(data: dict[str, Any]) -> None:
+    """Distillation: the teacher scores the student's tokens, so both need the same tokenizer
+    and output vocabulary. Two presets (or runs trained from them) must be the same preset;
+    other models must declare the same vocabulary size (the trainer compares the tokenizers)."""
+    from rlhf_lab.lineage import base_model
+    from trainers.core.tiny import PRESETS
+
+    teacher, student = get_dotted(data, "teacher.name"), get_dotted(data, "model.name")
+    if not isinstance(teacher, str) or not isinstance(student, str):
+        return
+    t_base, s_base = base_model(teacher), base_model(student)
+    why = None
+    if t_base in PRESETS or s_base in PRESETS:
+        if t_base != s_base:
+            why = f"the teacher comes from {t_base} and the student from {s_base}"
+    else:
+        t_vocab, s_vocab = _vocab_size(teacher), _vocab_size(student)
+        if t_vocab is not None and s_vocab is not None and t_vocab != s_vocab:
+            why = f"the teacher predicts over {t_vocab} tokens and the student over {s_vocab}"
+    if why:
+        raise InvalidArgument(
+            f"teacher.name={teacher!r} cannot teach model.name={student!r}: {why}. Per-token "
+            "distillation needs the same tokenizer and vocabulary; pick a teacher of the "
+            "student's model family (a bigger model of it, or a run trained from the student's "
+            "model)",
+            next=NextStep("list_runs", {"state": "succeeded"}, note="runs that could teach"),
+        )
+
+
 def _check_lengths(data: dict[str, Any], context: int, model: str) -> None:
     """Refuse a length the model's context cannot hold (the first one found)."""
     for key, value in _leaves(data):
@@ -253,6 +294,7 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
                 next=model_steps(name),
             )
     _check_scorer(family, data)
+    _check_teacher(data)
     policy = get_dotted(data, "model.name")
     if isinstance(policy, str):
         out.context = model_context(stand_in(policy))

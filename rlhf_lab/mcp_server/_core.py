@@ -35,7 +35,12 @@ LISTED_CAMPAIGNS = 100  # resources/list names this many campaign ledgers (newes
 log = logging.getLogger("rlhf_lab.mcp")
 
 Family = Literal[
-    "direct_alignment", "policy_gradients", "reward_models", "rejection_sampling", "sft"
+    "direct_alignment",
+    "policy_gradients",
+    "reward_models",
+    "rejection_sampling",
+    "sft",
+    "distillation",
 ]
 State = Literal[
     "queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died", "cancelled"

@@ -25,7 +25,7 @@ from rlhf_lab.memory.architecture import (
     offline_model_steps,
 )
 from rlhf_lab.memory.blocks import EstimateBuilder, MemoryComponent
-from rlhf_lab.memory.families import FAMILY_ESTIMATORS, EstimateInputs
+from rlhf_lab.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS, EstimateInputs
 from rlhf_lab.memory.sharding import shard_components
 
 ModelArg = int | ParamCount | ModelArch | str | None
@@ -125,6 +125,21 @@ def _unknown_family(family: str) -> InvalidArgument:
     )
 
 
+def _estimator(family: str, algorithm: str | None):
+    """The estimator the algorithm's spec names (its memory hook), else the family's."""
+    from trainers.core.spec import spec_for
+
+    table = {**FAMILY_ESTIMATORS, **HOOK_ESTIMATORS}
+    if algorithm:
+        try:
+            spec = spec_for(algorithm)
+        except KeyError:
+            spec = None
+        if spec is not None and spec.family == family and spec.memory_key in table:
+            return table[spec.memory_key]
+    return table.get(family)
+
+
 def estimate_memory(
     family: str,
     algorithm: str | None,
@@ -150,7 +165,7 @@ def estimate_memory(
     """
     from rlhf_lab.catalog import FAMILIES
 
-    if family not in FAMILIES or family not in FAMILY_ESTIMATORS:
+    if family not in FAMILIES or _estimator(family, None) is None:
         raise _unknown_family(family)
     pc, params, model_name, notes = _resolve_model_arg(model, config)
     dev = _pick_device(device, config)
@@ -165,7 +180,7 @@ def estimate_memory(
     )
     bld = EstimateBuilder()
     bld.notes.extend(notes)
-    trainable = FAMILY_ESTIMATORS[family](inputs, bld)
+    trainable = _estimator(family, algorithm)(inputs, bld)
     if world_size > 1:
         layers = inputs.arch.num_layers if inputs.arch is not None else None
         bld.components = shard_components(bld.components, world_size, layers)

@@ -190,7 +190,12 @@ def test_families_registry_matches_the_contract():
         "reward_models",
         "rejection_sampling",
         "sft",
+        "distillation",
     }
+    assert {"reverse_kl", "teacher_logp", "eval/avg_correctness"} <= set(
+        key_metrics_for("distillation", "distill")
+    )
+    assert {"tie_frac", "eval/score"} <= set(key_metrics_for("direct_alignment", "online_dpo"))
     da = key_metrics_for("direct_alignment", "dpo")
     assert {"accuracy", "margins", "chosen_rewards", "rejected_rewards", "eval/accuracy"} <= set(da)
     pg = key_metrics_for("policy_gradients", "grpo")

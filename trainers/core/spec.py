@@ -37,6 +37,7 @@ FAMILY_NAMES: tuple[str, ...] = (
     "reward_models",
     "rejection_sampling",
     "sft",
+    "distillation",
 )
 """The algorithm families, in the order the lab lists them (each is ``trainers/<name>/``)."""
 

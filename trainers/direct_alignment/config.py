@@ -30,6 +30,12 @@ REFERENCE_FREE: frozenset[str] = frozenset(
 
 BUILTIN_DATASET = DA_BUILTIN  # data.py re-exports it
 
+ONLINE = "online_dpo"
+# The losses online DPO may apply to its sampled pairs: every pairwise loss of the family (KTO
+# works on unpaired examples; online_dpo itself is the sampling loop, not a loss).
+PAIRWISE_LOSSES: tuple[str, ...] = tuple(n for n in LOSS_NAMES if n not in ("kto", ONLINE))
+PairwiseLoss = Literal[PAIRWISE_LOSSES]  # type: ignore[valid-type]
+
 
 class DataSection(StrictModel):
     dataset: str = Field(
@@ -58,6 +64,36 @@ class EvalSection(StrictModel):
     sample_top_p: float = Field(default=0.9, gt=0, le=1)
 
 
+class OnlineSection(StrictModel):
+    """online_dpo only: how each step's two completions per prompt are drawn from the current
+    policy and which loss of the family is applied to the ranked pairs."""
+
+    loss: PairwiseLoss = Field(default="dpo", description="direct-alignment loss on the pairs")
+    max_new_tokens: int = Field(default=64, ge=1, description="tokens sampled per completion")
+    temperature: float = Field(default=0.9, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0, description="0 = off")
+
+
+class RankSection(StrictModel):
+    """online_dpo only: the ranker of the two completions (the reward model's score plus, when
+    on, the verifier's correctness + format_weight·format). Equal scores are a tie: the pair is
+    skipped and counted in ``tie_frac``."""
+
+    model: str | None = Field(
+        default=None,
+        description="reward model: a reward-model run's final_model/ (preference or orm), any "
+        "sequence-classification checkpoint with one label, or run:<id> (the lab resolves it)",
+    )
+    verifier: bool | None = Field(
+        default=None,
+        description=f"reasoning-gym correctness of {BUILTIN_DATASET} prompts (None: on when "
+        "there is no reward model and the prompts carry an entry)",
+    )
+    format_weight: float = Field(default=0.5, ge=0, description="verifier: weight of the tags")
+    score_batch_size: int = Field(default=16, ge=1, description="reward-model batch")
+
+
 class DirectAlignmentConfig(StrictModel):
     loss: LossName = "dpo"
     beta: float | None = Field(default=None, gt=0, description="None: the loss's default")
@@ -72,6 +108,8 @@ class DirectAlignmentConfig(StrictModel):
     eval: EvalSection = EvalSection()
     logging: LoggingSection = LoggingSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    online: OnlineSection = OnlineSection()
+    reward: RankSection = RankSection()
     seed: int = 42
 
     @model_validator(mode="before")
@@ -80,9 +118,50 @@ class DirectAlignmentConfig(StrictModel):
         """Fill β from the loss so config.yaml always records the value used."""
         if isinstance(data, dict) and data.get("beta") is None:
             loss = data.get("loss", DA_FAMILY.default_algorithm)
+            online = data.get("online")
+            if loss == ONLINE:  # β belongs to the loss applied to the sampled pairs
+                loss = (online.get("loss") if isinstance(online, dict) else None) or "dpo"
             if loss in DEFAULT_BETA:
                 data = {**data, "beta": DEFAULT_BETA[loss]}
         return data
+
+    @model_validator(mode="after")
+    def _check_ranker(self):
+        """online_dpo needs a way to rank its two samples: a reward model or the verifier."""
+        if self.loss != ONLINE:
+            return self
+        if self.online.max_new_tokens >= self.data.max_length:
+            raise ValueError(
+                f"online.max_new_tokens ({self.online.max_new_tokens}) must be smaller than "
+                f"data.max_length ({self.data.max_length}), which holds prompt and completion"
+            )
+        builtin = self.data.dataset.startswith(BUILTIN_DATASET)
+        if self.reward.verifier and not builtin:
+            raise ValueError(
+                f"reward.verifier=true needs prompts the reasoning-gym verifier can score "
+                f"(data.dataset={BUILTIN_DATASET}); {self.data.dataset!r} has no reference "
+                "answers: pass a reward model in reward.model instead"
+            )
+        if self.reward.model is None and not self.ranks_with_verifier:
+            raise ValueError(
+                "online_dpo has no way to rank its two samples per prompt: set reward.model (a "
+                "reward-model run, run:<id>, or a sequence-classification checkpoint) or use "
+                f"prompts the verifier scores (data.dataset={BUILTIN_DATASET}, "
+                "reward.verifier=true)"
+            )
+        return self
+
+    @property
+    def ranks_with_verifier(self) -> bool:
+        """online_dpo: whether the verifier scores the samples (see ``RankSection``)."""
+        if self.reward.verifier is not None:
+            return self.reward.verifier
+        return self.reward.model is None and self.data.dataset.startswith(BUILTIN_DATASET)
+
+    @property
+    def pair_loss(self) -> str:
+        """The loss applied to preference pairs: ``online.loss`` for online_dpo, else ``loss``."""
+        return self.online.loss if self.loss == ONLINE else self.loss
 
     @model_validator(mode="after")
     def _check_lengths(self):
@@ -99,5 +178,5 @@ class DirectAlignmentConfig(StrictModel):
 
     @property
     def needs_reference(self) -> bool:
-        """Whether the loss's spec needs a frozen reference model."""
-        return DA_FAMILY.algorithm(self.loss).needs_reference
+        """Whether the loss's spec needs a frozen reference model (online_dpo: its pair loss's)."""
+        return DA_FAMILY.algorithm(self.pair_loss).needs_reference

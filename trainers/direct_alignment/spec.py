@@ -95,6 +95,33 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         aliases=("apo-zero", "apo zero"),
     ),
     _da(
+        "online_dpo",
+        summary="Each step samples two completions per prompt from the current policy, ranks "
+        "them with a reward model or the verifier, and applies a loss of the family (online.loss, "
+        "DPO by default) against the frozen starting model; ties are skipped.",
+        paper="Guo et al. 2024, Direct Language Model Alignment from Online AI Feedback",
+        aliases=("online dpo", "online-dpo", "oaif"),
+        loss="dpo",
+        needs_reward_model=True,
+        key_metrics=(
+            MetricSpec("score_chosen", higher_is_better=True),
+            MetricSpec("score_margin", higher_is_better=None),
+            MetricSpec("tie_frac", higher_is_better=False),
+            MetricSpec("eval/score", higher_is_better=True),
+            MetricSpec("eval/correctness", higher_is_better=True),
+        ),
+        acceptance=(
+            "tie_frac stays below 1: pairs whose two samples score the same teach nothing",
+            "the ranker's held-out score of greedy completions (eval/score) rises",
+        ),
+        watch=(
+            "tie_frac (a random-init policy ties everything under the verifier: warm-start it)",
+            "score_chosen vs score_rejected over steps, and eval/score",
+        ),
+        memory_hook="online_dpo",
+        shrink_hook="online_dpo",
+    ),
+    _da(
         "apo_down",
         summary="Anchored loss lowering both log-ratios, the rejected one more.",
         paper="D'Oosterlinck et al. 2024, Anchored Preference Optimization",
@@ -146,6 +173,16 @@ FAMILY = FamilySpec(
     headline_label="held-out preference accuracy",
     eval_size_keys=("data.eval_size",),
     heldout_keys=("data.dataset", "data.eval_size", "data.max_samples", "data.builtin_tasks"),
-    algorithm_knobs=("loss", "beta", "gamma", "label_smoothing", "lambda_d", "lambda_u", "ipo_sum"),
+    algorithm_knobs=(
+        "loss",
+        "beta",
+        "gamma",
+        "label_smoothing",
+        "lambda_d",
+        "lambda_u",
+        "ipo_sum",
+        "online.",
+        "reward.",
+    ),
     kl_key="beta",
 )

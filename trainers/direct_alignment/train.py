@@ -1,4 +1,5 @@
-"""Direct alignment from preferences: DPO and its relatives, one loop for all nine losses.
+"""Direct alignment from preferences: DPO and its relatives, one loop for the nine offline losses
+(online DPO, whose pairs are sampled each step, has its own loop in ``online.py``).
 
     python -m trainers.direct_alignment.train --config configs/dpo.yaml --run-dir DIR \
         [--set loss=simpo] [--set data.max_samples=64] [--resume]
@@ -60,7 +61,7 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
-from trainers.direct_alignment.config import BUILTIN_DATASET, DirectAlignmentConfig
+from trainers.direct_alignment.config import BUILTIN_DATASET, ONLINE, DirectAlignmentConfig
 from trainers.direct_alignment.data import (
     TokenizedExample,
     attach_kl_responses,
@@ -91,6 +92,10 @@ def preflight(cfg: DirectAlignmentConfig) -> None:
         )
     if cfg.data.max_prompt_length and cfg.data.max_prompt_length >= cfg.data.max_length:
         raise ConfigError("data.max_prompt_length must be smaller than data.max_length")
+    if cfg.loss == ONLINE and cfg.reward.model:  # a reward model that cannot rank: refused now
+        from trainers.policy_gradients.reward_model import inspect_reward_model
+
+        inspect_reward_model(cfg.reward.model, key="reward.model")
 
 
 def load_records(cfg: DirectAlignmentConfig) -> list[Any]:
@@ -345,6 +350,10 @@ def sample_generations(
 
 def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Tokenise, cache the reference log-probs, then the DPO-family loop; see the module doc."""
+    if cfg.loss == ONLINE:  # pairs sampled from the policy each step: its own loop
+        from trainers.direct_alignment.online import train_online
+
+        return train_online(cfg, run, resume)
     seed_everything(cfg.seed)
     device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name)

@@ -21,16 +21,18 @@ from trainers.core.spec import (
 
 EXPECTED_COUNTS = {
     "policy_gradients": 14,
-    "direct_alignment": 9,
+    "direct_alignment": 10,
     "reward_models": 3,
     "rejection_sampling": 4,
     "sft": 1,
+    "distillation": 1,
 }
 
 
 def _config_names(family: str) -> tuple[str, ...]:
     """The algorithm names a family's config model accepts (its Literal field)."""
     from trainers.direct_alignment.config import DirectAlignmentConfig
+    from trainers.distillation.config import DistillationConfig
     from trainers.policy_gradients.config import PolicyGradientConfig
     from trainers.rejection_sampling.config import RejectionSamplingConfig
     from trainers.reward_models.config import RewardModelConfig
@@ -40,6 +42,7 @@ def _config_names(family: str) -> tuple[str, ...]:
         "direct_alignment": DirectAlignmentConfig.model_fields["loss"],
         "reward_models": RewardModelConfig.model_fields["kind"],
         "rejection_sampling": RejectionSamplingConfig.model_fields["strategy"],
+        "distillation": DistillationConfig.model_fields["algorithm"],
     }
     if family == "sft":
         return ("sft",)

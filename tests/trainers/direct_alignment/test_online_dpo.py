@@ -1,0 +1,219 @@
+"""Online DPO: ranking two samples into chosen / rejected (hand cases), the ranker on the
+verifier, two steps end to end on tiny, resume, and the bad input refused before anything is
+written (no way to rank, a ranker that is not a reward model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_complete_run_dir, trainer_argv
+
+from trainers.core.rundir import read_jsonl
+from trainers.direct_alignment import train as da_train
+from trainers.direct_alignment.config import DirectAlignmentConfig
+from trainers.direct_alignment.online import (
+    OnlinePrompt,
+    chosen_rejected_rows,
+    rank_pairs,
+    ranking_metrics,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ROOT / "trainers" / "direct_alignment" / "configs" / "online_dpo.yaml"
+
+QUICK = [
+    "model.name=tiny",
+    "model.gradient_checkpointing=false",
+    "data.max_samples=40",
+    "data.eval_size=8",
+    "data.max_length=96",
+    "online.max_new_tokens=24",
+    "train.batch_size=4",
+    "train.gradient_accumulation_steps=2",
+    "train.learning_rate=1.0e-3",
+    "eval.eval_every=2",
+    "eval.sample_every=1",
+    "eval.num_samples=2",
+    "logging.log_every=1",
+    "checkpoint.save_every=null",
+]
+
+
+def run(run_dir: Path, overrides: list[str], resume: bool = False) -> int:
+    return da_train.main(trainer_argv(CONFIG, run_dir, overrides, resume))
+
+
+# ---- ranking: hand cases ----------------------------------------------------------------------
+
+
+def test_higher_score_is_chosen_and_ties_are_skipped():
+    # prompt 0: 0.2 vs 0.9 -> row 1 chosen; prompt 1: 1.0 vs 0.0 -> row 2 chosen;
+    # prompt 2: 0.5 vs 0.5 -> tie, skipped; prompt 3: -1 vs -3 -> row 6 chosen
+    scores = torch.tensor([0.2, 0.9, 1.0, 0.0, 0.5, 0.5, -1.0, -3.0])
+    first_wins, tie = rank_pairs(scores)
+    assert first_wins.tolist() == [False, True, False, True]
+    assert tie.tolist() == [False, False, True, False]
+    assert chosen_rejected_rows(first_wins, tie) == [(0, 1, 0), (1, 2, 3), (3, 6, 7)]
+    m = ranking_metrics({"score": scores}, chosen_rejected_rows(first_wins, tie), tie, [[1]] * 8)
+    assert m["tie_frac"] == pytest.approx(0.25) and m["pairs"] == 3
+    assert m["score_chosen"] == pytest.approx((0.9 + 1.0 - 1.0) / 3)
+    assert m["score_rejected"] == pytest.approx((0.2 + 0.0 - 3.0) / 3)
+    assert m["score_margin"] == pytest.approx((0.7 + 1.0 + 2.0) / 3)
+
+
+def test_rank_pairs_refuses_an_odd_number_of_scores():
+    with pytest.raises(ValueError, match="two per prompt"):
+        rank_pairs(torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_verifier_ranker_scores_correctness_plus_weighted_format():
+    """The verifier's score is correctness + format_weight·format: a right answer in tags
+    beats the same answer without the think tags, which beats no answer at all."""
+    from trainers.core.builtin_data import builtin_preference_records
+    from trainers.core.models import load_tokenizer
+    from trainers.direct_alignment.online import Ranker
+
+    record = builtin_preference_records(4, seed=0, tasks=["chain_sum"])[0]
+    answer = record.meta["entry"]["answer"]
+    cfg = DirectAlignmentConfig(
+        loss="online_dpo", model={"name": "tiny"}, data={"dataset": "builtin:reasoning-preferences"}
+    )
+    tok = load_tokenizer("tiny")
+    ranker = Ranker(cfg, tok, "cpu", None, "eager")
+    texts = [
+        f"<think>add</think><answer>{answer}</answer>",
+        f"<answer>{answer}</answer>",
+        "<think>no answer given</think>",
+    ]
+    prompt = OnlinePrompt(record.prompt, [], record.meta)
+    parts = ranker.score([prompt] * 3, [tok.encode(t) for t in texts])
+    assert parts["correctness"].tolist() == [1.0, 1.0, 0.0]
+    assert parts["format"].tolist() == [1.0, 0.5, 0.5]
+    assert parts["score"].tolist() == pytest.approx([1.5, 1.25, 0.25])
+
+
+# ---- end to end -------------------------------------------------------------------------------
+
+
+def test_two_steps_sample_rank_and_update(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run(run_dir, [*QUICK, "train.max_steps=2"]) == 0
+    summary = assert_complete_run_dir(run_dir)
+    assert summary["algorithm"] == "online_dpo" and summary["steps"] == 2
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    train_rows = [r for r in rows if r["phase"] == "train"]
+    assert len(train_rows) == 2
+    for r in train_rows:
+        assert 0.0 <= r["tie_frac"] <= 1.0 and r["pairs"] == round(8 * (1 - r["tie_frac"]))
+        assert r["completion_length"] <= 24
+        if r["pairs"]:  # a loss only where some pair was not tied
+            assert r["score_chosen"] > r["score_rejected"]
+            assert r["loss"] == r["loss"]  # not NaN
+        else:
+            assert "loss" not in r
+    evals = [r for r in rows if r["phase"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2]
+    # the family's preference metrics on the held-out pairs, and the ranker's greedy score
+    assert {"eval/accuracy", "eval/margins", "eval/score", "eval/correctness"} <= set(evals[-1])
+    # at step 0 the policy is the reference: implicit rewards are 0
+    assert evals[0]["eval/margins"] == pytest.approx(0.0, abs=1e-4)
+
+
+def _seq_cls_reward_model(folder: Path) -> Path:
+    """A random tiny Qwen2ForSequenceClassification (one label) with the tiny tokenizer: any
+    such checkpoint may rank."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from trainers.core.models import load_tokenizer
+    from trainers.core.tiny import ensure_preset
+
+    config = AutoConfig.from_pretrained(ensure_preset("tiny"))
+    config.num_labels = 1
+    config.pad_token_id = load_tokenizer("tiny").pad_token_id
+    torch.manual_seed(3)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    load_tokenizer("tiny").save_pretrained(folder)
+    return folder
+
+
+def test_a_reward_model_ranks_prompts_the_verifier_cannot_score(tmp_path):
+    """Plain preference data (no reasoning-gym entries) ranked by a sequence classifier: its
+    real-valued scores leave no ties, and no verifier metric is logged."""
+    rm = _seq_cls_reward_model(tmp_path / "rm")
+    overrides = [
+        *QUICK,
+        "data.dataset=" + str(ROOT / "tests" / "fixtures" / "plain_pairs.jsonl"),
+        "data.max_samples=5",
+        "data.eval_size=1",
+        "train.gradient_accumulation_steps=1",
+        "train.max_steps=1",
+        f"reward.model={rm}",
+    ]
+    run_dir = tmp_path / "run"
+    assert run(run_dir, overrides) == 0
+    summary = assert_complete_run_dir(run_dir)
+    assert summary["ranker"] == {"reward_model": str(rm), "verifier": False}
+    row = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == "train"][0]
+    assert row["tie_frac"] == 0.0 and row["pairs"] == 4
+    assert row["score_chosen"] > row["score_rejected"] and "correctness" not in row
+
+
+def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+    """Sampling is seeded by (seed, step): 3 steps straight == 1 step, stop, resume, 2 more
+    (same sampled pairs, same losses)."""
+    from trainers.direct_alignment import online
+
+    common = [*QUICK, "train.max_steps=3", "eval.eval_every=0", "eval.sample_every=0"]
+    assert run(tmp_path / "straight", common) == 0
+    half = tmp_path / "half"
+
+    def stop_after_one_step() -> bool:
+        progress = half / "progress.json"
+        return progress.exists() and json.loads(progress.read_text())["step"] >= 1
+
+    monkeypatch.setattr(online, "stop_requested", stop_after_one_step)
+    assert run(half, common) == 143
+    monkeypatch.undo()
+    assert run(half, common, resume=True) == 0
+    straight = [r for r in read_jsonl(tmp_path / "straight" / "metrics.jsonl")]
+    resumed = [r for r in read_jsonl(half / "metrics.jsonl")]
+    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
+    for a, b in zip(straight, resumed, strict=True):
+        for key in ("loss", "tie_frac", "score_chosen", "completion_length", "eval/score"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+
+
+# ---- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.dataset=tests/fixtures/prefs.jsonl"], "no way to rank"),
+        (["reward.model=tiny"], "randomly initialised causal LM, not a reward model"),
+        (["online.loss=kto"], "online.loss"),
+        (["online.max_new_tokens=96"], "online.max_new_tokens (96) must be smaller"),
+    ],
+)
+def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
+    run_dir = tmp_path / "run"
+    assert run(run_dir, [*QUICK, *overrides]) == 2
+    assert message in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_no_way_to_rank_is_a_config_error():
+    with pytest.raises(ValueError, match="no way to rank"):
+        DirectAlignmentConfig(
+            loss="online_dpo", data={"dataset": "some/hub-prefs"}, model={"name": "tiny"}
+        )
+    with pytest.raises(ValueError, match="reward.verifier=true needs prompts"):
+        DirectAlignmentConfig(
+            loss="online_dpo",
+            data={"dataset": "some/hub-prefs"},
+            reward={"verifier": True, "model": "x"},
+        )

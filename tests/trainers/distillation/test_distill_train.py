@@ -1,0 +1,109 @@
+"""On-policy distillation end to end on tiny: two steps, stop and resume, the teacher's
+held-out ceiling logged beside the student's, bad input refused before anything is written
+(a teacher with another tokenizer or vocabulary, an unresolved run reference)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import assert_complete_run_dir, trainer_argv
+
+from trainers.core.rundir import read_jsonl
+from trainers.distillation import train as distill_train
+
+ROOT = Path(__file__).resolve().parents[3]
+CONFIG = ROOT / "trainers" / "distillation" / "configs" / "distill.yaml"
+
+QUICK = [
+    "model.name=tiny",
+    "teacher.name=tiny",
+    "model.gradient_checkpointing=false",
+    "data.size=16",
+    "data.eval_size=4",
+    "rollout.max_new_tokens=16",
+    "train.batch_size=2",
+    "train.gradient_accumulation_steps=2",
+    "train.learning_rate=1.0e-3",
+    "eval.eval_every=2",
+    "eval.num_samples=1",
+    "logging.log_every=1",
+    "checkpoint.save_every=null",
+]
+
+
+def run(run_dir: Path, overrides: list[str], resume: bool = False) -> int:
+    return distill_train.main(trainer_argv(CONFIG, run_dir, overrides, resume))
+
+
+def test_two_steps_write_a_complete_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run(run_dir, [*QUICK, "train.max_steps=2", "loss.divergence=jsd"]) == 0
+    summary = assert_complete_run_dir(run_dir)
+    assert summary["algorithm"] == "distill" and summary["steps"] == 2
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    train_rows = [r for r in rows if r["phase"] == "train"]
+    assert len(train_rows) == 2
+    for r in train_rows:
+        assert r["loss"] >= -1e-6 and r["reverse_kl"] >= -1e-6 and r["teacher_logp"] <= 0
+        assert 1 <= r["completion_length"] <= 16
+    # teacher == student at the start: no divergence on the first step's samples
+    assert train_rows[0]["reverse_kl"] == pytest.approx(0.0, abs=1e-4)
+    evals = [r for r in rows if r["phase"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2]
+    assert {"eval/avg_correctness", "eval/teacher_avg_correctness"} <= set(evals[-1])
+
+
+def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+    """Student samples are seeded by (seed, step): 3 steps straight == 1, stop, resume, 2."""
+    common = [*QUICK, "train.max_steps=3", "eval.eval_every=0"]
+    assert run(tmp_path / "straight", common) == 0
+    half = tmp_path / "half"
+
+    def stop_after_one_step() -> bool:
+        progress = half / "progress.json"
+        return progress.exists() and json.loads(progress.read_text())["step"] >= 1
+
+    monkeypatch.setattr(distill_train, "stop_requested", stop_after_one_step)
+    assert run(half, common) == 143
+    monkeypatch.undo()
+    assert run(half, common, resume=True) == 0
+    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    resumed = read_jsonl(half / "metrics.jsonl")
+    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
+    for a, b in zip(straight, resumed, strict=True):
+        for key in ("loss", "teacher_logp", "completion_length", "grad_norm"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["teacher.name=tiny-llama"], "has a different tokenizer from the student"),
+        (["teacher.name=run:abc123"], "resolved by the lab"),
+        (["teacher.name=/no/such/model"], "teacher.name='/no/such/model'"),
+        (["loss.beta=1.5"], "loss.beta"),
+    ],
+)
+def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
+    run_dir = tmp_path / "run"
+    assert run(run_dir, [*QUICK, *overrides]) == 2
+    assert message in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_same_tokenizer_but_another_vocabulary_size_is_refused(tmp_path, monkeypatch):
+    """A teacher whose LM head has more rows than the student's (same tokenizer files)."""
+    import shutil
+
+    from trainers.core.tiny import ensure_preset
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(ensure_preset("tiny"), teacher)
+    config = json.loads((teacher / "config.json").read_text())
+    config["vocab_size"] = config["vocab_size"] + 64
+    (teacher / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="predicts over 2112 tokens"):
+        distill_train.check_teacher("tiny", str(teacher))

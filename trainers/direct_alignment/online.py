@@ -1,0 +1,459 @@
+"""Online DPO (Guo et al. 2024, "Direct Language Model Alignment from Online AI Feedback").
+
+    python -m trainers.direct_alignment.train --config configs/online_dpo.yaml --run-dir DIR
+
+The pairs are not read from a data set: each step draws them from the policy being trained.
+Per optimizer step:
+  1. take the next ``batch_size × gradient_accumulation_steps`` training prompts;
+  2. sample two completions per prompt from the CURRENT policy (one prefill per prompt, its KV
+     cache repeated: trainers/core/decoding.py), at ``online.temperature``;
+  3. score both with the ranker: the reward model's score (``reward.model``) plus, when the
+     verifier is on, reasoning-gym correctness + ``reward.format_weight``·format;
+  4. the higher score is chosen, the lower rejected; equal scores are a tie and the pair is
+     skipped (``tie_frac`` counts them; a step without an untied pair changes no weight);
+  5. per micro-batch of ``batch_size`` untied pairs: summed log-probs of both completions under
+     the policy (with gradients) and the frozen starting model (the reference, kept loaded:
+     the samples are new every step, so nothing can be cached), loss = ``LOSSES[online.loss]``
+     (any pairwise loss of the family), scaled by the micro-batch's share of the step's pairs;
+  6. clip, step, schedule.
+Held out: the family's preference metrics on the held-out pairs of ``data.dataset``
+(``eval/accuracy``, the headline, comparable with offline DPO on the same pairs) and the
+ranker's score of greedy completions of the held-out prompts (``eval/score``,
+``eval/correctness`` with the verifier).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainers.core.decoding import GREEDY, Sampling, sample_tokens
+from trainers.core.generation import end_of_turn_ids
+from trainers.core.harness import raise_if_stopping, stop_requested
+from trainers.core.loop import (
+    BestMetric,
+    StepTimer,
+    TrainingRun,
+    epoch_total_steps,
+    eval_line,
+    pick_runtime,
+    step_metrics,
+)
+from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.preferences import TokenizedExample, tokenize_records
+from trainers.core.rundir import RunDir
+from trainers.core.runfolder import SummaryFile
+from trainers.core.splits import split_train_eval
+from trainers.core.tokenization import chat_template_ids
+from trainers.core.training import (
+    StepMetrics,
+    build_optimizer,
+    optimizer_step,
+    seed_everything,
+    use_gradient_checkpointing,
+)
+from trainers.direct_alignment.config import DirectAlignmentConfig
+from trainers.direct_alignment.losses import LOSSES, LossInputs
+
+# ---------------------------------------------------------------------------------------------
+# Ranking: pure functions
+# ---------------------------------------------------------------------------------------------
+
+
+def rank_pairs(scores: Tensor) -> tuple[Tensor, Tensor]:
+    """The two samples of prompt i sit at rows 2i and 2i+1 of ``scores`` (2P,). Returns
+    (``first_wins`` (P,) bool: row 2i is chosen, ``tie`` (P,) bool: equal scores, skipped)."""
+    if scores.dim() != 1 or scores.numel() % 2:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} are not two per prompt")
+    pairs = scores.view(-1, 2)
+    return pairs[:, 0] > pairs[:, 1], pairs[:, 0] == pairs[:, 1]
+
+
+def chosen_rejected_rows(first_wins: Tensor, tie: Tensor) -> list[tuple[int, int, int]]:
+    """(prompt, chosen row, rejected row) of every untied pair, in prompt order."""
+    out = []
+    for i, (first, tied) in enumerate(zip(first_wins.tolist(), tie.tolist(), strict=True)):
+        if not tied:
+            a, b = 2 * i, 2 * i + 1
+            out.append((i, a, b) if first else (i, b, a))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts, sampling and the ranker
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OnlinePrompt:
+    """A training or held-out prompt: its messages, its ids (cut so a completion fits) and the
+    reasoning-gym entry the verifier scores against (empty for other data)."""
+
+    messages: list[dict]
+    ids: list[int]
+    meta: dict
+
+
+def prompt_rows(cfg: DirectAlignmentConfig, tokenizer: Any, records: list[Any]) -> list[Any]:
+    """Each record's prompt as an :class:`OnlinePrompt`, its ids cut from the left to
+    ``data.max_prompt_length`` and to leave ``online.max_new_tokens`` within ``data.max_length``;
+    a prompt repeated in the data set (several pairs per prompt) is kept once."""
+    cap = cfg.data.max_length - cfg.online.max_new_tokens
+    if cfg.data.max_prompt_length:
+        cap = min(cap, cfg.data.max_prompt_length)
+    seen, unique = set(), []
+    for r in records:
+        key = repr(r.prompt)
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    ids = chat_template_ids(tokenizer, [r.prompt for r in unique], add_generation_prompt=True)
+    return [
+        OnlinePrompt(r.prompt, list(i)[-cap:], dict(r.meta or {}))
+        for r, i in zip(unique, ids, strict=True)
+    ]
+
+
+def body_text(tokenizer: Any, tokens: list[int], stop_ids: set[int]) -> str:
+    """A completion's text without its end-of-turn token."""
+    body = tokens[:-1] if tokens and tokens[-1] in stop_ids else tokens
+    return tokenizer.decode(body, skip_special_tokens=True)
+
+
+class Ranker:
+    """Scores completions: the reward model's score (``reward.model``) plus, with the verifier,
+    correctness + ``format_weight``·format. ``score`` returns the parts and their sum."""
+
+    def __init__(self, cfg: DirectAlignmentConfig, tokenizer: Any, device, dtype, attn):
+        from trainers.policy_gradients.reward_model import ModelReward, inspect_reward_model
+
+        self.tokenizer = tokenizer
+        self.stop_ids = set(end_of_turn_ids(tokenizer))
+        self.verifier = cfg.ranks_with_verifier
+        self.format_weight = cfg.reward.format_weight
+        self.model = None
+        if cfg.reward.model:
+            info = inspect_reward_model(cfg.reward.model, key="reward.model")
+            self.model = ModelReward(
+                info,
+                device=device,
+                dtype=dtype,
+                attn_implementation=attn,
+                batch_size=cfg.reward.score_batch_size,
+                policy_tokenizer=tokenizer,
+            )
+
+    def score(self, prompts: list[OnlinePrompt], completions: list[list[int]]) -> dict[str, Tensor]:
+        """Parts ``model``, ``correctness``, ``format`` (those that apply) and ``score``, each
+        (N,) float32; ``prompts[i]`` is completion i's prompt."""
+        from trainers.policy_gradients.rewards import compute_rewards
+
+        texts = [body_text(self.tokenizer, c, self.stop_ids) for c in completions]
+        parts: dict[str, Tensor] = {}
+        total = torch.zeros(len(completions))
+        if self.model is not None:
+            parts["model"] = self.model.score(
+                [p.messages for p in prompts],
+                texts,
+                [p.ids for p in prompts],
+                completions,
+                self.stop_ids,
+            )
+            total = total + parts["model"]
+        if self.verifier:
+            r = compute_rewards(
+                texts,
+                [p.meta for p in prompts],
+                [len(c) for c in completions],
+                format_weight=self.format_weight,
+            )
+            parts["correctness"], parts["format"] = r["correctness"], r["format"]
+            total = total + r["total"]
+        parts["score"] = total
+        return parts
+
+
+def sample_two(
+    model, tokenizer, prompts: list[OnlinePrompt], cfg: DirectAlignmentConfig, generator
+) -> list[list[int]]:
+    """Two completions per prompt from the current policy (rows 2i, 2i+1 for prompt i), each
+    up to and including its first end-of-turn token."""
+    o = cfg.online
+    was_training = model.training
+    model.eval()
+    out = sample_tokens(
+        model,
+        [p.ids for p in prompts],
+        max_new_tokens=o.max_new_tokens,
+        stop_ids=set(end_of_turn_ids(tokenizer)),
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        sampling=Sampling(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k),
+        repeats=2,
+        generator=generator,
+    )
+    model.train(was_training)
+    return out
+
+
+def step_generator(device: torch.device, seed: int, step: int) -> torch.Generator:
+    """The sampling RNG of one step: fixed by (seed, step), so a resumed run draws the same."""
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss on a micro-batch of ranked pairs
+# ---------------------------------------------------------------------------------------------
+
+
+def pair_loss(cfg, model, ref_model, pairs: list[TokenizedExample], pad_id, device):
+    """The pair loss and its metrics on ranked pairs (policy with gradients, reference none)."""
+    from trainers.direct_alignment.train import batch_logps, loss_params
+
+    parts, n_tokens = batch_logps(model, pairs, pad_id, device, with_kl=False)
+    (c_sum, c_n), (r_sum, r_n) = parts["chosen"], parts["rejected"]
+    ref_c = ref_r = None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_parts, _ = batch_logps(ref_model, pairs, pad_id, device, with_kl=False)
+        ref_c, ref_r = ref_parts["chosen"][0].detach(), ref_parts["rejected"][0].detach()
+    inputs = LossInputs(
+        chosen_logps=c_sum,
+        rejected_logps=r_sum,
+        chosen_tokens=c_n,
+        rejected_tokens=r_n,
+        ref_chosen_logps=ref_c,
+        ref_rejected_logps=ref_r,
+    )
+    loss, metrics = LOSSES[cfg.online.loss](inputs, loss_params(cfg))
+    return loss, metrics, n_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Held-out evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def greedy_scores(model, tokenizer, ranker: Ranker, prompts, batch_size: int, max_new: int):
+    """The ranker's mean score (and its parts) of greedy completions of ``prompts``."""
+    if not prompts:
+        return {}
+    was_training = model.training
+    model.eval()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    completions: list[list[int]] = []
+    for start in range(0, len(prompts), batch_size):
+        raise_if_stopping("eval_batch")
+        chunk = prompts[start : start + batch_size]
+        completions += sample_tokens(
+            model,
+            [p.ids for p in chunk],
+            max_new_tokens=max_new,
+            stop_ids=ranker.stop_ids,
+            pad_id=pad_id,
+            sampling=GREEDY,
+        )
+    model.train(was_training)
+    parts = ranker.score(prompts, completions)
+    return {f"eval/{k}": float(v.mean()) for k, v in parts.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The training loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
+    """Online DPO; see the module doc."""
+    from trainers.direct_alignment.train import compute_reference_logps, evaluate, load_records
+
+    seed_everything(cfg.seed)
+    device, dtype, attn = pick_runtime(cfg.model)
+    tokenizer = load_tokenizer(cfg.model.name)
+    pad_id = tokenizer.pad_token_id
+
+    run.update_phase("tokenizing")
+    train_records, eval_records = split_train_eval(
+        load_records(cfg), eval_size=cfg.data.eval_size, seed=cfg.seed
+    )
+    train_prompts = prompt_rows(cfg, tokenizer, train_records)
+    eval_prompts = prompt_rows(cfg, tokenizer, eval_records)
+    eval_pairs, _ = tokenize_records(
+        eval_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
+    )
+    info: dict[str, Any] = {
+        "data": {
+            "n_train_prompts": len(train_prompts),
+            "n_eval_prompts": len(eval_prompts),
+            "n_eval_pairs": len(eval_pairs),
+        },
+        "ranker": {"reward_model": cfg.reward.model, "verifier": cfg.ranks_with_verifier},
+    }
+    print(f"data: {info['data']}; ranker: {info['ranker']}", flush=True)
+    total_steps = epoch_total_steps(len(train_prompts), cfg.train)
+    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+
+    run.update_phase("loading_model", total_steps)
+    ranker = Ranker(cfg, tokenizer, device, dtype, attn)
+    ref_model = None
+    if cfg.needs_reference:  # the starting model, frozen for the whole run
+        ref_model = load_causal_lm(
+            cfg.model.ref_name or cfg.model.name,
+            device=device,
+            dtype=dtype,
+            attn_implementation=attn,
+            trainable=False,
+        )
+        ref_model.eval()
+    model = load_causal_lm(
+        cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
+    )
+    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
+    model.train()
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
+    loop.checkpoint_with(model, optimizer, scheduler)
+    state = loop.resume(model, optimizer, scheduler) if resume else None
+    loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
+    best = BestMetric("eval/accuracy")
+
+    pair_cfg = cfg.model_copy(update={"loss": cfg.online.loss})
+    ref_eval = None
+    if ref_model is not None and eval_pairs:
+        run.update_phase("reference_logprobs", total_steps)
+        ref_eval = compute_reference_logps(
+            ref_model, eval_pairs, pad_id, device, cfg.eval.eval_batch_size, with_kl=False
+        )
+
+    def held_out() -> dict[str, float]:
+        out = evaluate(pair_cfg, model, eval_pairs, ref_eval, pad_id, device) if eval_pairs else {}
+        out.update(
+            greedy_scores(
+                model,
+                tokenizer,
+                ranker,
+                eval_prompts,
+                cfg.eval.eval_batch_size,
+                cfg.online.max_new_tokens,
+            )
+        )
+        return out
+
+    def run_eval() -> None:
+        loop.progress("evaluating")
+        loop.last_eval = held_out()
+        loop.log("eval", loop.last_eval)
+        best.update(loop.last_eval)
+
+    last_samples: list[dict[str, Any]] = []
+
+    def after_step() -> None:
+        if loop.every(cfg.eval.eval_every) and eval_prompts:
+            run_eval()
+        if loop.every(cfg.eval.sample_every) and last_samples:
+            loop.log_samples(last_samples[: cfg.eval.num_samples])
+
+    if not resume and cfg.eval.eval_every > 0 and eval_prompts:  # the starting point
+        loop.progress("evaluating")
+        start = held_out()
+        loop.run.log_metrics(0, "eval", start)
+        print(eval_line(0, total_steps, start), flush=True)
+    if loop.redo_events:
+        after_step()
+
+    position = state["data_position"] if state else None
+    for pos in loop.epoch_steps(len(train_prompts), cfg.train, cfg.seed, position):
+        timer = StepTimer()
+        # 1-2. sample two completions per prompt from the current policy
+        loop.progress("generating")
+        prompts = [train_prompts[i] for i in pos.ids]
+        completions = sample_two(
+            model, tokenizer, prompts, cfg, step_generator(device, cfg.seed, loop.step)
+        )
+        # 3-4. rank them; ties are skipped
+        owners = [p for p in prompts for _ in range(2)]
+        parts = ranker.score(owners, completions)
+        first_wins, tie = rank_pairs(parts["score"])
+        ranked = chosen_rejected_rows(first_wins, tie)
+        pairs = [
+            TokenizedExample(prompts[i].ids, completions[c], completions[r]) for i, c, r in ranked
+        ]
+        # 5. the pair loss, micro-batch by micro-batch
+        loop.progress("training", epoch=pos.epoch)
+        agg, step_tokens = StepMetrics(), 0
+        for m in range(0, len(pairs), cfg.train.batch_size):
+            raise_if_stopping("micro_batch")
+            chunk = pairs[m : m + cfg.train.batch_size]
+            loss, metrics, n_tok = pair_loss(cfg, model, ref_model, chunk, pad_id, device)
+            (loss * len(chunk) / len(pairs)).backward()
+            agg.add(metrics, weight=len(chunk))
+            step_tokens += n_tok
+        # 6. update (no untied pair: no gradient, no weight changes)
+        grad_norm, lr = optimizer_step(
+            model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
+        )
+        row = step_metrics(
+            {**agg.mean(), **ranking_metrics(parts, ranked, tie, completions)},
+            grad_norm,
+            lr,
+            step_tokens,
+            timer,
+            device,
+            epoch=pos.epoch_progress,
+        )
+        last_samples[:] = pair_samples(tokenizer, ranker, prompts, completions, parts, ranked)
+        loop.step_done(row, step_tokens, cfg.logging.log_every)
+        if ranked:
+            loop.print_step(row, "accuracy")
+        else:
+            print(f"step {loop.step}/{total_steps}: every pair tied, no update", flush=True)
+        after_step()
+        loop.progress("training", epoch=pos.epoch)
+        loop.checkpoint_or_stop(stopping=stop_requested())
+
+    loop.save_final_model(model, tokenizer)
+    loop.finish()
+    return loop.summary(cfg.loss, best, device, **info)
+
+
+def ranking_metrics(
+    parts: dict[str, Tensor], ranked: list[tuple[int, int, int]], tie: Tensor, completions
+) -> dict[str, float]:
+    """What the ranker saw this step: the chosen and rejected scores and their margin (untied
+    pairs), the share of tied pairs, the number of pairs trained on, the mean score and
+    correctness of all samples and their length."""
+    score = parts["score"]
+    out = {
+        "tie_frac": float(tie.float().mean()),
+        "pairs": float(len(ranked)),
+        "score": float(score.mean()),
+        "completion_length": float(sum(len(c) for c in completions) / max(len(completions), 1)),
+    }
+    if "correctness" in parts:
+        out["correctness"] = float(parts["correctness"].mean())
+    if ranked:
+        chosen = score[[c for _, c, _ in ranked]]
+        rejected = score[[r for _, _, r in ranked]]
+        out["score_chosen"] = float(chosen.mean())
+        out["score_rejected"] = float(rejected.mean())
+        out["score_margin"] = float((chosen - rejected).mean())
+    return out
+
+
+def pair_samples(tokenizer, ranker: Ranker, prompts, completions, parts, ranked) -> list[dict]:
+    """This step's ranked pairs as samples.jsonl rows (question, chosen, rejected, scores)."""
+    score = parts["score"].tolist()
+    rows = []
+    for i, c, r in ranked:
+        rows.append(
+            {
+                "prompt": prompts[i].messages[-1]["content"],
+                "chosen": body_text(tokenizer, completions[c], ranker.stop_ids),
+                "rejected": body_text(tokenizer, completions[r], ranker.stop_ids),
+                "score_chosen": score[c],
+                "score_rejected": score[r],
+            }
+        )
+    return rows
