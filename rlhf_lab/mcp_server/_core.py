@@ -208,7 +208,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
         "launch_run",
         frozenset(
             {"recipe", "overrides", "shrink", "model", "campaign", "question", "device"}
-            | {"queue", "force", "after"}
+            | {"queue", "force", "after", "gpus", "nproc", "slurm"}
         ),
     ),
     "run_pipeline": ("run_pipeline", frozenset({"name", "model", "campaign", "overrides"})),
