@@ -454,9 +454,12 @@ def runs(
         int | None, typer.Option(help="the newest N (default 50, or 10 with --detail)")
     ] = None,
     detail: Annotated[bool, typer.Option("--detail", help="each run's full status")] = False,
+    offset: Annotated[int, typer.Option(help="skip the newest N (the next page)")] = 0,
+    family: Annotated[str | None, typer.Option(help="only runs of this family")] = None,
+    algorithm: Annotated[str | None, typer.Option(help="only runs of this algorithm")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List runs, newest last, with each run's headline metric."""
+    """List runs, newest last, with each run's own headline metric (final, best)."""
 
     def human(listed: Any) -> None:
         rows = [
@@ -464,7 +467,7 @@ def runs(
                 r.id,
                 r.state,
                 f"{r.step or 0}/{r.total_steps or '?'}",
-                f"{r.metric} {_fmt(r.value)}" if r.value is not None else "",
+                f"{r.metric} {_fmt(r.value)} (best {_fmt(r.best)})" if r.value is not None else "",
                 r.campaign,
             ]
             for r in listed.runs
@@ -473,7 +476,10 @@ def runs(
         if listed.note:
             typer.echo(listed.note)
 
-    emit(api.run_list(campaign, state, limit, detail), as_json, human)
+    listed = api.run_list(campaign, state, limit, detail, offset, family, algorithm)
+    for warning in listed.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    emit(listed, as_json, human)
 
 
 @app.command()

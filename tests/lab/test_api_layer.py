@@ -227,9 +227,14 @@ def test_malformed_arguments_are_a_typed_invalid_argument(call, needle):
 
 
 def test_lax_arguments_are_converted_before_the_call(monkeypatch):
-    from rlhf_lab.api import watching
+    from rlhf_lab import index
 
     seen = []
-    monkeypatch.setattr(watching, "list_runs", lambda campaign, state: seen.append(state) or [])
+
+    def page(*args, limit, offset):
+        seen.append(limit)
+        return index.IndexPage(rows=[], total=0, warnings=[])
+
+    monkeypatch.setattr(index, "page_runs", page)
     assert api.run_list(None, None, "3").total == 0  # "3" -> 3, no error
-    assert seen == [None]
+    assert seen == [3]

@@ -284,6 +284,7 @@ def test_the_cli_json_shares_the_compact_defaults(big_lab):
         "total_steps",
         "metric",
         "value",
+        "best",
         "status",
     }
     series = json.loads(runner.invoke(app, ["metrics", BIG, "--json"]).output)
