@@ -128,6 +128,12 @@ _LAZY: dict[str, str] = {
     "launch_run_result": "rlhf_lab.api.results",
     "StopRunResult": "rlhf_lab.api.results",
     "stop_run_result": "rlhf_lab.api.results",
+    # the run index
+    "QueryResult": "rlhf_lab.api.queries",
+    "QueryRow": "rlhf_lab.api.queries",
+    "IndexRebuild": "rlhf_lab.api.queries",
+    "query_runs": "rlhf_lab.api.queries",
+    "rebuild_run_index": "rlhf_lab.api.queries",
     # pipelines
     "PipelineResult": "rlhf_lab.api.pipelines",
     "PipelineList": "rlhf_lab.api.pipelines",

@@ -6,7 +6,7 @@ same at 10,000 runs as at 10. Standard-library ``sqlite3``; torch-free.
 The run folders stay the source of truth. The index lives at ``<lab root>/.rlhf-lab/
 index.sqlite`` (ignored by git); it is checked against the folders on every use with a few
 ``stat`` calls (:mod:`~rlhf_lab.index.sync`), updated when the lab rewrites a run.json
-(:mod:`~rlhf_lab.index.hooks`) and when a run is recorded, and rebuilt from the folders on
+(:mod:`~rlhf_lab.index_hook`) and when a run is recorded, and rebuilt from the folders on
 demand (:func:`rebuild_index`) or automatically when it is missing, stale or damaged, with a
 warning (:mod:`~rlhf_lab.index.store`).
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_lab.errors import InvalidArgument, NextStep
-from rlhf_lab.index.hooks import indexing
 from rlhf_lab.index.store import drop_index, with_index
 from rlhf_lab.index.sync import refresh_rows, sync_runs
+from rlhf_lab.index_hook import indexing
 
 __all__ = [
     "QUERY_FIELDS",

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from rlhf_lab.paths import repo_root
+from rlhf_lab.index_hook import index_path
 
 __all__ = ["SCHEMA_VERSION", "connect", "drop_index", "index_path", "with_index"]
 
@@ -71,11 +71,6 @@ CREATE TABLE IF NOT EXISTS metrics(
 CREATE INDEX IF NOT EXISTS metrics_name ON metrics(name, value);
 CREATE TABLE IF NOT EXISTS campaigns(name TEXT PRIMARY KEY, sig TEXT, data TEXT);
 """
-
-
-def index_path() -> Path:
-    """``<lab root>/.rlhf-lab/index.sqlite``: beside ``experiments/``, ignored by git."""
-    return repo_root() / ".rlhf-lab" / "index.sqlite"
 
 
 def _open(path: Path) -> sqlite3.Connection:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound
-from rlhf_lab.ledger.campaigns import _load_data, resolve_campaign
+from rlhf_lab.ledger.campaigns import _load_data, _manual_status, resolve_campaign
 from rlhf_lab.ledger.index import regenerate_index
 from rlhf_lab.ledger.inspect import _build_record
 from rlhf_lab.ledger.layout import (
@@ -62,6 +62,16 @@ def _write(name: str, data: _LedgerData) -> None:
     text = _render_markdown(existing, data, str(md))
     if text != existing:
         _writer()(md, text)
+    _remember(name, data)
+
+
+def _remember(name: str, data: _LedgerData) -> None:
+    """Give the run index the campaign's new summary (the index of campaigns is then updated
+    from it, not rebuilt by reading every campaign)."""
+    from rlhf_lab.index.campaigns import remember
+
+    summary = _campaign_model(data, status=_manual_status(name))
+    remember(name, (_data_path(name), _md_path(name)), summary.model_dump_json())
 
 
 def create_campaign(

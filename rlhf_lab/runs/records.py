@@ -181,7 +181,7 @@ def _atomic_write_json(path: Path, obj: Any) -> None:
 
     atomic_write_json(path, obj)
     if path.name == "run.json" and isinstance(obj, dict):  # a state change: tell the run index
-        from rlhf_lab.index.hooks import run_record_written
+        from rlhf_lab.index_hook import run_record_written
 
         run_record_written(path.parent, obj)
 

@@ -39,6 +39,8 @@ CLI_ARGV: dict[str, list[str]] = {
     "campaign new": ["campaign", "new", "x", "--question", "q"],
     "campaign show": ["campaign", "show", "x"],
     "campaign list": ["campaign", "list"],
+    "query": ["query", "--where", "state=died"],
+    "index rebuild": ["index", "rebuild"],
     "gpu": ["gpu"],
     "models list": ["models", "list"],
     "models pull": ["models", "pull", "tiny"],
@@ -63,6 +65,7 @@ MCP_ARGS: dict[str, dict] = {
     "compare_runs": {"run_ids": [RUN]},
     "record_results": {"run_id": RUN},
     "list_campaigns": {},
+    "query_runs": {"where": ["state=died"]},
     "sweep_runs": {"recipes": ["dpo", "ipo"]},
 }
 

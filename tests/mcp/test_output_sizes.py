@@ -172,6 +172,7 @@ DEFAULT_CALLS: list[tuple[str, dict]] = [
     ("record_results", {"run_id": _run_id(1)}),
     ("list_campaigns", {}),
     ("sweep_runs", {"recipes": ["dpo", "ipo"], "model": "tiny", "campaign": "Not A Slug"}),
+    ("query_runs", {}),
 ]
 
 

@@ -1,4 +1,4 @@
-"""What the lab's writers tell the run index, so that it stays current without a re-read of
+"""Where the run index lives, and what the lab's writers tell it, so that it stays current without a re-read of
 the folder: a run whose ``run.json`` the lab rewrote (a state change) gets its new state at
 once and is read again in full on the next use; no warning follows, because the change is the
 lab's own. Never raises and never creates the index. Torch-free."""
@@ -10,7 +10,17 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-__all__ = ["indexing", "run_record_written"]
+from rlhf_lab.paths import repo_root
+
+__all__ = ["index_path", "indexing", "run_record_written"]
+
+
+def index_path() -> Path:
+    """``<lab root>/.rlhf-lab/index.sqlite``: beside ``experiments/``, ignored by git. (Here,
+    outside :mod:`rlhf_lab.index`, so that the run modules can tell the index about a change
+    without importing it: the index reads runs through them.)"""
+    return repo_root() / ".rlhf-lab" / "index.sqlite"
+
 
 # set while the index itself reads run folders (a status read may settle a state and rewrite
 # run.json): the row being read is stored by the reader, and a second connection would wait
@@ -32,8 +42,6 @@ def run_record_written(run_dir: Path, record: dict[str, Any]) -> None:
     """run.json of ``run_dir`` was just replaced by the lab with ``record``."""
     if _INDEXING.get():
         return
-    from rlhf_lab.index.store import index_path
-
     path = index_path()
     if not path.is_file():
         return
