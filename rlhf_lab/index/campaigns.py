@@ -16,21 +16,21 @@ from rlhf_lab.index.store import with_index
 __all__ = ["campaign_sig", "cached_summaries", "remember"]
 
 
-def _one(path: Path, now_ns: int | None) -> str | None:
+def _one(path: Path, now_ns: int) -> tuple[str, bool]:
+    """(``ino:size:mtime`` or "-", whether it changed too recently to trust a read of it)."""
     try:
         st = path.stat()
     except OSError:
-        return "-"
-    if now_ns is not None and now_ns - st.st_mtime_ns < RACY_NS:
-        return None
-    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        return "-", False
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}", now_ns - st.st_mtime_ns < RACY_NS
 
 
-def campaign_sig(data_path: Path, md_path: Path, now_ns: int | None) -> str | None:
-    """``ledger.json`` and markdown signatures (None: changed too recently to trust; pass
-    ``now_ns=None`` right after the lab wrote them under the campaign's lock)."""
-    parts = (_one(data_path, now_ns), _one(md_path, now_ns))
-    return None if None in parts else f"{parts[0]}|{parts[1]}"
+def campaign_sig(data_path: Path, md_path: Path, now_ns: int) -> tuple[str, bool]:
+    """The signature of a campaign's ``ledger.json`` and markdown, and whether either changed
+    too recently for a summary read now to be trusted later (the lab replaces both files
+    atomically, so each of its writes gives a new inode; the doubt is about edits in place)."""
+    (a, racy_a), (b, racy_b) = _one(data_path, now_ns), _one(md_path, now_ns)
+    return f"{a}|{b}", racy_a or racy_b
 
 
 def cached_summaries(
@@ -47,14 +47,14 @@ def cached_summaries(
         stored = {n: (s, d) for n, s, d in conn.execute("SELECT name, sig, data FROM campaigns")}
         out, fresh = [], []
         for name in names:
-            sig = campaign_sig(*paths(name), now_ns)
+            sig, racy = campaign_sig(*paths(name), now_ns)
             cached = stored.get(name)
-            if sig is not None and cached is not None and cached[0] == sig:
+            if cached is not None and cached[0] == sig:
                 out.append(cached[1])
                 continue
             text, cacheable = read(name)
             out.append(text)
-            fresh.append((name, sig if cacheable else None, text))
+            fresh.append((name, sig if cacheable and not racy else None, text))
         gone = set(stored) - set(names)
         if fresh or gone:
             conn.execute("BEGIN IMMEDIATE")
@@ -67,13 +67,14 @@ def cached_summaries(
 
 
 def remember(name: str, paths: tuple[Path, Path], text: str) -> None:
-    """Store a campaign's summary right after the lab wrote its files (under its lock)."""
+    """Store a campaign's summary right after the lab wrote its files, under the campaign's
+    lock: its own snapshot of the files is trusted however recent."""
     warnings: list[str] = []
 
     def work(conn: sqlite3.Connection) -> None:
         conn.execute(
             "INSERT OR REPLACE INTO campaigns VALUES (?, ?, ?)",
-            (name, campaign_sig(*paths, None), text),
+            (name, campaign_sig(*paths, time.time_ns())[0], text),
         )
 
     try:

@@ -20,7 +20,7 @@ from rlhf_lab.index_hook import index_path
 __all__ = ["SCHEMA_VERSION", "connect", "drop_index", "index_path", "with_index"]
 
 # Bump when a table or the meaning of a column changes: an index of another version is rebuilt.
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 T = TypeVar("T")
 
@@ -70,6 +70,13 @@ CREATE TABLE IF NOT EXISTS metrics(
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS metrics_name ON metrics(name, value);
 CREATE TABLE IF NOT EXISTS campaigns(name TEXT PRIMARY KEY, sig TEXT, data TEXT);
+CREATE TABLE IF NOT EXISTS ledger_pieces(
+    campaign TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY(campaign, run_id)
+) WITHOUT ROWID;
 """
 
 
