@@ -30,7 +30,7 @@ _META_KEYS = ("step", "time_s", "phase")
 _DATED = re.compile(r"^\d{4}-\d{2}-\d{2}-")
 
 
-def _sig(path: Path, now_ns: int) -> str | None:
+def _sig(path: str, now_ns: int) -> str | None:
     """``ino:size:mtime`` of a file, "-" when it is absent, None when it changed too recently
     to be trusted."""
     try:
@@ -42,14 +42,14 @@ def _sig(path: Path, now_ns: int) -> str | None:
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def record_sig(run_dir: Path, now_ns: int) -> str | None:
+def record_sig(run_dir: str | Path, now_ns: int) -> str | None:
     """The signature of run.json (checked for every run on every listing)."""
-    return _sig(run_dir / "run.json", now_ns)
+    return _sig(f"{run_dir}/run.json", now_ns)
 
 
-def file_sig(run_dir: Path, now_ns: int) -> str | None:
+def file_sig(run_dir: str | Path, now_ns: int) -> str | None:
     """The signature of the other files a row is built from (None: not to be trusted)."""
-    parts = [_sig(run_dir / name, now_ns) for name in WATCHED_FILES]
+    parts = [_sig(f"{run_dir}/{name}", now_ns) for name in WATCHED_FILES]
     if any(p is None for p in parts):
         return None
     return "|".join(p for p in parts if p is not None)

@@ -131,12 +131,13 @@ def _needs_sync(conn: sqlite3.Connection, root: Path, now_ns: int) -> bool:
         sig = _dir_sig(root / name / "runs", now_ns)
         if sig is None or known.get(name) != sig:
             return True
+    base = str(root)
     cursor = conn.execute("SELECT id, campaign, state, record_sig FROM runs")
     for run_id, campaign, state, sig in cursor:
         if (
             state in _ACTIVE
             or sig is None
-            or record_sig(run_dir_of(campaign, run_id), now_ns) != sig
+            or record_sig(f"{base}/{campaign}/runs/{run_id}", now_ns) != sig
         ):
             return True
     return False
@@ -153,10 +154,11 @@ def sync_runs(conn: sqlite3.Connection, warnings: list[str]) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         added = _sync_folders(conn, root, now_ns)
+        base = str(root)
         changed = []
         cursor = conn.execute("SELECT id, campaign, state, record_sig, scan FROM runs")
         for run_id, campaign, state, sig, scan in cursor.fetchall():
-            run_dir = run_dir_of(campaign, run_id)
+            run_dir = f"{base}/{campaign}/runs/{run_id}"
             if state in _ACTIVE or sig is None or record_sig(run_dir, now_ns) != sig:
                 changed.append((run_id, campaign, state, sig, scan))
         behind = 0
@@ -185,6 +187,7 @@ def refresh_rows(conn: sqlite3.Connection, run_ids: Iterable[str], warnings: lis
     """The full check of the module docstring for ``run_ids``: a row whose other files changed
     (or were not trusted) is read again from its folder."""
     now_ns = time.time_ns()
+    base = str(experiments_dir())
     ids = list(run_ids)
     stale = []
     for start in range(0, len(ids), 500):
@@ -194,7 +197,7 @@ def refresh_rows(conn: sqlite3.Connection, run_ids: Iterable[str], warnings: lis
         for run_id, campaign, state, sig, _scan in conn.execute(query, chunk):
             if state in _ACTIVE:
                 continue  # read again by sync_runs on every use
-            if sig is None or file_sig(run_dir_of(campaign, run_id), now_ns) != sig:
+            if sig is None or file_sig(f"{base}/{campaign}/runs/{run_id}", now_ns) != sig:
                 stale.append((run_id, campaign, sig))
     if not stale:
         return
