@@ -303,6 +303,8 @@ def _draw_plots(path: Path, name: str, record: RunRecord) -> None:
     if _current(kl_png, metrics):
         record.reward_kl_plot = os.path.relpath(kl_png, experiments_dir())
         return
+    if rows is None and not kl_png.exists():
+        return  # both were drawn (or tried) after the metrics last changed: this run has none
     try:
         result = plot_reward_vs_kl(
             read_metric_rows(metrics).rows if rows is None else rows,
