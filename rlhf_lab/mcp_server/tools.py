@@ -394,15 +394,15 @@ def list_runs(
 @server.tool(
     title="Query runs",
     annotations=READ_ONLY,
-    description="Query all runs: where ['state=died','ended_at>=-7d'], sort '-eval/accuracy', "
-    "group_by + best for each group's best run.",
+    description="Use it for questions over all runs: where ['state=died','ended_at>=-7d'], "
+    "sort '-eval/accuracy', group_by+best: each group's best run.",
 )
 def query_runs(
     where: Annotated[list[str], Field(description="FIELD OP VALUE; metrics by name")] = [],  # noqa: B006
     sort: Annotated[str | None, Field(description="field, -field: descending")] = None,
     group_by: Annotated[str | None, Field(description="one row per value")] = None,
     best: Annotated[str | None, Field(description="field picking each group's run")] = None,
-    limit: Annotated[int, Field(ge=1, le=500)] = 50,
+    limit: Annotated[int, Field(ge=1, le=500, description="at most N rows")] = 50,
 ) -> Annotated[Result, QueryResult]:
     found = _call(
         "query_runs",
