@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -124,19 +125,29 @@ _WRAP = (
 
 def cold(argv: list[str], env: dict[str, str], repeats: int) -> dict:
     """Median wall time and the peak RSS (MiB) of fresh processes running ``argv``."""
-    walls, rss = [], 0
+    walls, cpus, rss = [], [], 0
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _children_cpu()
         done = subprocess.run(
             [sys.executable, "-c", _WRAP, *argv], env=env, capture_output=True, text=True
         )
         walls.append(time.perf_counter() - start)
+        cpus.append(_children_cpu() - cpu)
         if done.returncode != 0:
             raise SystemExit(f"{argv} failed: {done.stderr[-800:]}")
         for line in done.stderr.splitlines():
             if line.startswith("MAXRSS"):
                 rss = max(rss, int(line.split()[1]) // 1024)
-    return {"median_s": statistics.median(walls), "max_rss_mib": rss}
+    return {
+        "median_s": statistics.median(walls),
+        "median_cpu_s": statistics.median(cpus),
+        "max_rss_mib": rss,
+    }
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 _WARM = """
@@ -151,10 +162,13 @@ calls = {
 out = {}
 for name, call in calls.items():
     call()
-    times = []
+    times, cpus = [], []
     for _ in range(repeats):
-        t = time.perf_counter(); call(); times.append(time.perf_counter() - t)
-    out[name] = statistics.median(times)
+        t, c = time.perf_counter(), time.process_time()
+        call()
+        times.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    out[name] = [statistics.median(times), statistics.median(cpus)]
 print(json.dumps(out))
 """
 
@@ -163,11 +177,13 @@ import json, statistics, sys, time
 from rlhf_lab import api
 run_id = sys.argv[1]
 api.record_results(run_id, note="warm-up")
-times = []
+times, cpus = [], []
 for i in range(3):
-    t = time.perf_counter(); api.record_results(run_id, note=f"note {i}")
+    t, c = time.perf_counter(), time.process_time()
+    api.record_results(run_id, note=f"note {i}")
     times.append(time.perf_counter() - t)
-print(json.dumps({"record": statistics.median(times)}))
+    cpus.append(time.process_time() - c)
+print(json.dumps({"record": [statistics.median(times), statistics.median(cpus)]}))
 """
 
 
@@ -235,8 +251,8 @@ def measure(ns: list[int], ks: list[int], repeats: int, baseline: Path | None) -
                 if (script_root / "experiments" / f"{show[2]}.md").is_file():
                     row["campaign show"] = cold(show, env, repeats)
                 warm = _child(_WARM, [str(repeats * 4), some_run], env)
-                for name, value in warm.items():
-                    row[f"MCP {name}"] = {"median_s": value}
+                for name, (wall, cpu) in warm.items():
+                    row[f"MCP {name}"] = {"median_s": wall, "median_cpu_s": cpu}
                 results[side][n] = row
                 print(
                     f"N={n} {side}: "
@@ -246,12 +262,35 @@ def measure(ns: list[int], ks: list[int], repeats: int, baseline: Path | None) -
         for k in ks:
             target = record_campaign(script_root, k)
             for side, base in sides.items():
-                value = _child(_RECORD, [target], _env(script_root, base))["record"]
-                results[side].setdefault("record", {})[k] = value
-                print(f"record K={k} {side}: {value:.3f}s", flush=True)
+                wall, cpu = _child(_RECORD, [target], _env(script_root, base))["record"]
+                results[side].setdefault("record", {})[k] = {"median_s": wall, "median_cpu_s": cpu}
+                print(f"record K={k} {side}: {wall:.3f}s (CPU {cpu:.3f}s)", flush=True)
     finally:
         shutil.rmtree(script_root, ignore_errors=True)
     return results
+
+
+def _cell(entry: dict) -> str:
+    cpu = entry.get("median_cpu_s")
+    return f"{entry['median_s']:.3g}" + ("" if cpu is None else f" ({cpu:.3g})")
+
+
+def print_side(side: str, by_n: dict, ns: list[int]) -> None:
+    """One side's table: median wall (CPU) seconds per N, the growth order, peak RSS."""
+    rows = []
+    for label in [k for k in by_n[ns[0]] if k != "record"]:
+        entries = [by_n[n][label] for n in ns]
+        order = growth(ns, [e.get("median_cpu_s") or e["median_s"] for e in entries])
+        rss = max(e.get("max_rss_mib") or 0 for e in entries)
+        rows.append([label, *map(_cell, entries), "-" if order is None else f"N^{order:.2f}", rss])
+    print(f"\n{side}: median wall s (CPU s); cold processes for the CLI, warm calls for MCP")
+    print_table(["command", *[f"N={n}" for n in ns], "growth (CPU)", "peak RSS MiB"], rows)
+    if "record" in by_n:
+        ks = sorted(by_n["record"])
+        print_table(
+            ["record (warm)", *[f"K={k}" for k in ks]],
+            [["wall s (CPU s)", *[_cell(by_n["record"][k]) for k in ks]]],
+        )
 
 
 def main() -> None:
@@ -267,28 +306,7 @@ def main() -> None:
     results = measure(sorted(args.n), sorted(args.record_k), args.repeats, args.baseline)
     ns = sorted(args.n)
     for side, by_n in results.items():
-        labels = [k for k in by_n[ns[0]] if k != "record"]
-        rows = []
-        for label in labels:
-            values = [by_n[n][label]["median_s"] for n in ns]
-            rss = [by_n[n][label].get("max_rss_mib") for n in ns]
-            order = growth(ns, values)
-            rows.append(
-                [
-                    label,
-                    *values,
-                    "-" if order is None else f"N^{order:.2f}",
-                    max(r or 0 for r in rss),
-                ]
-            )
-        print(f"\n{side} (median seconds; cold processes for the CLI, warm API calls for MCP)")
-        print_table(["command", *[f"N={n}" for n in ns], "growth", "peak RSS MiB"], rows)
-        if "record" in by_n:
-            ks = sorted(by_n["record"])
-            print_table(
-                ["record (warm)", *[f"K={k}" for k in ks]],
-                [["median s", *[by_n["record"][k] for k in ks]]],
-            )
+        print_side(side, by_n, ns)
     write_results(
         "lab_scale",
         {
