@@ -41,6 +41,9 @@ from pathlib import Path
 from _common import ROOT, print_table, write_results
 
 CAMPAIGN_SIZE = 100
+# Children start outside the checkout: ``python -c`` puts the working directory first on
+# sys.path, which would shadow the --baseline checkout given through PYTHONPATH.
+CHILD_CWD = tempfile.gettempdir()
 CLI_COMMANDS = (
     ("runs", ["runs"]),
     ("runs --json", ["runs", "--json"]),
@@ -129,7 +132,11 @@ def cold(argv: list[str], env: dict[str, str], repeats: int) -> dict:
     for _ in range(repeats):
         start, cpu = time.perf_counter(), _children_cpu()
         done = subprocess.run(
-            [sys.executable, "-c", _WRAP, *argv], env=env, capture_output=True, text=True
+            [sys.executable, "-c", _WRAP, *argv],
+            env=env,
+            capture_output=True,
+            cwd=CHILD_CWD,
+            text=True,
         )
         walls.append(time.perf_counter() - start)
         cpus.append(_children_cpu() - cpu)
@@ -189,7 +196,7 @@ print(json.dumps({"record": [statistics.median(times), statistics.median(cpus)]}
 
 def _child(code: str, args: list[str], env: dict[str, str]) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, cwd=CHILD_CWD, text=True
     )
     if done.returncode != 0:
         raise SystemExit(f"child failed: {done.stderr[-1500:]}")
@@ -207,7 +214,11 @@ def record_campaign(root: Path, k: int) -> str:
     write_run(exp, campaign, target, rng)
     env = _env(root, None)
     subprocess.run(
-        [str(console_script()), "record", first], env=env, check=True, capture_output=True
+        [str(console_script()), "record", first],
+        env=env,
+        check=True,
+        capture_output=True,
+        cwd=CHILD_CWD,
     )
     path = exp / campaign / "ledger.json"
     data = json.loads(path.read_text())
@@ -243,6 +254,7 @@ def measure(ns: list[int], ks: list[int], repeats: int, baseline: Path | None) -
                     env=env,
                     check=True,
                     capture_output=True,
+                    cwd=CHILD_CWD,
                 )
                 row = {"index build": {"median_s": time.perf_counter() - start}}
                 for label, argv in CLI_COMMANDS:
