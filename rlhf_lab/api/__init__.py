@@ -133,6 +133,12 @@ _LAZY: dict[str, str] = {
     # evaluations
     "EvaluationLaunch": "rlhf_lab.api.evaluations",
     "evaluate_model": "rlhf_lab.api.evaluations",
+    # the run index
+    "QueryResult": "rlhf_lab.api.queries",
+    "QueryRow": "rlhf_lab.api.queries",
+    "IndexRebuild": "rlhf_lab.api.queries",
+    "query_runs": "rlhf_lab.api.queries",
+    "rebuild_run_index": "rlhf_lab.api.queries",
     # pipelines
     "PipelineResult": "rlhf_lab.api.pipelines",
     "PipelineList": "rlhf_lab.api.pipelines",

@@ -22,6 +22,9 @@ class CampaignList(BaseModel):
     campaigns: list[Campaign] = Field(description="newest first")
     total: int = Field(default=0, description="campaigns before the limit")
     note: str | None = None
+    warnings: list[str] = Field(
+        default_factory=list, description="the run index was rebuilt (and why)"
+    )
 
 
 @operation
@@ -41,12 +44,13 @@ def list_campaigns(limit: int | None = 20) -> CampaignList:
     some were left out."""
     if limit is not None and limit < 1:
         raise InvalidArgument("limit must be at least 1")
-    camps = ledger_campaigns()
+    warnings: list[str] = []
+    camps = ledger_campaigns(warnings)
     note = None if camps else "no campaigns yet: launch_run creates one (default <algo>-sanity)"
     if limit is not None and len(camps) > limit:
         note = f"the newest {limit} of {len(camps)} campaigns; ledger://index lists them all"
     shown = camps if limit is None else camps[:limit]
-    return CampaignList(campaigns=shown, total=len(camps), note=note)
+    return CampaignList(campaigns=shown, total=len(camps), note=note, warnings=warnings)
 
 
 @operation

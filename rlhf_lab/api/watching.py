@@ -22,7 +22,7 @@ from rlhf_lab.api._operation import operation
 from rlhf_lab.api.results import State
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep
 from rlhf_lab.logs import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
-from rlhf_lab.runs import RunStatus, follow_run, list_runs, run_state, unfinished_runs
+from rlhf_lab.runs import RunStatus, follow_run, run_state
 
 FINISHED_STATES: frozenset[str] = frozenset(
     {"succeeded", "failed", "stopped", "killed", "died", "cancelled"}
@@ -56,15 +56,16 @@ class MetricsResult(MetricSeries):
 
 
 class RunRow(BaseModel):
-    """A run in a list: where it stands and its held-out headline metric."""
+    """A run in a list: where it stands and its own held-out headline metric."""
 
     id: str
     campaign: str
     state: str
     step: int | None = None
     total_steps: int | None = None
-    metric: str | None = Field(default=None, description="the algorithm's headline metric")
-    value: float | None = Field(default=None, description="its latest value (null: not yet)")
+    metric: str | None = Field(default=None, description="the run's own headline metric (held-out)")
+    value: float | None = Field(default=None, description="its final value (null: not yet)")
+    best: float | None = Field(default=None, description="its best value over the run")
     status: RunStatus | None = Field(default=None, description="the full status (detail=true)")
 
 
@@ -72,6 +73,9 @@ class RunList(BaseModel):
     runs: list[RunRow] = Field(description="oldest first (the newest `limit` runs)")
     total: int = Field(description="matching runs before the limit")
     note: str | None = None
+    warnings: list[str] = Field(
+        default_factory=list, description="the run index was rebuilt or re-read (and why)"
+    )
 
 
 LIST_LIMIT = 50  # rows of a run list by default
@@ -181,36 +185,22 @@ def run_status(run_id: str) -> RunStatusResult:
 @operation
 def active_run_views() -> list[RunStatusResult]:
     """run_status of every queued, starting or running run (what a bare `status` shows)."""
-    return [run_status(s.id) for s in unfinished_runs()]
+    from rlhf_lab.index import unfinished_run_ids
+
+    ids, _ = unfinished_run_ids()
+    return [run_status(run_id) for run_id in ids]
 
 
-def _headline(status: RunStatus) -> tuple[str | None, float | None]:
-    """The run's headline metric and its latest value (eval rows first, then train rows)."""
-    from rlhf_lab.catalog import headline_metric
-
-    try:
-        name = headline_metric(status.algorithm or status.family or "")
-    except LabError:
-        return None, None
-    for row in (status.last_eval, status.last_train):
-        value = row.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return name, float(value)
-    return name, None
-
-
-def run_row(status: RunStatus, detail: bool = False) -> RunRow:
-    """A run as one row of a list; ``detail`` adds its full status."""
-    metric, value = _headline(status)
+def _index_row(row: dict[str, Any]) -> RunRow:
     return RunRow(
-        id=status.id,
-        campaign=status.campaign,
-        state=status.state,
-        step=status.step,
-        total_steps=status.total_steps,
-        metric=metric,
-        value=value,
-        status=status if detail else None,
+        id=row["id"],
+        campaign=row["campaign"],
+        state=row["state"],
+        step=row["step"],
+        total_steps=row["total_steps"],
+        metric=row["headline"],
+        value=row["final"],
+        best=row["best"],
     )
 
 
@@ -220,23 +210,50 @@ def run_list(
     state: str | None = None,
     limit: int | None = None,
     detail: bool = False,
+    offset: int = 0,
+    family: str | None = None,
+    algorithm: str | None = None,
 ) -> RunList:
-    """The newest ``limit`` matching runs (oldest first) as rows of id, campaign, state,
-    step/total and headline metric (``detail``: with the full status; the default limit is
-    then smaller), their total, and a note when empty or cut."""
+    """The newest ``limit`` matching runs after the newest ``offset`` (shown oldest first) as
+    rows of id, campaign, state, step/total and the run's own headline metric, final and best
+    (``detail``: with the full status; the default limit is then smaller), their total, and a
+    note when empty or cut. Read from the run index (filters, order and the page in one SQL
+    query), which is checked against the run folders first."""
+    from rlhf_lab.index import page_runs
+    from rlhf_lab.paths import check_slug
+    from rlhf_lab.runs import STATES
+
     if limit is not None and limit < 1:
         raise InvalidArgument("limit must be at least 1")
-    runs = list_runs(campaign, state)
-    shown = limit or (LIST_DETAIL_LIMIT if detail else LIST_LIMIT)
-    note = None
-    if not runs:
-        note = "no runs match" + ("" if campaign or state else " (none launched yet: launch_run)")
-    elif len(runs) > shown:
-        note = (
-            f"the newest {shown} of {len(runs)} runs; narrow by campaign or state, or raise limit"
+    if offset < 0:
+        raise InvalidArgument("offset must be 0 or more")
+    if state is not None and state not in STATES:
+        raise InvalidArgument(
+            f"unknown state {state!r}; states: {', '.join(STATES)}",
+            next=NextStep("list_runs", {"state": None}, note="every state"),
         )
-    rows = [run_row(s, detail) for s in runs[-shown:]]
-    return RunList(runs=rows, total=len(runs), note=note)
+    if campaign is not None:
+        check_slug(campaign)
+    shown = limit or (LIST_DETAIL_LIMIT if detail else LIST_LIMIT)
+    page = page_runs(campaign, state, family, algorithm, limit=shown, offset=offset)
+    note = None
+    filtered = campaign or state or family or algorithm
+    if not page.total:
+        note = "no runs match" + ("" if filtered else " (none launched yet: launch_run)")
+    elif offset:
+        note = (
+            f"runs {offset + 1}-{offset + len(page.rows)} counted from the newest, of "
+            f"{page.total}; a larger offset pages further back"
+        )
+    elif len(page.rows) < page.total:
+        note = (
+            f"the newest {shown} of {page.total} runs; narrow by campaign or state, or raise "
+            "limit (offset pages back)"
+        )
+    rows = [_index_row(r) for r in page.rows]
+    if detail:
+        rows = [r.model_copy(update={"status": run_state(r.id)}) for r in rows]
+    return RunList(runs=rows, total=page.total, note=note, warnings=page.warnings)
 
 
 def wait_and_stream(

@@ -48,6 +48,8 @@ skills_app = typer.Typer(help="Claude Code skills and the .mcp.json entry.", no_
 app.add_typer(campaign_app, name="campaign")
 app.add_typer(models_app, name="models")
 app.add_typer(skills_app, name="skills")
+index_app = typer.Typer(help="The run index (SQLite beside experiments/).", no_args_is_help=True)
+app.add_typer(index_app, name="index")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 SetOpt = Annotated[
@@ -513,9 +515,12 @@ def runs(
         int | None, typer.Option(help="the newest N (default 50, or 10 with --detail)")
     ] = None,
     detail: Annotated[bool, typer.Option("--detail", help="each run's full status")] = False,
+    offset: Annotated[int, typer.Option(help="skip the newest N (the next page)")] = 0,
+    family: Annotated[str | None, typer.Option(help="only runs of this family")] = None,
+    algorithm: Annotated[str | None, typer.Option(help="only runs of this algorithm")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List runs, newest last, with each run's headline metric."""
+    """List runs, newest last, with each run's own headline metric (final, best)."""
 
     def human(listed: Any) -> None:
         rows = [
@@ -523,7 +528,7 @@ def runs(
                 r.id,
                 r.state,
                 f"{r.step or 0}/{r.total_steps or '?'}",
-                f"{r.metric} {_fmt(r.value)}" if r.value is not None else "",
+                f"{r.metric} {_fmt(r.value)} (best {_fmt(r.best)})" if r.value is not None else "",
                 r.campaign,
             ]
             for r in listed.runs
@@ -532,7 +537,10 @@ def runs(
         if listed.note:
             typer.echo(listed.note)
 
-    emit(api.run_list(campaign, state, limit, detail), as_json, human)
+    listed = api.run_list(campaign, state, limit, detail, offset, family, algorithm)
+    for warning in listed.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    emit(listed, as_json, human)
 
 
 @app.command()
@@ -724,7 +732,73 @@ def campaign_list(as_json: JsonOpt = False) -> None:
             [[c.id, c.status, c.runs, c.question] for c in items],
         )
 
-    emit(api.list_campaigns(limit=None).campaigns, as_json, human)
+    listed = api.list_campaigns(limit=None)
+    for warning in listed.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    emit(listed.campaigns, as_json, human)
+
+
+@app.command()
+@lab_errors
+def query(
+    where: Annotated[
+        list[str] | None,
+        typer.Option("--where", help="FIELD OP VALUE (repeatable), e.g. state=died, ended_at>=-7d"),
+    ] = None,
+    sort: Annotated[str | None, typer.Option(help="field or metric; -field: descending")] = None,
+    group_by: Annotated[str | None, typer.Option("--group-by", help="one row per value")] = None,
+    best: Annotated[
+        str | None, typer.Option(help="field or metric picking each group's run (max:/min:)")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="at most N rows")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Query every run in the lab by indexed fields and final metric values.
+
+    e.g. --where family=direct_alignment --where model=tiny --group-by algorithm
+    --best eval/accuracy (the best held-out accuracy per DPO-family loss);
+    --where state=died --where ended_at>=-7d (every run that died in the last week)."""
+    found = api.query_runs(where or [], sort, group_by, best, limit)
+    for warning in found.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+
+    def human(result: Any) -> None:
+        metrics = list(dict.fromkeys(k for r in result.rows for k in r.metrics))
+        columns = [*(["group"] if group_by else []), "run", "algorithm", "state", "model"]
+        columns += ["headline", "final", "best", *metrics, "campaign"]
+        rows = [
+            [
+                *([r.group] if group_by else []),
+                r.id,
+                r.algorithm,
+                r.state,
+                r.model,
+                r.headline,
+                _fmt(r.final),
+                _fmt(r.best),
+                *[_fmt(r.metrics.get(m)) for m in metrics],
+                r.campaign,
+            ]
+            for r in result.rows
+        ]
+        _table("runs", columns, rows)
+        if result.note:
+            typer.echo(result.note)
+
+    emit(found, as_json, human)
+
+
+@index_app.command("rebuild")
+@lab_errors
+def index_rebuild(as_json: JsonOpt = False) -> None:
+    """Drop the run index and build it again from the run folders (they are the truth)."""
+
+    def human(r: Any) -> None:
+        typer.echo(f"indexed {r.runs} runs into {r.path}")
+        for warning in r.warnings:
+            typer.echo(f"warning: {warning}")
+
+    emit(api.rebuild_run_index(), as_json, human)
 
 
 # ------------------------------------------------------------------------------ resources/models
@@ -864,6 +938,8 @@ COMMAND_OPERATIONS: dict[str, str] = {
     "models pull": "pull_model",
     "demo": "run_demo",
     "skills install": "install_skills",
+    "query": "query_runs",
+    "index rebuild": "rebuild_run_index",
 }
 
 

@@ -104,6 +104,18 @@ CLI_OPERATIONS: dict[str, Command] = {
     "show_campaign": Command("campaign show", ("campaign",)),
     "list_campaigns": Command("campaign list"),
     "list_models": Command("models list"),
+    "query_runs": Command(
+        "query",
+        (),
+        {
+            "where": "--where",
+            "sort": "--sort",
+            "group_by": "--group-by",
+            "best": "--best",
+            "limit": "--limit",
+        },
+    ),
+    "rebuild_run_index": Command("index rebuild"),
     "pull_model": Command("models pull", ("name",)),
 }
 # positional arguments a command cannot do without (shown as "..." when a step leaves them out)

@@ -17,7 +17,9 @@ see half a file. ``experiments/README.md`` is the index of campaigns, regenerate
 
 The package, by job: :mod:`~rlhf_lab.ledger.schema` (models), :mod:`~rlhf_lab.ledger.metrics`
 (key metrics, directions, summaries), :mod:`~rlhf_lab.ledger.inspect` (run folder -> RunRecord),
-:mod:`~rlhf_lab.ledger.render` (markdown, templates, blocks, front matter),
+:mod:`~rlhf_lab.ledger.render` (markdown, templates, front matter),
+:mod:`~rlhf_lab.ledger.blocks` (the managed blocks from per-run pieces),
+:mod:`~rlhf_lab.ledger.incremental` (recording one row without re-reading the others),
 :mod:`~rlhf_lab.ledger.layout` (names, paths, lock), :mod:`~rlhf_lab.ledger.campaigns` (reading,
 listing, showing), :mod:`~rlhf_lab.ledger.store` (creating and recording),
 :mod:`~rlhf_lab.ledger.index` (experiments/README.md). Every name other modules and tests import

@@ -172,9 +172,26 @@ def _read_campaign(name: str, light: bool = False) -> tuple[Campaign, _LedgerDat
     return _campaign_model(data, status=_manual_status(name), briefs=briefs or None), data
 
 
-def list_campaigns() -> list[Campaign]:
-    """Every campaign under experiments/, newest first."""
-    return [_read_campaign(n, light=True)[0] for n in reversed(_campaign_names())]
+def _summary(name: str) -> tuple[str, bool]:
+    """A campaign's summary as JSON, and whether it may be cached (not when unreadable)."""
+    campaign = _read_campaign(name, light=True)[0]
+    return campaign.model_dump_json(), not campaign.warnings
+
+
+def list_campaigns(warnings: list[str] | None = None) -> list[Campaign]:
+    """Every campaign under experiments/, newest first. Each summary comes from the run index
+    while the campaign's ledger.json and markdown are unchanged (``warnings`` gets the index's
+    own, e.g. that it was rebuilt)."""
+    from rlhf_lab.index.campaigns import cached_summaries
+
+    names = list(reversed(_campaign_names()))
+    texts = cached_summaries(
+        names,
+        lambda n: (_data_path(n), _md_path(n)),
+        _summary,
+        [] if warnings is None else warnings,
+    )
+    return [Campaign.model_validate_json(t) for t in texts]
 
 
 def show_campaign(slug: str) -> CampaignView:

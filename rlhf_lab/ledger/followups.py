@@ -31,7 +31,7 @@ from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, RunRecord, _Ledg
 from rlhf_lab.overoptimisation import overoptimisation_advice
 from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
 
-__all__ = ["NextItem", "next_items"]
+__all__ = ["NextItem", "deduplicated_items", "next_items"]
 
 LAB = ["uv", "run", "rlhf-lab"]
 MIN_SEEDS = 3
@@ -286,6 +286,12 @@ def next_items(data: _LedgerData) -> list[NextItem]:
         items += list(_comparison_items(entry, data.runs, campaign))
     for run in data.runs:
         items += list(_run_items(run, campaign))
+    return deduplicated_items(items)
+
+
+def deduplicated_items(items: list[NextItem]) -> list[NextItem]:
+    """The items in order, each command kept only where it first appears (an item left with
+    no command of the several it had is dropped)."""
     seen: set[str] = set()
     out = []
     for item in items:

@@ -17,9 +17,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import Corrupt, NextStep
-from rlhf_lab.evaluation_records import evaluation_notes, evaluation_rows, training_runs
 from rlhf_lab.headline import headline_for
-from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.ledger.layout import _asset_dir, _md_path
 from rlhf_lab.ledger.metrics import _expand_metric_names, _metric_keys, _performance_text
 from rlhf_lab.ledger.schema import (
@@ -36,16 +34,6 @@ from trainers.core.runfolder import ACTIVE_STATES
 __all__ = ["replace_blocks"]
 
 FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
-
-_BLOCK_HEADINGS = {
-    "setup": "Setup",
-    "runs": "Runs",
-    "plots": "Plots",
-    "evaluation": "Evaluation",
-    "comparison": "Comparison",
-    "observations-auto": "Observations",
-    "next": "Next",
-}
 
 _ENV: Environment | None = None
 
@@ -435,41 +423,6 @@ def _stages(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def _block_contents(data: _LedgerData, campaign: Campaign) -> dict[str, str]:
-    runs = training_runs(data.runs)  # evaluation jobs have their own block
-    return {
-        "setup": _render("setup.md.j2", runs=runs, meta=campaign, stages=_stages(runs)),
-        "runs": _render("runs.md.j2", groups=_runs_groups(runs), runs=[_run_view(r) for r in runs]),
-        "plots": _render("plots.md.j2", runs=runs),
-        "evaluation": _render(
-            "evaluation.md.j2",
-            rows=evaluation_rows(data.runs),
-            notes=evaluation_notes(data.runs),
-        ),
-        "comparison": _render(
-            "comparison.md.j2", comparisons=data.comparisons, campaign=campaign.id
-        ),
-        "observations-auto": _render(
-            "observations.md.j2", runs=runs, headlines={r.run_id: _headline_text(r) for r in runs}
-        ),
-        "next": _render(
-            "next.md.j2", items=next_items(data), recorded=bool(runs or data.comparisons)
-        ),
-    }
-
-
 def _skeleton(question: str) -> str:
     question = _one_line(question).replace("rlhf-lab:", "rlhf-lab: ")
     return _env().get_template("campaign.md.j2").render(question=question)
-
-
-def _render_markdown(existing: str | None, data: _LedgerData, where: str) -> str:
-    campaign = _campaign_model(data)
-    if existing is None:
-        old, body = None, "\n" + _skeleton(data.campaign.question)
-    else:
-        old, body = _split_front_matter(existing)
-        if old is None:
-            body = "\n" + body
-    body = replace_blocks(body, _block_contents(data, campaign), _BLOCK_HEADINGS, where)
-    return _front_matter(campaign, old) + body

@@ -8,14 +8,26 @@ it down there to widen the window a torn read would need).
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound
-from rlhf_lab.ledger.campaigns import _load_data, resolve_campaign
+from rlhf_lab.ledger.blocks import full_input, render_markdown, run_pieces
+from rlhf_lab.ledger.campaigns import _load_data, _manual_status, resolve_campaign
+from rlhf_lab.ledger.incremental import (
+    block_input,
+    keep_pieces,
+    parse_record,
+    piece_key,
+    pieces_for,
+    record_lines,
+    split_ledger,
+)
 from rlhf_lab.ledger.index import regenerate_index
 from rlhf_lab.ledger.inspect import _build_record
 from rlhf_lab.ledger.layout import (
@@ -29,7 +41,7 @@ from rlhf_lab.ledger.layout import (
     check_campaign_slug,
 )
 from rlhf_lab.ledger.metrics import _metric_keys
-from rlhf_lab.ledger.render import _campaign_model, _render_markdown
+from rlhf_lab.ledger.render import _campaign_model
 from rlhf_lab.ledger.schema import Campaign, ComparisonEntry, RunRecord, _CampaignMeta, _LedgerData
 from rlhf_lab.ledger.text import _now, _one_line
 from rlhf_lab.paths import experiments_dir, find_run, today
@@ -53,15 +65,108 @@ def _write_data(name: str, data: _LedgerData) -> None:
 
 
 def _write(name: str, data: _LedgerData) -> None:
-    """Write ledger.json then regenerate the markdown (caller holds the campaign lock)."""
+    """Write ledger.json then regenerate the markdown (caller holds the campaign lock); the
+    runs' pieces are kept for the next incremental write."""
     (_asset_dir(name) / "runs").mkdir(parents=True, exist_ok=True)
     (_asset_dir(name) / "plots").mkdir(parents=True, exist_ok=True)
-    _write_data(name, data)
+    text = data.model_dump_json(indent=1) + "\n"
+    _writer()(_data_path(name), text)
     md = _md_path(name)
     existing = md.read_text() if md.is_file() else None
-    text = _render_markdown(existing, data, str(md))
-    if text != existing:
-        _writer()(md, text)
+    blocks = full_input(data)
+    text_md = render_markdown(existing, blocks, str(md))
+    if text_md != existing:
+        _writer()(md, text_md)
+    _remember(name, blocks.campaign)
+    _keep_all_pieces(name, text, blocks.pieces)
+
+
+def _remember(name: str, summary: Campaign) -> None:
+    """Give the run index the campaign's new summary (the index of campaigns is then updated
+    from it, not rebuilt by reading every campaign)."""
+    from rlhf_lab.index.campaigns import remember
+
+    manual = _manual_status(name)
+    if manual is not None:
+        summary = summary.model_copy(update={"status": manual})
+    remember(name, (_data_path(name), _md_path(name)), summary.model_dump_json())
+
+
+def _keep_all_pieces(name: str, text: str, pieces: list[dict]) -> None:
+    """Keep every run's pieces after a full render (a cache: a failure costs nothing)."""
+    from rlhf_lab.index.store import with_index
+
+    ledger = split_ledger(text)
+    if ledger is None:
+        return
+    ids = ledger.run_ids()
+    rows = [
+        (name, run_id, piece_key(name, lines), json.dumps(p))
+        for run_id, lines, p in zip(ids, ledger.records, pieces, strict=True)
+    ]
+    try:
+        with_index(lambda conn: keep_pieces(conn, name, rows, ids), [])
+    except sqlite3.Error:
+        pass
+
+
+def _record_incrementally(name: str, record: RunRecord, note: str | None, plot: bool) -> bool:
+    """Put ``record`` into the campaign's ledger.json and markdown touching only its own row
+    (:mod:`rlhf_lab.ledger.incremental`); False, with nothing written, when the campaign does
+    not fit that path (the caller then renders it whole). Caller holds the campaign lock."""
+    from rlhf_lab.index.store import with_index
+
+    path = _data_path(name)
+    if not path.is_file():
+        return False
+    ledger = split_ledger(path.read_text())
+    if ledger is None:
+        return False
+    ids = ledger.run_ids()
+    try:
+        if record.run_id in ids:
+            at = ids.index(record.run_id)
+            _carry_over(record, parse_record(ledger.records[at]), note, plot)
+            ledger.records[at] = record_lines(record)
+        else:
+            ledger.records.append(record_lines(record))
+            ids.append(record.run_id)
+    except ValueError:
+        return False
+    fresh = {record.run_id: run_pieces(record, name)}
+
+    def work(conn: sqlite3.Connection) -> bool:
+        try:
+            pieces, rows = pieces_for(conn, name, ledger, fresh)
+            blocks = block_input(ledger, pieces)
+        except ValueError:  # a record or setting that does not validate: the full path says so
+            return False
+        if blocks is None:
+            return False
+        md = _md_path(name)
+        existing = md.read_text() if md.is_file() else None
+        text_md = render_markdown(existing, blocks, str(md))
+        for sub in ("runs", "plots"):
+            (_asset_dir(name) / sub).mkdir(parents=True, exist_ok=True)
+        _writer()(path, ledger.text())
+        if text_md != existing:
+            _writer()(md, text_md)
+        keep_pieces(conn, name, rows, ids)
+        _remember(name, blocks.campaign)
+        return True
+
+    return with_index(work, [])
+
+
+def _carry_over(record: RunRecord, old: RunRecord, note: str | None, plot: bool) -> None:
+    """What recording a run again keeps of its earlier row: the note when none is given, the
+    plots when none were drawn this time."""
+    if note is None:
+        record.note = old.note
+    if not plot and record.plot is None:
+        record.plot = old.plot
+    if not plot and record.reward_kl_plot is None:
+        record.reward_kl_plot = old.reward_kl_plot
 
 
 def create_campaign(
@@ -154,60 +259,88 @@ def record_run(run_id: str, note: str | None = None, *, plot: bool = True) -> Ru
     if refresh_warning:
         record.warnings.append(refresh_warning)
     if plot:
-        rows = read_metric_rows(path / "metrics.jsonl").rows
-        png = _asset_dir(name) / "plots" / f"{run_id}.png"
+        _draw_plots(path, name, record)
+    if note is not None:
+        record.note = _one_line(note, 1000) if note.strip() else None
+    with _acquire(_locked(name), name):
+        if not _record_incrementally(name, record, note, plot):
+            _record_whole(name, record, note, plot)
+    regenerate_index()
+    return record
+
+
+def _current(png: Path, source: Path) -> bool:
+    """Whether ``png`` was drawn after ``source`` last changed (then it need not be drawn)."""
+    try:
+        return png.stat().st_mtime_ns > source.stat().st_mtime_ns
+    except OSError:
+        return False
+
+
+def _draw_plots(path: Path, name: str, record: RunRecord) -> None:
+    """Draw the run's plots into the campaign's plots/ and name them in ``record``; a plot
+    drawn after the run's metrics last changed is kept as it is (recording a finished run again
+    draws nothing)."""
+    metrics = path / "metrics.jsonl"
+    rows: list[dict] | None = None
+    plots = _asset_dir(name) / "plots"
+    png, kl_png = plots / f"{record.run_id}.png", plots / f"{record.run_id}-reward-kl.png"
+    if _current(png, metrics):
+        record.plot = os.path.relpath(png, experiments_dir())
+    else:
+        rows = read_metric_rows(metrics).rows
         try:
             result = plot_run_metrics(
                 rows,
                 _metric_keys(record.family),
                 png,
-                title=f"{run_id} ({record.algorithm or record.family or 'run'})",
+                title=f"{record.run_id} ({record.algorithm or record.family or 'run'})",
             )
             if result.path:
                 record.plot = os.path.relpath(result.path, experiments_dir())
         except Exception as err:  # a plot must never lose the record
             record.warnings.append(f"plot not drawn: {type(err).__name__}: {err}")
-        try:
-            result = plot_reward_vs_kl(
-                rows,
-                _asset_dir(name) / "plots" / f"{run_id}-reward-kl.png",
-                title=f"{run_id}: proxy and gold reward against KL to the reference",
+    if _current(kl_png, metrics):
+        record.reward_kl_plot = os.path.relpath(kl_png, experiments_dir())
+        return
+    if rows is None and not kl_png.exists():
+        return  # both were drawn (or tried) after the metrics last changed: this run has none
+    try:
+        result = plot_reward_vs_kl(
+            read_metric_rows(metrics).rows if rows is None else rows,
+            kl_png,
+            title=f"{record.run_id}: proxy and gold reward against KL to the reference",
+        )
+        if result.path:
+            record.reward_kl_plot = os.path.relpath(result.path, experiments_dir())
+    except Exception as err:  # a plot must never lose the record
+        record.warnings.append(f"reward-against-KL plot not drawn: {type(err).__name__}: {err}")
+
+
+def _record_whole(name: str, record: RunRecord, note: str | None, plot: bool) -> None:
+    """Put ``record`` into the campaign's whole data and render it all (the campaign is
+    created when it has no ledger yet). Caller holds the campaign lock."""
+    data = _load_data(name)
+    if data is None:
+        date, slug = _check_campaign_name(name)
+        data = _LedgerData(
+            campaign=_CampaignMeta(
+                id=name,
+                slug=slug,
+                date=date,
+                question=f"(campaign created when {record.run_id} was recorded: write its question)",
+                created_at=_now(),
             )
-            if result.path:
-                record.reward_kl_plot = os.path.relpath(result.path, experiments_dir())
-        except Exception as err:  # a plot must never lose the record
-            record.warnings.append(f"reward-against-KL plot not drawn: {type(err).__name__}: {err}")
-    if note is not None:
-        record.note = _one_line(note, 1000) if note.strip() else None
-    with _acquire(_locked(name), name):
-        data = _load_data(name)
-        if data is None:
-            date, slug = _check_campaign_name(name)
-            data = _LedgerData(
-                campaign=_CampaignMeta(
-                    id=name,
-                    slug=slug,
-                    date=date,
-                    question=f"(campaign created when {run_id} was recorded: write its question)",
-                    created_at=_now(),
-                )
-            )
-            record.warnings.append("the campaign had no ledger yet; it was created")
-        for i, old in enumerate(data.runs):
-            if old.run_id == run_id:
-                if note is None:
-                    record.note = old.note
-                if not plot and record.plot is None:
-                    record.plot = old.plot
-                if not plot and record.reward_kl_plot is None:
-                    record.reward_kl_plot = old.reward_kl_plot
-                data.runs[i] = record
-                break
-        else:
-            data.runs.append(record)
-        _write(name, data)
-    regenerate_index()
-    return record
+        )
+        record.warnings.append("the campaign had no ledger yet; it was created")
+    for i, old in enumerate(data.runs):
+        if old.run_id == record.run_id:
+            _carry_over(record, old, note, plot)
+            data.runs[i] = record
+            break
+    else:
+        data.runs.append(record)
+    _write(name, data)
 
 
 def record_comparison(slug: str, entry: ComparisonEntry) -> Campaign:

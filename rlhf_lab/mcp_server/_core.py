@@ -220,7 +220,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
     ),
     "stop_run": ("stop_run", frozenset({"run_id", "grace_s"})),
     "resume_run": ("resume_run", frozenset({"run_id", "force"})),
-    "list_runs": ("list_runs", frozenset({"campaign", "state", "limit", "detail"})),
+    "list_runs": ("list_runs", frozenset({"campaign", "state", "limit", "detail", "offset"})),
     "compare_runs": ("compare_runs", frozenset({"run_ids", "record_in"})),
     "record_results": ("record_results", frozenset({"run_id", "note"})),
     "evaluate_model": (
@@ -228,6 +228,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
         frozenset({"target", "suite", "baseline", "judge", "overrides"}),
     ),
     "list_campaigns": ("list_campaigns", frozenset({"limit"})),
+    "query_runs": ("query_runs", frozenset({"where", "sort", "group_by", "best", "limit"})),
 }
 # operations with no tool of their own, done through another tool: operation -> (the tool, how the
 # operation's argument names map to the tool's)

@@ -20,6 +20,7 @@ from rlhf_lab.api import (
     MetricsResult,
     PipelineResult,
     Plan,
+    QueryResult,
     RecipeList,
     RecordResult,
     Resources,
@@ -385,6 +386,7 @@ def list_runs(
         int | None, Field(ge=1, le=500, description="at most this many (the newest)")
     ] = None,
     detail: Annotated[bool, Field(description="add each run's full status")] = False,
+    offset: Annotated[int, Field(ge=0, description="skip the newest N")] = 0,
 ) -> Annotated[Result, RunList]:
     listed = _call(
         "list_runs",
@@ -394,8 +396,35 @@ def list_runs(
         state,
         limit,
         detail,
+        offset,
     )
     return reply(listed)
+
+
+@server.tool(
+    title="Query runs",
+    annotations=READ_ONLY,
+    description="Use it for questions over all runs: where ['state=died','ended_at>=-7d'], "
+    "sort '-eval/accuracy', group_by+best: each group's best run.",
+)
+def query_runs(
+    where: Annotated[list[str], Field(description="FIELD OP VALUE; metrics by name")] = [],  # noqa: B006
+    sort: Annotated[str | None, Field(description="field, -field: descending")] = None,
+    group_by: Annotated[str | None, Field(description="one row per value")] = None,
+    best: Annotated[str | None, Field(description="field picking each group's run")] = None,
+    limit: Annotated[int, Field(ge=1, le=500, description="at most N rows")] = 50,
+) -> Annotated[Result, QueryResult]:
+    found = _call(
+        "query_runs",
+        "call query_runs(where=[]).",
+        api.query_runs,
+        list(where),
+        sort,
+        group_by,
+        best,
+        limit,
+    )
+    return reply(found)
 
 
 @server.tool(
@@ -538,6 +567,7 @@ TOOL_NAMES = (
     "list_campaigns",
     "sweep_runs",
     "evaluate_model",
+    "query_runs",
 )
 
 # tool -> the one lab API function it adapts (tests/lab/test_api_layer.py checks each exists)
@@ -560,4 +590,5 @@ TOOL_OPERATIONS: dict[str, str] = {
     "list_campaigns": "list_campaigns",
     "sweep_runs": "sweep",
     "evaluate_model": "evaluate_model",
+    "query_runs": "query_runs",
 }

@@ -188,6 +188,10 @@ def _atomic_write_json(path: Path, obj: Any) -> None:
     from trainers.core.rundir import atomic_write_json
 
     atomic_write_json(path, obj)
+    if path.name == "run.json" and isinstance(obj, dict):  # a state change: tell the run index
+        from rlhf_lab.index_hook import run_record_written
+
+        run_record_written(path.parent, obj)
 
 
 def _read_run_json(run_dir: Path) -> dict | None:

@@ -40,6 +40,8 @@ CLI_ARGV: dict[str, list[str]] = {
     "campaign new": ["campaign", "new", "x", "--question", "q"],
     "campaign show": ["campaign", "show", "x"],
     "campaign list": ["campaign", "list"],
+    "query": ["query", "--where", "state=died"],
+    "index rebuild": ["index", "rebuild"],
     "gpu": ["gpu"],
     "models list": ["models", "list"],
     "models pull": ["models", "pull", "tiny"],
@@ -64,6 +66,7 @@ MCP_ARGS: dict[str, dict] = {
     "compare_runs": {"run_ids": [RUN]},
     "record_results": {"run_id": RUN},
     "list_campaigns": {},
+    "query_runs": {"where": ["state=died"]},
     "sweep_runs": {"recipes": ["dpo", "ipo"]},
     "evaluate_model": {"target": RUN},
 }
@@ -229,9 +232,14 @@ def test_malformed_arguments_are_a_typed_invalid_argument(call, needle):
 
 
 def test_lax_arguments_are_converted_before_the_call(monkeypatch):
-    from rlhf_lab.api import watching
+    from rlhf_lab import index
 
     seen = []
-    monkeypatch.setattr(watching, "list_runs", lambda campaign, state: seen.append(state) or [])
+
+    def page(*args, limit, offset):
+        seen.append(limit)
+        return index.IndexPage(rows=[], total=0, warnings=[])
+
+    monkeypatch.setattr(index, "page_runs", page)
     assert api.run_list(None, None, "3").total == 0  # "3" -> 3, no error
-    assert seen == [None]
+    assert seen == [3]

@@ -626,7 +626,8 @@ def test_path_like_run_ids_are_rejected(lab_root, run_id):
     with pytest.raises(LabError, match="bad campaign slug"):
         compare_runs(["dpo-20260101-000000-0000"], record_in="../" + camp.id)
     assert _tree(lab_root) == before
-    assert all(p.startswith("experiments") for p in before)
+    # the campaign and the run index beside experiments/ (a cache of the folders)
+    assert all(p.startswith(("experiments", ".rlhf-lab")) for p in before)
 
 
 def test_unknown_run_and_campaign_give_clear_errors():

@@ -173,6 +173,7 @@ DEFAULT_CALLS: list[tuple[str, dict]] = [
     ("list_campaigns", {}),
     ("sweep_runs", {"recipes": ["dpo", "ipo"], "model": "tiny", "campaign": "Not A Slug"}),
     ("evaluate_model", {"target": BIG, "suite": ["no-such-suite"]}),  # refused
+    ("query_runs", {}),
 ]
 
 
@@ -286,6 +287,7 @@ def test_the_cli_json_shares_the_compact_defaults(big_lab):
         "total_steps",
         "metric",
         "value",
+        "best",
         "status",
     }
     series = json.loads(runner.invoke(app, ["metrics", BIG, "--json"]).output)

@@ -55,6 +55,7 @@ READ_ONLY = {
     "get_metrics",
     "list_runs",
     "list_campaigns",
+    "query_runs",
 }
 
 

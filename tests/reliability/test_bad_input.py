@@ -103,12 +103,16 @@ def tree(root: Path) -> dict[str, tuple[int, int] | None]:
 
 def outside_experiments(lab: Path) -> dict[str, tuple[int, int] | None]:
     """Where the lab must never write: the test's folder outside <lab>/experiments, the names in
-    the folders around it and around the checkout, the checkout's own experiments/ and the files
+    the folders around it and around the checkout (the run index at <lab>/.rlhf-lab is allowed), the checkout's own experiments/ and the files
     the lab knows how to write there (.mcp.json, .claude/). Source files are left out on purpose:
     other work may edit them while this runs, and nothing the fuzzer sends names them."""
     test_dir = lab.parent
+    # experiments/ and the run index beside it (<lab>/.rlhf-lab: a cache of the run folders)
+    allowed = (lab / "experiments", lab / ".rlhf-lab")
     seen = {
-        k: v for k, v in tree(test_dir).items() if not Path(k).is_relative_to(lab / "experiments")
+        k: v
+        for k, v in tree(test_dir).items()
+        if not any(Path(k).is_relative_to(place) for place in allowed)
     }
     for folder in (test_dir.parent, REPO, REPO.parent):
         seen.update({str(p): None for p in folder.iterdir()})
