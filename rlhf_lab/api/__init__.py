@@ -107,6 +107,7 @@ _LAZY: dict[str, str] = {
     "record_run": "rlhf_lab.ledger",
     "show_campaign": "rlhf_lab.ledger",
     "RecordResult": "rlhf_lab.api.records",
+    "RecordSummary": "rlhf_lab.api.records",
     "CampaignList": "rlhf_lab.api.records",
     "record_results": "rlhf_lab.api.records",
     "list_campaigns": "rlhf_lab.api.records",

@@ -18,6 +18,56 @@ class RecordResult(RunRecord):
     ledger_path: str = Field(description="the markdown file")
 
 
+# what record_results returns over MCP: the row's identity, outcome and numbers; the rest of the
+# record (argv, settings, attempts, samples, plots...) is in the ledger it names
+RECORD_SUMMARY_FIELDS = (
+    "run_id",
+    "campaign",
+    "state",
+    "outcome",
+    "failure",
+    "model",
+    "seed",
+    "command",
+    "changes",
+    "metrics",
+    "headline",
+    "flags",
+    "diagnostics",
+    "warnings",
+    "note",
+    "ledger_uri",
+    "ledger_path",
+)
+
+
+class RecordSummary(BaseModel):
+    """A recorded row, compact: what the agent reports from; the ledger holds the rest."""
+
+    run_id: str
+    campaign: str
+    state: str
+    outcome: str | None = None
+    failure: str | None = None
+    model: str | None = None
+    seed: int | None = None
+    command: str | None = None
+    changes: list[dict] = Field(default_factory=list)
+    metrics: list[dict] = Field(default_factory=list)
+    headline: dict | None = None
+    flags: list[str] = Field(default_factory=list)
+    diagnostics: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    note: str | None = None
+    ledger_uri: str
+    ledger_path: str
+
+    @classmethod
+    def of(cls, rec: RecordResult) -> RecordSummary:
+        data = rec.model_dump()
+        return cls(**{k: data[k] for k in RECORD_SUMMARY_FIELDS})
+
+
 class CampaignList(BaseModel):
     campaigns: list[Campaign] = Field(description="newest first")
     total: int = Field(default=0, description="campaigns before the limit")

@@ -46,7 +46,7 @@ State = Literal[
     "queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died", "cancelled"
 ]
 Phase = Literal["train", "eval", "rollout"]
-Device = Literal["auto", "cpu", "cuda"] | Annotated[str, Field(pattern=r"^cuda:\d{1,3}$")]
+Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d{1,3})?)$")]
 
 INSTRUCTIONS = """\
 rlhf-lab runs small RLHF experiments (SFT, reward models, DPO-style direct alignment, policy
@@ -65,12 +65,13 @@ estimate_memory says both fit. Without Hugging Face access use model="tiny".
 
 def _without_titles(schema: Any) -> Any:
     """``schema`` without pydantic's generated ``title`` strings (a property named "title" is a
-    dict under ``properties`` and stays)."""
+    dict under ``properties`` and stays) and without ``"default": null`` (an argument left out
+    is null already)."""
     if isinstance(schema, dict):
         return {
             k: _without_titles(v)
             for k, v in schema.items()
-            if not (k == "title" and isinstance(v, str))
+            if not (k == "title" and isinstance(v, str)) and not (k == "default" and v is None)
         }
     if isinstance(schema, list):
         return [_without_titles(v) for v in schema]
@@ -334,13 +335,11 @@ READ_ONLY = ToolAnnotations(
 
 RecipeArg = Annotated[
     str,
-    Field(description="recipe or algorithm (dpo, grpo, sft, ...), <family>/<name> or a YAML"),
+    Field(description="recipe, algorithm (dpo, grpo, ...) or YAML"),
 ]
 RunIdArg = Annotated[str, Field(description="run id (see list_runs)")]
 ModelArg = Annotated[
     str | None,
-    Field(description="'tiny' (offline), run:<id>, a folder, .gguf or hub id; null: the recipe's"),
+    Field(description="tiny, run:<id>, a folder, .gguf or hub id"),
 ]
-OverridesArg = Annotated[
-    list[str], Field(description="key=value, applied last, e.g. ['train.max_steps=20']")
-]
+OverridesArg = Annotated[list[str], Field(description="key=value, e.g. train.max_steps=20")]

@@ -22,7 +22,7 @@ from rlhf_lab.api import (
     Plan,
     QueryResult,
     RecipeList,
-    RecordResult,
+    RecordSummary,
     Resources,
     RunList,
     RunStatusResult,
@@ -55,8 +55,8 @@ Result = CallToolResult  # each tool's result: Annotated[Result, <its model>]
 @server.tool(
     title="List recipes",
     annotations=READ_ONLY,
-    description="The shipped recipes (one YAML per algorithm) with each family's key metrics and "
-    "acceptance criteria, and the pipelines. Use it to find a recipe or what a run should show.",
+    description="The recipes (one YAML per algorithm) with each family's key metrics and "
+    "criteria, and the pipelines. Use it to find a recipe or what a run should show.",
 )
 def list_recipes(
     family: Annotated[Family | None, Field(description="only this family")] = None,
@@ -69,10 +69,10 @@ def list_recipes(
 @server.tool(
     title="Plan an experiment",
     annotations=READ_ONLY,
-    description="Plan a sanity run, a matched comparison or a pipeline ('simpo sanity check', "
-    "'compare ppo and grpo', 'does a PRM beat an ORM for best-of-n?', 'rlhf pipeline'): per run "
-    "the changes from the recipe, memory vs free memory, the exact command; criteria, campaign, "
-    "launch order. Use it first; it writes nothing.",
+    description="Plan a sanity run, a matched comparison or a pipeline from free text ("
+    "'simpo sanity check', 'compare ppo and grpo', 'rlhf pipeline'): per run the changes, memory "
+    "vs free memory, the exact command; criteria, campaign, order. Use it first; it writes "
+    "nothing.",
 )
 def plan_experiment(
     request: Annotated[
@@ -103,7 +103,7 @@ def plan_experiment(
 @server.tool(
     title="Shrink a config",
     annotations=READ_ONLY,
-    description="A recipe as a validated quick sanity-run config (model='tiny': offline data): "
+    description="A recipe as a validated quick sanity-run config: "
     "the full config, its diff and the expected steps. Use it to check overrides before "
     "launch_run; it writes nothing.",
 )
@@ -134,7 +134,7 @@ def estimate_memory(
     model: ModelArg = None,
     overrides: OverridesArg = [],  # noqa: B006
     shrink: Annotated[bool, Field(description="the shrunk config (false: the full recipe)")] = True,
-    device: Annotated[Device, Field(description="auto (GPU if any), cpu, cuda or cuda:N")] = "auto",
+    device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
 ) -> Annotated[Result, MemoryCheck]:
     check = _call(
         "estimate_memory",
@@ -170,11 +170,10 @@ def check_resources() -> Annotated[Result, Resources]:
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
     ),
-    description="Start a training run in the background; returns its run id at once. Shrunk by "
-    "default; gets a ledger row. Refused, nothing written, for an unresolvable model, a length "
-    "over its context, lr > 1 or an estimate over the free memory; on a busy device it starts "
-    "beside it when its estimate fits the free memory, refused otherwise (queue=true waits, "
-    "force=true skips). A value run:<id> is that run's final model and waits for it.",
+    description="Start a training run in the background; returns its run id at once (shrunk by "
+    "default, with a ledger row). Refused, nothing written, for a bad model, a length over its "
+    "context, lr > 1 or memory that does not fit; a busy device is shared when the estimate "
+    "fits, else queue=true waits, force=true skips. A run:<id> value waits for that run.",
 )
 def launch_run(
     recipe: RecipeArg,
@@ -226,9 +225,9 @@ def launch_run(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
     ),
-    description="Queue a chain of runs in one campaign: rlhf (sft, reward model, ppo against "
-    "it) or r1-zero (sft warm start, grpo); a stage starts once those it takes a model from "
-    "succeeded, a failure cancels the rest. Use it when plan_experiment proposes a pipeline.",
+    description="Queue a chain of runs in one campaign: rlhf (sft, reward model, ppo) or "
+    "r1-zero (sft, grpo); a stage waits for the stages it takes a model from, a failure cancels "
+    "the rest. Use it when plan_experiment proposes a pipeline.",
 )
 def run_pipeline(
     name: Annotated[str, Field(description="rlhf, r1-zero or a pipeline YAML")],
@@ -254,9 +253,8 @@ def run_pipeline(
 @server.tool(
     title="Run status",
     annotations=READ_ONLY,
-    description="A run's state, step/total, phase, ETA, headline (held-out metric first), "
-    "latest metrics, W&B URL, diagnosed alerts (OOM, NaN loss, stall, held-out regression, noise "
-    "samples, ...) with hints, and advice. Use it to poll a run every 10-30 s.",
+    description="A run's state, step/total, phase, ETA, headline (held-out first), latest "
+    "metrics, diagnosed alerts with hints, advice. Use it to poll a run every 10-30 s.",
 )
 def run_status(run_id: RunIdArg) -> Annotated[Result, RunStatusResult]:
     return reply(_call("run_status", "call list_runs to see the run ids.", api.run_status, run_id))
@@ -293,7 +291,7 @@ def tail_logs(
 @server.tool(
     title="Get metrics",
     annotations=READ_ONLY,
-    description="A run's metric rows (6 significant digits), each phase down-sampled evenly "
+    description="A run's metric rows, each phase down-sampled evenly "
     "(last row kept) to fit max_bytes; the note says what was left out. Use it to judge "
     "curves (fewer keys: more points).",
 )
@@ -329,10 +327,9 @@ def get_metrics(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
     ),
-    description="Stop a running or queued run: the trainer checkpoints its last step within "
-    "seconds ('stopped'); after grace_s it is killed ('killed': work since the last checkpoint "
-    "lost). resume_run continues from last_checkpoint_step. Use it for a diverging, stalled or "
-    "unneeded run.",
+    description="Stop a running or queued run: the trainer checkpoints its last step "
+    "('stopped'); after grace_s it is killed ('killed': work since the last checkpoint lost). "
+    "Use it for a diverging, stalled or unneeded run.",
 )
 def stop_run(
     run_id: RunIdArg,
@@ -341,7 +338,7 @@ def stop_run(
         Field(
             ge=0,
             le=STOP_MAX_GRACE_S,
-            description="seconds to wait for the trainer's checkpoint before SIGKILL",
+            description="seconds to wait for the checkpoint before a kill",
         ),
     ] = 60.0,
 ) -> Annotated[Result, StopRunResult]:
@@ -354,9 +351,9 @@ def stop_run(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
-    description="Continue a died, stopped or failed run from its last checkpoint in the same "
-    "folder, detached like launch_run; its cancelled dependents queue again. Use it after a "
-    "kill, a fixed OOM or a stop to undo.",
+    description="Continue a died, stopped, killed or failed run from its last checkpoint, "
+    "detached; its cancelled dependents queue again. Use it after a kill, a fixed OOM or a stop "
+    "to undo.",
 )
 def resume_run(
     run_id: RunIdArg,
@@ -375,9 +372,8 @@ def resume_run(
 @server.tool(
     title="List runs",
     annotations=READ_ONLY,
-    description="Runs (newest 50, or 10 with detail=true; oldest first): id, campaign, state, "
-    "step/total, headline metric. Use it to find run ids; state='running' shows what holds the "
-    "devices.",
+    description="Runs (newest 50, or 10 with detail=true): id, campaign, state, step/total, "
+    "headline. Use it to find run ids; state='running' shows what holds the devices.",
 )
 def list_runs(
     campaign: Annotated[str | None, Field(description="campaign slug or dated name")] = None,
@@ -432,10 +428,9 @@ def query_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="Compare runs of ONE family, led by its held-out headline: arms (same setting, "
-    "any seed) with mean and 95% interval, a verdict per pair by the stated rule, then the "
-    "family's table (training numbers labelled training signal). Use it after record_results on "
-    "every run of a sweep; record_in writes it into that campaign's ledger.",
+    description="Compare runs of ONE family by its held-out headline: arms (same setting, any "
+    "seed) with mean and 95% interval, a verdict per pair, then the family's table. Use it after "
+    "record_results on every run of a sweep; record_in writes it into that campaign's ledger.",
 )
 def compare_runs(
     run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
@@ -453,18 +448,19 @@ def compare_runs(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
     description="Write (or refresh) a run's row in its campaign ledger. Use it when a run ends "
-    "(any state), then report from ledger://<campaign>; hand-written text is kept.",
+    "(any state), then report from ledger://<campaign> (the whole row); hand-written text is "
+    "kept.",
 )
 def record_results(
     run_id: RunIdArg,
     note: Annotated[
-        str | None, Field(description="one-line observation for the run's row (null keeps the old)")
+        str | None, Field(description="one-line observation (null keeps the old)")
     ] = None,
-) -> Annotated[Result, RecordResult]:
+) -> Annotated[Result, RecordSummary]:
     rec = _call(
         "record_results", "call list_runs to see the run ids.", api.record_results, run_id, note
     )
-    return reply(rec)
+    return reply(RecordSummary.of(rec))
 
 
 @server.tool(
@@ -484,9 +480,9 @@ def list_campaigns(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
     ),
-    description="Queue matched runs of several recipes in one campaign, one after another; "
-    "seeds=K gives each recipe K runs with the same seeds, so compare_runs can give each arm a "
-    "95% interval and a verdict. Use it for any comparison meant to be reported.",
+    description="Queue matched runs of several recipes in one campaign; seeds=K gives each "
+    "recipe K runs with the same seeds (compare_runs then gives intervals and verdicts). Use it "
+    "for any comparison meant to be reported.",
 )
 def sweep_runs(
     recipes: Annotated[list[str], Field(min_length=1, description="recipes, e.g. ['dpo','ipo']")],

@@ -189,7 +189,7 @@ async def fails(client, name: str, args: dict, *needles: str) -> str:
 
 async def test_every_tool_is_listed_typed_described_and_annotated(client):
     tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == set(TOOL_NAMES) and len(TOOL_NAMES) == 18
+    assert set(tools) == set(TOOL_NAMES) and len(TOOL_NAMES) == 19
     for name, tool in tools.items():
         assert tool.description and "use" in tool.description.lower(), name  # says when to use it
         assert tool.output_schema and tool.output_schema.get("type") == "object", name
