@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import get_dotted
+from rlhf_lab.divergence import degenerate_samples, divergence_hint, kl_blowup
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.headline import headline_for, headline_line, heldout_items, read_run_config
 from rlhf_lab.overoptimisation import overoptimisation, overoptimisation_advice
@@ -128,6 +129,7 @@ class Alert(BaseModel):
         "heldout_regression",
         "noise_samples",
         "overoptimisation",
+        "kl_blowup",
     ]
     severity: Literal["error", "warning", "info"]
     message: str
@@ -509,6 +511,16 @@ def _check_samples(path: Path) -> Alert | None:
     )
 
 
+def _check_kl_blowup(
+    family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path
+) -> Alert | None:
+    found = kl_blowup(rows)
+    hint = divergence_hint(family, algorithm, read_run_config(run_dir)) if found else ""
+    return found and Alert(
+        kind="kl_blowup", severity="warning", step=found.step, message=found.message, hint=hint
+    )
+
+
 def _is_non_finite(value: Any) -> bool:
     """A logged value that is nan or ±inf (a number, or its JSON spelling "nan"/"inf")."""
     f = _float(value)
@@ -729,10 +741,13 @@ def diagnose(
         )
 
     repetition = _check_samples(run_dir / "samples.jsonl")
+    if repetition is not None and status.family == "policy_gradients":
+        repetition.hint = divergence_hint(status.family, status.algorithm, read_run_config(run_dir))
     for check in (
         _check_nan(rows),
         _check_regression(status.family, status.algorithm, rows, run_dir),
         _check_overoptimisation(status.family, status.algorithm, rows, run_dir, status.step),
+        _check_kl_blowup(status.family, status.algorithm, rows, run_dir),
         _check_zero_std([r for r in rows if r.get("phase") in ("train", "rollout")]),
         repetition,
         None if repetition else _check_noise(run_dir / "samples.jsonl"),
@@ -745,7 +760,9 @@ def diagnose(
     return sorted(alerts, key=lambda a: order[a.severity])
 
 
-RunFlag = Literal["heldout_regression", "overoptimisation", "noise_samples", "flat"]
+RunFlag = Literal[
+    "heldout_regression", "overoptimisation", "noise_samples", "flat", "kl_blowup", "repetition"
+]
 
 
 def run_flags(
@@ -766,7 +783,13 @@ def run_flags(
     gamed = overoptimisation(rows)
     if gamed is not None:
         flags["overoptimisation"] = gamed.message
-    noise = noisy_samples(samples or [])
+    blowup = kl_blowup(rows)
+    if blowup is not None:
+        flags["kl_blowup"] = blowup.message
+    degenerate = degenerate_samples(samples or []) if family == "policy_gradients" else None
+    if degenerate is not None:
+        flags["repetition"] = degenerate
+    noise = None if degenerate else noisy_samples(samples or [])
     if noise is not None:
         flags["noise_samples"] = noise
     flat = _check_flat(family, rows)

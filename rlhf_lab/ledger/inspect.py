@@ -439,5 +439,5 @@ def _settings(family: str | None, cfg: dict | None) -> dict[str, Any]:
     if family not in FAMILY_NAMES:
         return {}
     spec = family_spec(family)
-    keys = [spec.learning_rate_key, spec.steps_key, spec.kl_key]
+    keys = [spec.learning_rate_key, spec.steps_key, spec.kl_key, "loss.kl_estimator"]
     return {k: get_dotted(cfg, k) for k in keys if k and get_dotted(cfg, k) is not None}
