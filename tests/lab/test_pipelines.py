@@ -323,6 +323,44 @@ def test_a_pipeline_queues_its_stages_after_the_stages_they_take_a_model_from(la
     assert _queue._next_queued(set()) == (ids["rm"], False)
 
 
+def _rm_succeeded(run_dir: Path, accuracy: float, n_eval: int = 64) -> None:
+    summary = {"outcome": "succeeded", "steps": 4, "final_eval": {"eval/accuracy": accuracy}}
+    summary["data"] = {"n_eval": n_eval}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    _set_state(run_dir, "succeeded")
+
+
+def test_the_rl_stage_does_not_start_on_a_reward_model_at_chance(lab_root, no_worker):
+    """The rlhf pipeline gates ppo on the reward model's held-out accuracy: the lower end of its
+    95% Wilson interval must be above 0.5. 0.56 on 64 pairs (lower end 0.44) cancels ppo with
+    the reason, never started; 0.84 on 64 pairs (0.73) lets it start."""
+    result = api.run_pipeline("rlhf", model="tiny")
+    ids = {s.stage: s.run_id for s in result.stages}
+    dirs = {stage: runs.find_run(run_id) for stage, run_id in ids.items()}
+    gate = {"run": ids["rm"], "stage": "rm", "metric": "eval/accuracy", "above": 0.5}
+    assert record(dirs["ppo"])["gates"] == [gate]
+    assert not record(dirs["rm"]).get("gates")
+    _set_state(dirs["sft"], "succeeded")
+    _rm_succeeded(dirs["rm"], 0.84)
+    assert _queue._next_queued(set()) == (ids["ppo"], False)  # 0.84 on 64: it may start
+
+    _rm_succeeded(dirs["rm"], 0.5625)
+    assert _queue._next_queued(set()) == (None, False)
+    rec = record(dirs["ppo"])
+    assert rec["state"] == "cancelled" and not (dirs["ppo"] / "train.log").exists()
+    assert "0.562 on 64 items" in rec["error"] and "Wilson interval, 0.441" in rec["error"]
+    assert "not above 0.5 (chance)" in rec["error"]
+    status = api.run_status(ids["ppo"])
+    assert status.advice.startswith("never started") and "Wilson" in status.advice
+    assert "Wilson" in api.campaign_markdown(result.campaign)
+
+    # a reward model that logged no held-out accuracy does not open the gate either
+    _set_state(dirs["ppo"], "queued")
+    (dirs["rm"] / "summary.json").write_text(json.dumps({"outcome": "succeeded", "steps": 4}))
+    assert _queue._next_queued(set()) == (None, False)
+    assert "logged no held-out eval/accuracy" in record(dirs["ppo"])["error"]
+
+
 def test_an_output_another_run_takes_is_always_saved(lab_root, no_worker):
     """The shrink turns final models off for large models (and a user may too): a queued
     upstream is made to save it when a run that takes its model is launched; one that already
