@@ -58,6 +58,9 @@ _CONFIG_CLASSES: dict[str, tuple[str, str]] = {
 
 
 def _dataset_of(cfg: dict | None) -> str | None:
+    if get_dotted(cfg, "data.source") == "preference":  # a PG run on a preference set's prompts
+        value = get_dotted(cfg, "data.dataset")
+        return None if value is None else _one_line(f"{value} (preference prompts)", 200)
     specs = get_dotted(cfg, "data.specs")
     if isinstance(specs, list) and specs:
         names = [str(s.get("name")) for s in specs if isinstance(s, dict) and s.get("name")]
