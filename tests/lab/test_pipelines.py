@@ -164,6 +164,20 @@ def test_bad_references_and_dependencies_are_refused_before_anything_is_written(
             "not a reward model",
             dict(recipe="top_per_prompt", overrides=[f"scorer.name=run:{SFT}"], model=None),
         ),
+        (  # a policy-gradient reward from a run that is no reward model
+            InvalidArgument,
+            "that run is sft (sft), not a preference (Bradley-Terry) or outcome reward model",
+            dict(recipe="ppo_rm", model="tiny", overrides=[f"reward.model=run:{SFT}"]),
+        ),
+        (  # reward weights that make every reward zero
+            InvalidArgument,
+            "every reward weight is 0",
+            dict(
+                recipe="grpo",
+                model="tiny",
+                overrides=["reward.verifier_weight=0", "reward.format_weight=0"],
+            ),
+        ),
         (NotFound, "no run with that id", dict(recipe="dpo", model="tiny", after=[unknown])),
         (Conflict, "resume it first", dict(recipe="dpo", model="tiny", after=[FAILED])),
         (Conflict, "is failed", dict(recipe="dpo", overrides=[f"model.name=run:{FAILED}"])),
