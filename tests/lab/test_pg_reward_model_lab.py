@@ -81,6 +81,12 @@ def test_reward_model_recipes_shrink_on_tiny_with_the_reward_model_kept(recipe):
     assert kept.config["data"]["dataset"] == "Anthropic/hh-rlhf"
     mine = shrink_config(recipe, ["reward.model=/somewhere/final_model"], model="tiny")
     assert mine.config["reward"]["model"] == "/somewhere/final_model"
+    # against a reward model on tiny: 20 steps at lr 1e-4 (lr 1e-3 made PPO diverge), and PPO's
+    # KL in the reward is k1 (k3 as a per-token reward pushed the policy off its reference)
+    assert cfg["train"]["learning_rate"] == 1.0e-4 and cfg["train"]["max_steps"] == 20
+    assert cfg["loss"]["kl_estimator"] == ("k1" if recipe == "ppo_rm" else "k3")
+    verifier = shrink_config(recipe.removesuffix("_rm"), model="tiny").config
+    assert verifier["train"]["learning_rate"] == 1.0e-3 and verifier["train"]["max_steps"] == 10
 
 
 def test_ledger_names_the_preference_dataset_of_a_preference_prompt_run():

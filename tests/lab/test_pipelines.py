@@ -479,15 +479,14 @@ def test_a_failed_upstream_cancels_its_dependent_and_resuming_it_rearms_it(lab_r
 @pytest.mark.slow
 @pytest.mark.skipif(not _has_recipe("ppo_rm"), reason="the ppo_rm recipe is not in this checkout")
 def test_the_rlhf_pipeline_runs_end_to_end_on_tiny(lab_root):
-    """SFT -> preference RM -> PPO against it, shrunk to a couple of steps per stage: every
-    stage succeeds in order, the PPO run scores with the RM run's model, and the ledger tells
+    """SFT -> preference RM -> PPO against it, shrunk to a couple of steps per stage (the RM
+    to its shrunk recipe, so that it clears ppo's gate): every stage succeeds in order, the PPO run scores with the RM run's model, and the ledger tells
     the stages as one story."""
-    quick = [
-        "*.train.max_steps=2",
+    quick = [  # the rm stage keeps its shrunk size: ppo's gate needs it above chance
+        "sft.train.max_steps=2",
+        "ppo.train.max_steps=2",
         "sft.data.max_samples=48",
         "sft.data.eval_size=8",
-        "rm.data.max_samples=48",
-        "rm.data.eval_size=8",
         "ppo.data.size=8",
         "ppo.data.eval_size=2",
         "ppo.rollout.prompts_per_step=2",
