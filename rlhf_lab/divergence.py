@@ -9,7 +9,7 @@ Rules (each run on the rows and samples a run folder already holds):
   quarter of the rows (that level floored at 1 nat, since the first step's KL is 0). A healthy
   run on tiny against a learned reward model stays under ~6 nats; the diverged one reached 100+.
 * **Degenerate repetition** (:func:`degenerate_samples`): at least half of the samples of the
-  latest sampled step repeat themselves (:func:`rlhf_lab.logs.repetition_reason`).
+  latest sampled step repeat themselves (:func:`repetition_reason`).
 
 :func:`divergence_advice` gives the config changes the alert and the ledger's Next section both
 propose: a learning rate ten times lower, a KL leash twice as tight (where the algorithm has a
@@ -19,6 +19,8 @@ reward pushes the policy away from the reference).
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,8 @@ __all__ = [
     "divergence_advice",
     "divergence_hint",
     "kl_blowup",
+    "repetition_reason",
+    "sample_text",
 ]
 
 KL_BOUND_NATS = 50.0
@@ -88,20 +92,55 @@ def kl_blowup(rows: list[dict]) -> KlBlowup | None:
     return None
 
 
+def repetition_reason(text: str, min_tokens: int = 16) -> str | None:
+    """Why a completion looks collapsed (None if it does not): one token repeated many times in
+    a row, one n-gram (n = 2..4) covering most of it, a loop (few distinct 4-grams), or one
+    character repeated at length."""
+    run_ch = max((len(m.group(0)) for m in re.finditer(r"(\S)\1*", text)), default=0)
+    if run_ch >= 40:
+        return f"one character repeated {run_ch} times in a row"
+    toks = re.findall(r"\w+|[^\w\s]", text)
+    if len(toks) < min_tokens:
+        return None
+    longest, cur = 1, 1
+    for a, b in zip(toks, toks[1:], strict=False):
+        cur = cur + 1 if a == b else 1
+        longest = max(longest, cur)
+    if longest >= 10:
+        return f"one token repeated {longest} times in a row"
+    for n in (2, 3, 4):
+        grams = Counter(tuple(toks[i : i + n]) for i in range(len(toks) - n + 1))
+        gram, count = grams.most_common(1)[0]
+        coverage = min(1.0, count * n / len(toks))
+        if count >= 4 and coverage >= 0.6:
+            return f"the {n}-gram {' '.join(gram)!r} covers {coverage:.0%} of it"
+    fours = [tuple(toks[i : i + 4]) for i in range(len(toks) - 3)]
+    distinct = len(set(fours)) / len(fours)
+    if len(toks) >= 24 and distinct <= 0.25:
+        return f"it loops: only {distinct:.0%} of its 4-grams are distinct"
+    return None
+
+
+def sample_text(row: dict) -> str | None:
+    for key in ("completion", "response", "output", "text", "generation"):
+        value = row.get(key)
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def degenerate_samples(samples: list[dict]) -> str | None:
     """Why the latest samples are degenerate (at least half of the latest sampled step's
     completions repeat themselves), or None."""
-    from rlhf_lab.logs import _sample_text, repetition_reason
-
-    rows = [r for r in samples if _sample_text(r) is not None]
+    rows = [r for r in samples if sample_text(r) is not None]
     if not rows:
         return None
     last_step = rows[-1].get("step")
     latest = [r for r in rows if r.get("step") == last_step]
-    collapsed = [why for r in latest if (why := repetition_reason(_sample_text(r) or ""))]
+    collapsed = [why for r in latest if (why := repetition_reason(sample_text(r) or ""))]
     if not collapsed or len(collapsed) * 2 < len(latest):
         return None
-    excerpt = (_sample_text(latest[0]) or "")[:80].replace("\n", " ")
+    excerpt = (sample_text(latest[0]) or "")[:80].replace("\n", " ")
     return (
         f"{len(collapsed)}/{len(latest)} samples at step {last_step} repeat themselves "
         f"({collapsed[0]}), e.g. {excerpt!r}"

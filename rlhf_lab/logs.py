@@ -18,7 +18,6 @@ import math
 import re
 import signal
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +25,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import get_dotted
-from rlhf_lab.divergence import degenerate_samples, divergence_hint, kl_blowup
+from rlhf_lab.divergence import (  # repetition_reason: re-exported
+    degenerate_samples,
+    divergence_hint,
+    kl_blowup,
+    repetition_reason,
+)
+from rlhf_lab.divergence import (
+    sample_text as _sample_text,
+)
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.headline import headline_for, headline_line, heldout_items, read_run_config
 from rlhf_lab.overoptimisation import overoptimisation, overoptimisation_advice
@@ -213,43 +220,6 @@ def _float(value: Any) -> float | None:
         return float(value)
     if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf", "+inf"):
         return float(value)
-    return None
-
-
-def repetition_reason(text: str, min_tokens: int = 16) -> str | None:
-    """Why a completion looks collapsed (None if it does not): one token repeated many times in
-    a row, one n-gram (n = 2..4) covering most of it, a loop (few distinct 4-grams), or one
-    character repeated at length."""
-    run_ch = max((len(m.group(0)) for m in re.finditer(r"(\S)\1*", text)), default=0)
-    if run_ch >= 40:
-        return f"one character repeated {run_ch} times in a row"
-    toks = re.findall(r"\w+|[^\w\s]", text)
-    if len(toks) < min_tokens:
-        return None
-    longest, cur = 1, 1
-    for a, b in zip(toks, toks[1:], strict=False):
-        cur = cur + 1 if a == b else 1
-        longest = max(longest, cur)
-    if longest >= 10:
-        return f"one token repeated {longest} times in a row"
-    for n in (2, 3, 4):
-        grams = Counter(tuple(toks[i : i + n]) for i in range(len(toks) - n + 1))
-        gram, count = grams.most_common(1)[0]
-        coverage = min(1.0, count * n / len(toks))
-        if count >= 4 and coverage >= 0.6:
-            return f"the {n}-gram {' '.join(gram)!r} covers {coverage:.0%} of it"
-    fours = [tuple(toks[i : i + 4]) for i in range(len(toks) - 3)]
-    distinct = len(set(fours)) / len(fours)
-    if len(toks) >= 24 and distinct <= 0.25:
-        return f"it loops: only {distinct:.0%} of its 4-grams are distinct"
-    return None
-
-
-def _sample_text(row: dict) -> str | None:
-    for key in ("completion", "response", "output", "text", "generation"):
-        value = row.get(key)
-        if isinstance(value, str):
-            return value
     return None
 
 
