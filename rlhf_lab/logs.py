@@ -18,7 +18,6 @@ import math
 import re
 import signal
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +25,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import get_dotted
+from rlhf_lab.divergence import (  # repetition_reason: re-exported
+    degenerate_samples,
+    divergence_hint,
+    kl_blowup,
+    repetition_reason,
+)
+from rlhf_lab.divergence import (
+    sample_text as _sample_text,
+)
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.headline import headline_for, headline_line, heldout_items, read_run_config
 from rlhf_lab.overoptimisation import overoptimisation, overoptimisation_advice
@@ -129,6 +137,7 @@ class Alert(BaseModel):
         "heldout_regression",
         "noise_samples",
         "overoptimisation",
+        "kl_blowup",
     ]
     severity: Literal["error", "warning", "info"]
     message: str
@@ -212,43 +221,6 @@ def _float(value: Any) -> float | None:
         return float(value)
     if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf", "+inf"):
         return float(value)
-    return None
-
-
-def repetition_reason(text: str, min_tokens: int = 16) -> str | None:
-    """Why a completion looks collapsed (None if it does not): one token repeated many times in
-    a row, one n-gram (n = 2..4) covering most of it, a loop (few distinct 4-grams), or one
-    character repeated at length."""
-    run_ch = max((len(m.group(0)) for m in re.finditer(r"(\S)\1*", text)), default=0)
-    if run_ch >= 40:
-        return f"one character repeated {run_ch} times in a row"
-    toks = re.findall(r"\w+|[^\w\s]", text)
-    if len(toks) < min_tokens:
-        return None
-    longest, cur = 1, 1
-    for a, b in zip(toks, toks[1:], strict=False):
-        cur = cur + 1 if a == b else 1
-        longest = max(longest, cur)
-    if longest >= 10:
-        return f"one token repeated {longest} times in a row"
-    for n in (2, 3, 4):
-        grams = Counter(tuple(toks[i : i + n]) for i in range(len(toks) - n + 1))
-        gram, count = grams.most_common(1)[0]
-        coverage = min(1.0, count * n / len(toks))
-        if count >= 4 and coverage >= 0.6:
-            return f"the {n}-gram {' '.join(gram)!r} covers {coverage:.0%} of it"
-    fours = [tuple(toks[i : i + 4]) for i in range(len(toks) - 3)]
-    distinct = len(set(fours)) / len(fours)
-    if len(toks) >= 24 and distinct <= 0.25:
-        return f"it loops: only {distinct:.0%} of its 4-grams are distinct"
-    return None
-
-
-def _sample_text(row: dict) -> str | None:
-    for key in ("completion", "response", "output", "text", "generation"):
-        value = row.get(key)
-        if isinstance(value, str):
-            return value
     return None
 
 
@@ -510,6 +482,16 @@ def _check_samples(path: Path) -> Alert | None:
     )
 
 
+def _check_kl_blowup(
+    family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path
+) -> Alert | None:
+    found = kl_blowup(rows)
+    hint = divergence_hint(family, algorithm, read_run_config(run_dir)) if found else ""
+    return found and Alert(
+        kind="kl_blowup", severity="warning", step=found.step, message=found.message, hint=hint
+    )
+
+
 def _is_non_finite(value: Any) -> bool:
     """A logged value that is nan or ±inf (a number, or its JSON spelling "nan"/"inf")."""
     f = _float(value)
@@ -730,10 +712,13 @@ def diagnose(
         )
 
     repetition = _check_samples(run_dir / "samples.jsonl")
+    if repetition is not None and status.family == "policy_gradients":
+        repetition.hint = divergence_hint(status.family, status.algorithm, read_run_config(run_dir))
     for check in (
         _check_nan(rows),
         _check_regression(status.family, status.algorithm, rows, run_dir),
         _check_overoptimisation(status.family, status.algorithm, rows, run_dir, status.step),
+        _check_kl_blowup(status.family, status.algorithm, rows, run_dir),
         _check_zero_std([r for r in rows if r.get("phase") in ("train", "rollout")]),
         repetition,
         None if repetition else _check_noise(run_dir / "samples.jsonl"),
@@ -746,7 +731,9 @@ def diagnose(
     return sorted(alerts, key=lambda a: order[a.severity])
 
 
-RunFlag = Literal["heldout_regression", "overoptimisation", "noise_samples", "flat"]
+RunFlag = Literal[
+    "heldout_regression", "overoptimisation", "noise_samples", "flat", "kl_blowup", "repetition"
+]
 
 
 def run_flags(
@@ -767,7 +754,13 @@ def run_flags(
     gamed = overoptimisation(rows)
     if gamed is not None:
         flags["overoptimisation"] = gamed.message
-    noise = noisy_samples(samples or [])
+    blowup = kl_blowup(rows)
+    if blowup is not None:
+        flags["kl_blowup"] = blowup.message
+    degenerate = degenerate_samples(samples or []) if family == "policy_gradients" else None
+    if degenerate is not None:
+        flags["repetition"] = degenerate
+    noise = None if degenerate else noisy_samples(samples or [])
     if noise is not None:
         flags["noise_samples"] = noise
     flat = _check_flat(family, rows)

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound
+from rlhf_lab.gates import GateDef
 
 __all__ = [
     "PIPELINE_DIR",
@@ -58,6 +59,9 @@ class StageDef(BaseModel):
     overrides: list[str] = Field(default_factory=list, description="key=value; stage:<name>")
     after: list[str] = Field(default_factory=list, description="stages it waits for besides refs")
     check: str | None = Field(default=None, description="what to check in its result")
+    gate: GateDef | None = Field(
+        default=None, description="an upstream stage's held-out metric that must clear a bar"
+    )
 
 
 class PipelineDef(BaseModel):
@@ -81,6 +85,7 @@ class StagePlan(BaseModel):
     refs: dict[str, str] = Field(description="config key -> stage whose final model it takes")
     model: str | None = Field(description="the model swap (None: it starts from a stage's output)")
     check: str | None = None
+    gate: GateDef | None = None
 
 
 def _load(path: Path, name: str) -> PipelineDef:
@@ -217,7 +222,14 @@ def plan_stages(
                     f"stage {stage} runs after {up!r}, which is no stage of pipeline {defn.name}",
                     next=NextStep("list_pipelines"),
                 )
-        after[stage] = list(dict.fromkeys([*refs[stage].values(), *d.after]))
+        gated = [d.gate.stage] if d.gate else []
+        if d.gate and d.gate.stage not in defn.stages:
+            raise InvalidArgument(
+                f"stage {stage} is gated on {d.gate.stage!r}, which is no stage of pipeline "
+                f"{defn.name}",
+                next=NextStep("list_pipelines"),
+            )
+        after[stage] = list(dict.fromkeys([*refs[stage].values(), *d.after, *gated]))
     order = _order(defn.name, after)
     feeding = {up for r in refs.values() for up in r.values()}
     out = []
@@ -234,6 +246,7 @@ def plan_stages(
                 refs=refs[stage],
                 model=None if starts_from_stage else model,
                 check=d.check,
+                gate=d.gate,
             )
         )
     return out

@@ -8,7 +8,8 @@ The rules follow the reference book's habits for short runs, per family:
 * SFT: the same shape as direct alignment (640 examples, one epoch);
 * policy gradients: ``train.max_steps`` 20 rollout steps over a ``data.size`` of exactly that many
   prompts (10 on a tiny preset, with 64 new tokens; preference prompts become the offline
-  ``builtin`` set there); ``reward.model`` is kept;
+  ``builtin`` set there); ``reward.model`` is kept; against a reward model on a tiny preset, 20
+  steps at lr 1e-4 (``RM_PRESET_LR``: 1e-3 diverged);
 * reward models: fewer samples (512 pairs / solutions; ORM 128 prompts × 8 completions) and one
   epoch;
 * rejection sampling: fewer training prompts, test prompts and completions per prompt, one SFT
@@ -237,8 +238,17 @@ def _sft(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
     _common_quiet(r, big_model=not preset)
 
 
+# Against a learned reward model on a tiny preset (the rlhf pipeline's PPO/GRPO stage): lr 1e-3
+# drove PPO's kl_ref from 0 to 100+ in 20 steps (degenerate samples); at 1e-4 over 20 steps PPO
+# and GRPO raised the reward model's held-out score with kl_ref below ~6 nats (tiny, seed 42).
+RM_PRESET_LR = 1.0e-4
+RM_PRESET_STEPS = 20
+
+
 def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
-    steps = 10 if preset else 20
+    reward_model = r.get("reward.model")
+    against_rm = preset and isinstance(reward_model, str) and bool(reward_model)
+    steps = RM_PRESET_STEPS if against_rm else 10 if preset else 20
     prompts = int(r.get("rollout.prompts_per_step", 4) or 4)
     r.set("train.num_epochs", 1)
     r.cap("train.max_steps", steps)
@@ -249,12 +259,19 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
     if preset:
         r.set("rollout.max_new_tokens", 64)
         r.set("eval.max_new_tokens", None)
-        r.set("train.learning_rate", 1.0e-3)  # what the PG train tests use on tiny
-        notes.append(
-            _cold_start(r.get("model.name"))
-            + "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
-            "not a tuned value"
-        )
+        if against_rm:
+            r.set("train.learning_rate", RM_PRESET_LR)
+            notes.append(
+                "lr 1e-4 against a learned reward model on tiny (lr 1e-3 made PPO's kl_ref blow "
+                "up and its samples degenerate); watch kl_ref and the samples"
+            )
+        else:
+            r.set("train.learning_rate", 1.0e-3)  # what the PG train tests use on tiny
+            notes.append(
+                _cold_start(r.get("model.name"))
+                + "lr 1e-3 (the value the policy-gradient tests use on tiny) is a starting point, "
+                "not a tuned value"
+            )
         if r.get("data.source") == "preference":
             r.set("data.dataset", "builtin")  # the offline prompts of the built-in pairs
     if _greedy_baseline(algorithm):
@@ -262,7 +279,6 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
             f"{algorithm} also generates and scores one greedy completion per prompt each rollout "
             "step (its baseline): prompts_per_step × (num_rollouts + 1) generations per step"
         )
-    reward_model = r.get("reward.model")
     if isinstance(reward_model, str) and reward_model:
         notes.append(
             f"reward.model={reward_model} is kept (a shrink never swaps the reward model)"

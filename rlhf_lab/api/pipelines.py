@@ -8,6 +8,8 @@ ledger row and queue entry a single launch gets.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
@@ -112,6 +114,21 @@ def _undo_launched(launched: dict[str, str], why: str) -> str:
 
 
 @operation
+def _write_gate(run_id: str, upstream: str, gate: Any) -> None:
+    """Record a stage's gate in its queued run's run.json (the queue worker checks it when the
+    upstream runs have succeeded: rlhf_lab/gates.py)."""
+    from rlhf_lab.paths import find_run
+    from rlhf_lab.runs.process import _run_lock
+    from rlhf_lab.runs.records import _atomic_write_json, _read_run_json
+
+    run_dir = find_run(run_id)
+    with _run_lock(run_dir):
+        record = _read_run_json(run_dir) or {}
+        entry = {"run": upstream, "stage": gate.stage, "metric": gate.metric, "above": gate.above}
+        record["gates"] = [*record.get("gates", []), entry]
+        _atomic_write_json(run_dir / "run.json", record)
+
+
 def run_pipeline(
     name: str,
     model: str | None = None,
@@ -179,6 +196,8 @@ def run_pipeline(
                 kind=err.kind,
             ) from None
         launched[s.name] = result.run.id
+        if s.gate is not None:
+            _write_gate(result.run.id, launched[s.gate.stage], s.gate)
         warnings += [f"{s.name}: {w}" for w in result.warnings]
         rows.append(
             PipelineStageRun(

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlhf_lab.divergence import divergence_advice
 from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, RunRecord, _LedgerData
 from rlhf_lab.overoptimisation import overoptimisation_advice
 from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
@@ -236,6 +237,27 @@ def _run_items(run: RunRecord, campaign: str):
             "(overoptimisation of the reward model)",
             action=" or ".join(f"{a.override} ({a.why})" for a in advice)
             or "stop earlier or tighten the KL leash",
+            commands=[
+                _launch(
+                    run.recipe,
+                    _with(run.overrides, **{a.key.replace(".", "__"): a.value}),
+                    campaign,
+                )
+                for a in advice
+            ],
+        )
+    diverged = [f for f in ("kl_blowup", "repetition") if f in run.flags]
+    if diverged:
+        advice = divergence_advice(run.family, run.algorithm, run.settings)
+        yield NextItem(
+            why=f"{run.run_id}: "
+            + " and ".join(
+                "its KL to the reference blew up" if f == "kl_blowup" else "its samples degenerated"
+                for f in diverged
+            )
+            + " (the policy diverged)",
+            action=" or ".join(f"{a.override} ({a.why})" for a in advice)
+            or "a lower learning rate or a tighter KL leash",
             commands=[
                 _launch(
                     run.recipe,

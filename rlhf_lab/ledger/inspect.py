@@ -59,6 +59,9 @@ _CONFIG_CLASSES: dict[str, tuple[str, str]] = {
 
 
 def _dataset_of(cfg: dict | None) -> str | None:
+    if get_dotted(cfg, "data.source") == "preference":  # a PG run on a preference set's prompts
+        value = get_dotted(cfg, "data.dataset")
+        return None if value is None else _one_line(f"{value} (preference prompts)", 200)
     specs = get_dotted(cfg, "data.specs")
     if isinstance(specs, list) and specs:
         names = [str(s.get("name")) for s in specs if isinstance(s, dict) and s.get("name")]
@@ -450,5 +453,5 @@ def _settings(family: str | None, cfg: dict | None) -> dict[str, Any]:
     if family not in FAMILY_NAMES:
         return {}
     spec = family_spec(family)
-    keys = [spec.learning_rate_key, spec.steps_key, spec.kl_key]
+    keys = [spec.learning_rate_key, spec.steps_key, spec.kl_key, "loss.kl_estimator"]
     return {k: get_dotted(cfg, k) for k in keys if k and get_dotted(cfg, k) is not None}

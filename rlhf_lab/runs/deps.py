@@ -141,7 +141,8 @@ def queued_cycles(queued: list[str]) -> dict[str, str]:
 def dependency_verdict(record: dict) -> Verdict:
     """("ready", None) when every upstream run of a queued run has succeeded (or it has none);
     ("waiting", None) while one is still queued, starting or running; ("cancel", reason) when
-    one ended any other way (or no longer exists)."""
+    one ended any other way (or no longer exists), or when they all succeeded but one of the
+    run's ``gates`` is not cleared (:mod:`rlhf_lab.gates`)."""
     waiting = False
     for up in _after_of(record):
         state = _upstream_state(up)
@@ -155,7 +156,12 @@ def dependency_verdict(record: dict) -> Verdict:
             f"cancelled before it started: upstream run {up} {why}; resume {up} to re-arm this "
             "run (it then waits for the new attempt)"
         )
-    return ("waiting", None) if waiting else ("ready", None)
+    if waiting:
+        return "waiting", None
+    from rlhf_lab.gates import gates_reason  # a pipeline stage gated on an upstream metric
+
+    gated = gates_reason(record)
+    return ("cancel", gated) if gated else ("ready", None)
 
 
 def cancel(run_dir: Path, reason: str) -> bool:

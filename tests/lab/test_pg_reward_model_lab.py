@@ -5,6 +5,7 @@ the tiny preset with the reward model kept and offline prompts."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,29 @@ def test_reward_model_recipes_shrink_on_tiny_with_the_reward_model_kept(recipe):
     assert kept.config["data"]["dataset"] == "Anthropic/hh-rlhf"
     mine = shrink_config(recipe, ["reward.model=/somewhere/final_model"], model="tiny")
     assert mine.config["reward"]["model"] == "/somewhere/final_model"
+    # against a reward model on tiny: 20 steps at lr 1e-4 (lr 1e-3 made PPO diverge), and PPO's
+    # KL in the reward is k1 (k3 as a per-token reward pushed the policy off its reference)
+    assert cfg["train"]["learning_rate"] == 1.0e-4 and cfg["train"]["max_steps"] == 20
+    assert cfg["loss"]["kl_estimator"] == ("k1" if recipe == "ppo_rm" else "k3")
+    verifier = shrink_config(recipe.removesuffix("_rm"), model="tiny").config
+    assert verifier["train"]["learning_rate"] == 1.0e-3 and verifier["train"]["max_steps"] == 10
+
+
+def test_ledger_names_the_preference_dataset_of_a_preference_prompt_run():
+    """A policy-gradient run on a preference set's prompts keeps the recipe's reasoning-gym
+    ``data.specs`` in its config (unused): the ledger row and front matter name the preference
+    dataset it really drew prompts from, not the unused task."""
+    from rlhf_lab import ledger
+    from tests.lab.test_overoptimisation import CAMP, RM_CONFIG, gao, make_run, rlhf_rows
+
+    run = "ppo-20260302-000000-0009"
+    specs = 'data.specs=[{"name": "spell_backward"}]'  # as the trainer's resolved config has
+    make_run(run, rlhf_rows(gao), recipe="ppo_rm", overrides=(*RM_CONFIG, specs))
+    rec = ledger.record_run(run, plot=False)
+    assert rec.dataset == "builtin (preference prompts)"
+    text = Path(ledger.show_campaign(CAMP).campaign.path).read_text()
+    front = text.split("---")[1]
+    assert "builtin (preference prompts)" in front and "spell_backward" not in front
+    # a verifier run still names its reasoning-gym tasks
+    make_run("grpo-20260302-000000-0008", rlhf_rows(gao), recipe="grpo", overrides=(specs,))
+    assert ledger.record_run("grpo-20260302-000000-0008", plot=False).dataset == "spell_backward"

@@ -164,6 +164,20 @@ def test_bad_references_and_dependencies_are_refused_before_anything_is_written(
             "not a reward model",
             dict(recipe="top_per_prompt", overrides=[f"scorer.name=run:{SFT}"], model=None),
         ),
+        (  # a policy-gradient reward from a run that is no reward model
+            InvalidArgument,
+            "that run is sft (sft), not a preference (Bradley-Terry) or outcome reward model",
+            dict(recipe="ppo_rm", model="tiny", overrides=[f"reward.model=run:{SFT}"]),
+        ),
+        (  # reward weights that make every reward zero
+            InvalidArgument,
+            "every reward weight is 0",
+            dict(
+                recipe="grpo",
+                model="tiny",
+                overrides=["reward.verifier_weight=0", "reward.format_weight=0"],
+            ),
+        ),
         (NotFound, "no run with that id", dict(recipe="dpo", model="tiny", after=[unknown])),
         (Conflict, "resume it first", dict(recipe="dpo", model="tiny", after=[FAILED])),
         (Conflict, "is failed", dict(recipe="dpo", overrides=[f"model.name=run:{FAILED}"])),
@@ -323,6 +337,44 @@ def test_a_pipeline_queues_its_stages_after_the_stages_they_take_a_model_from(la
     assert _queue._next_queued(set()) == (ids["rm"], False)
 
 
+def _rm_succeeded(run_dir: Path, accuracy: float, n_eval: int = 64) -> None:
+    summary = {"outcome": "succeeded", "steps": 4, "final_eval": {"eval/accuracy": accuracy}}
+    summary["data"] = {"n_eval": n_eval}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    _set_state(run_dir, "succeeded")
+
+
+def test_the_rl_stage_does_not_start_on_a_reward_model_at_chance(lab_root, no_worker):
+    """The rlhf pipeline gates ppo on the reward model's held-out accuracy: the lower end of its
+    95% Wilson interval must be above 0.5. 0.56 on 64 pairs (lower end 0.44) cancels ppo with
+    the reason, never started; 0.84 on 64 pairs (0.73) lets it start."""
+    result = api.run_pipeline("rlhf", model="tiny")
+    ids = {s.stage: s.run_id for s in result.stages}
+    dirs = {stage: runs.find_run(run_id) for stage, run_id in ids.items()}
+    gate = {"run": ids["rm"], "stage": "rm", "metric": "eval/accuracy", "above": 0.5}
+    assert record(dirs["ppo"])["gates"] == [gate]
+    assert not record(dirs["rm"]).get("gates")
+    _set_state(dirs["sft"], "succeeded")
+    _rm_succeeded(dirs["rm"], 0.84)
+    assert _queue._next_queued(set()) == (ids["ppo"], False)  # 0.84 on 64: it may start
+
+    _rm_succeeded(dirs["rm"], 0.5625)
+    assert _queue._next_queued(set()) == (None, False)
+    rec = record(dirs["ppo"])
+    assert rec["state"] == "cancelled" and not (dirs["ppo"] / "train.log").exists()
+    assert "0.562 on 64 items" in rec["error"] and "Wilson interval, 0.441" in rec["error"]
+    assert "not above 0.5 (chance)" in rec["error"]
+    status = api.run_status(ids["ppo"])
+    assert status.advice.startswith("never started") and "Wilson" in status.advice
+    assert "Wilson" in api.campaign_markdown(result.campaign)
+
+    # a reward model that logged no held-out accuracy does not open the gate either
+    _set_state(dirs["ppo"], "queued")
+    (dirs["rm"] / "summary.json").write_text(json.dumps({"outcome": "succeeded", "steps": 4}))
+    assert _queue._next_queued(set()) == (None, False)
+    assert "logged no held-out eval/accuracy" in record(dirs["ppo"])["error"]
+
+
 def test_an_output_another_run_takes_is_always_saved(lab_root, no_worker):
     """The shrink turns final models off for large models (and a user may too): a queued
     upstream is made to save it when a run that takes its model is launched; one that already
@@ -427,15 +479,14 @@ def test_a_failed_upstream_cancels_its_dependent_and_resuming_it_rearms_it(lab_r
 @pytest.mark.slow
 @pytest.mark.skipif(not _has_recipe("ppo_rm"), reason="the ppo_rm recipe is not in this checkout")
 def test_the_rlhf_pipeline_runs_end_to_end_on_tiny(lab_root):
-    """SFT -> preference RM -> PPO against it, shrunk to a couple of steps per stage: every
-    stage succeeds in order, the PPO run scores with the RM run's model, and the ledger tells
+    """SFT -> preference RM -> PPO against it, shrunk to a couple of steps per stage (the RM
+    to its shrunk recipe, so that it clears ppo's gate): every stage succeeds in order, the PPO run scores with the RM run's model, and the ledger tells
     the stages as one story."""
-    quick = [
-        "*.train.max_steps=2",
+    quick = [  # the rm stage keeps its shrunk size: ppo's gate needs it above chance
+        "sft.train.max_steps=2",
+        "ppo.train.max_steps=2",
         "sft.data.max_samples=48",
         "sft.data.eval_size=8",
-        "rm.data.max_samples=48",
-        "rm.data.eval_size=8",
         "ppo.data.size=8",
         "ppo.data.eval_size=2",
         "ppo.rollout.prompts_per_step=2",

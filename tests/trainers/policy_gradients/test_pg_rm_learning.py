@@ -195,3 +195,73 @@ def test_grpo_against_the_learned_reward_overoptimises_gold_correctness(tmp_path
     assert gold[1] < gold[0] - 0.05, report  # ...while held-out gold correctness falls
     assert sampled_gold[1] < sampled_gold[0], report
     assert rollouts[-1]["kl_ref"] > rollouts[1]["kl_ref"], report  # away from the SFT start
+
+
+@pytest.fixture(scope="module")
+def flipped_reward_model(tmp_path_factory) -> Path:
+    """A deliberately poor reward model: the same verifier-labelled chain-sum pairs with chosen
+    and rejected swapped, so it prefers wrong, untagged answers."""
+    from trainers.core.builtin_data import builtin_preference_records
+
+    base = tmp_path_factory.mktemp("flipped")
+    pairs = base / "flipped.jsonl"
+    records = builtin_preference_records(400, 5, ["chain_sum"])
+    pairs.write_text(
+        "".join(
+            json.dumps({"prompt": r.prompt, "chosen": r.rejected, "rejected": r.chosen}) + "\n"
+            for r in records
+        )
+    )
+    run_dir = base / "preference_rm"
+    overrides = [*RM_OVERRIDES, f"data.dataset={pairs}"]
+    assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, overrides)) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]  # it learnt them
+    return run_dir / "final_model"
+
+
+@pytest.mark.slow
+def test_a_poor_reward_model_is_overoptimised_and_the_alert_fires(
+    tmp_path, reward_model, flipped_reward_model
+):
+    """PPO (ppo_rm: k1 in the reward, running whitening) from the SFT warm start against the
+    flipped reward model, with the verifier-labelled one as the gold, pushed hard (lr 1e-3, 16
+    steps): the proxy rises, the gold falls, and the lab's overoptimisation rule fires on the
+    rows. (Seed 42: held-out proxy −0.16 → 2.80, gold −1.16 → −4.90, kl_ref 11.5; at lr 1e-4 /
+    3e-4 the same directions, too small for the rule: +0.28 / −0.18 over 12 steps.)"""
+    from rlhf_lab.overoptimisation import overoptimisation
+    from trainers.sft.train import warm_start_model
+
+    overrides = [
+        *COMMON,
+        f"model.name={warm_start_model()}",
+        "data.source=preference",
+        "data.dataset=builtin:chain_sum",
+        "data.size=160",
+        "data.eval_size=16",
+        f"reward.model={flipped_reward_model}",
+        f"reward.gold_model={reward_model}",
+        "rollout.prompts_per_step=16",
+        "rollout.num_rollouts=1",
+        "train.batch_size=16",
+        "rollout.max_new_tokens=48",
+        "eval.max_new_tokens=48",
+        "train.learning_rate=1.0e-3",
+        "train.max_steps=16",
+        "eval.eval_every=4",
+    ]
+    run_dir = tmp_path / "ppo"
+    assert pg_train.main(trainer_argv(PG_CONFIGS / "ppo_rm.yaml", run_dir, overrides)) == 0
+    all_rows = read_jsonl(run_dir / "metrics.jsonl")
+    evals, rollouts = rows(run_dir, "eval"), rows(run_dir, "rollout")
+    proxy = (evals[0]["eval/proxy_reward"], evals[-1]["eval/proxy_reward"])
+    gold = (evals[0]["eval/gold_reward"], evals[-1]["eval/gold_reward"])
+    report = (
+        f"held-out proxy {proxy[0]:.2f} -> {proxy[1]:.2f}, gold {gold[0]:.2f} -> {gold[1]:.2f}; "
+        f"kl_ref {rollouts[-1]['kl_ref']:.1f}"
+    )
+    found = overoptimisation(all_rows)
+    print(report, "|", found.message if found else "no overoptimisation finding")
+    assert proxy[1] > proxy[0] + 1.0, report
+    assert gold[1] < gold[0] - 1.0, report
+    assert found is not None, report  # the alert fires
