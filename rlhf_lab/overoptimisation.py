@@ -23,7 +23,12 @@ from rlhf_lab.headline import _as_float as _float
 # of the last half is then flat): the last quarter of the rows (at least 3) against the window
 # of the same width where the gold was highest before it — the gold's drop and the proxy's rise
 # between them each beyond OVEROPT_T standard errors of the difference of the two windows'
-# means, and the drop again at least OVEROPT_MIN_FALL_SHARE of the gold's range.
+# means, and the drop again at least OVEROPT_MIN_FALL_SHARE of the gold's range. A third test
+# covers short runs whose held-out gold is a proportion (a verifier's correctness rate, every
+# value in [0, 1]) over a known number of prompts (``eval/num_prompts``): too few evaluations for
+# a trend, but the gold's fall from its best earlier evaluation to the last one is judged on the
+# prompts themselves — the Newcombe 95% interval of (last − best) lies below 0 — while the
+# held-out proxy at the last evaluation is above its value at that best one.
 OVEROPT_MIN_ROWS = 8
 OVEROPT_T = 3.0
 OVEROPT_MIN_FALL_SHARE = 0.25
@@ -54,10 +59,20 @@ class Overoptimisation:
     @property
     def message(self) -> str:
         kl = "" if self.kl_ref is None else f"; KL to the reference is now {self.kl_ref:.4g}"
+        proxy_noise = (
+            "held-out values"
+            if math.isnan(self.proxy_noise)
+            else f"fit noise ±{self.proxy_noise:.2g}"
+        )
+        gold_noise = (
+            f"95% interval ±{self.gold_noise:.2g} over the prompts"
+            if math.isnan(self.proxy_noise)
+            else f"±{self.gold_noise:.2g}"
+        )
         return (
             f"overoptimisation: over {self.source} steps {self.first_step}–{self.last_step} "
-            f"{self.proxy_key} rose by {self.proxy_change:+.4g} (fit noise ±{self.proxy_noise:.2g})"
-            f" while {self.gold_key} fell by {self.gold_change:+.4g} (±{self.gold_noise:.2g}); "
+            f"{self.proxy_key} rose by {self.proxy_change:+.4g} ({proxy_noise})"
+            f" while {self.gold_key} fell by {self.gold_change:+.4g} ({gold_noise}); "
             f"the gold reward peaked at step {self.gold_peak_step} ({self.gold_peak:.4g}){kl}: "
             "the policy is exploiting the reward model, not getting better"
         )
@@ -150,8 +165,61 @@ def _fall_from_peak(
     )
 
 
+def _held_out_fall(rows: list[dict]) -> Overoptimisation | None:
+    """The third test of the rule (held-out endpoints of a proportion gold), or None."""
+    from rlhf_lab.stats import newcombe_difference
+
+    points = []
+    for r in rows:
+        if r.get("phase") != "eval":
+            continue
+        step, proxy, gold = (
+            _float(r.get("step")),
+            _float(r.get("eval/proxy_reward")),
+            _float(r.get("eval/gold_reward")),
+        )
+        n = _float(r.get("eval/num_prompts"))
+        if None in (step, proxy, gold, n) or not all(map(math.isfinite, (step, proxy, gold, n))):
+            continue
+        points.append((step, proxy, gold, int(n)))
+    points.sort()
+    if len(points) < 2 or not all(0.0 <= g <= 1.0 and n > 0 for _, _, g, n in points):
+        return None
+    last = points[-1]
+    best = max(points[:-1], key=lambda p: p[2])
+    drop = newcombe_difference(last[2], last[3], best[2], best[3])
+    if not (drop.high < 0 and last[1] > best[1]):
+        return None
+    return Overoptimisation(
+        source="eval",
+        proxy_key="eval/proxy_reward",
+        gold_key="eval/gold_reward",
+        first_step=_step_text(best[0]),
+        last_step=_step_text(last[0]),
+        proxy_change=last[1] - best[1],
+        proxy_noise=math.nan,  # one value per evaluation: no scatter to estimate it from
+        gold_change=drop.estimate,
+        gold_noise=(drop.high - drop.low) / 2,
+        gold_peak_step=int(best[0]),
+        gold_peak=best[2],
+        kl_ref=_last_kl(rows),
+    )
+
+
+def _last_kl(rows: list[dict]) -> float | None:
+    kls = [_float(r.get("kl_ref")) for r in rows]
+    kls = [k for k in kls if k is not None and math.isfinite(k)]
+    return kls[-1] if kls else None
+
+
 def overoptimisation(rows: list[dict]) -> Overoptimisation | None:
     """The proxy reward still rising while the gold reward falls (rule above), or None."""
+    found = _trend_or_peak(rows)
+    return found if found is not None else _held_out_fall(rows)
+
+
+def _trend_or_peak(rows: list[dict]) -> Overoptimisation | None:
+    """The first two tests of the rule (the trend of the last half, the fall from the peak)."""
     for source, proxy_key, gold_key in _OVEROPT_SOURCES:
         by_step: dict[float, tuple[float, float, float | None]] = {}
         for r in rows:

@@ -230,6 +230,36 @@ def test_eval_rows_are_judged_when_rollout_rows_carry_no_gold():
     assert found.gold_key == "eval/gold_reward"
 
 
+def _two_evals(gold: tuple[float, float], proxy: tuple[float, float], n: int) -> list[dict]:
+    return [
+        {"step": step, "phase": "eval", "eval/proxy_reward": p, "eval/gold_reward": g,
+         "eval/num_prompts": n}
+        for step, p, g in zip((0, 10), proxy, gold, strict=True)
+    ]  # fmt: skip
+
+
+def test_a_short_run_whose_held_out_correctness_collapses_is_overoptimisation():
+    """Two evaluations are too few for a trend; a verifier gold is a proportion over known
+    prompts, so its fall is judged on them (seen: GRPO against a tiny RM from the SFT warm start,
+    held-out proxy −1.36 → 0.05 while correctness 0.406 → 0 on 32 prompts, which the trend tests
+    let pass)."""
+    found = overoptimisation(_two_evals((0.40625, 0.0), (-1.36, 0.05), 32))
+    assert found is not None and found.source == "eval"
+    assert found.gold_change == pytest.approx(-0.40625) and found.gold_peak_step == 0
+    assert (found.first_step, found.last_step) == (0, 10)
+    assert "95% interval" in found.message and "nan" not in found.message
+    # the same rates on 4 prompts are within noise (Newcombe's interval reaches 0)
+    assert overoptimisation(_two_evals((0.5, 0.0), (-1.36, 0.05), 4)) is None
+    # the proxy fell too: the policy got worse at both, not gaming the reward model
+    assert overoptimisation(_two_evals((0.40625, 0.0), (0.05, -1.36), 32)) is None
+    # a gold that is not a proportion (a gold reward model's score) is left to the trend tests
+    assert overoptimisation(_two_evals((5.2, 3.8), (-1.4, 3.2), 32)) is None
+    # without the number of prompts nothing can be said
+    no_n = [{k: v for k, v in r.items() if k != "eval/num_prompts"} for r in _two_evals(
+        (0.40625, 0.0), (-1.36, 0.05), 32)]  # fmt: skip
+    assert overoptimisation(no_n) is None
+
+
 def test_advice_names_the_kl_knob_and_the_gold_peak():
     advice = overoptimisation_advice("policy_gradients", "grpo", 0.04, 14, 40)
     assert [a.override for a in advice] == ["train.max_steps=14", "loss.beta=0.08"]

@@ -398,6 +398,7 @@ def evaluate(
     parts = ("correctness", "format", "binary", "total")
     metrics = {f"eval/avg_{k}": _mean(r[k]) for k in parts if k in r}
     metrics.update(gold_and_proxy(r, cfg, prefix="eval/"))
+    metrics["eval/num_prompts"] = len(held_out)
     metrics["eval/response_length/mean"] = sum(lengths) / max(1, len(lengths))
     truncated = out["truncated"]
     metrics["eval/response_length/clipped_frac"] = sum(truncated) / max(1, len(truncated))

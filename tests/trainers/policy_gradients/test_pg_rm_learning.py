@@ -186,7 +186,10 @@ def test_grpo_against_the_learned_reward_overoptimises_gold_correctness(tmp_path
         f"{sampled_gold[0]:.3f} -> {sampled_gold[1]:.3f}; kl_ref "
         f"{rollouts[1]['kl_ref']:.1f} -> {rollouts[-1]['kl_ref']:.1f}"
     )
-    print(report)
+    from rlhf_lab.overoptimisation import overoptimisation
+
+    found = overoptimisation(read_jsonl(run_dir / "metrics.jsonl"))
+    print(report, "|", found.message if found else "no overoptimisation finding")
     assert evals[0]["eval/gold_reward"] == evals[0]["eval/avg_correctness"]  # gold = verifier
     # seeds 42, 1, 2 (tuning): held-out proxy +1.0 / +1.9 / +0.8, held-out gold −0.09 / −0.22 /
     # −0.19; sampled gold per step is noisy (which sums a step draws), so only its direction
@@ -195,6 +198,7 @@ def test_grpo_against_the_learned_reward_overoptimises_gold_correctness(tmp_path
     assert gold[1] < gold[0] - 0.05, report  # ...while held-out gold correctness falls
     assert sampled_gold[1] < sampled_gold[0], report
     assert rollouts[-1]["kl_ref"] > rollouts[1]["kl_ref"], report  # away from the SFT start
+    assert found is not None and found.source == "eval", report  # and the lab's alert fires
 
 
 @pytest.fixture(scope="module")
