@@ -113,7 +113,6 @@ def _undo_launched(launched: dict[str, str], why: str) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-@operation
 def _write_gate(run_id: str, upstream: str, gate: Any) -> None:
     """Record a stage's gate in its queued run's run.json (the queue worker checks it when the
     upstream runs have succeeded: rlhf_lab/gates.py)."""
@@ -129,6 +128,7 @@ def _write_gate(run_id: str, upstream: str, gate: Any) -> None:
         _atomic_write_json(run_dir / "run.json", record)
 
 
+@operation
 def run_pipeline(
     name: str,
     model: str | None = None,

@@ -36,6 +36,7 @@ RECORD_SUMMARY_FIELDS = (
     "diagnostics",
     "warnings",
     "note",
+    "run_dir",
     "ledger_uri",
     "ledger_path",
 )
@@ -59,6 +60,7 @@ class RecordSummary(BaseModel):
     diagnostics: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     note: str | None = None
+    run_dir: str
     ledger_uri: str
     ledger_path: str
 

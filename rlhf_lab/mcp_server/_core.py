@@ -46,7 +46,7 @@ State = Literal[
     "queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died", "cancelled"
 ]
 Phase = Literal["train", "eval", "rollout"]
-Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d{1,3})?)$")]
+Device = Literal["auto", "cpu", "cuda"] | Annotated[str, Field(pattern=r"^cuda:\d{1,3}$")]
 
 INSTRUCTIONS = """\
 rlhf-lab runs small RLHF experiments (SFT, reward models, DPO-style direct alignment, policy
@@ -80,14 +80,16 @@ def _without_titles(schema: Any) -> Any:
 
 # what an output schema leaves out: the result shows its fields; the docs and the API's models
 # describe them (clients send input schemas to the model, not output schemas)
-_DROPPED = frozenset({"title", "description", "default", "examples", "$defs", "required"})
+_DROPPED = frozenset(
+    {"title", "description", "default", "examples", "$defs", "required", "enum", "pattern"}
+)
 
 
 def compact_output_schema(schema: dict[str, Any], depth: int = 1) -> dict[str, Any]:
     """An output schema that lists ``depth`` levels of fields: the top-level fields keep their
-    types and enums; a model nested below them is typed ``object`` (an array of them ``array``
+    types; a model nested below them is typed ``object`` (an array of them ``array``
     of ``object``) without its fields, which the result itself shows. ``$ref``s are inlined;
-    titles, descriptions, defaults and ``required`` dropped. Every value the full schema
+    titles, descriptions, defaults, enums, patterns and ``required`` dropped. Every value the full schema
     accepts, the compact one accepts too (it only says less)."""
     defs = schema.get("$defs", {})
 

@@ -173,7 +173,7 @@ def check_resources() -> Annotated[Result, Resources]:
     description="Start a training run in the background; returns its run id at once (shrunk by "
     "default, with a ledger row). Refused, nothing written, for a bad model, a length over its "
     "context, lr > 1 or memory that does not fit; a busy device is shared when the estimate "
-    "fits, else queue=true waits, force=true skips. A run:<id> value waits for that run.",
+    "fits, refused otherwise (queue=true waits, force=true skips). run:<id> waits for that run.",
 )
 def launch_run(
     recipe: RecipeArg,

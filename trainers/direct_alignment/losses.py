@@ -355,9 +355,10 @@ LOSSES: dict[str, LossFn] = {
 """Loss functions by name; each algorithm's spec (``trainers/direct_alignment/spec.py``) names
 the one it uses, with its default β and whether it needs a reference model."""
 
-# Derived from the specs; kept for callers that import it.
+# Derived from the specs; kept for callers that import it. Losses only: online_dpo needs a
+# reference too, but it is a sampling loop around one of these losses, not a loss.
 NEEDS_REFERENCE: frozenset[str] = frozenset(
-    a.name for a in DA_FAMILY.algorithms if a.needs_reference
+    a.name for a in DA_FAMILY.algorithms if a.needs_reference and a.name in LOSSES
 )
 
 

@@ -154,7 +154,8 @@ def test_registry_and_defaults():
         "apo_down",
     }
     assert set(LOSSES) - NEEDS_REFERENCE == {"simpo", "orpo"}
-    assert set(DEFAULT_BETA) == set(LOSSES)
+    # online_dpo is a sampling loop around one of these losses, with its own default β
+    assert set(DEFAULT_BETA) == set(LOSSES) | {"online_dpo"}
     assert DEFAULT_BETA["dpo_norm"] == DEFAULT_BETA["simpo"] == 2.0
     assert all(DEFAULT_BETA[k] == 0.1 for k in LOSSES if k not in {"dpo_norm", "simpo"})
     averaged = {name for name in LOSSES if uses_average_logps(name, LossParams())}
