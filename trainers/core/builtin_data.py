@@ -264,13 +264,15 @@ def _next_scoring_entry(ds: Any, name: str, cursors: dict, misses: list[int], n:
 
 
 def builtin_preference_records(
-    n: int, seed: int, tasks: list[str] | None = None
+    n: int, seed: int, tasks: list[str] | None = None, settings: dict[str, dict] | None = None
 ) -> list[PreferenceRecord]:
     """``n`` preference records: prompt = the tag-format instruction + a task question; chosen
     = short correct reasoning in ``<think>`` and the right answer in ``<answer>`` (scores 1.0);
     rejected = the right format with a wrong answer (half of the records), no tags at all, or
     the answer outside the tags (scores < 1). Tasks take equal shares; the result is shuffled
-    and depends only on ``(n, seed, tasks)``. ``meta``: ``task``, ``entry``, ``rejected_kind``.
+    and depends only on ``(n, seed, tasks, settings)``; ``settings[task]`` updates that task's
+    reasoning-gym settings (:func:`task_settings`). ``meta``: ``task``, ``entry``,
+    ``rejected_kind``.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -281,7 +283,7 @@ def builtin_preference_records(
         tasks,
         [seed + 100_003 * t_idx for t_idx in range(len(tasks))],
         max(2 * per_task + 16, 16),
-        lambda name: dict(TASK_CONFIGS.get(name, {})),
+        lambda name: task_settings(name, settings),
     )
     cursors = dict.fromkeys(tasks, 0)
     records: list[PreferenceRecord] = []

@@ -51,6 +51,10 @@ class DataSection(StrictModel):
     builtin_tasks: list[str] | None = Field(
         default=None, description=f"reasoning-gym tasks for {BUILTIN_DATASET} (None: defaults)"
     )
+    builtin_task_configs: dict[str, dict] = Field(
+        default_factory=dict,
+        description="per-task reasoning-gym settings merged over trainers.core.tasks.TASK_CONFIGS",
+    )
 
 
 class EvalSection(StrictModel):

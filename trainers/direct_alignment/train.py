@@ -102,7 +102,9 @@ def load_records(cfg: DirectAlignmentConfig) -> list[Any]:
     d = cfg.data
     if d.dataset == BUILTIN_DATASET:
         n = d.max_samples or 1000
-        return builtin_preference_records(n, seed=cfg.seed, tasks=d.builtin_tasks)
+        return builtin_preference_records(
+            n, seed=cfg.seed, tasks=d.builtin_tasks, settings=d.builtin_task_configs
+        )
     return load_preference_records(d.dataset, d.split, d.format, d.max_samples, seed=cfg.seed)
 
 

@@ -583,3 +583,33 @@ def test_fingerprint_stable_and_sensitive():
     ]
     digests = {fingerprint_examples(c) for c in changed}
     assert fp not in digests and len(digests) == len(changed)
+
+
+def test_builtin_task_settings_reach_the_prompts():
+    """data.builtin_task_configs narrows a task (here one-digit, two-term chain sums, the tiny
+    warm start's own task) for the built-in preference set; without it the defaults hold."""
+    import re
+
+    from trainers.direct_alignment.config import DirectAlignmentConfig
+    from trainers.direct_alignment.train import load_records
+
+    def operands(recs) -> list[list[str]]:
+        return [re.findall(r"\d+", r.meta["entry"]["question"].split(":")[-1]) for r in recs]
+
+    narrow = {"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
+    cfg = DirectAlignmentConfig.model_validate(
+        {
+            "model": {"name": "tiny"},
+            "data": {
+                "dataset": BUILTIN_DATASET,
+                "max_samples": 40,
+                "builtin_tasks": ["chain_sum"],
+                "builtin_task_configs": narrow,
+            },
+        }
+    )
+    recs = load_records(cfg)
+    assert recs == builtin_preference_records(40, seed=42, tasks=["chain_sum"], settings=narrow)
+    assert all(len(ops) == 2 and all(len(o) == 1 for o in ops) for ops in operands(recs))
+    default = builtin_preference_records(40, seed=42, tasks=["chain_sum"])
+    assert any(len(ops) == 3 or any(len(o) == 2 for o in ops) for ops in operands(default))
