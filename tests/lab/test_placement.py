@@ -282,9 +282,8 @@ def test_bad_world_size_is_refused_before_anything_is_written(lab):
     assert not any(Path(runs._lab_dir()).parent.glob("*-ws"))
 
 
-# After 16-dist's trainers run under torchrun, set this to 2: the same test then checks a real
-# two-rank CPU run end to end (rank 0 writes the run folder).
-REAL_NPROC = 1
+# A real two-rank CPU run end to end through the lab (torchrun, gloo; rank 0 writes the folder)
+REAL_NPROC = 2
 
 
 @pytest.mark.slow
@@ -305,3 +304,4 @@ def test_real_cpu_run_under_torchrun_succeeds(tmp_path, monkeypatch):
     assert final.state == "succeeded", log[-2000:]
     assert final.devices == ["cpu"] and final.nproc == REAL_NPROC
     assert final.step == final.total_steps == 2
+    assert "[rank 1]" in log  # both ranks ran and reached the log
