@@ -133,6 +133,13 @@ def _is_preset(model: str | None) -> bool:
     return base_model(model) in PRESETS
 
 
+# Recipes that are a CPU-sized run on a preset already: a shrink onto a preset keeps them whole.
+# The tiny SFT warm start is one: shrunk to one epoch of 640 samples (36 steps) its greedy
+# format rate stays 0, so the GRPO that follows it (pipeline r1-zero) has nothing to build on;
+# whole it is 600 steps, ~90 s on 2 cores, format 1.0.
+CPU_SIZED_RECIPES = frozenset({"sft/sft_tiny_warmstart"})
+
+
 class _Rules:
     """Collects ``key -> value`` rules against the current config, keeping only keys the config
     has and values that change something."""
@@ -629,7 +636,13 @@ def shrink_config(
             f"no shrink rules for family {recipe.family}",
             next=NextStep("launch_run", {"recipe": recipe.id}, note="without shrinking"),
         )
-    family_rules(rules, base.algorithm, preset, notes)
+    if recipe.id in CPU_SIZED_RECIPES and (preset or not swap):
+        notes.append(
+            f"{recipe.id} is already sized for a CPU run on a preset: its length and data are "
+            "kept (a shorter warm start leaves the answer format unlearnt)"
+        )
+    else:
+        family_rules(rules, base.algorithm, preset, notes)
     shrink = rules.overrides()
 
     try:

@@ -19,7 +19,7 @@ from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
 from rlhf_lab.plan import parse_request, plan_experiment
 from rlhf_lab.resources import GpuInfo, Resources
-from rlhf_lab.shrink import format_override, shrink_config
+from rlhf_lab.shrink import CPU_SIZED_RECIPES, format_override, shrink_config
 from trainers.core.config import parse_override
 from trainers.core.tiny import PRESETS
 
@@ -69,6 +69,8 @@ def _shrink_or_skip(recipe: Recipe, **kw):
 @pytest.mark.parametrize("model", [None, "tiny"])
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.id for r in RECIPES])
 def test_shrink_every_recipe(recipe, model):
+    if recipe.id in CPU_SIZED_RECIPES:
+        pytest.skip("sized for a CPU run already: test_the_warm_start_recipe_is_kept_whole")
     res = _shrink_or_skip(recipe, model=model)
     assert res.family == recipe.family and res.algorithm == recipe.algorithm
     assert res.shrink_overrides and res.diff
@@ -96,6 +98,23 @@ def test_shrink_every_recipe(recipe, model):
             assert cfg["data"]["dataset"] == wanted
     else:
         assert res.model == full["model"]["name"] and res.model_swap is None
+
+
+@pytest.mark.parametrize("model", [None, "tiny"])
+def test_the_warm_start_recipe_is_kept_whole(model):
+    """Shrunk to one epoch of 640 samples (36 steps) the tiny SFT warm start never learns the
+    answer format (greedy format rate 0, seen when launched with --model tiny), so the GRPO of
+    pipeline r1-zero had nothing to start from; onto a preset the shrink keeps it whole."""
+    recipe = next(r for r in RECIPES if r.id == "sft/sft_tiny_warmstart")
+    assert recipe.id in CPU_SIZED_RECIPES
+    res = shrink_config(recipe, model=model)
+    full = resolve_config(recipe).data
+    assert res.config["train"] == full["train"] and res.config["data"] == full["data"]
+    assert res.expected_optimizer_steps == 600
+    assert any("already sized for a CPU run" in n for n in res.notes)
+    # the generic SFT recipe is still shrunk onto tiny
+    generic = shrink_config(next(r for r in RECIPES if r.id == "sft/sft"), model="tiny")
+    assert generic.config["train"]["num_epochs"] == 1 and generic.expected_optimizer_steps <= 200
 
 
 def test_tiny_dpo_shrink_is_the_tested_demo_recipe():
