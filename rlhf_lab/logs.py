@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import get_dotted
-from rlhf_lab.divergence import (  # repetition_reason: re-exported
+from rlhf_lab.divergence import (
     degenerate_samples,
     divergence_hint,
     kl_blowup,
@@ -67,7 +67,6 @@ __all__ = [
     "noise_reason",
     "noisy_samples",
     "read_metrics",
-    "repetition_reason",
     "run_notes",
     "status_headline",
     "tail_log",

@@ -10,12 +10,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rlhf_lab.divergence import repetition_reason
 from rlhf_lab.logs import (
     diagnose,
     fold_carriage_returns,
     last_traceback,
     read_metrics,
-    repetition_reason,
     tail_log,
 )
 from rlhf_lab.paths import LabError
