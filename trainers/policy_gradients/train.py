@@ -382,7 +382,7 @@ def update(
             )
             step_seqs = int(step_seqs)
             loss_sum = pg_sum = 0.0
-            for m in range(0, step_seqs, bs):
+            for m in range(0, len(step_rows), bs):
                 if not grad_norms:  # a stop drops the step only before its first update
                     raise_if_stopping("micro_batch")
                 rows = step_rows[m : m + bs]
