@@ -39,6 +39,7 @@ from trainers.core.config import ConfigError
 from trainers.core.distributed import (
     any_rank,
     check_divisible,
+    describe,
     gather_objects,
     gather_sum,
     rank_block,
@@ -577,7 +578,8 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         params += [p for p in value_model.parameters() if p.requires_grad]
     if world().distributed:  # every rank built the same weights; each samples its own rollouts
         torch.manual_seed(rank_seed(cfg.seed))
-        info["sampling_seeds"] = [rank_seed(cfg.seed, r) for r in range(world().size)]
+        seeds = [rank_seed(cfg.seed, r) for r in range(world().size)]
+        info["distributed"] = {**describe(), "sampling_seeds": seeds}
 
     models = RewardModels(stop_ids=set(end_of_turn_ids(tokenizer)))
     rm_load = dict(
