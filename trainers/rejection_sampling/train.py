@@ -485,7 +485,7 @@ def _drop_rows(path: Path, drop) -> None:
 
 def planned_sft_steps(cfg: RejectionSamplingConfig, size: int) -> int:
     n = max(size - cfg.sft.eval_size, 0)
-    per_step = cfg.sft.batch_size * cfg.sft.gradient_accumulation_steps
+    per_step = cfg.sft.batch_size * cfg.sft.gradient_accumulation_steps * world().size
     steps = -(-n // per_step) * cfg.sft.num_epochs
     return min(steps, cfg.sft.max_steps) if cfg.sft.max_steps else steps
 
