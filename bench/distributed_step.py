@@ -1,6 +1,9 @@
-"""2 processes vs 1 process: optimizer-step time of SFT and DPO at the same global batch.
+"""2 processes vs 1 process: optimizer-step time of SFT, DPO and GRPO at the same global batch.
 
-    uv run python bench/distributed_step.py [--steps 6] [--global-batch 8] [--families sft,dpo]
+    uv run python bench/distributed_step.py [--steps 6] [--global-batch 8] [--families sft,dpo,grpo]
+
+GRPO's step is a whole rollout step (generate, score, update) of 4 prompts × 4 rollouts of 16
+new tokens, one micro-batch per rank (``--global-batch`` does not apply to it).
 
 Runs each trainer for real on the tiny model on CPU: once as one process (micro-batch = the
 global batch) and once under ``torchrun --nproc-per-node 2`` (gloo, FSDP2, micro-batch = half),
@@ -49,6 +52,19 @@ FAMILIES = {
             "eval.sample_every=0",
         ],
     ),
+    "grpo": (
+        "trainers.policy_gradients.train",
+        ROOT / "trainers/policy_gradients/configs/grpo.yaml",
+        [
+            "data.size=64",
+            "data.eval_size=2",
+            "rollout.prompts_per_step=4",
+            "rollout.num_rollouts=4",
+            "rollout.max_new_tokens=16",
+            "eval.eval_every=0",
+            "eval.sample_every=0",
+        ],
+    ),
 }
 COMMON = [
     "model.name=tiny",
@@ -65,14 +81,15 @@ COMMON = [
 
 def command(family: str, run_dir: Path, procs: int, global_batch: int, steps: int) -> list[str]:
     module, config, extra = FAMILIES[family]
-    sets = [
-        *COMMON,
-        *extra,
-        f"data.max_samples={global_batch * steps + 16}",
-        "data.eval_size=8",
-        f"train.max_steps={steps}",
-        f"train.batch_size={global_batch // procs}",
-    ]
+    sets = [*COMMON, *extra, f"train.max_steps={steps}"]
+    if family == "grpo":  # 16 sequences a rollout step: one micro-batch per rank
+        sets.append(f"train.batch_size={16 // procs}")
+    else:
+        sets += [
+            f"data.max_samples={global_batch * steps + 16}",
+            "data.eval_size=8",
+            f"train.batch_size={global_batch // procs}",
+        ]
     args = ["--config", str(config), "--run-dir", str(run_dir)]
     for s in sets:
         args += ["--set", s]
@@ -91,7 +108,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--families", default="sft,dpo")
+    p.add_argument("--families", default="sft,dpo,grpo")
     args = p.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     print(f"global batch {args.global_batch}, {args.steps} steps (first left out), CPU, tiny")

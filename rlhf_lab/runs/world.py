@@ -39,6 +39,22 @@ def _fewer_ranks(key: str, value: int, world_size: int) -> list[NextStep]:
     ]
 
 
+def _check_rank_micro_batch(config: dict[str, Any], prompts_per_rank: int) -> None:
+    """A rank's rollouts (its prompts × ``rollout.num_rollouts``) split into whole
+    micro-batches of ``train.batch_size`` (the trainer refuses otherwise)."""
+    groups = get_dotted(config, "rollout.num_rollouts")
+    micro = get_dotted(config, "train.batch_size")
+    if not (isinstance(groups, int) and isinstance(micro, int)) or micro < 1:
+        return
+    sequences = prompts_per_rank * groups
+    if sequences % micro:
+        raise InvalidArgument(
+            f"each rank rolls out {prompts_per_rank} prompts × {groups} rollouts = {sequences} "
+            f"sequences, which train.batch_size={micro} (one rank's micro-batch) does not divide",
+            next=[NextStep("shrink_config", note="a train.batch_size that divides it")],
+        )
+
+
 def check_world_size(family: str, config: dict[str, Any], world_size: int) -> None:
     """Refuse (InvalidArgument) a world size the config's batches cannot be split over: more
     ranks than a split batch has items, a split batch not divisible by the world size, or
@@ -62,6 +78,8 @@ def check_world_size(family: str, config: dict[str, Any], world_size: int) -> No
                     "the ranks split it by whole prompt groups",
                     next=_fewer_ranks(key, value, world_size),
                 )
+            if family == "policy_gradients":
+                _check_rank_micro_batch(config, value // world_size)
         return
     samples = get_dotted(config, "data.max_samples")
     if isinstance(samples, int) and not isinstance(samples, bool) and samples > 0:

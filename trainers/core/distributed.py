@@ -250,6 +250,28 @@ def gather_blocks(values: Any, n: int) -> Any:
     return torch.cat(parts)[:n]
 
 
+def rank_chunk(items: Sequence[Any], rank: int | None = None, size: int | None = None) -> list:
+    """This rank's contiguous ``len(items) / size`` of ``items`` (the caller has checked that
+    they divide: :func:`check_divisible`): concatenated in rank order the chunks are ``items``
+    in order (policy-gradient prompts: a rank's groups are whole and the global batch keeps
+    one process's order)."""
+    rank = _world.rank if rank is None else rank
+    size = _world.size if size is None else size
+    per = len(items) // size
+    return list(items[rank * per : (rank + 1) * per])
+
+
+def rank_span(n: int, rank: int | None = None, size: int | None = None) -> range:
+    """This rank's contiguous part of ``range(n)`` when the parts need not be equal (work with
+    no collective inside: generation on whole, unsharded weights): the first ``n % size`` ranks
+    take one more."""
+    rank = _world.rank if rank is None else rank
+    size = _world.size if size is None else size
+    per, extra = divmod(n, size)
+    start = rank * per + min(rank, extra)
+    return range(start, start + per + (rank < extra))
+
+
 def rank_seed(seed: int, rank: int | None = None) -> int:
     """The sampling seed of ``rank``: ``seed + rank`` (rank 0 samples as a single process).
     Every rank first builds identical weights from the config's seed; a loop that samples its
@@ -286,6 +308,34 @@ def gather_sum(values: Sequence[float]) -> list[float]:
 
 def sum_over_ranks(value: float) -> float:
     return gather_sum([value])[0]
+
+
+def gather_max(values: Sequence[float]) -> list[float]:
+    """Element-wise maximum of ``values`` over the ranks (float64)."""
+    if not _world.distributed:
+        return [float(v) for v in values]
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu().tolist()
+
+
+def global_moments(values: torch.Tensor) -> tuple[float, float] | None:
+    """(mean, population std) of ``values`` (1-D) pooled over every rank, or None when the
+    pooled values are all equal (or there are none); collective. Two passes in float64 (the
+    sum, then the squared deviations from the pooled mean), as exact as one process's."""
+    x = values.detach().double().flatten().cpu()
+    n, total = gather_sum([x.numel(), float(x.sum())])
+    hi, neg_lo = gather_max(
+        [float(x.max()), float(-x.min())] if x.numel() else [-float("inf"), -float("inf")]
+    )
+    mean = total / n if n else 0.0
+    squares = gather_sum([float(((x - mean) ** 2).sum())])[0]
+    if n == 0 or hi == -neg_lo:
+        return None
+    return mean, (squares / n) ** 0.5
 
 
 def any_rank(flag: bool) -> bool:

@@ -297,8 +297,7 @@ def run_trainer(
         if ranks.distributed and not multi_process:
             raise ConfigError(
                 f"this trainer runs on one process in this version, not under torchrun "
-                f"({ranks.size} processes): start it with python -m; sft, direct_alignment and "
-                "reward_models run on several processes"
+                f"({ranks.size} processes): start it with python -m"
             )
         lora = getattr(getattr(cfg, "model", None), "lora", None)
         if ranks.distributed and lora is not None and lora.enabled:

@@ -230,8 +230,11 @@ class TrainingRun:
 
     # W&B ---------------------------------------------------------------------------------------
     def start_tracker(self, logging: LoggingSection, config: dict[str, Any], name: str) -> None:
-        """Open the W&B run (unless a caller lent one) named ``name``."""
-        if self.tracker is None:
+        """Open the W&B run (unless a caller lent one) named ``name``; under torchrun rank 0
+        alone logs to W&B."""
+        from trainers.core.distributed import world
+
+        if self.tracker is None and world().is_main:
             self.tracker = Tracker(logging, self.run.path, config, name)
 
     @property

@@ -90,12 +90,27 @@ def returns_to_go(token_rewards: Tensor, mask: Tensor) -> Tensor:
     return torch.where(on, r.flip(-1).cumsum(-1).flip(-1), 0.0)
 
 
-def whiten_over_batch(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+Moments = Callable[[Tensor], "tuple[float, float] | None"]
+"""(mean, population std) of a batch's values, or None when they are all equal: the batch of
+this process by default; under torchrun the global batch of every rank
+(``trainers.core.distributed.global_moments``)."""
+
+
+def whiten_over_batch(
+    x: Tensor, mask: Tensor, eps: float = 1e-8, moments: Moments | None = None
+) -> Tensor:
     """(x − μ) / (σ + eps) with μ, σ the mean and population std over EVERY completion token of
     the batch (REINFORCE++'s global normalisation, OpenRLHF's convention); 0 outside the mask,
-    and exactly 0 everywhere when all the batch's values are equal."""
+    and exactly 0 everywhere when all the batch's values are equal. ``moments`` pools the
+    statistics over a larger batch than ``x`` (every rank's share of the step)."""
     on = mask > 0
     values = x.float()[on]
+    if moments is not None:
+        pooled = moments(values)
+        if pooled is None:
+            return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        mu, sigma = pooled
+        return torch.where(on, (x.float() - mu) / (sigma + eps), 0.0)
     if values.numel() == 0 or bool(values.max() == values.min()):
         return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     mu = values.mean()
@@ -110,18 +125,23 @@ def shaped_token_rewards(r: Tensor, kl_penalty: Tensor, mask: Tensor) -> Tensor:
     return sequence_reward_to_tokens(r, mask) - torch.where(on, kl_penalty.float(), 0.0)
 
 
-def reinforce_pp_advantages(r: Tensor, kl_penalty: Tensor, mask: Tensor) -> Tensor:
+def reinforce_pp_advantages(
+    r: Tensor, kl_penalty: Tensor, mask: Tensor, moments: Moments | None = None
+) -> Tensor:
     """REINFORCE++ (Hu et al. 2025): A_t = r − Σ_{i ≥ t} β·k_i, the return-to-go of the shaped
-    token rewards, then normalised over every completion token of the batch (not per prompt)."""
+    token rewards, then normalised over every completion token of the batch (not per prompt;
+    ``moments``: of the global batch, see :func:`whiten_over_batch`)."""
     returns = returns_to_go(shaped_token_rewards(r, kl_penalty, mask), mask)
-    return whiten_over_batch(returns, mask)
+    return whiten_over_batch(returns, mask, moments=moments)
 
 
-def reinforce_pp_baseline_advantages(r: Tensor, kl_penalty: Tensor, mask: Tensor, G: int) -> Tensor:
+def reinforce_pp_baseline_advantages(
+    r: Tensor, kl_penalty: Tensor, mask: Tensor, G: int, moments: Moments | None = None
+) -> Tensor:
     """REINFORCE++-baseline (Hu et al. 2025): the group mean is subtracted from the sequence
     reward first (r_i − mean_G r), then as :func:`reinforce_pp_advantages`."""
     centred, _ = _centred(_grouped(r, G))
-    return reinforce_pp_advantages(centred.reshape(-1), kl_penalty, mask)
+    return reinforce_pp_advantages(centred.reshape(-1), kl_penalty, mask, moments)
 
 
 def remax_advantages(r: Tensor, r_greedy: Tensor, kl_penalty: Tensor, mask: Tensor) -> Tensor:
@@ -161,14 +181,16 @@ use ``grpo``)."""
 TokenAdvantageFn = Callable[[dict[str, Tensor], Tensor, Tensor, int], Tensor]
 
 
-def _reinforce_pp(rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int) -> Tensor:
-    return reinforce_pp_advantages(rewards["total"], kl_penalty, mask)
+def _reinforce_pp(
+    rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int, moments=None
+) -> Tensor:
+    return reinforce_pp_advantages(rewards["total"], kl_penalty, mask, moments)
 
 
 def _reinforce_pp_baseline(
-    rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int
+    rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int, moments=None
 ) -> Tensor:
-    return reinforce_pp_baseline_advantages(rewards["total"], kl_penalty, mask, G)
+    return reinforce_pp_baseline_advantages(rewards["total"], kl_penalty, mask, G, moments)
 
 
 def _remax(rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int) -> Tensor:
@@ -178,6 +200,10 @@ def _remax(rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int)
         )
     return remax_advantages(rewards["total"], rewards["greedy"], kl_penalty, mask)
 
+
+WHITENED_OVER_BATCH = frozenset({"reinforce_pp", "reinforce_pp_baseline"})
+"""The token estimators that normalise over the whole batch (they take ``moments=``): under
+torchrun their statistics are pooled over every rank."""
 
 TOKEN_REWARD_ADVANTAGES: dict[str, TokenAdvantageFn] = {
     "reinforce_pp": _reinforce_pp,

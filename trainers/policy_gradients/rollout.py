@@ -20,6 +20,11 @@ One rollout step, as in the algorithm box:
    each sequence's summed KL to it (``Experience.kl_ref``, the ``kl_ref`` metric) from π_old
    (or, when the π_old forward is skipped, from the update's first pass, where π = π_old).
 
+Under torchrun (:mod:`.ranks`) each rank rolls out its own contiguous share of the step's
+prompts, whole groups; what is a statistic of the step (DAPO's kept-group count, the reward
+model's batch or running normalisation, REINFORCE++'s whitening, the logged means) is pooled
+over every rank, and DAPO's kept groups are re-dealt so that every rank updates on as many.
+
 The result is an :class:`~.experience.Experience` that lives on the CPU between phases. The
 building blocks live in one module per job: :mod:`.experience` (the batch and its layout),
 :mod:`.generation` (sampling) and :mod:`.token_passes` (log-probs, values); every name is
@@ -29,18 +34,21 @@ re-exported here.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from trainers.core.distributed import global_moments, world
 from trainers.core.logprobs import position_ids_of
 from trainers.core.lora import reference_view
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     TOKEN_ADVANTAGES,
     TOKEN_REWARD_ADVANTAGES,
+    WHITENED_OVER_BATCH,
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
@@ -57,11 +65,17 @@ from trainers.policy_gradients.generation import (
     greedy_rollouts,
 )
 from trainers.policy_gradients.losses import kl_estimate
+from trainers.policy_gradients.ranks import (
+    global_count,
+    global_mean,
+    normalise_over_ranks,
+    prompt_share,
+    take_kept_groups,
+)
 from trainers.policy_gradients.rewards import (
     RunningMoments,
     compute_rewards,
     dapo_keep_groups,
-    normalize_scores,
     shaped_total,
     text_rewards,
 )
@@ -86,6 +100,7 @@ __all__ = [
     "completion_token_stats",
     "concat_experiences",
     "cut_at_first_stop",
+    "draw_groups",
     "explained_variance",
     "generate_group_batch",
     "greedy_completions",
@@ -154,7 +169,7 @@ def score_texts(
         raw = models.proxy.score(messages, texts, **ids)
         parts["model"] = raw
         mode = rw.normalize if update_moments else "none"
-        parts["model_norm"] = normalize_scores(raw, mode, models.moments)
+        parts["model_norm"] = normalise_over_ranks(raw, mode, models.moments)
     if models.gold is not None:
         parts["gold"] = models.gold.score(messages, texts, **ids)
     parts["total"] = shaped_total(
@@ -224,7 +239,7 @@ def prepare_update(
     token_kl = None
     if kl_in_reward:
         token_kl = kl_estimate(exp.old_logps, exp.ref_logps, cfg.loss.kl_estimator, mask)
-        info["kl_reward"] = float(masked_mean_rows(token_kl, mask).mean())
+        info["kl_reward"] = global_mean(masked_mean_rows(token_kl, mask))
 
     if spec.needs_value_model:  # a token-level estimator on the critic's values (PPO: GAE)
         was_training = value_model.training
@@ -238,11 +253,15 @@ def prepare_update(
         adv, ret = estimator(token_rewards, exp.values, mask, cfg.loss.gamma, cfg.loss.lam)
         exp.advantages, exp.returns = adv * mask, ret * mask
         exp.shaped_total = (token_rewards * mask).sum(-1)
-        info["explained_variance"] = explained_variance(exp.values, exp.returns, mask)
+        pooled = global_moments if world().distributed else None
+        info["explained_variance"] = explained_variance(exp.values, exp.returns, mask, pooled)
     elif spec.advantage in TOKEN_REWARD_ADVANTAGES:  # critic-free, per token (REINFORCE++, ReMax)
         penalty = torch.zeros_like(mask) if token_kl is None else cfg.loss.beta * token_kl * mask
         estimator = TOKEN_REWARD_ADVANTAGES[spec.advantage]
-        exp.advantages = estimator(exp.rewards, penalty, mask, G) * mask
+        pooled = {}  # whitened over the global batch: every rank's tokens
+        if spec.advantage in WHITENED_OVER_BATCH and world().distributed:
+            pooled["moments"] = global_moments
+        exp.advantages = estimator(exp.rewards, penalty, mask, G, **pooled) * mask
         exp.shaped_total = total - penalty.sum(-1)
     else:
         if token_kl is not None:  # reinforce / rloo: one scalar per sequence
@@ -285,12 +304,40 @@ def greedy_baseline(
 
 @dataclass
 class RolloutInfo:
-    prompts_drawn: int
+    prompts_drawn: int  # over every rank
     groups_drawn: int
     groups_kept: int
     generate_s: float
     score_s: float
-    drawn: Experience  # every scored rollout of the step (DAPO: before filtering)
+    drawn: Experience  # this rank's scored rollouts of the step (DAPO: before filtering)
+
+
+Draw = Callable[[list[Prompt]], tuple[Experience, float, float]]
+"""Roll out and score a list of prompts: (the scored batch, generation s, scoring s)."""
+
+
+def draw_groups(
+    policy: nn.Module,
+    tokenizer: Any,
+    cfg: PolicyGradientConfig,
+    models: RewardModels | None = None,
+) -> Draw:
+    """The rollout of one round of prompts: generate, score (ReMax: and its greedy baseline,
+    counted as generation)."""
+
+    def draw(prompts: list[Prompt]) -> tuple[Experience, float, float]:
+        t0 = time.time()
+        batch = generate_group_batch(policy, tokenizer, prompts, cfg)
+        t1 = time.time()
+        batch.rewards = score(batch, cfg, models)
+        score_s, gen_s = time.time() - t1, t1 - t0
+        if cfg.spec.greedy_baseline:
+            t2 = time.time()
+            batch.rewards["greedy"] = greedy_baseline(policy, tokenizer, prompts, cfg, models)
+            gen_s += time.time() - t2
+        return batch, gen_s, score_s
+
+    return draw
 
 
 def rollout_step(
@@ -300,12 +347,20 @@ def rollout_step(
     train_prompts: list[Prompt],
     cfg: PolicyGradientConfig,
     models: RewardModels | None = None,
+    draw: Draw | None = None,
 ) -> tuple[Experience, RolloutInfo]:
     """Sample prompts, generate, score. DAPO keeps drawing ``prompts_per_step`` prompts at a
     time and keeps only groups whose correctness is not all-min / all-max, until
     ``prompts_per_step`` groups are kept or ``max_draw_factor × prompts_per_step`` prompts have
-    been drawn (then DynamicSamplingError). Returns the scored batch (on CPU) and what was drawn."""
+    been drawn (then DynamicSamplingError). Returns the scored batch (on CPU) and what was drawn.
+
+    Under torchrun every rank takes the same ``prompts_per_step`` prompts from the stream and
+    rolls out its contiguous share of them (whole groups); DAPO counts the groups kept on every
+    rank, so all ranks draw the same number of rounds and stop together, and the first
+    ``prompts_per_step`` kept groups (in one process's order) are dealt out again, as many to
+    each rank. ``draw`` (tests): what rolls out and scores a round (:func:`draw_groups`)."""
     P, G = cfg.rollout.prompts_per_step, cfg.rollout.num_rollouts
+    draw = draw or draw_groups(policy, tokenizer, cfg, models)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     gen_s = score_s = 0.0
     kept: list[Experience] = []
@@ -313,18 +368,10 @@ def rollout_step(
     n_kept = n_drawn_prompts = 0
     limit = cfg.loss.max_draw_factor * P
     while True:
-        ids = stream.take(P)
+        ids = prompt_share(stream.take(P))
         prompts = [train_prompts[i] for i in ids]
-        t0 = time.time()
-        batch = generate_group_batch(policy, tokenizer, prompts, cfg)
-        t1 = time.time()
-        batch.rewards = score(batch, cfg, models)
-        score_s += time.time() - t1
-        gen_s += t1 - t0
-        if cfg.spec.greedy_baseline:  # ReMax; its generation and scoring count as generation
-            t2 = time.time()
-            batch.rewards["greedy"] = greedy_baseline(policy, tokenizer, prompts, cfg, models)
-            gen_s += time.time() - t2
+        batch, t_gen, t_score = draw(prompts)
+        gen_s, score_s = gen_s + t_gen, score_s + t_score
         n_drawn_prompts += P
         drawn.append(batch)
         if not cfg.spec.dynamic_sampling:
@@ -336,11 +383,9 @@ def rollout_step(
             cfg.loss.accuracy_min_reward,
             cfg.loss.accuracy_max_reward,
         )
-        groups = [g for g in range(P) if bool(keep[g])]
-        if groups:
-            rows = [g * G + j for g in groups for j in range(G)]
-            kept.append(batch.select(rows))
-            n_kept += len(groups)
+        groups = [g for g in range(len(prompts)) if bool(keep[g])]
+        kept.append(batch.select([g * G + j for g in groups for j in range(G)]))
+        n_kept += global_count(len(groups))  # every rank's: all decide alike
         if n_kept >= P:
             break
         if n_drawn_prompts >= limit:
@@ -355,9 +400,10 @@ def rollout_step(
                 "from an SFT model, raise rollout.num_rollouts / temperature, or raise "
                 "loss.max_draw_factor."
             )
-    exp = concat_experiences(kept, pad_id)
-    if cfg.spec.dynamic_sampling and exp.num_sequences > P * G:
-        exp = exp.select(list(range(P * G)))
+    if cfg.spec.dynamic_sampling:
+        exp = take_kept_groups(kept, P, G, pad_id)
+    else:
+        exp = concat_experiences(kept, pad_id)
     info = RolloutInfo(
         prompts_drawn=n_drawn_prompts,
         groups_drawn=n_drawn_prompts,

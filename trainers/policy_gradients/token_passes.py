@@ -138,10 +138,23 @@ def masked_mean_rows(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """1 − Var(R − V) / Var(R) over completion tokens (1 = perfect critic, ≤ 0 = useless)."""
+def explained_variance(
+    values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    moments: Callable[[Tensor], tuple[float, float] | None] | None = None,
+) -> float:
+    """1 − Var(R − V) / Var(R) over completion tokens (1 = perfect critic, ≤ 0 = useless).
+    ``moments`` (torchrun): the variances pooled over every rank's tokens
+    (``trainers.core.distributed.global_moments``)."""
     m = mask.bool()
     r, v = returns[m].double(), values[m].double()
+    if moments is not None:
+        pooled_r, pooled_d = moments(r), moments(r - v)
+        if pooled_r is None or pooled_r[1] ** 2 <= 1e-12:
+            return float("nan")
+        var_d = 0.0 if pooled_d is None else pooled_d[1] ** 2
+        return float(1.0 - var_d / pooled_r[1] ** 2)
     if r.numel() < 2:
         return float("nan")
     var_r = r.var(unbiased=False)

@@ -19,6 +19,12 @@ One rollout step, as in the algorithm box:
      ``gradient_accumulation_steps`` micro-batches;
   6. log: reward statistics (phase ``rollout``), optimisation statistics (phase ``train``),
      greedy held-out correctness (phase ``eval``) every ``eval.eval_every`` steps.
+
+Under ``torchrun --nproc-per-node N`` the policy, the reference and the value model are sharded
+with FSDP2; each rank rolls out its share of the step's prompts by whole groups, sampling with
+seed + rank, and updates on it; ``prompts_per_step`` is global, ``train.batch_size`` a rank's
+micro-batch, so an optimizer step holds batch_size × accumulation × N sequences; every logged
+number is a statistic of the whole step (README "Several processes"; :mod:`.ranks`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,19 @@ from typing import Any
 import torch
 
 from trainers.core.config import ConfigError
+from trainers.core.distributed import (
+    any_rank,
+    check_divisible,
+    describe,
+    gather_objects,
+    gather_sum,
+    rank_block,
+    rank_seed,
+    shard_model,
+    sum_over_ranks,
+    world,
+    world_from_env,
+)
 from trainers.core.generation import end_of_turn_ids
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
@@ -103,6 +122,28 @@ def preflight(cfg: PolicyGradientConfig) -> None:
             )
     for key, name in reward_model_names(cfg):
         inspect_reward_model(name, key)
+    check_world(cfg, world_from_env().size)
+
+
+def optimizer_steps_per_update(cfg: PolicyGradientConfig, size: int) -> int:
+    """Optimizer steps in one pass over the rollout batch on ``size`` ranks: each rank's share
+    of the step's sequences in micro-batches, an optimizer step every
+    ``gradient_accumulation_steps`` of them (one process: the config's count)."""
+    micro = cfg.sequences_per_step // size // cfg.train.batch_size
+    return -(-micro // cfg.train.gradient_accumulation_steps)
+
+
+def check_world(cfg: PolicyGradientConfig, size: int) -> None:
+    """The step's prompts split over ``size`` ranks by whole groups, and each rank's share
+    into whole micro-batches (ConfigError otherwise)."""
+    P, G, bs = cfg.rollout.prompts_per_step, cfg.rollout.num_rollouts, cfg.train.batch_size
+    check_divisible(P, "rollout.prompts_per_step", size, " prompts")
+    if size > 1 and (P // size * G) % bs:
+        raise ConfigError(
+            f"each of {size} processes rolls out {P // size} prompts × {G} = {P // size * G} "
+            f"sequences, which train.batch_size={bs} (a rank's micro-batch) does not divide: "
+            "pick a micro-batch that divides it"
+        )
 
 
 def reward_model_names(cfg: PolicyGradientConfig) -> list[tuple[str, str]]:
@@ -150,7 +191,10 @@ def config_notes(cfg: PolicyGradientConfig) -> list[str]:
             + "): nothing holds the policy near its start while it maximises the reward model, "
             "and kl_ref is not logged"
         )
-    if cfg.algorithm == "dapo" and cfg.loss.l_max - cfg.loss.l_cache >= cfg.rollout.max_new_tokens:
+    if (
+        cfg.spec.overlong_penalty
+        and cfg.loss.l_max - cfg.loss.l_cache >= cfg.rollout.max_new_tokens
+    ):
         notes.append(
             f"the overlong penalty never applies: rollout.max_new_tokens="
             f"{cfg.rollout.max_new_tokens} <= l_max - l_cache = {cfg.loss.l_max - cfg.loss.l_cache}"
@@ -167,34 +211,44 @@ def _mean(x: torch.Tensor) -> float:
     return float(x.float().mean()) if x.numel() else float("nan")
 
 
+def _global_mean(x: torch.Tensor) -> float:
+    """The mean over every rank's elements (a statistic of the whole step; collective)."""
+    total, n = gather_sum([float(x.double().sum()), x.numel()])
+    return total / n if n else float("nan")
+
+
 REWARD_PARTS = ("total", "correctness", "format", "binary", "penalty", "greedy")
 
 
-def gold_and_proxy(r: dict[str, torch.Tensor], cfg: PolicyGradientConfig, prefix: str = ""):
+def gold_and_proxy(
+    r: dict[str, torch.Tensor], cfg: PolicyGradientConfig, prefix: str = "", mean=_mean
+):
     """``proxy_reward`` (mean raw reward-model score) and ``gold_reward`` (the gold reward
     model's mean score, else mean verifier correctness) when they exist."""
     out = {}
     if "model" in r:
-        out[f"{prefix}proxy_reward"] = _mean(r["model"])
+        out[f"{prefix}proxy_reward"] = mean(r["model"])
     if "gold" in r:
-        out[f"{prefix}gold_reward"] = _mean(r["gold"])
+        out[f"{prefix}gold_reward"] = mean(r["gold"])
     elif cfg.gold_source == "verifier" and "correctness" in r:
-        out[f"{prefix}gold_reward"] = _mean(r["correctness"])
+        out[f"{prefix}gold_reward"] = mean(r["correctness"])
     return out
 
 
 def reward_metrics(drawn: Experience, cfg: PolicyGradientConfig) -> dict[str, float]:
-    """Reward statistics of every rollout the step sampled (DAPO: before filtering)."""
+    """Reward statistics of every rollout the step sampled (DAPO: before filtering), over
+    every rank's rollouts."""
     r = drawn.rewards
-    out = {f"avg_{k}": _mean(r[k]) for k in REWARD_PARTS if k in r}
-    out.update(gold_and_proxy(r, cfg))
+    out = {f"avg_{k}": _global_mean(r[k].float()) for k in REWARD_PARTS if k in r}
+    out.update(gold_and_proxy(r, cfg, mean=lambda x: _global_mean(x.float())))
     G = cfg.rollout.num_rollouts
     if G >= 2:
-        signal = r["binary"] if cfg.algorithm == "maxrl" else r["total"]
-        out["frac_reward_zero_std"] = float(frac_zero_std(signal, G))
-    lengths = drawn.lengths
-    out["response_length/mean"] = _mean(lengths)
-    out["response_length/clipped_frac"] = _mean(drawn.truncated.float())
+        signal = r["binary"] if cfg.spec.reward_signal == "binary" else r["total"]
+        groups = len(signal) // G
+        zero, n = gather_sum([frac_zero_std(signal, G) * groups, groups])
+        out["frac_reward_zero_std"] = zero / n if n else float("nan")
+    out["response_length/mean"] = _global_mean(drawn.lengths.float())
+    out["response_length/clipped_frac"] = _global_mean(drawn.truncated.float())
     return out
 
 
@@ -304,7 +358,11 @@ def update(
     step: int,
     device: torch.device,
 ) -> dict[str, float]:
-    """``updates_per_rollout`` passes over the rollout batch; returns the phase's metrics."""
+    """``updates_per_rollout`` passes over the rollout batch; returns the phase's metrics.
+    Under torchrun ``exp`` is this rank's share and each optimizer step takes
+    ``batch_size × gradient_accumulation_steps`` of its rows (each rank shuffles its own); the
+    aggregation is normalised by the step's sequences and tokens over every rank, each rank
+    back-propagates its part and FSDP sums the gradients, so the update is the global one."""
     n = exp.num_sequences
     bs, acc = cfg.train.batch_size, cfg.train.gradient_accumulation_steps
     per_opt = bs * acc
@@ -320,10 +378,12 @@ def update(
         order = epoch_order(n, cfg.seed, step * cfg.loss.updates_per_rollout + epoch)
         for start in range(0, n, per_opt):
             step_rows = order[start : start + per_opt]
-            step_seqs = len(step_rows)
-            step_tokens = float(exp.completion_mask[step_rows].sum())
+            step_seqs, step_tokens = gather_sum(  # the step's, over every rank
+                [len(step_rows), float(exp.completion_mask[step_rows].sum())]
+            )
+            step_seqs = int(step_seqs)
             loss_sum = pg_sum = 0.0
-            for m in range(0, step_seqs, bs):
+            for m in range(0, len(step_rows), bs):
                 if not grad_norms:  # a stop drops the step only before its first update
                     raise_if_stopping("micro_batch")
                 rows = step_rows[m : m + bs]
@@ -338,7 +398,7 @@ def update(
                     device,
                     kl_ref=kl_buf if not grad_norms else None,
                 )
-                if not torch.isfinite(contrib):
+                if any_rank(not bool(torch.isfinite(contrib))):  # every rank skips it together
                     skipped += 1  # as the book's loop: a non-finite micro-batch is skipped
                     continue
                 contrib.backward()
@@ -348,6 +408,7 @@ def update(
             grad_norm, lr = optimizer_step(params, optimizer, scheduler, cfg.train.max_grad_norm)
             grad_norms.append(grad_norm)
             lrs.append(lr)
+            loss_sum, pg_sum = gather_sum([loss_sum, pg_sum])  # the ranks' parts of the step
             step_losses.append(loss_sum)
             step_pg.append(pg_sum)
     out = {
@@ -360,7 +421,7 @@ def update(
     }
     if skipped:
         out["nonfinite_micro_batches"] = skipped
-    if kl_buf is not None and not bool(kl_buf.isnan().any()):
+    if kl_buf is not None and not any_rank(bool(kl_buf.isnan().any())):
         exp.kl_ref = kl_buf
     return out
 
@@ -379,15 +440,17 @@ def evaluate(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy completions on the held-out prompts: eval/avg_correctness, eval/avg_format, ...
     (verifier prompts), eval/proxy_reward and eval/gold_reward (reward models), eval/avg_total
-    (the weighted reward with the reward model's raw score: no whitening)."""
+    (the weighted reward with the reward model's raw score: no whitening). Under torchrun each
+    rank completes and scores an equal block of the prompts (:func:`held_out_share`)."""
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    out = greedy_rollouts(policy, tokenizer, held_out, max_new, cfg.eval.eval_batch_size)
-    texts, lengths = out["texts"], out["lengths"]
+    block = rank_block(len(held_out))
+    mine = [held_out[i] for i in block]
+    out = greedy_rollouts(policy, tokenizer, mine, max_new, cfg.eval.eval_batch_size)
     r = score_texts(
         cfg,
-        held_out,
-        texts,
-        lengths,
+        mine,
+        out["texts"],
+        out["lengths"],
         torch.tensor(out["truncated"], dtype=torch.bool),
         models,
         prompt_ids=out["prompt_ids"],
@@ -395,6 +458,8 @@ def evaluate(
         update_moments=False,
         verifier=compute_rewards,
     )
+    out, r = held_out_share(block, out, r, len(held_out))
+    texts, lengths = out["texts"], out["lengths"]
     parts = ("correctness", "format", "binary", "total")
     metrics = {f"eval/avg_{k}": _mean(r[k]) for k in parts if k in r}
     metrics.update(gold_and_proxy(r, cfg, prefix="eval/"))
@@ -416,6 +481,24 @@ def evaluate(
     return metrics, samples
 
 
+def held_out_share(
+    block: list[int], out: dict[str, list], rewards: dict[str, torch.Tensor], n: int
+) -> tuple[dict[str, list], dict[str, torch.Tensor]]:
+    """Every rank's greedy completions (``texts``, ``lengths``, ``truncated``) and reward
+    parts, in the held-out order: ``block`` is this rank's :func:`rank_block` of the ``n``
+    prompts (padded with repeats of its last prompt, which are dropped here); collective."""
+    keys = ("texts", "lengths", "truncated")
+    mine = [
+        (i, *(out[k][j] for k in keys), {k: float(v[j]) for k, v in rewards.items()})
+        for j, i in enumerate(block)
+    ]
+    by_index = {row[0]: row for part in gather_objects(mine) for row in part}
+    rows = [by_index[i] for i in range(n)]
+    merged = {k: [row[1 + c] for row in rows] for c, k in enumerate(keys)}
+    parts = {k: torch.tensor([row[4][k] for row in rows]) for k in rewards}
+    return merged, parts
+
+
 def rollout_samples(cfg: PolicyGradientConfig, exp: Experience) -> list[dict[str, Any]]:
     """The first rollout of each of the first ``eval.num_samples`` groups, with its reward."""
     G = cfg.rollout.num_rollouts
@@ -430,7 +513,7 @@ def rollout_samples(cfg: PolicyGradientConfig, exp: Experience) -> list[dict[str
             "completion": exp.texts[i],
             **{k: float(v[i]) for k, v in exp.rewards.items()},
         }
-        if cfg.algorithm != "ppo" and exp.advantages is not None:
+        if not cfg.spec.needs_value_model and exp.advantages is not None:
             row["advantage"] = float(exp.advantages[i, 0])
         out.append(row)
     return out
@@ -480,16 +563,23 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
     run.update_phase("loading_model")
     policy = add_adapters(load_causal_lm(cfg.model.name, trainable=True, **load), cfg.model.lora)
     use_gradient_checkpointing(policy, cfg.model.gradient_checkpointing)
+    shard_model(policy)  # FSDP2 under torchrun (one unit per decoder layer); one process: as is
     ref_model = None  # with LoRA: the policy's base, adapters off (lora.reference_view)
     if cfg.uses_kl and needs_reference_copy(cfg.model):
         ref_model = load_causal_lm(cfg.model.ref_name or cfg.model.name, trainable=False, **load)
+        shard_model(ref_model)  # each rank scores its own share of the rollouts with it
     value_model = None
     params = [p for p in policy.parameters() if p.requires_grad]
-    if cfg.algorithm == "ppo":
+    if cfg.spec.needs_value_model:
         value_model = load_value_model(cfg.model.name, lora=cfg.model.lora, **load)
         use_gradient_checkpointing(value_model.body, cfg.model.gradient_checkpointing)
+        shard_model(value_model)
         value_model.train()
         params += [p for p in value_model.parameters() if p.requires_grad]
+    if world().distributed:  # every rank built the same weights; each samples its own rollouts
+        torch.manual_seed(rank_seed(cfg.seed))
+        seeds = [rank_seed(cfg.seed, r) for r in range(world().size)]
+        info["distributed"] = {**describe(), "sampling_seeds": seeds}
 
     models = RewardModels(stop_ids=set(end_of_turn_ids(tokenizer)))
     rm_load = dict(
@@ -512,14 +602,23 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         }
         print(f"{key}: {name} ({scorer.kind}; {info['reward_models'][key]['tokens']})", flush=True)
 
-    opt_steps = total_steps * cfg.loss.updates_per_rollout * cfg.optimizer_steps_per_update
+    per_update = optimizer_steps_per_update(cfg, world().size)
+    opt_steps = total_steps * cfg.loss.updates_per_rollout * per_update
     optimizer, scheduler = build_optimizer(params, cfg.train, opt_steps)
     stream = PromptStream(len(train_prompts), cfg.seed)
     best = BestMetric(headline_metric(cfg))
+    # what a checkpoint holds: under torchrun the value model's shards go with the policy's
+    # (torch.distributed.checkpoint); on one process its state rides in the family state
+    sharded_value = value_model is not None and world().distributed
+    held = (
+        torch.nn.ModuleDict({"policy": policy, "value_model": value_model})
+        if sharded_value
+        else policy
+    )
     if resume:
-        state = loop.resume(policy, optimizer, scheduler)
+        state = loop.resume(held, optimizer, scheduler)
         stream = PromptStream.from_state(len(train_prompts), cfg.seed, state["data_position"])
-        if value_model is not None:
+        if value_model is not None and not sharded_value:
             load_checkpoint_state(value_model, state["extra"]["value_model"])
         best.value = state["extra"].get("best_eval")
         models.moments = RunningMoments.from_state(state["extra"].get("reward_moments"))
@@ -537,12 +636,12 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     def checkpoint_extra() -> dict[str, Any]:
         extra: dict[str, Any] = {"best_eval": best.value, "reward_moments": models.moments.state()}
-        if value_model is not None:
+        if value_model is not None and not sharded_value:
             extra["value_model"] = checkpoint_state(value_model)  # LoRA: adapters + head
         return extra
 
     loop.checkpoint_with(
-        policy, optimizer, scheduler, position=lambda: stream.state(), extra=checkpoint_extra
+        held, optimizer, scheduler, position=lambda: stream.state(), extra=checkpoint_extra
     )
     if not resume and cfg.eval.eval_every > 0:
         run_eval()  # the starting point (e.g. the warm start's level), for contrast
@@ -565,7 +664,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
             cfg, policy, value_model, optimizer, scheduler, params, exp, loop.step, device
         )
         train_s = time.time() - t_train
-        step_tokens = int(exp.attention_mask.sum())
+        step_tokens = int(sum_over_ranks(int(exp.attention_mask.sum())))  # every rank's
         loop.advance(step_tokens)
         dt = timer.dt
 
@@ -578,11 +677,11 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
             "timing/prepare_s": prepare_s,
         }
         if exp.kl_ref is not None:
-            last_rollout["kl_ref"] = _mean(exp.kl_ref)
+            last_rollout["kl_ref"] = _global_mean(exp.kl_ref)
         if cfg.reward.normalize == "running":
             last_rollout["reward_norm/mean"] = models.moments.mean
             last_rollout["reward_norm/std"] = models.moments.std
-        if cfg.algorithm == "dapo":
+        if cfg.spec.dynamic_sampling:
             last_rollout["dynamic_sampling/kept_frac"] = ri.groups_kept / ri.groups_drawn
             last_rollout["dynamic_sampling/prompts_drawn"] = ri.prompts_drawn
         loop.last_train = {
@@ -634,7 +733,6 @@ main = trainer_main(
     preflight,
     train,
     planned_steps=planned_rollout_steps,
-    multi_process=False,  # not yet under torchrun (docs/architecture.md, Multi-process training)
 )
 
 

@@ -395,9 +395,11 @@ def cache_fields(
     dtype: str,
     attn: str,
     with_scorer: bool = True,
+    world_size: int = 1,
 ) -> dict[str, Any]:
     """Everything that changes the generations (and, ``with_scorer``, their scores). Not the
-    strategy, top_k, SFT or evaluation settings: the four strategies share one cache."""
+    strategy, top_k, SFT or evaluation settings: the four strategies share one cache. Under
+    torchrun the number of ranks (each samples its part with its own seed)."""
     from trainers.core.models import model_fingerprint
 
     g = cfg.generation
@@ -425,6 +427,8 @@ def cache_fields(
         "seed": cfg.seed,
         "runtime": {"device": device, "dtype": dtype, "attn": attn},
     }
+    if world_size > 1:
+        fields["world_size"] = world_size
     if with_scorer:
         fields["scorer"] = scorer_identity(cfg.scorer)
     return fields
@@ -462,16 +466,20 @@ def generate_pool(
     system_prompt: str,
     cfg: RejectionSamplingConfig,
     on_batch: Callable[[int, int], None] | None = None,
+    batch_size: int | None = None,
 ) -> list[list[str]]:
-    """N sampled completions per prompt (N = num_completions_per_prompt), in prompt order.
-    ``on_batch(prompts_done, total)`` runs after every batch (progress, stop requests)."""
+    """N sampled completions per prompt (N = num_completions_per_prompt), in prompt order,
+    ``batch_size`` prompts a call (default ``generation.rollout_batch_size``; a rank's share
+    of it under torchrun). ``on_batch(prompts_done, total)`` runs after every batch
+    (progress, stop requests)."""
     from trainers.core.generation import generate_completions
 
     g = cfg.generation
     n = g.num_completions_per_prompt
+    per_call = batch_size or g.rollout_batch_size
     out: list[list[str]] = []
-    for start in range(0, len(prompts), g.rollout_batch_size):
-        chunk = prompts[start : start + g.rollout_batch_size]
+    for start in range(0, len(prompts), per_call):
+        chunk = prompts[start : start + per_call]
         chats = [p.messages(system_prompt) for p in chunk]
         texts = generate_completions(
             model,

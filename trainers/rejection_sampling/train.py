@@ -14,6 +14,11 @@ Stages, all writing into the run directory:
   3c. SFT on the selection with trainers.sft (phase "train" rows, checkpoints/, final_model/);
   4. evaluate the SFT model the same way (phase "eval" at the last SFT step).
 Read every reward-selected run beside its matched random control (README.md).
+
+Under ``torchrun --nproc-per-node N`` each rank generates, scores and evaluates its part of the
+prompts (sampling with seed + rank; ``generation.rollout_batch_size`` is global, a rank's call
+takes its share) and rank 0 alone reads and writes the cache and the run folder
+(:mod:`.ranks`); the SFT stage runs sharded as trainers.sft does.
 """
 
 from __future__ import annotations
@@ -28,6 +33,14 @@ from typing import Any
 import torch
 
 from trainers.core.config import ConfigError, validate_config
+from trainers.core.distributed import (
+    any_rank,
+    check_divisible,
+    describe,
+    rank_seed,
+    world,
+    world_from_env,
+)
 from trainers.core.harness import StopRequested, Tracker, stop_requested, trainer_main
 from trainers.core.loop import eval_line, pick_runtime
 from trainers.core.models import (
@@ -55,6 +68,7 @@ from trainers.rejection_sampling.diagnostics import (
     write_plots,
 )
 from trainers.rejection_sampling.pipeline import DataError, RSPrompt
+from trainers.rejection_sampling.ranks import read_on_main, split_work, write_on_main
 from trainers.rejection_sampling.selection import Pick, select
 
 SELECTION_FILE = "selection.jsonl"
@@ -67,6 +81,8 @@ DIAGNOSTICS_FILE = "diagnostics.json"
 
 def preflight(cfg: RejectionSamplingConfig) -> None:
     """Checks that need no model weights: fail before anything is written."""
+    size = world_from_env().size
+    check_divisible(cfg.generation.rollout_batch_size, "generation.rollout_batch_size", size)
     try:
         resolve_model(cfg.model.name)
     except ModelError as err:
@@ -184,21 +200,24 @@ def build_pool(
     """The scored pool {completions, lengths, scores, correct, predictions, timing} and the
     cache record {status, rollouts, scores, key, path}. Generation and scoring run only on a
     cache miss."""
-    fields_r = pipeline.cache_fields(cfg, prompts, with_scorer=False, **runtime)
-    fields_s = pipeline.cache_fields(cfg, prompts, with_scorer=True, **runtime)
+    size = world().size  # the pool depends on the ranks' seeds
+    fields_r = pipeline.cache_fields(cfg, prompts, with_scorer=False, world_size=size, **runtime)
+    fields_s = pipeline.cache_fields(cfg, prompts, with_scorer=True, world_size=size, **runtime)
     key_r, key_s = pipeline.cache_key(fields_r), pipeline.cache_key(fields_s)
     path_r = pipeline.cache_dir() / f"{key_r}.rollouts.json"
     path_s = pipeline.cache_dir() / f"{key_s}.json"
     info: dict[str, Any] = {"key": key_s, "path": str(path_s), "enabled": cfg.use_cache}
     timing = {"generate_s": 0.0, "score_s": 0.0}
 
-    scored = pipeline.read_cache(path_s, fields_s) if cfg.use_cache else None
+    scored = read_on_main(lambda: pipeline.read_cache(path_s, fields_s) if cfg.use_cache else None)
     if scored is not None:
         info.update(status="hit", rollouts="hit", scores="hit")
         print(f"generations + scores: cache hit ({path_s.name})", flush=True)
         return _pool_from(scored), {**info, "timing": timing, "cached_timing": scored["timing"]}
 
-    rollouts = pipeline.read_cache(path_r, fields_r) if cfg.use_cache else None
+    rollouts = read_on_main(
+        lambda: pipeline.read_cache(path_r, fields_r) if cfg.use_cache else None
+    )
     if rollouts is None:
         info["rollouts"] = "miss"
 
@@ -207,17 +226,26 @@ def build_pool(
                 0, total_steps, phase="generating", stage="generate", prompts_done=done
             )
             print(f"generated {done}/{total} prompts", flush=True)
-            if stop_requested():
+            if stop_requested() and not world().distributed:  # else: all ranks, below
                 raise StopRequested(
                     "SIGTERM during generation: nothing to checkpoint (the cache is written "
                     "only when the pool is complete); --resume starts generation again"
                 )
 
         t0 = time.time()
-        seed_everything(cfg.seed)
-        completions = pipeline.generate_pool(
-            policy.get(), tokenizer, prompts, system_prompt, cfg, on_batch=on_batch
+        seed_everything(rank_seed(cfg.seed))  # one process: the config's seed
+        per_call = cfg.generation.rollout_batch_size // world().size
+        completions = split_work(
+            prompts,
+            lambda mine: pipeline.generate_pool(
+                policy.get(), tokenizer, mine, system_prompt, cfg, on_batch, per_call
+            ),
         )
+        if world().distributed and any_rank(stop_requested()):
+            raise StopRequested(
+                "SIGTERM during generation: nothing to checkpoint (the cache is written only "
+                "when the pool is complete); --resume starts generation again"
+            )
         timing["generate_s"] = time.time() - t0
         rollouts = {
             "completions": completions,
@@ -226,7 +254,7 @@ def build_pool(
             "timing": {"generate_s": timing["generate_s"]},
         }
         if cfg.use_cache:
-            pipeline.write_cache(path_r, fields_r, rollouts)
+            write_on_main(lambda: pipeline.write_cache(path_r, fields_r, rollouts))
     else:
         info["rollouts"] = "hit"
         print(f"generations: cache hit ({path_r.name}); scoring", flush=True)
@@ -234,7 +262,7 @@ def build_pool(
     run.write_progress(0, total_steps, phase="generating", stage="score")
     if not cfg.scorer.is_verifier:
         policy.release()  # the reward model takes its place in memory
-    scored_part = pipeline.score_pool(cfg, prompts, rollouts["completions"], system_prompt)
+    scored_part = score_on_ranks(cfg, prompts, rollouts["completions"], system_prompt)
     timing["score_s"] = scored_part.pop("score_s")
     scored = {
         "prompts": [
@@ -253,11 +281,35 @@ def build_pool(
         "timing": {**rollouts["timing"], "score_s": timing["score_s"]},
     }
     if cfg.use_cache:
-        pipeline.write_cache(path_s, fields_s, scored)
+        write_on_main(lambda: pipeline.write_cache(path_s, fields_s, scored))
     info.update(status="partial" if info["rollouts"] == "hit" else "miss", scores="miss")
     if not cfg.use_cache:
         info.update(status="disabled", rollouts="disabled", scores="disabled")
     return _pool_from(scored), {**info, "timing": timing}
+
+
+def score_on_ranks(
+    cfg: RejectionSamplingConfig,
+    prompts: list[RSPrompt],
+    completions: list[list[str]],
+    system_prompt: str,
+) -> dict[str, Any]:
+    """:func:`pipeline.score_pool`, each rank scoring its part of the prompts (one process:
+    all of them): scores, correct, predictions in prompt order, and score_s."""
+    t0 = time.time()
+    keys = ("scores", "correct", "predictions")
+    index = list(range(len(prompts)))
+
+    def score(mine: list[int]) -> list[tuple]:
+        part = pipeline.score_pool(
+            cfg, [prompts[i] for i in mine], [completions[i] for i in mine], system_prompt
+        )
+        return list(zip(*(part[k] for k in keys), strict=True))
+
+    rows = split_work(index, score)
+    out: dict[str, Any] = {k: [row[c] for row in rows] for c, k in enumerate(keys)}
+    out["score_s"] = time.time() - t0
+    return out
 
 
 def _pool_from(scored: dict) -> dict[str, Any]:
@@ -374,6 +426,18 @@ def sft_config(cfg: RejectionSamplingConfig, selection_path: Path):
     return validate_config(data, SFTConfig, source="rejection-sampling SFT stage")
 
 
+class SilentTracker:
+    """The tracker of ranks other than 0 under torchrun: rank 0 alone logs to W&B."""
+
+    url = None
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        return None
+
+    def finish(self, exit_code: int = 0) -> None:  # noqa: ARG002
+        return None
+
+
 class _StageTracker:
     """Hands the SFT stage's W&B logging to this run's tracker: one W&B run per RS run."""
 
@@ -421,14 +485,17 @@ def _drop_rows(path: Path, drop) -> None:
 
 def planned_sft_steps(cfg: RejectionSamplingConfig, size: int) -> int:
     n = max(size - cfg.sft.eval_size, 0)
-    per_step = cfg.sft.batch_size * cfg.sft.gradient_accumulation_steps
+    per_step = cfg.sft.batch_size * cfg.sft.gradient_accumulation_steps * world().size
     steps = -(-n // per_step) * cfg.sft.num_epochs
     return min(steps, cfg.sft.max_steps) if cfg.sft.max_steps else steps
 
 
 def evaluate_policy(cfg, model, tokenizer, prompts, system_prompt) -> tuple[dict, list[dict]]:
     t0 = time.time()
-    completions = pipeline.greedy_completions(model, tokenizer, prompts, system_prompt, cfg)
+    completions = split_work(
+        prompts,
+        lambda mine: pipeline.greedy_completions(model, tokenizer, mine, system_prompt, cfg),
+    )
     metrics, samples = pipeline.exact_match_metrics(tokenizer, prompts, completions, cfg)
     return {**metrics, "timing/eval_s": time.time() - t0}, samples
 
@@ -440,16 +507,19 @@ def baseline_eval(
     strategies). Returns (metrics, samples, 'hit' | 'miss')."""
     fields = pipeline.eval_cache_fields(cfg, prompts, **runtime)
     path = pipeline.cache_dir() / f"{pipeline.cache_key(fields)}.eval.json"
-    cached = pipeline.read_cache(path, fields) if cfg.use_cache else None
+    cached = read_on_main(lambda: pipeline.read_cache(path, fields) if cfg.use_cache else None)
     if cached is not None:
         metrics, samples = pipeline.exact_match_metrics(
             tokenizer, prompts, cached["completions"], cfg
         )
         return {**metrics, "timing/eval_s": 0.0}, samples, "hit"
     t0 = time.time()
-    completions = pipeline.greedy_completions(policy.get(), tokenizer, prompts, system_prompt, cfg)
+    completions = split_work(
+        prompts,
+        lambda mine: pipeline.greedy_completions(policy.get(), tokenizer, mine, system_prompt, cfg),
+    )
     if cfg.use_cache:
-        pipeline.write_cache(path, fields, {"completions": completions})
+        write_on_main(lambda: pipeline.write_cache(path, fields, {"completions": completions}))
     metrics, samples = pipeline.exact_match_metrics(tokenizer, prompts, completions, cfg)
     return {**metrics, "timing/eval_s": time.time() - t0}, samples, "miss"
 
@@ -474,8 +544,12 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     run.update_phase("loading_model", total_steps)
     tokenizer = load_tokenizer(cfg.model.name)
     policy = PolicyHolder(cfg, device, dtype, attn)
-    tracker = Tracker(
-        cfg.logging, run.path, cfg.model_dump(mode="json"), f"rs-{cfg.strategy}-{run.path.name}"
+    tracker = (
+        Tracker(
+            cfg.logging, run.path, cfg.model_dump(mode="json"), f"rs-{cfg.strategy}-{run.path.name}"
+        )
+        if world().is_main
+        else SilentTracker()
     )
     earlier = read_jsonl(run.metrics_path) if resume else []
     rollout_logged = any(r.get("phase") == "rollout" for r in earlier)
@@ -501,7 +575,9 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     if not picks:
         raise ConfigError("the selection is empty: no completions were generated")
     selection_path = run.path / SELECTION_FILE
-    write_selection(selection_path, picks, train_prompts, pool, system_prompt)
+    write_on_main(
+        lambda: write_selection(selection_path, picks, train_prompts, pool, system_prompt)
+    )
     selected = selection_stats(picks, pool, "selection/")
     control = selection_stats(control_picks, pool, "selection/control_")
     rollout_metrics = {
@@ -514,10 +590,11 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
         "timing/generate_s": cache_info["timing"]["generate_s"],
         "timing/score_s": cache_info["timing"]["score_s"],
     }
-    atomic_write_json(run.path / DIAGNOSTICS_FILE, summary_view(diag))
     plots = []
-    if cfg.diagnostics.plots:
-        plots = [p.name for p in write_plots(diag, run.path / "plots", title=cfg.strategy)]
+    if world().is_main:
+        atomic_write_json(run.path / DIAGNOSTICS_FILE, summary_view(diag))
+        if cfg.diagnostics.plots:
+            plots = [p.name for p in write_plots(diag, run.path / "plots", title=cfg.strategy)]
     print(
         f"pool correctness {rollout_metrics['pool/mean_correctness']:.3f}, decidable "
         f"{diag['decidable']['decidable_frac']}, selection ({cfg.strategy}, {len(picks)}) "
@@ -563,10 +640,10 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
 
     # ---- stage 3c: SFT on the selection -----------------------------------------------------
     resume_sft = resume and bool(list_checkpoints(run.checkpoints_dir))
-    if resume and not resume_sft:  # stopped before SFT checkpointed: SFT starts over
-        _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0)
+    if resume and not resume_sft and world().is_main:  # stopped before SFT checkpointed
+        _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0)  # SFT starts over
         _drop_rows(run.samples_path, lambda r: r.get("step", 0) > 0)
-    elif resume_sft:  # the final evaluation runs again after SFT
+    elif resume_sft and world().is_main:  # the final evaluation runs again after SFT
         _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0 and "eval/exact_match" in r)
         _drop_rows(run.samples_path, lambda r: r.get("step", 0) > 0)
     t0 = time.time()
@@ -598,7 +675,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
             flush=True,
         )
     if not cfg.checkpoint.save_final_model:
-        shutil.rmtree(final_model, ignore_errors=True)
+        write_on_main(lambda: shutil.rmtree(final_model, ignore_errors=True))
     run.write_progress(
         steps, total_steps, phase="done", stage="done", tokens_seen=sft_summary.tokens_seen
     )
@@ -632,12 +709,15 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
         "final_model": str(final_model) if cfg.checkpoint.save_final_model else None,
         "wandb_url": tracker.url,
     }
+    if world().distributed:
+        fields["distributed"] = {
+            **describe(),
+            "sampling_seeds": [rank_seed(cfg.seed, r) for r in range(world().size)],
+        }
     return SummaryFile(outcome="succeeded", **fields)
 
 
-main = trainer_main(  # not yet under torchrun (docs/architecture.md, Multi-process training)
-    __doc__, RejectionSamplingConfig, preflight, train, multi_process=False
-)
+main = trainer_main(__doc__, RejectionSamplingConfig, preflight, train)
 
 
 if __name__ == "__main__":

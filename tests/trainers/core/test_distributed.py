@@ -434,32 +434,3 @@ def test_without_gpus_auto_means_cpu_and_gloo(monkeypatch):
     monkeypatch.setattr(dist_mod, "query_cuda", lambda: CudaInfo())
     assert pick_device("auto") == torch.device("cpu")
     assert not dist_mod.wants_cuda("auto") and dist_mod.backend_for("cpu") == "gloo"
-
-
-@pytest.mark.parametrize(
-    ("module", "config"),
-    [
-        ("trainers.policy_gradients.train", "trainers/policy_gradients/configs/grpo.yaml"),
-        (
-            "trainers.rejection_sampling.train",
-            "trainers/rejection_sampling/configs/top_k_overall.yaml",
-        ),
-    ],
-)
-def test_trainers_not_yet_distributed_refuse_torchrun_before_writing(
-    tmp_path, monkeypatch, capsys, module, config
-):
-    import importlib
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(sys, "stdout", sys.stdout)  # the rank prefix is undone afterwards
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
-    run_dir = tmp_path / "run"
-    code = importlib.import_module(module).main(
-        trainer_argv(ROOT / config, run_dir, ["model.name=tiny"])
-    )
-    assert code == 2 and not run_dir.exists()
-    assert "runs on one process in this version, not under torchrun (2 processes)" in (
-        capsys.readouterr().err
-    )

@@ -1,0 +1,17 @@
+"""The lab refuses a policy-gradient world size whose per-rank rollouts do not split into whole
+micro-batches, before anything is written (the trainer would refuse it too, after launch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.runs.world import check_world_size
+
+
+def test_each_ranks_rollouts_must_fill_whole_micro_batches():
+    pg = {"rollout": {"prompts_per_step": 4, "num_rollouts": 2}, "train": {"batch_size": 4}}
+    check_world_size("policy_gradients", pg, 1)  # 8 sequences, 2 micro-batches
+    check_world_size("policy_gradients", pg, 2)  # 4 a rank: one micro-batch
+    with pytest.raises(InvalidArgument, match=r"1 prompts × 2 rollouts = 2 sequences.*=4"):
+        check_world_size("policy_gradients", pg, 4)
