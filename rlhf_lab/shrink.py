@@ -133,13 +133,6 @@ def _is_preset(model: str | None) -> bool:
     return base_model(model) in PRESETS
 
 
-# Recipes that are a CPU-sized run on a preset already: a shrink onto a preset keeps them whole.
-# The tiny SFT warm start is one: shrunk to one epoch of 640 samples (36 steps) its greedy
-# format rate stays 0, so the GRPO that follows it (pipeline r1-zero) has nothing to build on;
-# whole it is 600 steps, ~90 s on 2 cores, format 1.0.
-CPU_SIZED_RECIPES = frozenset({"sft/sft_tiny_warmstart"})
-
-
 class _Rules:
     """Collects ``key -> value`` rules against the current config, keeping only keys the config
     has and values that change something."""
@@ -272,6 +265,8 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
                 "lr 1e-4 against a learned reward model on tiny (lr 1e-3 made PPO's kl_ref blow "
                 "up and its samples degenerate); watch kl_ref and the samples"
             )
+        elif _from_run(r.get("model.name")):
+            _warm_start(r, notes)
         else:
             r.set("train.learning_rate", 1.0e-3)  # what the PG train tests use on tiny
             notes.append(
@@ -297,6 +292,44 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
             )
         )
     _common_quiet(r, big_model=not preset)
+
+
+# A policy-gradient run from a trained run of a preset (an SFT warm start) on a verifier task.
+# lr 1e-3 (the random-init value below) took every arm of the campaign
+# experiments/2026-11-26-new-pg-algorithms-tiny.md from the warm start's held-out correctness
+# 0.44 to at most 0.09 in 10 steps; WARM_START_PG_LR was picked by the comparison of 1e-4 and
+# 3e-5 written in experiments/2026-11-26-new-pg-algorithms-warmstart.md.
+WARM_START_PG_LR = 1.0e-4
+# Held-out prompts of such a run: a warm start answers some (0.44 on the tiny warm start), so
+# its held-out correctness is the result, and 16 prompts leave a ±0.23 interval on a change.
+WARM_START_EVAL_SIZE = 64
+
+
+def _warm_start(r: _Rules, notes: list[str]) -> None:
+    """A policy-gradient run from a trained run of a preset: a fine-tuning learning rate, and
+    prompts from the task the run was trained on (its lineage) rather than the recipe's."""
+    from rlhf_lab.lineage import trained_task_specs
+
+    model = r.get("model.name")
+    r.set("train.learning_rate", WARM_START_PG_LR)
+    r.set("data.eval_size", WARM_START_EVAL_SIZE)
+    notes.append(
+        f"{model} is a trained run: lr {WARM_START_PG_LR:g}, a fine-tuning rate (1e-3, the "
+        "value for a random-init preset, undid the SFT warm start's held-out correctness in 10 "
+        "steps)"
+    )
+    if r.get("data.source", "reasoning_gym") != "reasoning_gym":
+        return
+    specs = trained_task_specs(model)
+    if specs is None:
+        notes.append(
+            f"the task {model} was trained on is not known (not a reasoning-gym set, or the run "
+            "does not exist yet): the recipe's task is kept; override data.specs to change it"
+        )
+        return
+    r.set("data.specs", specs)
+    names = ", ".join(str(spec.get("name")) for spec in specs)
+    notes.append(f"prompts from the task {model} was trained on ({names}), read from its lineage")
 
 
 def _reward_models(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
@@ -358,6 +391,7 @@ def _online_dpo(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> No
         r.set("data.eval_size", 32)
         r.set("online.max_new_tokens", 48)
         r.set("train.learning_rate", 1.0e-4)
+        _task_of_lineage_as_pairs(r, notes)
         if not _from_run(r.get("model.name")):
             notes.append(
                 "a random-init preset gets every answer wrong, so the verifier ties nearly every "
@@ -369,6 +403,25 @@ def _online_dpo(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> No
         r.cap("data.max_samples", 256)
 
 
+def _task_of_lineage_as_pairs(r: _Rules, notes: list[str]) -> None:
+    """Online DPO from a trained run: the built-in prompts of the task that run was trained on
+    (its lineage), with its settings (``data.builtin_task_configs``)."""
+    from rlhf_lab.lineage import trained_task_specs
+
+    model = r.get("model.name")
+    specs = trained_task_specs(model) if _from_run(model) else None
+    if not specs:
+        return
+    names = [str(spec["name"]) for spec in specs]
+    r.set(
+        "data.dataset", f"{family_info('direct_alignment').builtin_datasets['*']}:{','.join(names)}"
+    )
+    r.set("data.builtin_task_configs", {str(s["name"]): dict(s.get("config") or {}) for s in specs})
+    notes.append(
+        f"prompts from the task {model} was trained on ({', '.join(names)}), read from its lineage"
+    )
+
+
 def _warm_start_specs() -> list[dict[str, Any]]:
     """The reasoning-gym tasks and settings of the tiny SFT warm start, read from its shipped
     recipe (its ``data.builtin_task_configs``), as a distillation ``data.specs`` list."""
@@ -377,6 +430,14 @@ def _warm_start_specs() -> list[dict[str, Any]]:
     data = resolve_config(find_recipe("sft_tiny_warmstart"), []).data
     tasks = get_dotted(data, "data.builtin_task_configs") or {}
     return [{"name": name, "config": conf} for name, conf in tasks.items()]
+
+
+def _distillation_specs(student: Any, teacher: Any) -> list[dict[str, Any]]:
+    """The task a distillation on a preset draws its prompts from: the student's trained task
+    (its lineage), else the teacher's, else the tiny SFT warm start's."""
+    from rlhf_lab.lineage import trained_task_specs
+
+    return trained_task_specs(student) or trained_task_specs(teacher) or _warm_start_specs()
 
 
 def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
@@ -390,7 +451,7 @@ def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> 
     if preset:
         r.set("data.source", "reasoning_gym")
         r.set("data.dataset", None)
-        r.set("data.specs", _warm_start_specs())
+        r.set("data.specs", _distillation_specs(r.get("model.name"), r.get("teacher.name")))
         r.set("data.size", 640)
         r.set("train.batch_size", 16)
         r.set("train.gradient_accumulation_steps", 1)
@@ -636,7 +697,7 @@ def shrink_config(
             f"no shrink rules for family {recipe.family}",
             next=NextStep("launch_run", {"recipe": recipe.id}, note="without shrinking"),
         )
-    if recipe.id in CPU_SIZED_RECIPES and (preset or not swap):
+    if recipe.cpu_sized and (preset or not swap):
         notes.append(
             f"{recipe.id} is already sized for a CPU run on a preset: its length and data are "
             "kept (a shorter warm start leaves the answer format unlearnt)"
