@@ -9,14 +9,20 @@ The rules follow the reference book's habits for short runs, per family:
 * policy gradients: ``train.max_steps`` 20 rollout steps over a ``data.size`` of exactly that many
   prompts (10 on a tiny preset, with 64 new tokens; preference prompts become the offline
   ``builtin`` set there); ``reward.model`` is kept; against a reward model on a tiny preset, 20
-  steps at lr 1e-4 (``RM_PRESET_LR``: 1e-3 diverged);
+  steps at lr 1e-4 (``RM_PRESET_LR``: 1e-3 diverged); from a trained run of a preset (an SFT warm
+  start) a fine-tuning lr (``WARM_START_PG_LR``), 64 held-out prompts and the task that run was
+  trained on (:func:`rlhf_lab.lineage.trained_task_specs`) instead of the recipe's;
 * reward models: fewer samples (512 pairs / solutions; ORM 128 prompts × 8 completions) and one
   epoch;
 * rejection sampling: fewer training prompts, test prompts and completions per prompt, one SFT
   epoch;
-* online DPO: direct alignment's rules with fewer prompts and shorter samples;
-* distillation: a few hundred prompts, 64-128 new tokens; on a preset the warm start's task and
-  a teacher that is a run of the same preset.
+* online DPO: direct alignment's rules with fewer prompts and shorter samples (from a trained
+  run: the built-in prompts of its task);
+* distillation: a few hundred prompts, 64-128 new tokens; on a preset the student's trained task
+  (else the teacher's, else the warm start's) and a teacher that is a run of the same preset.
+
+A recipe whose file says ``# lab: cpu_sized`` (:attr:`rlhf_lab.catalog.Recipe.cpu_sized`) is a
+CPU run on a preset already: onto a preset it is kept whole.
 
 Everything runs often: evaluation every few steps, metrics every step, no intermediate
 checkpoints. The model is kept unless ``model`` is given; a built-in preset (``tiny``,
@@ -322,9 +328,10 @@ def _warm_start(r: _Rules, notes: list[str]) -> None:
         return
     specs = trained_task_specs(model)
     if specs is None:
+        configured = ", ".join(str(s.get("name")) for s in r.get("data.specs") or [])
         notes.append(
-            f"the task {model} was trained on is not known (not a reasoning-gym set, or the run "
-            "does not exist yet): the recipe's task is kept; override data.specs to change it"
+            f"the task {model} was trained on cannot be read (not a reasoning-gym set, or the run "
+            f"is not created yet): data.specs stays as configured ({configured})"
         )
         return
     r.set("data.specs", specs)

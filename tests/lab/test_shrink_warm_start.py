@@ -76,7 +76,7 @@ def test_an_unknown_task_keeps_the_recipe_task_and_says_so():
     res = shrink_config("grpo", model=f"run:{dpo}")
     assert res.config["data"]["specs"][0]["name"] == "spell_backward"
     assert res.config["train"]["learning_rate"] == WARM_START_PG_LR
-    assert any("is not known" in n for n in res.notes)
+    assert any("cannot be read" in n and "spell_backward" in n for n in res.notes)
 
 
 def test_online_dpo_and_distill_from_the_warm_start_use_its_task():
@@ -116,3 +116,18 @@ def test_a_recipe_file_flagged_cpu_sized_is_kept_whole_onto_a_preset(tmp_path: P
     assert whole.config["train"] == resolve_config(find_recipe(str(flagged))).data["train"]
     shrunk = shrink_config(str(plain), model="tiny")
     assert shrunk.config["train"]["num_epochs"] == 1 and shrunk.expected_optimizer_steps < 100
+
+
+def test_the_plan_explains_the_warm_start_shrink(monkeypatch):
+    """The plan of a sweep from the warm start carries the shrink's explanation (its notes)."""
+    from rlhf_lab import plan as plan_mod
+    from rlhf_lab.resources import Resources
+
+    res = Resources(
+        host="test", cpu_count=2, cpu_load=[0.1], ram_total_gb=32.0, ram_available_gb=30.0
+    )
+    monkeypatch.setattr(plan_mod, "check_resources", lambda: res)  # the one device query
+    warm = _run_of("sft_tiny_warmstart")
+    plan = plan_mod.plan_experiment(algorithm="reinforce_pp", model=f"run:{warm}")
+    text = " ".join([*plan.notes, *plan.warnings])
+    assert "is a trained run: lr" in text and "(chain_sum)" in text
