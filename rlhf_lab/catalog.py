@@ -88,6 +88,7 @@ class Recipe(BaseModel):
     model: str | None = None
     dataset: str | None = None
     shipped: bool = True
+    cpu_sized: bool = False
 
     def path(self) -> Path:
         """The config file's absolute path."""
@@ -297,7 +298,25 @@ def _first_comment(text: str) -> str:
     return ""
 
 
-def _read(path: Path) -> tuple[dict[str, Any], str]:
+# Recipe flags: a comment line ``# lab: <flag>[, <flag>]`` in a recipe file (the trainers never
+# see comments). ``cpu_sized``: the recipe is already a CPU-sized run on a preset, so a shrink
+# onto a preset keeps it whole (the tiny SFT warm start). Unknown flags are ignored.
+_FLAG_LINE = re.compile(r"^#\s*lab:\s*(.+)$")
+
+
+def recipe_flags(text: str) -> frozenset[str]:
+    """The flags of ``# lab: ...`` comment lines in a recipe file's text."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        match = _FLAG_LINE.match(line.strip())
+        if match:
+            head = match.group(1).split("(")[0]
+            flags.update(f.strip() for f in head.split(",") if f.strip())
+    return frozenset(flags)
+
+
+def _read(path: Path) -> tuple[dict[str, Any], str, frozenset[str]]:
+    """A recipe file's mapping, its first comment line and its flags."""
     # yaml is imported here (commands that read no recipe skip it) and parses with libyaml's
     # safe loader when present: the same documents as yaml.safe_load, about five times faster,
     # which is most of `rlhf-lab recipes`.
@@ -315,7 +334,7 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
         data = {}
     if not isinstance(data, dict):
         raise InvalidArgument(f"{path} must hold a mapping at the top level")
-    return data, _first_comment(text)
+    return data, _first_comment(text), recipe_flags(text)
 
 
 def _find_leaf(data: Any, key: str) -> Any:
@@ -351,7 +370,7 @@ def _model_name(data: dict[str, Any]) -> str | None:
 
 def _make_recipe(family: str, path: Path, shipped: bool) -> Recipe:
     info = FAMILIES[family]
-    data, description = _read(path)
+    data, description, flags = _read(path)
     if shipped:
         config_path = path.relative_to(source_root()).as_posix()
     else:
@@ -367,6 +386,7 @@ def _make_recipe(family: str, path: Path, shipped: bool) -> Recipe:
         model=_model_name(data),
         dataset=dataset if isinstance(dataset, str) else None,
         shipped=shipped,
+        cpu_sized="cpu_sized" in flags,
     )
 
 
@@ -434,7 +454,7 @@ def infer_family(path: Path, data: dict[str, Any] | None = None) -> str:
         if fam in FAMILIES:
             return fam
     if data is None:
-        data, _ = _read(path)
+        data, _, _ = _read(path)
     candidates = []
     for info in FAMILIES.values():
         if info.algorithm_field is None:
@@ -482,7 +502,7 @@ def recipe_for_file(path: str | Path) -> Recipe:
     for recipe in list_recipes():
         if recipe.path().resolve() == resolved:
             return recipe
-    data, _ = _read(resolved)
+    data, _, _ = _read(resolved)
     family = infer_family(resolved, data)
     return _make_recipe(family, resolved, shipped=False)
 

@@ -18,6 +18,11 @@ Lineage (:func:`base_model`): the model a run's output was trained from, followi
 references and ``<run>/final_model`` paths back to a preset (``tiny``) or a hub id, so a model
 that is another run's output is shrunk, estimated and planned like the model it came from.
 
+Trained task (:func:`trained_task_specs`): the reasoning-gym tasks (name, weight, settings) a
+model's run was trained on, read from its config.yaml and followed back through the runs in
+between, so that a policy-gradient run from an SFT warm start draws its prompts from the warm
+start's task instead of its recipe's.
+
 Runs a plan or a pipeline is about to create do not exist yet: :func:`pending_runs` registers
 them under placeholder ids for the checks (their family, algorithm and base model are known).
 """
@@ -52,6 +57,7 @@ __all__ = [
     "resolve_refs",
     "run_of_path",
     "stand_in",
+    "trained_task_specs",
     "upstream",
 ]
 
@@ -279,3 +285,51 @@ def describe_ref(run_id: str) -> str:
     except LabError:
         algorithm = None
     return f"{RUN_REF}{run_id}" + (f" ({algorithm})" if algorithm else "")
+
+
+def _own_task_specs(family: str | None, config: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The reasoning-gym tasks one run's own data came from (``data.specs`` form), or None when
+    its data is not a reasoning-gym set (a hub data set, preference prompts, a file)."""
+    from trainers.core.builtin_data import split_builtin_name, task_settings
+
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    if family in ("policy_gradients", "distillation"):
+        specs = data.get("specs")
+        if data.get("source", "reasoning_gym") != "reasoning_gym" or not specs:
+            return None
+        return [dict(spec) for spec in specs if isinstance(spec, dict)] or None
+    dataset = data.get("dataset")
+    if family != "sft" or not isinstance(dataset, str) or not dataset.startswith("builtin:"):
+        return None
+    from trainers.sft.config import DEFAULT_BUILTIN_TASKS
+
+    tasks = split_builtin_name(dataset)[1] or data.get("builtin_tasks") or DEFAULT_BUILTIN_TASKS
+    overrides = data.get("builtin_task_configs") or {}
+    return [{"name": t, "weight": 1.0, "config": task_settings(t, overrides)} for t in tasks]
+
+
+def trained_task_specs(name: Any, _depth: int = 0) -> list[dict[str, Any]] | None:
+    """The reasoning-gym tasks the model ``name`` was trained on, as a policy-gradient
+    ``data.specs`` list (``[{"name", "weight", "config"}]``): for ``run:<id>`` or a run's
+    ``final_model`` path, that run's own task (an SFT run on the built-in demonstrations, a
+    policy-gradient or distillation run on reasoning-gym prompts), else the task of the model it
+    started from, back through the lineage. None for a preset or hub model, a run trained on
+    other data all the way back, or a run not created yet."""
+    run_id = ref_id(name) if is_ref(name) else run_of_path(name)
+    if run_id is None or _depth > 32 or run_id in (_PENDING.get() or {}):
+        return None
+    try:
+        run_dir = find_run(run_id)
+    except LabError:
+        return None
+    from rlhf_lab.runfolder import read_record
+
+    record = read_record(run_dir).data or {}
+    config = _read_yaml(run_dir / "config.yaml")
+    own = _own_task_specs(record.get("family"), config)
+    if own is not None:
+        return own
+    refs = record.get("references") if isinstance(record.get("references"), dict) else {}
+    source = refs.get("model.name")
+    parent = f"{RUN_REF}{source}" if source else get_dotted(config, "model.name")
+    return trained_task_specs(parent, _depth + 1)

@@ -9,14 +9,20 @@ The rules follow the reference book's habits for short runs, per family:
 * policy gradients: ``train.max_steps`` 20 rollout steps over a ``data.size`` of exactly that many
   prompts (10 on a tiny preset, with 64 new tokens; preference prompts become the offline
   ``builtin`` set there); ``reward.model`` is kept; against a reward model on a tiny preset, 20
-  steps at lr 1e-4 (``RM_PRESET_LR``: 1e-3 diverged);
+  steps at lr 1e-4 (``RM_PRESET_LR``: 1e-3 diverged); from a trained run of a preset (an SFT warm
+  start) a fine-tuning lr (``WARM_START_PG_LR``), 64 held-out prompts and the task that run was
+  trained on (:func:`rlhf_lab.lineage.trained_task_specs`) instead of the recipe's;
 * reward models: fewer samples (512 pairs / solutions; ORM 128 prompts × 8 completions) and one
   epoch;
 * rejection sampling: fewer training prompts, test prompts and completions per prompt, one SFT
   epoch;
-* online DPO: direct alignment's rules with fewer prompts and shorter samples;
-* distillation: a few hundred prompts, 64-128 new tokens; on a preset the warm start's task and
-  a teacher that is a run of the same preset.
+* online DPO: direct alignment's rules with fewer prompts and shorter samples (from a trained
+  run: the built-in prompts of its task);
+* distillation: a few hundred prompts, 64-128 new tokens; on a preset the student's trained task
+  (else the teacher's, else the warm start's) and a teacher that is a run of the same preset.
+
+A recipe whose file says ``# lab: cpu_sized`` (:attr:`rlhf_lab.catalog.Recipe.cpu_sized`) is a
+CPU run on a preset already: onto a preset it is kept whole.
 
 Everything runs often: evaluation every few steps, metrics every step, no intermediate
 checkpoints. The model is kept unless ``model`` is given; a built-in preset (``tiny``,
@@ -131,13 +137,6 @@ def _is_preset(model: str | None) -> bool:
     from trainers.core.tiny import PRESETS
 
     return base_model(model) in PRESETS
-
-
-# Recipes that are a CPU-sized run on a preset already: a shrink onto a preset keeps them whole.
-# The tiny SFT warm start is one: shrunk to one epoch of 640 samples (36 steps) its greedy
-# format rate stays 0, so the GRPO that follows it (pipeline r1-zero) has nothing to build on;
-# whole it is 600 steps, ~90 s on 2 cores, format 1.0.
-CPU_SIZED_RECIPES = frozenset({"sft/sft_tiny_warmstart"})
 
 
 class _Rules:
@@ -272,6 +271,8 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
                 "lr 1e-4 against a learned reward model on tiny (lr 1e-3 made PPO's kl_ref blow "
                 "up and its samples degenerate); watch kl_ref and the samples"
             )
+        elif _from_run(r.get("model.name")):
+            _warm_start(r, notes)
         else:
             r.set("train.learning_rate", 1.0e-3)  # what the PG train tests use on tiny
             notes.append(
@@ -297,6 +298,47 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
             )
         )
     _common_quiet(r, big_model=not preset)
+
+
+# A policy-gradient run from a trained run of a preset (an SFT warm start) on a verifier task.
+# lr 1e-3 (the random-init value below) took every arm of the campaign
+# experiments/2026-11-26-new-pg-algorithms-tiny.md from the warm start's held-out correctness
+# 0.44 to at most 0.09 in 10 steps. Measured on the tiny warm start (greedy held-out correctness,
+# 64 prompts, 10 steps, seed 42; reinforce_pp, reinforce_pp_baseline, remax, gmpo, grpo): from
+# 0.44 to 0.25-0.36 at lr 1e-4 and to 0.27-0.34 at 3e-5 (every arm), 0.44 kept at lr ~0; at 1e-5
+# the runs hold it (experiments/2026-11-26-new-pg-algorithms-warmstart.md).
+WARM_START_PG_LR = 1.0e-5
+# Held-out prompts of such a run: a warm start answers some (0.44 on the tiny warm start), so
+# its held-out correctness is the result, and 16 prompts leave a ±0.23 interval on a change.
+WARM_START_EVAL_SIZE = 64
+
+
+def _warm_start(r: _Rules, notes: list[str]) -> None:
+    """A policy-gradient run from a trained run of a preset: a fine-tuning learning rate, and
+    prompts from the task the run was trained on (its lineage) rather than the recipe's."""
+    from rlhf_lab.lineage import trained_task_specs
+
+    model = r.get("model.name")
+    r.set("train.learning_rate", WARM_START_PG_LR)
+    r.set("data.eval_size", WARM_START_EVAL_SIZE)
+    notes.append(
+        f"{model} is a trained run: lr {WARM_START_PG_LR:g}, a fine-tuning rate (on the tiny SFT "
+        "warm start 1e-3, the value for a random-init preset, undid its held-out correctness in "
+        "10 steps, and 1e-4 and 3e-5 still lowered it)"
+    )
+    if r.get("data.source", "reasoning_gym") != "reasoning_gym":
+        return
+    specs = trained_task_specs(model)
+    if specs is None:
+        configured = ", ".join(str(s.get("name")) for s in r.get("data.specs") or [])
+        notes.append(
+            f"the task {model} was trained on cannot be read (not a reasoning-gym set, or the run "
+            f"is not created yet): data.specs stays as configured ({configured})"
+        )
+        return
+    r.set("data.specs", specs)
+    names = ", ".join(str(spec.get("name")) for spec in specs)
+    notes.append(f"prompts from the task {model} was trained on ({names}), read from its lineage")
 
 
 def _reward_models(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
@@ -358,6 +400,7 @@ def _online_dpo(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> No
         r.set("data.eval_size", 32)
         r.set("online.max_new_tokens", 48)
         r.set("train.learning_rate", 1.0e-4)
+        _task_of_lineage_as_pairs(r, notes)
         if not _from_run(r.get("model.name")):
             notes.append(
                 "a random-init preset gets every answer wrong, so the verifier ties nearly every "
@@ -369,6 +412,25 @@ def _online_dpo(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> No
         r.cap("data.max_samples", 256)
 
 
+def _task_of_lineage_as_pairs(r: _Rules, notes: list[str]) -> None:
+    """Online DPO from a trained run: the built-in prompts of the task that run was trained on
+    (its lineage), with its settings (``data.builtin_task_configs``)."""
+    from rlhf_lab.lineage import trained_task_specs
+
+    model = r.get("model.name")
+    specs = trained_task_specs(model) if _from_run(model) else None
+    if not specs:
+        return
+    names = [str(spec["name"]) for spec in specs]
+    r.set(
+        "data.dataset", f"{family_info('direct_alignment').builtin_datasets['*']}:{','.join(names)}"
+    )
+    r.set("data.builtin_task_configs", {str(s["name"]): dict(s.get("config") or {}) for s in specs})
+    notes.append(
+        f"prompts from the task {model} was trained on ({', '.join(names)}), read from its lineage"
+    )
+
+
 def _warm_start_specs() -> list[dict[str, Any]]:
     """The reasoning-gym tasks and settings of the tiny SFT warm start, read from its shipped
     recipe (its ``data.builtin_task_configs``), as a distillation ``data.specs`` list."""
@@ -377,6 +439,14 @@ def _warm_start_specs() -> list[dict[str, Any]]:
     data = resolve_config(find_recipe("sft_tiny_warmstart"), []).data
     tasks = get_dotted(data, "data.builtin_task_configs") or {}
     return [{"name": name, "config": conf} for name, conf in tasks.items()]
+
+
+def _distillation_specs(student: Any, teacher: Any) -> list[dict[str, Any]]:
+    """The task a distillation on a preset draws its prompts from: the student's trained task
+    (its lineage), else the teacher's, else the tiny SFT warm start's."""
+    from rlhf_lab.lineage import trained_task_specs
+
+    return trained_task_specs(student) or trained_task_specs(teacher) or _warm_start_specs()
 
 
 def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
@@ -390,7 +460,7 @@ def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> 
     if preset:
         r.set("data.source", "reasoning_gym")
         r.set("data.dataset", None)
-        r.set("data.specs", _warm_start_specs())
+        r.set("data.specs", _distillation_specs(r.get("model.name"), r.get("teacher.name")))
         r.set("data.size", 640)
         r.set("train.batch_size", 16)
         r.set("train.gradient_accumulation_steps", 1)
@@ -636,7 +706,7 @@ def shrink_config(
             f"no shrink rules for family {recipe.family}",
             next=NextStep("launch_run", {"recipe": recipe.id}, note="without shrinking"),
         )
-    if recipe.id in CPU_SIZED_RECIPES and (preset or not swap):
+    if recipe.cpu_sized and (preset or not swap):
         notes.append(
             f"{recipe.id} is already sized for a CPU run on a preset: its length and data are "
             "kept (a shorter warm start leaves the answer format unlearnt)"

@@ -31,6 +31,8 @@ from rlhf_lab.ledger.followups import (
     _comparison_items,
     _run_items,
     deduplicated_items,
+    lower_lr_items,
+    without_folded,
 )
 from rlhf_lab.ledger.metrics import _expand_metric_names, _metric_keys
 from rlhf_lab.ledger.render import (
@@ -61,7 +63,7 @@ from rlhf_lab.ledger.schema import (
 __all__ = ["BLOCKS", "PIECES_VERSION", "RUN_PIECES", "BlockInput", "render_markdown", "run_pieces"]
 
 # Bump when a piece's rendering changes: kept pieces of another version are rendered again.
-PIECES_VERSION = 2
+PIECES_VERSION = 3
 
 
 def _piece(template: str, **context: Any) -> str:
@@ -82,6 +84,7 @@ def _brief(r: RunRecord, _campaign: str) -> dict[str, Any]:
         "metrics": [m.name for m in r.metrics],
         "headline": head.metric if head else None,
         "lineage": r.lineage is not None,
+        "heldout_regression": "heldout_regression" in r.flags,
         "evaluation_job": is_evaluation(r.family),
     }
 
@@ -193,14 +196,16 @@ class _Seed(NamedTuple):
 
 def _next_block(data: BlockInput) -> str:
     campaign = data.meta.id
-    items: list[NextItem] = []
+    regressed = {p["brief"]["run_id"] for p in data.pieces if p["brief"].get("heldout_regression")}
+    items, folded = lower_lr_items(data.comparisons, regressed, campaign)
     if data.comparisons:
         # the comparisons' follow-ups read only the seeds the runs used
         seeds: Any = [_Seed(p["brief"]["seed"]) for p in data.pieces]
         for entry in data.comparisons:
             items += list(_comparison_items(entry, seeds, campaign))
     for p in _training(data.pieces):
-        items += [NextItem(**item) for item in p["next"]]
+        run_items = [NextItem(**item) for item in p["next"]]
+        items += without_folded(run_items, p["brief"]["run_id"], folded)
     recorded = bool(_training(data.pieces) or data.comparisons)
     return _render("next.md.j2", items=deduplicated_items(items), recorded=recorded)
 

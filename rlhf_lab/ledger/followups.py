@@ -16,6 +16,10 @@ Rules (stated in docs/architecture.md and printed under the block):
   steps key) or a tighter KL leash (its ``kl_key`` doubled, 0.04 when it was 0), the changes
   :func:`rlhf_lab.overoptimisation.overoptimisation_advice` gives the run's alert too (this item replaces
   the held-out regression one for the same run);
+- every arm of a comparison regressed on its held-out headline from its starting model (most
+  runs of each arm flagged ``heldout_regression``) -> the same sweep at a learning rate ten times
+  lower (the common cause is the step size, not one algorithm; the per-run held-out items of
+  those runs are folded into this one);
 - a run whose key metric stayed flat -> a learning-rate sweep (×3 and ×10);
 - a run whose samples are noise on the ``tiny`` preset -> warm-start it with SFT first.
 """
@@ -32,7 +36,13 @@ from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, RunRecord, _Ledg
 from rlhf_lab.overoptimisation import overoptimisation_advice
 from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
 
-__all__ = ["NextItem", "deduplicated_items", "next_items"]
+__all__ = [
+    "NextItem",
+    "deduplicated_items",
+    "lower_lr_items",
+    "next_items",
+    "without_folded",
+]
 
 LAB = ["uv", "run", "rlhf-lab"]
 MIN_SEEDS = 3
@@ -45,6 +55,7 @@ class NextItem:
     why: str
     action: str
     commands: list[str] = field(default_factory=list)
+    kind: str = ""  # "heldout_regression" for the per-run item a comparison-level one can fold
 
 
 def _overrides(items: Iterable[str]) -> dict[str, str]:
@@ -178,6 +189,65 @@ def _comparison_items(entry: ComparisonEntry, runs: list[RunRecord], campaign: s
                 )
 
 
+LOWER_LR_FACTOR = 0.1
+
+
+def _arm_regressed(arm: ArmSummary, regressed: set[str]) -> bool:
+    """Most of the arm's runs fell on their held-out headline from the start."""
+    fell = [i for i in arm.run_ids if i in regressed]
+    return bool(arm.run_ids) and 2 * len(fell) > len(arm.run_ids)
+
+
+def lower_lr_items(
+    comparisons: list[ComparisonEntry], regressed: set[str], campaign: str
+) -> tuple[list[NextItem], set[str]]:
+    """(the lower-learning-rate items of the comparisons whose every arm regressed, the ids of
+    the runs they cover). ``regressed``: ids of the runs flagged ``heldout_regression``."""
+    items, folded = [], set()
+    for entry in comparisons:
+        item = _all_regressed_item(entry, regressed, campaign)
+        if item is not None:
+            items.append(item)
+            folded.update(i for a in entry.arms for i in a.run_ids)
+    return items, folded
+
+
+def without_folded(items: list[NextItem], run_id: str, folded: set[str]) -> list[NextItem]:
+    """A run's items without its held-out regression item when a comparison-level item covers
+    the run."""
+    if run_id not in folded:
+        return items
+    return [i for i in items if i.kind != "heldout_regression"]
+
+
+def _all_regressed_item(entry: ComparisonEntry, regressed: set[str], campaign: str):
+    """Every arm regressed: the same arms (same seeds) at a learning rate ten times lower."""
+    spec = _family(entry.family)
+    arms = entry.arms
+    if spec is None or len(arms) < 2 or not all(_arm_regressed(a, regressed) for a in arms):
+        return None
+    key = spec.learning_rate_key
+    lrs = [_winner_lr(a, spec) for a in arms]
+    if any(lr is None for a, lr in zip(arms, lrs, strict=True)) or any(not a.recipe for a in arms):
+        return None
+    seeds = max(1, max(len(a.run_ids) for a in arms))
+    known = [s for a in arms for s in a.seeds if isinstance(s, int)]
+    base = min(known) if known else None
+    commands = []
+    for lr in dict.fromkeys(lrs):
+        group = [a for a, x in zip(arms, lrs, strict=True) if x == lr]
+        change = {key.replace(".", "__"): float(lr) * LOWER_LR_FACTOR}
+        commands += _arm_commands(group, campaign, change, seeds=seeds, base_seed=base)
+    now = ", ".join(_fmt(float(x)) for x in dict.fromkeys(lrs))
+    return NextItem(
+        why=f"every arm ({', '.join(a.label for a in arms)}) regressed on held-out "
+        f"{entry.headline or 'the headline'} from its starting model",
+        action=f"the same arms and seeds at a learning rate ten times lower ({key} now {now}): "
+        "when every algorithm falls, the step size is the common cause",
+        commands=commands,
+    )
+
+
 def _winner_lr(arm: ArmSummary | None, spec) -> float | None:  # noqa: ANN001
     if arm is None or spec is None:
         return None
@@ -223,6 +293,7 @@ def _run_items(run: RunRecord, campaign: str):
             why=f"{run.run_id}: held-out {metric} regressed while training went on",
             action=f"fewer steps ({spec.steps_key}={stop_at}, {where}){kl_note}",
             commands=commands,
+            kind="heldout_regression",
         )
     if "overoptimisation" in run.flags:
         advice = overoptimisation_advice(
@@ -303,11 +374,12 @@ def next_items(data: _LedgerData) -> list[NextItem]:
     """The follow-ups for a campaign, comparisons first, then per-run findings (duplicates of
     the same command dropped)."""
     campaign = data.campaign.id
-    items: list[NextItem] = []
+    regressed = {r.run_id for r in data.runs if "heldout_regression" in r.flags}
+    items, folded = lower_lr_items(data.comparisons, regressed, campaign)
     for entry in data.comparisons:
         items += list(_comparison_items(entry, data.runs, campaign))
     for run in data.runs:
-        items += list(_run_items(run, campaign))
+        items += without_folded(list(_run_items(run, campaign)), run.run_id, folded)
     return deduplicated_items(items)
 
 

@@ -28,6 +28,7 @@ from rlhf_lab.lineage import base_model
 from rlhf_lab.mcp_server import server
 from rlhf_lab.pipelines import check_stages, find_pipeline, plan_stages
 from rlhf_lab.runs.deps import rearm_dependents
+from rlhf_lab.shrink import WARM_START_PG_LR
 from trainers.core.runfolder import RunFile
 
 RUN_TIMEOUT_S = 300.0
@@ -141,7 +142,8 @@ def test_a_run_output_is_shrunk_estimated_and_checked_like_the_model_it_came_fro
         shrunk = api.shrink_config("grpo", [f"model.name={name}"])
         config = shrunk.config
         assert config["model"]["name"] == name
-        assert config["train"]["learning_rate"] == 1.0e-3  # the tiny rules, not 5e-6
+        # the tiny rules for a trained run (a fine-tuning lr), not 5e-6
+        assert config["train"]["learning_rate"] == WARM_START_PG_LR
         assert config["rollout"]["max_new_tokens"] == 64
         assert config["checkpoint"]["save_final_model"] is True
         assert not any("randomly initialised" in n for n in shrunk.notes)  # it is warm-started
@@ -269,7 +271,8 @@ def test_shipped_pipelines_name_their_stages_references_and_order():
     ]
     checked = check_stages(r1)  # the real recipes validate, the SFT run standing in for itself
     assert checked["grpo"][2]["model"]["name"] == "run:<sft-run-id>"
-    assert checked["grpo"][2]["train"]["learning_rate"] == 1.0e-3  # shrunk as tiny
+    # shrunk as a trained run of tiny
+    assert checked["grpo"][2]["train"]["learning_rate"] == WARM_START_PG_LR
     listed = cli("pipeline", "list")
     assert listed.exit_code == 0 and "rlhf:" in listed.output and "r1-zero:" in listed.output
 

@@ -19,7 +19,7 @@ from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
 from rlhf_lab.plan import parse_request, plan_experiment
 from rlhf_lab.resources import GpuInfo, Resources
-from rlhf_lab.shrink import CPU_SIZED_RECIPES, format_override, shrink_config
+from rlhf_lab.shrink import format_override, shrink_config
 from trainers.core.config import parse_override
 from trainers.core.tiny import PRESETS
 
@@ -69,7 +69,7 @@ def _shrink_or_skip(recipe: Recipe, **kw):
 @pytest.mark.parametrize("model", [None, "tiny"])
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.id for r in RECIPES])
 def test_shrink_every_recipe(recipe, model):
-    if recipe.id in CPU_SIZED_RECIPES:
+    if recipe.cpu_sized:
         pytest.skip("sized for a CPU run already: test_the_warm_start_recipe_is_kept_whole")
     res = _shrink_or_skip(recipe, model=model)
     assert res.family == recipe.family and res.algorithm == recipe.algorithm
@@ -106,7 +106,7 @@ def test_the_warm_start_recipe_is_kept_whole(model):
     answer format (greedy format rate 0, seen when launched with --model tiny), so the GRPO of
     pipeline r1-zero had nothing to start from; onto a preset the shrink keeps it whole."""
     recipe = next(r for r in RECIPES if r.id == "sft/sft_tiny_warmstart")
-    assert recipe.id in CPU_SIZED_RECIPES
+    assert recipe.cpu_sized  # the `# lab: cpu_sized` line of its file
     res = shrink_config(recipe, model=model)
     full = resolve_config(recipe).data
     assert res.config["train"] == full["train"] and res.config["data"] == full["data"]

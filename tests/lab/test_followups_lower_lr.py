@@ -1,0 +1,88 @@
+"""The Next block's rule for a comparison where every arm fell on its held-out headline from
+its starting model: the same arms and seeds at a learning rate ten times lower (one command,
+parsed by the real CLI), and silence on a healthy comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhf_lab import ledger
+from rlhf_lab.compare import compare_runs
+from tests.lab.test_results import (
+    commands_in,
+    grpo_rows,
+    make_run,
+    next_block,
+    parse_with_the_cli,
+)
+
+CAMP = "2026-03-01-warm-pg"
+PG = ("model.name=tiny", "data.eval_size=64", "train.max_steps=20", "train.learning_rate=0.001")
+
+
+@pytest.fixture(autouse=True)
+def lab_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def healthy_rows() -> list[dict]:
+    """Held-out correctness 0.30 -> 0.55 on 64 prompts, sampled correctness rising."""
+    rows = [{"step": 0, "phase": "eval", "eval/avg_correctness": 0.30}]
+    for step in range(1, 21):
+        rows.append(
+            {"step": step, "phase": "train", "avg_correctness": 0.2 + step / 50, "loss": 0.01}
+        )
+    rows.append({"step": 20, "phase": "eval", "eval/avg_correctness": 0.55})
+    return rows
+
+
+def _campaign(rows_of) -> list[str]:
+    """Two arms (grpo, reinforce_pp) × two seeds, each run's metrics from ``rows_of(arm)``."""
+    ledger.create_campaign(CAMP, "Do the new PG algorithms hold the warm start?")
+    ids = []
+    for recipe in ("grpo", "reinforce_pp"):
+        for i, seed in enumerate((42, 43)):
+            run_id = f"{recipe.replace('_', '-')}-20260301-00000{i}-000{seed - 42}"
+            make_run(
+                CAMP,
+                run_id,
+                "policy_gradients",
+                recipe,
+                rows_of(recipe),
+                overrides=(*PG, f"seed={seed}"),
+            )
+            ledger.record_run(run_id, plot=False)
+            ids.append(run_id)
+    compare_runs(ids, record_in=CAMP)
+    return ids
+
+
+def test_every_arm_regressed_proposes_the_sweep_at_a_tenth_of_the_lr(monkeypatch):
+    _campaign(lambda recipe: grpo_rows())
+    block = next_block(CAMP)
+    assert "every arm (grpo, reinforce_pp) regressed on held-out" in block
+    lowered = [c for c in commands_in(block) if "train.learning_rate=0.0001" in c]
+    assert len(lowered) == 1
+    seen = parse_with_the_cli(lowered[0], monkeypatch)
+    assert seen["args"][0] == ["grpo", "reinforce_pp"]
+    assert "train.learning_rate=0.0001" in seen["args"][1]
+    assert seen["kwargs"]["seeds"] == 2 and seen["kwargs"]["base_seed"] == 42
+    assert seen["kwargs"]["campaign"] == CAMP
+    # the per-run held-out items (fewer steps, stronger KL) are folded into it
+    assert "train.max_steps=10" not in block
+
+
+def test_one_healthy_arm_keeps_the_rule_quiet():
+    _campaign(lambda recipe: grpo_rows() if recipe == "grpo" else healthy_rows())
+    block = next_block(CAMP)
+    assert "every arm (" not in block
+    assert "train.learning_rate=0.0001" not in block
+    # the regressed arm's own runs still get their per-run item
+    assert "train.max_steps=10" in block
+
+
+def test_a_healthy_comparison_gets_no_lower_lr_item():
+    _campaign(lambda recipe: healthy_rows())
+    block = next_block(CAMP)
+    assert "every arm (" not in block and "learning rate ten times lower" not in block
