@@ -29,7 +29,14 @@ from trainers.core.config import LoraSection
 from trainers.core.models import load_causal_lm
 from trainers.core.tiny import cache_root
 
-LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
+# dropout 0: a dropout mask is drawn per rank, so with dropout the ranks' shares would not see
+# the masks one process draws for the whole batch (the runs would differ by design)
+LORA = [
+    "model.lora.enabled=true",
+    "model.lora.rank=4",
+    "model.lora.alpha=8",
+    "model.lora.dropout=0",
+]
 LORA_FAMILIES = {"dpo": DPO, "rm": RM, "sft": SFT}
 LORA_LR = "train.learning_rate=1.0e-3"  # adapters start at B = 0: a visible move in 3 steps
 
@@ -48,13 +55,16 @@ def adapter_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / lora.ADAPTER_DIR / "adapter_model.safetensors"))
 
 
+pytestmark = pytest.mark.slow  # one torchrun start of five runs and a one-process run
+
+
 @pytest.fixture(scope="module")
 def lora_runs(tmp_path_factory) -> dict:
     where = tmp_path_factory.mktemp("lora-two-ranks")
     runs = {name: where / name for name in ("dpo", "rm", "sft", "sft_stopped")}
     specs = [lora_spec("dpo", runs["dpo"]), lora_spec("rm", runs["rm"])]
     specs.append(lora_spec("sft", runs["sft"]))
-    stopped = lora_spec("sft", runs["sft_stopped"], ["checkpoint.save_final_model=false"])
+    stopped = lora_spec("sft", runs["sft_stopped"])
     specs.append({**stopped, "env": {"RLHF_LAB_SIGTERM_AT": "micro_batch:2"}})
     specs.append(lora_spec("sft", runs["sft_stopped"], resume=True))
     cache = where / "cache"  # DPO's reference log-probs computed here, on the 2 ranks
@@ -64,7 +74,12 @@ def lora_runs(tmp_path_factory) -> dict:
         if entry.name != "ref_logps":
             (cache / entry.name).symlink_to(entry)
     specs[0]["env"] = {"RLHF_LAB_CACHE": str(cache)}
+    import time
+
+    t0 = time.time()
     codes, output = torchrun(specs, where)
+    print(f"torchrun: {time.time() - t0:.1f}s")
+    t0 = time.time()
     one = where / "one-process-dpo"
     import importlib
 
@@ -73,6 +88,7 @@ def lora_runs(tmp_path_factory) -> dict:
     module, config, overrides = FAMILIES["dpo"]
     over = [*overrides, *LORA, LORA_LR, f"train.batch_size={2 * PER_RANK}"]
     one_code = importlib.import_module(module).main(trainer_argv(config, one, over))
+    print(f"one process: {time.time() - t0:.1f}s")
     return {"runs": runs, "codes": codes, "output": output, "one": one, "one_code": one_code}
 
 
@@ -127,7 +143,7 @@ def test_lora_reward_model_on_two_ranks_keeps_its_trained_head(lora_runs):
     run = lora_runs["runs"]["rm"]
     heads = load_file(str(run / lora.ADAPTER_DIR / lora.HEAD_FILE))
     assert heads and all(k.startswith("head.") for k in heads)
-    model = load_reward_model(str(run / "final_model"), device="cpu")
+    model, _ = load_reward_model(str(run / "final_model"), device="cpu")
     saved_head = dict(model.head.state_dict())
     for k, v in heads.items():
         torch.testing.assert_close(saved_head[k.removeprefix("head.")].float(), v)
@@ -136,10 +152,14 @@ def test_lora_reward_model_on_two_ranks_keeps_its_trained_head(lora_runs):
 def test_lora_stop_and_resume_on_two_ranks_equals_an_uninterrupted_run(lora_runs):
     stopped, straight = lora_runs["runs"]["sft_stopped"], lora_runs["runs"]["sft"]
     assert "resumed from step-0000002" in lora_runs["output"]
+    from torch.distributed.checkpoint import FileSystemReader
+
     ckpt = sorted((stopped / "checkpoints").glob("step-*"))[-1]
-    shards = sum(f.stat().st_size for f in (ckpt / "shards").iterdir())
-    full = sum(p.numel() * 4 for p in load_causal_lm("tiny", device="cpu").parameters())
-    assert shards < full / 4  # adapters + their Adam moments, not the frozen base
+    keys = FileSystemReader(str(ckpt / "shards")).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if k.startswith("model.")]
+    optim_keys = [k for k in keys if k.startswith("optimizer.state.")]
+    assert model_keys and all(".lora_" in k for k in model_keys)  # not the frozen base
+    assert optim_keys and all(".lora_" in k for k in optim_keys)
     assert_same_history(straight, stopped, rel=1e-6, abs_tol=1e-7)
 
 
