@@ -404,6 +404,16 @@ def sharded_state_options(model: Any) -> dict[str, Any]:
     return {}
 
 
+def sharded_model_state(model: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """What a sharded checkpoint keeps of ``model``'s state dict ``state``: with adapters, the
+    trainable tensors only (a frozen weight tied to another, like a tied LM head, is not
+    reached by ``ignore_frozen_params``, which goes by parameter); else all of it."""
+    if not has_adapters(model):
+        return state
+    keep = set(trainable_names(model))
+    return {k: v for k, v in state.items() if k in keep}
+
+
 def _peft_path(model: torch.nn.Module) -> tuple[str, Any]:
     """(prefix of the state-dict keys under the one peft wrapper in ``model``, that wrapper)."""
     from peft import PeftModel

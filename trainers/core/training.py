@@ -253,6 +253,7 @@ def save_sharded_checkpoint(
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from trainers.core.distributed import barrier, world
+    from trainers.core.lora import sharded_model_state
 
     w = world()
     final = checkpoints_dir / f"step-{step:07d}"
@@ -263,6 +264,7 @@ def save_sharded_checkpoint(
         tmp.mkdir()
     barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_sharded_options(model))
+    model_sd = sharded_model_state(model, model_sd)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / SHARDS))
     torch.save(rng_state(), tmp / _rng_file(w.rank))
     barrier()
@@ -299,6 +301,7 @@ def load_sharded_checkpoint(
 
     from trainers.core.config import ConfigError
     from trainers.core.distributed import world
+    from trainers.core.lora import sharded_model_state
 
     w = world()
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
@@ -311,6 +314,7 @@ def load_sharded_checkpoint(
         )
     options = _sharded_options(model)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    model_sd = sharded_model_state(model, model_sd)
     sd = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(sd, checkpoint_id=str(path / SHARDS))
     set_state_dict(

@@ -113,8 +113,12 @@ def test_lora_dpo_on_two_ranks_equals_one_process(lora_runs):
     assert a and sorted(a) == sorted(b)
     moved = max(float(t.abs().max()) for k, t in a.items() if "lora_B" in k)
     assert moved > 1e-3  # the adapters trained (B starts at zero)
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=0, atol=2e-3 * 3 * 1e-1, msg=k)
+    # as assert_same_params: Adam may turn a ~0 gradient of opposite sign into a step of up to
+    # lr either way, so an element may differ by up to 2·lr·steps; nearly all agree closely
+    steps = len(rows(one, "train"))
+    diffs = torch.cat([(a[k] - b[k]).abs().flatten() for k in a])
+    assert float(diffs.max()) <= 2 * 1e-3 * steps, float(diffs.max())
+    assert int((diffs > 1e-5).sum()) <= diffs.numel() // 1000, int((diffs > 1e-5).sum())
 
 
 def test_the_final_adapter_and_the_merged_model_load_and_agree(lora_runs):
@@ -158,8 +162,8 @@ def test_lora_stop_and_resume_on_two_ranks_equals_an_uninterrupted_run(lora_runs
     keys = FileSystemReader(str(ckpt / "shards")).read_metadata().state_dict_metadata
     model_keys = [k for k in keys if k.startswith("model.")]
     optim_keys = [k for k in keys if k.startswith("optimizer.state.")]
-    assert model_keys and all(".lora_" in k for k in model_keys)  # not the frozen base
-    assert optim_keys and all(".lora_" in k for k in optim_keys)
+    frozen = [k for k in model_keys + optim_keys if ".lora_" not in k]
+    assert model_keys and optim_keys and not frozen, frozen  # not the frozen base
     assert_same_history(straight, stopped, rel=1e-6, abs_tol=1e-7)
 
 
