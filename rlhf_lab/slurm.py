@@ -197,7 +197,12 @@ def job_script(
     ]
     torchrun = [py, "-m", "torch.distributed.run", "--nnodes", str(options.nodes)]
     torchrun += ["--nproc-per-node", str(options.ranks_per_node), "--rdzv-backend", "c10d"]
-    wrapper = [py, "-m", "rlhf_lab._wrapper", run_dir, "--", "srun", "--kill-on-bad-exit=1"]
+    # srun: one task (one torchrun) per node, said explicitly rather than inherited; the CPUs per
+    # task are passed on too (srun no longer inherits --cpus-per-task from sbatch, Slurm 22.05+)
+    srun = ["srun", f"--nodes={options.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if options.cpus_per_task:
+        srun.append(f"--cpus-per-task={options.cpus_per_task}")
+    wrapper = [py, "-m", "rlhf_lab._wrapper", run_dir, "--", *srun]
     lines = [
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives),

@@ -180,7 +180,14 @@ def test_job_script_runs_srun_and_torchrun_with_rendezvous_on_the_first_node(tmp
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert "--nnodes 2 --nproc-per-node 4 --rdzv-backend c10d" in text
     assert '--rdzv-endpoint "$head_node:$rdzv_port"' in text
-    assert "srun --kill-on-bad-exit=1" in text and "rlhf_lab._wrapper" in text
+    assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 " in text
+    assert "rlhf_lab._wrapper" in text
+    # every node's torchrun meets the others at the first node's c10d store; the job id names
+    # the rendezvous and the node ranks come from it (never run on several nodes here)
+    assert '--rdzv-id "$SLURM_JOB_ID"' in text
+    assert text.index("head_node=") < text.index("exec ")
+    cpus = job_script("a-1", "sft", "/r", SlurmOptions(nodes=2, cpus_per_task=8), source_dir=ROOT)
+    assert "#SBATCH --cpus-per-task=8" in cpus and "--kill-on-bad-exit=1 --cpus-per-task=8" in cpus
     assert "-m trainers.direct_alignment.train --config" in text
     syntax = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
     assert syntax.returncode == 0, syntax.stderr
