@@ -190,6 +190,8 @@ def add_adapters(model: torch.nn.Module, lora: LoraSection) -> torch.nn.Module:
 
     from peft import get_peft_model
 
+    check_shardable_dtype(model)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # a transformers deprecation, in peft
         adapted = get_peft_model(model, lora_config(lora, model))
@@ -202,6 +204,23 @@ def add_adapters(model: torch.nn.Module, lora: LoraSection) -> torch.nn.Module:
         flush=True,
     )
     return adapted
+
+
+def check_shardable_dtype(model: torch.nn.Module) -> None:
+    """Under torchrun, refuse 16-bit base weights: peft keeps adapters in fp32, and FSDP2 cannot
+    put fp32 adapters and 16-bit weights in one unit (a bf16 run on CUDA loads fp32 weights and
+    computes in bf16 under FSDP, so it is not affected)."""
+    import torch
+
+    from trainers.core.distributed import world
+
+    dtype = next(model.parameters()).dtype
+    if world().distributed and dtype in (torch.float16, torch.bfloat16):
+        raise ConfigError(
+            f"LoRA under torchrun with {str(dtype).removeprefix('torch.')} weights: FSDP2 cannot "
+            "shard fp32 adapters beside 16-bit weights in one unit; set model.dtype=fp32 (on "
+            "CUDA bf16 works: the weights load in fp32 and compute in bf16)"
+        )
 
 
 def has_adapters(module: torch.nn.Module) -> bool:

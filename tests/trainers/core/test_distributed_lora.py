@@ -55,9 +55,6 @@ def adapter_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / lora.ADAPTER_DIR / "adapter_model.safetensors"))
 
 
-pytestmark = pytest.mark.slow  # one torchrun start of five runs and a one-process run
-
-
 @pytest.fixture(scope="module")
 def lora_runs(tmp_path_factory) -> dict:
     where = tmp_path_factory.mktemp("lora-two-ranks")
@@ -92,6 +89,7 @@ def lora_runs(tmp_path_factory) -> dict:
     return {"runs": runs, "codes": codes, "output": output, "one": one, "one_code": one_code}
 
 
+@pytest.mark.slow  # one torchrun start of five LoRA runs, and one process
 def test_lora_runs_succeed_on_two_ranks(lora_runs):
     assert lora_runs["codes"] == [0, 0, 0, 143, 0], lora_runs["output"][-3000:]
     assert lora_runs["one_code"] == 0
@@ -101,6 +99,7 @@ def test_lora_runs_succeed_on_two_ranks(lora_runs):
         assert summary["distributed"]["world_size"] == 2
 
 
+@pytest.mark.slow  # one torchrun start of five LoRA runs, and one process
 def test_lora_dpo_on_two_ranks_equals_one_process(lora_runs):
     one, two = lora_runs["one"], lora_runs["runs"]["dpo"]
     assert json.loads((two / "summary.json").read_text())["ref_cache"] == "miss"
@@ -121,6 +120,7 @@ def test_lora_dpo_on_two_ranks_equals_one_process(lora_runs):
     assert int((diffs > 1e-5).sum()) <= diffs.numel() // 1000, int((diffs > 1e-5).sum())
 
 
+@pytest.mark.slow  # one torchrun start of five LoRA runs, and one process
 def test_the_final_adapter_and_the_merged_model_load_and_agree(lora_runs):
     from peft import PeftModel
 
@@ -139,6 +139,7 @@ def test_the_final_adapter_and_the_merged_model_load_and_agree(lora_runs):
     assert float((via_merge - plain).abs().max()) > 1e-4  # the adapters are in it
 
 
+@pytest.mark.slow  # one torchrun start of five LoRA runs, and one process
 def test_lora_reward_model_on_two_ranks_keeps_its_trained_head(lora_runs):
     from safetensors.torch import load_file
 
@@ -153,6 +154,7 @@ def test_lora_reward_model_on_two_ranks_keeps_its_trained_head(lora_runs):
         torch.testing.assert_close(saved_head[k.removeprefix("head.")].float(), v)
 
 
+@pytest.mark.slow  # one torchrun start of five LoRA runs, and one process
 def test_lora_stop_and_resume_on_two_ranks_equals_an_uninterrupted_run(lora_runs):
     stopped, straight = lora_runs["runs"]["sft_stopped"], lora_runs["runs"]["sft"]
     assert "resumed from step-0000002" in lora_runs["output"]
@@ -188,3 +190,13 @@ def test_merged_state_equals_peft_merge_and_unload():
     assert sorted(mine) == sorted(theirs)
     for k in theirs:
         torch.testing.assert_close(mine[k], theirs[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_sixteen_bit_weights_with_lora_under_torchrun_are_one_clear_error(monkeypatch):
+    from trainers.core import distributed as dist_mod
+    from trainers.core.config import ConfigError
+
+    model = load_causal_lm("tiny", device="cpu", dtype="bf16")
+    monkeypatch.setattr(dist_mod, "_world", dist_mod.World(rank=0, size=2))
+    with pytest.raises(ConfigError, match="model.dtype=fp32"):
+        lora.add_adapters(model, LoraSection(enabled=True, rank=4, alpha=8.0))
