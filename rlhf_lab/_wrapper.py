@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     pending: list[int] = []
 
     in_slurm_job = os.environ.get("RLHF_LAB_SLURM") == "1"
+    if in_slurm_job:
+        import rlhf_lab.slurm  # noqa: F401  imported now, not in the signal handler
     time_limit_signal: list[bool] = []
 
     def forward(signum, frame) -> None:  # noqa: ARG001
@@ -182,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _signal_job_tasks() -> None:
     """SIGTERM to every step of this Slurm job but the batch step (where this wrapper runs)."""
+    from rlhf_lab.slurm import SIGNAL_TASKS
+
     job = os.environ.get("SLURM_JOB_ID")
     if job:
         try:
             subprocess.Popen(
-                ["scancel", "--signal=TERM", job],
+                [*SIGNAL_TASKS, job],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -70,6 +70,9 @@ TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 SIGNAL_LEAD_MIN_S, SIGNAL_LEAD_MAX_S = 30, 300
 NAME_RE = re.compile(r"^[A-Za-z0-9_.,-]{1,64}$")
 SLURM_CALL_TIMEOUT_S = 30
+# SIGTERM to every step of a job but its batch step (a stop; the wrapper passing on the warning
+# before a time limit): the trainer checkpoints and exits, the wrapper records the exit
+SIGNAL_TASKS = ("scancel", "--signal=TERM")
 
 
 class SlurmOptions(BaseModel):
@@ -343,7 +346,7 @@ def stop_slurm_run(record: dict, grace_s: float) -> bool:
         return False
     if state not in RUNNING_STATES:
         return False
-    _slurm("scancel", "--signal=TERM", job_id)
+    _slurm(*SIGNAL_TASKS, job_id)
     deadline = time.time() + max(grace_s, 0.0)
     while time.time() < deadline:
         if job_state(job_id)[0] not in RUNNING_STATES:

@@ -240,12 +240,16 @@ def _world_targets(
     """(world size, the devices the ranks would use) of a launch with ``gpus`` / ``nproc``:
     refused as the launch refuses them (a GPU this machine does not show, more ranks than the
     batch allows); GPUs a launch would pick are the freest ones now."""
-    from rlhf_lab.api.placement import pick_devices
     from rlhf_lab.runs import resolve_placement
+    from rlhf_lab.runs.devices import freest_gpus
+    from rlhf_lab.runs.launch import _held_devices
     from rlhf_lab.runs.world import check_world_size
 
     placement = resolve_placement(device, gpus, nproc, config)
     world = placement.nproc if placement.distributed else 1
     check_world_size(family, config, world)
-    placement = pick_devices(placement)
-    return world, list(dict.fromkeys(placement.devices)) or [resolve_device(device, config)]
+    devices = list(dict.fromkeys(placement.devices))
+    if not devices:  # as a launch picks: the freest GPUs no run holds, else the freest
+        wanted = placement.gpus_wanted or 1
+        devices = freest_gpus(wanted, _held_devices()) or freest_gpus(wanted, set()) or []
+    return world, devices or [resolve_device(device, config)]
