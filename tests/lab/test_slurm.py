@@ -5,10 +5,11 @@ up by tests/e2e/slurm.py; ``.ci/run`` does it before the suite and sets
 Three shrunk tiny SFT runs are submitted together (module fixture) so that their start-up
 overlaps: one goes through Slurm to ``succeeded`` (pending -> running -> succeeded, the log read
 by ``tail``); one is stopped while it trains (``scancel --signal=TERM`` to the job's steps: the
-trainer checkpoints, the run is ``stopped`` and resumes as a new job); one is killed by Slurm's
-time limit (``--time 3``): Slurm's SIGTERM 30 s before it reaches the trainer, which checkpoints;
-the run is ``failed`` with that reason and ``resume`` continues it from the checkpoint. The cheap checks (the
-job script, ``plan --slurm``, a machine without sbatch, bad options) need no cluster.
+trainer checkpoints, the run is ``stopped`` and resumes as a new job); one reaches Slurm's time
+limit (``--time 10``, lowered by ``scontrol`` once it trains): Slurm's SIGTERM 30 s before the
+limit reaches the trainer, which checkpoints; the run is ``failed`` with that reason and
+``resume`` continues it from the checkpoint. The cheap checks (the job script, ``plan --slurm``,
+a machine without sbatch, bad options) need no cluster.
 """
 
 from __future__ import annotations
@@ -78,11 +79,11 @@ def cluster(tmp_path_factory):
     submitted = {
         "ok": api.launch_experiment("sft", QUICK, model="tiny", campaign="slurm", slurm={}),
         "stop": api.launch_experiment("sft", LONG, model="tiny", campaign="slurm", slurm={}),
-        # three minutes: Slurm's SIGTERM comes 30 s before the limit (up to a minute earlier,
-        # Slurm's resolution), after the trainer has started and checkpointed (every 5 steps);
-        # with two minutes a loaded machine was still starting torchrun when it came
+        # ten minutes asked; once it trains the test lowers the limit with scontrol (a start-up
+        # slower than the limit would leave nothing to checkpoint: on a loaded machine torchrun
+        # took two minutes to start)
         "limit": api.launch_experiment(
-            "sft", LONG, model="tiny", campaign="slurm", slurm={"time": "3"}
+            "sft", LONG, model="tiny", campaign="slurm", slurm={"time": "10"}
         ),
     }
     yield {name: result.run.id for name, result in submitted.items()}
@@ -144,12 +145,28 @@ def test_slurm_time_limit_checkpoints_fails_with_the_reason_and_resumes(cluster)
     run_id = cluster["limit"]
     run_dir = Path(runs.run_state(run_id).run_dir)
     assert "#SBATCH --signal=B:TERM@30" in (run_dir / "job.sh").read_text()
+    wait_until(
+        lambda: (s := runs.run_state(run_id)).state == "running" and (s.step or 0) >= 6,
+        DEADLINE_S,
+        "the run to train past its first checkpoint",
+    )
+    job = runs.run_state(run_id).slurm_job
+    elapsed = subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%M"], capture_output=True, text=True
+    ).stdout.strip()  # [D-]H:MM:SS or M:SS
+    minutes = sum(int(x) * 60**i for i, x in enumerate(reversed(elapsed.split(":")))) // 60
+    lowered = subprocess.run(
+        ["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes + 1}"],
+        capture_output=True,
+        text=True,
+    )
+    assert lowered.returncode == 0, lowered.stderr
     final = wait_until(
         lambda: (s := runs.run_state(run_id)).terminal and s, DEADLINE_S, "the time limit"
     )
     log = (run_dir / "train.log").read_text()
     assert final.state == "failed", (final.error, log[-2000:])
-    assert "time limit" in final.error and "(3)" in final.error, final.error
+    assert "time limit" in final.error and "(10)" in final.error, final.error
     assert "Slurm's time limit is near" in log and "SIGTERM" in log
     saved = [int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*")]
     steps = [line for line in log.splitlines() if "step " in line][-3:]
