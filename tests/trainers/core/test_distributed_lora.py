@@ -200,3 +200,30 @@ def test_sixteen_bit_weights_with_lora_under_torchrun_are_one_clear_error(monkey
     monkeypatch.setattr(dist_mod, "_world", dist_mod.World(rank=0, size=2))
     with pytest.raises(ConfigError, match="model.dtype=fp32"):
         lora.add_adapters(model, LoraSection(enabled=True, rank=4, alpha=8.0))
+
+
+def test_lora_under_torchrun_in_an_unchecked_trainer_is_refused_before_writing(tmp_path):
+    """A trainer whose LoRA runs were not checked under torchrun (here distillation) refuses
+    them with one clear error before the run folder exists (the torchrun variables set by hand:
+    the refusal comes before the process group is joined)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "HF_HUB_OFFLINE": "1"}
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "trainers.distillation.train", "--config"]
+        + [str(root / "trainers/distillation/configs/distill.yaml"), "--run-dir", str(run_dir)]
+        + ["--set", "model.name=tiny", "--set", "model.lora.enabled=true"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "LoRA runs on one process for this trainer" in done.stderr
+    assert "model.lora.enabled=false" in done.stderr
+    assert not run_dir.exists()
