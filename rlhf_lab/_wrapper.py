@@ -98,12 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     pending: list[int] = []
 
     in_slurm_job = os.environ.get("RLHF_LAB_SLURM") == "1"
+    if in_slurm_job:
+        import rlhf_lab.slurm  # noqa: F401  imported now, not in the signal handler
+    time_limit_signal: list[bool] = []
 
     def forward(signum, frame) -> None:  # noqa: ARG001
         if in_slurm_job and signum == signal.SIGTERM:
-            # the child is srun, which kills its tasks at once on a SIGTERM; Slurm signals the
-            # tasks themselves (scancel --signal=TERM, the time limit), so they checkpoint
-            _say("SIGTERM in a Slurm job: left to the job's tasks")
+            # the child is srun, which kills its tasks at once on a SIGTERM. A lab stop signals
+            # the tasks themselves (scancel --signal=TERM); a SIGTERM reaching this batch step
+            # is Slurm's warning before the time limit (#SBATCH --signal=B:TERM@s): pass it to
+            # the tasks the same way, so the trainer checkpoints, and record it
+            time_limit_signal.append(True)
+            _say("SIGTERM to the batch step (Slurm's time limit is near): passed to the tasks")
+            _signal_job_tasks()
             return
         if child is not None and child.poll() is None:
             try:
@@ -169,9 +176,27 @@ def main(argv: list[str] | None = None) -> int:
             "signal_name": name,
             "ended_at": _now(),
             "trainer_pid": child.pid,
+            **({"slurm_time_limit_signal": True} if time_limit_signal else {}),
         },
     )
     return 128 + sig if sig else code
+
+
+def _signal_job_tasks() -> None:
+    """SIGTERM to every step of this Slurm job but the batch step (where this wrapper runs)."""
+    from rlhf_lab.slurm import SIGNAL_TASKS
+
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        try:
+            subprocess.Popen(
+                [*SIGNAL_TASKS, job],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError as err:
+            _say(f"could not pass the SIGTERM on: {err}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,11 @@ exit record: a time limit (``TIMEOUT``), a node failure, preemption or an out-of
 ``failed`` with that reason; otherwise the trainer's exit decides as for a local run
 (``succeeded``, ``failed``, ``stopped`` after a stop). The state seen is kept in run.json.
 
+Time limit: a job with ``time`` asks Slurm for SIGTERM to its batch step a little before the limit
+(``#SBATCH --signal=B:TERM@s``, :func:`signal_lead_s`); the wrapper passes it to the job's tasks
+as a stop does, so the trainer checkpoints and exits, and records it in exit.json; the run is then
+``failed`` with the time limit as its reason, with a checkpoint ``resume`` continues from.
+
 ``stop`` sends SIGTERM to the job's steps (``scancel --signal=TERM``: the trainer checkpoints and
 exits; the batch step is left alone so the wrapper can record the exit), waits the grace period,
 then cancels the job (``scancel``: ``killed``). ``srun`` must not get the SIGTERM itself: on a
@@ -59,8 +64,15 @@ FAILED_BY_SLURM = {
     "DEADLINE": "the job reached its deadline",
 }
 TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+# How long before its time limit a job's trainer gets SIGTERM to checkpoint (#SBATCH --signal):
+# 5% of the limit, at least 30 s and at most 5 minutes, never more than half the limit. Slurm
+# may send it up to a minute earlier than asked (its event loop's resolution).
+SIGNAL_LEAD_MIN_S, SIGNAL_LEAD_MAX_S = 30, 300
 NAME_RE = re.compile(r"^[A-Za-z0-9_.,-]{1,64}$")
 SLURM_CALL_TIMEOUT_S = 30
+# SIGTERM to every step of a job but its batch step (a stop; the wrapper passing on the warning
+# before a time limit): the trainer checkpoints and exits, the wrapper records the exit
+SIGNAL_TASKS = ("scancel", "--signal=TERM")
 
 
 class SlurmOptions(BaseModel):
@@ -102,6 +114,27 @@ def checked_options(options: SlurmOptions) -> SlurmOptions:
             "one process per GPU (leave nproc out)"
         )
     return options
+
+
+def time_limit_s(text: str) -> int:
+    """Seconds of a Slurm time limit: minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (pure)."""
+    days, _, rest = text.strip().rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # D-H[:M[:S]]
+        h, m, sec = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + h) * 60 + m) * 60 + sec
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+def signal_lead_s(time: str) -> int:
+    """Seconds before the time limit ``time`` at which the trainer is told to checkpoint."""
+    limit = time_limit_s(time)
+    lead = min(max(limit // 20, SIGNAL_LEAD_MIN_S), SIGNAL_LEAD_MAX_S)
+    return max(1, min(lead, limit // 2))
 
 
 def check_slurm_available() -> None:
@@ -154,6 +187,8 @@ def job_script(
         value = getattr(options, key)
         if value:
             directives.append(f"--{key}={value}")
+    if options.time:  # SIGTERM to the batch step before the limit; the wrapper passes it on
+        directives.append(f"--signal=B:TERM@{signal_lead_s(options.time)}")
     trainer = [
         "-m",
         f"trainers.{family}.train",
@@ -165,7 +200,12 @@ def job_script(
     ]
     torchrun = [py, "-m", "torch.distributed.run", "--nnodes", str(options.nodes)]
     torchrun += ["--nproc-per-node", str(options.ranks_per_node), "--rdzv-backend", "c10d"]
-    wrapper = [py, "-m", "rlhf_lab._wrapper", run_dir, "--", "srun", "--kill-on-bad-exit=1"]
+    # srun: one task (one torchrun) per node, said explicitly rather than inherited; the CPUs per
+    # task are passed on too (srun no longer inherits --cpus-per-task from sbatch, Slurm 22.05+)
+    srun = ["srun", f"--nodes={options.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if options.cpus_per_task:
+        srun.append(f"--cpus-per-task={options.cpus_per_task}")
+    wrapper = [py, "-m", "rlhf_lab._wrapper", run_dir, "--", *srun]
     lines = [
         "#!/bin/bash",
         *(f"#SBATCH {d}" for d in directives),
@@ -248,12 +288,17 @@ def job_state(job_id: str) -> tuple[str | None, str | None]:
 
 
 def slurm_run_state(
-    record: dict, exit_known: bool, local: tuple[str, str | None]
+    record: dict,
+    exit_known: bool,
+    local: tuple[str, str | None],
+    time_limit_signal: bool = False,
 ) -> tuple[str, str | None, bool, str | None]:
     """(run state, error, alive, Slurm state) of a Slurm run. ``local``: the state and error the
     lab's exit record and the trainer's summary give once the job is over (the local rule with
     no live process); ``exit_known``: the wrapper wrote exit.json. A job counts as running until
-    it has left Slurm's queue (``COMPLETING`` included), so Slurm's final state is never missed."""
+    it has left Slurm's queue (``COMPLETING`` included), so Slurm's final state is never missed.
+    ``time_limit_signal``: the wrapper got Slurm's SIGTERM before the time limit, so a trainer
+    that checkpointed and exited on it still ends the run ``failed`` with the time limit."""
     slurm = record.get("slurm") or {}
     job_id = str(slurm.get("job_id") or "")
     recorded = record.get("state")
@@ -271,6 +316,15 @@ def slurm_run_state(
         if state == "TIMEOUT" and slurm.get("time"):
             why += f" ({slurm['time']})"
         return "failed", f"{why}; job {job_id}" + (f" ({reason})" if reason else ""), False, state
+    if time_limit_signal and not record.get("stop_requested_at"):
+        limit = f" ({slurm['time']})" if slurm.get("time") else ""
+        return (
+            "failed",
+            f"Slurm's time limit{limit} was near: the trainer got SIGTERM before it and "
+            f"checkpointed (resume continues from the checkpoint); job {job_id}",
+            False,
+            state,
+        )
     if state == "CANCELLED" and not record.get("stop_requested_at"):
         return "failed", f"the Slurm job {job_id} was cancelled outside the lab", False, state
     if state is None and not exit_known:
@@ -292,7 +346,7 @@ def stop_slurm_run(record: dict, grace_s: float) -> bool:
         return False
     if state not in RUNNING_STATES:
         return False
-    _slurm("scancel", "--signal=TERM", job_id)
+    _slurm(*SIGNAL_TASKS, job_id)
     deadline = time.time() + max(grace_s, 0.0)
     while time.time() < deadline:
         if job_state(job_id)[0] not in RUNNING_STATES:

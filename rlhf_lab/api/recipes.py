@@ -189,22 +189,37 @@ def estimate_memory(
     overrides: list[str] | None = None,
     shrink: bool = True,
     device: str = "auto",
+    gpus: str | int | None = None,
+    nproc: int | None = None,
 ) -> MemoryCheck:
     """The peak training memory of a recipe (shrunk by default) against what the device a launch
-    would use has free now, with a verdict naming the runs already on it."""
+    would use has free now, with a verdict naming the runs already on it. ``gpus`` / ``nproc``
+    as for a launch (torchrun, FSDP2): the estimate is one rank's, checked against each GPU (on
+    the CPU, all ranks share the RAM); ``device`` is then the device with the least free."""
     family, algorithm, config, rid = _resolved(recipe, model, list(overrides or []), shrink)
-    target = resolve_device(device, config)
-    kind: Literal["cuda", "cpu"] = "cpu" if target == "cpu" else "cuda"
+    world, targets = 1, [resolve_device(device, config)]
+    if gpus is not None or nproc is not None:
+        world, targets = _world_targets(family, config, device, gpus, nproc)
+    kind: Literal["cuda", "cpu"] = "cpu" if targets[0] == "cpu" else "cuda"
     try:
-        est = estimate_config_memory(family, algorithm, config, device=kind)
+        est = estimate_config_memory(family, algorithm, config, device=kind, world_size=world)
     except LabError as err:
         raise err.with_next(OFFLINE_MODEL) from None
-    free = device_free_gb(target)
-    ok = None if free is None else fits(est.total_gb, free)
-    verdict = _verdict(f"~{est.total_gb:.2f} GiB ({est.peak_phase} phase)", target, free, ok)
-    busy = [s.id for s in active_runs(target)]
+    ranks_here = world if kind == "cpu" else 1  # CPU ranks share one RAM
+    frees = {t: device_free_gb(t) for t in targets}
+    target = min(targets, key=lambda t: -1.0 if frees[t] is None else frees[t])
+    free = frees[target]
+    need_gb = est.total_gb * ranks_here
+    ok = None if free is None else fits(need_gb, free)
+    need = f"~{need_gb:.2f} GiB ({est.peak_phase} phase)"
+    if world > 1:
+        need = f"~{est.total_gb:.2f} GiB per rank × {world} ranks ({est.peak_phase} phase)"
+        if kind == "cuda":
+            need = f"~{est.total_gb:.2f} GiB on each of {len(targets)} GPUs ({est.peak_phase})"
+    verdict = _verdict(need, target, free, ok)
+    busy = [s.id for t in targets for s in active_runs(t)]
     if busy:
-        verdict += f". Running on {target} now: {', '.join(busy)}"
+        verdict += f". Running on {', '.join(targets)} now: {', '.join(dict.fromkeys(busy))}"
     return MemoryCheck(
         recipe=rid,
         family=family,
@@ -217,3 +232,24 @@ def estimate_memory(
         fits=ok,
         verdict=verdict,
     )
+
+
+def _world_targets(
+    family: str, config: dict, device: str, gpus: str | int | None, nproc: int | None
+) -> tuple[int, list[str]]:
+    """(world size, the devices the ranks would use) of a launch with ``gpus`` / ``nproc``:
+    refused as the launch refuses them (a GPU this machine does not show, more ranks than the
+    batch allows); GPUs a launch would pick are the freest ones now."""
+    from rlhf_lab.runs import resolve_placement
+    from rlhf_lab.runs.devices import freest_gpus
+    from rlhf_lab.runs.launch import _held_devices
+    from rlhf_lab.runs.world import check_world_size
+
+    placement = resolve_placement(device, gpus, nproc, config)
+    world = placement.nproc if placement.distributed else 1
+    check_world_size(family, config, world)
+    devices = list(dict.fromkeys(placement.devices))
+    if not devices:  # as a launch picks: the freest GPUs no run holds, else the freest
+        wanted = placement.gpus_wanted or 1
+        devices = freest_gpus(wanted, _held_devices()) or freest_gpus(wanted, set()) or []
+    return world, devices or [resolve_device(device, config)]

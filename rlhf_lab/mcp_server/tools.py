@@ -135,6 +135,8 @@ def estimate_memory(
     overrides: OverridesArg = [],  # noqa: B006
     shrink: Annotated[bool, Field(description="the shrunk config (false: the full recipe)")] = True,
     device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
+    gpus: Annotated[str | None, Field(description="as launch_run; per-rank estimate")] = None,
+    nproc: Annotated[int | None, Field(description="as launch_run")] = None,
 ) -> Annotated[Result, MemoryCheck]:
     check = _call(
         "estimate_memory",
@@ -145,6 +147,8 @@ def estimate_memory(
         list(overrides),
         shrink,
         device,
+        gpus,
+        nproc,
     )
     return reply(check)
 

@@ -54,7 +54,7 @@ from rlhf_lab.runs.launch import (
 from rlhf_lab.runs.process import (
     _alive,
     _device_lock,
-    _devices_lock,
+    _devices_hold,
     _marker,
     _process_alive,
     _reap_in_background,
@@ -139,7 +139,7 @@ __all__ = [
     "_derive_state",
     "_describe",
     "_device_lock",
-    "_devices_lock",
+    "_devices_hold",
     "_eta",
     "_git_info",
     "_info",

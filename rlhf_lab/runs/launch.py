@@ -10,7 +10,8 @@ exactly as long as the run and is the process that writes ``exit.json``); the wr
 
 Device exclusivity: :func:`launch` allows one training job per device (``cpu``, ``cuda:N``)
 unless the caller's memory check says both fit (``fits_together=True``) or ``force=True``. The
-check and the start happen under a file lock per device, so two racing launches never both start.
+check and the start happen under one lab-wide lock (``process._devices_hold``: launches, the queue
+worker and resumes all take it), so two racing starts never both get a device.
 ``queue=True`` writes the run as ``queued`` and makes sure the queue worker runs.
 
 Functions that tests replace (``start_run``, ``trainer_argv``, ``ensure_queue_worker``,
@@ -39,7 +40,7 @@ from rlhf_lab.runs.devices import (
     resolve_device,
     resolve_placement,
 )
-from rlhf_lab.runs.process import _devices_lock, _run_lock
+from rlhf_lab.runs.process import _devices_hold, _run_lock
 from rlhf_lab.runs.records import (
     LaunchResult,
     RunInfo,
@@ -540,29 +541,28 @@ def launch(
             message=msg,
         )
 
-    with _devices_lock([] if not placement.devices else ["placement"]):
+    with _devices_hold():  # the check and the hold are one step (process._devices_hold)
         if not placement.devices:  # the freest GPUs no run holds, else the freest GPUs
             picked = freest_gpus(placement.gpus_wanted, _held_devices())
             chosen = picked or freest_gpus(placement.gpus_wanted, set()) or []
             placement = placement.model_copy(update={"devices": chosen, "gpus_wanted": 0})
             made["placement"] = placement
-        with _devices_lock(placement.devices):
-            busy = _busy_on(placement.devices)
-            if busy and not force and not fits_together:
-                why = (
-                    "the memory check said both do not fit"
-                    if fits_together is False
-                    else "no memory check said both fit"
-                )
-                raise _busy_error(_where(placement), busy, why)
-            info = prepare_run(
-                family, algorithm, config_data, campaign, config_source, overrides, **links, **made
+        busy = _busy_on(placement.devices)
+        if busy and not force and not fits_together:
+            why = (
+                "the memory check said both do not fit"
+                if fits_together is False
+                else "no memory check said both fit"
             )
-            try:
-                info = lab.start_run(info.id)
-            except Exception as err:
-                _mark_failed(Path(info.run_dir), f"could not start: {err}")
-                raise
+            raise _busy_error(_where(placement), busy, why)
+        info = prepare_run(
+            family, algorithm, config_data, campaign, config_source, overrides, **links, **made
+        )
+        try:
+            info = lab.start_run(info.id)
+        except Exception as err:
+            _mark_failed(Path(info.run_dir), f"could not start: {err}")
+            raise
     shared = [s.id for s in busy]
     msg = f"started {info.id} on {_where(placement)} (pid {info.pid})"
     if shared:
@@ -732,7 +732,7 @@ def resume_run(
     if len(devices) <= 1:  # a run on several devices resumes on the same set (same world size)
         devices = [resolve_device(device or status.device or "auto")]
     dev = ",".join(devices)
-    with _devices_lock(devices):
+    with _devices_hold():
         busy = _busy_on(devices, exclude=run_id)
         if busy and not force and not fits_together:
             raise _busy_error(dev, busy, None, resuming=run_id)

@@ -30,7 +30,7 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
 
 @contextmanager
 def _device_lock(device: str) -> Iterator[None]:
-    """The device's launch lock: the busy check and the start happen under it."""
+    """A named launch lock of the lab (``launch-<name>.lock``)."""
     from filelock import FileLock
 
     name = device.replace(":", "-")
@@ -39,14 +39,13 @@ def _device_lock(device: str) -> Iterator[None]:
 
 
 @contextmanager
-def _devices_lock(devices: list[str]) -> Iterator[None]:
-    """The launch locks of every device of a run, taken in one order (no two launches
-    deadlock), plus the placement lock while GPUs are still to be picked (``[]``)."""
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        for device in sorted(set(devices)) or ["placement"]:
-            stack.enter_context(_device_lock(device))
+def _devices_hold() -> Iterator[None]:
+    """THE lock under which every start checks that the devices it will use are free and takes
+    them: a launch (named devices or picked ones), the queue worker starting a queued run, a
+    resume. One lab-wide lock, not one per device: a GPU the lab picks for a queued run is not
+    known before the pick, so a per-device lock could not keep a launch that names that GPU
+    from taking it at the same moment."""
+    with _device_lock("placement"):
         yield
 
 

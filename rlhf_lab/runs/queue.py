@@ -19,7 +19,7 @@ import sys
 import time
 
 from rlhf_lab.paths import find_run
-from rlhf_lab.runs.process import _devices_lock
+from rlhf_lab.runs.process import _devices_hold
 from rlhf_lab.runs.records import RunInfo, _lab_dir, _read_run_json, _source_dir, patchable
 from rlhf_lab.runs.state import run_state
 
@@ -88,7 +88,7 @@ def _start_when_free(run_id: str, poll_s: float = 1.0) -> RunInfo | None:
             return None
         record = _read_run_json(find_run(run_id)) or {}
         devices = held_devices(record)
-        with _devices_lock(devices):
+        with _devices_hold():
             if devices:
                 free = not _busy_on(devices)
             else:

@@ -185,7 +185,8 @@ def _slurm_status(run_dir: Path, record: dict) -> RunStatus:
     summary, _ = read_summary(run_dir)
     ended = {**record, "state": "running", "pid": record.get("pid") or -1}
     local = _derive_state(ended, False, exit_info, summary, proc_info)
-    state, error, alive, slurm_state = slurm_run_state(record, exit_info is not None, local)
+    warned = exit_info is not None and exit_info.slurm_time_limit_signal
+    state, error, alive, slurm_state = slurm_run_state(record, exit_info is not None, local, warned)
     block = record.get("slurm") or {}
     if state != record.get("state") or (slurm_state and slurm_state != block.get("state")):
         with _run_lock(run_dir):
@@ -208,7 +209,7 @@ def _slurm_status(run_dir: Path, record: dict) -> RunStatus:
     status = _build_status(
         run_dir, record, state, alive, proc_info, exit_info, summary, progress, error
     )
-    if error and state == "failed" and slurm_state in _slurm_failures():
+    if error and state == "failed" and (slurm_state in _slurm_failures() or warned):
         status.error = error  # Slurm's reason comes first (the trainer only saw a SIGTERM)
     status.slurm_job = str(block.get("job_id")) if block.get("job_id") else None
     status.slurm_state = slurm_state

@@ -260,6 +260,27 @@ def test_memory_is_checked_on_each_device(lab, monkeypatch):
     assert ok.devices == ["cuda:0", "cuda:1"]
 
 
+def test_estimate_memory_takes_gpus_and_nproc_like_a_launch(lab, monkeypatch):
+    """The API/MCP estimate with ``gpus`` / ``nproc``: one rank's estimate, checked against
+    the GPU with the least free memory (CPU: all ranks in one RAM); bad input as a launch."""
+    fake_inventory(monkeypatch, [40, 40, 0.001, 40])
+    one = api.estimate_memory("sft", model="tiny", overrides=QUICK)
+    four = api.estimate_memory("sft", model="tiny", overrides=QUICK, gpus="0,1,2,3")
+    assert four.estimate.world_size == 4 and one.estimate.world_size == 1
+    assert four.estimate.total_gb < one.estimate.total_gb
+    assert four.device == "cuda:2" and four.fits is False  # the tightest GPU decides
+    assert "on each of 4 GPUs" in four.verdict
+    two = api.estimate_memory("sft", model="tiny", overrides=QUICK, gpus="0,1")
+    assert two.fits is True and two.device in ("cuda:0", "cuda:1")
+    cpu = api.estimate_memory("sft", model="tiny", overrides=QUICK, nproc=2)
+    assert cpu.device == "cpu" and cpu.estimate.world_size == 2
+    assert "per rank × 2 ranks" in cpu.verdict
+    with pytest.raises(InvalidArgument, match="more than the global batch allows"):
+        api.estimate_memory("sft", model="tiny", overrides=QUICK, nproc=16)
+    with pytest.raises(LabError, match="GPU"):
+        api.estimate_memory("sft", model="tiny", overrides=QUICK, gpus="7,")
+
+
 def test_world_size_against_the_batches():
     pg = {"rollout": {"prompts_per_step": 4}, "train": {"batch_size": 2}}
     check_world_size("policy_gradients", pg, 2)

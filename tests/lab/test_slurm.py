@@ -5,9 +5,11 @@ up by tests/e2e/slurm.py; ``.ci/run`` does it before the suite and sets
 Three shrunk tiny SFT runs are submitted together (module fixture) so that their start-up
 overlaps: one goes through Slurm to ``succeeded`` (pending -> running -> succeeded, the log read
 by ``tail``); one is stopped while it trains (``scancel --signal=TERM`` to the job's steps: the
-trainer checkpoints, the run is ``stopped`` and resumes as a new job); one is killed by Slurm's
-time limit (``--time 1``: one minute) and is ``failed`` with that reason. The cheap checks (the
-job script, ``plan --slurm``, a machine without sbatch, bad options) need no cluster.
+trainer checkpoints, the run is ``stopped`` and resumes as a new job); one reaches Slurm's time
+limit (``--time 10``, lowered by ``scontrol`` once it trains): Slurm's SIGTERM 30 s before the
+limit reaches the trainer, which checkpoints; the run is ``failed`` with that reason and
+``resume`` continues it from the checkpoint. The cheap checks (the job script, ``plan --slurm``,
+a machine without sbatch, bad options) need no cluster.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pytest
 import rlhf_lab.api as api
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
-from rlhf_lab.slurm import SlurmOptions, job_script
+from rlhf_lab.slurm import SlurmOptions, job_script, signal_lead_s, time_limit_s
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = [
@@ -77,8 +79,11 @@ def cluster(tmp_path_factory):
     submitted = {
         "ok": api.launch_experiment("sft", QUICK, model="tiny", campaign="slurm", slurm={}),
         "stop": api.launch_experiment("sft", LONG, model="tiny", campaign="slurm", slurm={}),
+        # ten minutes asked; once it trains the test lowers the limit with scontrol (a start-up
+        # slower than the limit would leave nothing to checkpoint: on a loaded machine torchrun
+        # took two minutes to start)
         "limit": api.launch_experiment(
-            "sft", LONG, model="tiny", campaign="slurm", slurm={"time": "1"}
+            "sft", LONG, model="tiny", campaign="slurm", slurm={"time": "10"}
         ),
     }
     yield {name: result.run.id for name, result in submitted.items()}
@@ -133,14 +138,47 @@ def test_stop_signals_the_job_and_the_run_is_stopped_then_resubmitted(cluster):
 
 
 @pytest.mark.slow
-def test_slurm_time_limit_fails_the_run_with_the_reason(cluster):
+def test_slurm_time_limit_checkpoints_fails_with_the_reason_and_resumes(cluster):
+    """#SBATCH --signal=B:TERM@30: the wrapper passes Slurm's warning to the trainer, which
+    checkpoints and exits before the limit; the run is failed with the time limit as its reason
+    and resume resubmits it from that checkpoint."""
     run_id = cluster["limit"]
+    run_dir = Path(runs.run_state(run_id).run_dir)
+    assert "#SBATCH --signal=B:TERM@30" in (run_dir / "job.sh").read_text()
+    wait_until(
+        lambda: (s := runs.run_state(run_id)).state == "running" and (s.step or 0) >= 6,
+        DEADLINE_S,
+        "the run to train past its first checkpoint",
+    )
+    job = runs.run_state(run_id).slurm_job
+    elapsed = subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%M"], capture_output=True, text=True
+    ).stdout.strip()  # [D-]H:MM:SS or M:SS
+    minutes = sum(int(x) * 60**i for i, x in enumerate(reversed(elapsed.split(":")))) // 60
+    lowered = subprocess.run(
+        ["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes + 1}"],
+        capture_output=True,
+        text=True,
+    )
+    assert lowered.returncode == 0, lowered.stderr
     final = wait_until(
         lambda: (s := runs.run_state(run_id)).terminal and s, DEADLINE_S, "the time limit"
     )
-    assert final.state == "failed"
-    assert final.slurm_state == "TIMEOUT"
-    assert "time limit" in final.error and "(1)" in final.error
+    log = (run_dir / "train.log").read_text()
+    assert final.state == "failed", (final.error, log[-2000:])
+    assert "time limit" in final.error and "(10)" in final.error, final.error
+    assert "Slurm's time limit is near" in log and "SIGTERM" in log
+    saved = [int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*")]
+    steps = [line for line in log.splitlines() if "step " in line][-3:]
+    assert saved and max(saved) >= 5, (steps, log[:1500])  # written when the warning came
+    resumed = api.resume_run(run_id)
+    assert resumed.queued and "--resume" in (run_dir / "job.sh").read_text()
+    wait_until(
+        lambda: "resumed from step-" in (run_dir / "train.log").read_text(),
+        DEADLINE_S,
+        "the resubmitted job to resume from the checkpoint",
+    )
+    runs.stop_run(run_id, grace_s=60)
 
 
 # ------------------------------------------------------------------------ no cluster needed
@@ -162,10 +200,66 @@ def test_job_script_runs_srun_and_torchrun_with_rendezvous_on_the_first_node(tmp
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert "--nnodes 2 --nproc-per-node 4 --rdzv-backend c10d" in text
     assert '--rdzv-endpoint "$head_node:$rdzv_port"' in text
-    assert "srun --kill-on-bad-exit=1" in text and "rlhf_lab._wrapper" in text
+    assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 " in text
+    assert "rlhf_lab._wrapper" in text
+    # every node's torchrun meets the others at the first node's c10d store; the job id names
+    # the rendezvous and the node ranks come from it (never run on several nodes here)
+    assert '--rdzv-id "$SLURM_JOB_ID"' in text
+    assert text.index("head_node=") < text.index("exec ")
+    cpus = job_script("a-1", "sft", "/r", SlurmOptions(nodes=2, cpus_per_task=8), source_dir=ROOT)
+    assert "#SBATCH --cpus-per-task=8" in cpus and "--kill-on-bad-exit=1 --cpus-per-task=8" in cpus
     assert "-m trainers.direct_alignment.train --config" in text
     syntax = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def test_a_time_limit_asks_slurm_for_sigterm_before_it():
+    assert [time_limit_s(t) for t in ("1", "2:30", "1:00:00", "1-0", "1-2:3", "0-0:1:5")] == [
+        60,
+        150,
+        3600,
+        86400,
+        93780,
+        65,
+    ]
+    assert [signal_lead_s(t) for t in ("1", "2", "1:00:00", "2-0")] == [30, 30, 180, 300]
+    timed = job_script("a-1", "sft", "/r", SlurmOptions(time="1:00:00"), source_dir=ROOT)
+    assert "#SBATCH --signal=B:TERM@180" in timed
+    untimed = job_script("a-1", "sft", "/r", SlurmOptions(), source_dir=ROOT)
+    assert "--signal" not in untimed  # no limit asked: the cluster's default, no warning
+
+
+def test_the_wrapper_records_slurms_time_limit_sigterm_and_leaves_srun_alone(tmp_path):
+    """In a job (RLHF_LAB_SLURM=1) a SIGTERM to the wrapper is not forwarded to its child
+    (srun would kill the tasks at once); it is recorded in exit.json. A real wrapper and child."""
+    import json
+    import signal
+
+    child = "import time, sys; time.sleep(4); sys.exit(7)"
+    env = {**os.environ, "RLHF_LAB_SLURM": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("SLURM_JOB_ID", None)
+    wrapper = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlhf_lab._wrapper",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(lambda: (tmp_path / "process.json").is_file(), 30, "the child to start")
+    wrapper.send_signal(signal.SIGTERM)
+    _, err = wrapper.communicate(timeout=30)
+    assert wrapper.returncode == 7  # the child ran to its own end
+    record = json.loads((tmp_path / "exit.json").read_text())
+    assert record["exit_code"] == 7 and record["slurm_time_limit_signal"] is True
+    assert "time limit is near" in err
 
 
 def test_without_sbatch_a_slurm_launch_is_refused_before_anything_is_written(tmp_path, monkeypatch):

@@ -265,13 +265,16 @@ def run_trainer(
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
     multi_process: bool = True,
+    lora_multi_process: bool = False,
 ) -> int:
     """Validate, create the run directory, call ``train(cfg, run, resume)``, record the outcome.
 
     ``train`` returns the summary of a successful run (a ``SummaryFile``, or its fields) and
     writes progress/metrics itself. ``planned_steps(cfg)``: the total steps when the config
     alone tells them (for the first progress.json). ``multi_process=False``: the family does
-    not run under torchrun yet (one clear error, nothing written). Returns the exit code.
+    not run under torchrun yet (one clear error, nothing written); ``lora_multi_process``: its
+    LoRA runs are checked under torchrun too (else LoRA there is that error). Returns the exit
+    code.
     """
     args = parse_args(argv, description)
     run_dir = Path(args.run_dir)
@@ -300,9 +303,10 @@ def run_trainer(
                 f"({ranks.size} processes): start it with python -m"
             )
         lora = getattr(getattr(cfg, "model", None), "lora", None)
-        if ranks.distributed and lora is not None and lora.enabled:
+        if ranks.distributed and lora is not None and lora.enabled and not lora_multi_process:
             raise ConfigError(
-                "LoRA runs on one process in this version, not under torchrun: start it with "
+                "LoRA runs on one process for this trainer in this version, not under torchrun "
+                "(sft, direct_alignment and reward_models shard LoRA runs): start it with "
                 "python -m, or train in full (model.lora.enabled=false) to shard it"
             )
         preflight(cfg)
@@ -377,6 +381,7 @@ def trainer_main(
     planned_steps: Callable[[C], int | None] | None = None,
     *,
     multi_process: bool = True,
+    lora_multi_process: bool = False,
 ) -> Callable[[list[str] | None], int]:
     """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
     (the command's description is the first line of ``doc``, the module docstring)."""
@@ -390,6 +395,7 @@ def trainer_main(
             train=train,
             planned_steps=planned_steps,
             multi_process=multi_process,
+            lora_multi_process=lora_multi_process,
         )
 
     return main

@@ -517,10 +517,11 @@ class TrainingRun:
         """Write ``final_model/`` when the config asks for it (``save(model, tokenizer, path)``
         for models that are not plain transformers); returns its path, or None. A model with
         LoRA adapters also writes ``final_adapter/`` and merges them into ``final_model/``
-        (:func:`trainers.core.lora.save_final`; the model is merged afterwards; one process
-        only). Under torchrun the shards are consolidated into one ordinary folder that rank 0
+        (:func:`trainers.core.lora.save_final`; on one process the model is merged
+        afterwards; under torchrun rank 0 writes both from the consolidated state and the model
+        is left as it is). Under torchrun the shards are consolidated into one ordinary folder that rank 0
         writes (``save`` then gets the whole state dict as ``state_dict=``)."""
-        from trainers.core.lora import has_adapters, save_final
+        from trainers.core.lora import has_adapters, save_final, save_final_from_state
 
         if not self.checkpointing.save_final_model:
             return None
@@ -529,7 +530,10 @@ class TrainingRun:
         self.progress("saving")
         path = self.run.path / "final_model"
         whole = {"state_dict": full_state_dict(model)} if world().distributed else {}
-        if has_adapters(model):
+        if has_adapters(model) and world().distributed:  # LoRA under torchrun: rank 0
+            if world().is_main:
+                save_final_from_state(model, tokenizer, path, whole["state_dict"], save)
+        elif has_adapters(model):
             save_final(model, tokenizer, path, save)
         elif world().is_main and save is not None:
             save(model, tokenizer, path, **whole)

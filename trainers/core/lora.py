@@ -190,6 +190,8 @@ def add_adapters(model: torch.nn.Module, lora: LoraSection) -> torch.nn.Module:
 
     from peft import get_peft_model
 
+    check_shardable_dtype(model)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # a transformers deprecation, in peft
         adapted = get_peft_model(model, lora_config(lora, model))
@@ -202,6 +204,23 @@ def add_adapters(model: torch.nn.Module, lora: LoraSection) -> torch.nn.Module:
         flush=True,
     )
     return adapted
+
+
+def check_shardable_dtype(model: torch.nn.Module) -> None:
+    """Under torchrun, refuse 16-bit base weights: peft keeps adapters in fp32, and FSDP2 cannot
+    put fp32 adapters and 16-bit weights in one unit (a bf16 run on CUDA loads fp32 weights and
+    computes in bf16 under FSDP, so it is not affected)."""
+    import torch
+
+    from trainers.core.distributed import world
+
+    dtype = next(model.parameters()).dtype
+    if world().distributed and dtype in (torch.float16, torch.bfloat16):
+        raise ConfigError(
+            f"LoRA under torchrun with {str(dtype).removeprefix('torch.')} weights: FSDP2 cannot "
+            "shard fp32 adapters beside 16-bit weights in one unit; set model.dtype=fp32 (on "
+            "CUDA bf16 works: the weights load in fp32 and compute in bf16)"
+        )
 
 
 def has_adapters(module: torch.nn.Module) -> bool:
@@ -297,9 +316,15 @@ class CheckpointView:
 
 
 def checkpointable(model: Any) -> Any:
-    """``model`` itself, or its :class:`CheckpointView` when it has adapters."""
+    """``model`` itself, or its :class:`CheckpointView` when it has adapters (one process; a
+    sharded checkpoint takes the model and leaves its frozen base out itself:
+    :func:`sharded_state_options`)."""
     import torch
 
+    from trainers.core.distributed import world
+
+    if world().distributed:
+        return model
     if isinstance(model, torch.nn.Module) and has_adapters(model):
         return CheckpointView(model)
     return model
@@ -374,3 +399,129 @@ def describe(model: torch.nn.Module) -> dict[str, Any]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"trainable_params": trainable, "total_params": total}
+
+
+# ---------------------------------------------------------------------------------------------
+# Under torchrun: the adapted model sharded with FSDP2
+# ---------------------------------------------------------------------------------------------
+#
+# The families add adapters first and shard afterwards (peft's wrapper, then ``fully_shard`` per
+# decoder layer: a layer's frozen base weights and trainable adapters share one FSDP unit, which
+# FSDP2 allows; only the adapters get gradients and optimizer states). The reference stays the
+# same sharded model with its adapters switched off. A sharded checkpoint holds the trainable
+# tensors and their optimizer state only (``sharded_state_options``); the final adapter and the
+# merged model are written by rank 0 from the consolidated state dict
+# (:func:`save_final_from_state`), with the merge done on those tensors (:func:`merged_state`).
+
+
+def sharded_state_options(model: Any) -> dict[str, Any]:
+    """Keyword arguments of ``torch.distributed.checkpoint.state_dict.StateDictOptions`` for a
+    sharded checkpoint of ``model``: with adapters, the frozen base is left out (it is the
+    model the run started from) and loading does not ask for it."""
+    if has_adapters(model):
+        return {"ignore_frozen_params": True, "strict": False}
+    return {}
+
+
+def sharded_model_state(model: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """What a sharded checkpoint keeps of ``model``'s state dict ``state``: with adapters, the
+    trainable tensors only (a frozen weight tied to another, like a tied LM head, is not
+    reached by ``ignore_frozen_params``, which goes by parameter); else all of it."""
+    if not has_adapters(model):
+        return state
+    keep = set(trainable_names(model))
+    return {k: v for k, v in state.items() if k in keep}
+
+
+def _peft_path(model: torch.nn.Module) -> tuple[str, Any]:
+    """(prefix of the state-dict keys under the one peft wrapper in ``model``, that wrapper)."""
+    from peft import PeftModel
+
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, PeftModel)]
+    if len(found) != 1:
+        raise ValueError(f"expected one adapted model inside {type(model).__name__}")
+    name, adapted = found[0]
+    return (f"{name}." if name else ""), adapted
+
+
+def merged_state(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """The state dict of ``model`` with its LoRA adapters merged into the base weights, from
+    ``state`` (``model``'s own consolidated state dict, adapters included): each adapted layer's
+    weight becomes W + scaling·B·A (transposed for GPT-2's Conv1D layers), the adapter tensors
+    go, and the keys are those of the model without peft (``backbone.model.layers.0...``)."""
+    from peft.tuners.lora import LoraLayer
+
+    prefix, adapted = _peft_path(model)
+    adapter = adapted.active_adapter
+    out = dict(state)
+    for name, layer in model.named_modules():
+        if not isinstance(layer, LoraLayer) or adapter not in layer.lora_A:
+            continue
+        weight = f"{name}.base_layer.weight"
+        a = state[f"{name}.lora_A.{adapter}.weight"].float()
+        b = state[f"{name}.lora_B.{adapter}.weight"].float()
+        delta = (b @ a) * layer.scaling[adapter]
+        if layer.fan_in_fan_out:
+            delta = delta.T
+        out[weight] = (state[weight].float() + delta).to(state[weight].dtype)
+    plain: dict[str, Any] = {}
+    for key, value in out.items():
+        if ".lora_" in key:
+            continue
+        key = key.replace(".base_layer.", ".")
+        if key.startswith(prefix + "base_model.model."):
+            key = prefix + key[len(prefix + "base_model.model.") :]
+        plain[key] = value
+    return plain
+
+
+@contextlib.contextmanager
+def without_peft(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` with its peft wrapper replaced by the model it wraps for the duration (the
+    object a plain save is called on: its config and class, not its tensors, matter)."""
+    prefix, adapted = _peft_path(model)
+    if not prefix:
+        yield adapted.get_base_model()
+        return
+    parent_name, _, attr = prefix[:-1].rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    parent._modules[attr] = adapted.get_base_model()
+    try:
+        yield model
+    finally:
+        parent._modules[attr] = adapted
+
+
+def save_final_from_state(
+    model: torch.nn.Module, tokenizer: Any, path: Path, state: dict[str, Any], save=None
+) -> None:
+    """:func:`save_final` for a sharded model, on rank 0, from ``state`` (the consolidated
+    state dict, CPU tensors): ``final_adapter/`` (peft's folder from the adapter tensors, plus
+    any trained head) and ``path``, the merged model. ``model`` itself is left as it is."""
+    from safetensors.torch import save_file
+
+    from trainers.core.tiny import quiet_hf
+
+    prefix, adapted = _peft_path(model)
+    folder = path.parent / ADAPTER_DIR
+    own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    with quiet_hf():
+        adapted.save_pretrained(folder, state_dict=own)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+    inside = {id(p) for p in adapted.parameters()}
+    heads = {
+        name: state[name].detach().float().cpu().contiguous()
+        for name, p in model.named_parameters()
+        if p.requires_grad and id(p) not in inside and name in state
+    }
+    if heads:
+        save_file(heads, str(folder / HEAD_FILE))
+    merged = merged_state(state, model)
+    with without_peft(model) as plain:
+        if save is not None:
+            save(plain, tokenizer, path, state_dict=merged)
+        else:
+            with quiet_hf():
+                plain.save_pretrained(path, state_dict=merged)
+                tokenizer.save_pretrained(path)

@@ -148,6 +148,7 @@ class ExitFile(_FileModel):
     ended_at: str | None = None
     trainer_pid: int | None = None
     error: str | None = None
+    slurm_time_limit_signal: bool = False  # Slurm's SIGTERM before the time limit came
 
 
 class ProgressFile(_FileModel):

@@ -253,6 +253,7 @@ def save_sharded_checkpoint(
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from trainers.core.distributed import barrier, world
+    from trainers.core.lora import sharded_model_state
 
     w = world()
     final = checkpoints_dir / f"step-{step:07d}"
@@ -262,7 +263,8 @@ def save_sharded_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_sharded_options(model))
+    model_sd = sharded_model_state(model, model_sd)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / SHARDS))
     torch.save(rng_state(), tmp / _rng_file(w.rank))
     barrier()
@@ -299,6 +301,7 @@ def load_sharded_checkpoint(
 
     from trainers.core.config import ConfigError
     from trainers.core.distributed import world
+    from trainers.core.lora import sharded_model_state
 
     w = world()
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
@@ -309,13 +312,30 @@ def load_sharded_checkpoint(
             f"{w.size}; resume with {saved_size} processes (sharded checkpoints resume on the "
             "same number of processes)"
         )
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = _sharded_options(model)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    model_sd = sharded_model_state(model, model_sd)
     sd = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(sd, checkpoint_id=str(path / SHARDS))
-    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=sd["model"],
+        optim_state_dict=sd["optimizer"],
+        options=options,
+    )
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(torch.load(path / _rng_file(w.rank), map_location="cpu", weights_only=False))
     return state
+
+
+def _sharded_options(model: torch.nn.Module) -> Any:
+    """The state-dict options of a sharded checkpoint (LoRA: the adapters only)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    from trainers.core.lora import sharded_state_options
+
+    return StateDictOptions(**sharded_state_options(model))
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -451,7 +451,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     return loop.summary(cfg.loss, best, device, **info)
 
 
-main = trainer_main(__doc__, DirectAlignmentConfig, preflight, train)
+main = trainer_main(__doc__, DirectAlignmentConfig, preflight, train, lora_multi_process=True)
 
 
 if __name__ == "__main__":

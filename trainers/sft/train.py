@@ -518,7 +518,7 @@ def train(
     return loop.summary("sft", best, device, final_model=final_model, **info)
 
 
-main = trainer_main(__doc__, SFTConfig, preflight, train)
+main = trainer_main(__doc__, SFTConfig, preflight, train, lora_multi_process=True)
 
 
 if __name__ == "__main__":
