@@ -445,8 +445,9 @@ def estimate_rejection_sampling(inputs: EstimateInputs, bld: EstimateBuilder) ->
 def estimate_online_dpo(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
     """The policy trained on chosen + rejected samples; the frozen starting model resident for
     the whole run (its log-probs of new samples are needed every step, so nothing is cached),
-    unless the pair loss is reference-free; the sampling KV cache of two completions per prompt
-    of a step; the ranker's reward model (``reward.model``) and its scoring forward."""
+    unless the pair loss is reference-free; the sampling KV cache of ``online.num_samples``
+    completions per prompt of a step; the ranker's reward model (``reward.model``) and its
+    scoring forward."""
     rows = 2 * int(inputs.setting("train.batch_size", 8))
     new = int(inputs.setting("online.max_new_tokens", 64))
     seq = int(inputs.setting("data.max_length", 512))
@@ -472,7 +473,9 @@ def estimate_online_dpo(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
             bld.add("reference forward (no grad)", fwd, ["train"], f"{rows} rows × {seq} tokens")
         bld.notes.append("online DPO keeps the reference loaded: its samples are new every step")
     if inputs.arch is not None:
-        per_step = rows * int(inputs.setting("train.gradient_accumulation_steps", 1))
+        k = int(inputs.setting("online.num_samples", 2))
+        prompts = int(inputs.setting("train.batch_size", 8))
+        per_step = k * prompts * int(inputs.setting("train.gradient_accumulation_steps", 1))
         gb, how = kv_cache_gb(inputs.arch, inputs.b, per_step, prompt + new)
         bld.add("generation KV cache", gb, ["generate"], how)
     name = inputs.setting("reward.model")

@@ -68,6 +68,17 @@ def test_memory_of_online_dpo_counts_the_resident_reference_and_the_sampling_cac
     assert "reference weights (frozen)" not in [c.name for c in est.components]
 
 
+def test_online_dpo_sampling_cache_grows_with_the_samples_per_prompt():
+    cfg = shrink_config("online_dpo", model="tiny").config
+
+    def kv_gb(k: int) -> float:
+        c = dict(cfg, online={**cfg["online"], "num_samples": k})
+        est = estimate_memory("direct_alignment", "online_dpo", c, device="cpu")
+        return next(x.gb for x in est.components if x.name == "generation KV cache")
+
+    assert kv_gb(4) == pytest.approx(2 * kv_gb(2), rel=0.01)  # GiB rounded to 4 digits
+
+
 def test_memory_of_distillation_counts_the_teacher_and_both_full_logits():
     cfg = shrink_config("distill", model="tiny").config
     est = estimate_memory("distillation", "distill", cfg, device="cpu")

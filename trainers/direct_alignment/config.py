@@ -69,10 +69,15 @@ class EvalSection(StrictModel):
 
 
 class OnlineSection(StrictModel):
-    """online_dpo only: how each step's two completions per prompt are drawn from the current
+    """online_dpo only: how each step's completions per prompt are drawn from the current
     policy and which loss of the family is applied to the ranked pairs."""
 
     loss: PairwiseLoss = Field(default="dpo", description="direct-alignment loss on the pairs")
+    num_samples: int = Field(
+        default=2,
+        ge=2,
+        description="completions per prompt; the best and the worst by the ranker make the pair",
+    )
     max_new_tokens: int = Field(default=64, ge=1, description="tokens sampled per completion")
     temperature: float = Field(default=0.9, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)

@@ -5,12 +5,14 @@
 The pairs are not read from a data set: each step draws them from the policy being trained.
 Per optimizer step:
   1. take the next ``batch_size × gradient_accumulation_steps`` training prompts;
-  2. sample two completions per prompt from the CURRENT policy (one prefill per prompt, its KV
-     cache repeated: trainers/core/decoding.py), at ``online.temperature``;
-  3. score both with the ranker: the reward model's score (``reward.model``) plus, when the
+  2. sample ``online.num_samples`` completions per prompt (two, the paper's) from the CURRENT
+     policy (trainers/core/onpolicy.py: one prefill per prompt, its KV cache repeated), at
+     ``online.temperature``;
+  3. score each with the ranker: the reward model's score (``reward.model``) plus, when the
      verifier is on, reasoning-gym correctness + ``reward.format_weight``·format;
-  4. the higher score is chosen, the lower rejected; equal scores are a tie and the pair is
-     skipped (``tie_frac`` counts them; a step without an untied pair changes no weight);
+  4. the highest score is chosen, the lowest rejected (with two samples: the higher and the
+     lower); a prompt whose samples all score the same is a tie and is skipped (``tie_frac``
+     counts them; a step without an untied prompt changes no weight);
   5. per micro-batch of ``batch_size`` untied pairs: summed log-probs of both completions under
      the policy (with gradients) and the frozen starting model (the reference, kept loaded:
      the samples are new every step, so nothing can be cached), loss = ``LOSSES[online.loss]``
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainers.core.decoding import GREEDY, Sampling, sample_tokens
+from trainers.core.decoding import GREEDY, Sampling
 from trainers.core.generation import end_of_turn_ids
 from trainers.core.harness import raise_if_stopping, stop_requested
 from trainers.core.loop import (
@@ -43,6 +45,7 @@ from trainers.core.loop import (
     step_metrics,
 )
 from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.onpolicy import rows_of, sample_policy, step_generator
 from trainers.core.preferences import TokenizedExample, tokenize_records
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
@@ -63,23 +66,25 @@ from trainers.direct_alignment.losses import LOSSES, LossInputs
 # ---------------------------------------------------------------------------------------------
 
 
-def rank_pairs(scores: Tensor) -> tuple[Tensor, Tensor]:
-    """The two samples of prompt i sit at rows 2i and 2i+1 of ``scores`` (2P,). Returns
-    (``first_wins`` (P,) bool: row 2i is chosen, ``tie`` (P,) bool: equal scores, skipped)."""
-    if scores.dim() != 1 or scores.numel() % 2:
-        raise ValueError(f"scores of shape {tuple(scores.shape)} are not two per prompt")
-    pairs = scores.view(-1, 2)
-    return pairs[:, 0] > pairs[:, 1], pairs[:, 0] == pairs[:, 1]
-
-
-def chosen_rejected_rows(first_wins: Tensor, tie: Tensor) -> list[tuple[int, int, int]]:
-    """(prompt, chosen row, rejected row) of every untied pair, in prompt order."""
-    out = []
-    for i, (first, tied) in enumerate(zip(first_wins.tolist(), tie.tolist(), strict=True)):
-        if not tied:
-            a, b = 2 * i, 2 * i + 1
-            out.append((i, a, b) if first else (i, b, a))
-    return out
+def rank_samples(scores: Tensor, k: int) -> tuple[list[tuple[int, int, int]], Tensor]:
+    """The ``k`` samples of prompt i sit at rows ``k·i … k·i + k − 1`` of ``scores`` (k·P,).
+    Returns (the (prompt, chosen row, rejected row) of every untied prompt, in prompt order:
+    chosen = the highest score, the first such row; rejected = the lowest, the last such row;
+    ``tie`` (P,) bool: every sample scored the same, the prompt gives no pair)."""
+    if k < 2 or scores.dim() != 1 or scores.numel() % k:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} are not {k} per prompt")
+    groups = scores.view(-1, k)
+    best = groups.argmax(dim=1)
+    worst = k - 1 - groups.flip(1).argmin(dim=1)
+    tie = groups.amax(dim=1) == groups.amin(dim=1)
+    ranked = [
+        (i, k * i + b, k * i + w)
+        for i, (b, w, tied) in enumerate(
+            zip(best.tolist(), worst.tolist(), tie.tolist(), strict=True)
+        )
+        if not tied
+    ]
+    return ranked, tie
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,31 +181,10 @@ class Ranker:
         return parts
 
 
-def sample_two(
-    model, tokenizer, prompts: list[OnlinePrompt], cfg: DirectAlignmentConfig, generator
-) -> list[list[int]]:
-    """Two completions per prompt from the current policy (rows 2i, 2i+1 for prompt i), each
-    up to and including its first end-of-turn token."""
+def online_sampling(cfg: DirectAlignmentConfig) -> Sampling:
+    """How the training samples are drawn (``online.temperature``, ``top_p``, ``top_k``)."""
     o = cfg.online
-    was_training = model.training
-    model.eval()
-    out = sample_tokens(
-        model,
-        [p.ids for p in prompts],
-        max_new_tokens=o.max_new_tokens,
-        stop_ids=set(end_of_turn_ids(tokenizer)),
-        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        sampling=Sampling(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k),
-        repeats=2,
-        generator=generator,
-    )
-    model.train(was_training)
-    return out
-
-
-def step_generator(device: torch.device, seed: int, step: int) -> torch.Generator:
-    """The sampling RNG of one step: fixed by (seed, step), so a resumed run draws the same."""
-    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + step)
+    return Sampling(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,22 +225,14 @@ def greedy_scores(model, tokenizer, ranker: Ranker, prompts, batch_size: int, ma
     """The ranker's mean score (and its parts) of greedy completions of ``prompts``."""
     if not prompts:
         return {}
-    was_training = model.training
-    model.eval()
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    completions: list[list[int]] = []
-    for start in range(0, len(prompts), batch_size):
-        raise_if_stopping("eval_batch")
-        chunk = prompts[start : start + batch_size]
-        completions += sample_tokens(
-            model,
-            [p.ids for p in chunk],
-            max_new_tokens=max_new,
-            stop_ids=ranker.stop_ids,
-            pad_id=pad_id,
-            sampling=GREEDY,
-        )
-    model.train(was_training)
+    completions = sample_policy(
+        model,
+        tokenizer,
+        [p.ids for p in prompts],
+        max_new_tokens=max_new,
+        sampling=GREEDY,
+        batch_size=batch_size,
+    )
     parts = ranker.score(prompts, completions)
     return {f"eval/{k}": float(v.mean()) for k, v in parts.items()}
 
@@ -366,17 +342,22 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_prompts), cfg.train, cfg.seed, position):
         timer = StepTimer()
-        # 1-2. sample two completions per prompt from the current policy
+        # 1-2. sample k completions per prompt from the current policy
         loop.progress("generating")
         prompts = [train_prompts[i] for i in pos.ids]
-        completions = sample_two(
-            model, tokenizer, prompts, cfg, step_generator(device, cfg.seed, loop.step)
+        k = cfg.online.num_samples
+        completions = sample_policy(
+            model,
+            tokenizer,
+            [p.ids for p in prompts],
+            max_new_tokens=cfg.online.max_new_tokens,
+            sampling=online_sampling(cfg),
+            repeats=k,
+            generator=step_generator(device, cfg.seed, loop.step),
         )
-        # 3-4. rank them; ties are skipped
-        owners = [p for p in prompts for _ in range(2)]
-        parts = ranker.score(owners, completions)
-        first_wins, tie = rank_pairs(parts["score"])
-        ranked = chosen_rejected_rows(first_wins, tie)
+        # 3-4. rank them: best against worst; a prompt whose samples all tie is skipped
+        parts = ranker.score(rows_of(prompts, k), completions)
+        ranked, tie = rank_samples(parts["score"], k)
         pairs = [
             TokenizedExample(prompts[i].ids, completions[c], completions[r]) for i, c, r in ranked
         ]

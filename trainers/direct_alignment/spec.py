@@ -96,9 +96,10 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
     ),
     _da(
         "online_dpo",
-        summary="Each step samples two completions per prompt from the current policy, ranks "
-        "them with a reward model or the verifier, and applies a loss of the family (online.loss, "
-        "DPO by default) against the frozen starting model; ties are skipped.",
+        summary="Each step samples two (online.num_samples) completions per prompt from the "
+        "current policy, ranks them with a reward model or the verifier (best against worst), "
+        "and applies a loss of the family (online.loss, DPO by default) against the frozen "
+        "starting model; ties are skipped.",
         paper="Guo et al. 2024, Direct Language Model Alignment from Online AI Feedback",
         aliases=("online dpo", "online-dpo", "oaif"),
         loss="dpo",
@@ -115,7 +116,8 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
             "the ranker's held-out score of greedy completions (eval/score) rises",
         ),
         watch=(
-            "tie_frac (a random-init policy ties everything under the verifier: warm-start it)",
+            "tie_frac (a random-init policy ties everything under the verifier: warm-start it; "
+            "near 1, raise online.num_samples or rank with a reward model)",
             "score_chosen vs score_rejected over steps, and eval/score",
         ),
         memory_hook="online_dpo",

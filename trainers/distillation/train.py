@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from trainers.core.config import ConfigError
-from trainers.core.decoding import Sampling, sample_tokens
-from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
+from trainers.core.decoding import Sampling
+from trainers.core.generation import chat_prompt_ids
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
 from trainers.core.logprobs import position_ids_of, split_rows
 from trainers.core.loop import (
@@ -41,6 +41,7 @@ from trainers.core.loop import (
     step_metrics,
 )
 from trainers.core.models import ModelError, load_causal_lm, load_tokenizer, resolve_model
+from trainers.core.onpolicy import pad_id_of, rows_of, sample_policy, step_generator
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.training import (
@@ -127,24 +128,10 @@ def preflight(cfg: DistillationConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def sample_completions(model, tokenizer, prompt_ids, cfg: DistillationConfig, generator):
-    """``rollout.num_samples`` student completions per prompt (consecutive rows), each up to
-    and including its first end-of-turn token."""
+def student_sampling(cfg: DistillationConfig) -> Sampling:
+    """How the student samples its training completions (``rollout.*``)."""
     r = cfg.rollout
-    was_training = model.training
-    model.eval()
-    out = sample_tokens(
-        model,
-        prompt_ids,
-        max_new_tokens=r.max_new_tokens,
-        stop_ids=set(end_of_turn_ids(tokenizer)),
-        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        sampling=Sampling(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k),
-        repeats=r.num_samples,
-        generator=generator,
-    )
-    model.train(was_training)
-    return out
+    return Sampling(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
 
 
 def completion_logits(model, prompts: list[list[int]], completions: list[list[int]], pad_id):
@@ -222,7 +209,7 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     seed_everything(cfg.seed)
     device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = pad_id_of(tokenizer)
 
     run.update_phase("tokenizing")
     train_prompts, held_out, data_stats = load_run_prompts(cfg.data, cfg.seed)
@@ -286,9 +273,16 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
         # 1-2. the student samples (on-policy)
         loop.progress("generating")
         prompts = [prompt_ids[i] for i in pos.ids]
-        generator = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + loop.step)
-        completions = sample_completions(student, tokenizer, prompts, cfg, generator)
-        rows = [p for p in prompts for _ in range(k)]
+        completions = sample_policy(
+            student,
+            tokenizer,
+            prompts,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            sampling=student_sampling(cfg),
+            repeats=k,
+            generator=step_generator(device, cfg.seed, loop.step),
+        )
+        rows = rows_of(prompts, k)
         # 3-4. the teacher scores every sampled token; divergence per token, mean over the step
         loop.progress("training", epoch=pos.epoch)
         step_tokens = max(sum(len(c) for c in completions), 1)

@@ -16,8 +16,7 @@ from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig
 from trainers.direct_alignment.online import (
     OnlinePrompt,
-    chosen_rejected_rows,
-    rank_pairs,
+    rank_samples,
     ranking_metrics,
 )
 
@@ -53,20 +52,35 @@ def test_higher_score_is_chosen_and_ties_are_skipped():
     # prompt 0: 0.2 vs 0.9 -> row 1 chosen; prompt 1: 1.0 vs 0.0 -> row 2 chosen;
     # prompt 2: 0.5 vs 0.5 -> tie, skipped; prompt 3: -1 vs -3 -> row 6 chosen
     scores = torch.tensor([0.2, 0.9, 1.0, 0.0, 0.5, 0.5, -1.0, -3.0])
-    first_wins, tie = rank_pairs(scores)
-    assert first_wins.tolist() == [False, True, False, True]
+    ranked, tie = rank_samples(scores, 2)
     assert tie.tolist() == [False, False, True, False]
-    assert chosen_rejected_rows(first_wins, tie) == [(0, 1, 0), (1, 2, 3), (3, 6, 7)]
-    m = ranking_metrics({"score": scores}, chosen_rejected_rows(first_wins, tie), tie, [[1]] * 8)
+    assert ranked == [(0, 1, 0), (1, 2, 3), (3, 6, 7)]
+    m = ranking_metrics({"score": scores}, ranked, tie, [[1]] * 8)
     assert m["tie_frac"] == pytest.approx(0.25) and m["pairs"] == 3
     assert m["score_chosen"] == pytest.approx((0.9 + 1.0 - 1.0) / 3)
     assert m["score_rejected"] == pytest.approx((0.2 + 0.0 - 3.0) / 3)
     assert m["score_margin"] == pytest.approx((0.7 + 1.0 + 2.0) / 3)
 
 
-def test_rank_pairs_refuses_an_odd_number_of_scores():
-    with pytest.raises(ValueError, match="two per prompt"):
-        rank_pairs(torch.tensor([1.0, 2.0, 3.0]))
+def test_best_of_k_against_worst_of_k():
+    # k = 4. prompt 0: best 0.9 (row 2), worst 0.1 (row 1); prompt 1: two rows share the best
+    # (the first, row 4, is chosen) and two the worst (the last, row 7, is rejected);
+    # prompt 2: all equal -> tie; prompt 3: one right answer among three wrong ones -> a pair
+    scores = torch.tensor(
+        [0.5, 0.1, 0.9, 0.3, 1.0, 0.0, 1.0, 0.0, 0.2, 0.2, 0.2, 0.2, 0.0, 0.0, 1.5, 0.0]
+    )
+    ranked, tie = rank_samples(scores, 4)
+    assert ranked == [(0, 2, 1), (1, 4, 7), (3, 14, 15)]
+    assert tie.tolist() == [False, False, True, False]
+    # two samples each would have tied prompt 3's first pair (0.0, 0.0): k = 4 breaks it
+    assert rank_samples(scores[12:14], 2)[1].tolist() == [True]
+
+
+def test_rank_samples_refuses_scores_not_k_per_prompt():
+    with pytest.raises(ValueError, match="not 2 per prompt"):
+        rank_samples(torch.tensor([1.0, 2.0, 3.0]), 2)
+    with pytest.raises(ValueError, match="not 4 per prompt"):
+        rank_samples(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), 4)
 
 
 def test_verifier_ranker_scores_correctness_plus_weighted_format():
@@ -98,9 +112,10 @@ def test_verifier_ranker_scores_correctness_plus_weighted_format():
 # ---- end to end -------------------------------------------------------------------------------
 
 
-def test_two_steps_sample_rank_and_update(tmp_path):
+@pytest.mark.parametrize("k", [2, 4])
+def test_two_steps_sample_rank_and_update(tmp_path, k):
     run_dir = tmp_path / "run"
-    assert run(run_dir, [*QUICK, "train.max_steps=2"]) == 0
+    assert run(run_dir, [*QUICK, "train.max_steps=2", f"online.num_samples={k}"]) == 0
     summary = assert_complete_run_dir(run_dir)
     assert summary["algorithm"] == "online_dpo" and summary["steps"] == 2
     rows = read_jsonl(run_dir / "metrics.jsonl")

@@ -21,7 +21,8 @@ REINFORCE; over 12 steps (lr 1e-3 or 3e-3, temperature 0.6 or 1.0) its sampled s
 at 0.25-0.28 (0.28 -> 0.27, first 2 / last 3) and the greedy held-out share at 0 (``reinforce``:
 0.28 -> 0.31). From a model whose greedy completion already scores 1.0 every advantage is
 negative and the sampled share fell (0.42 -> 0.32); see the family README. Its greedy
-baseline itself is checked end to end in test_pg_new_algorithms.py.
+baseline itself is checked end to end in test_pg_new_algorithms.py, and ReMax learns this reward
+from the SFT warm start, where its greedy completion is a typical one (test_remax_learning.py).
 """
 
 from __future__ import annotations
