@@ -1,5 +1,5 @@
 """The fast path of the reading commands an agent or a shell polls: `runs` (with its paging and
-filter options and `--json`), a bare `status` and `campaign list`. It answers them from the
+filter options and `--json`), a bare `status`, `campaign list` and `version`. It answers them from the
 plain-data readers of :mod:`rlhf_lab.api.listing` without importing typer, pydantic, the run
 modules or the ledger, so a cold process costs the interpreter, the standard library, one
 SQLite query and (for a table) rich.
@@ -46,6 +46,11 @@ def answer(argv: list[str]) -> int | None:
             return _status(argv[1:])
         if argv[:2] == ["campaign", "list"]:
             return _campaign_list(argv[2:])
+        if argv == ["version"]:
+            from rlhf_lab import __version__
+
+            print(__version__)
+            return 0
     except LabError:
         return None  # refused before reading: the typer path renders the error
     return None

@@ -36,6 +36,7 @@ READING = [
     ["status", "--json"],
     ["campaign", "list"],
     ["campaign", "list", "--json"],
+    ["version"],
 ]
 # what the cold reading commands must not import (each cost tens of milliseconds at start)
 HEAVY = ("typer", "click", "pydantic", "rlhf_lab.runs", "rlhf_lab.ledger", "rlhf_lab.compare")
@@ -103,6 +104,7 @@ def test_the_fast_path_declines_what_it_is_not_sure_of(lab, capsys):
         ["campaign", "list", "--limit", "3"],
         ["campaign", "show", "camp-a"],
         ["launch", "dpo"],
+        ["version", "--help"],
         [],
     ):
         assert fast.answer(argv) is None, argv
