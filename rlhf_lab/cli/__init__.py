@@ -5,9 +5,9 @@ Each command adapts its arguments, calls one function of the lab API and renders
 :mod:`rlhf_lab.errors` (tests/lab/test_import_contract.py). Reading commands take `--json`.
 
 Start-up: importing this package loads almost nothing. :func:`main` first offers the command
-line to :mod:`~rlhf_lab.cli.fast`, which answers the reading commands an agent polls (`runs`,
-`status` with no active run, `campaign list`) without typer, pydantic or the run modules, and
-declines anything else (a flag it does not know, `--help`, a bad value, work it cannot do
+line to :mod:`~rlhf_lab.cli.fast`, which answers the reading commands an agent polls
+(`runs`, `status` with no active run, `campaign list`, `version`) without typer, pydantic or
+the run modules, and declines anything else (a flag it does not know, `--help`, a bad value, work it cannot do
 cheaply); then the typer app (:mod:`~rlhf_lab.cli.commands`, its commands by group in
 :mod:`~rlhf_lab.cli.experiments`, :mod:`~rlhf_lab.cli.watching`,
 :mod:`~rlhf_lab.cli.campaigns`, :mod:`~rlhf_lab.cli.admin`) handles it. Both print the same
