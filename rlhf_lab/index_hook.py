@@ -12,7 +12,7 @@ from typing import Any
 
 from rlhf_lab.paths import repo_root
 
-__all__ = ["index_path", "indexing", "run_record_written"]
+__all__ = ["index_path", "indexing", "indexing_here", "run_record_written"]
 
 
 def index_path() -> Path:
@@ -36,6 +36,11 @@ class indexing:  # noqa: N801 - used as a context manager
 
     def __exit__(self, *exc: object) -> None:
         _INDEXING.reset(self._token)
+
+
+def indexing_here() -> bool:
+    """Whether the index is reading run folders in this context (it must not be asked again)."""
+    return _INDEXING.get()
 
 
 def run_record_written(run_dir: Path, record: dict[str, Any]) -> None:
