@@ -18,7 +18,7 @@ from typing import Any
 from rlhf_lab.errors import InvalidArgument, NextStep
 from rlhf_lab.index.store import drop_index, with_index
 from rlhf_lab.index.sync import refresh_rows, sync_runs
-from rlhf_lab.index_hook import indexing
+from rlhf_lab.index_hook import indexing, serve_unfinished
 
 __all__ = [
     "QUERY_FIELDS",
@@ -177,6 +177,9 @@ def unfinished_run_rows() -> tuple[list[tuple[str, str, str]], list[str]]:
         return [tuple(r) for r in conn.execute(query, _UNFINISHED)]
 
     return with_index(work, warnings), warnings
+
+
+serve_unfinished(lambda: unfinished_run_rows()[0])  # for the run modules (rlhf_lab.index_hook)
 
 
 def rebuild_index() -> tuple[int, list[str]]:

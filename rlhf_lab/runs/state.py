@@ -544,18 +544,17 @@ def _all_run_dirs(recorded: frozenset[str] | None = None) -> list[Path]:
 def _indexed_unfinished(root: Path, recorded: frozenset[str]) -> list[Path] | None:
     """The folders of the unfinished runs in ``recorded`` states from the run index (checked
     against the folders first; an unfinished run is read again on every use), instead of
-    reading every run.json; None when the index cannot answer here (it is reading folders in
-    this context, or it fails): the caller then scans."""
+    reading every run.json; None when the index cannot answer here (not loaded in this process,
+    reading folders in this context, or failing): the caller then scans."""
     import sqlite3
 
-    from rlhf_lab.index.query import unfinished_run_rows
-    from rlhf_lab.index_hook import indexing_here
+    from rlhf_lab.index_hook import indexed_unfinished
 
-    if indexing_here():
-        return None
     try:
-        rows, _ = unfinished_run_rows()
+        rows = indexed_unfinished()
     except (sqlite3.Error, OSError):
+        return None
+    if rows is None:
         return None
     dirs = [
         root / campaign / "runs" / run_id for run_id, campaign, state in rows if state in recorded

@@ -404,9 +404,9 @@ def test_the_lab_finds_its_unfinished_runs_in_the_index(lab, monkeypatch):
     assert [s.id for s in unfinished_runs()] == [queued.name]
     assert set(read) <= {queued.name}, "no finished run's run.json was read"
 
-    from rlhf_lab import index_hook
+    from rlhf_lab.index_hook import indexing
 
-    monkeypatch.setattr(index_hook, "indexing_here", lambda: True)  # the index is busy here
     read.clear()
-    assert [s.id for s in queued_runs()] == [queued.name]  # the folders are scanned instead
+    with indexing():  # the index is reading folders in this context: the folders are scanned
+        assert [s.id for s in queued_runs()] == [queued.name]
     assert len(set(read)) == 13
