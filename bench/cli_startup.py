@@ -44,6 +44,7 @@ COMMANDS = (
     ("version", ["version"]),
     ("status", ["status"]),
     ("runs", ["runs"]),
+    ("runs --json", ["runs", "--json"]),
     ("recipes", ["recipes"]),
     ("campaign list", ["campaign", "list"]),
 )

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextvars
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlhf_lab.paths import repo_root
 
-__all__ = ["index_path", "indexing", "run_record_written"]
+__all__ = ["index_path", "indexed_unfinished", "indexing", "run_record_written", "serve_unfinished"]
 
 
 def index_path() -> Path:
@@ -36,6 +37,25 @@ class indexing:  # noqa: N801 - used as a context manager
 
     def __exit__(self, *exc: object) -> None:
         _INDEXING.reset(self._token)
+
+
+# The index's reader of the unfinished runs, registered by rlhf_lab.index when it is imported:
+# the index reads runs through the run modules, so they reach it only through this seam.
+_UNFINISHED: list[Callable[[], list[tuple[str, str, str]]]] = []
+
+
+def serve_unfinished(reader: Callable[[], list[tuple[str, str, str]]]) -> None:
+    """Register the index's reader of (id, campaign, state) of the unfinished runs."""
+    _UNFINISHED[:] = [reader]
+
+
+def indexed_unfinished() -> list[tuple[str, str, str]] | None:
+    """(id, campaign, state) of the queued, starting and running runs, oldest first, from the
+    index; None when the index is not loaded in this process, or is reading run folders in this
+    context (asking it again would wait for its own write lock)."""
+    if _INDEXING.get() or not _UNFINISHED:
+        return None
+    return _UNFINISHED[0]()
 
 
 def run_record_written(run_dir: Path, record: dict[str, Any]) -> None:

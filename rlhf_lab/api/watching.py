@@ -78,8 +78,6 @@ class RunList(BaseModel):
     )
 
 
-LIST_LIMIT = 50  # rows of a run list by default
-LIST_DETAIL_LIMIT = 10  # rows with their full status by default
 METRICS_BUDGET_BYTES = 8_000  # the rows get_metrics returns by default fit in this
 METRICS_DIGITS = 6  # significant digits of a metric value in get_metrics
 
@@ -191,19 +189,6 @@ def active_run_views() -> list[RunStatusResult]:
     return [run_status(run_id) for run_id in ids]
 
 
-def _index_row(row: dict[str, Any]) -> RunRow:
-    return RunRow(
-        id=row["id"],
-        campaign=row["campaign"],
-        state=row["state"],
-        step=row["step"],
-        total_steps=row["total_steps"],
-        metric=row["headline"],
-        value=row["final"],
-        best=row["best"],
-    )
-
-
 @operation
 def run_list(
     campaign: str | None = None,
@@ -219,41 +204,13 @@ def run_list(
     (``detail``: with the full status; the default limit is then smaller), their total, and a
     note when empty or cut. Read from the run index (filters, order and the page in one SQL
     query), which is checked against the run folders first."""
-    from rlhf_lab.index import page_runs
-    from rlhf_lab.paths import check_slug
-    from rlhf_lab.runs import STATES
+    from rlhf_lab.api.listing import run_page
 
-    if limit is not None and limit < 1:
-        raise InvalidArgument("limit must be at least 1")
-    if offset < 0:
-        raise InvalidArgument("offset must be 0 or more")
-    if state is not None and state not in STATES:
-        raise InvalidArgument(
-            f"unknown state {state!r}; states: {', '.join(STATES)}",
-            next=NextStep("list_runs", {"state": None}, note="every state"),
-        )
-    if campaign is not None:
-        check_slug(campaign)
-    shown = limit or (LIST_DETAIL_LIMIT if detail else LIST_LIMIT)
-    page = page_runs(campaign, state, family, algorithm, limit=shown, offset=offset)
-    note = None
-    filtered = campaign or state or family or algorithm
-    if not page.total:
-        note = "no runs match" + ("" if filtered else " (none launched yet: launch_run)")
-    elif offset:
-        note = (
-            f"runs {offset + 1}-{offset + len(page.rows)} counted from the newest, of "
-            f"{page.total}; a larger offset pages further back"
-        )
-    elif len(page.rows) < page.total:
-        note = (
-            f"the newest {shown} of {page.total} runs; narrow by campaign or state, or raise "
-            "limit (offset pages back)"
-        )
-    rows = [_index_row(r) for r in page.rows]
+    page = run_page(campaign, state, limit, detail, offset, family, algorithm)
+    rows = [RunRow(**r) for r in page.pop("runs")]
     if detail:
         rows = [r.model_copy(update={"status": run_state(r.id)}) for r in rows]
-    return RunList(runs=rows, total=page.total, note=note, warnings=page.warnings)
+    return RunList(runs=rows, **page)
 
 
 def wait_and_stream(

@@ -5,6 +5,7 @@ index of campaigns is updated, not rebuilt, when one campaign changes. Torch-fre
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -12,8 +13,37 @@ from pathlib import Path
 
 from rlhf_lab.index.extract import RACY_NS
 from rlhf_lab.index.store import with_index
+from rlhf_lab.paths import experiments_dir
 
-__all__ = ["campaign_sig", "cached_summaries", "remember"]
+__all__ = [
+    "CAMPAIGN_RE",
+    "cached_summaries",
+    "campaign_files",
+    "campaign_names",
+    "campaign_sig",
+    "remember",
+]
+
+# a campaign's name: YYYY-MM-DD-<slug> (the markdown's stem and its asset folder)
+CAMPAIGN_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})-([a-z0-9]+(?:-[a-z0-9]+)*)$")
+
+
+def campaign_names() -> list[str]:
+    """Every campaign under experiments/ (a markdown ledger or a ledger.json), oldest first."""
+    root = experiments_dir()
+    if not root.is_dir():
+        return []
+    names = {p.stem for p in root.glob("*.md") if CAMPAIGN_RE.fullmatch(p.stem)}
+    names |= {
+        p.parent.name for p in root.glob("*/ledger.json") if CAMPAIGN_RE.fullmatch(p.parent.name)
+    }
+    return sorted(names)
+
+
+def campaign_files(name: str) -> tuple[Path, Path]:
+    """A campaign's ``ledger.json`` and markdown ledger."""
+    root = experiments_dir()
+    return root / name / "ledger.json", root / f"{name}.md"
 
 
 def _one(path: Path, now_ns: int) -> tuple[str, bool]:

@@ -18,7 +18,7 @@ from typing import Any
 from rlhf_lab.errors import InvalidArgument, NextStep
 from rlhf_lab.index.store import drop_index, with_index
 from rlhf_lab.index.sync import refresh_rows, sync_runs
-from rlhf_lab.index_hook import indexing
+from rlhf_lab.index_hook import indexing, serve_unfinished
 
 __all__ = [
     "QUERY_FIELDS",
@@ -28,6 +28,7 @@ __all__ = [
     "query_index",
     "rebuild_index",
     "unfinished_run_ids",
+    "unfinished_run_rows",
 ]
 
 # the fields of a run a query may filter, sort or group on (metrics are named as logged)
@@ -161,6 +162,24 @@ def unfinished_run_ids() -> tuple[list[str], list[str]]:
         ]
 
     return with_index(work, warnings), warnings
+
+
+def unfinished_run_rows() -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(id, campaign, state) of the queued, starting and running runs, oldest first, and the
+    index's warnings."""
+    warnings: list[str] = []
+
+    def work(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+        _locked_sync(conn, warnings)
+        query = (
+            "SELECT id, campaign, state FROM runs WHERE state IN (?, ?, ?) ORDER BY created_at, id"
+        )
+        return [tuple(r) for r in conn.execute(query, _UNFINISHED)]
+
+    return with_index(work, warnings), warnings
+
+
+serve_unfinished(lambda: unfinished_run_rows()[0])  # for the run modules (rlhf_lab.index_hook)
 
 
 def rebuild_index() -> tuple[int, list[str]]:

@@ -25,8 +25,10 @@ import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from rlhf_lab.index.extract import RACY_NS, extract_run, file_sig, record_sig
+from rlhf_lab.index.extract import RACY_NS, extract_run, file_sig
+from rlhf_lab.index_hook import index_path
 from rlhf_lab.paths import experiments_dir
 
 __all__ = ["refresh_rows", "run_dir_of", "sync_runs"]
@@ -120,6 +122,79 @@ def _sync_folders(conn: sqlite3.Connection, root: Path, now_ns: int) -> int:
     return added
 
 
+# A long-lived process (the MCP server, an agent's script) keeps the finished runs' run.json
+# paths and signatures between listings while the index file itself is unchanged, so that a
+# listing is one stat per run and no read of every row. The key is the database's and its
+# write-ahead log's inode, size and modification time, taken only when both are older than the
+# racy window: any write to the index after that changes one of them (an empty log counts as
+# none: SQLite deletes the log when the last connection closes and creates it again on open).
+_SNAPSHOT: dict[str, Any] = {"key": None, "entries": []}
+
+
+def _index_key(base: str, now_ns: int) -> tuple | None:
+    path = str(index_path())
+    key: list[Any] = [path, base]
+    for name in (path, f"{path}-wal"):
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            key.append(None)
+            continue
+        if name != path and st.st_size == 0:
+            key.append(None)  # an empty log holds nothing (SQLite re-creates it on open)
+            continue
+        if now_ns - st.st_mtime_ns < RACY_NS:
+            return None
+        key.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(key)
+
+
+def _parsed_sig(sig: str) -> tuple[int, ...] | None:
+    return None if sig == "-" else tuple(int(part) for part in sig.split(":"))
+
+
+def _finished_records(conn: sqlite3.Connection, base: str) -> list[tuple[str, str, Any]]:
+    """(run id, run.json path, its signature as (inode, size, mtime) or None for absent) of
+    every indexed run whose signature is trusted."""
+    key = _index_key(base, time.time_ns())
+    if key is not None and _SNAPSHOT["key"] == key:
+        return _SNAPSHOT["entries"]
+    query = "SELECT id, campaign, record_sig FROM runs WHERE record_sig IS NOT NULL"
+    entries = [
+        (run_id, f"{base}/{campaign}/runs/{run_id}/run.json", _parsed_sig(sig))
+        for run_id, campaign, sig in conn.execute(query)
+    ]
+    _SNAPSHOT.update(key=key, entries=entries if key is not None else [])
+    return entries
+
+
+def _changed_records(conn: sqlite3.Connection, root: Path, first_only: bool) -> list[str]:
+    """Ids of the finished runs whose ``run.json`` is not the one indexed (another inode, size
+    or modification time, or gone): one ``stat`` per run, in a tight loop (at 10,000 runs it is
+    most of a listing's cost). A stored signature was trusted when it was taken (not within
+    two seconds of a change), so an unchanged file gives the same one."""
+    stat = os.stat
+    changed = []
+    for run_id, path, want in _finished_records(conn, str(root)):
+        try:
+            st = stat(path)
+            same = want == (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            same = want is None
+        if not same:
+            changed.append(run_id)
+            if first_only:
+                break
+    return changed
+
+
+def _unsettled(conn: sqlite3.Connection) -> list[str]:
+    """Ids of the runs read again on every use: queued, starting or running (their process
+    may have ended), or whose run.json changed too recently to trust its signature."""
+    query = "SELECT id FROM runs WHERE state IN (?, ?, ?) OR record_sig IS NULL"
+    return [r for (r,) in conn.execute(query, _ACTIVE)]
+
+
 def _needs_sync(conn: sqlite3.Connection, root: Path, now_ns: int) -> bool:
     """Whether any campaign's ``runs/`` folder or any run's ``run.json`` changed, or a run is
     active (read-only: a listing with nothing to update takes no write lock)."""
@@ -131,16 +206,7 @@ def _needs_sync(conn: sqlite3.Connection, root: Path, now_ns: int) -> bool:
         sig = _dir_sig(root / name / "runs", now_ns)
         if sig is None or known.get(name) != sig:
             return True
-    base = str(root)
-    cursor = conn.execute("SELECT id, campaign, state, record_sig FROM runs")
-    for run_id, campaign, state, sig in cursor:
-        if (
-            state in _ACTIVE
-            or sig is None
-            or record_sig(f"{base}/{campaign}/runs/{run_id}", now_ns) != sig
-        ):
-            return True
-    return False
+    return bool(_unsettled(conn)) or bool(_changed_records(conn, root, first_only=True))
 
 
 def sync_runs(conn: sqlite3.Connection, warnings: list[str]) -> None:
@@ -154,15 +220,17 @@ def sync_runs(conn: sqlite3.Connection, warnings: list[str]) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         added = _sync_folders(conn, root, now_ns)
-        base = str(root)
-        changed = []
-        cursor = conn.execute("SELECT id, campaign, state, record_sig, scan FROM runs")
-        for run_id, campaign, state, sig, scan in cursor.fetchall():
-            run_dir = f"{base}/{campaign}/runs/{run_id}"
-            if state in _ACTIVE or sig is None or record_sig(run_dir, now_ns) != sig:
-                changed.append((run_id, campaign, state, sig, scan))
+        unsettled = set(_unsettled(conn))
+        changed = unsettled | set(_changed_records(conn, root, first_only=False))
+        rows = []
+        ordered = sorted(changed)
+        for start in range(0, len(ordered), 500):
+            chunk = ordered[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT id, campaign, state, record_sig, scan FROM runs WHERE id IN ({marks})"
+            rows += conn.execute(query, chunk).fetchall()
         behind = 0
-        for run_id, campaign, state, sig, scan in changed:
+        for run_id, campaign, state, sig, scan in rows:
             run_dir = run_dir_of(campaign, run_id)
             if not (run_dir / "run.json").is_file():
                 _forget(conn, run_id)

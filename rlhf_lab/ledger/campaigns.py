@@ -102,17 +102,6 @@ def _load_data(name: str) -> _LedgerData | None:
     return None if meta is None else _LedgerData(campaign=meta)
 
 
-def _campaign_names() -> list[str]:
-    root = experiments_dir()
-    if not root.is_dir():
-        return []
-    names = {p.stem for p in root.glob("*.md") if _CAMPAIGN_RE.fullmatch(p.stem)}
-    names |= {
-        p.parent.name for p in root.glob("*/ledger.json") if _CAMPAIGN_RE.fullmatch(p.parent.name)
-    }
-    return sorted(names)
-
-
 def _light_data(name: str) -> tuple[_LedgerData, list[_RunBrief]] | None:
     """Only what the index needs from ledger.json (campaign settings, each run's state, family,
     model, dataset, seed), without validating every record: the index is rebuilt on every write."""
@@ -182,15 +171,10 @@ def list_campaigns(warnings: list[str] | None = None) -> list[Campaign]:
     """Every campaign under experiments/, newest first. Each summary comes from the run index
     while the campaign's ledger.json and markdown are unchanged (``warnings`` gets the index's
     own, e.g. that it was rebuilt)."""
-    from rlhf_lab.index.campaigns import cached_summaries
+    from rlhf_lab.index.campaigns import cached_summaries, campaign_files, campaign_names
 
-    names = list(reversed(_campaign_names()))
-    texts = cached_summaries(
-        names,
-        lambda n: (_data_path(n), _md_path(n)),
-        _summary,
-        [] if warnings is None else warnings,
-    )
+    names = list(reversed(campaign_names()))
+    texts = cached_summaries(names, campaign_files, _summary, [] if warnings is None else warnings)
     return [Campaign.model_validate_json(t) for t in texts]
 
 

@@ -101,30 +101,56 @@ def piece_key(campaign: str, lines: str) -> str:
     return digest.hexdigest()
 
 
+# The decoded pieces of the campaign recorded last, by piece key, kept in a long-lived process
+# (the MCP server, a script recording run after run): recording the next run decodes only what
+# changed. A key hashes the record's lines, so an entry never stands for another record; only
+# pieces decoded from their JSON are kept (what a fresh process would use), and rendering only
+# reads them.
+_DECODED: dict[str, Any] = {"campaign": None, "pieces": {}}
+
+
+def _decoded(campaign: str) -> dict[str, dict[str, Any]]:
+    if _DECODED["campaign"] != campaign:
+        _DECODED.update(campaign=campaign, pieces={})
+    return _DECODED["pieces"]
+
+
 def pieces_for(
     conn: sqlite3.Connection, campaign: str, ledger: LedgerText, fresh: dict[str, dict]
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str, str, str]]]:
     """Each run's pieces in ledger order: ``fresh`` ones (run id -> pieces rendered now), kept
     ones whose record lines are unchanged, and the rest rendered from their lines. Also the
     rows to keep (campaign, run id, key, pieces JSON) for the pieces rendered here."""
-    kept = {
-        run_id: (key, data)
-        for run_id, key, data in conn.execute(
-            "SELECT run_id, key, data FROM ledger_pieces WHERE campaign = ?", (campaign,)
-        )
-    }
+    decoded = _decoded(campaign)
+    kept = dict(
+        conn.execute("SELECT run_id, key FROM ledger_pieces WHERE campaign = ?", (campaign,))
+    )
+    keys = [piece_key(campaign, lines) for lines in ledger.records]
+    ids = ledger.run_ids()
+    wanted = [
+        run_id
+        for run_id, key in zip(ids, keys, strict=True)
+        if run_id not in fresh and kept.get(run_id) == key and key not in decoded
+    ]
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        query = f"SELECT key, data FROM ledger_pieces WHERE campaign = ? AND run_id IN ({marks})"
+        for key, data in conn.execute(query, [campaign, *chunk]):
+            decoded[key] = json.loads(data)
     out, new_rows = [], []
-    for run_id, lines in zip(ledger.run_ids(), ledger.records, strict=True):
-        key = piece_key(campaign, lines)
+    for run_id, lines, key in zip(ids, ledger.records, keys, strict=True):
         if run_id in fresh:
             pieces = fresh[run_id]
-        elif run_id in kept and kept[run_id][0] == key:
-            out.append(json.loads(kept[run_id][1]))
+        elif kept.get(run_id) == key and key in decoded:
+            out.append(decoded[key])
             continue
         else:
             pieces = run_pieces(parse_record(lines), campaign)
         out.append(pieces)
         new_rows.append((campaign, run_id, key, json.dumps(pieces)))
+    for gone in set(decoded) - set(keys):  # records replaced since: their pieces go
+        del decoded[gone]
     return out, new_rows
 
 

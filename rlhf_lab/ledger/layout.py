@@ -3,18 +3,18 @@ folder and its ``ledger.json``, and the lock writers hold. Torch-free."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from filelock import AcquireReturnProxy, FileLock
 from filelock import Timeout as LockTimeout
 
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep
+from rlhf_lab.index.campaigns import CAMPAIGN_RE
 from rlhf_lab.paths import check_slug, experiments_dir
 
 __all__ = ["LOCK_TIMEOUT_S", "check_campaign_slug"]
 
-_CAMPAIGN_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})-([a-z0-9]+(?:-[a-z0-9]+)*)$")
+_CAMPAIGN_RE = CAMPAIGN_RE
 
 LOCK_TIMEOUT_S = 120.0
 

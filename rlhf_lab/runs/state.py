@@ -532,10 +532,35 @@ def _all_run_dirs(recorded: frozenset[str] | None = None) -> list[Path]:
     root = experiments_dir()
     if not root.is_dir():
         return []
+    if recorded is not None and recorded <= UNFINISHED_STATES:
+        indexed = _indexed_unfinished(root, recorded)
+        if indexed is not None:
+            return indexed
     dirs = [p for p in root.glob("*/runs/*") if p.is_dir() and (p / "run.json").is_file()]
     if recorded is not None:
         dirs = [p for p in dirs if (_read_run_json(p) or {}).get("state") in recorded]
     return dirs
+
+
+def _indexed_unfinished(root: Path, recorded: frozenset[str]) -> list[Path] | None:
+    """The folders of the unfinished runs in ``recorded`` states from the run index (checked
+    against the folders first; an unfinished run is read again on every use), instead of
+    reading every run.json; None when the index cannot answer here (not loaded in this process,
+    reading folders in this context, or failing): the caller then scans."""
+    import sqlite3
+
+    from rlhf_lab.index_hook import indexed_unfinished
+
+    try:
+        rows = indexed_unfinished()
+    except (sqlite3.Error, OSError):
+        return None
+    if rows is None:
+        return None
+    dirs = [
+        root / campaign / "runs" / run_id for run_id, campaign, state in rows if state in recorded
+    ]
+    return [p for p in dirs if (p / "run.json").is_file()]
 
 
 def _created_key(status: RunStatus) -> tuple[str, str]:

@@ -169,7 +169,6 @@ def test_importing_the_api_loads_nothing_else_of_the_lab():
         "rlhf_lab.api",
         "rlhf_lab.api._operation",
         "rlhf_lab.cli",
-        "rlhf_lab.cli.steps",
         "rlhf_lab.errors",
     ]
 

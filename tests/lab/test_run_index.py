@@ -344,3 +344,69 @@ def test_scan_carries_on_from_where_it_stopped(tmp_path):
         fh.write('racy": 0.1}\n')
     scan = extract_module.scan_metrics(path, scan)
     assert scan.stats["eval/accuracy"][3:9] == [0.1, 3, 0.8, 2, 0.1, 3]
+
+
+def test_a_kept_snapshot_of_signatures_never_hides_an_edit(lab, extracts):
+    """A long-lived process keeps the finished runs' run.json signatures while the index file
+    is unchanged (no read of every row per listing); an edit of a run folder is still seen, and
+    any write to the index drops the snapshot."""
+    _, runs = lab
+    assert index.page_runs().total == 12
+    path = index.index_path()
+    for suffix in ("", "-wal"):  # the index last written a while ago
+        if Path(f"{path}{suffix}").exists():
+            os.utime(f"{path}{suffix}", (OLD, OLD))
+    index.page_runs()
+    assert sync_module._SNAPSHOT["key"] is not None
+    entries = sync_module._SNAPSHOT["entries"]
+    assert len(entries) == 12
+    extracts.clear()
+    assert index.page_runs().total == 12 and extracts == []
+    assert sync_module._SNAPSHOT["entries"] is entries  # reused, not read again
+
+    run_id = "ipo-20260101-000002-ab02"  # edited in place behind the index's back
+    record_path = runs[run_id] / "run.json"
+    record = json.loads(record_path.read_text())
+    with open(record_path, "r+") as fh:
+        fh.write(json.dumps({**record, "state": "failed"}))
+        fh.truncate()
+    _age(runs[run_id], OLD + 30)
+    failed = index.page_runs(state="failed")
+    assert [r["id"] for r in failed.rows] == [run_id]
+    assert extracts == [run_id] and any("changed on disk" in w for w in failed.warnings)
+    index.page_runs()
+    assert sync_module._SNAPSHOT["entries"] is not entries  # the index was written: read again
+
+
+def test_the_lab_finds_its_unfinished_runs_in_the_index(lab, monkeypatch):
+    """queued_runs / active_runs / unfinished_runs (the queue worker, device checks) take the
+    unfinished runs from the index instead of reading every run.json."""
+    from rlhf_lab.runs import queued_runs, state, unfinished_runs
+
+    exp, _ = lab
+    queued = write_run(
+        exp,
+        "2026-01-03-camp2",
+        "dpo-20260103-000000-feed",
+        state="queued",
+        created="2026-01-03T00:00:00.000+00:00",
+    )
+    index.page_runs()  # the index knows every run
+    read: list[str] = []
+    original = state._read_run_json
+
+    def spy(run_dir):
+        read.append(Path(run_dir).name)
+        return original(run_dir)
+
+    monkeypatch.setattr(state, "_read_run_json", spy)
+    assert [s.id for s in queued_runs()] == [queued.name]
+    assert [s.id for s in unfinished_runs()] == [queued.name]
+    assert set(read) <= {queued.name}, "no finished run's run.json was read"
+
+    from rlhf_lab.index_hook import indexing
+
+    read.clear()
+    with indexing():  # the index is reading folders in this context: the folders are scanned
+        assert [s.id for s in queued_runs()] == [queued.name]
+    assert len(set(read)) == 13

@@ -113,6 +113,12 @@ SHELL_ON_PURPOSE = ("`uv run rlhf-lab models pull", "`py-spy dump --pid")
 # worker's and the demo's own output, the .mcp.json entry, the trainer's argv
 CLI_ONLY = {
     "rlhf_lab/cli/__init__.py",
+    "rlhf_lab/cli/commands.py",
+    "rlhf_lab/cli/experiments.py",
+    "rlhf_lab/cli/watching.py",
+    "rlhf_lab/cli/campaigns.py",
+    "rlhf_lab/cli/admin.py",
+    "rlhf_lab/cli/fast.py",
     "rlhf_lab/cli/steps.py",
     "rlhf_lab/mcp_server/__init__.py",
     "rlhf_lab/_queue.py",
