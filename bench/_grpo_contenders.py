@@ -35,7 +35,7 @@ from trainers.policy_gradients.config import PolicyGradientConfig  # noqa: E402
 from trainers.policy_gradients.data import Prompt, PromptStream, load_prompts  # noqa: E402
 from trainers.policy_gradients.rewards import compute_rewards  # noqa: E402
 
-TARGET_RATIO = 1.5
+TARGET_RATIO = 2.0
 CONFIG = ROOT / "trainers" / "policy_gradients" / "configs" / "grpo.yaml"
 OURS, TRL = "ours", "TRL GRPOTrainer"
 OURS_OLD = "ours, π_old recomputed"

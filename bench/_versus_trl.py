@@ -25,7 +25,7 @@ from typing import Any
 
 from _common import alternate, median_of, write_results
 
-TARGET_RATIO = 1.5  # ours >= 1.5x TRL's tokens/s
+TARGET_RATIO = 1.5  # ours >= this x TRL's tokens/s; a script may raise it (set_target)
 MAX_LENGTH = 128  # the built-in pairs are at most ~115 tokens: nothing is truncated
 SEED = 42
 
@@ -47,6 +47,12 @@ def quiet_offline_env() -> None:
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     os.environ["ACCELERATE_LOG_LEVEL"] = "error"
     warnings.filterwarnings("ignore")
+
+
+def set_target(ratio: float) -> None:
+    """The script's target ratio (issue 18: DPO and GRPO 2x, the reward model 1.5x)."""
+    global TARGET_RATIO
+    TARGET_RATIO = ratio
 
 
 def set_threads(threads: int) -> int:
@@ -401,7 +407,7 @@ TABLE_HEADERS = [
     "CPU tokens/s",
     "ours/TRL",
     "ours/TRL (CPU)",
-    "meets 1.5x",
+    "meets target",
 ]
 
 

@@ -1,5 +1,5 @@
 """Our full GRPO rollout step (generate + score + train) against TRL's ``GRPOTrainer`` with
-matched settings, on the built-in presets. Target: our throughput at least 1.5x TRL's.
+matched settings, on the built-in presets. Target: our throughput at least 2x TRL's.
 
     uv run python bench/grpo_vs_trl.py                 # tiny and small, ~6 min (one torch thread)
     uv run python bench/grpo_vs_trl.py --quick         # tiny only, short runs, < 1 min

@@ -51,6 +51,7 @@ from trainers.core.models import (
     load_tokenizer,
     model_fingerprint,
 )
+from trainers.core.pair_packing import pack_examples, packed_response_logps
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.tiny import cache_root
@@ -149,7 +150,17 @@ def batch_logps(
 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], int]:
     """One concatenated forward over every sequence of the micro-batch, each example's prompt
     run once for its chosen, rejected (and KL) responses.
-    Returns {"chosen"|"rejected"|"kl": (sum_logps, n_tokens)} and the token count."""
+    Returns {"chosen"|"rejected"|"kl": (sum_logps, n_tokens)} and the token count.
+    Pairs without KL responses go one row per pair (``trainers.core.pair_packing``) where the
+    attention implementation allows it: the same numbers, less padding and no cache to gather."""
+    packed = None if with_kl else pack_examples(examples, pad_id, model)
+    if packed is not None and isinstance(model.get_output_embeddings(), torch.nn.Linear):
+        sums, counts = packed_response_logps(model, packed.to(device))
+        n = packed.n_pairs
+        return {
+            "chosen": (sums[:n], counts[:n]),
+            "rejected": (sums[n:], counts[n:]),
+        }, packed.n_tokens
     batch = collate_split(examples, pad_id, with_kl=with_kl)
     sums, counts = split_completion_logps(
         model,

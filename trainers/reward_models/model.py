@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from trainers.core.logprobs import shared_prompt_hidden
 from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.pair_packing import PackedPairs, packed_last_hidden
 from trainers.core.rundir import atomic_write_json
 from trainers.reward_models.spec import FAMILY as RM_FAMILY
 
@@ -103,6 +104,14 @@ class RewardModel(nn.Module):
         last = attention_mask[:, width_p:].long().sum(dim=1)  # hidden[:, j] is position P − 1 + j
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         return self.head(hidden[rows, last].float()).squeeze(-1)
+
+    def packed_pair_scores(self, packed: PackedPairs) -> Tensor:
+        """:meth:`sequence_scores` of N pairs packed one row per pair
+        (``trainers.core.pair_packing``): (2N,), every chosen score then every rejected one."""
+        if self.num_labels != 1:
+            raise ValueError("packed_pair_scores needs a scalar head (preference or orm)")
+        hidden = packed_last_hidden(self.backbone.get_decoder(), packed)
+        return self.head(hidden.float()).squeeze(-1)
 
     def metadata(self) -> dict[str, Any]:
         return {

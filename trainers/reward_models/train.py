@@ -40,6 +40,7 @@ from trainers.core.loop import (
 )
 from trainers.core.lora import add_adapters
 from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
+from trainers.core.pair_packing import pack_examples
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.training import (
@@ -152,6 +153,11 @@ class PreferenceKind:
         return 1.0
 
     def scores(self, model: RewardModel, examples):
+        packed = pack_examples(examples, self.pad_id, model.backbone)  # one row per pair
+        if packed is not None:
+            s = model.packed_pair_scores(packed.to(model.device))
+            n = packed.n_pairs
+            return s[:n], s[n:], packed.n_tokens
         batch = collate_pairs_split(examples, self.pad_id)  # one prompt forward per pair
         ids, mask = batch["input_ids"].to(model.device), batch["attention_mask"].to(model.device)
         s = model.split_sequence_scores(ids, mask, batch["prompt_width"])

@@ -337,6 +337,17 @@ def test_fused_adamw_takes_the_same_steps_as_the_loop():
     torch.testing.assert_close(runs[1], runs[0], rtol=1e-5, atol=1e-6)
 
 
+def test_fused_adamw_is_the_default_and_falls_back_where_no_kernel_exists():
+    """The fused kernel is the default; parameters it has no kernel for (here the meta device)
+    get the per-tensor loop instead of an error."""
+    assert OptimSection().fused_adamw is True
+    opt, _ = build_optimizer(torch.nn.Linear(2, 2).parameters(), OptimSection(), 4)
+    assert opt.defaults["fused"] is True
+    meta = torch.nn.Linear(2, 2, device="meta")
+    opt, _ = build_optimizer(meta.parameters(), OptimSection(), 4)
+    assert not opt.defaults["fused"]
+
+
 def test_epoch_order_depends_only_on_seed_and_epoch():
     assert epoch_order(50, 1, 0) == epoch_order(50, 1, 0)
     assert epoch_order(50, 1, 0) != epoch_order(50, 1, 1)
