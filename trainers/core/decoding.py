@@ -98,7 +98,15 @@ def pick_by_inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
     threshold = torch.minimum(uniforms[:, None] * total, total.nextafter(torch.zeros_like(total)))
-    return torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
+    picked = torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
+    # A row of NaN probabilities makes searchsorted answer one past the vocabulary; kept in
+    # range so that no embedding lookup fails on the device (the sampling loop reports the
+    # non-finite logits themselves, once, at its end: no synchronisation per token).
+    return picked.clamp_(max=probs.shape[-1] - 1)
+
+
+class NonFiniteLogitsError(FloatingPointError):
+    """The model gave NaN or infinite next-token logits while sampling."""
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -189,8 +197,10 @@ def _sample_tokens(
     live = torch.arange(rows, device=device)  # the original row of each row still decoding
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     next_position = positions[:, -1:] + 1
+    non_finite = torch.zeros((), dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         raise_if_stopping("token")  # a run stops within one token of SIGTERM (harness)
+        non_finite |= ~torch.isfinite(logits).all()
         token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
         tokens[live, step] = token
         finished |= torch.isin(token, stops)
@@ -212,6 +222,12 @@ def _sample_tokens(
         )
         cache, logits = out.past_key_values, out.logits[:, -1].float()
         next_position = next_position + 1
+    if bool(non_finite):
+        raise NonFiniteLogitsError(
+            "The model gave NaN or infinite next-token logits while sampling: its weights are "
+            "probably no longer finite (a diverged update). Lower the learning rate or resume "
+            "from an earlier checkpoint."
+        )
     tokens = tokens.tolist()
     stop_set = set(int(s) for s in stop_ids)
     return [cut_after_first_stop(row, stop_set) for row in tokens]

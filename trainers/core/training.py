@@ -3,6 +3,7 @@ per-step metric aggregation, gradient clipping, and checkpoints that resume exac
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
@@ -131,10 +132,13 @@ def optimizer_step(
     max_grad_norm: float | None,
 ) -> tuple[float, float]:
     """Clip, step, advance the schedule, clear the gradients. Returns (the pre-clip gradient
-    norm, the learning rate this step used)."""
+    norm, the learning rate this step used). A step whose gradient norm is not finite leaves
+    the weights as they are (one NaN gradient would make every weight NaN through AdamW): the
+    NaN norm is returned, so the metrics row shows the skipped step."""
     grad_norm = clip_and_measure(params, max_grad_norm)
     lr = scheduler.get_last_lr()[0]
-    optimizer.step()
+    if math.isfinite(grad_norm):
+        optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, lr

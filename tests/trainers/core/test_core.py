@@ -34,6 +34,7 @@ from trainers.core.training import (
     list_checkpoints,
     load_checkpoint,
     lr_multiplier,
+    optimizer_step,
     save_checkpoint,
 )
 from trainers.direct_alignment.config import DirectAlignmentConfig
@@ -405,3 +406,25 @@ def test_open_split_reads_files_and_names_missing_paths_and_offline_hub(tmp_path
     with pytest.raises(DatasetNotFoundError, match="HF_HUB_OFFLINE is set") as info:
         open_split("someone/not-cached-dataset", "train", "HINT")
     assert str(info.value).endswith("HINT")
+
+
+def test_a_step_with_a_non_finite_gradient_leaves_the_weights_finite():
+    """One NaN in one gradient would make every AdamW-updated weight NaN; the step is skipped
+    and its NaN norm returned (the metrics row shows it), the next finite step updates."""
+    from trainers.core.config import OptimSection
+
+    layer = torch.nn.Linear(3, 2)
+    before = [p.detach().clone() for p in layer.parameters()]
+    optimizer, scheduler = build_optimizer(
+        list(layer.parameters()), OptimSection(learning_rate=0.1), total_steps=4
+    )
+    layer(torch.ones(1, 3)).sum().backward()
+    layer.weight.grad[0, 0] = float("nan")
+    norm, _ = optimizer_step(list(layer.parameters()), optimizer, scheduler, 1.0)
+    assert math.isnan(norm)
+    assert all(torch.equal(p, b) for p, b in zip(layer.parameters(), before, strict=True))
+    assert all(p.grad is None for p in layer.parameters())
+    layer(torch.ones(1, 3)).sum().backward()
+    norm, _ = optimizer_step(list(layer.parameters()), optimizer, scheduler, 1.0)
+    assert math.isfinite(norm)
+    assert not torch.equal(layer.weight, before[0]) and torch.isfinite(layer.weight).all()

@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (
 
 from trainers.core.decoding import (
     GREEDY,
+    NonFiniteLogitsError,
     Sampling,
     choose_next,
     cut_after_first_stop,
@@ -279,3 +280,26 @@ def test_bad_lengths_are_refused(lm):
     with pytest.raises(ValueError, match="max_new_tokens and repeats must be >= 1"):
         sample_tokens(model, prompts, max_new_tokens=0, stop_ids=[], pad_id=0)
     assert sample_tokens(model, [], max_new_tokens=4, stop_ids=[], pad_id=0) == []
+
+
+def test_nan_logits_stop_sampling_with_one_clear_error_not_an_out_of_range_token():
+    """Found on an H100 (GRPO, bf16): a policy whose weights had become NaN gave NaN logits, the
+    inverse-CDF pick answered one past the vocabulary and CUDA failed later inside the embedding
+    lookup with a device-side assert. The pick now stays in range and the loop names the cause."""
+    nan_row = torch.full((1, 5), float("nan"))
+    assert pick_by_inverse_cdf(nan_row, torch.tensor([0.5])).tolist() == [4]
+    tok = load_tokenizer("tiny")
+    model = load_causal_lm("tiny", device="cpu", dtype="fp32", trainable=False)
+    model.eval()
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    prompts = [chat_prompt_ids(tok, [{"role": "user", "content": QUESTIONS[0]}])]
+    with pytest.raises(NonFiniteLogitsError, match="learning rate"):
+        sample_tokens(
+            model,
+            prompts,
+            max_new_tokens=3,
+            stop_ids=[],
+            pad_id=tok.pad_token_id,
+            sampling=Sampling(temperature=1.0),
+        )
