@@ -16,8 +16,17 @@ while read -r name; do
   if [[ -z "$pin" ]]; then echo "no pin for $name in uv.lock" >&2; missing=1; continue; fi
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d .whl "$pin" || { echo "no wheel for $pin (sdist only?)" >&2; missing=1; }
+    --platform manylinux2014_x86_64 -d .whl "$pin" ||
+    python3 -m pip wheel -q --no-deps -w .whl "$pin" ||  # sdist only (cellpylib): build it here
+    { echo "no wheel for $pin" >&2; missing=1; }
 done < bench/gpu/wheels.txt
+# A wheel built here from an sdist for another CPython (pycosat is a C extension) would make the
+# device's pip refuse the whole install: keep its sdist instead (run_all.sh tries to build it).
+for w in .whl/*-cp3*-linux_x86_64.whl; do
+  [[ -e "$w" && "$w" != *cp312* ]] || continue
+  pin=$(basename "$w" | cut -d- -f1,2 | sed 's/-/==/'); rm -f "$w"
+  python3 -m pip download -q --no-deps --no-binary=:all: -d .whl/sdist "$pin" || missing=1
+done
 tok_src="${RLHF_LAB_CACHE:-$HOME/.cache/rlhf-lab}/models/small-v2"
 if [[ ! -f "$tok_src/tokenizer.json" ]]; then
   uv run python -c "from trainers.core.tiny import ensure_preset; ensure_preset('small')"

@@ -15,6 +15,9 @@ stage() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date -u +%T), limi
 { nvidia-smi || true; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } >"$OUT/env.txt" 2>&1
 if [[ -d .whl ]] && ls .whl/*.whl >/dev/null 2>&1 && [[ "$DEVICE" == cuda ]]; then
   stage wheels 120 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  # sdists (pycosat: a C extension without a cp312 wheel); reasoning-gym imports it
+  for s in .whl/sdist/*; do [[ -e "$s" ]] && stage "build $(basename "$s")" 90 \
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site "$s"; done
   export PYTHONPATH="/tmp/site:$PWD"
 else
   export PYTHONPATH="$PWD"
@@ -24,11 +27,18 @@ stage mfu 330 $PY bench/mfu.py --device "$DEVICE" --shape "$SHAPE" $QUICK --out 
 # torchrun --nproc-per-node 1: one GPU gives world size 1 (no process group, no FSDP2 sharding);
 # this checks that the launcher path and a bf16 CUDA step run, and times the steps.
 RUN="$OUT/torchrun_sft"; rm -rf "$RUN"
-MODEL=$([[ "$SHAPE" == qwen3-0.6b ]] && echo small || echo "$SHAPE")
+MODEL="$SHAPE"; DATA=builtin:reasoning-sft
+if [[ "$SHAPE" == qwen3-0.6b ]]; then  # no preset build there: the random Qwen3 shape again
+  MODEL=/tmp/tr-model; DATA=/tmp/tr-data/sft.jsonl
+  stage torchrun-model 90 $PY -c "import sys; sys.path[:0] = ['bench']; from pathlib import Path
+from _mfu_setup import build_qwen3, write_synthetic_data
+build_qwen3(Path('$MODEL'), 'cuda'); write_synthetic_data(Path('/tmp/tr-data'), 64, 256)"
+fi
 stage torchrun-sft 120 $PY -m torch.distributed.run --nproc-per-node 1 -m trainers.sft.train \
   --config trainers/sft/configs/sft.yaml --run-dir "$RUN" --set model.name="$MODEL" \
   --set model.device="$DEVICE" --set train.max_steps=4 --set train.batch_size=8 \
-  --set data.dataset=builtin:reasoning-sft --set data.max_samples=48 --set data.eval_size=0 \
+  --set data.dataset="$DATA" --set data.max_samples=48 --set data.max_length=256 \
+  --set model.gradient_checkpointing=false --set data.eval_size=0 \
   --set eval.eval_every=0 --set eval.num_samples=0 --set checkpoint.save_final_model=false \
   --set checkpoint.save_every=null --set logging.log_every=1
 [[ -f "$RUN/summary.json" ]] && cp "$RUN/summary.json" "$OUT/torchrun_summary.json"
