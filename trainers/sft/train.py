@@ -135,16 +135,21 @@ def warm_start_config() -> SFTConfig:
     return validate_config(data, SFTConfig, source="warm-start recipe")
 
 
+WARM_START_CHECKPOINT_EVERY = 250
+
+
 def warm_start_model(root: str | Path | None = None) -> Path:
     """The tiny warm-start model folder, trained once and cached (under
     ``cache_root()/sft-warmstart/<key>`` unless ``root`` is given; the key hashes the recipe and
     the tiny preset's builder version). Safe to call from several processes: one trains under a
     file lock, the others wait. Trains with one torch thread (restored afterwards): for a model
-    this small a second CPU thread costs more than it brings, and the results are the same."""
+    this small a second CPU thread costs more than it brings, and the results are the same.
+    The run keeps its checkpoints at steps 250 and 500 of the 600 (``checkpoints/step-*``):
+    partly trained models on the same schedule, e.g. a student to distil into."""
     from filelock import FileLock
 
     cfg = warm_start_config()
-    recipe = {"config": cfg.model_dump(mode="json"), "tiny": BUILDER_VERSION, "version": 1}
+    recipe = {"config": cfg.model_dump(mode="json"), "tiny": BUILDER_VERSION, "version": 2}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     base = Path(root) if root is not None else cache_root() / "sft-warmstart"
     run_dir = base / key
@@ -160,6 +165,8 @@ def warm_start_model(root: str | Path | None = None) -> Path:
 
             shutil.rmtree(run_dir)
         argv = ["--config", str(WARM_START_CONFIG), "--run-dir", str(run_dir)]
+        argv += ["--set", f"checkpoint.save_every={WARM_START_CHECKPOINT_EVERY}"]
+        argv += ["--set", "checkpoint.keep_last=3"]  # 250, 500 and the final step
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

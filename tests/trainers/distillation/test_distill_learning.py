@@ -1,44 +1,41 @@
-"""On-policy distillation learns on tiny: a student that is the SFT warm-start recipe stopped
-early (60 of its 600 steps: the tags half learnt, almost no sum right) is distilled from the
-full warm start (the session's cached ``warm_start_model()``, a trained run of the same recipe)
-on the teacher's own task, one-digit chain sums of 2-3 terms, and moves towards it.
+"""On-policy distillation closes part of the gap to its teacher on held-out prompts, on tiny.
 
-The prompts are a pool of 32, each sampled about 20 times; what is read is the greedy score of
-the pool's prompts (the student's own training prompts: a 1M-parameter model does not learn
-arithmetic in 40 steps, so the held-out score moves much less and is reported, not asserted).
+Teacher: the SFT warm start (the session's cached ``warm_start_model()``: 600 steps of one-digit
+chain sums). Student: the same run's own checkpoint at step 250 — the recipe on its full
+learning-rate schedule, stopped early: the <think>/<answer> format learnt, few sums right. The
+student is distilled from the teacher on fresh prompts of the teacher's task (4,000 drawn, each
+seen once) for 150 steps of 16 prompts, reverse KL (the config's default), lr 1e-3, and its
+greedy correctness is read on 128 held-out prompts before and after.
 
-Measured (seed 42, forward KL, lr 3e-3, 40 steps of 16 prompts, 24 new tokens; contended
-2-core machine: the test takes ~56 s with the warm start already cached; the warm start is
-shared with the session's other tests): per-token reverse KL 3.8 -> 1.9; greedy format on the
-held-out prompts 0.70 -> 1.00 (teacher 0.94); greedy correctness on the pool 0.00 -> 0.09
-(teacher 0.375), on 64 held-out prompts 0.016 -> 0.047 (teacher 0.34; change +0.03, Newcombe
-95 % [-0.04, +0.11]: not asserted). At 30 steps the held-out correctness had not moved while the
-pool's had: 40 steps keep a margin. Students closer to the teacher in KL (the recipe cut to 150, 300 or
-450 steps) and 1000 fresh prompts instead of the pool did not move held-out correctness beyond
-noise either (trainers/distillation/README.md has the table and why).
+Measured (seed 42, 2026-11-26, 2-core machine): held-out correctness 0.047 -> 0.176, teacher
+0.3125 (the gap to the teacher 0.27 -> 0.14); per-token reverse KL 0.62 -> 0.38 (the student
+is already close to its teacher token by token); about 75 s for the 150 steps once the warm
+start is cached. What is asserted: the rise is beyond noise
+(the lower end of the Newcombe 95% interval of after - before is above 0) and the gap to the
+teacher shrinks by at least a third. Students cut from the recipe with ``train.max_steps`` (its
+whole schedule squeezed into the cut) stayed at 0.04-0.06 and did not move within 40 steps
+(trainers/distillation/README.md has that table).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from conftest import trainer_argv
 
-from trainers.core.models import load_causal_lm, load_tokenizer
+from rlhf_lab.stats import newcombe_difference
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
-from trainers.distillation.config import DistillationConfig
-from trainers.policy_gradients.data import load_run_prompts
 from trainers.sft import train as sft_train
 
 ROOT = Path(__file__).resolve().parents[3]
-SFT_CONFIG = ROOT / "trainers" / "sft" / "configs" / "sft.yaml"
 CONFIG = ROOT / "trainers" / "distillation" / "configs" / "distill.yaml"
-STEPS = 40
-POOL = 32
+STEPS = 150
+HELD_OUT = 128
+STUDENT_STEP = 250
 
 
 def distill_overrides(student: Path, teacher: Path) -> list[str]:
@@ -48,30 +45,38 @@ def distill_overrides(student: Path, teacher: Path) -> list[str]:
         "model.gradient_checkpointing=false",
         "data.specs=[{name: chain_sum, config: {min_terms: 2, max_terms: 3, min_digits: 1, "
         "max_digits: 1}}]",
-        f"data.size={POOL}",
-        "data.eval_size=64",
+        "data.size=4000",
+        f"data.eval_size={HELD_OUT}",
         "rollout.max_new_tokens=24",
-        "loss.divergence=forward_kl",
+        "loss.divergence=reverse_kl",
         "train.batch_size=16",
         "train.gradient_accumulation_steps=1",
-        "train.learning_rate=3.0e-3",
+        "train.learning_rate=1.0e-3",
         f"train.max_steps={STEPS}",
-        "train.num_epochs=100",
+        "train.num_epochs=1",
         f"eval.eval_every={STEPS}",
         "eval.eval_batch_size=64",
         "eval.num_samples=1",
-        "logging.log_every=5",
+        "logging.log_every=10",
         "checkpoint.save_every=null",
-        "checkpoint.save_final_model=true",
+        "checkpoint.save_final_model=false",
         "seed=42",
     ]
 
 
-def pool_correctness(cfg: DistillationConfig, model_dir: Path) -> float:
-    pool, _, _ = load_run_prompts(cfg.data, cfg.seed)
-    model = load_causal_lm(str(model_dir), device="cpu", dtype="fp32", trainable=False)
-    metrics, _ = distill_train.evaluate(cfg, model, load_tokenizer(str(model_dir)), pool)
-    return metrics["eval/avg_correctness"]
+def checkpoint_as_model(final_model: Path, step: int, out: Path) -> Path:
+    """The warm-start run's checkpoint at ``step`` as an ordinary model folder (the final
+    model's config and tokenizer, the checkpoint's weights)."""
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = final_model.parent / "checkpoints" / f"step-{step:07d}" / "model.pt"
+    model = AutoModelForCausalLM.from_pretrained(final_model)
+    model.load_state_dict(torch.load(checkpoint, map_location="cpu"))
+    model.save_pretrained(out)
+    for item in final_model.iterdir():
+        if item.is_file() and item.suffix != ".safetensors" and item.name != "config.json":
+            shutil.copy2(item, out / item.name)
+    return out
 
 
 @pytest.fixture(autouse=True)
@@ -83,36 +88,23 @@ def one_torch_thread():
 
 
 @pytest.mark.slow
-def test_early_sft_student_distilled_from_the_warm_start_moves_towards_it(tmp_path):
+def test_a_student_from_earlier_in_the_teachers_run_closes_the_held_out_gap(tmp_path):
     teacher = sft_train.warm_start_model()
-    early = tmp_path / "sft-early"
-    sft_overrides = [
-        *sft_train.warm_start_overrides(),
-        "train.num_epochs=1",
-        "train.max_steps=60",
-        "eval.eval_every=0",
-        "eval.sample_every=0",
-        "eval.num_samples=0",
-    ]
-    assert sft_train.main(trainer_argv(SFT_CONFIG, early, sft_overrides)) == 0
+    student = checkpoint_as_model(teacher, STUDENT_STEP, tmp_path / "student")
     run_dir = tmp_path / "distill"
-    overrides = distill_overrides(early / "final_model", teacher)
-    assert distill_train.main(trainer_argv(CONFIG, run_dir, overrides)) == 0
+    assert (
+        distill_train.main(trainer_argv(CONFIG, run_dir, distill_overrides(student, teacher))) == 0
+    )
 
     rows = read_jsonl(run_dir / "metrics.jsonl")
     train_rows = [r for r in rows if r["phase"] == "train"]
     first, last = train_rows[0]["reverse_kl"], train_rows[-1]["reverse_kl"]
-    assert last < 0.7 * first, (first, last)
+    assert last < 0.75 * first, (first, last)
     start, end = [r for r in rows if r["phase"] == "eval"]
     assert start["step"] == 0 and end["step"] == STEPS
-    # held-out format closes on the teacher's; correctness is read on the pool below
-    teacher_format = start["eval/teacher_avg_format"]
-    assert start["eval/avg_format"] < teacher_format - 0.15
-    assert end["eval/avg_format"] >= teacher_format - 0.05
-
-    cfg = DistillationConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    before = pool_correctness(cfg, early / "final_model")
-    after = pool_correctness(cfg, run_dir / "final_model")
-    ceiling = pool_correctness(cfg, teacher)
-    assert ceiling >= before + 0.2  # the teacher knows what the student does not
-    assert after >= before + 0.06, (before, after, ceiling)
+    before, after = start["eval/avg_correctness"], end["eval/avg_correctness"]
+    ceiling = start["eval/teacher_avg_correctness"]
+    assert ceiling >= before + 0.15  # the teacher knows what the student does not
+    rise = newcombe_difference(after, HELD_OUT, before, HELD_OUT)
+    assert rise.low > 0, (before, after, ceiling, rise)
+    assert ceiling - after <= (2 / 3) * (ceiling - before), (before, after, ceiling)
