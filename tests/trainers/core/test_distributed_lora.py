@@ -202,10 +202,34 @@ def test_sixteen_bit_weights_with_lora_under_torchrun_are_one_clear_error(monkey
         lora.add_adapters(model, LoraSection(enabled=True, rank=4, alpha=8.0))
 
 
-def test_lora_under_torchrun_in_an_unchecked_trainer_is_refused_before_writing(tmp_path):
-    """A trainer whose LoRA runs were not checked under torchrun (here distillation) refuses
-    them with one clear error before the run folder exists (the torchrun variables set by hand:
-    the refusal comes before the process group is joined)."""
+@pytest.mark.parametrize(
+    ("module", "config", "sets", "message"),
+    [
+        (  # a trainer whose LoRA runs were not checked under torchrun
+            "policy_gradients",
+            "grpo.yaml",
+            ["model.lora.enabled=true"],
+            ["LoRA runs on one process for this trainer", "model.lora.enabled=false"],
+        ),
+        (  # a trainer not checked under torchrun at all
+            "distillation",
+            "distill.yaml",
+            [],
+            ["runs on one process in this version, not under torchrun", "python -m"],
+        ),
+        (  # the online loop of a family that otherwise runs under torchrun
+            "direct_alignment",
+            "online_dpo.yaml",
+            [],
+            ["online DPO runs on one process in this version", "python -m"],
+        ),
+    ],
+)
+def test_unchecked_torchrun_cases_are_refused_before_writing(
+    tmp_path, module, config, sets, message
+):
+    """Each refuses with one clear error before the run folder exists (the torchrun variables
+    set by hand: the refusal comes before the process group is joined)."""
     import os
     import subprocess
     import sys
@@ -213,17 +237,12 @@ def test_lora_under_torchrun_in_an_unchecked_trainer_is_refused_before_writing(t
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "HF_HUB_OFFLINE": "1"}
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "trainers.distillation.train", "--config"]
-        + [str(root / "trainers/distillation/configs/distill.yaml"), "--run-dir", str(run_dir)]
-        + ["--set", "model.name=tiny", "--set", "model.lora.enabled=true"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [sys.executable, "-m", f"trainers.{module}.train", "--config"]
+    argv += [str(root / "trainers" / module / "configs" / config), "--run-dir", str(run_dir)]
+    for kv in ["model.name=tiny", *sets]:
+        argv += ["--set", kv]
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "LoRA runs on one process for this trainer" in done.stderr
-    assert "model.lora.enabled=false" in done.stderr
+    for part in message:
+        assert part in done.stderr, done.stderr[-2000:]
     assert not run_dir.exists()
