@@ -55,12 +55,41 @@ def _check_rank_micro_batch(config: dict[str, Any], prompts_per_rank: int) -> No
         )
 
 
+# Families whose trainers refuse torchrun, and those that shard LoRA runs (the trainers'
+# ``trainer_main(multi_process=..., lora_multi_process=...)``); online DPO is a loop of
+# direct alignment that refuses it too.
+ONE_PROCESS_FAMILIES = frozenset({"distillation"})
+LORA_SHARDED_FAMILIES = frozenset({"sft", "direct_alignment", "reward_models"})
+
+
+def _check_runs_sharded(family: str, config: dict[str, Any], world_size: int) -> None:
+    """What the trainer would refuse under torchrun, refused before anything is written."""
+    one_process = [NextStep("launch_run", {"nproc": 1}, note="one process")]
+    if family in ONE_PROCESS_FAMILIES or get_dotted(config, "loss") == "online_dpo":
+        what = "online DPO" if family == "direct_alignment" else f"the {family} trainer"
+        raise InvalidArgument(
+            f"{what} runs on one process in this version, not on {world_size} ranks "
+            "(its sampling step is not split across ranks yet)",
+            next=one_process,
+        )
+    if get_dotted(config, "model.lora.enabled") is True and family not in LORA_SHARDED_FAMILIES:
+        raise InvalidArgument(
+            f"LoRA runs of the {family} trainer run on one process in this version, not on "
+            f"{world_size} ranks (sft, direct_alignment and reward_models shard LoRA runs)",
+            next=[
+                *one_process,
+                NextStep("shrink_config", note="or train in full: model.lora.enabled=false"),
+            ],
+        )
+
+
 def check_world_size(family: str, config: dict[str, Any], world_size: int) -> None:
     """Refuse (InvalidArgument) a world size the config's batches cannot be split over: more
     ranks than a split batch has items, a split batch not divisible by the world size, or
     fewer training examples than one global batch."""
     if world_size <= 1:
         return
+    _check_runs_sharded(family, config, world_size)
     split = SPLIT_BATCHES.get(family)
     if split is not None:
         key, what = split

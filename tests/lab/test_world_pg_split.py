@@ -15,3 +15,26 @@ def test_each_ranks_rollouts_must_fill_whole_micro_batches():
     check_world_size("policy_gradients", pg, 2)  # 4 a rank: one micro-batch
     with pytest.raises(InvalidArgument, match=r"1 prompts × 2 rollouts = 2 sequences.*=4"):
         check_world_size("policy_gradients", pg, 4)
+
+
+@pytest.mark.parametrize(
+    ("family", "config", "message"),
+    [
+        ("distillation", {}, "the distillation trainer runs on one process"),
+        ("direct_alignment", {"loss": "online_dpo"}, "online DPO runs on one process"),
+        (
+            "policy_gradients",
+            {"model": {"lora": {"enabled": True}}, "rollout": {"prompts_per_step": 4}},
+            "LoRA runs of the policy_gradients trainer run on one process",
+        ),
+    ],
+)
+def test_what_the_trainers_refuse_under_torchrun_is_refused_before_launch(family, config, message):
+    check_world_size(family, config, 1)  # one process: fine
+    with pytest.raises(InvalidArgument, match=message) as caught:
+        check_world_size(family, config, 2)
+    assert caught.value.next_steps[0].args == {"nproc": 1}
+
+
+def test_lora_in_a_family_that_shards_it_passes():
+    check_world_size("direct_alignment", {"model": {"lora": {"enabled": True}}}, 2)
