@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import trainer_argv
+from stand_in_rewards import vowel_share_rewards
 
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
@@ -33,19 +34,6 @@ from trainers.policy_gradients import rewards as pg_rewards
 
 CONFIG = Path(__file__).resolve().parents[3] / "trainers" / "direct_alignment" / "configs"
 STEPS = 12
-
-
-def vowel_share_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=None):
-    """Stand-in verifier: correctness = share of vowel characters in the completion text."""
-    share = torch.tensor([sum(c in "aeiou" for c in t) / max(1, len(t)) for t in texts])
-    zeros = torch.zeros(len(texts))
-    return {
-        "correctness": share,
-        "format": zeros,
-        "penalty": zeros,
-        "binary": (share > 0.5).float(),
-        "total": share,
-    }
 
 
 OVERRIDES = [

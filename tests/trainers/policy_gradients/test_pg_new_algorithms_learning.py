@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import trainer_argv
+from stand_in_rewards import vowel_share_rewards
 
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import rollout as pg_rollout
@@ -39,19 +40,6 @@ from trainers.policy_gradients import train as pg_train
 
 CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
 STEPS = 10
-
-
-def vowel_share_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=None):
-    """Stand-in verifier: correctness = share of vowel characters in the completion text."""
-    share = torch.tensor([sum(c in "aeiou" for c in t) / max(1, len(t)) for t in texts])
-    zeros = torch.zeros(len(texts))
-    return {
-        "correctness": share,
-        "format": zeros,
-        "penalty": zeros,
-        "binary": (share > 0.5).float(),
-        "total": share,
-    }
 
 
 def overrides(algorithm: str) -> list[str]:
