@@ -204,7 +204,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
     "shrink_config": ("shrink_config", frozenset({"recipe", "model", "overrides"})),
     "estimate_memory": (
         "estimate_memory",
-        frozenset({"recipe", "model", "overrides", "shrink", "device"}),
+        frozenset({"recipe", "model", "overrides", "shrink", "device", "gpus", "nproc"}),
     ),
     "check_resources": ("check_resources", frozenset()),
     "launch_run": (
