@@ -465,20 +465,31 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def layer_activation_bytes(arch: ModelArch, b: int, seq: int, eager: bool) -> float:
-    """Bytes one decoder layer saves for backward per token: ``b · (4h + 2q + 2kv + m·i)``.
+    """Bytes one decoder layer saves for backward per token:
+    ``b · (4h + 2q + 2kv + m·i [+ 2q + 2kv with q/k norms]) [+ 2 · normed values in 16 bits]``.
 
     The four ``h`` are the two norms' inputs and outputs, ``2q + 2kv`` are q, k, v and the
     attention output, ``m·i`` the MLP's intermediates (``m = 4`` gated: gate, up, act(gate) and
-    their product; ``m = 2`` plain). Eager attention also keeps its ``heads × seq`` scores and
-    probabilities per token."""
+    their product; ``m = 2`` plain). Per-head or whole q/k norms (Qwen3, OLMo-2) keep their
+    inputs and outputs too. In bf16/fp16 an RMSNorm computes in fp32 (Hugging Face's): it keeps
+    an fp32 copy of its input beside the half-precision values, 2 more bytes per normed value
+    (``2h``, plus ``q + kv`` with q/k norms). Eager attention also keeps its ``heads × seq``
+    scores and probabilities per token. Measured: without the q/k-norm and fp32-copy terms, a
+    Qwen3-0.6B-shaped model in bf16 on an H200 kept ~1.6x the activations estimated
+    (bench/README.md, MFU on a GPU); the fp32 CPU presets (no q/k norm) are unchanged."""
     h, i = arch.hidden_size, arch.intermediate_size
     q = arch.num_heads * arch.head_dim
     kv = arch.num_kv_heads * arch.head_dim
     m = 4 if arch.mlp_gated else 2
     elems = 4 * h + 2 * q + 2 * kv + m * i
+    normed = 2 * h
+    if arch.qk_norm != "none":
+        elems += 2 * (q + kv)
+        normed += q + kv
     if eager:
         elems += 2 * arch.num_heads * seq
-    return b * elems
+    fp32_copies = 2 * normed if b < 4 and arch.norm == "rms" else 0
+    return b * elems + fp32_copies
 
 
 def kv_cache_bytes_per_token(arch: ModelArch, b: int) -> int:

@@ -288,13 +288,19 @@ def test_gradient_checkpointing_and_batch_shape():
     full = act(**{"model.gradient_checkpointing": "false"})
     ckpt = act(**{"model.gradient_checkpointing": "true"})
     assert ckpt < full / 5
-    assert act(**{"train.batch_size": 16}) == pytest.approx(2 * act(**{"train.batch_size": 8}))
-    assert act(**{"data.max_length": 1024}) == pytest.approx(act(**{"data.max_length": 2048}) / 2)
+    # (estimates are rounded to 4 decimals)
+    assert act(**{"train.batch_size": 16}) == pytest.approx(
+        2 * act(**{"train.batch_size": 8}), abs=2e-4
+    )
+    assert act(**{"data.max_length": 1024}) == pytest.approx(
+        act(**{"data.max_length": 2048}) / 2, abs=2e-4
+    )
 
-    # the formula itself: without checkpointing, (L + 1) layers of b·(4h + 2q + 2kv + 4i)
+    # the formula itself: without checkpointing, (L + 1) layers of b·(4h + 2q + 2kv + 4i), plus
+    # in bf16 the RMSNorms' fp32 copies, 2 B for each of the 2h normed values
     cfg = _dpo_config(**{"model.gradient_checkpointing": "false", "train.batch_size": 1})
     h, q, kv, i = 896, 896, 128, 4864
-    per_token = 25 * 2 * (4 * h + 2 * q + 2 * kv + 4 * i)
+    per_token = 25 * (2 * (4 * h + 2 * q + 2 * kv + 4 * i) + 2 * 2 * h)
     expected = 2 * 2048 * per_token / GIB  # chosen + rejected rows × max_length tokens
     got = _by_name(estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda"))
     assert got["policy activations"] == pytest.approx(expected, abs=1e-3)
@@ -306,7 +312,8 @@ def test_kto_carries_a_third_sequence():
     kto = _by_name(
         estimate_memory("direct_alignment", "kto", _dpo_config(loss="kto"), arch, device="cuda")
     )
-    assert kto["policy activations"] == pytest.approx(1.5 * dpo["policy activations"])
+    # (estimates are rounded to 4 decimals)
+    assert kto["policy activations"] == pytest.approx(1.5 * dpo["policy activations"], abs=2e-4)
 
 
 def test_logits_are_chunked():
@@ -372,7 +379,7 @@ def test_gradients_without_accumulation_fill_in_as_activations_are_freed():
     h, q, kv, i, layers, vocab = 896, 896, 128, 4864, 24, 151936
     grads = 494_032_768 * 2  # bf16
     head = vocab * h * 2
-    per_token = (layers + 1) * 2 * (4 * h + 2 * q + 2 * kv + 4 * i)
+    per_token = (layers + 1) * (2 * (4 * h + 2 * q + 2 * kv + 4 * i) + 2 * 2 * h)  # + fp32 norms
 
     def grads_gb(**changes) -> float:
         base = {"model.gradient_checkpointing": "false", "train.gradient_accumulation_steps": 1}

@@ -131,12 +131,25 @@ def test_dtype_bytes():
 
 
 def test_layer_activation_bytes_by_hand():
-    # 4h + 2q + 2kv + 4i = 16 + 8 + 4 + 32 = 60 values × 2 B
-    assert layer_activation_bytes(ARCH, 2, seq=5, eager=False) == 120
+    # 4h + 2q + 2kv + 4i = 16 + 8 + 4 + 32 = 60 values × 2 B, plus the RMSNorms' fp32 copies
+    # in 16 bits: 2 more bytes for each of the 2h = 8 normed values
+    assert layer_activation_bytes(ARCH, 2, seq=5, eager=False) == 120 + 16
     # eager keeps 2 · heads · seq = 20 more values per token
-    assert layer_activation_bytes(ARCH, 2, seq=5, eager=True) == 160
+    assert layer_activation_bytes(ARCH, 2, seq=5, eager=True) == 160 + 16
     plain = ARCH.model_copy(update={"mlp_gated": False})
     assert layer_activation_bytes(plain, 4, seq=5, eager=False) == 4 * (16 + 8 + 4 + 16)
+
+
+def test_qk_norms_and_fp32_norm_copies_by_hand():
+    """Found on an H200: a Qwen3-shaped model in bf16 kept ~1.6x the activations estimated
+    without these two terms (its per-head q/k norms, and the fp32 copy each RMSNorm makes)."""
+    qwen3 = ARCH.model_copy(update={"qk_norm": "head"})
+    # 60 values + the q/k norms' inputs and outputs 2 · (q + kv) = 12 → 72 values
+    assert layer_activation_bytes(qwen3, 4, seq=5, eager=False) == 4 * 72  # fp32: no copies
+    # bf16: 72 × 2 B + 2 B × (2h + q + kv = 8 + 6 normed values)
+    assert layer_activation_bytes(qwen3, 2, seq=5, eager=False) == 144 + 28
+    layer_norm = ARCH.model_copy(update={"norm": "layer"})  # not an fp32-upcasting RMSNorm
+    assert layer_activation_bytes(layer_norm, 2, seq=5, eager=False) == 120
 
 
 def test_kv_cache_bytes_per_token_by_hand():
@@ -159,15 +172,15 @@ def test_model_states_by_hand():
 
 
 def test_activations_by_hand():
-    # 3 × 5 tokens × (2 layers + 1 buffer layer) × 120 B
+    # 3 × 5 tokens × (2 layers + 1 buffer layer) × 136 B
     gb, how = blocks.activations_gb(ARCH, 2, rows=3, seq=5, ckpt=False, eager=False)
-    assert gb == 15 * 3 * 120 / GIB
+    assert gb == 15 * 3 * 136 / GIB
     assert "3 layers" in how
-    # checkpointed: 15 tokens × (L·h·b = 16 + 2 layers × 120)
+    # checkpointed: 15 tokens × (L·h·b = 16 + 2 layers × 136)
     gb, how = blocks.activations_gb(ARCH, 2, rows=3, seq=5, ckpt=True, eager=False)
-    assert gb == 15 * 256 / GIB
+    assert gb == 15 * 288 / GIB
     assert how.startswith("checkpointed")
-    assert blocks.forward_gb(ARCH, 2, rows=3, seq=5, eager=False) == 15 * 120 / GIB
+    assert blocks.forward_gb(ARCH, 2, rows=3, seq=5, eager=False) == 15 * 136 / GIB
 
 
 def test_logit_positions_and_sizes_by_hand():
