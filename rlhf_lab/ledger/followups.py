@@ -96,6 +96,21 @@ def _sweep(recipes: list[str], items: list[str], campaign: str, **options: Any) 
     return shlex.join(args)
 
 
+def _advice_item(run, campaign: str, why: str, advice, fallback: str) -> NextItem:
+    """One Next item from a list of setting changes (``key``, ``value``, ``override``, ``why``):
+    the changes as the action, one launch command per change, ``fallback`` when there are none."""
+    return NextItem(
+        why=f"{run.run_id}: {why}",
+        action=" or ".join(f"{a.override} ({a.why})" for a in advice) or fallback,
+        commands=[
+            _launch(
+                run.recipe, _with(run.overrides, **{a.key.replace(".", "__"): a.value}), campaign
+            )
+            for a in advice
+        ],
+    )
+
+
 def _launch(recipe: str, items: list[str], campaign: str) -> str:
     return shlex.join([*LAB, "launch", recipe, *_sets(items), "--campaign", campaign])
 
@@ -303,40 +318,27 @@ def _run_items(run: RunRecord, campaign: str):
             run.gold_peak_step,
             run.steps,
         )
-        yield NextItem(
-            why=f"{run.run_id}: its proxy reward kept rising while the gold reward fell "
+        yield _advice_item(
+            run,
+            campaign,
+            "its proxy reward kept rising while the gold reward fell "
             "(overoptimisation of the reward model)",
-            action=" or ".join(f"{a.override} ({a.why})" for a in advice)
-            or "stop earlier or tighten the KL leash",
-            commands=[
-                _launch(
-                    run.recipe,
-                    _with(run.overrides, **{a.key.replace(".", "__"): a.value}),
-                    campaign,
-                )
-                for a in advice
-            ],
+            advice,
+            "stop earlier or tighten the KL leash",
         )
     diverged = [f for f in ("kl_blowup", "repetition") if f in run.flags]
     if diverged:
         advice = divergence_advice(run.family, run.algorithm, run.settings)
-        yield NextItem(
-            why=f"{run.run_id}: "
-            + " and ".join(
-                "its KL to the reference blew up" if f == "kl_blowup" else "its samples degenerated"
-                for f in diverged
-            )
-            + " (the policy diverged)",
-            action=" or ".join(f"{a.override} ({a.why})" for a in advice)
-            or "a lower learning rate or a tighter KL leash",
-            commands=[
-                _launch(
-                    run.recipe,
-                    _with(run.overrides, **{a.key.replace(".", "__"): a.value}),
-                    campaign,
-                )
-                for a in advice
-            ],
+        what = " and ".join(
+            "its KL to the reference blew up" if f == "kl_blowup" else "its samples degenerated"
+            for f in diverged
+        )
+        yield _advice_item(
+            run,
+            campaign,
+            f"{what} (the policy diverged)",
+            advice,
+            "a lower learning rate or a tighter KL leash",
         )
     if "flat" in run.flags:
         lr = _setting(run, spec.learning_rate_key)
