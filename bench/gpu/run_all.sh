@@ -3,10 +3,13 @@
 # random model in bf16, then a torchrun SFT run through the trainer's CLI. Every stage runs under
 # its own timeout and writes into $OUT as it goes, so a stage that fails leaves the others.
 # MFU_DEVICE=cpu MFU_SHAPE=tiny MFU_QUICK=1 bash bench/gpu/run_all.sh   # the CPU dry run
+# STAGES="padding mfu" MFU_PHASES=grpo,generate bash bench/gpu/run_all.sh  # a subset
 set -u
 OUT="${OUT:-/tmp/mfu-out}"; mkdir -p "$OUT"
 DEVICE="${MFU_DEVICE:-cuda}"; SHAPE="${MFU_SHAPE:-qwen3-0.6b}"
 QUICK=${MFU_QUICK:+--quick}
+STAGES=" ${STAGES:-mfu torchrun} "; PHASES=${MFU_PHASES:+--phases $MFU_PHASES}
+want() { [[ "$STAGES" == *" $1 "* ]]; }
 LOG="$OUT/run_all.log"
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
 stage() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date -u +%T), limit ${limit}s)" | tee -a "$LOG"
@@ -23,7 +26,11 @@ else
   export PYTHONPATH="$PWD"
 fi
 PY=python3; [[ "$DEVICE" == cpu ]] && PY="uv run python"
-stage mfu 330 $PY bench/mfu.py --device "$DEVICE" --shape "$SHAPE" $QUICK --out "$OUT/mfu.json"
+want padding && stage padding 150 $PY bench/gpu/padding_nan.py --device "$DEVICE" --shape "$SHAPE" \
+  --out "$OUT/padding_nan.json"
+want mfu && stage mfu "${MFU_LIMIT:-330}" $PY bench/mfu.py --device "$DEVICE" --shape "$SHAPE" \
+  $QUICK $PHASES ${MFU_ARGS:-} --out "$OUT/mfu.json"
+want torchrun || { echo "--- summary"; cat "$OUT/summary.txt"; grep -A30 "^MFU on" "$LOG" | head -40; exit 0; }
 # torchrun --nproc-per-node 1: one GPU gives world size 1 (no process group, no FSDP2 sharding);
 # this checks that the launcher path and a bf16 CUDA step run, and times the steps.
 RUN="$OUT/torchrun_sft"; rm -rf "$RUN"

@@ -138,6 +138,31 @@ def completion_logps(
 # ---------------------------------------------------------------------------------------------
 
 
+def padding_sees_itself(module: torch.nn.Module, attention_mask: Tensor) -> Tensor:
+    """The attention mask to give ``module`` (a decoder or causal LM) for left-padded rows.
+
+    A left-padding position is a query with no key it may attend to (its keys are padding or in
+    its future). Under ``sdpa`` on CUDA such a fully masked row is the one case the kernels do
+    not agree on (see ``bench/README.md``, GPU section); the CPU kernels give it zeros. So under
+    ``sdpa``, when some row starts with padding, the 2-D mask becomes the equivalent 4-D boolean
+    one (causal, padding keys hidden) in which each padding position also sees itself: real
+    positions attend exactly as before, and no row is empty. Other attention implementations
+    (``eager`` adds a finite minimum; flash-attention unpads) and rows without left padding get
+    the 2-D mask back unchanged."""
+    config = getattr(module, "config", None)
+    if (
+        getattr(config, "_attn_implementation", None) != "sdpa"
+        or attention_mask.dim() != 2
+        or bool(attention_mask[:, 0].all())
+    ):
+        return attention_mask
+    keys = attention_mask.bool()
+    width = keys.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=keys.device).tril()
+    mask = (causal & keys[:, None, :]) | torch.eye(width, dtype=torch.bool, device=keys.device)
+    return mask[:, None]
+
+
 def position_ids_of(attention_mask: Tensor) -> Tensor:
     """Positions that skip padding: ``cumsum(attention_mask) − 1`` (0 on left padding)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -180,11 +205,18 @@ def shared_prompt_hidden(decoder, input_ids: Tensor, attention_mask: Tensor, wid
     prompts = torch.cat([input_ids[:, :width_p], attention_mask[:, :width_p]], dim=1)
     distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)
     if distinct.shape[0] == input_ids.shape[0] or _checkpointing(decoder):
-        out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
+        out = decoder(
+            input_ids=input_ids,
+            attention_mask=padding_sees_itself(decoder, attention_mask),
+            position_ids=pos,
+        )
         return out.last_hidden_state[:, width_p - 1 :]
     p_ids, p_mask = distinct[:, :width_p], distinct[:, width_p:]
     prefix = decoder(
-        input_ids=p_ids, attention_mask=p_mask, position_ids=position_ids_of(p_mask), use_cache=True
+        input_ids=p_ids,
+        attention_mask=padding_sees_itself(decoder, p_mask),
+        position_ids=position_ids_of(p_mask),
+        use_cache=True,
     )
     last = prefix.last_hidden_state[owner, -1:]
     if input_ids.shape[1] == width_p:

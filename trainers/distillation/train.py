@@ -30,7 +30,7 @@ from trainers.core.config import ConfigError
 from trainers.core.decoding import Sampling
 from trainers.core.generation import chat_prompt_ids
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
-from trainers.core.logprobs import position_ids_of, split_rows
+from trainers.core.logprobs import padding_sees_itself, position_ids_of, split_rows
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
@@ -140,7 +140,8 @@ def completion_logits(model, prompts: list[list[int]], completions: list[list[in
     device = next(model.parameters()).device
     ids, attn, cmask, width_p = split_rows(prompts, completions, pad_id)
     ids, attn = ids.to(device), attn.to(device)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_of(attn)).logits
+    mask = padding_sees_itself(model, attn)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_of(attn)).logits
     return logits[:, width_p - 1 : -1], cmask.to(device)
 
 

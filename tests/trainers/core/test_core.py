@@ -21,6 +21,7 @@ from trainers.core.config import (
 from trainers.core.logprobs import (
     completion_logps,
     hidden_to_logps,
+    padding_sees_itself,
     selective_log_softmax,
     split_completion_logps,
     split_rows,
@@ -280,6 +281,64 @@ def test_split_completion_logps_share_prompts_and_equal_naive_full_rows(
     assert counts.tolist() == [float(len(r)) for r in responses]
     for got, want in zip(grads, torch.autograd.grad(naive.sum(), params), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _effective_masks(masks: list) -> list[torch.Tensor]:
+    """What each recorded ``attention_mask`` lets a query see: a 4-D boolean mask as given; a
+    2-D padding mask as sdpa's causal mask over its keys (B, 1, L, L)."""
+    out = []
+    for mask in masks:
+        if mask.dim() == 2:
+            width = mask.shape[1]
+            causal = torch.ones(width, width, dtype=torch.bool).tril()
+            mask = (causal & mask.bool()[:, None, :])[:, None]
+        out.append(mask)
+    return out
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_no_query_row_is_fully_masked_in_a_left_padded_forward(monkeypatch, shared):
+    """A left-padding position with no key to attend to gave NaN gradients under sdpa's cuDNN
+    kernel on an H100 (bench/gpu/padding_nan.py: 301 of 310 parameter gradients NaN); every
+    decoder pass over left-padded rows must give each query at least one key, with the real
+    positions' mask unchanged."""
+    model = _tiny_qwen()
+    assert model.config._attn_implementation == "sdpa"
+    prompts = [[3, 4, 5, 6, 7], [8, 9], [3, 4, 5, 6, 7], [10]]
+    if not shared:  # distinct prompts: the full-row pass
+        prompts[2] = [11, 12, 13]
+    responses = [[20, 21, 22], [23], [24, 25], [26, 27, 28]]
+    ids, attn, cmask, width_p = split_rows(prompts, responses, pad_id=0)
+    decoder = model.get_decoder()
+    original = decoder.forward
+    calls: list = []
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs["input_ids"], kwargs["attention_mask"]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", recording)
+    split_completion_logps(model, ids, attn, width_p, cmask)
+    first_ids, first_mask = calls[0]  # the pass whose queries include the left padding
+    seen = _effective_masks([first_mask])[0]
+    assert bool(seen.any(-1).all()), "a query row sees no key"
+    real = first_ids != 0  # no prompt or response uses the pad id 0
+    width = real.shape[1]
+    causal_over_real = torch.ones(width, width, dtype=torch.bool).tril() & real[:, None, :]
+    assert torch.equal(seen[:, 0][real], causal_over_real[real])  # real queries: unchanged
+
+
+def test_padding_sees_itself_only_for_sdpa_and_left_padding():
+    left = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    right = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    sdpa = _tiny_qwen()
+    mask = padding_sees_itself(sdpa, left)
+    assert mask.shape == (2, 1, 3, 3)
+    assert mask[0, 0].tolist() == [[True, False, False], [False, True, False], [False, True, True]]
+    assert mask[1, 0].tolist() == torch.ones(3, 3, dtype=torch.bool).tril().tolist()
+    assert padding_sees_itself(sdpa, right) is right  # every row starts with a real token
+    sdpa.config._attn_implementation = "eager"  # adds a finite minimum: rows never empty
+    assert padding_sees_itself(sdpa, left) is left
 
 
 # ------------------------------------------------------------------ schedule and metrics
