@@ -1,5 +1,12 @@
 """Test-session environment: offline, no W&B, caches in a temporary folder shared by the
-session (the tiny preset is built once per session)."""
+session (the tiny preset is built once per session).
+
+The suite runs on two pytest-xdist workers (``-n 2 --dist loadfile`` in pyproject.toml: a file's
+tests stay on one worker, so its module fixtures run once). Each worker has its own cache, but
+the two builds that are deterministic and guarded by a file lock, the tiny presets
+(``models/``) and the SFT warm start (``sft-warmstart/``), sit in a folder both workers link to,
+so they are built once per test run; the other caches (reference log-probs, rejection-sampling
+generations) stay per worker, as the tests that check a cache miss then a hit expect."""
 
 from __future__ import annotations
 
@@ -8,6 +15,21 @@ import os
 import tempfile
 
 _SESSION_CACHE = tempfile.mkdtemp(prefix="rlhf-lab-test-cache-")
+
+
+def _share_between_workers(cache: str) -> None:
+    """Link the lock-guarded builds of ``cache`` to one folder per xdist test run."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return
+    shared = os.path.join(tempfile.gettempdir(), f"rlhf-lab-test-shared-{run}")
+    for name in ("models", "sft-warmstart"):
+        os.makedirs(os.path.join(shared, name), exist_ok=True)
+        os.symlink(os.path.join(shared, name), os.path.join(cache, name))
+
+
+if "RLHF_LAB_CACHE" not in os.environ:
+    _share_between_workers(_SESSION_CACHE)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"

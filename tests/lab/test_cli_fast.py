@@ -39,7 +39,15 @@ READING = [
     ["version"],
 ]
 # what the cold reading commands must not import (each cost tens of milliseconds at start)
-HEAVY = ("typer", "click", "pydantic", "rlhf_lab.runs", "rlhf_lab.ledger", "rlhf_lab.compare")
+HEAVY = (
+    "typer",
+    "click",
+    "pydantic",
+    "rich",  # piped tables are drawn by rlhf_lab.cli.render.plain_table
+    "rlhf_lab.runs",
+    "rlhf_lab.ledger",
+    "rlhf_lab.compare",
+)
 
 
 @pytest.fixture
@@ -214,3 +222,46 @@ def test_cold_reading_commands_import_no_heavy_module(lab, argv):
     assert "rlhf_lab.cli.fast" in imported
     heavy = sorted(m for m in imported if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert heavy == [], f"`rlhf-lab {' '.join(argv)}` imports {heavy}"
+
+
+def test_plain_table_draws_what_rich_draws_or_declines():
+    """Random tables (seeded): wherever ``plain_table`` answers, its text equals rich's for the
+    same table on a non-terminal console of that width; it declines what rich would wrap,
+    fold or read as markup."""
+    import io
+    import string
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlhf_lab.cli.render import plain_table
+
+    rng = random.Random(0)
+    compared = declined = 0
+    for _ in range(400):
+        ncol = rng.randint(1, 5)
+        columns = [rng.choice(["run", "state", "step", "headline", "a b"]) for _ in range(ncol)]
+        alphabet = string.ascii_letters + string.digits + " ./-()_"
+        rows = [
+            ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 22))) for _ in columns]
+            for _ in range(rng.randint(0, 4))
+        ]
+        title = rng.choice(["runs", "campaigns", "x" * rng.randint(1, 40)])
+        width = rng.choice([30, 80, 200])
+        drawn = Table(title=title, show_lines=False)
+        for col in columns:
+            drawn.add_column(col, overflow="fold")
+        for row in rows:
+            drawn.add_row(*row)
+        buffer = io.StringIO()
+        Console(file=buffer, width=width).print(drawn)
+        text = plain_table(title, columns, rows, width)
+        if text is None:
+            declined += 1
+        else:
+            compared += 1
+            assert text == buffer.getvalue(), (title, columns, rows, width)
+    assert compared > 100 and declined > 50
+    assert plain_table("runs", ["run"], [["[bold]x"]], 80) is None  # rich reads markup
+    assert plain_table("runs", ["run"], [["é"]], 80) is None
+    assert plain_table("runs", ["run"], [["x" * 100]], 80) is None  # rich would fold it
