@@ -148,3 +148,11 @@ def assert_phases(writes, *expected: str) -> None:
     it = iter(entered)
     missing = [p for p in expected if not any(p == q for q in it)]
     assert not missing, (missing, entered)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the files that hold a ``slow`` test first (each file's own order kept): the two
+    xdist workers take files in this order, so the long ones start early and the short ones fill
+    in at the end, instead of one worker finishing alone on a long file."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

@@ -44,7 +44,9 @@ def kernel_check(device: str) -> list[dict]:
             for name, mask in (("2d-equivalent", plain), ("padding_sees_itself", fixed)):
                 row = {"backend": backend, "dtype": str(dtype), "mask": name}
                 q, k, v = (
-                    torch.randn(batch, heads, width, dim, device=device, dtype=dtype).requires_grad_()
+                    torch.randn(
+                        batch, heads, width, dim, device=device, dtype=dtype
+                    ).requires_grad_()
                     for _ in range(3)
                 )
                 try:
@@ -53,7 +55,9 @@ def kernel_check(device: str) -> list[dict]:
                         (o * real).float().sum().backward()
                     row["out_nan_real"] = bool((o * real).isnan().any())
                     row["out_nan_padding"] = bool(o[~real.expand_as(o)].isnan().any())
-                    row["grad_nan"] = {n: bool(t.grad.isnan().any()) for n, t in zip("qkv", (q, k, v))}
+                    row["grad_nan"] = {
+                        n: bool(t.grad.isnan().any()) for n, t in zip("qkv", (q, k, v), strict=True)
+                    }
                 except Exception as err:  # a backend that refuses this input
                     row["error"] = f"{type(err).__name__}: {str(err)[:160]}"
                 out.append(row)
@@ -63,9 +67,9 @@ def kernel_check(device: str) -> list[dict]:
 
 def model_check(device: str, shape: str, workdir: Path) -> dict:
     import torch
+    from _mfu_setup import build_qwen3
 
     import trainers.core.logprobs as L
-    from _mfu_setup import build_qwen3
     from trainers.core.models import load_causal_lm
     from trainers.core.tiny import ensure_preset
 
@@ -99,9 +103,11 @@ def model_check(device: str, shape: str, workdir: Path) -> dict:
                     "logps_nan": bool(total.isnan().any()),
                     "params_with_nan_grad": sum(int(g.isnan().any()) for g in grads),
                     "params_with_grad": len(grads),
-                    "grad_norm": float(torch.linalg.vector_norm(
-                        torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
-                    )),
+                    "grad_norm": float(
+                        torch.linalg.vector_norm(
+                            torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
+                        )
+                    ),
                 }
                 print(key, result[key], flush=True)
         finally:

@@ -13,8 +13,10 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     character as rich draws it (:func:`plain_table`: an agent polling `runs` does not pay rich's
     ~0.1 s import); a terminal, or anything rich would wrap or style, goes through rich."""
     cells = [["" if v is None else str(v) for v in row] for row in rows]
-    text = None if sys.stdout.isatty() or _styled_anyway() else plain_table(
-        title, columns, cells, _console_width()
+    text = (
+        None
+        if sys.stdout.isatty() or _styled_anyway()
+        else plain_table(title, columns, cells, _console_width())
     )
     if text is not None:
         sys.stdout.write(text)
@@ -32,7 +34,9 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 def _styled_anyway() -> bool:
     """Whether rich would style or size piped output itself (these variables change that)."""
-    return any(os.environ.get(name) for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"))
+    return any(
+        os.environ.get(name) for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+    )
 
 
 def _console_width() -> int:
@@ -73,7 +77,7 @@ def plain_table(title: str, columns: list[str], rows: list[list[str]], width: in
         return left + middle.join(fill * (w + 2) for w in widths) + right
 
     def cells(values: list[str], bar: str) -> str:
-        return bar + bar.join(f" {v.ljust(w)} " for v, w in zip(values, widths)) + bar
+        return bar + bar.join(f" {v.ljust(w)} " for v, w in zip(values, widths, strict=True)) + bar
 
     total = inner + 2
     left = (total - len(title)) // 2

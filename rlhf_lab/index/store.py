@@ -20,7 +20,7 @@ from rlhf_lab.index_hook import index_path
 __all__ = ["SCHEMA_VERSION", "connect", "drop_index", "index_path", "with_index"]
 
 # Bump when a table or the meaning of a column changes: an index of another version is rebuilt.
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 
 T = TypeVar("T")
 
@@ -60,6 +60,7 @@ CREATE INDEX IF NOT EXISTS runs_campaign ON runs(campaign, created_at);
 CREATE INDEX IF NOT EXISTS runs_slug ON runs(slug, created_at);
 CREATE INDEX IF NOT EXISTS runs_state ON runs(state, created_at);
 CREATE INDEX IF NOT EXISTS runs_family ON runs(family, algorithm);
+CREATE INDEX IF NOT EXISTS runs_unsigned ON runs(id) WHERE record_sig IS NULL;
 CREATE TABLE IF NOT EXISTS metrics(
     run_id TEXT NOT NULL,
     name TEXT NOT NULL,

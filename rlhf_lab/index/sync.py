@@ -178,21 +178,27 @@ def _changed_records(conn: sqlite3.Connection, root: Path, first_only: bool) -> 
     for run_id, path, want in _finished_records(conn, str(root)):
         try:
             st = stat(path)
-            same = want == (st.st_ino, st.st_size, st.st_mtime_ns)
         except OSError:
-            same = want is None
-        if not same:
-            changed.append(run_id)
-            if first_only:
-                break
+            if want is None:
+                continue
+        else:
+            if want is not None and st.st_mtime_ns == want[2] and st.st_size == want[1]:
+                if st.st_ino == want[0]:
+                    continue
+        changed.append(run_id)
+        if first_only:
+            break
     return changed
 
 
 def _unsettled(conn: sqlite3.Connection) -> list[str]:
     """Ids of the runs read again on every use: queued, starting or running (their process
     may have ended), or whose run.json changed too recently to trust its signature."""
-    query = "SELECT id FROM runs WHERE state IN (?, ?, ?) OR record_sig IS NULL"
-    return [r for (r,) in conn.execute(query, _ACTIVE)]
+    # two queries, each on an index (runs_state; the partial runs_unsigned): their OR would
+    # scan every row
+    active = [r for (r,) in conn.execute("SELECT id FROM runs WHERE state IN (?, ?, ?)", _ACTIVE)]
+    unsigned = [r for (r,) in conn.execute("SELECT id FROM runs WHERE record_sig IS NULL")]
+    return list(dict.fromkeys(active + unsigned))
 
 
 def _needs_sync(conn: sqlite3.Connection, root: Path, now_ns: int) -> bool:

@@ -410,3 +410,24 @@ def test_the_lab_finds_its_unfinished_runs_in_the_index(lab, monkeypatch):
     with indexing():  # the index is reading folders in this context: the folders are scanned
         assert [s.id for s in queued_runs()] == [queued.name]
     assert len(set(read)) == 13
+
+
+def test_every_listings_check_for_unsettled_runs_searches_an_index(lab):
+    """The query behind every listing's "anything to read again?" check (active runs, runs
+    whose run.json changed too recently to trust) stays on an index: an OR of the two scanned
+    all 10,000 rows of a large lab on every MCP list_runs (5 ms of its 57). The answer is the
+    same: a queued run and a run without a trusted signature are both found."""
+    exp, runs = lab
+    queued = write_run(exp, "2026-01-03-camp2", "dpo-20260103-000000-feed", state="queued")
+    index.page_runs()
+    unsigned = sorted(runs)[0]
+    with sqlite3.connect(index.index_path()) as conn:
+        conn.execute("UPDATE runs SET record_sig = NULL WHERE id = ?", (unsigned,))
+        found = sync_module._unsettled(conn)
+        assert set(found) == {queued.name, unsigned}
+        for query, args in (
+            ("SELECT id FROM runs WHERE state IN (?, ?, ?)", sync_module._ACTIVE),
+            ("SELECT id FROM runs WHERE record_sig IS NULL", ()),
+        ):
+            plan = " ".join(row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", args))
+            assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, (query, plan)

@@ -209,6 +209,10 @@ def assert_same_params(one: Path, two: Path, steps: int | None = None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+# two-process runs under torchrun in the module fixtures: a long file (scheduled early)
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
     where = tmp_path_factory.mktemp("two-ranks")

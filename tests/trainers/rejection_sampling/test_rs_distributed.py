@@ -51,6 +51,10 @@ def overrides(per_rank_batch: int) -> list[str]:
     ]
 
 
+# two-process runs under torchrun in the module fixtures: a long file (scheduled early)
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     where = tmp_path_factory.mktemp("rs-ranks")
