@@ -15,7 +15,7 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     cells = [["" if v is None else str(v) for v in row] for row in rows]
     text = (
         None
-        if sys.stdout.isatty() or _styled_anyway()
+        if sys.stdout.isatty() or _styled_anyway() or not _utf8(sys.stdout)
         else plain_table(title, columns, cells, _console_width())
     )
     if text is not None:
@@ -37,6 +37,12 @@ def _styled_anyway() -> bool:
     return any(
         os.environ.get(name) for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
     )
+
+
+def _utf8(stream: Any) -> bool:
+    """Whether ``stream`` takes the box characters (rich falls back to ASCII boxes otherwise)."""
+    encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    return encoding == "utf8"
 
 
 def _console_width() -> int:
@@ -66,7 +72,7 @@ def plain_table(title: str, columns: list[str], rows: list[list[str]], width: in
     up (the table or its title does not fit, a cell needs wrapping or is not plain ASCII)."""
     if not all(_plain(v) for v in (title, *columns, *(c for row in rows for c in row))):
         return None
-    if any(len(row) != len(columns) or any("\n" in c for c in row) for row in rows):
+    if any(len(row) != len(columns) for row in rows):
         return None
     widths = [max([len(col), *(len(row[i]) for row in rows)]) for i, col in enumerate(columns)]
     inner = sum(widths) + 3 * len(columns) - 1

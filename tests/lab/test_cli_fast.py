@@ -265,3 +265,20 @@ def test_plain_table_draws_what_rich_draws_or_declines():
     assert plain_table("runs", ["run"], [["[bold]x"]], 80) is None  # rich reads markup
     assert plain_table("runs", ["run"], [["é"]], 80) is None
     assert plain_table("runs", ["run"], [["x" * 100]], 80) is None  # rich would fold it
+
+
+def test_a_table_on_a_non_utf8_stream_is_left_to_rich(monkeypatch):
+    """Piped output that cannot take box characters (PYTHONIOENCODING=ascii, a Latin-1 locale):
+    rich draws its ASCII boxes; the plain path would fail to encode its own."""
+    import io
+
+    from rlhf_lab.cli import render
+
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="ascii")
+    monkeypatch.setattr("sys.stdout", stream)
+    monkeypatch.setenv("COLUMNS", "80")
+    render.table("runs", ["run", "state"], [["a", "succeeded"]])
+    stream.flush()
+    text = raw.getvalue().decode("ascii")
+    assert "runs" in text and "succeeded" in text and "┏" not in text
