@@ -168,6 +168,18 @@ def position_ids_of(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def forward_left_padded(module: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, **kw):
+    """``module``'s forward over left-padded rows: positions that skip the padding
+    (:func:`position_ids_of`) and a mask in which no query row is empty
+    (:func:`padding_sees_itself`). ``kw`` go to the forward (``use_cache``, ...)."""
+    return module(
+        input_ids=input_ids,
+        attention_mask=padding_sees_itself(module, attention_mask),
+        position_ids=position_ids_of(attention_mask),
+        **kw,
+    )
+
+
 def split_rows(
     prompts: list[list[int]], completions: list[list[int]], pad_id: int
 ) -> tuple[Tensor, Tensor, Tensor, int]:
@@ -201,23 +213,13 @@ def shared_prompt_hidden(decoder, input_ids: Tensor, attention_mask: Tensor, wid
     one forward of the full rows; the prompt's share of the compute is divided by the number of
     rows per distinct prompt. Falls back to the full-row forward when no prompt repeats, and
     under gradient checkpointing (which cannot keep a cache)."""
-    pos = position_ids_of(attention_mask)
     prompts = torch.cat([input_ids[:, :width_p], attention_mask[:, :width_p]], dim=1)
     distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)
     if distinct.shape[0] == input_ids.shape[0] or _checkpointing(decoder):
-        out = decoder(
-            input_ids=input_ids,
-            attention_mask=padding_sees_itself(decoder, attention_mask),
-            position_ids=pos,
-        )
+        out = forward_left_padded(decoder, input_ids, attention_mask)
         return out.last_hidden_state[:, width_p - 1 :]
     p_ids, p_mask = distinct[:, :width_p], distinct[:, width_p:]
-    prefix = decoder(
-        input_ids=p_ids,
-        attention_mask=padding_sees_itself(decoder, p_mask),
-        position_ids=position_ids_of(p_mask),
-        use_cache=True,
-    )
+    prefix = forward_left_padded(decoder, p_ids, p_mask, use_cache=True)
     last = prefix.last_hidden_state[owner, -1:]
     if input_ids.shape[1] == width_p:
         return last
@@ -226,7 +228,7 @@ def shared_prompt_hidden(decoder, input_ids: Tensor, attention_mask: Tensor, wid
     rest = decoder(
         input_ids=input_ids[:, width_p:],
         attention_mask=attention_mask,
-        position_ids=pos[:, width_p:],
+        position_ids=position_ids_of(attention_mask)[:, width_p:],
         past_key_values=cache,
         use_cache=True,
     )

@@ -30,7 +30,7 @@ from trainers.core.config import ConfigError
 from trainers.core.decoding import Sampling
 from trainers.core.generation import chat_prompt_ids
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
-from trainers.core.logprobs import padding_sees_itself, position_ids_of, split_rows
+from trainers.core.logprobs import forward_left_padded, split_rows
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
@@ -134,23 +134,23 @@ def student_sampling(cfg: DistillationConfig) -> Sampling:
     return Sampling(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
 
 
-def completion_logits(model, prompts: list[list[int]], completions: list[list[int]], pad_id):
-    """The model's next-token logits at every completion position (N, T_c, V) and the
-    completion mask (N, T_c): position j predicts completion token j."""
+def completion_logits(model, ids, attn, width_p: int):
+    """The model's next-token logits at every completion position (N, T_c, V) of
+    ``[left-padded prompt | right-padded completion]`` rows (``split_rows``): position j
+    predicts completion token j."""
     device = next(model.parameters()).device
-    ids, attn, cmask, width_p = split_rows(prompts, completions, pad_id)
-    ids, attn = ids.to(device), attn.to(device)
-    mask = padding_sees_itself(model, attn)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_of(attn)).logits
-    return logits[:, width_p - 1 : -1], cmask.to(device)
+    logits = forward_left_padded(model, ids.to(device), attn.to(device)).logits
+    return logits[:, width_p - 1 : -1]
 
 
 def micro_batch_loss(cfg, student, teacher, prompts, completions, pad_id, step_tokens: int):
     """The distillation loss of one micro-batch, as a share of the step's tokens, and metrics
     (the divergence, the reverse KL, and both models' log-prob of the sampled tokens)."""
-    s_logits, mask = completion_logits(student, prompts, completions, pad_id)
+    ids, attn, cmask, width_p = split_rows(prompts, completions, pad_id)
+    s_logits = completion_logits(student, ids, attn, width_p)
+    mask = cmask.to(s_logits.device)
     with torch.no_grad():
-        t_logits, _ = completion_logits(teacher, prompts, completions, pad_id)
+        t_logits = completion_logits(teacher, ids, attn, width_p)
     loss, metrics = distillation_loss(
         s_logits,
         t_logits,
@@ -161,7 +161,6 @@ def micro_batch_loss(cfg, student, teacher, prompts, completions, pad_id, step_t
         n_tokens=step_tokens,
     )
     with torch.no_grad():
-        ids, _, _, width_p = split_rows(prompts, completions, pad_id)
         sampled = ids[:, width_p:].to(mask.device).unsqueeze(-1)
         n = max(int(mask.sum()), 1)
         for name, logits in (("teacher_logp", t_logits), ("student_logp", s_logits)):

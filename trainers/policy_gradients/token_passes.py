@@ -14,9 +14,8 @@ from torch import Tensor, nn
 
 from trainers.core.config import LoraSection
 from trainers.core.logprobs import (
+    forward_left_padded,
     hidden_to_token_stats,
-    padding_sees_itself,
-    position_ids_of,
     selective_log_softmax,
     shared_prompt_hidden,
     token_entropy,
@@ -50,9 +49,7 @@ def completion_token_stats(
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if decoder is None or not isinstance(lm_head, nn.Linear):  # generic fallback
-        pos = position_ids_of(attention_mask)
-        mask = padding_sees_itself(model, attention_mask)
-        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits
+        logits = forward_left_padded(model, input_ids, attention_mask).logits
         logits = logits[:, width_p - 1 : -1]
         logp = selective_log_softmax(logits, labels)
         return logp, (token_entropy(logits) if with_entropy else None)
