@@ -55,32 +55,34 @@ def _check_rank_micro_batch(config: dict[str, Any], prompts_per_rank: int) -> No
         )
 
 
-# Families whose trainers refuse torchrun, and those that shard LoRA runs (the trainers'
-# ``trainer_main(multi_process=..., lora_multi_process=...)``); online DPO is a loop of
-# direct alignment that refuses it too.
-ONE_PROCESS_FAMILIES = frozenset({"distillation"})
-LORA_SHARDED_FAMILIES = frozenset({"sft", "direct_alignment", "reward_models"})
-
-
 def _check_runs_sharded(family: str, config: dict[str, Any], world_size: int) -> None:
-    """What the trainer would refuse under torchrun, refused before anything is written."""
+    """What the trainer would refuse under torchrun (``trainers.core.spec.one_process_only``,
+    the same answer its harness acts on), refused before anything is written."""
+    from trainers.core.spec import family_spec, one_process_only
+
+    field_name = family_spec(family).algorithm_field
+    why = one_process_only(
+        family,
+        get_dotted(config, field_name) if field_name else None,
+        get_dotted(config, "model.lora.enabled") is True,
+    )
+    if why is None:
+        return
     one_process = [NextStep("launch_run", {"nproc": 1}, note="one process")]
-    if family in ONE_PROCESS_FAMILIES or get_dotted(config, "loss") == "online_dpo":
-        what = "online DPO" if family == "direct_alignment" else f"the {family} trainer"
-        raise InvalidArgument(
-            f"{what} runs on one process in this version, not on {world_size} ranks "
-            "(its sampling step is not split across ranks yet)",
-            next=one_process,
-        )
-    if get_dotted(config, "model.lora.enabled") is True and family not in LORA_SHARDED_FAMILIES:
+    if why.kind == "lora":
         raise InvalidArgument(
             f"LoRA runs of the {family} trainer run on one process in this version, not on "
-            f"{world_size} ranks (sft, direct_alignment and reward_models shard LoRA runs)",
+            f"{world_size} ranks ({why.subject} shard LoRA runs)",
             next=[
                 *one_process,
                 NextStep("shrink_config", note="or train in full: model.lora.enabled=false"),
             ],
         )
+    raise InvalidArgument(
+        f"{why.subject} runs on one process in this version, not on {world_size} ranks "
+        "(its sampling step is not split across ranks yet)",
+        next=one_process,
+    )
 
 
 def check_world_size(family: str, config: dict[str, Any], world_size: int) -> None:

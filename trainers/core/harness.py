@@ -256,6 +256,39 @@ def _stop_detail(stop: StopRequested, run: RunDir) -> str:
         )
 
 
+def refuse_one_process_runs(config_model: type, cfg: Any, processes: int) -> None:
+    """Under torchrun: one clear ConfigError, before anything is written, for a run that its
+    family's spec keeps on one process (``trainers.core.spec.one_process_only``, which the lab
+    asks too). The family is the one whose ``config`` module defines ``config_model``; a trainer
+    outside the families (the evaluation job) is not refused."""
+    from trainers.core.spec import FAMILY_NAMES, family_spec, one_process_only
+
+    parts = config_model.__module__.split(".")
+    family = parts[1] if len(parts) > 2 and parts[1] in FAMILY_NAMES else None
+    if family is None:
+        return
+    field_name = family_spec(family).algorithm_field
+    lora = getattr(getattr(cfg, "model", None), "lora", None)
+    why = one_process_only(
+        family,
+        getattr(cfg, field_name, None) if field_name else None,
+        bool(lora is not None and lora.enabled),
+    )
+    if why is None:
+        return
+    if why.kind == "lora":
+        raise ConfigError(
+            "LoRA runs on one process for this trainer in this version, not under torchrun "
+            f"({why.subject} shard LoRA runs): start it with python -m, or train in full "
+            "(model.lora.enabled=false) to shard it"
+        )
+    what = "this trainer" if why.kind == "family" else why.subject
+    raise ConfigError(
+        f"{what} runs on one process in this version, not under torchrun ({processes} "
+        "processes; its sampling step is not split across ranks yet): start it with python -m"
+    )
+
+
 def run_trainer(
     argv: list[str] | None,
     *,
@@ -264,16 +297,13 @@ def run_trainer(
     preflight: Callable[[C], None],
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
-    multi_process: bool = True,
-    lora_multi_process: bool = False,
 ) -> int:
     """Validate, create the run directory, call ``train(cfg, run, resume)``, record the outcome.
 
     ``train`` returns the summary of a successful run (a ``SummaryFile``, or its fields) and
     writes progress/metrics itself. ``planned_steps(cfg)``: the total steps when the config
-    alone tells them (for the first progress.json). ``multi_process=False``: the family does
-    not run under torchrun yet (one clear error, nothing written); ``lora_multi_process``: its
-    LoRA runs are checked under torchrun too (else LoRA there is that error). Returns the exit
+    alone tells them (for the first progress.json). Under torchrun, a run its family's spec
+    keeps on one process is refused first (:func:`refuse_one_process_runs`). Returns the exit
     code.
     """
     args = parse_args(argv, description)
@@ -297,18 +327,8 @@ def run_trainer(
                 f"{run_dir} already holds a run; pass --resume to continue it or choose a new "
                 "--run-dir (nothing was changed)"
             )
-        if ranks.distributed and not multi_process:
-            raise ConfigError(
-                f"this trainer runs on one process in this version, not under torchrun "
-                f"({ranks.size} processes): start it with python -m"
-            )
-        lora = getattr(getattr(cfg, "model", None), "lora", None)
-        if ranks.distributed and lora is not None and lora.enabled and not lora_multi_process:
-            raise ConfigError(
-                "LoRA runs on one process for this trainer in this version, not under torchrun "
-                "(sft, direct_alignment and reward_models shard LoRA runs): start it with "
-                "python -m, or train in full (model.lora.enabled=false) to shard it"
-            )
+        if ranks.distributed:
+            refuse_one_process_runs(config_model, cfg, ranks.size)
         preflight(cfg)
         check_lora_targets(getattr(cfg, "model", None))
     except ConfigError as err:
@@ -379,9 +399,6 @@ def trainer_main(
     preflight: Callable[[C], None],
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
-    *,
-    multi_process: bool = True,
-    lora_multi_process: bool = False,
 ) -> Callable[[list[str] | None], int]:
     """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
     (the command's description is the first line of ``doc``, the module docstring)."""
@@ -394,8 +411,6 @@ def trainer_main(
             preflight=preflight,
             train=train,
             planned_steps=planned_steps,
-            multi_process=multi_process,
-            lora_multi_process=lora_multi_process,
         )
 
     return main

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = [
     "FAMILY_NAMES",
@@ -111,6 +111,10 @@ class AlgorithmSpec:
     run_name: str | None = None
     shrink_hook: str | None = None
     memory_hook: str | None = None
+    one_process_as: str | None = None
+    """Set for an algorithm whose runs stay on one process in this version although its family
+    runs under torchrun (online DPO: its sampling and ranking step is not split across ranks):
+    how a refusal names it."""
 
     @property
     def shrink_key(self) -> str:
@@ -165,6 +169,10 @@ class FamilySpec:
     steps_key: str = "train.max_steps"
     kl_key: str | None = None
     """The config key of the KL / reference-anchoring strength (None: the family has none)."""
+    multi_process: bool = True
+    """Its trainer runs under torchrun (False: one process only in this version)."""
+    lora_multi_process: bool = False
+    """Its LoRA runs were checked under torchrun too (else a LoRA run stays on one process)."""
 
     @property
     def algorithm_names(self) -> tuple[str, ...]:
@@ -213,6 +221,32 @@ def family_spec(name: str) -> FamilySpec:
     if not isinstance(spec, FamilySpec) or spec.name != name:
         raise TypeError(f"{_spec_module_name(name)}.FAMILY is not the FamilySpec of {name}")
     return spec
+
+
+class OneProcessOnly(NamedTuple):
+    """Why a run stays on one process: ``kind`` is ``family`` (the whole trainer; ``subject``
+    names it), ``algorithm`` (``subject`` names it) or ``lora`` (LoRA in a family that does not
+    shard it; ``subject`` lists the families that do)."""
+
+    kind: Literal["family", "algorithm", "lora"]
+    subject: str
+
+
+def one_process_only(family: str, algorithm: str | None, lora: bool) -> OneProcessOnly | None:
+    """Whether a run of ``family`` (``algorithm``; with LoRA adapters or not) must stay on one
+    process in this version, from the specs' ``multi_process`` / ``lora_multi_process`` /
+    ``one_process_as``: the trainers' harness refuses such a run under torchrun and the lab
+    refuses to launch it on several ranks, both from this one answer."""
+    spec = family_spec(family)
+    if not spec.multi_process:
+        return OneProcessOnly("family", f"the {family} trainer")
+    own = next((a for a in spec.algorithms if a.name == algorithm), None)
+    if own is not None and own.one_process_as:
+        return OneProcessOnly("algorithm", own.one_process_as)
+    if lora and not spec.lora_multi_process:
+        sharded = ", ".join(f.name for f in family_specs() if f.lora_multi_process)
+        return OneProcessOnly("lora", sharded)
+    return None
 
 
 def family_specs() -> tuple[FamilySpec, ...]:

@@ -122,6 +122,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         ),
         memory_hook="online_dpo",
         shrink_hook="online_dpo",
+        one_process_as="online DPO",  # its sampling and ranking step is not split across ranks
     ),
     _da(
         "apo_down",
@@ -133,6 +134,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
+    lora_multi_process=True,
     config_module="trainers.direct_alignment.config",
     config_class="DirectAlignmentConfig",
     algorithm_field="loss",

@@ -31,7 +31,6 @@ from trainers.core.distributed import (
     rank_block,
     shard_model,
     world,
-    world_from_env,
 )
 from trainers.core.generation import generate_completions
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
@@ -85,11 +84,6 @@ DATA_EXTENSIONS = (".json", ".jsonl", ".parquet", ".csv")
 
 def preflight(cfg: DirectAlignmentConfig) -> None:
     """Checks that need no model: fail before anything is written."""
-    if cfg.loss == ONLINE and world_from_env().distributed:
-        raise ConfigError(
-            "online DPO runs on one process in this version, not under torchrun (its sampling "
-            "and ranking step is not split across ranks yet): start it with python -m"
-        )
     ds = cfg.data.dataset
     looks_local = ds.startswith((".", "/", "~")) or ds.endswith(DATA_EXTENSIONS)
     if looks_local and not Path(ds).expanduser().exists():
@@ -468,7 +462,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     return loop.summary(cfg.loss, best, device, **info)
 
 
-main = trainer_main(__doc__, DirectAlignmentConfig, preflight, train, lora_multi_process=True)
+main = trainer_main(__doc__, DirectAlignmentConfig, preflight, train)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
+    multi_process=False,  # the student's sampling and the teacher are not split across ranks yet
     config_module="trainers.distillation.config",
     config_class="DistillationConfig",
     algorithm_field="algorithm",

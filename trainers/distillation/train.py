@@ -321,9 +321,9 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     return loop.summary(cfg.algorithm, best, device, **info)
 
 
-# Not checked under torchrun yet (the student's sampling and the teacher are not split across
-# ranks): the harness refuses it there with one clear error.
-main = trainer_main(__doc__, DistillationConfig, preflight, train, multi_process=False)
+# One process only in this version (``multi_process=False`` in spec.py): the harness refuses
+# torchrun with one clear error.
+main = trainer_main(__doc__, DistillationConfig, preflight, train)
 
 
 if __name__ == "__main__":

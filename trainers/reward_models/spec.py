@@ -77,6 +77,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
+    lora_multi_process=True,
     config_module="trainers.reward_models.config",
     config_class="RewardModelConfig",
     algorithm_field="kind",

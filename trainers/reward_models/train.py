@@ -539,7 +539,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     return loop.summary(cfg.algorithm, best, device, kind=cfg.kind, **info)
 
 
-main = trainer_main(__doc__, RewardModelConfig, preflight, train, lora_multi_process=True)
+main = trainer_main(__doc__, RewardModelConfig, preflight, train)
 
 
 if __name__ == "__main__":

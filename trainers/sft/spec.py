@@ -28,6 +28,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
+    lora_multi_process=True,
     config_module="trainers.sft.config",
     config_class="SFTConfig",
     algorithm_field=None,

@@ -525,7 +525,7 @@ def train(
     return loop.summary("sft", best, device, final_model=final_model, **info)
 
 
-main = trainer_main(__doc__, SFTConfig, preflight, train, lora_multi_process=True)
+main = trainer_main(__doc__, SFTConfig, preflight, train)
 
 
 if __name__ == "__main__":

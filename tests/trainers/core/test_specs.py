@@ -239,3 +239,23 @@ def test_dapo_and_maxrl_features_are_spec_flags() -> None:
     assert flagged == {"dapo"}
     assert {s.name for s in all_specs() if s.overlong_penalty} == {"dapo"}
     assert {s.name for s in all_specs() if s.reward_signal == "binary"} == {"maxrl"}
+
+
+def test_one_process_runs_are_declared_once_in_the_specs():
+    """The one answer the trainers' harness and the lab's launch check both act on."""
+    from trainers.core.spec import one_process_only
+
+    assert one_process_only("distillation", "distill", lora=False) == (
+        "family",
+        "the distillation trainer",
+    )
+    assert one_process_only("direct_alignment", "online_dpo", lora=False) == (
+        "algorithm",
+        "online DPO",
+    )
+    assert one_process_only("direct_alignment", "dpo", lora=True) is None
+    assert one_process_only("policy_gradients", "grpo", lora=False) is None
+    assert one_process_only("policy_gradients", "grpo", lora=True) == (
+        "lora",
+        "direct_alignment, reward_models, sft",
+    )
