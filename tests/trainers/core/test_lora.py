@@ -57,6 +57,7 @@ def adapted_tiny(seed: int = 0, **lora_settings) -> torch.nn.Module:
     """``tiny`` with rank-4 adapters whose B is random (not the zero start), so the adapted
     model differs from its base."""
     settings = {"enabled": True, "rank": 4, "alpha": 8.0, "dropout": 0.0, **lora_settings}
+    torch.manual_seed(seed)  # peft draws A from the global generator: the same adapter in any order
     model = lora.add_adapters(
         load_causal_lm("tiny", device="cpu", dtype="fp32"), LoraSection(**settings)
     )
