@@ -63,6 +63,7 @@ from rlhf_lab.stats import (
     Interval,
     mean_interval,
     newcombe_difference,
+    pooled_share_interval,
     verdict_of,
     welch_difference,
     wilson_interval,
@@ -638,6 +639,8 @@ def _summarise(arm: _Arm, head: Headline | None) -> ArmSummary:
         overrides=arm.overrides(),
         settings=arm.records[0].settings,
     )
+    starts = [h.start_value for r in arm.records if (h := r.headline) and h.start_value is not None]
+    summary.start_mean = sum(starts) / len(starts) if starts else None
     if not values:
         summary.basis = "no held-out value"
         return summary
@@ -645,6 +648,12 @@ def _summarise(arm: _Arm, head: Headline | None) -> ArmSummary:
         iv = mean_interval(values)
         summary.mean, summary.low, summary.high = iv.estimate, iv.low, iv.high
         summary.basis = f"t interval over {len(values)} seeds"
+        pooled = pooled_share_interval(values, arm.n_items) if head and head.share else None
+        if iv.low == iv.high and pooled is not None:
+            # seeds that all score the same share (e.g. 0): no spread, so the t interval is a
+            # point; the pooled items' Wilson interval keeps the sampling noise
+            summary.low, summary.high = pooled.low, pooled.high
+            summary.basis += f" (no spread: Wilson on the {len(values)}×{arm.n_items} items)"
         return summary
     summary.mean = values[0]
     n = arm.n_items
@@ -836,12 +845,12 @@ def _arms_markdown(
                 _cell(seeds),
                 _fmt_num(a.mean),
                 interval,
+                _fmt_num(a.start_mean),
                 _cell(a.basis),
             ]
         )
-    lines.append(
-        _md_table(["arm", "runs", "seeds", f"mean {metric}", "95% interval", "basis"], body)
-    )
+    headers = ["arm", "runs", "seeds", f"mean {metric}", "95% interval", "at step 0", "basis"]
+    lines.append(_md_table(headers, body))
     if verdicts:
         lines += ["", "Verdicts:", ""]
         for v in verdicts:

@@ -38,7 +38,13 @@ from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.headline import headline_for, headline_line, heldout_items, read_run_config
 from rlhf_lab.overoptimisation import overoptimisation, overoptimisation_advice
 from rlhf_lab.paths import find_run
-from rlhf_lab.runfolder import read_json_lines, read_metric_rows, read_summary, tail_metric_rows
+from rlhf_lab.runfolder import (
+    read_json_lines,
+    read_metric_rows,
+    read_summary,
+    run_eval_rows,
+    tail_metric_rows,
+)
 from rlhf_lab.runlog import (
     PARTIAL_LINE_IDLE_S,
     TRACEBACK_HEAD,
@@ -804,12 +810,14 @@ def status_headline(status: RunStatus) -> str | None:
     """The run's status line, held-out first: the headline metric from the last eval row (with
     its sampling noise), then the training signal from the last train row, labelled as such."""
     config = read_run_config(Path(status.run_dir)) if status.run_dir else None
-    head = headline_for(status.family, status.algorithm, config, [status.last_eval])
+    # the eval rows from the start: the step-0 value, and whether a candidate ever moved
+    evals = run_eval_rows(Path(status.run_dir) / "metrics.jsonl") if status.run_dir else []
+    head = headline_for(status.family, status.algorithm, config, [*evals, status.last_eval])
     rows: list[dict] = []
     if head is not None and head.training_signal and head.training_signal not in status.last_train:
         # the policy-gradient trainer logs its rewards on "rollout" rows, not on train rows
         if status.run_dir:
             rows = tail_metric_rows(Path(status.run_dir) / "metrics.jsonl", 64 * 1024)
     return headline_line(
-        status.family, status.algorithm, status.last_eval, status.last_train, config, rows
+        status.family, status.algorithm, status.last_eval, status.last_train, config, rows, evals
     )

@@ -48,6 +48,7 @@ __all__ = [
     "read_record",
     "read_summary",
     "record_as_run_file",
+    "run_eval_rows",
     "tail_lines",
     "tail_metric_rows",
     "tail_text",
@@ -276,6 +277,42 @@ def last_train_eval(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             if len(last) == 2:
                 break
     return last.get("train", {}), last.get("eval", {})
+
+
+def _head_lines(path: Path, max_bytes: int) -> list[bytes]:
+    """The first ``max_bytes`` of a file split into lines (a line cut by the window's end is
+    dropped); no lines when the file cannot be read."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError:
+        return []
+    lines = data[:max_bytes].split(b"\n")
+    return lines[:-1] if len(data) > max_bytes else lines
+
+
+def run_eval_rows(path: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
+    """The eval rows of ``metrics.jsonl`` from its first and last ``max_bytes`` (the whole file
+    when it is smaller than both windows), in order and without repeats: the step-0 evaluation
+    and the latest ones, which the headline's start value and its "moved at all" test read."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return []
+    lines = _head_lines(path, max_bytes)
+    if size > max_bytes:  # the windows may overlap: a row read twice is kept once
+        lines = lines + tail_lines(path, max_bytes)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for line in lines:
+        row = _metric_row(line)
+        if row is None or row.get("phase") != "eval":
+            continue
+        key = json.dumps(row, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
 
 
 def tail_text(path: Path, max_bytes: int = 8192) -> str:

@@ -1,0 +1,139 @@
+"""Honest framing (issue #25, item 6): the headline is not a number that cannot move, is shown
+beside its step-0 value, a reward model's score of its own policy is labelled a proxy, and a
+proportion's interval is never a point."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlhf_lab import api
+from rlhf_lab.compare import compare_runs
+from rlhf_lab.headline import PROXY_LABEL, headline_for, headline_line, start_text
+from rlhf_lab.ledger.render import _headline_text
+from rlhf_lab.ledger.schema import HeadlineValue, RunRecord
+from rlhf_lab.runfolder import run_eval_rows
+from rlhf_lab.stats import pooled_share_interval, wilson_interval
+from tests.lab.test_overoptimisation import REPO, make_run
+from trainers.core.config import read_yaml
+
+VERIFIER = ("model.name=tiny", "data.eval_size=32", "train.max_steps=20")
+
+
+@pytest.fixture(autouse=True)
+def lab_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def stuck_rows(formats=(0.1, 0.3, 0.5)) -> list[dict]:
+    """A verifier-rewarded GRPO run on tiny: correctness 0 at every evaluation, format moving."""
+    rows = []
+    for i, f in enumerate(formats):
+        step = 10 * i
+        rows.append({"step": step, "phase": "train", "loss": 0.1, "avg_format": f})
+        rows.append(
+            {"step": step, "phase": "eval", "eval/avg_correctness": 0.0, "eval/avg_format": f}
+        )
+    return rows
+
+
+def test_a_correctness_stuck_at_zero_is_not_the_headline_of_a_verifier_run():
+    cfg = read_yaml(REPO / "trainers/policy_gradients/configs/grpo.yaml")
+    rows = stuck_rows()
+    # before: a run without a reward model always kept eval/avg_correctness, 0 throughout
+    assert headline_for("policy_gradients", "grpo", cfg, rows).metric == "eval/avg_format"
+    # one evaluation is not "throughout": the spec's headline stays
+    assert headline_for("policy_gradients", "grpo", cfg, rows[:2]).metric == (
+        "eval/avg_correctness"
+    )
+    # when nothing moved, the spec's headline stays (it is the first logged)
+    flat = stuck_rows(formats=(0.0, 0.0, 0.0))
+    assert headline_for("policy_gradients", "grpo", cfg, flat).metric == "eval/avg_correctness"
+
+
+def test_status_compare_and_ledger_agree_on_the_headline_and_show_step_0():
+    make_run("g-0", stuck_rows(), overrides=VERIFIER)
+    make_run("g-1", stuck_rows(formats=(0.2, 0.2, 0.4)), overrides=VERIFIER)
+    line = api.run_status("g-0").headline
+    assert line.startswith("held-out eval/avg_format 0.5 (step 20;")
+    assert "step 0: 0.1)" in line
+    cmp = compare_runs(["g-0", "g-1"])
+    assert cmp.headline == "eval/avg_format"
+    assert "at step 0" in cmp.markdown
+    _header, row = [ln for ln in cmp.markdown.splitlines() if ln.startswith("| ")][:2]
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[cells.index("0.45") + 2] == "0.15"  # mean 0.45, interval, step-0 mean 0.15
+
+
+def test_the_ledger_headline_shows_its_start_and_the_proxy_label():
+    h = HeadlineValue(metric="eval/avg_correctness", value=0.25, step=40, n=64, low=0.1, high=0.4)
+    assert "step 0" not in _headline_text(RunRecord(run_id="r", campaign="c", headline=h))
+    h.start_value, h.start_step = 0.125, 0
+    assert _headline_text(RunRecord(run_id="r", campaign="c", headline=h)).endswith(
+        "on n=64); step 0: 0.125"
+    )
+    h.start_step = 10
+    assert "; first eval, step 10: 0.125" in _headline_text(
+        RunRecord(run_id="r", campaign="c", headline=h)
+    )
+    proxy = HeadlineValue(metric="eval/proxy_reward", value=1.5, step=5)
+    assert PROXY_LABEL in _headline_text(RunRecord(run_id="r", campaign="c", headline=proxy))
+    assert PROXY_LABEL == "judged by its own reward model (proxy)"
+
+
+def test_a_proxy_headline_is_labelled_in_the_status_line():
+    cfg = read_yaml(REPO / "trainers/policy_gradients/configs/grpo.yaml")
+    cfg["data"]["source"] = "preference"
+    cfg["reward"]["model"] = "/rm"
+    first = {"step": 0, "phase": "eval", "eval/proxy_reward": -0.5}
+    last = {"step": 5, "phase": "eval", "eval/proxy_reward": 1.5}
+    line = headline_line("policy_gradients", "grpo", last, {}, cfg, eval_rows=[first])
+    assert line == f"held-out eval/proxy_reward 1.5 (step 5; step 0: -0.5) [{PROXY_LABEL}]"
+    assert PROXY_LABEL in headline_for("policy_gradients", "grpo", cfg, [last]).label
+
+
+def test_start_text():
+    assert start_text((0, 0.25)) == "step 0: 0.25"
+    assert start_text((10, 0.25)) == "first eval, step 10: 0.25"
+    assert start_text((10, 0.25), final_step=10) is None
+    assert start_text(None) is None
+
+
+def test_seeds_that_all_score_zero_keep_a_wilson_interval():
+    """Three seeds at 0/128: the t interval is the point 0; the pooled Wilson upper bound is
+    z²/(384+z²) = 3.8415/387.84 = 0.009905."""
+    iv = pooled_share_interval([0.0, 0.0, 0.0], 128)
+    assert iv.low == 0.0 and iv.high == pytest.approx(0.009905, abs=1e-6)
+    assert wilson_interval(0.0, 128).high == pytest.approx(0.029137, abs=1e-6)
+    assert pooled_share_interval([0.0, 0.5], None) is None
+    assert pooled_share_interval([1.5, 0.5], 10) is None
+
+
+def test_compare_of_seeds_stuck_at_zero_has_no_point_interval():
+    cfg = VERIFIER
+    rows = [
+        {"step": s, "phase": "eval", "eval/avg_correctness": 0.0, "eval/avg_format": 0.0}
+        for s in (0, 10)
+    ]
+    for seed in range(3):
+        make_run(f"z-{seed}", rows, overrides=(*cfg, f"seed={seed}"))
+    cmp = compare_runs(["z-0", "z-1", "z-2"])
+    arm = cmp.arms[0]
+    assert arm.mean == 0.0 and arm.low == 0.0
+    assert arm.high == pytest.approx(pooled_share_interval([0, 0, 0], 32).high)
+    assert "no spread" in arm.basis
+
+
+def test_run_eval_rows_reads_the_start_and_the_end_of_a_long_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "phase": "eval", "eval/x": 0.0}]
+    rows += [{"step": s, "phase": "train", "loss": 1.0, "pad": "x" * 200} for s in range(1, 400)]
+    rows += [{"step": 400, "phase": "eval", "eval/x": 0.5}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = run_eval_rows(path, max_bytes=4096)
+    assert [r["step"] for r in got] == [0, 400]
+    small = run_eval_rows(path, max_bytes=10**6)  # one window holds it all: no repeats
+    assert [r["step"] for r in small] == [0, 400]
+    assert run_eval_rows(tmp_path / "missing.jsonl") == []
