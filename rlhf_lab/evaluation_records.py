@@ -3,6 +3,11 @@
 campaign's **Evaluation** section: one table, a row per metric, the target, its baseline and the
 paired difference, each with its interval. Torch-free; no ledger import (the ledger's schema
 imports this module).
+
+A win rate judged by the reward model the target policy was trained against (the judge is the
+target run's ``reward.model``) measures how well the policy optimised that model, not how good
+its answers are: its summary says so (``judge_is_own_reward_model``), its rows are labelled
+"judged by its own reward model (proxy)" and never marked as a headline.
 """
 
 from __future__ import annotations
@@ -17,12 +22,16 @@ from pydantic import BaseModel, Field
 
 __all__ = [
     "EVAL_FAMILY",
+    "PROXY_JUDGE",
     "EvalRow",
     "EvalSummary",
     "EvalValue",
     "evaluation_rows",
     "fmt_interval",
     "is_evaluation",
+    "judged_by_own_reward_model",
+    "metric_label",
+    "proxy_note",
     "read_eval_summary",
     "training_runs",
 ]
@@ -61,6 +70,10 @@ class EvalSummary(BaseModel):
     sampling: str = Field(default="", description="n, temperature, max_new_tokens, seed")
     cache: dict[str, str] = Field(default_factory=dict, description="role -> hit / miss / off")
     rows: list[EvalRow] = Field(default_factory=list)
+    judge_is_own_reward_model: bool = Field(
+        default=False,
+        description="the judge is the reward model the target was trained against (a proxy)",
+    )
 
     def row(self, metric: str) -> EvalRow | None:
         return next((r for r in self.rows if r.metric == metric), None)
@@ -103,6 +116,62 @@ def _named(text: str | None) -> str | None:
     return _RUN_OUTPUT.sub(r"run:\1", text) if text else text
 
 
+PROXY_JUDGE = "judged by its own reward model (proxy)"
+
+
+def _run_ref(text: Any) -> str | None:
+    """A model reference as ``run:<id>`` when it names a run of the lab (``run:<id>`` or a
+    ``.../runs/<id>/final_model`` path), else the path as given."""
+    if not isinstance(text, str) or not text:
+        return None
+    if text.startswith("run:"):
+        return text
+    return _named(text.rstrip("/"))
+
+
+def _trained_reward_model(target_run: str | None) -> str | None:
+    """The ``reward.model`` the target run was trained against (from its config.yaml)."""
+    if not target_run:
+        return None
+    from rlhf_lab.headline import read_run_config
+
+    cfg = read_run_config(Path(target_run))
+    reward = cfg.get("reward") if isinstance(cfg, dict) else None
+    return reward.get("model") if isinstance(reward, dict) else None
+
+
+def judged_by_own_reward_model(judge: str | None, target_run: str | None) -> bool:
+    """Whether ``judge`` is the reward model the run at ``target_run`` was trained against."""
+    own = _trained_reward_model(target_run)
+    if not judge or not own:
+        return False
+    if _run_ref(judge) == _run_ref(own):
+        return True
+    try:
+        return Path(judge).expanduser().resolve() == Path(own).expanduser().resolve()
+    except OSError:
+        return False
+
+
+def proxy_note(s: EvalSummary) -> str | None:
+    """The warning a proxy-judged evaluation carries, or None."""
+    if not s.judge_is_own_reward_model:
+        return None
+    return (
+        f"{s.suite} {PROXY_JUDGE}: {s.judge} is the reward model the target was trained "
+        "against, so this win rate measures how far the policy optimised it, not an "
+        "independent judgement; judge with another reward model or a verifier suite"
+    )
+
+
+def metric_label(s: EvalSummary, metric: str) -> str:
+    """A row's metric name: ``(headline)`` on the headline of an independent evaluation, the
+    proxy label on every row of an evaluation judged by the target's own reward model."""
+    if s.judge_is_own_reward_model and s.judge:
+        return f"{metric} ({PROXY_JUDGE})"
+    return metric + (" (headline)" if metric == s.headline else "")
+
+
 def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
     """The job's summary from its ``eval.json`` (None while it has none); never raises."""
     from trainers.core.runfolder import EvalFile, read_file
@@ -139,6 +208,7 @@ def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
             sampling=_sampling(ev.settings),
             cache={str(k): str(v) for k, v in cache.items()},
             rows=rows,
+            judge_is_own_reward_model=judged_by_own_reward_model(ev.judge, ev.target_run),
         ),
         None,
     )
@@ -196,7 +266,7 @@ def evaluation_rows(records: Sequence[Any]) -> list[dict[str, Any]]:
                     "job": f"`{r.run_id}`" if i == 0 else "",
                     "target": _target_label(r, s) if i == 0 else "",
                     "suite": s.suite if i == 0 else "",
-                    "metric": row.metric + (" (headline)" if row.metric == s.headline else ""),
+                    "metric": metric_label(s, row.metric),
                     "value": fmt_interval(row.target),
                     "baseline": fmt_interval(row.baseline),
                     "difference": fmt_interval(row.difference, signed=True),
@@ -216,7 +286,7 @@ def evaluation_notes(records: Sequence[Any]) -> list[str]:
             continue
         parts = [f"baseline {s.baseline}" if s.baseline else "no baseline"]
         if s.judge:
-            parts.append(f"judge {s.judge}")
+            parts.append(f"judge {s.judge}" + (f" ({PROXY_JUDGE})" if proxy_note(s) else ""))
         if s.sampling:
             parts.append(s.sampling)
         if s.n_prompts is not None:

@@ -137,3 +137,61 @@ def test_run_eval_rows_reads_the_start_and_the_end_of_a_long_file(tmp_path):
     small = run_eval_rows(path, max_bytes=10**6)  # one window holds it all: no repeats
     assert [r["step"] for r in small] == [0, 400]
     assert run_eval_rows(tmp_path / "missing.jsonl") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# A win rate judged by the reward model the policy was trained against
+# ---------------------------------------------------------------------------------------------
+
+
+def write_winrate_job(root, job_id: str, target_run, judge: str, win: float):
+    from tests.lab.test_evaluations import m, write_run
+    from trainers.core.runfolder import EvalFile
+
+    job = write_run(root, job_id, "evaluation", "winrate", final_model=False)
+    ev = EvalFile(
+        suite="winrate",
+        headline="win_rate",
+        target=str(target_run),
+        target_run=str(target_run),
+        baseline="tiny",
+        judge=judge,
+        metrics={"win_rate": m(win, win - 0.1, win + 0.1)},
+        details={"prompts": {"n_prompts": 40}},
+    )
+    (job / "eval.json").write_text(ev.model_dump_json())
+    return job
+
+
+def test_a_win_rate_judged_by_the_policys_own_reward_model_is_a_labelled_proxy(lab_root):
+    from rlhf_lab.evaluation_records import PROXY_JUDGE, evaluation_rows, read_eval_summary
+    from tests.lab.test_evaluations import CAMPAIGN, write_run
+
+    api.create_campaign(CAMPAIGN, "q")
+    rm = write_run(lab_root, "rm-20260101-000000-0001", "reward_models", "preference")
+    other = write_run(lab_root, "rm-20260101-000000-0002", "reward_models", "preference")
+    cfg = {"model": {"name": "tiny"}, "reward": {"model": str(rm / "final_model")}}
+    ppo = write_run(lab_root, "ppo-20260101-000000-0003", "policy_gradients", "ppo", config=cfg)
+    own = write_winrate_job(
+        lab_root, "winrate-20260101-000001-0004", ppo, str(rm / "final_model"), 0.9
+    )
+    indep = write_winrate_job(
+        lab_root, "winrate-20260101-000001-0005", ppo, str(other / "final_model"), 0.55
+    )
+    s_own, _ = read_eval_summary(own)
+    s_indep, _ = read_eval_summary(indep)
+    assert s_own.judge_is_own_reward_model and not s_indep.judge_is_own_reward_model
+    # the ledger's Evaluation rows: the proxy is labelled, never "(headline)"
+    record = RunRecord(run_id=own.name, campaign=CAMPAIGN, family="evaluation", evaluation=s_own)
+    (row,) = evaluation_rows([record])
+    assert row["metric"] == f"win_rate ({PROXY_JUDGE})"
+    # compare: the independent judge's win rate leads; the proxy's columns come after
+    table = api.compare_runs([own.name, indep.name])
+    assert table.columns[0] == "win_rate"
+    assert table.columns[3] == f"win_rate ({PROXY_JUDGE})"
+    assert [r.values.get("win_rate") for r in table.rows] == [None, 0.55]
+    assert "is the reward model the target was trained against" in table.markdown
+    # a run trained against run:<id> is recognised as well
+    cfg["reward"]["model"] = f"run:{rm.name}"
+    (ppo / "config.yaml").write_text(json.dumps(cfg))
+    assert read_eval_summary(own)[0].judge_is_own_reward_model
