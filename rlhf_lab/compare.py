@@ -892,7 +892,8 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
     ids = list(dict.fromkeys(run_ids))
     if not ids:
         raise InvalidArgument(
-            "compare needs at least one run id", next=NextStep("list_runs", note="shows run ids")
+            "compare needs at least one run id (run_ids) or a campaign",
+            next=NextStep("list_runs", note="shows run ids"),
         )
     for run_id in ids:
         check_run_id(run_id)

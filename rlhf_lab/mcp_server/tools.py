@@ -434,14 +434,27 @@ def query_runs(
     ),
     description="Compare runs of ONE family by its held-out headline: arms (same setting, any "
     "seed) with mean and 95% interval, a verdict per pair, then the family's table. Use it after "
-    "record_results on every run of a sweep; record_in writes it into that campaign's ledger.",
+    "record_results on every run of a sweep; record_in writes it into that campaign's ledger; "
+    "campaign takes that campaign's runs (family picks one when it holds several).",
 )
 def compare_runs(
-    run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
+    run_ids: Annotated[list[str] | None, Field(description="run ids of one family")] = None,
     record_in: Annotated[str | None, Field(description="campaign to record the table in")] = None,
+    campaign: Annotated[
+        str | None, Field(description="compare this campaign's runs (with or without run_ids)")
+    ] = None,
+    family: Annotated[
+        str | None, Field(description="with campaign: the family, when it holds several")
+    ] = None,
 ) -> Annotated[Result, Comparison]:
     cmp = _call(
-        "compare_runs", "call list_runs to see the run ids.", api.compare_runs, run_ids, record_in
+        "compare_runs",
+        "call list_runs to see the run ids.",
+        api.compare_runs,
+        run_ids,
+        record_in,
+        campaign,
+        family,
     )
     return reply(cmp)
 

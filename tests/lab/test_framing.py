@@ -195,3 +195,53 @@ def test_a_win_rate_judged_by_the_policys_own_reward_model_is_a_labelled_proxy(l
     cfg["reward"]["model"] = f"run:{rm.name}"
     (ppo / "config.yaml").write_text(json.dumps(cfg))
     assert read_eval_summary(own)[0].judge_is_own_reward_model
+
+
+# ---------------------------------------------------------------------------------------------
+# compare --campaign (issue #25, item 7)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_compare_takes_a_campaigns_runs_on_the_cli_api_and_mcp(lab_root):
+    import asyncio
+
+    from mcp import Client
+    from typer.testing import CliRunner
+
+    from rlhf_lab.cli import app
+    from rlhf_lab.errors import InvalidArgument
+    from rlhf_lab.mcp_server import server
+    from tests.lab.test_overoptimisation import CAMP
+
+    make_run("g-0", stuck_rows(), overrides=VERIFIER)
+    make_run("g-1", stuck_rows(formats=(0.2, 0.2, 0.4)), overrides=VERIFIER)
+    make_run("g-2", stuck_rows(), overrides=VERIFIER, state="failed")  # no result: left out
+    (lab_root / "experiments" / f"{CAMP}.md").write_text("# rlhf\n")
+    cmp = api.compare_runs(campaign=CAMP)
+    assert [r.run_id for r in cmp.rows] == ["g-0", "g-1"]
+    out = CliRunner().invoke(app, ["compare", "--campaign", CAMP, "--json"])
+    assert out.exit_code == 0, out.output
+    assert [r["run_id"] for r in json.loads(out.output)["rows"]] == ["g-0", "g-1"]
+
+    async def mcp_rows():
+        async with Client(server) as client:
+            got = await client.call_tool("compare_runs", {"campaign": CAMP})
+            return [r["run_id"] for r in got.structured_content["rows"]]
+
+    assert asyncio.run(mcp_rows()) == ["g-0", "g-1"]
+    # a second family (an SFT warm start): one family at a time, each named in the error
+    sft = lab_root / "experiments" / CAMP / "runs" / "sft-0"
+    sft.mkdir(parents=True)
+    (sft / "run.json").write_text(
+        json.dumps({"id": "sft-0", "family": "sft", "algorithm": "sft", "state": "succeeded"})
+    )
+    (sft / "summary.json").write_text(json.dumps({"outcome": "succeeded", "steps": 1}))
+    with pytest.raises(InvalidArgument, match="several families") as err:
+        api.compare_runs(campaign=CAMP)
+    assert {s.args["family"] for s in err.value.next_steps} == {"policy_gradients", "sft"}
+    picked = api.compare_runs(campaign=CAMP, family="policy_gradients")
+    assert [r.run_id for r in picked.rows] == ["g-0", "g-1"]
+    with pytest.raises(InvalidArgument, match="no run of family dpo"):
+        api.compare_runs(campaign=CAMP, family="dpo")
+    with pytest.raises(InvalidArgument, match="give campaign too"):
+        api.compare_runs(["g-0"], family="sft")
