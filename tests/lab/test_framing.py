@@ -245,3 +245,35 @@ def test_compare_takes_a_campaigns_runs_on_the_cli_api_and_mcp(lab_root):
         api.compare_runs(campaign=CAMP, family="dpo")
     with pytest.raises(InvalidArgument, match="give campaign too"):
         api.compare_runs(["g-0"], family="sft")
+
+
+# ---------------------------------------------------------------------------------------------
+# The Next block's warm-start follow-up gives both commands
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_warm_start_follow_up_gives_the_sft_launch_and_the_dependent_launch():
+    import shlex
+
+    from rlhf_lab.ledger.followups import WARM_START_ID, _run_items
+
+    run = RunRecord(
+        run_id="grpo-1",
+        campaign="c",
+        family="policy_gradients",
+        algorithm="grpo",
+        recipe="grpo",
+        model="tiny",
+        overrides=["model.name=tiny", "train.max_steps=20", "seed=3"],
+        flags=["noise_samples"],
+    )
+    (item,) = list(_run_items(run, "2026-03-02-c"))
+    first, then = (shlex.split(c) for c in item.commands)
+    assert first == [
+        "uv", "run", "rlhf-lab", "launch", "sft_tiny_warmstart", "--campaign", "2026-03-02-c"
+    ]  # fmt: skip
+    assert then[:5] == ["uv", "run", "rlhf-lab", "launch", "grpo"]
+    sets = [then[i + 1] for i, a in enumerate(then) if a == "--set"]
+    assert sets == ["model.name=run:<sft-run-id>", "train.max_steps=20"]  # seed dropped
+    assert then[-2:] == ["--campaign", "2026-03-02-c"]
+    assert WARM_START_ID in item.action and "queues it until the SFT run succeeds" in item.action
