@@ -40,6 +40,7 @@ from rlhf_lab.logs import run_flags, run_notes
 from rlhf_lab.overoptimisation import overoptimisation
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.plots import as_float
+from rlhf_lab.results.portable import portable_argv
 from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text
 from rlhf_lab.runfolder import read_metric_rows as read_metrics_file
 from rlhf_lab.runlog import last_error_mention
@@ -336,7 +337,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         failure=_failure(path, state, outcome, meta, summary),
         command=lab_command(meta),
         trainer_command=trainer_command(argv),
-        argv=argv,
+        argv=portable_argv(argv),  # no machine paths in a committed ledger
         overrides=[str(o) for o in overrides],
         model=None if model is None else _one_line(model, 200),
         dataset=_dataset_of(cfg),
