@@ -39,6 +39,8 @@ __all__ = [
     "RunFolder",
     "filled_record",
     "last_train_eval",
+    "live_clock",
+    "phase_count_text",
     "read_exit",
     "read_folder",
     "read_json_lines",
@@ -139,6 +141,50 @@ def read_exit(run_dir: Path) -> tuple[ExitFile | None, str | None]:
 def read_progress(run_dir: Path) -> tuple[ProgressFile | None, str | None]:
     """``progress.json`` (the trainer's step, total and phase)."""
     return read_file(run_dir / "progress.json", ProgressFile)
+
+
+# How a phase is named beside its count ("reference log-probs 120/640").
+PHASE_WORDS = {
+    "reference_logprobs": "reference log-probs",
+    "loading_model": "loading the model",
+    "evaluating": "evaluating",
+    "generating": "generating",
+    "tokenizing": "tokenizing",
+}
+
+
+@dataclass(frozen=True)
+class LiveClock:
+    """A live run's clock at read time: elapsed seconds since the trainer started, and the
+    seconds left in its current counted phase (None when the phase has no count yet)."""
+
+    elapsed_s: float | None
+    phase_eta_s: float | None
+
+
+def live_clock(progress: ProgressFile | None, now: float) -> LiveClock:
+    """The elapsed time of a live run computed at ``now`` from progress.json (its
+    ``started_at``, else ``updated_at − elapsed_s``), so it moves between the trainer's writes
+    (a long phase writes rarely); and the ETA of a counted phase (time in the phase per item
+    done × items left)."""
+    if progress is None:
+        return LiveClock(None, None)
+    start = progress.started_at
+    if start is None and progress.updated_at is not None and progress.elapsed_s is not None:
+        start = progress.updated_at - progress.elapsed_s
+    elapsed = round(max(now - start, 0.0), 1) if start is not None else progress.elapsed_s
+    done, total, began = progress.phase_done, progress.phase_total, progress.phase_started_at
+    eta = None
+    if done and total and began is not None and done <= total:
+        eta = round(max(now - began, 0.0) / done * (total - done), 1)
+    return LiveClock(elapsed, eta)
+
+
+def phase_count_text(phase: str | None, done: int | None, total: int | None) -> str | None:
+    """``reference log-probs 120/640`` (None without a count)."""
+    if done is None or not total:
+        return None
+    return f"{PHASE_WORDS.get(phase or '', phase or 'phase')} {done}/{total}"
 
 
 def read_summary(run_dir: Path) -> tuple[SummaryFile | None, str | None]:
