@@ -8,6 +8,11 @@ A win rate judged by the reward model the target policy was trained against (the
 target run's ``reward.model``) measures how well the policy optimised that model, not how good
 its answers are: its summary says so (``judge_is_own_reward_model``), its rows are labelled
 "judged by its own reward model (proxy)" and never marked as a headline.
+
+A suite's headline that is 0 for the target and for its baseline (verifier accuracy of models
+that cannot yet solve the task, e.g. ``tiny``) is structurally constant: the first other metric
+of the evaluation that is not 0 becomes the headline, and ``headline_note`` says why
+(:func:`moving_headline`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ __all__ = [
     "is_evaluation",
     "judged_by_own_reward_model",
     "metric_label",
+    "moving_headline",
     "proxy_note",
     "read_eval_summary",
     "training_runs",
@@ -70,6 +76,9 @@ class EvalSummary(BaseModel):
     sampling: str = Field(default="", description="n, temperature, max_new_tokens, seed")
     cache: dict[str, str] = Field(default_factory=dict, description="role -> hit / miss / off")
     rows: list[EvalRow] = Field(default_factory=list)
+    headline_note: str | None = Field(
+        default=None, description="why the headline is not the suite's own"
+    )
     judge_is_own_reward_model: bool = Field(
         default=False,
         description="the judge is the reward model the target was trained against (a proxy)",
@@ -172,6 +181,26 @@ def metric_label(s: EvalSummary, metric: str) -> str:
     return metric + (" (headline)" if metric == s.headline else "")
 
 
+def _zero(v: EvalValue | None) -> bool:
+    return v is None or v.value is None or v.value == 0
+
+
+def moving_headline(headline: str | None, rows: Sequence[EvalRow]) -> tuple[str | None, str | None]:
+    """(the headline to show, why it is not the suite's own): the suite's headline unless it
+    is 0 for the target and its baseline while another metric is not."""
+    head = next((r for r in rows if r.metric == headline), None)
+    if head is None or not _zero(head.target) or not _zero(head.baseline):
+        return headline, None
+    for row in rows:
+        if row.metric != headline and not (_zero(row.target) and _zero(row.baseline)):
+            note = (
+                f"{headline} is 0 for the target and its baseline (no signal at this scale): "
+                f"{row.metric} is the headline"
+            )
+            return row.metric, note
+    return headline, None
+
+
 def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
     """The job's summary from its ``eval.json`` (None while it has none); never raises."""
     from trainers.core.runfolder import EvalFile, read_file
@@ -195,10 +224,14 @@ def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
         head = ev.metrics.get(ev.headline or "")
         n_prompts = head.n if head is not None else None
     cache = ev.details.get("cache") if isinstance(ev.details.get("cache"), dict) else {}
+    headline, note = moving_headline(ev.headline, rows)
+    if headline != ev.headline:  # the moving one first
+        rows.sort(key=lambda r: r.metric != headline)
     return (
         EvalSummary(
             suite=ev.suite,
-            headline=ev.headline,
+            headline=headline,
+            headline_note=note,
             target=ev.target,
             target_run=target_run,
             baseline=_named(ev.baseline),
@@ -291,6 +324,8 @@ def evaluation_notes(records: Sequence[Any]) -> list[str]:
             parts.append(s.sampling)
         if s.n_prompts is not None:
             parts.append(f"{s.n_prompts} prompts")
+        if s.headline_note:
+            parts.append(s.headline_note)
         if s.cache:
             parts.append("cache " + ", ".join(f"{k} {v}" for k, v in s.cache.items()))
         notes.append(f"`{r.run_id}`: " + "; ".join(parts) + f" ({r.run_dir}/eval.json)")

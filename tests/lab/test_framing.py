@@ -277,3 +277,22 @@ def test_a_warm_start_follow_up_gives_the_sft_launch_and_the_dependent_launch():
     assert sets == ["model.name=run:<sft-run-id>", "train.max_steps=20"]  # seed dropped
     assert then[-2:] == ["--campaign", "2026-03-02-c"]
     assert WARM_START_ID in item.action and "queues it until the SFT run succeeds" in item.action
+
+
+def test_an_evaluation_whose_accuracy_is_zero_for_both_models_leads_with_what_moved(lab_root):
+    from rlhf_lab.evaluation_records import evaluation_notes, evaluation_rows, read_eval_summary
+    from tests.lab.test_evaluations import write_eval_job, write_run
+
+    run = write_run(lab_root, "grpo-20260101-000000-0001", "policy_gradients", "grpo")
+    job = write_eval_job(lab_root, "reasoning-20260101-000001-0002", run, acc=0.0, base=0.0)
+    s, _ = read_eval_summary(job)
+    assert s.headline == "format_rate" and "accuracy is 0 for the target and its baseline" in (
+        s.headline_note
+    )
+    record = RunRecord(run_id=job.name, campaign="c", family="evaluation", evaluation=s)
+    rows = evaluation_rows([record])
+    assert rows[0]["metric"] == "format_rate (headline)" and rows[1]["metric"] == "accuracy"
+    assert "format_rate is the headline" in evaluation_notes([record])[0]
+    # when the target moved, the suite's own headline stays
+    moved = write_eval_job(lab_root, "reasoning-20260101-000001-0003", run, acc=0.25, base=0.0)
+    assert read_eval_summary(moved)[0].headline == "accuracy"
