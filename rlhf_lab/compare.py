@@ -741,18 +741,23 @@ def verdict_between(
     if not a.values or not b.values:
         missing = a.label if not a.values else b.label
         return verdict("undecided", f"{missing} has no held-out value")
+    na, nb = a.n_items, b.n_items
+    no_spread = False
     if len(a.values) >= 2 and len(b.values) >= 2:
         iv = welch_difference(a.values, b.values)
-        method = f"Welch 95% over {len(a.values)} and {len(b.values)} seeds"
-        return verdict(verdict_of(iv, higher_is_better), "", iv, method)
-    na, nb = a.n_items, b.n_items
+        no_spread = iv.low == iv.high  # every seed of both arms the same: a point, not noise
+        if not (no_spread and share and na and nb):
+            method = f"Welch 95% over {len(a.values)} and {len(b.values)} seeds"
+            return verdict(verdict_of(iv, higher_is_better), "", iv, method)
     if share and na and nb and all(0 <= v <= 1 for v in a.values + b.values):
         ka, kb = len(a.values), len(b.values)
         pa, pb = sum(a.values) / ka, sum(b.values) / kb
         iv = newcombe_difference(pa, na * ka, pb, nb * kb)
         method = f"Newcombe 95% for two proportions on n={na * ka} and {nb * kb} held-out items"
         reason = (
-            "single seed: sampling noise of the held-out items only"
+            "no spread over seeds in either arm: sampling noise of the pooled held-out items"
+            if no_spread
+            else "single seed: sampling noise of the held-out items only"
             if ka == kb == 1
             else "one arm has a single seed: sampling noise only, seed noise not measured"
         )

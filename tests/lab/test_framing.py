@@ -296,3 +296,21 @@ def test_an_evaluation_whose_accuracy_is_zero_for_both_models_leads_with_what_mo
     # when the target moved, the suite's own headline stays
     moved = write_eval_job(lab_root, "reasoning-20260101-000001-0003", run, acc=0.25, base=0.0)
     assert read_eval_summary(moved)[0].headline == "accuracy"
+
+
+def test_two_arms_without_spread_are_compared_on_pooled_items_not_a_point():
+    """3 seeds at 0/32 against 3 seeds at 2/32: Welch's interval is the point 0.0625 (a sure
+    'better'); the pooled Newcombe interval on 96 items each is not."""
+    from rlhf_lab.compare import verdict_between
+    from rlhf_lab.ledger.schema import ArmSummary
+    from rlhf_lab.stats import newcombe_difference
+
+    a = ArmSummary(label="a", run_ids=["1", "2", "3"], values=[0.0625] * 3, n_items=32)
+    b = ArmSummary(label="b", run_ids=["4", "5", "6"], values=[0.0] * 3, n_items=32)
+    v = verdict_between(a, b, higher_is_better=True, share=True)
+    iv = newcombe_difference(0.0625, 96, 0.0, 96)
+    assert (v.low, v.high) == pytest.approx((iv.low, iv.high)) and v.low < v.high
+    assert "Newcombe" in v.method and "no spread" in v.reason
+    # with spread, Welch over seeds as before
+    a2 = a.model_copy(update={"values": [0.0625, 0.125, 0.0]})
+    assert "Welch" in verdict_between(a2, b, higher_is_better=True, share=True).method
