@@ -10,9 +10,10 @@ its answers are: its summary says so (``judge_is_own_reward_model``), its rows a
 "judged by its own reward model (proxy)" and never marked as a headline.
 
 A suite's headline that is 0 for the target and for its baseline (verifier accuracy of models
-that cannot yet solve the task, e.g. ``tiny``) is structurally constant: the first other metric
-of the evaluation that is not 0 becomes the headline, and ``headline_note`` says why
-(:func:`moving_headline`).
+that cannot yet solve the task, e.g. ``tiny``) is structurally constant: the first other compared
+metric (one with a paired difference: format rate, score, pass@k) that is not 0 becomes the
+headline, and ``headline_note`` says why (:func:`moving_headline`). Without a baseline one
+measurement cannot show a constant, and the suite's headline stays.
 """
 
 from __future__ import annotations
@@ -189,9 +190,11 @@ def moving_headline(headline: str | None, rows: Sequence[EvalRow]) -> tuple[str 
     """(the headline to show, why it is not the suite's own): the suite's headline unless it
     is 0 for the target and its baseline while another metric is not."""
     head = next((r for r in rows if r.metric == headline), None)
-    if head is None or not _zero(head.target) or not _zero(head.baseline):
-        return headline, None
+    if head is None or head.baseline is None or not (_zero(head.target) and _zero(head.baseline)):
+        return headline, None  # no baseline: one measurement cannot show a constant
     for row in rows:
+        if row.difference is None:
+            continue  # only the compared (quality) metrics, never e.g. a length
         if row.metric != headline and not (_zero(row.target) and _zero(row.baseline)):
             note = (
                 f"{headline} is 0 for the target and its baseline (no signal at this scale): "

@@ -281,21 +281,47 @@ def test_a_warm_start_follow_up_gives_the_sft_launch_and_the_dependent_launch():
 
 def test_an_evaluation_whose_accuracy_is_zero_for_both_models_leads_with_what_moved(lab_root):
     from rlhf_lab.evaluation_records import evaluation_notes, evaluation_rows, read_eval_summary
-    from tests.lab.test_evaluations import write_eval_job, write_run
+    from tests.lab.test_evaluations import m, write_run
+    from trainers.core.runfolder import EvalFile
 
     run = write_run(lab_root, "grpo-20260101-000000-0001", "policy_gradients", "grpo")
-    job = write_eval_job(lab_root, "reasoning-20260101-000001-0002", run, acc=0.0, base=0.0)
-    s, _ = read_eval_summary(job)
-    assert s.headline == "format_rate" and "accuracy is 0 for the target and its baseline" in (
-        s.headline_note
-    )
-    record = RunRecord(run_id=job.name, campaign="c", family="evaluation", evaluation=s)
+
+    def job(job_id: str, acc: float, with_baseline: bool = True):
+        path = write_run(lab_root, job_id, "evaluation", "reasoning", final_model=False)
+        ev = EvalFile(
+            suite="reasoning",
+            headline="accuracy",
+            target=str(run),
+            target_run=str(run),
+            metrics={
+                "accuracy": m(acc, 0.0, 0.1),
+                "format_rate": m(0.3, 0.2, 0.4),
+                "mean_length": m(15.0, 14.0, 16.0),
+            },
+            baseline_metrics={"accuracy": m(0.0, 0.0, 0.1), "format_rate": m(0.1, 0.0, 0.2)}
+            if with_baseline
+            else {},
+            difference={"accuracy": m(acc, 0.0, 0.1), "format_rate": m(0.2, 0.1, 0.3)}
+            if with_baseline
+            else {},
+        )
+        (path / "eval.json").write_text(ev.model_dump_json())
+        return path
+
+    s, _ = read_eval_summary(job("reasoning-20260101-000001-0002", 0.0))
+    assert s.headline == "format_rate"  # not mean_length: only compared metrics qualify
+    assert "accuracy is 0 for the target and its baseline" in s.headline_note
+    record = RunRecord(run_id="reasoning-20260101-000001-0002", campaign="c",
+                       family="evaluation", evaluation=s)  # fmt: skip
     rows = evaluation_rows([record])
     assert rows[0]["metric"] == "format_rate (headline)" and rows[1]["metric"] == "accuracy"
     assert "format_rate is the headline" in evaluation_notes([record])[0]
-    # when the target moved, the suite's own headline stays
-    moved = write_eval_job(lab_root, "reasoning-20260101-000001-0003", run, acc=0.25, base=0.0)
-    assert read_eval_summary(moved)[0].headline == "accuracy"
+    # the target moved: the suite's own headline stays
+    moved, _ = read_eval_summary(job("reasoning-20260101-000001-0003", 0.25))
+    assert moved.headline == "accuracy"
+    # no baseline: one measurement shows no constant, the suite's headline stays
+    alone, _ = read_eval_summary(job("reasoning-20260101-000001-0004", 0.0, with_baseline=False))
+    assert alone.headline == "accuracy" and alone.headline_note is None
 
 
 def test_two_arms_without_spread_are_compared_on_pooled_items_not_a_point():

@@ -198,7 +198,8 @@ def _answer_metrics(
 
 COMPARED = ("accuracy", "format_rate", "score_mean")
 # per-prompt shares of 0/1 outcomes: their intervals are Wilson's when every value is 0 or 1
-PROPORTIONS = frozenset({"accuracy", "format_rate", "never_ending", "pair_accuracy"})
+# (score_mean: a score in [0, 1]; when every prompt's is 0 or 1 it is a share like accuracy)
+PROPORTIONS = frozenset({"accuracy", "format_rate", "score_mean", "never_ending", "pair_accuracy"})
 
 
 def _is_proportion(name: str) -> bool:
