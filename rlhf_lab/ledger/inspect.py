@@ -27,6 +27,7 @@ from rlhf_lab.ledger.metrics import (
     summarize_metrics,
     summarize_performance,
 )
+from rlhf_lab.ledger.portable import portable_argv
 from rlhf_lab.ledger.schema import (
     ConfigChange,
     HeadlineValue,
@@ -40,7 +41,6 @@ from rlhf_lab.logs import run_flags, run_notes
 from rlhf_lab.overoptimisation import overoptimisation
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.plots import as_float
-from rlhf_lab.results.portable import portable_argv
 from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text
 from rlhf_lab.runfolder import read_metric_rows as read_metrics_file
 from rlhf_lab.runlog import last_error_mention

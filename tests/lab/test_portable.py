@@ -1,5 +1,5 @@
 """No machine paths in committed campaigns (issue #25, item 7): the rules of
-rlhf_lab/results/portable.py, the ledger storing a portable argv, the migration of an old
+rlhf_lab/ledger/portable.py, the ledger storing a portable argv, the migration of an old
 campaign through the lab's renderer, and a check of every committed file under experiments/."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from rlhf_lab import ledger
-from rlhf_lab.results.portable import (
+from rlhf_lab.ledger.portable import (
     MACHINE_PATH,
-    make_campaign_portable,
     portable_argv,
     portable_path,
     portable_text,
 )
+from rlhf_lab.results.portable_campaign import make_campaign_portable
 from tests.lab.test_overoptimisation import CAMP, make_run, rlhf_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,6 +118,6 @@ def test_no_committed_file_under_experiments_holds_a_machine_path():
             found.append(f"{path.relative_to(REPO)}: {m.group(0)}")
     assert not found, (
         'machine paths in committed campaigns (run `uv run python -c "from '
-        "rlhf_lab.results.portable import make_campaign_portable as m; "
+        "rlhf_lab.results.portable_campaign import make_campaign_portable as m; "
         "print(m('<campaign>'))\"` before committing):\n" + "\n".join(found[:20])
     )

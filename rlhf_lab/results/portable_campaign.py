@@ -1,74 +1,24 @@
-"""Machine paths out of what a campaign commits: repository-relative paths instead of the
-absolute paths of the machine that ran it. Torch-free.
-
-A run records where it ran (the interpreter ``/…/.venv/bin/python``, its folder
-``/…/experiments/<campaign>/runs/<id>``, the lab's cache ``/root/.cache/rlhf-lab/…``); committed
-as they are, a campaign names one machine's folders and is unreadable anywhere else. The rules
-(:func:`portable_path`):
-
-* an interpreter or tool of a virtual environment (``…/.venv/bin/python3``) -> its name
-  (``python3``: the command runs under ``uv run`` from the repository root);
-* a path through a repository's ``experiments/`` -> ``experiments/…`` (relative to the root);
-* a path inside a home folder (``/root/…``, ``/home/<user>/…``, ``/Users/<user>/…``) -> ``~/…``;
-* a run's working folder (``cwd`` in run.json) -> ``.`` (the repository root).
+"""Migration of a campaign to portable paths: its committed files rewritten without machine paths
+(the rules of :mod:`rlhf_lab.ledger.portable`; run.json's ``cwd`` -> ``.``) and its markdown
+rendered again from the rewritten ledger with the lab's renderer. Run it before committing a
+campaign (the campaigns recorded before the rule were migrated with it). Torch-free.
 
 Ledgers of the first round stored the trainer's argv as a run's ``command`` (the field now holds
 the lab command, under "Reproduce (lab command)"); the migration moves it to ``trainer_command``
 (:func:`rlhf_lab.ledger.commands.trainer_command` of the portable argv).
-
-The ledger stores a run's argv this way (:func:`portable_argv`); :func:`make_campaign_portable`
-rewrites a campaign's committed files by these rules and renders its markdown again with the
-lab's renderer (the migration of the campaigns recorded before the rule). :data:`MACHINE_PATH`
-finds what is left (the test over ``experiments/``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = [
-    "MACHINE_PATH",
-    "TEXT_SUFFIXES",
-    "make_campaign_portable",
-    "portable_argv",
-    "portable_path",
-    "portable_text",
-]
+from rlhf_lab.ledger.portable import TEXT_SUFFIXES, portable_argv, portable_text
 
-# An absolute path under a folder that belongs to one machine (not a system path such as /usr).
-MACHINE_PATH = re.compile(
-    r"(?<![\w.~-])/(?:root|home|tmp|work|Users|private|mnt|scratch)(?:/[^\s\"'(),;`<>|]*)?"
-)
-_HOME = re.compile(r"/(?:root|home/[^/]+|Users/[^/]+)(?:/(.*))?$")
+__all__ = ["make_campaign_portable"]
+
 _CWD = re.compile(r'("cwd"\s*:\s*)"[^"]*"')
-TEXT_SUFFIXES = frozenset({".json", ".jsonl", ".yaml", ".yml", ".log", ".md", ".txt", ".csv"})
-
-
-def portable_path(path: str) -> str:
-    """``path`` without its machine part by the rules of the module docstring (a path none of
-    them applies to is returned as it is)."""
-    if "/.venv/bin/" in path:
-        return path.rsplit("/", 1)[1]
-    if "/experiments/" in path:
-        return "experiments/" + path.split("/experiments/", 1)[1]
-    home = _HOME.match(path)
-    if home is not None:
-        return "~/" + (home.group(1) or "")
-    return path
-
-
-def portable_text(text: str) -> str:
-    """Every machine path in ``text`` made portable (:func:`portable_path`)."""
-    return MACHINE_PATH.sub(lambda m: portable_path(m.group(0)), text)
-
-
-def portable_argv(argv: Sequence[str]) -> list[str]:
-    """A recorded argv with its machine paths made portable (an argument that holds a path,
-    ``--config=/…``, too)."""
-    return [portable_text(str(a)) for a in argv]
 
 
 def _portable_file(path: Path) -> bool:
