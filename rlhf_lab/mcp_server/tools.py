@@ -433,19 +433,14 @@ def query_runs(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
     description="Compare runs of ONE family by its held-out headline: arms (same setting, any "
-    "seed) with mean and 95% interval, a verdict per pair, then the family's table. Use it after "
-    "record_results on every run of a sweep; record_in writes it into that campaign's ledger; "
-    "campaign takes that campaign's runs (family picks one when it holds several).",
+    "seed) with mean and 95% interval, a verdict per pair, the family's table. Use after "
+    "record_results; record_in records it; campaign: its runs.",
 )
 def compare_runs(
     run_ids: Annotated[list[str] | None, Field(description="run ids of one family")] = None,
     record_in: Annotated[str | None, Field(description="campaign to record the table in")] = None,
-    campaign: Annotated[
-        str | None, Field(description="compare this campaign's runs (with or without run_ids)")
-    ] = None,
-    family: Annotated[
-        str | None, Field(description="with campaign: the family, when it holds several")
-    ] = None,
+    campaign: Annotated[str | None, Field(description="a campaign")] = None,
+    family: Annotated[str | None, Field(description="its family")] = None,
 ) -> Annotated[Result, Comparison]:
     cmp = _call(
         "compare_runs",
