@@ -86,3 +86,12 @@ def test_run_status_of_a_live_run_in_a_long_phase(tmp_path, monkeypatch):
     assert status.alive and status.phase_progress == "reference log-probs 120/640"
     assert status.elapsed_s >= 65.0  # not the 5 s written a minute ago
     assert status.eta_basis == "phase" and status.eta_s >= 45.0 / 120 * 520
+    from typer.testing import CliRunner
+
+    from rlhf_lab.cli import app
+
+    out = CliRunner().invoke(app, ["status", info.id])
+    assert out.exit_code == 0, out.output
+    first = out.output.splitlines()[0]
+    assert "step 0/40 (reference log-probs 120/640)  elapsed " in first
+    assert "(this phase)" in first
