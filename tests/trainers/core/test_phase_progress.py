@@ -42,3 +42,26 @@ def test_a_long_phase_writes_its_count_at_a_bounded_rate(tmp_path, monkeypatch):
 def test_phase_progress_outside_a_run_does_nothing(monkeypatch):
     monkeypatch.setattr(rundir, "_ACTIVE", None)
     phase_progress(1, 2)  # no run folder: nothing to write, no error
+
+
+def test_reference_logprobs_of_a_real_dpo_run_report_their_count(tmp_path, monkeypatch):
+    """The direct-alignment reference loop on tiny reports 4/12, 8/12, 12/12 through
+    phase_progress (every batch offered; the rate bound is RunDir's)."""
+    import torch
+
+    from tests.trainers.core.test_lora import DPO_QUICK, config_path
+    from trainers.core.config import load_config
+    from trainers.core.models import load_causal_lm, load_tokenizer
+    from trainers.direct_alignment import train as da_train
+    from trainers.direct_alignment.config import DirectAlignmentConfig
+
+    cfg = load_config(config_path("direct_alignment", "dpo"), DirectAlignmentConfig, DPO_QUICK)
+    tokenizer = load_tokenizer("tiny")
+    examples = da_train.prepare_examples(cfg, tokenizer)[0][:12]
+    model = load_causal_lm("tiny", device="cpu", dtype="fp32", trainable=False)
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(da_train, "phase_progress", lambda d, t: seen.append((d, t)))
+    da_train.compute_reference_logps(
+        model, examples, tokenizer.pad_token_id, torch.device("cpu"), 4, with_kl=False
+    )
+    assert seen == [(4, 12), (8, 12), (12, 12)]
