@@ -63,6 +63,7 @@ from rlhf_lab.stats import (
     Interval,
     mean_interval,
     newcombe_difference,
+    pooled_share_interval,
     verdict_of,
     welch_difference,
     wilson_interval,
@@ -638,6 +639,8 @@ def _summarise(arm: _Arm, head: Headline | None) -> ArmSummary:
         overrides=arm.overrides(),
         settings=arm.records[0].settings,
     )
+    starts = [h.start_value for r in arm.records if (h := r.headline) and h.start_value is not None]
+    summary.start_mean = sum(starts) / len(starts) if starts else None
     if not values:
         summary.basis = "no held-out value"
         return summary
@@ -645,6 +648,12 @@ def _summarise(arm: _Arm, head: Headline | None) -> ArmSummary:
         iv = mean_interval(values)
         summary.mean, summary.low, summary.high = iv.estimate, iv.low, iv.high
         summary.basis = f"t interval over {len(values)} seeds"
+        pooled = pooled_share_interval(values, arm.n_items) if head and head.share else None
+        if iv.low == iv.high and pooled is not None:
+            # seeds that all score the same share (e.g. 0): no spread, so the t interval is a
+            # point; the pooled items' Wilson interval keeps the sampling noise
+            summary.low, summary.high = pooled.low, pooled.high
+            summary.basis += f" (no spread: Wilson on the {len(values)}×{arm.n_items} items)"
         return summary
     summary.mean = values[0]
     n = arm.n_items
@@ -732,18 +741,23 @@ def verdict_between(
     if not a.values or not b.values:
         missing = a.label if not a.values else b.label
         return verdict("undecided", f"{missing} has no held-out value")
+    na, nb = a.n_items, b.n_items
+    no_spread = False
     if len(a.values) >= 2 and len(b.values) >= 2:
         iv = welch_difference(a.values, b.values)
-        method = f"Welch 95% over {len(a.values)} and {len(b.values)} seeds"
-        return verdict(verdict_of(iv, higher_is_better), "", iv, method)
-    na, nb = a.n_items, b.n_items
+        no_spread = iv.low == iv.high  # every seed of both arms the same: a point, not noise
+        if not (no_spread and share and na and nb):
+            method = f"Welch 95% over {len(a.values)} and {len(b.values)} seeds"
+            return verdict(verdict_of(iv, higher_is_better), "", iv, method)
     if share and na and nb and all(0 <= v <= 1 for v in a.values + b.values):
         ka, kb = len(a.values), len(b.values)
         pa, pb = sum(a.values) / ka, sum(b.values) / kb
         iv = newcombe_difference(pa, na * ka, pb, nb * kb)
         method = f"Newcombe 95% for two proportions on n={na * ka} and {nb * kb} held-out items"
         reason = (
-            "single seed: sampling noise of the held-out items only"
+            "no spread over seeds in either arm: sampling noise of the pooled held-out items"
+            if no_spread
+            else "single seed: sampling noise of the held-out items only"
             if ka == kb == 1
             else "one arm has a single seed: sampling noise only, seed noise not measured"
         )
@@ -836,12 +850,12 @@ def _arms_markdown(
                 _cell(seeds),
                 _fmt_num(a.mean),
                 interval,
+                _fmt_num(a.start_mean),
                 _cell(a.basis),
             ]
         )
-    lines.append(
-        _md_table(["arm", "runs", "seeds", f"mean {metric}", "95% interval", "basis"], body)
-    )
+    headers = ["arm", "runs", "seeds", f"mean {metric}", "95% interval", "at step 0", "basis"]
+    lines.append(_md_table(headers, body))
     if verdicts:
         lines += ["", "Verdicts:", ""]
         for v in verdicts:
@@ -883,7 +897,8 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
     ids = list(dict.fromkeys(run_ids))
     if not ids:
         raise InvalidArgument(
-            "compare needs at least one run id", next=NextStep("list_runs", note="shows run ids")
+            "compare needs at least one run id (run_ids) or a campaign",
+            next=NextStep("list_runs", note="shows run ids"),
         )
     for run_id in ids:
         check_run_id(run_id)

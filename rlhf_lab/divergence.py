@@ -9,7 +9,12 @@ Rules (each run on the rows and samples a run folder already holds):
   quarter of the rows (that level floored at 1 nat, since the first step's KL is 0). A healthy
   run on tiny against a learned reward model stays under ~6 nats; the diverged one reached 100+.
 * **Degenerate repetition** (:func:`degenerate_samples`): at least half of the samples of the
-  latest sampled step repeat themselves (:func:`repetition_reason`).
+  latest sampled step repeat themselves (:func:`repetition_reason`), *compared with the start*
+  (:func:`repetition_finding`): when the first sampled step (step 0, the starting model) already
+  had at least half its samples looping, the looping is **inherited** from the starting model,
+  not a divergence of training (a chat template or end-of-turn problem, or a base model that
+  loops): it is reported as such and the divergence advice is not given. With no earlier sampled
+  step to compare with, a latest step at step 0 is inherited, a later one is a divergence.
 
 :func:`divergence_advice` gives the config changes the alert and the ledger's Next section both
 propose: a learning rate ten times lower, a KL leash twice as tight (where the algorithm has a
@@ -30,10 +35,12 @@ __all__ = [
     "KL_BOUND_NATS",
     "KL_GROWTH",
     "KlBlowup",
+    "Repetition",
     "degenerate_samples",
     "divergence_advice",
     "divergence_hint",
     "kl_blowup",
+    "repetition_finding",
     "repetition_reason",
     "sample_text",
 ]
@@ -129,22 +136,76 @@ def sample_text(row: dict) -> str | None:
     return None
 
 
-def degenerate_samples(samples: list[dict]) -> str | None:
-    """Why the latest samples are degenerate (at least half of the latest sampled step's
-    completions repeat themselves), or None."""
+@dataclass(frozen=True)
+class Repetition:
+    """Samples of the latest sampled step that repeat themselves, against the first step."""
+
+    step: Any
+    collapsed: int
+    of: int
+    why: str
+    excerpt: str
+    start_step: Any
+    start_collapsed: int
+    start_of: int
+
+    @property
+    def inherited(self) -> bool:
+        """Looping already present at the start (at least half of the first step's samples),
+        or the latest step is the start itself."""
+        if self.start_step == self.step:
+            return self.step in (0, None)
+        return self.start_collapsed * 2 >= self.start_of
+
+    @property
+    def message(self) -> str:
+        head = (
+            f"{self.collapsed}/{self.of} samples at step {self.step} repeat themselves "
+            f"({self.why}), e.g. {self.excerpt!r}"
+        )
+        if self.start_step == self.step:
+            return head
+        start = f"{self.start_collapsed}/{self.start_of} at step {self.start_step}"
+        if self.inherited:
+            return f"{head}; inherited, not diverged: {start} already did"
+        return f"{head}; diverged from the start ({start})"
+
+
+def _collapsed(rows: list[dict]) -> list[str]:
+    return [why for r in rows if (why := repetition_reason(sample_text(r) or ""))]
+
+
+def repetition_finding(samples: list[dict], excerpt_chars: int = 80) -> Repetition | None:
+    """The latest sampled step's repetition compared with the first sampled step (None unless
+    at least half of the latest step's samples repeat themselves)."""
     rows = [r for r in samples if sample_text(r) is not None]
     if not rows:
         return None
-    last_step = rows[-1].get("step")
+    last_step, first_step = rows[-1].get("step"), rows[0].get("step")
     latest = [r for r in rows if r.get("step") == last_step]
-    collapsed = [why for r in latest if (why := repetition_reason(sample_text(r) or ""))]
+    collapsed = _collapsed(latest)
     if not collapsed or len(collapsed) * 2 < len(latest):
         return None
-    excerpt = (sample_text(latest[0]) or "")[:80].replace("\n", " ")
-    return (
-        f"{len(collapsed)}/{len(latest)} samples at step {last_step} repeat themselves "
-        f"({collapsed[0]}), e.g. {excerpt!r}"
+    first = [r for r in rows if r.get("step") == first_step]
+    example = next(r for r in latest if repetition_reason(sample_text(r) or ""))
+    return Repetition(
+        step=last_step,
+        collapsed=len(collapsed),
+        of=len(latest),
+        why=collapsed[0],
+        excerpt=(sample_text(example) or "")[:excerpt_chars].replace("\n", " "),
+        start_step=first_step,
+        start_collapsed=len(_collapsed(first)),
+        start_of=len(first),
     )
+
+
+def degenerate_samples(samples: list[dict]) -> str | None:
+    """Why the latest samples degenerated during training (at least half of the latest sampled
+    step's completions repeat themselves, and the start did not), or None (also when the
+    looping is inherited from the start: :func:`repetition_finding`)."""
+    found = repetition_finding(samples)
+    return found.message if found is not None and not found.inherited else None
 
 
 def divergence_advice(family: str | None, algorithm: str | None, config: Any) -> list[Advice]:

@@ -17,15 +17,19 @@ from typing import Any
 
 from rlhf_lab.evaluation_records import (
     EVAL_FAMILY,
+    PROXY_JUDGE,
     EvalSummary,
     fmt_interval,
+    metric_label,
+    proxy_note,
     read_eval_summary,
 )
 
 __all__ = ["EVAL_NOTE", "evaluation_comparison", "evaluation_table", "evaluations_of_runs"]
 
 EVAL_NOTE = (
-    "Evaluation values carry bootstrap 95% intervals over the prompts; Δ is target − baseline "
+    "Evaluation values carry 95% intervals over the prompts (Wilson for a share of 0/1 "
+    "outcomes, else the prompt bootstrap); Δ is target − baseline "
     "paired by prompt. Rows with different targets ran on different held-out prompts: compare "
     "their Δ against the shared starting model rather than their raw values."
 )
@@ -43,7 +47,7 @@ def _rows(items: Sequence[tuple[str, str, EvalSummary | None]]) -> list[list[str
                     f"`{job}`" if i == 0 else "",
                     (s.target_run or Path(s.target).name) if i == 0 else "",
                     s.suite if i == 0 else "",
-                    row.metric,
+                    metric_label(s, row.metric),
                     fmt_interval(row.target),
                     fmt_interval(row.baseline),
                     fmt_interval(row.difference, signed=True),
@@ -58,7 +62,8 @@ def evaluation_table(items: Sequence[tuple[str, str, EvalSummary | None]]) -> st
     headers = ["evaluation", "target", "suite", "metric", "target", "baseline", "Δ", "n"]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(items)]
-    return "\n".join(lines)
+    notes = [f"- `{job}`: {note}" for job, _, s in items if s and (note := proxy_note(s))]
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def _evaluation_dirs(run_dir: Path) -> list[Path]:
@@ -97,21 +102,31 @@ def evaluations_of_runs(records: Sequence[Any]) -> str | None:
     return "Evaluations of these runs:\n\n" + evaluation_table(items) + "\n\n" + EVAL_NOTE
 
 
+def _column(s: EvalSummary) -> str:
+    """The headline column of one evaluation (a proxy-judged one is named as such)."""
+    assert s.headline is not None
+    return f"{s.headline} ({PROXY_JUDGE})" if s.judge_is_own_reward_model else s.headline
+
+
 def evaluation_comparison(
     records: Sequence[Any],
 ) -> tuple[list[str], list[dict[str, float | None]], str]:
     """(columns, each job's values, markdown table) for ``compare`` given evaluation jobs: the
-    values are each job's headline, its baseline's and the difference."""
+    values are each job's headline, its baseline's and the difference. A win rate judged by the
+    target's own reward model gets columns of its own, after the independent ones: it is never
+    the lead when an independent judge or a verifier suite was compared."""
     items = [(r.run_id, r.state, r.evaluation) for r in records]
-    heads = sorted({s.headline for _, _, s in items if s is not None and s.headline})
+    summaries = [s for _, _, s in items if s is not None and s.headline]
+    heads = sorted({_column(s) for s in summaries}, key=lambda c: (PROXY_JUDGE in c, c))
     columns = [c for h in heads for c in (h, f"baseline {h}", f"Δ {h}")]
     rows = []
     for r in records:
         s: EvalSummary | None = r.evaluation
         values: dict[str, float | None] = {}
         if s is not None and s.headline and (row := s.row(s.headline)) is not None:
-            values[s.headline] = row.target.value if row.target else None
-            values[f"baseline {s.headline}"] = row.baseline.value if row.baseline else None
-            values[f"Δ {s.headline}"] = row.difference.value if row.difference else None
+            col = _column(s)
+            values[col] = row.target.value if row.target else None
+            values[f"baseline {col}"] = row.baseline.value if row.baseline else None
+            values[f"Δ {col}"] = row.difference.value if row.difference else None
         rows.append(values)
     return columns, rows, evaluation_table(items)

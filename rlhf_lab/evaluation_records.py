@@ -3,6 +3,17 @@
 campaign's **Evaluation** section: one table, a row per metric, the target, its baseline and the
 paired difference, each with its interval. Torch-free; no ledger import (the ledger's schema
 imports this module).
+
+A win rate judged by the reward model the target policy was trained against (the judge is the
+target run's ``reward.model``) measures how well the policy optimised that model, not how good
+its answers are: its summary says so (``judge_is_own_reward_model``), its rows are labelled
+"judged by its own reward model (proxy)" and never marked as a headline.
+
+A suite's headline that is 0 for the target and for its baseline (verifier accuracy of models
+that cannot yet solve the task, e.g. ``tiny``) is structurally constant: the first other compared
+metric (one with a paired difference: format rate, score, pass@k) that is not 0 becomes the
+headline, and ``headline_note`` says why (:func:`moving_headline`). Without a baseline one
+measurement cannot show a constant, and the suite's headline stays.
 """
 
 from __future__ import annotations
@@ -17,12 +28,17 @@ from pydantic import BaseModel, Field
 
 __all__ = [
     "EVAL_FAMILY",
+    "PROXY_JUDGE",
     "EvalRow",
     "EvalSummary",
     "EvalValue",
     "evaluation_rows",
     "fmt_interval",
     "is_evaluation",
+    "judged_by_own_reward_model",
+    "metric_label",
+    "moving_headline",
+    "proxy_note",
     "read_eval_summary",
     "training_runs",
 ]
@@ -61,6 +77,13 @@ class EvalSummary(BaseModel):
     sampling: str = Field(default="", description="n, temperature, max_new_tokens, seed")
     cache: dict[str, str] = Field(default_factory=dict, description="role -> hit / miss / off")
     rows: list[EvalRow] = Field(default_factory=list)
+    headline_note: str | None = Field(
+        default=None, description="why the headline is not the suite's own"
+    )
+    judge_is_own_reward_model: bool = Field(
+        default=False,
+        description="the judge is the reward model the target was trained against (a proxy)",
+    )
 
     def row(self, metric: str) -> EvalRow | None:
         return next((r for r in self.rows if r.metric == metric), None)
@@ -103,6 +126,84 @@ def _named(text: str | None) -> str | None:
     return _RUN_OUTPUT.sub(r"run:\1", text) if text else text
 
 
+PROXY_JUDGE = "judged by its own reward model (proxy)"
+
+
+def _run_ref(text: Any) -> str | None:
+    """A model reference as ``run:<id>`` when it names a run of the lab (``run:<id>`` or a
+    ``.../runs/<id>/final_model`` path), else the path as given."""
+    if not isinstance(text, str) or not text:
+        return None
+    if text.startswith("run:"):
+        return text
+    return _named(text.rstrip("/"))
+
+
+def _trained_reward_model(target_run: str | None) -> str | None:
+    """The ``reward.model`` the target run was trained against (from its config.yaml)."""
+    if not target_run:
+        return None
+    from rlhf_lab.headline import read_run_config
+
+    cfg = read_run_config(Path(target_run))
+    reward = cfg.get("reward") if isinstance(cfg, dict) else None
+    return reward.get("model") if isinstance(reward, dict) else None
+
+
+def judged_by_own_reward_model(judge: str | None, target_run: str | None) -> bool:
+    """Whether ``judge`` is the reward model the run at ``target_run`` was trained against."""
+    own = _trained_reward_model(target_run)
+    if not judge or not own:
+        return False
+    if _run_ref(judge) == _run_ref(own):
+        return True
+    try:
+        return Path(judge).expanduser().resolve() == Path(own).expanduser().resolve()
+    except OSError:
+        return False
+
+
+def proxy_note(s: EvalSummary) -> str | None:
+    """The warning a proxy-judged evaluation carries, or None."""
+    if not s.judge_is_own_reward_model:
+        return None
+    return (
+        f"{s.suite} {PROXY_JUDGE}: {s.judge} is the reward model the target was trained "
+        "against, so this win rate measures how far the policy optimised it, not an "
+        "independent judgement; judge with another reward model or a verifier suite"
+    )
+
+
+def metric_label(s: EvalSummary, metric: str) -> str:
+    """A row's metric name: ``(headline)`` on the headline of an independent evaluation, the
+    proxy label on every row of an evaluation judged by the target's own reward model."""
+    if s.judge_is_own_reward_model and s.judge:
+        return f"{metric} ({PROXY_JUDGE})"
+    return metric + (" (headline)" if metric == s.headline else "")
+
+
+def _zero(v: EvalValue | None) -> bool:
+    return v is None or v.value is None or v.value == 0
+
+
+def moving_headline(headline: str | None, rows: Sequence[EvalRow]) -> tuple[str | None, str | None]:
+    """(the headline to show, why it is not the suite's own): the suite's headline unless it
+    is 0 for the target and its baseline while another metric is not."""
+    head = next((r for r in rows if r.metric == headline), None)
+    if head is None or head.baseline is None or not (_zero(head.target) and _zero(head.baseline)):
+        return headline, None  # no baseline: one measurement cannot show a constant
+    for row in rows:
+        if row.difference is None:
+            continue  # only the compared (quality) metrics, never e.g. a length
+        if row.metric != headline and not (_zero(row.target) and _zero(row.baseline)):
+            note = (
+                f"{headline} is 0 for the target and its baseline (no signal at this scale): "
+                f"{row.metric} is the headline"
+            )
+            return row.metric, note
+    return headline, None
+
+
 def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
     """The job's summary from its ``eval.json`` (None while it has none); never raises."""
     from trainers.core.runfolder import EvalFile, read_file
@@ -126,10 +227,14 @@ def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
         head = ev.metrics.get(ev.headline or "")
         n_prompts = head.n if head is not None else None
     cache = ev.details.get("cache") if isinstance(ev.details.get("cache"), dict) else {}
+    headline, note = moving_headline(ev.headline, rows)
+    if headline != ev.headline:  # the moving one first
+        rows.sort(key=lambda r: r.metric != headline)
     return (
         EvalSummary(
             suite=ev.suite,
-            headline=ev.headline,
+            headline=headline,
+            headline_note=note,
             target=ev.target,
             target_run=target_run,
             baseline=_named(ev.baseline),
@@ -139,6 +244,7 @@ def read_eval_summary(run_dir: Path) -> tuple[EvalSummary | None, str | None]:
             sampling=_sampling(ev.settings),
             cache={str(k): str(v) for k, v in cache.items()},
             rows=rows,
+            judge_is_own_reward_model=judged_by_own_reward_model(ev.judge, ev.target_run),
         ),
         None,
     )
@@ -196,7 +302,7 @@ def evaluation_rows(records: Sequence[Any]) -> list[dict[str, Any]]:
                     "job": f"`{r.run_id}`" if i == 0 else "",
                     "target": _target_label(r, s) if i == 0 else "",
                     "suite": s.suite if i == 0 else "",
-                    "metric": row.metric + (" (headline)" if row.metric == s.headline else ""),
+                    "metric": metric_label(s, row.metric),
                     "value": fmt_interval(row.target),
                     "baseline": fmt_interval(row.baseline),
                     "difference": fmt_interval(row.difference, signed=True),
@@ -216,11 +322,13 @@ def evaluation_notes(records: Sequence[Any]) -> list[str]:
             continue
         parts = [f"baseline {s.baseline}" if s.baseline else "no baseline"]
         if s.judge:
-            parts.append(f"judge {s.judge}")
+            parts.append(f"judge {s.judge}" + (f" ({PROXY_JUDGE})" if proxy_note(s) else ""))
         if s.sampling:
             parts.append(s.sampling)
         if s.n_prompts is not None:
             parts.append(f"{s.n_prompts} prompts")
+        if s.headline_note:
+            parts.append(s.headline_note)
         if s.cache:
             parts.append("cache " + ", ".join(f"{k} {v}" for k, v in s.cache.items()))
         notes.append(f"`{r.run_id}`: " + "; ".join(parts) + f" ({r.run_dir}/eval.json)")

@@ -7,12 +7,19 @@ Runs rewarded by a learned reward model (a policy-gradient run with ``reward.mod
 whose rows log ``proxy_reward``) are judged on the gold signal when there is one: the headline
 is ``eval/gold_reward`` (a verifier, or a held-out gold reward model the policy is not optimised
 against) when it is logged or expected, else the spec's own headline when the rows log it, else
-``eval/proxy_reward`` (the optimised model's own score, labelled as such); a gold (or spec
-headline) that is 0 at every one of two or more evaluations carries no signal and is passed
-over the same way. A spec headline that
-the rows do not log while they log other held-out numbers falls back the same way (then to the
-held-out twin of the family's first rising key metric). :func:`headline_for` applies this when
-given the run's config and rows; without them it returns the spec's headline.
+``eval/proxy_reward`` (the optimised model's own score, labelled "judged by its own reward model
+(proxy)"). A spec headline that the rows do not log while they log other held-out numbers falls
+back the same way (then to the held-out twins of the family's rising key metrics).
+
+Structurally constant headlines are passed over, for every run (not only those rewarded by a
+model): a candidate that is 0 at every one of two or more evaluations (verifier correctness of a
+model that cannot yet solve the task, e.g. on ``tiny``) carries no signal, so the next candidate
+that moved is the headline; when none moved, the first logged one stays. :func:`headline_for`
+applies this when given the run's config and rows; without them it returns the spec's headline.
+Status, compare, the ledger and the run index all pass the run's eval rows, so they agree.
+
+Every headline is shown beside its value at the start (:func:`start_value`: the step-0
+evaluation, or the first one when the run has no step-0 evaluation).
 
 The trainers do not log how many held-out items an evaluation used (rejection sampling logs
 ``eval/num_prompts``): the count comes from that metric when present, else from the family's
@@ -34,6 +41,7 @@ from trainers.core.spec import FAMILY_NAMES, FamilySpec, family_spec
 __all__ = [
     "GOLD_HEADLINE",
     "PROXY_HEADLINE",
+    "PROXY_LABEL",
     "Headline",
     "ItemCount",
     "headline_for",
@@ -42,6 +50,8 @@ __all__ = [
     "last_value",
     "read_run_config",
     "rewarded_by_model",
+    "start_text",
+    "start_value",
 ]
 
 # metrics a trainer may log with the number of held-out items of an evaluation
@@ -49,6 +59,7 @@ COUNT_METRICS = ("eval/num_prompts", "eval/num_examples", "eval/n")
 # The RLHF contract of the policy-gradient trainer (held-out twins of the rollout metrics).
 GOLD_HEADLINE = "eval/gold_reward"
 PROXY_HEADLINE = "eval/proxy_reward"
+PROXY_LABEL = "judged by its own reward model (proxy)"
 _RM_ROW_KEYS = ("proxy_reward", PROXY_HEADLINE)
 
 
@@ -125,19 +136,20 @@ def _logged(rows: Sequence[dict], name: str) -> bool:
 
 
 def _zero_throughout(rows: Sequence[dict], name: str) -> bool:
-    """Whether ``name`` is 0 in every row that logs it, over at least two evaluations: a gold
+    """Whether ``name`` is 0 in every row that logs it, over at least two evaluations: a
     signal that never moved off zero says nothing about the run (the task is out of the
     model's reach), so the headline falls back past it."""
     values = [v for row in rows if (v := _as_float(row.get(name))) is not None]
     return len(values) >= 2 and all(v == 0 for v in values)
 
 
-def _rising_twin(spec: FamilySpec) -> str | None:
-    """The held-out twin of the family's first key metric that should rise."""
-    for m in spec.key_metrics:
-        if m.key and m.higher_is_better and not m.name.startswith("eval/"):
-            return f"eval/{m.name}"
-    return None
+def _rising_twins(spec: FamilySpec) -> list[str]:
+    """The held-out twins of the family's key metrics that should rise, in the spec's order."""
+    return [
+        f"eval/{m.name}"
+        for m in spec.key_metrics
+        if m.key and m.higher_is_better and not m.name.startswith("eval/")
+    ]
 
 
 def _reward_headline(spec: FamilySpec, metric: str, config: dict | None) -> Headline:
@@ -151,8 +163,8 @@ def _reward_headline(spec: FamilySpec, metric: str, config: dict | None) -> Head
     elif metric == PROXY_HEADLINE:
         share = False
         label = (
-            "held-out proxy reward (the optimised reward model's own score, not an independent "
-            "judge)"
+            f"held-out reward {PROXY_LABEL}: the score the policy was trained to raise, not an "
+            "independent judge"
         )
     else:
         share = spec.headline_is_share
@@ -174,18 +186,19 @@ def _reward_headline(spec: FamilySpec, metric: str, config: dict | None) -> Head
 def _resolve(spec: FamilySpec, metric: str, config: dict | None, rows: Sequence[dict]) -> str:
     """The rule of the module docstring: which held-out metric a run is judged on."""
     rm = rewarded_by_model(config, rows)
-    if not rm and metric not in (GOLD_HEADLINE, PROXY_HEADLINE):
-        return metric
     if rm:
         order = [GOLD_HEADLINE, metric, PROXY_HEADLINE]
     else:
         order = [metric, GOLD_HEADLINE, PROXY_HEADLINE]
-    if (twin := _rising_twin(spec)) is not None:
-        order.append(twin)
-    order = list(dict.fromkeys(order))
-    for name in order:
-        if _logged(rows, name) and not (rm and name != order[-1] and _zero_throughout(rows, name)):
-            return name
+    order = list(dict.fromkeys(order + _rising_twins(spec)))
+    logged = [name for name in order if _logged(rows, name)]
+    moved = [name for name in logged if not _zero_throughout(rows, name)]
+    if moved:
+        return moved[0]
+    if logged:
+        return logged[0]
+    if not rm and metric not in (GOLD_HEADLINE, PROXY_HEADLINE):
+        return metric
     # nothing logged yet: the first one the config says will be
     gold, verifier = _gold_expected(config), _verifier_prompts(config)
     for name in order:
@@ -251,6 +264,28 @@ def last_value(rows: Sequence[dict], name: str, phase: Literal["eval", "train"] 
     return None
 
 
+def start_value(rows: Sequence[dict], name: str) -> tuple[Any, float] | None:
+    """(step, value) of the first finite value of ``name`` in metrics rows: the step-0
+    evaluation of the headline when the run made one (else its first evaluation), or None."""
+    for row in rows:
+        value = _as_float(row.get(name))
+        if value is not None and math.isfinite(value):
+            return row.get("step"), value
+    return None
+
+
+def start_text(start: tuple[Any, float] | None, final_step: Any = None) -> str | None:
+    """``step 0: 0.05`` (``first eval, step 20: 0.05`` when no step-0 evaluation was made);
+    None without a start value or when the start is the shown value itself."""
+    if start is None:
+        return None
+    step, value = start
+    if final_step is not None and step == final_step:
+        return None
+    where = "step 0" if step in (0, None) else f"first eval, step {step}"
+    return f"{where}: {_num(value)}"
+
+
 def noise_interval(headline: Headline, value: float, n: int | None) -> Interval | None:
     """The sampling noise of one run's headline: the Wilson 95 % interval of an accuracy on n
     held-out items (None for a loss or an unknown n)."""
@@ -281,13 +316,15 @@ def headline_line(
     last_train: dict,
     config: dict | None = None,
     rows: Sequence[dict] = (),
+    eval_rows: Sequence[dict] = (),
 ) -> str | None:
-    """One line for a run's status, held-out headline first and the training signal labelled
-    as such: ``held-out eval/accuracy 0.867 (step 40; 95% 0.80–0.92 on n=128) · training
-    signal accuracy 0.95``. None for an unknown family. ``rows``: recent metrics rows (e.g. the
-    rollout rows of a policy-gradient run) where the training signal is looked up when the last
-    train row lacks it."""
-    head = headline_for(family, algorithm, config, [last_eval, last_train, *rows])
+    """One line for a run's status, held-out headline first with its step-0 value beside it,
+    and the training signal labelled as such: ``held-out eval/accuracy 0.867 (step 40; 95%
+    0.80–0.92 on n=128; step 0: 0.62) · training signal accuracy 0.95``. None for an unknown
+    family. ``rows``: recent metrics rows (e.g. the rollout rows of a policy-gradient run) where
+    the training signal is looked up when the last train row lacks it. ``eval_rows``: the run's
+    evaluation rows from its start (the start value, and which candidate headline moved)."""
+    head = headline_for(family, algorithm, config, [*eval_rows, last_eval, last_train, *rows])
     if head is None:
         return None
     value = _as_float(last_eval.get(head.metric))
@@ -302,8 +339,13 @@ def headline_line(
         noise = noise_interval(head, value, n)
         if noise is not None:
             extra.append(f"95% {_num(noise.low)}–{_num(noise.high)} on n={n}")
+        start = start_text(start_value([*eval_rows, last_eval], head.metric), last_eval.get("step"))
+        if start is not None:
+            extra.append(start)
         if extra:
             text += f" ({'; '.join(extra)})"
+    if head.metric == PROXY_HEADLINE:
+        text += f" [{PROXY_LABEL}]"
     signal = head.training_signal
     if signal is not None:
         train = _as_float(last_train.get(signal))

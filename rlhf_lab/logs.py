@@ -26,10 +26,9 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import get_dotted
 from rlhf_lab.divergence import (
-    degenerate_samples,
     divergence_hint,
     kl_blowup,
-    repetition_reason,
+    repetition_finding,
 )
 from rlhf_lab.divergence import (
     sample_text as _sample_text,
@@ -38,7 +37,13 @@ from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.headline import headline_for, headline_line, heldout_items, read_run_config
 from rlhf_lab.overoptimisation import overoptimisation, overoptimisation_advice
 from rlhf_lab.paths import find_run
-from rlhf_lab.runfolder import read_json_lines, read_metric_rows, read_summary, tail_metric_rows
+from rlhf_lab.runfolder import (
+    read_json_lines,
+    read_metric_rows,
+    read_summary,
+    run_eval_rows,
+    tail_metric_rows,
+)
 from rlhf_lab.runlog import (
     PARTIAL_LINE_IDLE_S,
     TRACEBACK_HEAD,
@@ -129,6 +134,7 @@ class Alert(BaseModel):
         "stalled",
         "no_reward_contrast",
         "repetition",
+        "repetition_inherited",
         "flat_learning",
         "download_failure",
         "failed",
@@ -460,22 +466,26 @@ def _check_noise(path: Path) -> Alert | None:
 
 
 def _check_samples(path: Path) -> Alert | None:
-    rows = [r for r in read_json_lines(path).rows if _sample_text(r) is not None]
-    if not rows:
+    """Repetition in the latest samples, compared with the first sampled step: a divergence
+    (warning) or looping inherited from the starting model (info; rlhf_lab.divergence)."""
+    found = repetition_finding(read_json_lines(path).rows, excerpt_chars=160)
+    if found is None:
         return None
-    last_step = rows[-1].get("step")
-    latest = [r for r in rows if r.get("step") == last_step]
-    collapsed = [(r, why) for r in latest if (why := repetition_reason(_sample_text(r) or ""))]
-    if not collapsed or len(collapsed) * 2 < len(latest):
-        return None
-    row, why = collapsed[0]
-    excerpt = (_sample_text(row) or "")[:160].replace("\n", " ")
+    step = found.step if isinstance(found.step, int) else None
+    if found.inherited:
+        return Alert(
+            kind="repetition_inherited",
+            severity="info",
+            step=step,
+            message=found.message,
+            hint="the starting model loops already, training did not cause it: check the chat "
+            "template and the end-of-turn token, or warm-start with SFT",
+        )
     return Alert(
         kind="repetition",
         severity="warning",
-        step=last_step if isinstance(last_step, int) else None,
-        message=f"{len(collapsed)}/{len(latest)} samples at step {last_step} repeat themselves "
-        f"({why}): {excerpt!r}",
+        step=step,
+        message=found.message,
         hint="lower the learning rate or raise the KL/β penalty; check the chat template and "
         "the end-of-turn token so generation stops",
     )
@@ -711,7 +721,11 @@ def diagnose(
         )
 
     repetition = _check_samples(run_dir / "samples.jsonl")
-    if repetition is not None and status.family == "policy_gradients":
+    if (
+        repetition is not None
+        and repetition.kind == "repetition"
+        and status.family == "policy_gradients"
+    ):
         repetition.hint = divergence_hint(status.family, status.algorithm, read_run_config(run_dir))
     for check in (
         _check_nan(rows),
@@ -731,7 +745,13 @@ def diagnose(
 
 
 RunFlag = Literal[
-    "heldout_regression", "overoptimisation", "noise_samples", "flat", "kl_blowup", "repetition"
+    "heldout_regression",
+    "overoptimisation",
+    "noise_samples",
+    "flat",
+    "kl_blowup",
+    "repetition",
+    "repetition_inherited",
 ]
 
 
@@ -756,10 +776,10 @@ def run_flags(
     blowup = kl_blowup(rows)
     if blowup is not None:
         flags["kl_blowup"] = blowup.message
-    degenerate = degenerate_samples(samples or []) if family == "policy_gradients" else None
-    if degenerate is not None:
-        flags["repetition"] = degenerate
-    noise = None if degenerate else noisy_samples(samples or [])
+    looping = repetition_finding(samples or []) if family == "policy_gradients" else None
+    if looping is not None:
+        flags["repetition_inherited" if looping.inherited else "repetition"] = looping.message
+    noise = None if looping else noisy_samples(samples or [])
     if noise is not None:
         flags["noise_samples"] = noise
     flat = _check_flat(family, rows)
@@ -804,12 +824,14 @@ def status_headline(status: RunStatus) -> str | None:
     """The run's status line, held-out first: the headline metric from the last eval row (with
     its sampling noise), then the training signal from the last train row, labelled as such."""
     config = read_run_config(Path(status.run_dir)) if status.run_dir else None
-    head = headline_for(status.family, status.algorithm, config, [status.last_eval])
+    # the eval rows from the start: the step-0 value, and whether a candidate ever moved
+    evals = run_eval_rows(Path(status.run_dir) / "metrics.jsonl") if status.run_dir else []
+    head = headline_for(status.family, status.algorithm, config, [*evals, status.last_eval])
     rows: list[dict] = []
     if head is not None and head.training_signal and head.training_signal not in status.last_train:
         # the policy-gradient trainer logs its rewards on "rollout" rows, not on train rows
         if status.run_dir:
             rows = tail_metric_rows(Path(status.run_dir) / "metrics.jsonl", 64 * 1024)
     return headline_line(
-        status.family, status.algorithm, status.last_eval, status.last_train, config, rows
+        status.family, status.algorithm, status.last_eval, status.last_train, config, rows, evals
     )

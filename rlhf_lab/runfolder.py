@@ -39,6 +39,8 @@ __all__ = [
     "RunFolder",
     "filled_record",
     "last_train_eval",
+    "live_clock",
+    "phase_count_text",
     "read_exit",
     "read_folder",
     "read_json_lines",
@@ -48,6 +50,7 @@ __all__ = [
     "read_record",
     "read_summary",
     "record_as_run_file",
+    "run_eval_rows",
     "tail_lines",
     "tail_metric_rows",
     "tail_text",
@@ -138,6 +141,50 @@ def read_exit(run_dir: Path) -> tuple[ExitFile | None, str | None]:
 def read_progress(run_dir: Path) -> tuple[ProgressFile | None, str | None]:
     """``progress.json`` (the trainer's step, total and phase)."""
     return read_file(run_dir / "progress.json", ProgressFile)
+
+
+# How a phase is named beside its count ("reference log-probs 120/640").
+PHASE_WORDS = {
+    "reference_logprobs": "reference log-probs",
+    "loading_model": "loading the model",
+    "evaluating": "evaluating",
+    "generating": "generating",
+    "tokenizing": "tokenizing",
+}
+
+
+@dataclass(frozen=True)
+class LiveClock:
+    """A live run's clock at read time: elapsed seconds since the trainer started, and the
+    seconds left in its current counted phase (None when the phase has no count yet)."""
+
+    elapsed_s: float | None
+    phase_eta_s: float | None
+
+
+def live_clock(progress: ProgressFile | None, now: float) -> LiveClock:
+    """The elapsed time of a live run computed at ``now`` from progress.json (its
+    ``started_at``, else ``updated_at − elapsed_s``), so it moves between the trainer's writes
+    (a long phase writes rarely); and the ETA of a counted phase (time in the phase per item
+    done × items left)."""
+    if progress is None:
+        return LiveClock(None, None)
+    start = progress.started_at
+    if start is None and progress.updated_at is not None and progress.elapsed_s is not None:
+        start = progress.updated_at - progress.elapsed_s
+    elapsed = round(max(now - start, 0.0), 1) if start is not None else progress.elapsed_s
+    done, total, began = progress.phase_done, progress.phase_total, progress.phase_started_at
+    eta = None
+    if done and total and began is not None and done <= total:
+        eta = round(max(now - began, 0.0) / done * (total - done), 1)
+    return LiveClock(elapsed, eta)
+
+
+def phase_count_text(phase: str | None, done: int | None, total: int | None) -> str | None:
+    """``reference log-probs 120/640`` (None without a count)."""
+    if done is None or not total:
+        return None
+    return f"{PHASE_WORDS.get(phase or '', phase or 'phase')} {done}/{total}"
 
 
 def read_summary(run_dir: Path) -> tuple[SummaryFile | None, str | None]:
@@ -276,6 +323,42 @@ def last_train_eval(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             if len(last) == 2:
                 break
     return last.get("train", {}), last.get("eval", {})
+
+
+def _head_lines(path: Path, max_bytes: int) -> list[bytes]:
+    """The first ``max_bytes`` of a file split into lines (a line cut by the window's end is
+    dropped); no lines when the file cannot be read."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError:
+        return []
+    lines = data[:max_bytes].split(b"\n")
+    return lines[:-1] if len(data) > max_bytes else lines
+
+
+def run_eval_rows(path: Path, max_bytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
+    """The eval rows of ``metrics.jsonl`` from its first and last ``max_bytes`` (the whole file
+    when it is smaller than both windows), in order and without repeats: the step-0 evaluation
+    and the latest ones, which the headline's start value and its "moved at all" test read."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return []
+    lines = _head_lines(path, max_bytes)
+    if size > max_bytes:  # the windows may overlap: a row read twice is kept once
+        lines = lines + tail_lines(path, max_bytes)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for line in lines:
+        row = _metric_row(line)
+        if row is None or row.get("phase") != "eval":
+            continue
+        key = json.dumps(row, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
 
 
 def tail_text(path: Path, max_bytes: int = 8192) -> str:

@@ -19,6 +19,7 @@ __all__ = [
     "mean_interval",
     "newcombe_difference",
     "normal_quantile",
+    "pooled_share_interval",
     "regularized_incomplete_beta",
     "t_quantile",
     "verdict_of",
@@ -32,7 +33,9 @@ VERDICT_RULE = (
     "Each arm is one algorithm (or setting) with everything else matched; its value is the final "
     "held-out headline metric of each run. With ≥2 seeds per arm: the arm's mean with a 95% "
     "Student-t interval over seeds, and two arms are compared by Welch's 95% interval of the "
-    "difference of their means. With a single seed: the run is labelled single-seed and its noise "
+    "difference of their means; a share whose seeds show no spread (all 0, say) takes the Wilson "
+    "interval of the pooled items instead of a zero-width t interval, and two such arms "
+    "Newcombe's interval on the pooled items. With a single seed: the run is labelled single-seed and its noise "
     "is the sampling noise of the held-out metric — a Wilson 95% interval for an accuracy on n "
     "held-out items — and two arms are compared by Newcombe's 95% interval for a difference of "
     "two proportions (a loss has no single-run noise estimate: undecided). Verdict: 'better' or "
@@ -200,6 +203,19 @@ def wilson_interval(p: float, n: int, level: float = LEVEL) -> Interval:
     centre = (p + z2n / 2) / (1 + z2n)
     half = z / (1 + z2n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+
+
+def pooled_share_interval(values: Sequence[float], n: int | None, level: float = LEVEL):
+    """The Wilson interval of the shares ``values`` (one per seed, each on ``n`` held-out items)
+    pooled: sum(share·n) successes of len(values)·n items. What an arm whose seeds all score the
+    same share reports instead of the zero-width t interval (a proportion's interval is never a
+    point). None without a share or an item count."""
+    xs = _finite(values)
+    if not xs or n is None or n <= 0 or not all(0.0 <= x <= 1.0 for x in xs):
+        return None
+    mean = sum(xs) / len(xs)
+    iv = wilson_interval(mean, n * len(xs), level)
+    return Interval(mean, iv.low, iv.high)
 
 
 def newcombe_difference(p1: float, n1: int, p2: float, n2: int, level: float = LEVEL) -> Interval:

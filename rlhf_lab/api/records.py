@@ -106,15 +106,28 @@ def list_campaigns(limit: int | None = 20) -> CampaignList:
 
 
 @operation
-def compare_runs(run_ids: list[str], record_in: str | None = None) -> Comparison:
+def compare_runs(
+    run_ids: list[str] | None = None,
+    record_in: str | None = None,
+    campaign: str | None = None,
+    family: str | None = None,
+) -> Comparison:
     """The comparison table of runs of one family by that family's rules (recorded in a
-    campaign with ``record_in``); mixing families points at comparing one family at a time."""
+    campaign with ``record_in``); mixing families points at comparing one family at a time.
+    ``campaign``: its runs (of ``family`` when it holds several), besides any ``run_ids``."""
     from rlhf_lab.compare import compare_runs as compare
 
+    ids = list(run_ids or [])
+    if campaign is not None:
+        from rlhf_lab.results.campaign_runs import campaign_run_ids
+
+        ids += [r for r in campaign_run_ids(campaign, family) if r not in ids]
+    elif family is not None:
+        raise InvalidArgument("family selects among a campaign's runs: give campaign too")
     try:
-        return compare(run_ids, record_in)
+        return compare(ids, record_in)
     except LabError as err:
-        if _mixes_families(run_ids):
+        if _mixes_families(ids):
             step = NextStep("compare_runs", note="with the run ids of one family at a time")
             raise err.with_next(step) from None
         raise

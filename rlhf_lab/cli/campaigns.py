@@ -90,12 +90,21 @@ def eval_(
 @app.command()
 @lab_errors
 def compare(
-    runs_: Annotated[list[str], typer.Argument(metavar="RUN...", help="run ids of one family")],
+    runs_: Annotated[
+        list[str] | None, typer.Argument(metavar="[RUN...]", help="run ids of one family")
+    ] = None,
     record_in: Annotated[str | None, typer.Option(help="campaign to record the table in")] = None,
+    campaign: Annotated[
+        str | None, typer.Option(help="compare this campaign's runs (succeeded/stopped/running)")
+    ] = None,
+    family: Annotated[
+        str | None, typer.Option(help="with --campaign: the family to compare, when it has several")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The family's comparison table for several runs."""
-    emit(api.compare_runs(runs_, record_in), as_json, lambda c: typer.echo(c.markdown))
+    """The family's comparison table for several runs, or for a campaign's runs."""
+    cmp = api.compare_runs(runs_ or [], record_in, campaign=campaign, family=family)
+    emit(cmp, as_json, lambda c: typer.echo(c.markdown))
 
 
 @campaign_app.command("new")

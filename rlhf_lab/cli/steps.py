@@ -96,7 +96,11 @@ CLI_OPERATIONS: dict[str, Command] = {
         (),
         {"campaign": "--campaign", "state": "--state", "limit": "--limit", "detail": "--detail"},
     ),
-    "compare_runs": Command("compare", ("run_ids",), {"record_in": "--record-in"}),
+    "compare_runs": Command(
+        "compare",
+        ("run_ids",),
+        {"record_in": "--record-in", "campaign": "--campaign", "family": "--family"},
+    ),
     "record_results": Command("record", ("run_id",), {"note": "--note"}),
     "create_campaign": Command(
         "campaign new", ("slug",), {"question": "--question", "family": "--family"}

@@ -27,8 +27,11 @@ def _print_status(view: Any) -> None:
     s = view.status
     steps = f"{s.step or 0}/{s.total_steps}" if s.total_steps else (s.step or "-")
     eta = f"  eta {s.eta_s:.0f}s" if s.eta_s else ""
-    phase = f" ({s.phase})" if s.phase and not s.terminal else ""
-    typer.echo(f"{s.id}  [{s.state}]  step {steps}{phase}{eta}  campaign {s.campaign}")
+    if eta and s.eta_basis == "phase":
+        eta += " (this phase)"
+    phase = f" ({s.phase_progress or s.phase})" if s.phase and not s.terminal else ""
+    elapsed = f"  elapsed {s.elapsed_s:.0f}s" if s.elapsed_s and not s.terminal else ""
+    typer.echo(f"{s.id}  [{s.state}]  step {steps}{phase}{elapsed}{eta}  campaign {s.campaign}")
     if s.slurm_job:
         typer.echo(f"  Slurm job {s.slurm_job} ({s.slurm_state or '?'})")
     elif len(s.devices) > 1 or s.nproc:

@@ -20,7 +20,7 @@ from rlhf_lab.index_hook import index_path
 __all__ = ["SCHEMA_VERSION", "connect", "drop_index", "index_path", "with_index"]
 
 # Bump when a table or the meaning of a column changes: an index of another version is rebuilt.
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"  # 4: a headline 0 at every evaluation is passed over (headline.py)
 
 T = TypeVar("T")
 

@@ -63,7 +63,7 @@ from rlhf_lab.ledger.schema import (
 __all__ = ["BLOCKS", "PIECES_VERSION", "RUN_PIECES", "BlockInput", "render_markdown", "run_pieces"]
 
 # Bump when a piece's rendering changes: kept pieces of another version are rendered again.
-PIECES_VERSION = 3
+PIECES_VERSION = 4
 
 
 def _piece(template: str, **context: Any) -> str:

@@ -21,7 +21,10 @@ Rules (stated in docs/architecture.md and printed under the block):
   lower (the common cause is the step size, not one algorithm; the per-run held-out items of
   those runs are folded into this one);
 - a run whose key metric stayed flat -> a learning-rate sweep (×3 and ×10);
-- a run whose samples are noise on the ``tiny`` preset -> warm-start it with SFT first.
+- a run whose samples are noise on the ``tiny`` preset -> warm-start it with SFT first: two
+  commands, the SFT launch, then the run again from its final model (``model.name=run:<id>``,
+  which queues it ``--after`` the SFT run), ``<sft-run-id>`` standing for the id the first
+  command prints.
 """
 
 from __future__ import annotations
@@ -37,15 +40,19 @@ from rlhf_lab.overoptimisation import overoptimisation_advice
 from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
 
 __all__ = [
+    "WARM_START_ID",
     "NextItem",
     "deduplicated_items",
     "lower_lr_items",
     "next_items",
+    "warm_start_commands",
     "without_folded",
 ]
 
 LAB = ["uv", "run", "rlhf-lab"]
 MIN_SEEDS = 3
+WARM_START_RECIPE = "sft_tiny_warmstart"
+WARM_START_ID = "<sft-run-id>"  # the id the warm start's launch prints
 
 
 @dataclass
@@ -113,6 +120,14 @@ def _advice_item(run, campaign: str, why: str, advice, fallback: str) -> NextIte
 
 def _launch(recipe: str, items: list[str], campaign: str) -> str:
     return shlex.join([*LAB, "launch", recipe, *_sets(items), "--campaign", campaign])
+
+
+def warm_start_commands(recipe: str, overrides: Iterable[str], campaign: str) -> list[str]:
+    """The two commands of a warm-start follow-up: the SFT run, then ``recipe`` from its final
+    model (``run:<id>`` implies ``--after`` it, so the second can be issued at once)."""
+    first = shlex.join([*LAB, "launch", WARM_START_RECIPE, "--campaign", campaign])
+    then = _with(overrides, model__name=f"run:{WARM_START_ID}")
+    return [first, _launch(recipe, then, campaign)]
 
 
 def _setting(run: RunRecord, key: str | None) -> Any:
@@ -359,9 +374,10 @@ def _run_items(run: RunRecord, campaign: str):
     if "noise_samples" in run.flags and run.model == "tiny" and run.family != "sft":
         yield NextItem(
             why=f"{run.run_id}: its samples are noise (the tiny preset starts from random weights)",
-            action="warm-start with SFT first, then launch again with model.name set to its "
-            "final_model folder",
-            commands=[shlex.join([*LAB, "launch", "sft_tiny_warmstart", "--campaign", campaign])],
+            action="warm-start with SFT first, then launch the run again from its final model "
+            f"(model.name=run:{WARM_START_ID} queues it until the SFT run succeeds; put in the "
+            "id the first command prints)",
+            commands=warm_start_commands(run.recipe, run.overrides, campaign),
         )
 
 

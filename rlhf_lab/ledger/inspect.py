@@ -19,7 +19,7 @@ from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.catalog import get_dotted, source_root
 from rlhf_lab.errors import LabError
 from rlhf_lab.evaluation_records import EvalSummary, is_evaluation, read_eval_summary
-from rlhf_lab.headline import headline_for, heldout_items, noise_interval
+from rlhf_lab.headline import headline_for, heldout_items, noise_interval, start_value
 from rlhf_lab.ledger.commands import attempts_of, lab_command, recipe_argument, trainer_command
 from rlhf_lab.ledger.metrics import (
     _expand_metric_names,
@@ -27,6 +27,7 @@ from rlhf_lab.ledger.metrics import (
     summarize_metrics,
     summarize_performance,
 )
+from rlhf_lab.ledger.portable import portable_argv
 from rlhf_lab.ledger.schema import (
     ConfigChange,
     HeadlineValue,
@@ -336,7 +337,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         failure=_failure(path, state, outcome, meta, summary),
         command=lab_command(meta),
         trainer_command=trainer_command(argv),
-        argv=argv,
+        argv=portable_argv(argv),  # no machine paths in a committed ledger
         overrides=[str(o) for o in overrides],
         model=None if model is None else _one_line(model, 200),
         dataset=_dataset_of(cfg),
@@ -424,6 +425,7 @@ def _headline(
     count = heldout_items(family, cfg, rows)
     noise = noise_interval(head, value, count.n) if value is not None else None
     signal = next((m for m in metrics if m.name == head.training_signal), None)
+    start = start_value([r for r in rows if r.get("phase") in ("eval", None)], head.metric)
     return HeadlineValue(
         metric=head.metric,
         label=head.label,
@@ -436,6 +438,8 @@ def _headline(
         high=noise.high if noise else None,
         training_signal=head.training_signal,
         training_value=signal.final if signal else None,
+        start_value=start[1] if start else None,
+        start_step=start[0] if start and isinstance(start[0], int) else None,
     )
 
 

@@ -17,7 +17,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import Corrupt, NextStep
-from rlhf_lab.headline import headline_for
+from rlhf_lab.headline import PROXY_HEADLINE, PROXY_LABEL, headline_for
 from rlhf_lab.ledger.layout import _asset_dir, _md_path
 from rlhf_lab.ledger.metrics import _expand_metric_names, _metric_keys, _performance_text
 from rlhf_lab.ledger.schema import (
@@ -335,6 +335,11 @@ def _headline_text(r: RunRecord) -> str | None:
         text += f" (95% sampling noise {_fmt_num(h.low)}–{_fmt_num(h.high)} on n={h.n})"
     elif h.n is not None:
         text += f" (n={h.n})"
+    if h.start_value is not None and h.start_step != h.step:
+        where = "step 0" if h.start_step in (0, None) else f"first eval, step {h.start_step}"
+        text += f"; {where}: {_fmt_num(h.start_value)}"
+    if h.metric == PROXY_HEADLINE:
+        text += f" [{PROXY_LABEL}]"
     if h.training_signal and h.training_value is not None:
         text += (
             f"; training signal {h.training_signal} {_fmt_num(h.training_value)} (secondary, "

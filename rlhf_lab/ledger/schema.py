@@ -80,6 +80,8 @@ class HeadlineValue(_Model):
     high: float | None = None
     training_signal: str | None = Field(default=None, description="secondary, not the result")
     training_value: float | None = None
+    start_value: float | None = Field(default=None, description="at step 0 (or first eval)")
+    start_step: int | None = None
 
 
 class Attempt(_Model):
@@ -178,6 +180,7 @@ class ArmSummary(_Model):
     high: float | None = None
     basis: str = ""
     n_items: int | None = None
+    start_mean: float | None = Field(default=None, description="mean headline at step 0")
     recipe: str | None = None
     overrides: list[str] = Field(default_factory=list, description="seed left out")
     settings: dict[str, Any] = Field(default_factory=dict)

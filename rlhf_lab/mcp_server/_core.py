@@ -224,7 +224,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
     "stop_run": ("stop_run", frozenset({"run_id", "grace_s"})),
     "resume_run": ("resume_run", frozenset({"run_id", "force"})),
     "list_runs": ("list_runs", frozenset({"campaign", "state", "limit", "detail", "offset"})),
-    "compare_runs": ("compare_runs", frozenset({"run_ids", "record_in"})),
+    "compare_runs": ("compare_runs", frozenset({"run_ids", "record_in", "campaign", "family"})),
     "record_results": ("record_results", frozenset({"run_id", "note"})),
     "evaluate_model": (
         "evaluate_model",

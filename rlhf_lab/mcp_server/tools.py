@@ -433,15 +433,23 @@ def query_runs(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
     description="Compare runs of ONE family by its held-out headline: arms (same setting, any "
-    "seed) with mean and 95% interval, a verdict per pair, then the family's table. Use it after "
-    "record_results on every run of a sweep; record_in writes it into that campaign's ledger.",
+    "seed) with mean and 95% interval, a verdict per pair, the family's table. Use after "
+    "record_results; record_in records it; campaign: its runs.",
 )
 def compare_runs(
-    run_ids: Annotated[list[str], Field(min_length=1, description="run ids of one family")],
+    run_ids: Annotated[list[str] | None, Field(description="run ids of one family")] = None,
     record_in: Annotated[str | None, Field(description="campaign to record the table in")] = None,
+    campaign: Annotated[str | None, Field(description="a campaign")] = None,
+    family: Annotated[str | None, Field(description="its family")] = None,
 ) -> Annotated[Result, Comparison]:
     cmp = _call(
-        "compare_runs", "call list_runs to see the run ids.", api.compare_runs, run_ids, record_in
+        "compare_runs",
+        "call list_runs to see the run ids.",
+        api.compare_runs,
+        run_ids,
+        record_in,
+        campaign,
+        family,
     )
     return reply(cmp)
 

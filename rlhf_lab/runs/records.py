@@ -99,7 +99,15 @@ class RunStatus(BaseModel):
     )
     elapsed_s: float | None = Field(default=None, description="trainer's elapsed time")
     eta_s: float | None = Field(
-        default=None, description="seconds left: time per step (train rows) × steps left"
+        default=None,
+        description="seconds left: time per step (train rows) × steps left; before the first "
+        "step, the current counted phase's time left (eta_basis says which)",
+    )
+    eta_basis: str | None = Field(default=None, description="steps | phase")
+    phase_done: int | None = Field(default=None, description="items done in a long phase")
+    phase_total: int | None = None
+    phase_progress: str | None = Field(
+        default=None, description='e.g. "reference log-probs 120/640"'
     )
     progress_updated_at: float | None = None
     last_train: dict[str, Any] = Field(default_factory=dict, description="last train row")

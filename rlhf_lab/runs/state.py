@@ -28,6 +28,8 @@ from rlhf_lab.errors import Corrupt, InvalidArgument, LabError, NextStep
 from rlhf_lab.paths import check_slug, experiments_dir, find_run
 from rlhf_lab.runfolder import (
     last_train_eval,
+    live_clock,
+    phase_count_text,
     read_exit,
     read_process,
     read_progress,
@@ -287,6 +289,20 @@ def _eta(step: Any, total: Any, elapsed: Any, rows: list[dict]) -> float | None:
     return round(max(per_step, 0.0) * max(total - step, 0), 1)
 
 
+def _live_times(
+    progress: ProgressFile, step_eta: float | None
+) -> tuple[float | None, float | None, str | None]:
+    """(elapsed, ETA, its basis) of a live run at read time: the elapsed time from the
+    trainer's start; the step ETA when steps have been timed, else (before the first step)
+    the counted phase's time left."""
+    clock = live_clock(progress, time.time())
+    if step_eta is not None:
+        return clock.elapsed_s, step_eta, "steps"
+    if clock.phase_eta_s is not None:
+        return clock.elapsed_s, clock.phase_eta_s, "phase"
+    return clock.elapsed_s, None, None
+
+
 def _run_error(
     error: str | None, record: dict, exit_info: ExitFile | None, summary: SummaryFile | None
 ) -> str | None:
@@ -313,13 +329,17 @@ def _build_status(
     step = progress.step if progress else None
     total = progress.total_steps if progress else None
     elapsed = progress.elapsed_s if progress else None
-    eta = None
+    eta = basis = None
     metrics = run_dir / "metrics.jsonl"
     if state in ACTIVE_STATES:  # the ETA needs every timed row of the window
         rows = tail_metric_rows(metrics)
         last_train = next((r for r in reversed(rows) if r.get("phase") == "train"), {})
         last_eval = next((r for r in reversed(rows) if r.get("phase") == "eval"), {})
         eta = _eta(step, total, elapsed, rows)
+        if alive and progress is not None:  # moving between the trainer's writes
+            elapsed, eta, basis = _live_times(progress, eta)
+        elif eta is not None:
+            basis = "steps"
     else:
         last_train, last_eval = last_train_eval(metrics)
     sig = exit_info.signal if exit_info else None
@@ -343,6 +363,12 @@ def _build_status(
         phase=progress.phase if progress else None,
         elapsed_s=elapsed,
         eta_s=eta,
+        eta_basis=basis,
+        phase_done=progress.phase_done if progress and state in ACTIVE_STATES else None,
+        phase_total=progress.phase_total if progress and state in ACTIVE_STATES else None,
+        phase_progress=phase_count_text(progress.phase, progress.phase_done, progress.phase_total)
+        if progress and state in ACTIVE_STATES
+        else None,
         progress_updated_at=progress.updated_at if progress else None,
         last_train=last_train,
         last_eval=last_eval,

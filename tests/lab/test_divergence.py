@@ -112,3 +112,41 @@ def test_ledger_flags_the_divergence_and_next_proposes_the_commands():
     assert any("loss.kl_estimator=k1" in c for c in sets)
     healthy = ppo_run("ppo-20260302-000000-0002", kl_rows(HEALTHY_KL))
     assert not {"kl_blowup", "repetition"} & set(ledger.record_run(healthy.name, plot=False).flags)
+
+
+def test_looping_present_at_step_0_is_inherited_not_diverged():
+    """The starting model already loops (the instruct model on tiny's tag prompt, a broken
+    end-of-turn token): the alert says inherited, and no divergence advice follows."""
+    from rlhf_lab.divergence import repetition_finding
+
+    start_loops = [*samples(COLLAPSED, 0), *samples(COLLAPSED, 10)]
+    found = repetition_finding(start_loops)
+    assert found.inherited and (found.start_collapsed, found.start_of) == (2, 2)
+    assert "inherited, not diverged: 2/2 at step 0 already did" in found.message
+    assert degenerate_samples(start_loops) is None
+    # healthy at step 0, looping at the end: diverged, compared with the start
+    grew = [*samples(HEALTHY_TEXT, 0), *samples(COLLAPSED, 10)]
+    assert not repetition_finding(grew).inherited
+    assert "diverged from the start (0/2 at step 0)" in degenerate_samples(grew)
+    # one of two looping at the start counts as present (at least half)
+    half = [*samples(HEALTHY_TEXT, 0)[:1], *samples(COLLAPSED, 0)[:1], *samples(COLLAPSED, 10)]
+    assert repetition_finding(half).inherited
+    # only step 0 sampled: inherited; only a later step: nothing to compare, a divergence
+    assert repetition_finding(samples(COLLAPSED, 0)).inherited
+    assert not repetition_finding(samples(COLLAPSED, 10)).inherited
+
+
+def test_diagnose_and_ledger_call_inherited_looping_inherited():
+    run = ppo_run("ppo-20260302-000000-0001", kl_rows(HEALTHY_KL))
+    rows = [*samples(COLLAPSED, 0), *samples(COLLAPSED, 10)]
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in rows))
+    alerts = {a.kind: a for a in diagnose(run.name)}
+    assert "repetition" not in alerts
+    inherited = alerts["repetition_inherited"]
+    assert inherited.severity == "info" and "inherited" in inherited.message
+    assert "train.learning_rate" not in inherited.hint  # no divergence advice
+    rec = ledger.record_run(run.name, plot=False)
+    assert "repetition_inherited" in rec.flags and "repetition" not in rec.flags
+    text = open(ledger.show_campaign(CAMP).campaign.path).read()
+    nxt = text.split("<!-- rlhf-lab:begin next -->")[1].split("<!-- rlhf-lab:end")[0]
+    assert "degenerated" not in nxt

@@ -379,7 +379,7 @@ def test_run_status_headline_leads_with_held_out_gold():
     make_run(GAMED, rlhf_rows(gao))
     line = api.run_status(GAMED).headline
     gold_last = round(gao(6.0), 4)
-    assert line.startswith(f"held-out eval/gold_reward {gold_last:.4g} (step 40)")
+    assert line.startswith(f"held-out eval/gold_reward {gold_last:.4g} (step 40; step 0: ")
     # the training signal comes from the last rollout row (not the train row)
     last_gold = [r for r in rlhf_rows(gao) if r["phase"] == "rollout"][-1]["gold_reward"]
     assert line.endswith(f"training signal gold_reward {last_gold:.4g}")
@@ -394,7 +394,10 @@ def test_headline_falls_back_to_proxy_then_to_what_the_rows_log():
     head = headline_for("policy_gradients", "grpo", pref, [])
     assert head.metric == "eval/proxy_reward" and "not an independent judge" in head.label
     line = headline_line("policy_gradients", "grpo", {}, {}, pref)
-    assert line == "held-out eval/proxy_reward: not evaluated yet"
+    assert (
+        line
+        == "held-out eval/proxy_reward: not evaluated yet [judged by its own reward model (proxy)]"
+    )
     line = headline_line(
         "policy_gradients", "grpo", {"step": 5, "phase": "eval", "eval/proxy_reward": 1.5}, {}, pref
     )

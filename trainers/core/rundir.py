@@ -108,6 +108,21 @@ def reset_sigterm_hook() -> None:
     _reached.clear()
 
 
+# How often a long phase's item count may be written (a write is a small JSON file replaced).
+PHASE_COUNT_EVERY_S = 2.0
+_ACTIVE: RunDir | None = None
+# progress.json fields each write sets again (not carried into the next phase)
+_RUN_CLOCK = ("started_at", "phase_started_at", "phase_done", "phase_total")
+
+
+def phase_progress(done: int, total: int) -> None:
+    """Report ``done`` of ``total`` items of the current long phase (reference log-probs, a
+    held-out evaluation ...) to this process's run folder (:meth:`RunDir.phase_count`, rate
+    bounded); nothing outside a run. Loops that do not hold the RunDir call this."""
+    if _ACTIVE is not None:
+        _ACTIVE.phase_count(done, total)
+
+
 class RunDir:
     """Writer for one run directory. Create it once per process; it never deletes anything.
 
@@ -123,6 +138,11 @@ class RunDir:
         self.start_time = time.time()
         self.phase: str | None = None  # the phase progress.json shows (last written)
         self._rows_logged: dict[int, tuple[int, int]] = {}  # step -> (metrics, samples) rows
+        self._progress: dict[str, Any] = {}  # the last progress.json payload written
+        self._phase_started_at = self.start_time
+        self._count_written_at = 0.0
+        global _ACTIVE
+        _ACTIVE = self  # phase_progress() reports through the process's run folder
 
     # paths -----------------------------------------------------------------------------------
     @property
@@ -170,13 +190,42 @@ class RunDir:
         payload: dict[str, Any] = {"step": step, "total_steps": total_steps}
         if phase is not None:
             payload["phase"] = phase
-        payload.update(elapsed_s=round(self.elapsed(), 3), updated_at=time.time(), **extra)
+            if phase != self.phase:
+                self._phase_started_at = time.time()
+        payload.update(
+            elapsed_s=round(self.elapsed(), 3),
+            updated_at=time.time(),
+            started_at=round(self.start_time, 3),
+            phase_started_at=round(self._phase_started_at, 3),
+            **extra,
+        )
         ProgressFile.model_validate(payload)
         if self.writer:
             atomic_write_json(self.path / "progress.json", payload)
+        self._progress = payload
         if phase is not None and phase != self.phase:
             self.phase = phase
             sigterm_self_at(phase)
+
+    def phase_count(self, done: int, total: int) -> None:
+        """Show ``done`` of ``total`` items of the current phase in progress.json (``phase_done``
+        / ``phase_total``), at most every :data:`PHASE_COUNT_EVERY_S` seconds and always at the
+        phase's last item, keeping everything else progress.json shows."""
+        now = time.time()
+        if done < total and now - self._count_written_at < PHASE_COUNT_EVERY_S:
+            return
+        self._count_written_at = now
+        payload = {
+            "step": 0,
+            **self._progress,
+            "phase_done": int(done),
+            "phase_total": int(total),
+            "elapsed_s": round(self.elapsed(), 3),
+            "updated_at": now,
+        }
+        ProgressFile.model_validate(payload)
+        if self.writer:
+            atomic_write_json(self.path / "progress.json", payload)
 
     def update_phase(self, phase: Phase, total_steps: int | None = None) -> None:
         """Say what the trainer does now, keeping what progress.json already shows (step and
@@ -187,7 +236,7 @@ class RunDir:
             return
         previous, _ = read_file(self.path / "progress.json", ProgressFile)
         fields = previous.model_dump(exclude_unset=True) if previous is not None else {}
-        for name in ("step", "total_steps", "phase", "elapsed_s", "updated_at"):
+        for name in ("step", "total_steps", "phase", "elapsed_s", "updated_at", *_RUN_CLOCK):
             fields.pop(name, None)
         step = previous.step if previous is not None else 0
         total = total_steps if total_steps is not None else getattr(previous, "total_steps", None)

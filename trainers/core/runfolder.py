@@ -162,6 +162,15 @@ class ProgressFile(_FileModel):
     tokens_seen: int | None = None
     epoch: int | float | None = None
     stage: str | None = None
+    started_at: float | None = None
+    """When the trainer process started (epoch seconds): the lab computes a live run's elapsed
+    time from it at read time, so the elapsed time moves through long phases."""
+    phase_started_at: float | None = None
+    """When the current phase began (epoch seconds)."""
+    phase_done: int | None = None
+    """Items done within a long phase (reference log-probs 120 of 640, prompts evaluated ...):
+    written at a bounded rate (``rundir.PHASE_COUNT_EVERY_S``) and at the phase's end."""
+    phase_total: int | None = None
 
 
 class SummaryFile(_FileModel):

@@ -52,7 +52,7 @@ from trainers.core.models import (
     model_fingerprint,
 )
 from trainers.core.pair_packing import pack_examples, packed_response_logps
-from trainers.core.rundir import RunDir
+from trainers.core.rundir import RunDir, phase_progress
 from trainers.core.runfolder import SummaryFile
 from trainers.core.tiny import cache_root
 from trainers.core.training import (
@@ -203,6 +203,7 @@ def compute_reference_logps(
         for name, (sums, _) in parts.items():
             rows = torch.tensor(_present(chunk, name)) + start
             out[name][rows] = sums.float().cpu()
+        phase_progress(start + len(chunk), len(examples))  # "reference log-probs 120/640"
     return out
 
 

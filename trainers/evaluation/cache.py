@@ -23,7 +23,8 @@ from typing import Any
 
 from trainers.evaluation.config import EvalConfig
 
-CACHE_FORMAT = 1
+# 2: proportions carry Wilson intervals (format 1 held bootstrap points such as [0, 0])
+CACHE_FORMAT = 2
 NOT_IN_SETTINGS = frozenset({"target", "baseline", "cache_dir"})
 
 

@@ -1,11 +1,15 @@
 """The statistics of the evaluation suites, as pure functions of numbers and texts.
 
 Stdlib only (no torch, no numpy): the lab may import this module to compare cached evaluations.
-Every interval is a percentile bootstrap with a seeded generator, so an evaluation written twice
-with the same seed reports the same interval.
+Means and paired differences take a percentile bootstrap with a seeded generator, so an
+evaluation written twice with the same seed reports the same interval. A proportion whose items
+are each 0 or 1 (one sample per prompt, or a prompt's samples all agree) takes the Wilson score
+interval instead: a bootstrap of 0/128 correct resamples nothing but zeros and reports the point
+[0, 0], while Wilson's 95 % upper bound for 0/128 is ~0.029.
 
 * :func:`pass_at_k` — the unbiased pass@k estimator of one prompt (n samples, c correct).
 * :func:`bootstrap` / :func:`mean_estimate` — a statistic of resampled items, its 95 % interval.
+* :func:`wilson` / :func:`proportion_estimate` — a share of 0/1 items and its Wilson interval.
 * :func:`win_tie_loss` — win, tie and loss shares and the win rate (a tie counts half).
 * :func:`length_controlled_win_rate` — the win rate within buckets of the length difference,
   averaged with the target-longer and target-shorter halves of each bucket weighted equally.
@@ -22,6 +26,7 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -41,7 +46,9 @@ __all__ = [
     "never_ending_share",
     "pass_at_k",
     "percentile",
+    "proportion_estimate",
     "repetition_rate",
+    "wilson",
     "win_tie_loss",
     "words",
 ]
@@ -49,18 +56,26 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Estimate:
-    """A value with its two-sided bootstrap interval at ``level`` over ``n`` items. ``low`` and
-    ``high`` are None when there is no interval (fewer than two items, or the statistic is
-    undefined on every resample); ``value`` is None when the statistic is undefined."""
+    """A value with its two-sided interval at ``level`` over ``n`` items. ``low`` and ``high``
+    are None when there is no interval (fewer than two items, or the statistic is undefined on
+    every resample); ``value`` is None when the statistic is undefined. ``method``: how the
+    interval was made (``bootstrap`` or ``wilson``)."""
 
     value: float | None
     low: float | None
     high: float | None
     n: int
     level: float = LEVEL
+    method: str = "bootstrap"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "low": self.low, "high": self.high, "n": self.n}
+        return {
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "method": self.method,
+        }
 
     def covers(self, x: float) -> bool:
         return self.low is not None and self.high is not None and self.low <= x <= self.high
@@ -146,6 +161,45 @@ def mean_estimate(
 
 
 # ---------------------------------------------------------------------------------------------
+# Proportions
+# ---------------------------------------------------------------------------------------------
+
+
+def wilson(successes: float, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """The Wilson score interval of ``successes`` out of ``n`` (``n`` >= 1): it never collapses
+    to a point, also at 0/n and n/n (0/128 at 95 %: [0, 0.0289])."""
+    if n < 1:
+        raise ValueError(f"a Wilson interval needs n >= 1, got {n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, n], got {successes} of {n}")
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    p = successes / n
+    z2n = z * z / n
+    centre = (p + z2n / 2) / (1 + z2n)
+    half = z / (1 + z2n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _binary(values: Sequence[float]) -> bool:
+    return all(v in (0.0, 1.0) for v in values)
+
+
+def proportion_estimate(
+    values: Sequence[float], *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0
+) -> Estimate:
+    """The share behind per-item values in [0, 1] (one per prompt: 0/1, or the mean of the
+    prompt's samples) with its interval. Every value 0 or 1: the Wilson interval on the number
+    of items (the bootstrap would report a point at 0/n and n/n). Otherwise, several samples per
+    prompt that disagree: the prompt bootstrap (:func:`mean_estimate`), which keeps the samples
+    of one prompt together."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs or not _binary(xs):
+        return mean_estimate(xs, resamples=resamples, level=level, seed=seed)
+    low, high = wilson(sum(xs), len(xs), level)
+    return Estimate(sum(xs) / len(xs), low, high, len(xs), level, method="wilson")
+
+
+# ---------------------------------------------------------------------------------------------
 # Win rates
 # ---------------------------------------------------------------------------------------------
 
@@ -176,7 +230,8 @@ def win_tie_loss(
     """Outcomes of the target against the baseline (+1 win, 0 tie, −1 loss), one per prompt or
     one list per prompt (its samples; the bootstrap resamples prompts): ``win``, ``tie`` and
     ``loss`` shares and ``win_rate`` = win + tie/2, each with its interval (the same resamples
-    for all four). ``n`` counts prompts."""
+    for all four). ``n`` counts prompts. A share whose per-prompt values are all 0 or 1 takes
+    the Wilson interval instead (:func:`proportion_estimate`)."""
     clusters = _clusters(outcomes)
     if any(o not in (WIN, TIE, LOSS) for o in _flat(clusters)):
         raise ValueError("outcomes must be +1 (win), 0 (tie) or -1 (loss)")
@@ -194,10 +249,17 @@ def win_tie_loss(
         "tie": share(TIE),
         "loss": share(LOSS),
     }
-    return {
+    out = {
         name: bootstrap(clusters, fn, resamples=resamples, level=level, seed=seed)
         for name, fn in statistics.items()
     }
+    for name, fn in statistics.items():
+        per_prompt = [fn([c]) for c in clusters if c]
+        if per_prompt and _binary([v for v in per_prompt if v is not None]):
+            # every prompt wholly a win or not (one sample each, or its samples agree): a
+            # share of 0/1 items, whose bootstrap would collapse to a point at 0 or 1
+            out[name] = proportion_estimate(per_prompt, level=level)
+    return out
 
 
 def length_buckets(diffs: Sequence[float], n_buckets: int) -> list[float]:

@@ -90,6 +90,14 @@ class Job:
         b = self.cfg.bootstrap
         return st.mean_estimate(values, resamples=b.resamples, level=b.level, seed=self.cfg.seed)
 
+    def share(self, values: Sequence[float]) -> st.Estimate:
+        """A proportion (per-prompt shares of 0/1 outcomes): Wilson when every value is 0 or 1,
+        else the prompt bootstrap (:func:`statistics.proportion_estimate`)."""
+        b = self.cfg.bootstrap
+        return st.proportion_estimate(
+            values, resamples=b.resamples, level=b.level, seed=self.cfg.seed
+        )
+
     def of(self, items: Sequence[Any], statistic: Callable[[Sequence[Any]], Any]) -> st.Estimate:
         b = self.cfg.bootstrap
         return st.bootstrap(
@@ -183,12 +191,25 @@ def _answer_metrics(
                 st.pass_at_k(n, sum(c[1] for c in checked[i * n : (i + 1) * n]), k)
                 for i in range(P)
             ]
-    metrics = {name: job.mean(values) for name, values in per.items()}
+    metrics = {name: _estimate(job, name, values) for name, values in per.items()}
     rows = [{"correct": int(sum(correct[r] for r in samples.rows_of(i))), "n": n} for i in range(P)]
     return metrics, per, rows
 
 
 COMPARED = ("accuracy", "format_rate", "score_mean")
+# per-prompt shares of 0/1 outcomes: their intervals are Wilson's when every value is 0 or 1
+# (score_mean: a score in [0, 1]; when every prompt's is 0 or 1 it is a share like accuracy)
+PROPORTIONS = frozenset({"accuracy", "format_rate", "score_mean", "never_ending", "pair_accuracy"})
+
+
+def _is_proportion(name: str) -> bool:
+    return name in PROPORTIONS or name.startswith("pass@")
+
+
+def _estimate(job: Job, name: str, values: Sequence[float]) -> st.Estimate:
+    """A metric's estimate: a proportion's through :meth:`Job.share`, any other mean's through
+    the bootstrap."""
+    return job.share(values) if _is_proportion(name) else job.mean(values)
 
 
 def _cached_role(job: Job, role: str, key: str | None):
@@ -419,7 +440,10 @@ def _health(job: Job, samples: Samples, P: int) -> tuple[dict[str, st.Estimate],
             _mean([reps[r] for r in samples.rows_of(i) if reps[r] is not None]) for i in range(P)
         ],
     }
-    metrics = {name: job.mean([v for v in values if v is not None]) for name, values in per.items()}
+    metrics = {
+        name: _estimate(job, name, [v for v in values if v is not None])
+        for name, values in per.items()
+    }
     texts = [x for g in groups for x in g]
     for k in cfg.generation.distinct:
         # a corpus statistic: a resample repeats texts, which lowers it, so the bootstrap's
@@ -572,7 +596,7 @@ def pair_accuracy_suite(job: Job) -> SuiteResult:
         per[role] = {"pair_accuracy": acc, "reward_margin": margin}
         del model
         release_memory()
-    metrics = {k: job.mean(v) for k, v in per["target"].items() if v}
+    metrics = {k: _estimate(job, k, v) for k, v in per["target"].items() if v}
     out = SuiteResult(
         metrics,
         details={
@@ -590,7 +614,7 @@ def pair_accuracy_suite(job: Job) -> SuiteResult:
         },
     )
     if "baseline" in per:
-        out.baseline_metrics = {k: job.mean(v) for k, v in per["baseline"].items() if v}
+        out.baseline_metrics = {k: _estimate(job, k, v) for k, v in per["baseline"].items() if v}
         out.difference = {
             k: _paired(job, per["target"][k], per["baseline"][k])
             for k in per["target"]

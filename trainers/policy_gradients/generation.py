@@ -14,6 +14,7 @@ from torch import nn
 
 from trainers.core.decoding import Sampling, sample_tokens
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
+from trainers.core.rundir import phase_progress
 from trainers.policy_gradients.config import PolicyGradientConfig
 from trainers.policy_gradients.data import Prompt
 from trainers.policy_gradients.experience import Experience, assemble, cut_at_first_stop
@@ -103,6 +104,7 @@ def greedy_rollouts(
         new_tokens = sample_tokens(
             model, rows, max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id
         )
+        phase_progress(min(start + batch_size, len(prompts)), len(prompts))
         for prompt_row, tokens in zip(rows, new_tokens, strict=True):
             kept, cut = cut_at_first_stop(tokens, stop_ids)
             out["lengths"].append(len(kept))

@@ -181,3 +181,46 @@ def test_distinct_n_repetition_and_never_ending():
     assert st.repetition_rate("too short", n=4) is None
     assert st.never_ending_share([True, False, False, True]) == 0.5
     assert st.never_ending_share([]) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Proportions: Wilson, never a point interval
+# ---------------------------------------------------------------------------------------------
+
+
+def test_wilson_by_hand_at_zero_and_all_of_n():
+    """0/128: the upper bound is z²/(n+z²) = 3.8415/131.84 = 0.02914 (z = 1.95996); n/n
+    mirrors it."""
+    low, high = st.wilson(0, 128)
+    assert low == 0.0 and high == pytest.approx(0.029137, abs=1e-6)
+    low, high = st.wilson(128, 128)
+    assert high == 1.0 and low == pytest.approx(1 - 0.029137, abs=1e-6)
+    # 5/10 by hand: centre 0.5, half-width z/(1+z²/n)·sqrt(0.025 + z²/400) = 0.26340
+    low, high = st.wilson(5, 10)
+    assert (low, high) == pytest.approx((0.23659, 0.76341), abs=1e-5)
+    with pytest.raises(ValueError):
+        st.wilson(0, 0)
+
+
+def test_an_accuracy_of_zero_on_128_prompts_is_not_the_point_zero():
+    """The bug of issue #25: `eval tiny` reported accuracy 0.0 [0.0, 0.0] on n = 128 (a
+    bootstrap of zeros)."""
+    e = st.proportion_estimate([0.0] * 128)
+    assert e.method == "wilson" and e.n == 128
+    assert (e.value, e.low) == (0.0, 0.0) and e.high == pytest.approx(0.029137, abs=1e-6)
+    assert st.mean_estimate([0.0] * 128).high == 0.0  # what the bootstrap alone gives
+
+
+def test_a_share_over_several_disagreeing_samples_keeps_the_prompt_bootstrap():
+    values = [0.25, 0.5, 0.0, 1.0, 0.75]
+    e = st.proportion_estimate(values, seed=3)
+    assert e.method == "bootstrap" and e == st.mean_estimate(values, seed=3)
+
+
+def test_win_shares_that_never_happen_get_a_wilson_interval():
+    r = st.win_tie_loss([1] * 10 + [-1] * 5, seed=0)
+    assert r["tie"].value == 0.0 and r["tie"].method == "wilson"
+    assert r["tie"].high == pytest.approx(st.wilson(0, 15)[1])
+    assert (r["win"].low, r["win"].high) == pytest.approx(st.wilson(10, 15))
+    # a prompt whose samples disagree is not a 0/1 item: the bootstrap stays
+    assert st.win_tie_loss([[1, -1], [1, 1]], seed=0)["win"].method == "bootstrap"
