@@ -66,6 +66,12 @@ def list_recipes(
     )
 
 
+CalibrateField = Field(
+    description="probe the base model first and pick the task and generation limit (runs that "
+    "learn from their own samples; cached); false skips it"
+)
+
+
 @server.tool(
     title="Plan an experiment",
     annotations=READ_ONLY,
@@ -86,6 +92,7 @@ def plan_experiment(
         str | None, Field(description="ledger slug (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
+    calibrate: Annotated[bool, CalibrateField] = True,
 ) -> Annotated[Result, Plan]:
     plan = _call(
         "plan_experiment",
@@ -96,6 +103,7 @@ def plan_experiment(
         model,
         campaign,
         list(overrides),
+        calibrate=calibrate,
     )
     return reply(plan)
 
@@ -202,6 +210,7 @@ def launch_run(
         dict[str, Any] | None,
         Field(description="Slurm job: nodes, gpus_per_node, partition, time"),
     ] = None,
+    calibrate: Annotated[bool, CalibrateField] = True,
 ) -> Annotated[Result, LaunchRunResult]:
     launched = _call(
         "launch_run",
@@ -220,6 +229,7 @@ def launch_run(
         gpus=gpus,
         nproc=nproc,
         slurm=slurm,
+        calibrate=calibrate,
     )
     return reply(launched)
 

@@ -65,9 +65,9 @@ PROBE_PROMPTS = 32
 MIN_PROBE_PROMPTS = 16
 MAX_PROBE_SAMPLES = 4
 """Samples per probe prompt: the run's group size, capped here (at least 2: contrast needs two)."""
-PROBE_MAX_NEW_TOKENS = 256
+PROBE_MAX_NEW_TOKENS = 128
 """The probe's own generation cap (the run's limit when lower)."""
-TOKEN_BUDGET = 65_536
+TOKEN_BUDGET = 32_768
 """Cap on a probe's cost: candidates × prompts × samples × max new tokens (an upper bound on the
 tokens it samples). Over it, prompts go down to MIN_PROBE_PROMPTS, then candidates are dropped."""
 PROBE_TIMEOUT_S = 1800
