@@ -388,7 +388,8 @@ def _resolve_recipe(
     find_known_recipe(recipe)
     try:
         if shrink or model:
-            shrunk, cal = shrink_calibrated(recipe, overrides, model, default_policy(calibrate))
+            policy = None if calibrate else default_policy(False)  # None: the current one
+            shrunk, cal = shrink_calibrated(recipe, overrides, model, policy)
             return (
                 shrunk.family,
                 shrunk.algorithm,

@@ -93,6 +93,7 @@ class ProbeRow(BaseModel):
     reward_positive_rate: float = 0.0
     format_rate: float = 0.0
     answer_tag_rate: float = 0.0
+    untagged_pass_rate: float = 0.0
     length_p50: int = 0
     length_p90: int = 0
     clipped: float = 0.0
@@ -138,7 +139,7 @@ def expectation(row: ProbeRow) -> str:
     if row.contrast == 0:
         return (
             f"pass rate {row.counts()} and no group contrast: every advantage is 0, the run "
-            "cannot learn from its samples"
+            "cannot learn from its samples" + _prose(row)
         )
     if row.pass_rate < lo and row.correctness_contrast == 0:
         return (
@@ -150,6 +151,16 @@ def expectation(row: ProbeRow) -> str:
     if row.pass_rate > hi:
         return f"pass rate {row.counts()}, {contrast}: mostly solved already, little left to learn"
     return f"pass rate {row.counts()}, {contrast}: too few groups with contrast"
+
+
+def _prose(row: ProbeRow) -> str:
+    """A clause for a model that answers without the tags the reward reads."""
+    if row.answer_tag_rate > 0 or row.untagged_pass_rate <= 0:
+        return ""
+    return (
+        f" (it writes no <answer> tag, yet {row.untagged_pass_rate:.0%} of its untagged answers "
+        "are right: the tag format, not the task, is what it lacks)"
+    )
 
 
 def _suggestion(rows: list[ProbeRow], exclude: str | None) -> str:

@@ -15,6 +15,9 @@ correctness + ``format_weight`` × format), and reports per candidate:
   a non-zero advantage); ``correctness_contrast`` the same on correctness alone;
 * ``format_rate``: share of samples with all four tags (format score 1); ``answer_tag_rate``:
   share with an ``<answer>…</answer>`` block;
+* ``untagged_pass_rate``: share of samples *without* an answer tag whose last number, read as
+  the answer, the task scores > 0 (a diagnostic for a model that answers in prose: what a warm
+  start on the tag format could unlock; 0 for tasks whose answers are not numbers);
 * response lengths in tokens (``length_p50``, ``length_p90``, ``length_max``), ``clipped``: share
   cut at ``max_new_tokens`` without an end-of-turn token; ``seconds`` spent on the candidate.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -67,6 +71,7 @@ class CandidateResult:
     correctness_contrast: float
     format_rate: float
     answer_tag_rate: float
+    untagged_pass_rate: float
     mean_reward: float
     length_p50: int
     length_p90: int
@@ -114,6 +119,7 @@ def summarise(
         correctness_contrast=group_contrast(scored["correctness"], k),
         format_rate=sum(f == 1.0 for f in scored["format"]) / n if n else 0.0,
         answer_tag_rate=sum(a for a in scored["answer_tag"]) / n if n else 0.0,
+        untagged_pass_rate=sum(u > 0 for u in scored["untagged"]) / n if n else 0.0,
         mean_reward=sum(scored["total"]) / n if n else 0.0,
         length_p50=percentile(lengths, 50),
         length_p90=percentile(lengths, 90),
@@ -122,6 +128,23 @@ def summarise(
         seconds=0.0,
         example=scored["text"][example_at][:300] if n else "",
     )
+
+
+LAST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def untagged_score(text: str, meta: dict) -> float:
+    """The task's score of the last number in a response that has no ``<answer>`` tag (0 when
+    it has one, or no number): how often a prose answer is right."""
+    from trainers.core.tasks import extract_answer, score_fn
+
+    numbers = LAST_NUMBER.findall(text)
+    if extract_answer(text) is not None or not numbers:
+        return 0.0
+    try:
+        return float(score_fn(meta["task"])(numbers[-1], meta["entry"]))
+    except Exception:  # noqa: BLE001 - a task that cannot score a bare number
+        return 0.0
 
 
 # ---- candidates ---------------------------------------------------------------------------
@@ -167,7 +190,12 @@ def probe_prompts(specs: list[dict], n: int, seed: int) -> list:
 
     from trainers.core.builtin_data import build_composite, to_prompt
 
-    objs = [SimpleNamespace(**s) for s in specs]
+    objs = [
+        SimpleNamespace(
+            name=s["name"], weight=float(s.get("weight", 1.0)), config=s.get("config") or {}
+        )
+        for s in specs
+    ]
     ds = build_composite(objs, n, seed + PROBE_SEED_OFFSET)
     return [to_prompt(ds[i]) for i in range(n)]
 
@@ -223,6 +251,7 @@ def sample_and_score(model, tokenizer, prompts: list, settings: ProbeSettings) -
         "format": parts["format"].tolist(),
         "total": parts["total"].tolist(),
         "answer_tag": [extract_answer(t) is not None for t in texts],
+        "untagged": [untagged_score(t, m) for t, m in zip(texts, metas, strict=True)],
         "length": lengths,
         "truncated": truncated,
         "text": texts,
@@ -308,13 +337,13 @@ def _table(report: dict[str, Any]) -> str:
     lines = [
         f"model {report['model']} ({report['fingerprint']}); load {report['load_seconds']} s",
         f"{'candidate':32} {'pass':>6} {'contr':>6} {'fmt':>6} {'ans':>6} {'p50':>5} {'p90':>5} "
-        f"{'clip':>6} {'s':>7}",
+        f"{'prose':>6} {'clip':>6} {'s':>7}",
     ]
     for c in report["candidates"]:
         lines.append(
             f"{c['id']:32} {c['pass_rate']:6.2f} {c['contrast']:6.2f} {c['format_rate']:6.2f} "
             f"{c['answer_tag_rate']:6.2f} {c['length_p50']:5d} {c['length_p90']:5d} "
-            f"{c['clipped']:6.2f} {c['seconds']:7.1f}"
+            f"{c['untagged_pass_rate']:6.2f} {c['clipped']:6.2f} {c['seconds']:7.1f}"
         )
     return "\n".join(lines)
 
