@@ -292,3 +292,50 @@ def test_plan_carries_the_calibration_with_a_stubbed_probe(tmp_path):
     )
     off = plan_experiment("grpo sanity check on tiny", calibrate=False, calibration=None)
     assert off.runs[0].calibration is None
+
+
+# ---- launch --shrink and the ledger ------------------------------------------------------------
+
+
+def test_the_ledger_shows_a_runs_calibration_under_its_setup(tmp_path):
+    from rlhf_lab.ledger.blocks import RUN_PIECES
+    from rlhf_lab.ledger.inspect import _calibration
+    from rlhf_lab.ledger.schema import RunRecord
+
+    assert _calibration(tmp_path) == []  # no calibration.json: nothing
+    _, cal = shrink_calibrated(
+        "grpo", [], "tiny", CalibrationPolicy(probe=StubProbe(RATES), cache_dir=None)
+    )
+    write_calibration(tmp_path, cal)
+    lines = _calibration(tmp_path)
+    record = RunRecord(run_id="grpo-1", campaign="c", calibration=lines)
+    piece = RUN_PIECES["setup_changes"](record, "c")
+    assert "`grpo-1` — difficulty calibration of tiny" in piece
+    assert "| task/difficulty | pass rate | contrast | format | p90 length | chosen |" in piece
+    assert "| letter_counting/1-3-words |" in piece and "| yes |" in piece
+    plain = RUN_PIECES["setup_changes"](RunRecord(run_id="grpo-2", campaign="c"), "c")
+    assert "difficulty" not in plain
+
+
+def test_launch_shrink_calibrates_and_keeps_it_in_the_run_folder(tmp_path, monkeypatch):
+    import yaml
+
+    from rlhf_lab import api
+    from rlhf_lab.planning.calibration_apply import using
+
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    small = ["train.max_steps=1", "data.size=4", "data.eval_size=2", "rollout.num_rollouts=2"]
+    with using(CalibrationPolicy(probe=StubProbe(RATES), cache_dir=None)):
+        result = api.launch_experiment("grpo", small, model="tiny", campaign="cal", force=True)
+    try:
+        run_dir = result.run.run_dir
+        cal = read_calibration(run_dir)
+        assert cal is not None and cal.choice.chosen == "letter_counting/1-3-words"
+        assert cal.settings.samples == 2  # the run's group size (capped at 4)
+        cfg = yaml.safe_load(open(f"{run_dir}/config.yaml"))
+        assert cfg["data"]["specs"][0]["name"] == "letter_counting"
+        assert cfg["train"]["max_steps"] == 1  # the user's overrides are kept
+        markdown = api.show_campaign("cal").markdown
+        assert "difficulty calibration of tiny" in markdown
+    finally:
+        api.stop_run(result.run.id)
