@@ -163,7 +163,9 @@ class PlannedRun(BaseModel):
         "(runs that learn from their own samples; rlhf_lab.planning.calibration)",
     )
     calibration_table: list[str] = Field(
-        default_factory=list, description="the calibration as the CLI prints it"
+        default_factory=list,
+        exclude=True,  # the same facts as `calibration`: printed by the CLI, never serialised
+        description="the calibration as the CLI prints it",
     )
 
 
