@@ -121,11 +121,14 @@ def shrink_calibrated(
     shrunk = shrink_config(recipe, overrides, model=model)
     if not policy.enabled:
         return shrunk, None
+    # a task the shrink rules chose on purpose (a warm start's trained task, read from its
+    # lineage) counts as requested, as the user's own does
+    chosen_by_rules = [o for o in shrunk.shrink_overrides if o.partition("=")[0] in TASK_KEYS]
     cal = calibrate(
         shrunk.family,
         shrunk.algorithm,
         shrunk.config,
-        overrides,
+        [*chosen_by_rules, *overrides],
         probe=policy.probe,
         cache_dir=policy.cache_dir,
     )
@@ -134,6 +137,8 @@ def shrink_calibrated(
     return shrunk, cal
 
 
+TASK_KEYS = ("data.specs", "data.dataset", "data.builtin_task_configs")
+"""Keys that name a run's task (in any family the calibration concerns)."""
 CALIBRATION_FILE = "calibration.json"
 """Where a launched run keeps its calibration (read back by the ledger)."""
 

@@ -250,13 +250,41 @@ def test_a_failing_probe_leaves_the_run_as_configured():
     assert shrunk.config["data"]["specs"][0]["name"] == "spell_backward"
 
 
-def test_rejection_sampling_task_keys(tmp_path):
-    probe = StubProbe(RATES)
-    _, cal = shrink_calibrated(
-        "top_per_prompt", [], "tiny", CalibrationPolicy(probe=probe, cache_dir=None)
-    )
-    assert cal is not None and cal.settings.temperature == 0.8
+def test_rejection_sampling_reads_and_writes_its_own_task_keys():
+    probe = StubProbe({"chain_sum/2-3x1-2-digit": (0.0, 0.0, 30), **RATES})
+    policy = CalibrationPolicy(probe=probe, cache_dir=None)
+    # on tiny the shrink sets its built-in task (builtin:chain_sum): kept, as a request is
+    _, cal = shrink_calibrated("top_per_prompt", [], "tiny", policy)
+    assert cal.settings.temperature == 0.8  # the family's generation section
+    assert cal.choice.requested == "chain_sum/2-3x1-2-digit"  # the lab's easy chain_sum settings
+    assert not any(o.startswith("data.dataset") for o in cal.overrides)
+    # a task left to the calibration: written as builtin:<task> + its settings
+    config = {
+        "model": {"name": "tiny"},
+        "data": {"dataset": "builtin:chain_sum", "builtin_task_configs": {}},
+        "generation": {"num_completions_per_prompt": 8, "max_new_tokens": 512},
+        "eval": {"eval_max_new_tokens": 512},
+    }
+    cal = calibrate("rejection_sampling", "top_per_prompt", config, [], probe=probe, cache_dir=None)
+    assert cal.choice.chosen == "letter_counting/1-3-words"
     assert "data.dataset=builtin:letter_counting" in cal.overrides
+    assert 'data.builtin_task_configs={"letter_counting": {"min_words": 1, "max_words": 3}}' in (
+        cal.overrides
+    )
+    assert "generation.max_new_tokens=64" in cal.overrides  # 1.5 × 40 -> 64
+    assert "eval.eval_max_new_tokens=64" in cal.overrides
+
+
+def test_a_warm_starts_trained_task_counts_as_requested():
+    from rlhf_lab.planning.calibration import TARGETS
+
+    spec = [{"name": "chain_sum", "weight": 1.0, "config": {"min_terms": 2}}]
+    config = {"model": {"name": "tiny"}, "data": {"source": "reasoning_gym", "specs": spec}}
+    assert TARGETS["policy_gradients"].specs_of(config) == spec
+    cal = calibrate("policy_gradients", "grpo", config, ['data.specs=[{"name": "chain_sum"}]'],
+                    probe=StubProbe(RATES), cache_dir=None)  # fmt: skip
+    assert cal.choice.requested == "chain_sum[min_terms=2]"
+    assert not any(o.startswith("data.specs") for o in cal.overrides)
 
 
 def test_calibration_round_trips_through_the_run_folder(tmp_path):
