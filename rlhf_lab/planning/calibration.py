@@ -571,7 +571,7 @@ def _decide(
     """Fill the choice, the generation limit and the overrides of a probed calibration."""
     requested_id = as_candidate(requested).id if requested else None
     cal.choice = choose_task(cal.rows, requested_id)
-    cal.warnings += cal.choice.warnings
+    cal.warnings += [w.replace("<model>", cal.model) for w in cal.choice.warnings]
     row = next((r for r in cal.rows if r.id == cal.choice.chosen), None)
     if row is None:  # none chosen: the configured task's row, when it was probed
         configured = as_candidate(target.specs_of(config) or []).id

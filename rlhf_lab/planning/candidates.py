@@ -103,7 +103,7 @@ def as_candidate(specs: list[dict]) -> Candidate:
 
 def candidates_for(requested: list[dict] | None, configured: list[dict] | None) -> list[Candidate]:
     """What to probe: the requested specs first, then the ladder of its task kind (so a warning
-    can name a sibling difficulty); without a request the easy set, and the configured task."""
+    can name a sibling difficulty); without a request the configured task, then the easy set."""
     by_id = _by_id()
     out: list[Candidate] = []
     if requested:
@@ -111,8 +111,8 @@ def candidates_for(requested: list[dict] | None, configured: list[dict] | None) 
         for spec in requested:
             out += CANDIDATE_SETS.get(_TASK_KIND.get(str(spec.get("name")), ""), [])
         out += [by_id[c] for c in EASY_SET[:2]]
-    else:
-        out += [by_id[c] for c in EASY_SET]
+    else:  # the configured task first: the cost cap never drops it
         if configured:
             out.append(as_candidate(configured))
+        out += [by_id[c] for c in EASY_SET]
     return list({c.id: c for c in out}.values())

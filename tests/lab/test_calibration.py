@@ -151,6 +151,10 @@ def test_candidates_for_a_request_lead_with_it_then_its_ladder():
     ids = [c.id for c in candidates_for(asked, asked)]
     assert ids[0] == "spell_backward/3-7-letters"  # matched onto the ladder's own candidate
     assert "spell_backward/3-5-letters" in ids and len(ids) == len(set(ids))
+    configured = [{"name": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 10}}]
+    unasked = [c.id for c in candidates_for(None, configured)]
+    assert unasked[0] == "spell_backward/3-10-letters"  # first: the cost cap never drops it
+    assert "chain_sum/2x1-digit" in unasked and "letter_counting/1-3-words" in unasked
     odd = as_candidate([{"name": "chain_sum", "config": {"min_terms": 5}}])
     assert odd.id == "chain_sum[min_terms=5]"
 
