@@ -66,12 +66,6 @@ def list_recipes(
     )
 
 
-CalibrateField = Field(
-    description="probe the base model first and pick the task and generation limit (runs that "
-    "learn from their own samples; cached); false skips it"
-)
-
-
 @server.tool(
     title="Plan an experiment",
     annotations=READ_ONLY,
@@ -92,7 +86,7 @@ def plan_experiment(
         str | None, Field(description="ledger slug (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
-    calibrate: Annotated[bool, CalibrateField] = True,
+    calibrate: bool = True,  # false: no difficulty probe of the base model
 ) -> Annotated[Result, Plan]:
     plan = _call(
         "plan_experiment",
@@ -210,7 +204,7 @@ def launch_run(
         dict[str, Any] | None,
         Field(description="Slurm job: nodes, gpus_per_node, partition, time"),
     ] = None,
-    calibrate: Annotated[bool, CalibrateField] = True,
+    calibrate: bool = True,  # false: no difficulty probe of the base model
 ) -> Annotated[Result, LaunchRunResult]:
     launched = _call(
         "launch_run",

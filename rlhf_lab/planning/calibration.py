@@ -169,7 +169,7 @@ def _suggestion(rows: list[ProbeRow], exclude: str | None) -> str:
         return f"try {ranked[0].id} (pass rate {ranked[0].counts()}, contrast {ranked[0].contrast:.2f})"
     return (
         "no probed task is in range: start from a short SFT warm start on the task (the r1-zero "
-        "pipeline: `rlhf-lab pipeline r1-zero --model <model>`), or an easier task"
+        "pipeline with the model <model>), or an easier task"
     )
 
 
