@@ -65,6 +65,9 @@ PROBE_PROMPTS = 32
 MIN_PROBE_PROMPTS = 16
 MAX_PROBE_SAMPLES = 4
 """Samples per probe prompt: the run's group size, capped here (at least 2: contrast needs two)."""
+PRESET_PROBE_PROMPTS = 8
+"""Prompts per candidate on a random-init preset (tiny): enough to show it gets nothing right,
+and a probe of seconds rather than minutes."""
 PROBE_MAX_NEW_TOKENS = 128
 """The probe's own generation cap (the run's limit when lower)."""
 TOKEN_BUDGET = 32_768
@@ -484,6 +487,13 @@ def _override_keys(overrides: list[str]) -> set[str]:
     return {o.partition("=")[0].strip() for o in overrides if "=" in o}
 
 
+def _random_init_preset(model: str) -> bool:
+    """A built-in preset itself (random weights; not a run trained from one)."""
+    from trainers.core.tiny import PRESETS
+
+    return model in PRESETS
+
+
 def _fingerprint(model: str) -> str | None:
     from trainers.core.models import model_fingerprint
 
@@ -536,6 +546,8 @@ def calibrate(
     user_keys = _override_keys(requested_overrides)
     requested = configured if user_keys & set(target.spec_keys()) else None
     settings = probe_settings(target, family, config)
+    if _random_init_preset(model):
+        settings = settings.model_copy(update={"prompts": PRESET_PROBE_PROMPTS})
     cal = Calibration(model=model, settings=settings)
     from rlhf_lab.lineage import is_ref
 

@@ -9,6 +9,7 @@ import pytest
 from rlhf_lab.planning.calibration import (
     MIN_PROBE_PROMPTS,
     PASS_RANGE,
+    PRESET_PROBE_PROMPTS,
     Choice,
     ProbeRow,
     ProbeSettings,
@@ -200,6 +201,7 @@ def test_shrink_calibrated_applies_the_choice_before_user_overrides(tmp_path):
     assert [s["name"] for s in specs] == ["letter_counting"]
     assert shrunk.config["rollout"]["max_new_tokens"] == 64  # 1.5 × 40 = 60 -> 64 (cap 64)
     assert cal.settings.samples == 4 and cal.settings.temperature == 0.6
+    assert cal.settings.prompts == PRESET_PROBE_PROMPTS  # random-init preset: a quick probe
     # an override outside the probe's settings: answered by the cache
     shrink_calibrated("grpo", ["train.learning_rate=0.0005"], "tiny", policy)
     assert len(probe.calls) == 1
