@@ -171,8 +171,8 @@ def _suggestion(rows: list[ProbeRow], exclude: str | None) -> str:
     if ranked:
         return f"try {ranked[0].id} (pass rate {ranked[0].counts()}, contrast {ranked[0].contrast:.2f})"
     return (
-        "no probed task is in range: start from a short SFT warm start on the task (the r1-zero "
-        "pipeline with the model <model>), or an easier task"
+        "start from a short SFT warm start on the task (the r1-zero pipeline with the model "
+        "<model>), or an easier task"
     )
 
 
