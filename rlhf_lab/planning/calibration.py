@@ -428,6 +428,15 @@ def store_cached(cache_dir: Path | None, key: str, report: dict[str, Any]) -> No
 ProbeFn = Callable[[str, list[Candidate], ProbeSettings], dict[str, Any]]
 
 
+def probe_threads() -> int:
+    """Torch threads of the probe: ``OMP_NUM_THREADS`` when set, else half the cores. On a busy
+    2-core machine 2 threads made a tiny probe 3-10× slower than 1 (contended, measured)."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 def run_probe(model: str, candidates: list[Candidate], settings: ProbeSettings) -> dict[str, Any]:
     """Run the trainer-side probe in a subprocess; its JSON report. RuntimeError with the
     probe's last error line when it fails."""
@@ -443,6 +452,7 @@ def run_probe(model: str, candidates: list[Candidate], settings: ProbeSettings) 
     ]
     for key, value in settings.model_dump().items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
+    argv += ["--threads", str(probe_threads())]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
