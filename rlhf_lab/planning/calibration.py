@@ -215,7 +215,10 @@ def choose_task(table: list[ProbeRow], requested: str | None = None) -> Choice:
         if len(ranked) > 1:
             why += f"; nearest the middle of the range of {len(ranked)} in range"
         return Choice(chosen=best.id, in_range=in_range, reasons=[why])
-    closest = min(table, key=lambda r: abs(r.pass_rate - sum(PASS_RANGE) / 2), default=None)
+    mid = sum(PASS_RANGE) / 2  # ties: the one whose prose answers are right most often
+    closest = min(
+        table, key=lambda r: (abs(r.pass_rate - mid), -r.untagged_pass_rate), default=None
+    )
     warning = "no probed task is in range (" + rule + ")"
     if closest is not None:
         warning += f"; closest {closest.id}: {expectation(closest)}"

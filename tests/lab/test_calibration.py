@@ -88,6 +88,13 @@ def test_a_requested_task_that_is_too_easy_says_so():
     assert "mostly solved" in choice.warnings[0]
 
 
+def test_a_model_answering_in_prose_is_named():
+    table = [row("spell", 0.0, 0.0), row("sums", 0.0, 0.0, untagged_pass_rate=0.36)]
+    (warning,) = choose_task(table).warnings
+    assert "closest sums" in warning
+    assert "it writes no <answer> tag, yet 36% of its untagged answers are right" in warning
+
+
 def test_format_only_contrast_is_named():
     r = row("tags", 0.0, 0.5, correctness_contrast=0.0)
     warning = choose_task([r], requested="tags").warnings[0]
