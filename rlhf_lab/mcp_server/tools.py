@@ -85,7 +85,7 @@ def plan_experiment(
         str | None, Field(description="ledger slug (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
-    calibrate: bool = True,  # false: no difficulty probe of the base model
+    calibrate: Annotated[bool, Field(description="false: no difficulty probe")] = True,
 ) -> Annotated[Result, Plan]:
     plan = _call(
         "plan_experiment",
@@ -201,7 +201,7 @@ def launch_run(
         dict[str, Any] | None,
         Field(description="Slurm job: nodes, gpus_per_node, partition, time"),
     ] = None,
-    calibrate: bool = True,  # false: no difficulty probe of the base model
+    calibrate: Annotated[bool, Field(description="false: no difficulty probe")] = True,
 ) -> Annotated[Result, LaunchRunResult]:
     launched = _call(
         "launch_run",
