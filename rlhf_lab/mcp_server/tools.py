@@ -77,9 +77,7 @@ def plan_experiment(
     request: Annotated[
         str | None, Field(description="free text, e.g. 'dpo sanity check on tiny'")
     ] = None,
-    algorithm: Annotated[
-        str | None, Field(description="algorithm, recipe or YAML path (wins over the text)")
-    ] = None,
+    algorithm: Annotated[str | None, Field(description="algorithm, recipe or YAML path")] = None,
     model: ModelArg = None,
     campaign: Annotated[
         str | None, Field(description="ledger slug (default <algo>-sanity)")
@@ -185,21 +183,17 @@ def launch_run(
     overrides: OverridesArg = [],  # noqa: B006
     shrink: Annotated[bool, Field(description="false: the full recipe")] = True,
     model: ModelArg = None,
-    campaign: Annotated[
-        str | None, Field(description="campaign slug; default <algorithm>-sanity")
-    ] = None,
+    campaign: Annotated[str | None, Field(description="campaign slug")] = None,
     question: Annotated[str | None, Field(description="the question of a new campaign")] = None,
     device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
     queue: Annotated[bool, Field(description="wait for the device")] = False,
     force: Annotated[bool, Field(description="start on a busy device")] = False,
-    after: Annotated[
-        list[str], Field(description="run ids to wait for; cancelled if one fails")
-    ] = [],  # noqa: B006
+    after: Annotated[list[str], Field(description="run ids to wait for")] = [],  # noqa: B006
     gpus: Annotated[str | None, Field(description="GPU ids 0,1 or a count")] = None,
     nproc: Annotated[int | None, Field(description="CPU ranks")] = None,
     slurm: Annotated[
         dict[str, Any] | None,
-        Field(description="Slurm job: nodes, gpus_per_node, partition, time"),
+        Field(description="Slurm job options (nodes, gpus_per_node, ...)"),
     ] = None,
     calibrate: Annotated[bool, Field(description="false: no difficulty probe")] = True,
 ) -> Annotated[Result, LaunchRunResult]:
