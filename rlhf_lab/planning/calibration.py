@@ -101,7 +101,6 @@ class ProbeRow(BaseModel):
     length_p90: int = 0
     clipped: float = 0.0
     seconds: float = 0.0
-    example: str = ""
 
     @property
     def in_range(self) -> bool:
