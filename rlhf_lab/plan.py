@@ -51,6 +51,14 @@ from rlhf_lab.configs import ConfigChange
 from rlhf_lab.errors import InvalidArgument, NextStep, NotFound, Unavailable
 from rlhf_lab.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
 from rlhf_lab.paths import LabError, campaign_name, check_slug
+from rlhf_lab.planning.calibration import Calibration
+from rlhf_lab.planning.calibration_apply import (
+    CalibrationPolicy,
+    default_policy,
+    render_table,
+    shrink_calibrated,
+    using,
+)
 from rlhf_lab.resources import Resources, check_resources
 from rlhf_lab.shrink import format_override, shrink_config
 
@@ -148,6 +156,16 @@ class PlannedRun(BaseModel):
     trainer_command: str = Field(description="the same run as a bare trainer command")
     after: list[str] = Field(
         default_factory=list, description="runs of this plan that must finish first (by name)"
+    )
+    calibration: Calibration | None = Field(
+        default=None,
+        description="the difficulty probe of the base model and the task/length it chose "
+        "(runs that learn from their own samples; rlhf_lab.planning.calibration)",
+    )
+    calibration_table: list[str] = Field(
+        default_factory=list,
+        exclude=True,  # the same facts as `calibration`: printed by the CLI, never serialised
+        description="the calibration as the CLI prints it",
     )
 
 
@@ -474,9 +492,11 @@ def _plan_run(
     # pending runs); any other value naming a run id still unknown is carried as written
     pending = [o for o in arm.matched if "-run-id>" in o and "=run:<" not in o]
     ready = [o for o in arm.matched if o not in pending]
-    shrink = shrink_config(recipe, ready + overrides, model=model)
+    shrink, calibration = shrink_calibrated(recipe, ready + overrides, model)
     family, algorithm = shrink.family, shrink.algorithm
     facts, warnings, _ = _model_warnings(shrink.model)
+    if calibration is not None:
+        warnings.extend(calibration.warnings)
 
     config = shrink.config
     memory: dict[str, MemoryEstimate] = {}
@@ -497,7 +517,7 @@ def _plan_run(
     launch = ["uv", "run", "rlhf-lab", "launch", _recipe_ref(recipe), "--shrink"]
     if shrink.model_swap and model:
         launch += ["--model", model]
-    for item in [*shrink.user_overrides, *pending]:
+    for item in [*ready, *overrides, *pending]:  # launch --shrink calibrates again (cached)
         launch += ["--set", item]
     if choice and choice.startswith("cuda:") and choice != "cuda:0":
         launch += ["--device", choice]  # the launcher's `auto` would take cuda:0
@@ -529,6 +549,8 @@ def _plan_run(
         launch_command=shlex.join(launch),
         trainer_command=trainer_command,
         after=arm.after,
+        calibration=calibration,
+        calibration_table=render_table(calibration) if calibration else [],
     )
     return run, list(dict.fromkeys(warnings + shrink.notes))
 
@@ -798,14 +820,30 @@ def plan_experiment(
     model: str | None = None,
     campaign: str | None = None,
     overrides: list[str] | None = None,
+    calibrate: bool = True,
+    calibration: CalibrationPolicy | None = None,
 ) -> Plan:
     """Plan a sanity run (or a matched comparison) from free text and/or explicit arguments.
 
     ``algorithm`` (a name, alias, recipe or YAML path) and ``model`` win over what the text
     says; ``campaign`` is the ledger slug (default ``<algo>-sanity``, ``<a>-vs-<b>`` for a
     comparison); ``overrides`` are extra dotted overrides applied to every run after the shrink
-    rules and the matching.
+    rules and the matching. Runs that learn from their own samples are calibrated first
+    (:mod:`rlhf_lab.planning.calibration`: a probe of the base model picks the task and the
+    generation limit) unless ``calibrate`` is False; ``calibration`` replaces the default
+    policy (its probe and cache).
     """
+    with using(calibration or default_policy(calibrate)):
+        return _plan_experiment(request, algorithm, model, campaign, overrides)
+
+
+def _plan_experiment(
+    request: str | None,
+    algorithm: str | None,
+    model: str | None,
+    campaign: str | None,
+    overrides: list[str] | None,
+) -> Plan:
     if not request and not algorithm:
         raise InvalidArgument(
             "say what to run: a request ('dpo sanity check') or an algorithm",

@@ -376,24 +376,27 @@ def _launch(*args: Any, **kwargs: Any) -> LaunchResult:
 
 
 def _resolve_recipe(
-    recipe: str, overrides: list[str], shrink: bool, model: str | None
-) -> tuple[str, str, dict, list[str], str]:
-    """(family, algorithm, config, applied overrides, config source) of a recipe, shrunk or not;
-    an unknown recipe points at the recipe list, a bad override at shrink_config."""
+    recipe: str, overrides: list[str], shrink: bool, model: str | None, calibrate: bool = True
+) -> tuple[str, str, dict, list[str], str, Any]:
+    """(family, algorithm, config, applied overrides, config source, calibration or None) of a
+    recipe, shrunk (and calibrated: rlhf_lab.planning.calibration) or not; an unknown recipe
+    points at the recipe list, a bad override at shrink_config."""
     from rlhf_lab.api.recipes import FIX_OVERRIDES, find_known_recipe
     from rlhf_lab.configs import resolve_config
-    from rlhf_lab.shrink import shrink_config
+    from rlhf_lab.planning.calibration_apply import default_policy, shrink_calibrated
 
     find_known_recipe(recipe)
     try:
         if shrink or model:
-            shrunk = shrink_config(recipe, overrides, model=model)
+            policy = None if calibrate else default_policy(False)  # None: the current one
+            shrunk, cal = shrink_calibrated(recipe, overrides, model, policy)
             return (
                 shrunk.family,
                 shrunk.algorithm,
                 shrunk.config,
                 shrunk.overrides,
                 shrunk.recipe.config_path,
+                cal,
             )
         resolved = resolve_config(recipe, overrides)
         return (
@@ -402,9 +405,20 @@ def _resolve_recipe(
             resolved.data,
             overrides,
             resolved.recipe.config_path,
+            None,
         )
     except LabError as err:
         raise err.with_next(FIX_OVERRIDES) from None
+
+
+def _keep_calibration(run_dir: str, calibration: Any) -> list[str]:
+    """Write the run's calibration into its folder (before its ledger row); its warnings."""
+    if calibration is None:
+        return []
+    from rlhf_lab.planning.calibration_apply import write_calibration
+
+    write_calibration(run_dir, calibration)
+    return list(calibration.warnings)
 
 
 def _record_now(run_id: str) -> list[str]:
@@ -449,9 +463,14 @@ def launch_experiment(
     gpus: str | int | None = None,
     nproc: int | None = None,
     slurm: dict[str, Any] | None = None,
+    calibrate: bool = True,
 ) -> LaunchResult:
     """Resolve (and optionally shrink) a recipe, check it, make sure its campaign exists, and
     start the trainer in the background (or queue it). Returns at once with the run id.
+
+    A shrunk run that learns from its own samples is calibrated first unless ``calibrate`` is
+    False (:mod:`rlhf_lab.planning.calibration`: the task and generation limit from a probe of
+    the base model, cached; your overrides win); the run folder keeps it (calibration.json).
 
     ``gpus`` (ids ``"0,1"`` or a count ``4``) or ``nproc`` (CPU ranks) run the trainer under
     torchrun, one rank per device; the run holds each device, the memory estimate is per rank
@@ -486,8 +505,8 @@ def launch_experiment(
     from rlhf_lab.validation import check_config
 
     upstream = check_after(after)  # unknown or failed upstream runs: refused first
-    family, algorithm, data, applied, source = _resolve_recipe(
-        recipe, list(overrides or []), shrink, model
+    family, algorithm, data, applied, source, calibration = _resolve_recipe(
+        recipe, list(overrides or []), shrink, model, calibrate
     )
     # campaign="" is a bad slug, not "use the default" (it would launch into another campaign)
     slug = campaign if campaign is not None else f"{algorithm.replace('_', '-')}-sanity"
@@ -556,6 +575,7 @@ def launch_experiment(
         stage=stage,
         placement=placement,
     )
+    warnings += _keep_calibration(result.run.run_dir, calibration)
     warnings += _record_now(result.run.id)
     if not result.queued:
         warnings += _record_when_ended(result.run.id)
@@ -652,6 +672,7 @@ def launch_run(
     gpus: str | int | None = None,
     nproc: int | None = None,
     slurm: dict[str, Any] | None = None,
+    calibrate: bool = True,
 ) -> LaunchRunResult:
     """:func:`launch_experiment` (shrunk by default) with the result shaped for an agent."""
     result = launch_experiment(
@@ -668,6 +689,7 @@ def launch_run(
         gpus=gpus,
         nproc=nproc,
         slurm=slurm,
+        calibrate=calibrate,
     )
     from rlhf_lab.api.results import launch_run_result
 

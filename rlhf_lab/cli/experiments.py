@@ -27,6 +27,14 @@ from rlhf_lab.cli.commands import (
 from rlhf_lab.cli.render import table as _table
 from rlhf_lab.cli.steps import lab_errors
 
+NoCalibrateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-calibrate",
+        help="skip the difficulty probe of the base model (runs that learn from their samples)",
+    ),
+]
+
 # ------------------------------------------------------------------------------- recipes / plan
 
 
@@ -66,10 +74,13 @@ def plan(
     partition: PartitionOpt = None,
     time: TimeOpt = None,
     account: AccountOpt = None,
+    no_calibrate: NoCalibrateOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Plan an experiment: recipe, shrunk config, memory vs free memory, commands, what to watch.
-    With --slurm, also the job script each run would be submitted with."""
+    With --slurm, also the job script each run would be submitted with. Runs that learn from
+    their own samples are calibrated (a probe of the base model picks the task and generation
+    limit; cached) unless --no-calibrate."""
     job = _slurm_opts(slurm, nodes, gpus_per_node, None, partition, time, account)
 
     def human(p: Any) -> None:
@@ -82,6 +93,8 @@ def plan(
             )
             for change in run.changes:
                 typer.echo(f"  {change.key}: {change.shipped!r} -> {change.used!r}")
+            for line in run.calibration_table:
+                typer.echo(line)
             for fit in run.devices:
                 est = f"{fit.estimate_gb:.2f}" if fit.estimate_gb is not None else "?"
                 typer.echo(
@@ -113,7 +126,10 @@ def plan(
         for choice in p.offline_choices:
             typer.echo(f"offline choice: {choice}")
 
-    emit(api.plan_experiment(request, algorithm, model, campaign, set_ or []), as_json, human)
+    planned = api.plan_experiment(
+        request, algorithm, model, campaign, set_ or [], calibrate=not no_calibrate
+    )
+    emit(planned, as_json, human)
 
 
 @app.command()
@@ -246,6 +262,7 @@ def launch(
     partition: PartitionOpt = None,
     time: TimeOpt = None,
     account: AccountOpt = None,
+    no_calibrate: NoCalibrateOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Start a trainer in the background (detached); returns at once with the run id.
@@ -278,6 +295,7 @@ def launch(
         gpus=gpus,
         nproc=nproc,
         slurm=_slurm_opts(slurm, nodes, gpus_per_node, nproc, partition, time, account),
+        calibrate=not no_calibrate,
     )
     if as_json:
         typer.echo(result.model_dump_json(indent=2))

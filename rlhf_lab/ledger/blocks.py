@@ -108,6 +108,13 @@ def _setup_row(r: RunRecord, _campaign: str) -> str:
     )
 
 
+def _calibration_md(r: RunRecord) -> str:
+    """The run's difficulty calibration under its changes (none: nothing)."""
+    if not r.calibration:
+        return ""
+    return f"{_code(r.run_id)} — difficulty " + "\n".join(r.calibration) + "\n\n"
+
+
 def _next_items(r: RunRecord, campaign: str) -> list[dict[str, Any]]:
     return [asdict(item) for item in _run_items(r, campaign)]
 
@@ -116,7 +123,7 @@ def _next_items(r: RunRecord, campaign: str) -> list[dict[str, Any]]:
 RUN_PIECES: dict[str, Callable[[RunRecord, str], Any]] = {
     "brief": _brief,
     "setup_row": _setup_row,
-    "setup_changes": lambda r, _c: _piece("setup_changes.md.j2", r=r),
+    "setup_changes": lambda r, _c: _piece("setup_changes.md.j2", r=r) + _calibration_md(r),
     "runs_row": _runs_row,
     "runs_section": lambda r, _c: _piece("run_section.md.j2", r=_run_view(r)),
     "plots": lambda r, _c: _piece("plots_run.md.j2", r=r),

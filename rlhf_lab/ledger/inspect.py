@@ -364,7 +364,16 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         recorded_at=_now(),
         lineage=lineage,
         evaluation=_evaluation(path, family, warnings),
+        calibration=_calibration(path),
     )
+
+
+def _calibration(path: Path) -> list[str]:
+    """The run's difficulty calibration (calibration.json) as markdown lines; [] without one."""
+    from rlhf_lab.planning.calibration_apply import read_calibration, render_table
+
+    cal = read_calibration(path)
+    return render_table(cal, markdown=True) if cal is not None else []
 
 
 def _evaluation(path: Path, family: str | None, warnings: list[str]) -> EvalSummary | None:

@@ -162,6 +162,11 @@ class RunRecord(_Model):
     evaluation: EvalSummary | None = Field(
         default=None, description="an evaluation job's numbers (its eval.json)"
     )
+    calibration: list[str] = Field(
+        default_factory=list,
+        description="the difficulty calibration before launch, as markdown lines (the run "
+        "folder's calibration.json; rlhf_lab.planning.calibration)",
+    )
 
     def metric(self, name: str) -> MetricSummary | None:
         return next((m for m in self.metrics if m.name == name), None)

@@ -199,7 +199,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
     "list_recipes": ("list_recipes", frozenset({"family"})),
     "plan_experiment": (
         "plan_experiment",
-        frozenset({"request", "algorithm", "model", "campaign", "overrides"}),
+        frozenset({"request", "algorithm", "model", "campaign", "overrides", "calibrate"}),
     ),
     "shrink_config": ("shrink_config", frozenset({"recipe", "model", "overrides"})),
     "estimate_memory": (
@@ -211,7 +211,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
         "launch_run",
         frozenset(
             {"recipe", "overrides", "shrink", "model", "campaign", "question", "device"}
-            | {"queue", "force", "after", "gpus", "nproc", "slurm"}
+            | {"queue", "force", "after", "gpus", "nproc", "slurm", "calibrate"}
         ),
     ),
     "run_pipeline": ("run_pipeline", frozenset({"name", "model", "campaign", "overrides"})),

@@ -69,23 +69,21 @@ def list_recipes(
 @server.tool(
     title="Plan an experiment",
     annotations=READ_ONLY,
-    description="Plan a sanity run, a matched comparison or a pipeline from free text ("
-    "'simpo sanity check', 'compare ppo and grpo', 'rlhf pipeline'): per run the changes, memory "
-    "vs free memory, the exact command; criteria, campaign, order. Use it first; it writes "
-    "nothing.",
+    description="Plan a sanity run, a matched comparison or a pipeline from free text ('compare "
+    "ppo and grpo', 'rlhf pipeline'): per run the changes, calibration, memory vs free memory, "
+    "the exact command; criteria, order. Use it first; writes nothing.",
 )
 def plan_experiment(
     request: Annotated[
         str | None, Field(description="free text, e.g. 'dpo sanity check on tiny'")
     ] = None,
-    algorithm: Annotated[
-        str | None, Field(description="algorithm, recipe or YAML path (wins over the text)")
-    ] = None,
+    algorithm: Annotated[str | None, Field(description="algorithm, recipe or YAML path")] = None,
     model: ModelArg = None,
     campaign: Annotated[
         str | None, Field(description="ledger slug (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
+    calibrate: Annotated[bool, Field(description="false: no difficulty probe")] = True,
 ) -> Annotated[Result, Plan]:
     plan = _call(
         "plan_experiment",
@@ -96,6 +94,7 @@ def plan_experiment(
         model,
         campaign,
         list(overrides),
+        calibrate=calibrate,
     )
     return reply(plan)
 
@@ -174,34 +173,29 @@ def check_resources() -> Annotated[Result, Resources]:
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True
     ),
-    description="Start a training run in the background; returns its run id at once (shrunk by "
-    "default, with a ledger row). Refused, nothing written, for a bad model, a length over its "
-    "context, lr > 1 or memory that does not fit; a busy device is shared when the estimate "
-    "fits, refused otherwise (queue=true waits, force=true skips). run:<id> waits for that run.",
+    description="Start a training run in the background; returns its run id (shrunk and "
+    "calibrated by default; a ledger row). Refused, nothing written, for a bad model, a length "
+    "over its context, lr > 1 or memory that does not fit; a busy device is shared if the "
+    "estimate fits (queue=true waits, force=true skips). run:<id> waits for that run.",
 )
 def launch_run(
     recipe: RecipeArg,
     overrides: OverridesArg = [],  # noqa: B006
-    shrink: Annotated[
-        bool, Field(description="shrink to a sanity run (false: the full recipe)")
-    ] = True,
+    shrink: Annotated[bool, Field(description="false: the full recipe")] = True,
     model: ModelArg = None,
-    campaign: Annotated[
-        str | None, Field(description="campaign slug; default <algorithm>-sanity")
-    ] = None,
+    campaign: Annotated[str | None, Field(description="campaign slug")] = None,
     question: Annotated[str | None, Field(description="the question of a new campaign")] = None,
     device: Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")] = "auto",
-    queue: Annotated[bool, Field(description="queue behind the device's current job")] = False,
-    force: Annotated[bool, Field(description="start even though the device is busy")] = False,
-    after: Annotated[
-        list[str], Field(description="run ids to wait for; cancelled if one fails")
-    ] = [],  # noqa: B006
+    queue: Annotated[bool, Field(description="wait for the device")] = False,
+    force: Annotated[bool, Field(description="start on a busy device")] = False,
+    after: Annotated[list[str], Field(description="run ids to wait for")] = [],  # noqa: B006
     gpus: Annotated[str | None, Field(description="GPU ids 0,1 or a count")] = None,
     nproc: Annotated[int | None, Field(description="CPU ranks")] = None,
     slurm: Annotated[
         dict[str, Any] | None,
-        Field(description="Slurm job: nodes, gpus_per_node, partition, time"),
+        Field(description="Slurm job options (nodes, gpus_per_node, ...)"),
     ] = None,
+    calibrate: Annotated[bool, Field(description="false: no difficulty probe")] = True,
 ) -> Annotated[Result, LaunchRunResult]:
     launched = _call(
         "launch_run",
@@ -220,6 +214,7 @@ def launch_run(
         gpus=gpus,
         nproc=nproc,
         slurm=slurm,
+        calibrate=calibrate,
     )
     return reply(launched)
 
