@@ -47,6 +47,7 @@ EVAL_OVERRIDES = [
     "sampling.n=4",
     "sampling.max_new_tokens=64",
     "sampling.batch_size=8",
+    "reasoning.pass_k=[1,4]",
 ]
 
 

@@ -51,6 +51,7 @@ from rlhf_lab.configs import ConfigChange
 from rlhf_lab.errors import InvalidArgument, NextStep, NotFound, Unavailable
 from rlhf_lab.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
 from rlhf_lab.paths import LabError, campaign_name, check_slug
+from rlhf_lab.planning.time import TimeEstimate, plan_time_total, predict_planned_run
 from rlhf_lab.resources import Resources, check_resources
 from rlhf_lab.shrink import format_override, shrink_config
 
@@ -149,6 +150,9 @@ class PlannedRun(BaseModel):
     after: list[str] = Field(
         default_factory=list, description="runs of this plan that must finish first (by name)"
     )
+    time: TimeEstimate | None = Field(
+        default=None, description="predicted wall time on this machine (rlhf_lab.planning.time)"
+    )
 
 
 class Plan(BaseModel):
@@ -177,6 +181,10 @@ class Plan(BaseModel):
     )
     offline_choices: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    time_total_s: float | None = Field(
+        default=None, description="predicted wall time of every run, one after another"
+    )
+    time_total: str | None = Field(default=None, description="the same as text")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,6 +537,7 @@ def _plan_run(
         launch_command=shlex.join(launch),
         trainer_command=trainer_command,
         after=arm.after,
+        time=predict_planned_run(family, algorithm, config, choice),
     )
     return run, list(dict.fromkeys(warnings + shrink.notes))
 
@@ -798,14 +807,30 @@ def plan_experiment(
     model: str | None = None,
     campaign: str | None = None,
     overrides: list[str] | None = None,
+    calibrate: bool = True,
 ) -> Plan:
     """Plan a sanity run (or a matched comparison) from free text and/or explicit arguments.
 
     ``algorithm`` (a name, alias, recipe or YAML path) and ``model`` win over what the text
     says; ``campaign`` is the ledger slug (default ``<algo>-sanity``, ``<a>-vs-<b>`` for a
     comparison); ``overrides`` are extra dotted overrides applied to every run after the shrink
-    rules and the matching.
+    rules and the matching; ``calibrate=False`` predicts times only from a cached throughput
+    calibration (else "time: not calibrated") instead of measuring one.
     """
+    from rlhf_lab.planning.throughput_cache import calibration_scope
+
+    with calibration_scope(None if calibrate else "cached"):
+        plan = _plan_experiment(request, algorithm, model, campaign, overrides)
+    return plan.model_copy(update=plan_time_total(plan.runs, plan.notes))
+
+
+def _plan_experiment(
+    request: str | None,
+    algorithm: str | None,
+    model: str | None,
+    campaign: str | None,
+    overrides: list[str] | None,
+) -> Plan:
     if not request and not algorithm:
         raise InvalidArgument(
             "say what to run: a request ('dpo sanity check') or an algorithm",

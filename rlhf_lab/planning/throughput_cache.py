@@ -14,6 +14,8 @@ calibrated", never a surprise measurement), ``off`` never calibrates.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -21,6 +23,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +35,7 @@ __all__ = [
     "Mode",
     "cache_key",
     "calibration_mode",
+    "calibration_scope",
     "default_threads",
     "get_calibration",
     "read_cached",
@@ -64,10 +68,31 @@ def throughput_cache_dir() -> Path:
     return cache_root() / "throughput"
 
 
+_SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar("calibration", default=None)
+
+
+@contextlib.contextmanager
+def calibration_scope(mode: str | None) -> Iterator[None]:
+    """Within the block, calibrations use ``mode`` (None: unchanged), e.g. a plan asked not to
+    calibrate reads the cache only."""
+    token = _SCOPE.set(mode) if mode else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _SCOPE.reset(token)
+
+
 def calibration_mode(mode: str | None = None) -> Mode:
-    """The caller's mode, else ``$RLHF_LAB_CALIBRATION``, else ``auto``."""
-    value = (mode or os.environ.get(CALIBRATION_ENV) or "auto").strip().lower()
-    return value if value in ("auto", "cached", "off") else "auto"  # type: ignore[return-value]
+    """The caller's mode, else the enclosing :func:`calibration_scope`'s, else
+    ``$RLHF_LAB_CALIBRATION``, else ``auto``. A scope or variable can only make it stricter
+    than ``auto``: ``off`` beats ``cached`` beats ``auto``."""
+    order = ("auto", "cached", "off")
+    given = [m.strip().lower() for m in (mode, _SCOPE.get(), os.environ.get(CALIBRATION_ENV)) if m]
+    given = [m for m in given if m in order]
+    if mode and mode in order:
+        return mode  # type: ignore[return-value]
+    return max(given, key=order.index, default="auto")  # type: ignore[return-value]
 
 
 def default_threads() -> int:
@@ -158,11 +183,20 @@ def _measure(model: str, device: str, threads: int | None) -> dict[str, Any]:
         raise RuntimeError(f"the calibration took more than {TIMEOUT_S} s") from None
     if out.returncode != 0:
         tail = (out.stderr or "").strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"the calibration failed (exit {out.returncode}): {tail[0]}")
+        raise RuntimeError(f"the calibration failed: {first_sentence(tail[0])}")
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise RuntimeError("the calibration printed no JSON") from None
+
+
+def first_sentence(error_line: str, limit: int = 160) -> str:
+    """``pkg.Error: Model X is not here. Try Y.`` -> ``Model X is not here`` (at most
+    ``limit`` characters): a traceback's last line as a short reason."""
+    head, sep, rest = error_line.partition(": ")
+    text = rest if sep and "." in head and " " not in head else error_line
+    text = text.split(". ")[0].rstrip(".")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def get_calibration(

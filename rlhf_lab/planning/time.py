@@ -42,7 +42,9 @@ __all__ = [
     "pass_seconds",
     "predict_evaluation",
     "predict_run",
+    "plan_time_total",
     "predict_from_calibration",
+    "predict_planned_run",
     "startup_seconds",
     "supervised_step_seconds",
     "time_text",
@@ -374,9 +376,11 @@ def _noted(estimate: TimeEstimate, result: Any) -> TimeEstimate:
     estimate.calibration = result.key
     if result.measured_now:
         data = result.data or {}
+        load = data.get("load_avg_1m")
         estimate.note = (
             f"time calibration of {data.get('model')} on {data.get('device')} "
             f"({data.get('threads') or '-'} thread(s)) ran now: {result.seconds} s, cached"
+            + (f" (machine load {load} while measuring)" if load is not None else "")
         )
     return estimate
 
@@ -460,3 +464,30 @@ def predict_evaluation(
     if cal is None:
         return missing  # type: ignore[return-value]
     return _noted(evaluation_from_calibration(cal, eval_config, policies), result)
+
+
+def predict_planned_run(
+    family: str, algorithm: str, config: dict[str, Any], device: str | None
+) -> TimeEstimate:
+    """A planned run's time on its recommended device (the CPU when none is recommended)."""
+    kind = "cpu" if not device or device.startswith("cpu") else device.split(":")[0]
+    return predict_run(family, algorithm, config, device=kind)
+
+
+def plan_time_total(runs: list[Any], notes: list[str]) -> dict[str, Any]:
+    """The plan's fields for its total: every run one after another (one training job per
+    device), and the note of a calibration that ran for it (its cost)."""
+    estimates = [r.time for r in runs if r.time is not None]
+    ran = [e.note for e in estimates if e.note]
+    update: dict[str, Any] = {"notes": [*notes, *dict.fromkeys(ran)]}
+    missing = [r.name for r in runs if r.time is None or not r.time.calibrated]
+    if not runs:
+        return update
+    if missing:
+        update["time_total"] = f"time: not calibrated for {', '.join(missing)}"
+        return update
+    total = sum(e.total_s or 0.0 for e in estimates)
+    update["time_total_s"] = round(total, 1)
+    count = f"{len(runs)} runs, one after another" if len(runs) > 1 else "1 run"
+    update["time_total"] = f"~{format_duration(total)} ({count})"
+    return update

@@ -250,6 +250,7 @@ def calibrate(
         "forward": forward,
         "decode": decode,
         "lengths": builtin_lengths(tokenizer),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "seconds": time.perf_counter() - _START,
     }
 
