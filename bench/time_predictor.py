@@ -140,9 +140,15 @@ def calibrate(model: str, threads: int, again: bool) -> dict:
     result = get_calibration(model, "cpu", threads, mode="auto")
     if not result.ok:
         raise SystemExit(f"no calibration for {model}: {result.reason}")
-    print(f"calibration {model}: {'measured now in ' + str(result.seconds) + ' s' if result.measured_now else 'cached'}")
-    return {"model": model, "key": result.key, "measured_now": result.measured_now,
-            "seconds": result.seconds}
+    print(
+        f"calibration {model}: {'measured now in ' + str(result.seconds) + ' s' if result.measured_now else 'cached'}"
+    )
+    return {
+        "model": model,
+        "key": result.key,
+        "measured_now": result.measured_now,
+        "seconds": result.seconds,
+    }
 
 
 def main() -> None:
@@ -164,18 +170,36 @@ def main() -> None:
             calibrations.append(calibrate(model, args.threads, args.recalibrate))
             for case in cases:
                 row = measure(case, model, args.threads, Path(tmp))
-                print(f"{model} {case}: predicted {row['predicted_s']} s, actual {row['actual_s']} s, ratio {row['ratio']}", flush=True)
+                print(
+                    f"{model} {case}: predicted {row['predicted_s']} s, actual {row['actual_s']} s, ratio {row['ratio']}",
+                    flush=True,
+                )
                 rows.append(row)
     print_table(
         ["model", "case", "predicted s", "actual s", "ratio", "±30%", "exit"],
-        [[r["model"], r["case"], r["predicted_s"], r["actual_s"], r["ratio"],
-          "yes" if r["within_target"] else "no", r["exit_code"]] for r in rows],
+        [
+            [
+                r["model"],
+                r["case"],
+                r["predicted_s"],
+                r["actual_s"],
+                r["ratio"],
+                "yes" if r["within_target"] else "no",
+                r["exit_code"],
+            ]
+            for r in rows
+        ],
     )
     write_results(
         "time_predictor",
         {
-            "settings": {"threads": args.threads, "target": TARGET, "cases": cases,
-                         "models": models, "contended": os.getloadavg()[0] > args.threads * 0.6},
+            "settings": {
+                "threads": args.threads,
+                "target": TARGET,
+                "cases": cases,
+                "models": models,
+                "contended": os.getloadavg()[0] > args.threads * 0.6,
+            },
             "calibrations": calibrations,
             "rows": rows,
             "machine_at_end": machine_info(),

@@ -66,10 +66,17 @@ def plan(
     partition: PartitionOpt = None,
     time: TimeOpt = None,
     account: AccountOpt = None,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate/--no-calibrate",
+            help="measure the model's throughput when none is cached (for the time estimates)",
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Plan an experiment: recipe, shrunk config, memory vs free memory, commands, what to watch.
-    With --slurm, also the job script each run would be submitted with."""
+    """Plan an experiment: recipe, shrunk config, memory vs free memory, predicted wall time,
+    commands, what to watch. With --slurm, also the job script each run would be submitted with."""
     job = _slurm_opts(slurm, nodes, gpus_per_node, None, partition, time, account)
 
     def human(p: Any) -> None:
@@ -88,6 +95,10 @@ def plan(
                     f"memory on {fit.device}: need ~{est} GiB, free {fit.free_gb:.1f} GiB, "
                     f"fits: {fit.fits}"
                 )
+            if run.time is not None:
+                typer.echo(
+                    run.time.text if run.time.text.startswith("time:") else f"time: {run.time.text}"
+                )
             typer.echo(f"launch:  {run.launch_command}")
             typer.echo(f"trainer: {run.trainer_command}")
             if job is not None:
@@ -103,6 +114,12 @@ def plan(
             typer.echo("\nmatched across runs: " + ", ".join(p.matched))
         if p.comparison:
             typer.echo(f"comparison: {p.comparison}")
+        if p.time_total:
+            typer.echo(
+                p.time_total
+                if p.time_total.startswith("time:")
+                else f"time, all runs: {p.time_total}"
+            )
         typer.echo("")
         for step in p.steps:
             typer.echo(step)
@@ -113,7 +130,8 @@ def plan(
         for choice in p.offline_choices:
             typer.echo(f"offline choice: {choice}")
 
-    emit(api.plan_experiment(request, algorithm, model, campaign, set_ or []), as_json, human)
+    planned = api.plan_experiment(request, algorithm, model, campaign, set_ or [], calibrate)
+    emit(planned, as_json, human)
 
 
 @app.command()

@@ -33,6 +33,7 @@ CLI_OPERATIONS: dict[str, Command] = {
             "model": "--model",
             "campaign": "--campaign",
             "overrides": "--set",
+            "calibrate": "--calibrate",
         },
     ),
     "shrink_config": Command("shrink", ("recipe",), {"model": "--model", "overrides": "--set"}),

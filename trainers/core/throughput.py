@@ -204,8 +204,8 @@ def calibrate(
         torch.set_num_threads(threads)
     import transformers  # noqa: F401  (its import is part of every trainer's start)
 
-    from trainers.core.lora import add_adapters
     from trainers.core.config import LoraSection
+    from trainers.core.lora import add_adapters
     from trainers.core.models import load_causal_lm, load_tokenizer, model_fingerprint, pick_device
 
     import_s = time.perf_counter() - t0 + (t0 - _START)
