@@ -33,11 +33,15 @@ from pydantic import BaseModel, Field
 from rlhf_lab.catalog import get_dotted
 
 __all__ = [
+    "campaign_time_line",
+    "predicted_total_s",
+    "wall_with_prediction",
     "TimeEstimate",
     "decode_step_seconds",
     "evals_in_run",
     "format_duration",
     "generation_seconds",
+    "launch_prediction",
     "not_calibrated",
     "pass_seconds",
     "predict_evaluation",
@@ -491,3 +495,74 @@ def plan_time_total(runs: list[Any], notes: list[str]) -> dict[str, Any]:
     count = f"{len(runs)} runs, one after another" if len(runs) > 1 else "1 run"
     update["time_total"] = f"~{format_duration(total)} ({count})"
     return update
+
+
+def launch_prediction(
+    family: str, algorithm: str, config: dict[str, Any], device: str
+) -> dict[str, Any] | None:
+    """What a launch writes into run.json (``predicted_time``): the prediction from the cached
+    calibration only (a launch never measures), None when there is none or anything fails."""
+    kind = "cpu" if device.startswith("cpu") else device.split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        return None  # a Slurm job runs elsewhere: this machine's throughput says nothing
+    try:
+        if family == "evaluation":
+            policies = 1 + int(bool(config.get("baseline")))
+            target = config.get("target")
+            estimate = predict_evaluation(
+                target if isinstance(target, str) else None,
+                config,
+                policies=policies,
+                device=kind,
+                mode="cached",
+            )
+        else:
+            estimate = predict_run(family, algorithm, config, device=kind, mode="cached")
+    except Exception:  # noqa: BLE001 - a prediction never stops a launch
+        return None
+    if not estimate.calibrated:
+        return None
+    keep = ("total_s", "per_step_s", "steps", "step_unit", "text", "threads", "calibration")
+    return estimate.model_dump(include=set(keep))
+
+
+# ---------------------------------------------------------------------------------------------
+# Predicted vs actual (the ledger)
+# ---------------------------------------------------------------------------------------------
+
+
+def predicted_total_s(run_meta: dict[str, Any]) -> float | None:
+    """The predicted wall time a launch wrote into run.json, if any."""
+    predicted = run_meta.get("predicted_time")
+    value = predicted.get("total_s") if isinstance(predicted, dict) else None
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def wall_with_prediction(
+    actual_text: str | None, actual_s: float | None, predicted_s: float | None
+) -> str | None:
+    """A run's wall-time cell: ``12.3 min (predicted ~14 min, 1.14×)``; the actual alone when
+    there was no prediction, ``predicted ~14 min`` before it has run."""
+    if predicted_s is None:
+        return actual_text
+    predicted = f"predicted ~{format_duration(predicted_s)}"
+    if actual_s is None or actual_s <= 0 or actual_text is None:
+        return predicted
+    return f"{actual_text} ({predicted}, {predicted_s / actual_s:.2f}×)"
+
+
+def campaign_time_line(briefs: list[dict[str, Any]]) -> str | None:
+    """The campaign's total, predicted vs actual, over the runs that have both (None when no
+    run has a prediction)."""
+    pairs = [
+        (b["predicted_s"], b["wall_s"]) for b in briefs if b.get("predicted_s") and b.get("wall_s")
+    ]
+    if not pairs:
+        return None
+    predicted = sum(p for p, _ in pairs)
+    actual = sum(a for _, a in pairs)
+    return (
+        f"Campaign wall time: {format_duration(actual)} actual against ~"
+        f"{format_duration(predicted)} predicted before launch ({predicted / actual:.2f}×, "
+        f"{len(pairs)} of {len(briefs)} runs predicted)."
+    )
