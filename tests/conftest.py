@@ -38,6 +38,9 @@ os.environ.pop("WANDB_PROJECT", None)
 os.environ.setdefault("RLHF_LAB_CACHE", _SESSION_CACHE)
 os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(_SESSION_CACHE, "datasets"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Plans read throughput calibrations from the cache only: no test pays for a measurement it did
+# not ask for (tests/lab/test_time_predictor.py sets the mode it checks).
+os.environ.setdefault("RLHF_LAB_CALIBRATION", "cached")
 
 # One math thread per process: the lab tests run trainer subprocesses beside pytest on 2 cores,
 # and oversubscribed OpenMP threads slow a tiny model's step by an order of magnitude.

@@ -190,6 +190,20 @@ def _measure(model: str, device: str, threads: int | None) -> dict[str, Any]:
         raise RuntimeError("the calibration printed no JSON") from None
 
 
+def _loadable(model: str) -> bool:
+    """Whether a trainer could load ``model`` here without network (a hub model whose weights
+    are not cached is not measured: its subprocess would only fail)."""
+    from rlhf_lab.errors import LabError
+    from rlhf_lab.memory import model_facts
+
+    try:
+        return bool(model_facts(model).loadable)
+    except LabError:  # a hub id whose config is not cached: nothing here to load
+        return False
+    except Exception:  # noqa: BLE001 - let the measurement say
+        return True
+
+
 def first_sentence(error_line: str, limit: int = 160) -> str:
     """``pkg.Error: Model X is not here. Try Y.`` -> ``Model X is not here`` (at most
     ``limit`` characters): a traceback's last line as a short reason."""
@@ -220,6 +234,10 @@ def get_calibration(
         return CalibrationResult(key=key, data=cached)
     if wanted == "cached":
         return CalibrationResult(key=key, reason="no calibration cached for this model here")
+    if not _loadable(model):
+        return CalibrationResult(
+            key=key, reason=f"model {model} cannot be loaded here (no download is attempted)"
+        )
     start = time.perf_counter()
     try:
         data = _measure(model, device, threads)

@@ -83,9 +83,13 @@ class TimeEstimate(BaseModel):
 
 
 def format_duration(seconds: float) -> str:
-    """``42 s``, ``14 min``, ``2.5 h``: a duration as people read one."""
-    if seconds < 90:
-        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    """``4.2 s``, ``42 s``, ``2.5 min``, ``14 min``, ``2.5 h``: a duration as people read one."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 600:
+        return f"{seconds / 60:.1f} min"
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
