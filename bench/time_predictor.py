@@ -38,8 +38,16 @@ SMOLLM2_OVERRIDES = {
     "*": ["train.max_steps=3", "model.lora.enabled=true", "model.gradient_checkpointing=false"],
     "grpo": ["rollout.max_new_tokens=64", "data.eval_size=8", "eval.eval_every=0"],
     "sft": ["data.dataset=builtin:reasoning-sft", "data.max_length=256", "eval.eval_every=0"],
-    "dpo": ["data.dataset=builtin:reasoning-preferences", "data.max_samples=64"],
-    "preference_rm": ["data.dataset=builtin:reasoning-preferences", "data.max_samples=64"],
+    "dpo": [
+        "data.dataset=builtin:reasoning-preferences",
+        "data.max_samples=96",
+        "data.eval_size=16",
+    ],
+    "preference_rm": [
+        "data.dataset=builtin:reasoning-preferences",
+        "data.max_samples=96",
+        "data.eval_size=16",
+    ],
 }
 EVAL_OVERRIDES = [
     "prompts.size=16",

@@ -20,6 +20,7 @@ def test_linear_fit_through_two_points():
     assert flat["fixed_s"] == 0.0 and flat["tokens_per_s"] == pytest.approx(500.0)
 
 
+@pytest.mark.slow
 def test_calibration_json_on_tiny(capsys):
     argv = ["--model", "tiny", "--threads", "1", "--json", "--min-time", "0.01", "--max-reps", "1"]
     assert throughput.main(argv) == 0
