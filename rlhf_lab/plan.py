@@ -150,9 +150,7 @@ class PlannedRun(BaseModel):
     after: list[str] = Field(
         default_factory=list, description="runs of this plan that must finish first (by name)"
     )
-    time: TimeEstimate | None = Field(
-        default=None, description="predicted wall time on this machine (rlhf_lab.planning.time)"
-    )
+    time: TimeEstimate | None = None  # predicted wall time here (rlhf_lab.planning.time)
 
 
 class Plan(BaseModel):
@@ -181,10 +179,8 @@ class Plan(BaseModel):
     )
     offline_choices: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-    time_total_s: float | None = Field(
-        default=None, description="predicted wall time of every run, one after another"
-    )
-    time_total: str | None = Field(default=None, description="the same as text")
+    time_total_s: float | None = None  # every run, one after another
+    time_total: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -199,7 +199,7 @@ MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
     "list_recipes": ("list_recipes", frozenset({"family"})),
     "plan_experiment": (
         "plan_experiment",
-        frozenset({"request", "algorithm", "model", "campaign", "overrides", "calibrate"}),
+        frozenset({"request", "algorithm", "model", "campaign", "overrides"}),
     ),
     "shrink_config": ("shrink_config", frozenset({"recipe", "model", "overrides"})),
     "estimate_memory": (

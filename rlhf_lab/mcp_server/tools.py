@@ -86,14 +86,6 @@ def plan_experiment(
         str | None, Field(description="ledger slug (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
-    calibrate: Annotated[
-        bool,
-        Field(
-            description="measure the model's throughput when no calibration is cached (a few "
-            "seconds on tiny, up to a minute on a 135M model), for each run's predicted time; "
-            "false: cached only, else 'time: not calibrated'"
-        ),
-    ] = True,
 ) -> Annotated[Result, Plan]:
     plan = _call(
         "plan_experiment",
@@ -104,7 +96,6 @@ def plan_experiment(
         model,
         campaign,
         list(overrides),
-        calibrate,
     )
     return reply(plan)
 

@@ -62,19 +62,18 @@ _PREFERENCE_BUILTIN = ("builtin:reasoning-preferences", "builtin:preferences")
 class TimeEstimate(BaseModel):
     """A run's predicted wall time, or why there is none (``calibrated`` false)."""
 
+    # (no field descriptions: this model is in plan_experiment's MCP schema, kept small)
     calibrated: bool
     total_s: float | None = None
-    per_step_s: float | None = Field(default=None, description="one step, evaluations aside")
+    per_step_s: float | None = None  # one step, evaluations aside
     steps: int | None = None
     step_unit: str = "steps"
-    parts: dict[str, float] = Field(
-        default_factory=dict, description="seconds by part: start, steps, eval, reference, ..."
-    )
-    text: str = Field(description='"~14 min (32 steps × 26 s)" or "time: not calibrated (...)"')
+    parts: dict[str, float] = Field(default_factory=dict)  # seconds: start, steps, eval, ...
+    text: str  # "~14 min (32 steps × 26 s)" or "time: not calibrated (...)"
     device: str | None = None
     threads: int | None = None
-    calibration: str | None = Field(default=None, description="the calibration's cache key")
-    note: str | None = Field(default=None, description="a calibration that ran for this plan")
+    calibration: str | None = None  # the calibration's cache key
+    note: str | None = None  # a calibration that ran for this plan, and its cost
 
 
 # ---------------------------------------------------------------------------------------------
