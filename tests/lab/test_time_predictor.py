@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -260,6 +261,17 @@ def test_auto_measures_once_then_reads_the_cache(cache, monkeypatch):
     assert not off.ok and off.reason == "calibration switched off"
 
 
+def test_a_plan_says_when_a_calibration_ran_for_it_and_its_cost(cache, monkeypatch):
+    monkeypatch.setattr(tc, "_measure", lambda *a: dict(STUB, load_avg_1m=0.5))
+    ran = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
+    assert ran.calibrated and ran.note.startswith("time calibration of tiny on cpu (1 thread(s))")
+    assert " s, cached (machine load 0.5 while measuring)" in ran.note
+    again = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
+    assert again.note is None and again.total_s == ran.total_s
+    update = pt.plan_time_total([type("R", (), {"time": ran, "name": "sft"})()], ["n"])
+    assert update["notes"] == ["n", ran.note] and update["time_total"] == "~82 s (1 run)"
+
+
 def test_unresolvable_model_and_failed_measurement_are_not_calibrated(cache, monkeypatch):
     monkeypatch.setattr(tc, "_measure", lambda *a: pytest.fail("nothing to measure"))
     missing = tc.get_calibration("no/such-model-here", "cpu", 1, mode="auto")
@@ -352,3 +364,26 @@ def test_wall_cell_and_campaign_line_without_actuals():
     assert pt.campaign_time_line([{"predicted_s": None, "wall_s": 3.0}]) is None
     assert pt.predicted_total_s({"predicted_time": {"total_s": 0}}) is None
     assert math.isclose(pt.predicted_total_s({"predicted_time": {"total_s": 12}}), 12.0)
+
+
+def test_cli_plan_prints_each_runs_time_and_the_total(cache, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rlhf_lab.cli import app
+
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    tc.write_cached(tc.get_calibration("tiny", "cpu", 1, mode="cached").key, STUB)
+    result = CliRunner().invoke(app, ["plan", "sft sanity check", "--model", "tiny"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(re.fullmatch(r"time: ~\S+ \S+ \(\d+ steps × \S+ s\)", line) for line in lines)
+    assert any(line.startswith("time, all runs: ~") for line in lines)
+    as_json = CliRunner().invoke(app, ["plan", "sft sanity check", "--model", "tiny", "--json"])
+    data = json.loads(as_json.output)
+    assert data["runs"][0]["time"]["calibrated"] and data["time_total_s"] > 0
+    # without a cached calibration and told not to measure: said, never guessed
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    bare = CliRunner().invoke(
+        app, ["plan", "sft sanity check", "--model", "tiny", "--no-calibrate"]
+    )
+    assert "time: not calibrated (no calibration cached for this model here)" in bare.output
