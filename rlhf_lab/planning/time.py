@@ -138,9 +138,10 @@ def forward_seconds(cal: dict[str, Any], rows: int, batch: int, length: float) -
 
 
 def decode_step_seconds(cal: dict[str, Any], rows: int) -> float:
-    """One decode step at ``rows`` rows: linear between the measured row counts, extended by
+    """One decode step at ``rows`` rows: linear between the measured row counts (made
+    non-decreasing: more rows never cost less, whatever noise the measurement had), extended by
     the last two beyond them."""
-    table = sorted((int(r["rows"]), float(r["step_s"])) for r in cal["decode"]["rows"])
+    table = monotone_steps(cal["decode"]["rows"])
     if rows <= table[0][0]:
         return table[0][1]
     for (r1, s1), (r2, s2) in zip(table, table[1:], strict=False):
@@ -148,6 +149,14 @@ def decode_step_seconds(cal: dict[str, Any], rows: int) -> float:
             return s1 + (s2 - s1) * (rows - r1) / (r2 - r1)
     (r1, s1), (r2, s2) = table[-2], table[-1]
     return s2 + (s2 - s1) / (r2 - r1) * (rows - r2)
+
+
+def monotone_steps(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(rows, seconds per step) sorted by rows, each step at least the one before it."""
+    out: list[tuple[int, float]] = []
+    for count, seconds in sorted((int(r["rows"]), float(r["step_s"])) for r in rows):
+        out.append((count, max(seconds, out[-1][1] if out else 0.0)))
+    return out
 
 
 def generation_seconds(

@@ -14,12 +14,13 @@ import pytest
 
 from rlhf_lab.planning import throughput_cache as tc
 from rlhf_lab.planning import time as pt
+from trainers.core.throughput import FORMAT_VERSION
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "time_predictor" / "tiny_recorded.json"
 
 # Round numbers, so each expected figure below can be worked out by hand.
 STUB = {
-    "format_version": 1,
+    "format_version": FORMAT_VERSION,
     "model": "tiny",
     "device": "cpu",
     "threads": 1,
@@ -81,6 +82,11 @@ def test_pass_and_decode_formulas_on_the_stub():
     assert pt.decode_step_seconds(STUB, 1) == pytest.approx(0.01)
     assert pt.decode_step_seconds(STUB, 10) == pytest.approx(0.035)
     assert pt.decode_step_seconds(STUB, 64) == pytest.approx(0.17)
+    # a noisy measurement where 32 rows came out cheaper than 16: never below 16's
+    noisy = copy.deepcopy(STUB)
+    noisy["decode"]["rows"][3]["step_s"] = 0.03
+    assert pt.monotone_steps(noisy["decode"]["rows"])[-1] == (32, 0.05)
+    assert pt.decode_step_seconds(noisy, 24) == pytest.approx(0.05)
     # one prefill of 4 prompts × 60 tokens, then 63 steps at 32 rows
     assert pt.generation_seconds(STUB, 4, 8, 60, 64) == pytest.approx(4 * 60 / 2000 + 63 * 0.09)
     assert pt.generation_seconds(STUB, 0, 8, 60, 64) == 0.0

@@ -14,7 +14,8 @@ JSON object (:data:`FORMAT_VERSION`):
   passes);
 * ``decode``: the real sampling loop (:func:`trainers.core.decoding.sample_tokens`, greedy, no
   stop token so every row runs to the end) at several row counts: seconds per decode step and
-  tokens/s per row count, so a faster sampling loop shows up in the predictions; ``prefill``:
+  tokens/s per row count, from the difference between 16 and 4 new tokens (the prefill and the
+  loop's set-up cancel), so a faster sampling loop shows up in the predictions; ``prefill``:
   tokens/s of the prompt forward that starts it;
 * ``lengths``: token counts of the built-in data through this tokenizer's chat template
   (demonstrations, preference prompts and responses, policy-gradient prompts), mean and 90th
@@ -36,7 +37,7 @@ import sys
 import time
 from typing import Any
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: decode steps from two loop lengths
 _START = time.perf_counter()
 
 # Representative shapes: (rows, tokens per row). The small one fixes the per-pass overhead.
@@ -44,6 +45,7 @@ TRAIN_SHAPES = ((1, 32), (4, 128))
 DECODE_ROWS = (1, 4, 16, 32)
 DECODE_PROMPT_TOKENS = 32
 DECODE_NEW_TOKENS = 16
+DECODE_SHORT_TOKENS = 4  # the same loop, shorter: the difference is decode steps alone
 PREFILL_SHAPE = (4, 64)
 LENGTH_SAMPLES = 32
 
@@ -130,23 +132,14 @@ def _decode(torch, model, vocab, device, min_time, max_reps, pad_id) -> dict[str
         prompts = torch.randint(0, vocab, (rows, DECODE_PROMPT_TOKENS), generator=gen).tolist()
         ids, mask = _batch(torch, vocab, rows, DECODE_PROMPT_TOKENS, device)
 
-        def prefill(ids=ids, mask=mask):
-            with torch.no_grad():
-                model(input_ids=ids, attention_mask=mask, use_cache=True)
-
-        def loop(prompts=prompts):
+        def loop(new: int, prompts=prompts):
             sample_tokens(
-                model,
-                prompts,
-                max_new_tokens=DECODE_NEW_TOKENS,
-                stop_ids=[],
-                pad_id=pad_id,
-                sampling=GREEDY,
+                model, prompts, max_new_tokens=new, stop_ids=[], pad_id=pad_id, sampling=GREEDY
             )
 
-        pre = _timed(prefill, min_time / 4, max_reps)
-        total = _timed(loop, min_time / 2, max_reps)
-        step = max(total - pre, 1e-9) / max(DECODE_NEW_TOKENS - 1, 1)
+        short = _timed(lambda: loop(DECODE_SHORT_TOKENS), min_time / 4, max_reps)
+        long = _timed(lambda: loop(DECODE_NEW_TOKENS), min_time / 2, max_reps)
+        step = max(long - short, 1e-9) / (DECODE_NEW_TOKENS - DECODE_SHORT_TOKENS)
         rows_out.append({"rows": rows, "step_s": step, "tokens_per_s": rows / step})
     rows, length = PREFILL_SHAPE
     ids, mask = _batch(torch, vocab, rows, length, device)
