@@ -8,7 +8,9 @@ calibration (``cal``, the JSON of ``trainers.core.throughput``):
   and writing the final model;
 * SFT, direct alignment, reward models: optimizer steps
   (:func:`rlhf_lab.shrink.expected_optimizer_steps`) × (micro-batches × a forward + backward of
-  ``batch × length`` tokens + the AdamW step); ``length`` is the data's typical padded length
+  ``batch × length`` tokens through the model's body, the tokens a loss needs through the LM
+  head — SFT's answer, both preference responses, none for a reward model's scalar head — and
+  the AdamW step); ``length`` is the data's typical padded length
   (the 90th percentile of the built-in data through this tokenizer, capped by
   ``data.max_length``; ``max_length`` for other data); direct alignment adds the reference
   pass over every pair once; held-out loss passes at step 0, every ``eval_every`` steps and at
@@ -107,34 +109,56 @@ def pass_seconds(rate: dict[str, Any], tokens: float) -> float:
     return float(rate.get("fixed_s", 0.0)) + tokens / float(rate["tokens_per_s"])
 
 
+def head_seconds(cal: dict[str, Any], tokens: float, *, grad: bool) -> float:
+    """``tokens`` through the LM head (the positions a loss or a log-prob needs); 0 for a
+    calibration that counted the head inside its passes (format 1-2)."""
+    head = cal.get("head")
+    if not head or tokens <= 0:
+        return 0.0
+    return tokens / float(head["train_tokens_per_s" if grad else "forward_tokens_per_s"])
+
+
 def train_pass_seconds(
-    cal: dict[str, Any], tokens: float, *, lora: bool, checkpointing: bool
+    cal: dict[str, Any], tokens: float, *, lora: bool, checkpointing: bool, head: float = 0.0
 ) -> float:
-    """A forward + backward over ``tokens`` (LoRA or full); gradient checkpointing recomputes
-    the forward during the backward, one forward more."""
+    """A forward + backward over ``tokens`` (LoRA or full), ``head`` of them through the LM
+    head; gradient checkpointing recomputes the forward during the backward, one more."""
     seconds = pass_seconds(cal["lora" if lora else "train"], tokens)
     if checkpointing:
         seconds += pass_seconds(cal["forward"], tokens)
-    return seconds
+    return seconds + head_seconds(cal, head, grad=True)
 
 
 def supervised_step_seconds(
-    cal: dict[str, Any], rows: int, micro_batch: int, length: float, *, lora: bool, gc: bool
+    cal: dict[str, Any],
+    rows: int,
+    micro_batch: int,
+    length: float,
+    *,
+    lora: bool,
+    gc: bool,
+    head: float = 0.0,
 ) -> float:
-    """One optimizer step over ``rows`` rows of ``length`` tokens in micro-batches of
-    ``micro_batch``: the forward + backward passes, then the AdamW step."""
+    """One optimizer step over ``rows`` rows of ``length`` tokens (``head`` of them per row
+    through the LM head) in micro-batches of ``micro_batch``: the passes, then AdamW's step."""
     micro = max(1, math.ceil(rows / max(micro_batch, 1)))
-    per_micro = min(rows, micro_batch) * length
-    passes = micro * train_pass_seconds(cal, per_micro, lora=lora, checkpointing=gc)
-    return passes + float(cal["lora" if lora else "train"]["optimizer_s"])
+    size = min(rows, micro_batch)
+    one = train_pass_seconds(cal, size * length, lora=lora, checkpointing=gc, head=size * head)
+    return micro * one + float(cal["lora" if lora else "train"]["optimizer_s"])
 
 
-def forward_seconds(cal: dict[str, Any], rows: int, batch: int, length: float) -> float:
-    """No-grad passes over ``rows`` rows of ``length`` tokens, ``batch`` rows a pass."""
+def forward_seconds(
+    cal: dict[str, Any], rows: int, batch: int, length: float, head: float = 0.0
+) -> float:
+    """No-grad passes over ``rows`` rows of ``length`` tokens (``head`` per row through the
+    LM head), ``batch`` rows a pass."""
     if rows <= 0:
         return 0.0
     passes = math.ceil(rows / max(batch, 1))
-    return passes * pass_seconds(cal["forward"], min(rows, batch) * length)
+    size = min(rows, batch)
+    return passes * pass_seconds(cal["forward"], size * length) + head_seconds(
+        cal, rows * head, grad=False
+    )
 
 
 def decode_step_seconds(cal: dict[str, Any], rows: int) -> float:
@@ -234,21 +258,23 @@ def _sample_seconds(cal: dict[str, Any], config: dict[str, Any], steps: int) -> 
 
 
 def _supervised(
-    cal: dict[str, Any], config: dict[str, Any], steps: int, length: float, rows_per_example: int
+    cal: dict[str, Any], config: dict[str, Any], steps: int, shape: tuple[float, float, int]
 ) -> tuple[float, dict[str, float]]:
-    """(seconds per step, parts) shared by SFT, direct alignment and reward models."""
+    """(seconds per step, parts) shared by SFT, direct alignment and reward models; ``shape``:
+    (tokens per row, of them through the LM head, rows per example)."""
+    length, head, rows_per_example = shape
     batch = int(_g(config, "train.batch_size", 1))
     accum = int(_g(config, "train.gradient_accumulation_steps", 1))
     rows = batch * accum * rows_per_example
     per_step = supervised_step_seconds(
-        cal, rows, batch * rows_per_example, length, lora=_lora(config), gc=_gc(config)
+        cal, rows, batch * rows_per_example, length, lora=_lora(config), gc=_gc(config), head=head
     )
     eval_rows = int(_g(config, "data.eval_size", 0)) * rows_per_example
     eval_batch = int(_g(config, "eval.eval_batch_size", batch)) * rows_per_example
     evals = evals_in_run(steps, int(_g(config, "eval.eval_every", 0)))
     parts = {
         "steps": steps * per_step,
-        "eval": evals * forward_seconds(cal, eval_rows, eval_batch, length),
+        "eval": evals * forward_seconds(cal, eval_rows, eval_batch, length, head),
         "samples": _sample_seconds(cal, config, steps),
     }
     return per_step, parts
@@ -258,7 +284,9 @@ def _sft(cal: dict[str, Any], config: dict[str, Any], steps: int):
     cap = int(_g(config, "data.max_length", 0)) or None
     dataset = str(_g(config, "data.dataset", ""))
     length = typical_length(cal, "demonstration", cap) if dataset.startswith(_SFT_BUILTIN) else cap
-    per_step, parts = _supervised(cal, config, steps, float(length or 0), 1)
+    length = float(length or 0)
+    answer = max(length - typical_length(cal, "prompt", None), 0.0)  # the trained final turn
+    per_step, parts = _supervised(cal, config, steps, (length, answer or length, 1))
     return per_step, parts, 1
 
 
@@ -276,10 +304,12 @@ def _pair_length(cal: dict[str, Any], config: dict[str, Any], packed: bool) -> f
 
 def _direct_alignment(cal: dict[str, Any], config: dict[str, Any], steps: int):
     length = _pair_length(cal, config, packed=True)
-    per_step, parts = _supervised(cal, config, steps, length, 1)
+    responses = typical_length(cal, "chosen", None) + typical_length(cal, "rejected", None)
+    head = min(responses, length) or length  # log-probs of both responses
+    per_step, parts = _supervised(cal, config, steps, (length, head, 1))
     pairs = int(_g(config, "data.max_samples", 0))
     batch = int(_g(config, "eval.eval_batch_size", _g(config, "train.batch_size", 1)))
-    parts["reference"] = forward_seconds(cal, pairs, batch, length)
+    parts["reference"] = forward_seconds(cal, pairs, batch, length, head)
     models = 1 if _lora(config) else 2  # full fine-tuning loads the reference on its own
     return per_step, parts, models
 
@@ -287,7 +317,7 @@ def _direct_alignment(cal: dict[str, Any], config: dict[str, Any], steps: int):
 def _reward_models(cal: dict[str, Any], config: dict[str, Any], steps: int):
     length = _pair_length(cal, config, packed=False)
     rows = 2 if str(_g(config, "kind", "preference")) == "preference" else 1
-    per_step, parts = _supervised(cal, config, steps, length, rows)
+    per_step, parts = _supervised(cal, config, steps, (length, 0.0, rows))  # a scalar head
     return per_step, parts, 1
 
 
@@ -308,9 +338,9 @@ def _pg_rollout_seconds(cal: dict[str, Any], config: dict[str, Any], algorithm: 
     optimizer_steps = math.ceil(math.ceil(rows / batch) / accum)
     no_grad = int(bool(spec.needs_old_logprobs) and (updates > 1 or optimizer_steps > 1))
     no_grad += int(float(_g(config, "loss.beta", 0.0)) > 0 and spec.kl != "none")
-    seconds += no_grad * forward_seconds(cal, rows, batch, length)
+    seconds += no_grad * forward_seconds(cal, rows, batch, length, head=new)
     per_update = optimizer_steps * supervised_step_seconds(
-        cal, batch * accum, batch, length, lora=_lora(config), gc=_gc(config)
+        cal, batch * accum, batch, length, lora=_lora(config), gc=_gc(config), head=new
     )
     return seconds + updates * per_update
 

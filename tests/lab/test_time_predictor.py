@@ -419,3 +419,21 @@ def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypat
     written = json.loads((Path(info.run_dir) / "run.json").read_text())
     assert written["predicted_time"]["total_s"] == pytest.approx(82.0, abs=0.5)
     assert info.predicted_time == written["predicted_time"]
+
+
+def test_the_lm_head_counts_only_the_tokens_a_loss_needs():
+    cal = dict(STUB, head={"train_tokens_per_s": 2000.0, "forward_tokens_per_s": 8000.0})
+    assert pt.head_seconds(cal, 400, grad=True) == pytest.approx(0.2)
+    assert pt.head_seconds(cal, 400, grad=False) == pytest.approx(0.05)
+    assert pt.head_seconds(STUB, 400, grad=True) == 0.0  # a calibration without the head apart
+    sft = pt.predict_from_calibration(cal, "sft", "sft", SFT_CONFIG)
+    # 16 rows: the body over 100 tokens each, the head over the answer (100 − 60 prompt)
+    assert sft.per_step_s == pytest.approx(0.1 + 1.6 + 16 * 40 / 2000 + 0.05, abs=0.01)
+    rm_config = {
+        **SFT_CONFIG,
+        "kind": "preference",
+        "data": {**SFT_CONFIG["data"], "dataset": "builtin:reasoning-preferences"},
+    }
+    with_head = pt.predict_from_calibration(cal, "reward_models", "preference_rm", rm_config)
+    without = pt.predict_from_calibration(STUB, "reward_models", "preference_rm", rm_config)
+    assert with_head.per_step_s == without.per_step_s  # a scalar head: no LM head at all

@@ -7,11 +7,14 @@ JSON object (:data:`FORMAT_VERSION`):
 * ``startup``: seconds to import torch + transformers, to load the model and tokenizer (the
   first load also imports the model's code), to load a second copy (a reference), and to save
   the model (a final model at the end of a run);
-* ``train`` and ``lora``: a forward + backward pass at two shapes (a small and a representative
-  one: ``seconds = fixed_s + tokens / tokens_per_s``), and the AdamW step over the trainable
-  parameters (full fine-tuning; LoRA adapters on the default targets);
+* ``train`` and ``lora``: a forward + backward pass of the model's body (the decoder, no LM
+  head) at two shapes (a small and a representative one: ``seconds = fixed_s + tokens /
+  tokens_per_s``), and the AdamW step over the trainable parameters (full fine-tuning; LoRA
+  adapters on the default targets);
 * ``forward``: the same two shapes without gradients (reference, old-policy and evaluation
-  passes);
+  passes); ``head``: tokens/s through the LM head as the trainers use it (chunked log-probs of
+  the tokens a loss needs, with and without gradients) — the trainers never project every
+  position onto the vocabulary, so the head is counted only for those tokens;
 * ``decode``: the real sampling loop (:func:`trainers.core.decoding.sample_tokens`, greedy, no
   stop token so every row runs to the end) at several row counts: seconds per decode step and
   tokens/s per row count, from the difference between 16 and 4 new tokens (the prefill and the
@@ -37,7 +40,7 @@ import sys
 import time
 from typing import Any
 
-FORMAT_VERSION = 2  # 2: decode steps from two loop lengths
+FORMAT_VERSION = 3  # 2: decode steps from two loop lengths; 3: the body and the head apart
 _START = time.perf_counter()
 
 # Representative shapes: (rows, tokens per row). The small one fixes the per-pass overhead.
@@ -47,6 +50,7 @@ DECODE_PROMPT_TOKENS = 32
 DECODE_NEW_TOKENS = 16
 DECODE_SHORT_TOKENS = 4  # the same loop, shorter: the difference is decode steps alone
 PREFILL_SHAPE = (4, 64)
+HEAD_TOKENS = 256
 LENGTH_SAMPLES = 32
 
 
@@ -81,15 +85,22 @@ def _batch(torch, vocab: int, rows: int, length: int, device):
     return ids, torch.ones_like(ids)
 
 
+def _decoder(model):
+    """The transformer body without the LM head (what the trainers run; only the positions a
+    loss needs go through the head, :func:`_head`)."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model
+
+
 def _train_pass(torch, model, vocab, device, min_time, max_reps) -> dict[str, Any]:
-    """Forward + backward at each shape, then one optimizer step over what trains."""
+    """Forward + backward of the body at each shape, then one optimizer step over what trains."""
     points = []
+    decoder = _decoder(model)
     for rows, length in TRAIN_SHAPES:
         ids, mask = _batch(torch, vocab, rows, length, device)
 
         def step(ids=ids, mask=mask):
-            out = model(input_ids=ids, attention_mask=mask, labels=ids)
-            out.loss.backward()
+            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            hidden.float().square().mean().backward()
 
         points.append((rows * length, _timed(step, min_time, max_reps)))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -112,12 +123,13 @@ def _train_pass(torch, model, vocab, device, min_time, max_reps) -> dict[str, An
 
 def _forward_pass(torch, model, vocab, device, min_time, max_reps) -> dict[str, Any]:
     points = []
+    decoder = _decoder(model)
     for rows, length in TRAIN_SHAPES:
         ids, mask = _batch(torch, vocab, rows, length, device)
 
         def fwd(ids=ids, mask=mask):
             with torch.no_grad():
-                model(input_ids=ids, attention_mask=mask)
+                decoder(input_ids=ids, attention_mask=mask)
 
         points.append((rows * length, _timed(fwd, min_time, max_reps)))
     return {**linear_fit(points), "points": [{"tokens": t, "seconds": s} for t, s in points]}
@@ -154,6 +166,34 @@ def _decode(torch, model, vocab, device, min_time, max_reps, pad_id) -> dict[str
         "prefill_tokens_per_s": rows * length / pre,
         "new_tokens": DECODE_NEW_TOKENS,
         "prompt_tokens": DECODE_PROMPT_TOKENS,
+    }
+
+
+def _head(torch, model, vocab, device, min_time, max_reps) -> dict[str, float]:
+    """Tokens/s through the LM head as the trainers use it (chunked log-probs of the label
+    tokens, :func:`trainers.core.logprobs.hidden_to_logps`), with and without gradients."""
+    from trainers.core.logprobs import hidden_to_logps
+
+    lm_head = model.get_output_embeddings()
+    width = lm_head.weight.shape[1]
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(1, HEAD_TOKENS, width, generator=gen).to(device, lm_head.weight.dtype)
+    labels = torch.randint(0, vocab, (1, HEAD_TOKENS), generator=gen).to(device)
+    hidden.requires_grad_(True)
+
+    def train():
+        hidden_to_logps(hidden, lm_head, labels).sum().backward()
+
+    def forward():
+        with torch.no_grad():
+            hidden_to_logps(hidden, lm_head, labels)
+
+    train_s = _timed(train, min_time / 2, max_reps)
+    forward_s = _timed(forward, min_time / 2, max_reps)
+    model.zero_grad(set_to_none=True)
+    return {
+        "train_tokens_per_s": HEAD_TOKENS / train_s,
+        "forward_tokens_per_s": HEAD_TOKENS / forward_s,
     }
 
 
@@ -218,6 +258,7 @@ def calibrate(
     train = _train_pass(torch, model, vocab, device, min_time, max_reps)
     model.eval()
     forward = _forward_pass(torch, model, vocab, device, min_time, max_reps)
+    head = _head(torch, model, vocab, device, min_time, max_reps)
     decode = _decode(torch, model, vocab, device, min_time, max_reps, pad_id)
     save_s = _save_seconds(model)
     model.train()
@@ -241,6 +282,7 @@ def calibrate(
         "train": train,
         "lora": lora,
         "forward": forward,
+        "head": head,
         "decode": decode,
         "lengths": builtin_lengths(tokenizer),
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,

@@ -41,6 +41,7 @@ def test_calibration_json_on_tiny(capsys):
     assert [r["rows"] for r in rows] == list(throughput.DECODE_ROWS)
     assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert data["decode"]["prefill_tokens_per_s"] > 0
+    assert data["head"]["train_tokens_per_s"] > 0 and data["head"]["forward_tokens_per_s"] > 0
     lengths = data["lengths"]
     assert set(lengths) == {"demonstration", "prompt", "chosen", "rejected"}
     # a demonstration holds a prompt and its answer: longer than the prompt alone
