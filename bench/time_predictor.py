@@ -139,6 +139,36 @@ def measure(case: str, model: str, threads: int, workdir: Path) -> dict:
     }
 
 
+def predict_case(case: str, model: str, threads: int):
+    """The prediction of one case from the cached calibration (measured when missing)."""
+    from rlhf_lab.planning.time import predict_evaluation, predict_run
+
+    if case == "eval":
+        return predict_evaluation(
+            model, eval_config(model), policies=1, threads=threads, mode="auto"
+        )
+    family, algorithm, cfg = shrunk(case, model)
+    return predict_run(family, algorithm, cfg, threads=threads, mode="auto")
+
+
+def repredict(path: Path, threads: int) -> None:
+    """Predict the recorded runs of a results file again from today's calibration and code
+    (no run): how a change to the work model or the calibration moves the ratios."""
+    import json
+
+    rows = json.loads(path.read_text())["rows"]
+    table = []
+    for row in rows:
+        est = predict_case(row["case"], row["model"], threads)
+        ratio = est.total_s / row["actual_s"] if est.total_s and row["exit_code"] == 0 else None
+        table.append(
+            [row["model"], row["case"], row["predicted_s"], est.total_s, row["actual_s"], ratio]
+        )
+    print_table(
+        ["model", "case", "predicted then", "predicted now", "actual s", "ratio now"], table
+    )
+
+
 def calibrate(model: str, threads: int, again: bool) -> dict:
     from rlhf_lab.planning.throughput_cache import get_calibration, throughput_cache_dir
 
@@ -167,7 +197,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--recalibrate", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--repredict", type=Path, help="a results file: predict its runs again")
     args = parser.parse_args()
+    if args.repredict:
+        repredict(args.repredict, args.threads)
+        return
     cases = [c for c in args.cases.split(",") if c]
     models = [] if args.only_smollm2 else ["tiny"]
     if args.smollm2 or args.only_smollm2:
