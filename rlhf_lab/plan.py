@@ -59,6 +59,7 @@ from rlhf_lab.planning.calibration_apply import (
     shrink_calibrated,
     using,
 )
+from rlhf_lab.planning.time import TimeEstimate, plan_time_total, predict_planned_run
 from rlhf_lab.resources import Resources, check_resources
 from rlhf_lab.shrink import format_override, shrink_config
 
@@ -167,6 +168,7 @@ class PlannedRun(BaseModel):
         exclude=True,  # the same facts as `calibration`: printed by the CLI, never serialised
         description="the calibration as the CLI prints it",
     )
+    time: TimeEstimate | None = None  # predicted wall time here (rlhf_lab.planning.time)
 
 
 class Plan(BaseModel):
@@ -195,6 +197,8 @@ class Plan(BaseModel):
     )
     offline_choices: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    time_total_s: float | None = None  # every run, one after another
+    time_total: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,6 +555,7 @@ def _plan_run(
         after=arm.after,
         calibration=calibration,
         calibration_table=render_table(calibration) if calibration else [],
+        time=predict_planned_run(family, algorithm, config, choice),
     )
     return run, list(dict.fromkeys(warnings + shrink.notes))
 
@@ -828,13 +833,20 @@ def plan_experiment(
     ``algorithm`` (a name, alias, recipe or YAML path) and ``model`` win over what the text
     says; ``campaign`` is the ledger slug (default ``<algo>-sanity``, ``<a>-vs-<b>`` for a
     comparison); ``overrides`` are extra dotted overrides applied to every run after the shrink
-    rules and the matching. Runs that learn from their own samples are calibrated first
-    (:mod:`rlhf_lab.planning.calibration`: a probe of the base model picks the task and the
-    generation limit) unless ``calibrate`` is False; ``calibration`` replaces the default
+    rules and the matching. Before planning, the lab measures what it needs: runs that learn
+    from their own samples are calibrated (:mod:`rlhf_lab.planning.calibration`: a probe of the
+    base model picks the task and the generation limit), and the model's throughput on this
+    machine is measured once for the time estimates (:mod:`rlhf_lab.planning.time`).
+    ``calibrate=False`` measures nothing: no probe, and times only from a cached throughput
+    calibration (else "time: not calibrated"). ``calibration`` replaces the default difficulty
     policy (its probe and cache).
     """
+    from rlhf_lab.planning.throughput_cache import calibration_scope
+
     with using(calibration or default_policy(calibrate)):
-        return _plan_experiment(request, algorithm, model, campaign, overrides)
+        with calibration_scope(None if calibrate else "cached"):
+            plan = _plan_experiment(request, algorithm, model, campaign, overrides)
+    return plan.model_copy(update=plan_time_total(plan.runs, plan.notes))
 
 
 def _plan_experiment(

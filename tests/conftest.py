@@ -42,6 +42,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # (rlhf_lab/planning/calibration.py): off in the suite, whose plans and launches predate it;
 # the calibration tests pass their own probe (tests/lab/test_calibration.py)
 os.environ.setdefault("RLHF_LAB_CALIBRATE", "0")
+# Plans read throughput calibrations from the cache only: no test pays for a measurement it did
+# not ask for (tests/lab/test_time_predictor.py sets the mode it checks).
+os.environ.setdefault("RLHF_LAB_THROUGHPUT", "cached")
 
 # One math thread per process: the lab tests run trainer subprocesses beside pytest on 2 cores,
 # and oversubscribed OpenMP threads slow a tiny model's step by an order of magnitude.

@@ -369,9 +369,14 @@ def device_busy_error(
 
 
 def _launch(*args: Any, **kwargs: Any) -> LaunchResult:
-    """runs.launch (the hook the launch path calls; tests wrap it)."""
+    """runs.launch (the hook the launch path calls; tests wrap it), with the run's predicted
+    wall time from the cached throughput calibration (``family, algorithm, config`` first)."""
+    from rlhf_lab.planning.time import launch_prediction
     from rlhf_lab.runs import launch
 
+    if len(args) >= 3 and "predicted_time" not in kwargs:
+        device = str(kwargs.get("device") or "cpu")
+        kwargs["predicted_time"] = launch_prediction(args[0], args[1], args[2], device)
     return launch(*args, **kwargs)
 
 

@@ -31,7 +31,7 @@ NoCalibrateOpt = Annotated[
     bool,
     typer.Option(
         "--no-calibrate",
-        help="skip the difficulty probe of the base model (runs that learn from their samples)",
+        help="measure nothing before planning: no difficulty probe of the base model, times only from a cached throughput calibration",
     ),
 ]
 
@@ -77,10 +77,11 @@ def plan(
     no_calibrate: NoCalibrateOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Plan an experiment: recipe, shrunk config, memory vs free memory, commands, what to watch.
-    With --slurm, also the job script each run would be submitted with. Runs that learn from
-    their own samples are calibrated (a probe of the base model picks the task and generation
-    limit; cached) unless --no-calibrate."""
+    """Plan an experiment: recipe, shrunk config, memory vs free memory, predicted wall time,
+    commands, what to watch. With --slurm, also the job script each run would be submitted with.
+    Runs that learn from their own samples are calibrated (a probe of the base model picks the
+    task and generation limit), and the model's throughput is measured once for the time
+    estimates; both are cached. --no-calibrate measures nothing (cached results only)."""
     job = _slurm_opts(slurm, nodes, gpus_per_node, None, partition, time, account)
 
     def human(p: Any) -> None:
@@ -101,6 +102,10 @@ def plan(
                     f"memory on {fit.device}: need ~{est} GiB, free {fit.free_gb:.1f} GiB, "
                     f"fits: {fit.fits}"
                 )
+            if run.time is not None:
+                typer.echo(
+                    run.time.text if run.time.text.startswith("time:") else f"time: {run.time.text}"
+                )
             typer.echo(f"launch:  {run.launch_command}")
             typer.echo(f"trainer: {run.trainer_command}")
             if job is not None:
@@ -116,6 +121,12 @@ def plan(
             typer.echo("\nmatched across runs: " + ", ".join(p.matched))
         if p.comparison:
             typer.echo(f"comparison: {p.comparison}")
+        if p.time_total:
+            typer.echo(
+                p.time_total
+                if p.time_total.startswith("time:")
+                else f"time, all runs: {p.time_total}"
+            )
         typer.echo("")
         for step in p.steps:
             typer.echo(step)

@@ -59,6 +59,7 @@ from rlhf_lab.ledger.schema import (
     _LedgerData,
     _RunBrief,
 )
+from rlhf_lab.planning.time import campaign_time_line
 
 __all__ = ["BLOCKS", "PIECES_VERSION", "RUN_PIECES", "BlockInput", "render_markdown", "run_pieces"]
 
@@ -86,6 +87,8 @@ def _brief(r: RunRecord, _campaign: str) -> dict[str, Any]:
         "lineage": r.lineage is not None,
         "heldout_regression": "heldout_regression" in r.flags,
         "evaluation_job": is_evaluation(r.family),
+        "wall_s": r.wall_time_s,
+        "predicted_s": r.predicted_wall_s,
     }
 
 
@@ -236,6 +239,7 @@ BLOCKS: dict[str, tuple[str, Callable[[BlockInput], str]]] = {
             "runs.md.j2",
             groups=_groups(_training(d.pieces)),
             sections=[p["runs_section"] for p in _training(d.pieces)],
+            time_total=campaign_time_line([p["brief"] for p in d.pieces]),
         ),
     ),
     "plots": (

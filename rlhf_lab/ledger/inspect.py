@@ -40,6 +40,7 @@ from rlhf_lab.ledger.text import _clip, _first, _int_or_none, _now, _one_line, l
 from rlhf_lab.logs import run_flags, run_notes
 from rlhf_lab.overoptimisation import overoptimisation
 from rlhf_lab.paths import find_run, repo_root
+from rlhf_lab.planning.time import predicted_total_s
 from rlhf_lab.plots import as_float
 from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text
 from rlhf_lab.runfolder import read_metric_rows as read_metrics_file
@@ -352,6 +353,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         steps=_steps(summary, progress, rows),
         total_steps=total,
         wall_time_s=sum(walls) if walls else None,
+        predicted_wall_s=predicted_total_s(meta),
         attempts=attempts,
         headline=_headline(family, algorithm, metrics, rows, cfg),
         flags=list(flags),

@@ -28,6 +28,7 @@ from rlhf_lab.ledger.schema import (
     _RunBrief,
 )
 from rlhf_lab.ledger.text import _YAML_LOADER, _one_line
+from rlhf_lab.planning.time import wall_with_prediction
 from rlhf_lab.plots import as_float
 from trainers.core.runfolder import ACTIVE_STATES
 
@@ -357,7 +358,7 @@ def _run_view(r: RunRecord) -> dict[str, Any]:
         "algorithm": r.algorithm,
         "state_text": _state_text(r),
         "steps_text": steps,
-        "wall": _duration(r.wall_time_s),
+        "wall": wall_with_prediction(_duration(r.wall_time_s), r.wall_time_s, r.predicted_wall_s),
         "attempts": _attempts_text(r),
         "headline": _headline_text(r),
         "trainer_command": r.trainer_command,

@@ -139,6 +139,9 @@ class RunRecord(_Model):
     steps: int | None = None
     total_steps: int | None = None
     wall_time_s: float | None = Field(default=None, description="total over all attempts")
+    predicted_wall_s: float | None = Field(
+        default=None, description="the lab's prediction at launch (run.json predicted_time)"
+    )
     attempts: list[Attempt] = Field(default_factory=list)
     headline: HeadlineValue | None = None
     flags: list[str] = Field(default_factory=list, description="findings Next acts on")

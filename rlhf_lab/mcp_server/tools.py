@@ -70,8 +70,8 @@ def list_recipes(
     title="Plan an experiment",
     annotations=READ_ONLY,
     description="Plan a sanity run, a matched comparison or a pipeline from free text ('compare "
-    "ppo and grpo', 'rlhf pipeline'): per run the changes, calibration, memory vs free memory, "
-    "the exact command; criteria, order. Use it first; writes nothing.",
+    "ppo and grpo'): per run the changes, calibration, time, memory vs free memory, the "
+    "command; criteria, order. Use it first; writes nothing.",
 )
 def plan_experiment(
     request: Annotated[
@@ -83,7 +83,7 @@ def plan_experiment(
         str | None, Field(description="ledger slug (default <algo>-sanity)")
     ] = None,
     overrides: OverridesArg = [],  # noqa: B006 (pydantic copies defaults)
-    calibrate: Annotated[bool, Field(description="false: no difficulty probe")] = True,
+    calibrate: Annotated[bool, Field(description="false: measure nothing, use caches")] = True,
 ) -> Annotated[Result, Plan]:
     plan = _call(
         "plan_experiment",
@@ -427,9 +427,8 @@ def query_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="Compare runs of ONE family by its held-out headline: arms (same setting, any "
-    "seed) with mean and 95% interval, a verdict per pair, the family's table. Use after "
-    "record_results; record_in records it; campaign: its runs.",
+    description="Compare runs of ONE family (run_ids or a campaign's) by held-out headline: arms "
+    "with mean and 95% interval, a verdict per pair. Use after record_results.",
 )
 def compare_runs(
     run_ids: Annotated[list[str] | None, Field(description="run ids of one family")] = None,
@@ -454,9 +453,8 @@ def compare_runs(
     annotations=ToolAnnotations(
         read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
     ),
-    description="Write (or refresh) a run's row in its campaign ledger. Use it when a run ends "
-    "(any state), then report from ledger://<campaign> (the whole row); hand-written text is "
-    "kept.",
+    description="Use when a run ends: writes its ledger row; then report from "
+    "ledger://<campaign>. Hand-written text is kept.",
 )
 def record_results(
     run_id: RunIdArg,

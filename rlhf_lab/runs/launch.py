@@ -244,13 +244,15 @@ def prepare_run(
     stage: str | None = None,
     placement: Placement | None = None,
     slurm: dict | None = None,
+    predicted_time: dict | None = None,
 ) -> RunInfo:
     """Create ``experiments/<campaign>/runs/<run-id>/`` with ``config.yaml`` (the resolved config)
     and ``run.json``. Every input is checked first: nothing is created for an invalid one.
     ``after``: upstream run ids (checked by the caller, :func:`rlhf_lab.runs.deps.check_after`);
     ``references``: config key -> upstream run id of each ``run:<id>`` value; ``pipeline`` and
     ``stage`` name the pipeline stage the run is. ``placement``: its devices and ranks (None:
-    ``device``); ``slurm``: the Slurm job options of a cluster run (:mod:`rlhf_lab.slurm`)."""
+    ``device``); ``slurm``: the Slurm job options of a cluster run (:mod:`rlhf_lab.slurm`);
+    ``predicted_time``: the wall-time prediction to keep in run.json."""
     _check_family(family)
     name = campaign_name(campaign)
     config_text = _config_text(config_data)
@@ -300,6 +302,8 @@ def prepare_run(
         record["references"] = dict(references)
     if pipeline:
         record.update(pipeline=pipeline, stage=stage)
+    if predicted_time:  # the lab's wall-time prediction (rlhf_lab.planning.time)
+        record["predicted_time"] = dict(predicted_time)
     _atomic_write_json(run_dir / "run.json", record)
     return RunInfo(run_dir=str(run_dir), **record)
 
@@ -487,6 +491,7 @@ def launch(
     stage: str | None = None,
     placement: Placement | None = None,
     slurm: dict | None = None,
+    predicted_time: dict | None = None,
 ) -> LaunchResult:
     """Create a run and start it detached, or queue it behind the device's current job.
 
@@ -507,7 +512,7 @@ def launch(
     if placement is None:
         placement = resolve_placement(device, None, None, config_data)
     links = {"after": after, "references": references, "pipeline": pipeline, "stage": stage}
-    made = {"placement": placement, "slurm": slurm}
+    made = {"placement": placement, "slurm": slurm, "predicted_time": predicted_time}
     upstream = waiting_for({"after": list(after or [])})
     if queue or upstream:
         info = prepare_run(

@@ -127,6 +127,11 @@ class RunFile(_FileModel):
     )
     pipeline: str | None = Field(default=None, description="the pipeline that made this run")
     stage: str | None = Field(default=None, description="this run's stage in that pipeline")
+    predicted_time: dict[str, Any] | None = Field(
+        default=None,
+        description="the lab's wall-time prediction at launch (rlhf_lab.planning.time: total_s, "
+        "per_step_s, steps, text, calibration), for the ledger's predicted vs actual",
+    )
 
 
 class ProcessFile(_FileModel):

@@ -1,0 +1,610 @@
+"""How long a run takes on this machine, predicted from its resolved config and the measured
+throughput of its model (:mod:`rlhf_lab.planning.throughput_cache`). Torch-free.
+
+A run's time is a work model per family, each term a small pure function of the config and the
+calibration (``cal``, the JSON of ``trainers.core.throughput``):
+
+* start: importing torch, loading the model (and a second model: a reference, a reward model)
+  and writing the final model;
+* SFT, direct alignment, reward models: optimizer steps
+  (:func:`rlhf_lab.shrink.expected_optimizer_steps`) × (micro-batches × a forward + backward of
+  ``batch × length`` tokens through the model's body, the tokens a loss needs through the LM
+  head — SFT's answer, both preference responses, none for a reward model's scalar head — and
+  the AdamW step); ``length`` is the data's typical padded length
+  (the 90th percentile of the built-in data through this tokenizer, capped by
+  ``data.max_length``; ``max_length`` for other data); direct alignment adds the reference
+  pass over every pair once; held-out loss passes at step 0, every ``eval_every`` steps and at
+  the end; samples every ``sample_every`` steps;
+* policy gradients: per rollout step, the sampling loop (prefill + ``max_new_tokens`` decode
+  steps at ``prompts × rollouts`` rows: an upper bound, rows that stop early leave the batch),
+  the no-grad passes (π_old when the spec needs it, π_ref when β > 0) and the update passes;
+  greedy held-out generation at step 0 and every ``eval_every`` steps;
+* evaluation jobs: ``prompts × n × max_new_tokens`` sampled per policy, in batches.
+
+Gradient checkpointing adds one forward pass to every forward + backward. The prediction says
+"time: not calibrated" rather than guessing when the model has no calibration.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.catalog import get_dotted
+
+__all__ = [
+    "campaign_time_line",
+    "predicted_total_s",
+    "wall_with_prediction",
+    "TimeEstimate",
+    "decode_step_seconds",
+    "evals_in_run",
+    "format_duration",
+    "generation_seconds",
+    "launch_prediction",
+    "not_calibrated",
+    "pass_seconds",
+    "predict_evaluation",
+    "predict_run",
+    "plan_time_total",
+    "predict_from_calibration",
+    "predict_planned_run",
+    "startup_seconds",
+    "supervised_step_seconds",
+    "time_text",
+]
+
+# Built-in data sets whose typical lengths the calibration measures (trainers.core.throughput).
+_SFT_BUILTIN = "builtin:reasoning-sft"
+_PREFERENCE_BUILTIN = ("builtin:reasoning-preferences", "builtin:preferences")
+
+
+class TimeEstimate(BaseModel):
+    """A run's predicted wall time, or why there is none (``calibrated`` false)."""
+
+    # (no field descriptions: this model is in plan_experiment's MCP schema, kept small)
+    calibrated: bool
+    total_s: float | None = None
+    per_step_s: float | None = None  # one step, evaluations aside
+    steps: int | None = None
+    step_unit: str = "steps"
+    parts: dict[str, float] = Field(default_factory=dict)  # seconds: start, steps, eval, ...
+    text: str  # "~14 min (32 steps × 26 s)" or "time: not calibrated (...)"
+    device: str | None = None
+    threads: int | None = None
+    calibration: str | None = None  # the calibration's cache key
+    note: str | None = None  # a calibration that ran for this plan, and its cost
+
+
+# ---------------------------------------------------------------------------------------------
+# Formulas (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def format_duration(seconds: float) -> str:
+    """``4.2 s``, ``42 s``, ``2.5 min``, ``14 min``, ``2.5 h``: a duration as people read one."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def time_text(total_s: float, steps: int | None, per_step_s: float | None) -> str:
+    """``~14 min (32 steps × 26 s)``; without steps, ``~14 min``."""
+    if steps and per_step_s is not None:
+        return f"~{format_duration(total_s)} ({steps} steps × {format_duration(per_step_s)})"
+    return f"~{format_duration(total_s)}"
+
+
+def pass_seconds(rate: dict[str, Any], tokens: float) -> float:
+    """One pass over ``tokens`` tokens: ``fixed_s + tokens / tokens_per_s`` (a fit of the
+    calibration's two shapes)."""
+    return float(rate.get("fixed_s", 0.0)) + tokens / float(rate["tokens_per_s"])
+
+
+def head_seconds(cal: dict[str, Any], tokens: float, *, grad: bool) -> float:
+    """``tokens`` through the LM head (the positions a loss or a log-prob needs); 0 for a
+    calibration that counted the head inside its passes (format 1-2)."""
+    head = cal.get("head")
+    if not head or tokens <= 0:
+        return 0.0
+    return tokens / float(head["train_tokens_per_s" if grad else "forward_tokens_per_s"])
+
+
+def train_pass_seconds(
+    cal: dict[str, Any], tokens: float, *, lora: bool, checkpointing: bool, head: float = 0.0
+) -> float:
+    """A forward + backward over ``tokens`` (LoRA or full), ``head`` of them through the LM
+    head; gradient checkpointing recomputes the forward during the backward, one more."""
+    seconds = pass_seconds(cal["lora" if lora else "train"], tokens)
+    if checkpointing:
+        seconds += pass_seconds(cal["forward"], tokens)
+    return seconds + head_seconds(cal, head, grad=True)
+
+
+def supervised_step_seconds(
+    cal: dict[str, Any],
+    rows: int,
+    micro_batch: int,
+    length: float,
+    *,
+    lora: bool,
+    gc: bool,
+    head: float = 0.0,
+) -> float:
+    """One optimizer step over ``rows`` rows of ``length`` tokens (``head`` of them per row
+    through the LM head) in micro-batches of ``micro_batch``: the passes, then AdamW's step."""
+    micro = max(1, math.ceil(rows / max(micro_batch, 1)))
+    size = min(rows, micro_batch)
+    one = train_pass_seconds(cal, size * length, lora=lora, checkpointing=gc, head=size * head)
+    return micro * one + float(cal["lora" if lora else "train"]["optimizer_s"])
+
+
+def forward_seconds(
+    cal: dict[str, Any], rows: int, batch: int, length: float, head: float = 0.0
+) -> float:
+    """No-grad passes over ``rows`` rows of ``length`` tokens (``head`` per row through the
+    LM head), ``batch`` rows a pass."""
+    if rows <= 0:
+        return 0.0
+    passes = math.ceil(rows / max(batch, 1))
+    size = min(rows, batch)
+    return passes * pass_seconds(cal["forward"], size * length) + head_seconds(
+        cal, rows * head, grad=False
+    )
+
+
+def decode_step_seconds(cal: dict[str, Any], rows: int) -> float:
+    """One decode step at ``rows`` rows: linear between the measured row counts (made
+    non-decreasing: more rows never cost less, whatever noise the measurement had), extended by
+    the last two beyond them."""
+    table = monotone_steps(cal["decode"]["rows"])
+    if rows <= table[0][0]:
+        return table[0][1]
+    for (r1, s1), (r2, s2) in zip(table, table[1:], strict=False):
+        if rows <= r2:
+            return s1 + (s2 - s1) * (rows - r1) / (r2 - r1)
+    (r1, s1), (r2, s2) = table[-2], table[-1]
+    return s2 + (s2 - s1) / (r2 - r1) * (rows - r2)
+
+
+def monotone_steps(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(rows, seconds per step) sorted by rows, each step at least the one before it."""
+    out: list[tuple[int, float]] = []
+    for count, seconds in sorted((int(r["rows"]), float(r["step_s"])) for r in rows):
+        out.append((count, max(seconds, out[-1][1] if out else 0.0)))
+    return out
+
+
+def generation_seconds(
+    cal: dict[str, Any], prompts: int, repeats: int, prompt_tokens: float, new_tokens: int
+) -> float:
+    """The sampling loop: one prefill of ``prompts`` prompts, then ``new_tokens`` − 1 decode
+    steps at ``prompts × repeats`` rows (every row running to the limit: an upper bound)."""
+    if prompts <= 0 or new_tokens <= 0:
+        return 0.0
+    prefill = prompts * prompt_tokens / float(cal["decode"]["prefill_tokens_per_s"])
+    return prefill + (new_tokens - 1) * decode_step_seconds(cal, prompts * repeats)
+
+
+def batched_generation_seconds(
+    cal: dict[str, Any], prompts: int, batch: int, repeats: int, prompt_tokens: float, new: int
+) -> float:
+    """``prompts`` prompts sampled ``batch`` at a time (the last batch may be smaller)."""
+    if prompts <= 0:
+        return 0.0
+    batch = max(1, min(batch, prompts))
+    full, rest = divmod(prompts, batch)
+    seconds = full * generation_seconds(cal, batch, repeats, prompt_tokens, new)
+    return seconds + generation_seconds(cal, rest, repeats, prompt_tokens, new)
+
+
+def startup_seconds(cal: dict[str, Any], models: int = 1, saves: int = 0) -> float:
+    """Imports and the first model load, each further model's load, the final model's save."""
+    start = cal["startup"]
+    reload_s = float(start.get("reload_s", start["load_s"]))
+    seconds = float(start["import_s"]) + float(start["load_s"]) + (models - 1) * reload_s
+    return seconds + saves * float(start.get("save_s", 0.0))
+
+
+def evals_in_run(steps: int, every: int | None, *, at_start: bool = True) -> int:
+    """Evaluations in a run of ``steps`` steps: at step 0 (``at_start``), every ``every`` steps
+    and at the end (once when the last step is also a multiple)."""
+    if not every or every <= 0:
+        return 0
+    return int(at_start) + steps // every + (1 if steps % every else 0)
+
+
+def typical_length(cal: dict[str, Any], kind: str, cap: int | None) -> float:
+    """The 90th-percentile token count of one kind of built-in text, capped by ``cap``."""
+    value = float(((cal.get("lengths") or {}).get(kind) or {}).get("p90") or 0.0)
+    if not value:
+        return float(cap or 0)
+    return min(value, float(cap)) if cap else value
+
+
+# ---------------------------------------------------------------------------------------------
+# Work models per family
+# ---------------------------------------------------------------------------------------------
+
+
+def _g(config: dict[str, Any], key: str, default: Any = None) -> Any:
+    value = get_dotted(config, key, default)
+    return default if value is None else value
+
+
+def _lora(config: dict[str, Any]) -> bool:
+    return bool(_g(config, "model.lora.enabled", False))
+
+
+def _gc(config: dict[str, Any]) -> bool:
+    return bool(_g(config, "model.gradient_checkpointing", False))
+
+
+def _sample_seconds(cal: dict[str, Any], config: dict[str, Any], steps: int) -> float:
+    """The few samples an SFT / direct-alignment run writes every ``sample_every`` steps."""
+    n = int(_g(config, "eval.num_samples", 0))
+    new = int(_g(config, "eval.sample_max_new_tokens", 0))
+    events = evals_in_run(steps, int(_g(config, "eval.sample_every", 0)))
+    prompt = typical_length(cal, "prompt", None)
+    return events * generation_seconds(cal, n, 1, prompt, new)
+
+
+def _supervised(
+    cal: dict[str, Any], config: dict[str, Any], steps: int, shape: tuple[float, float, int]
+) -> tuple[float, dict[str, float]]:
+    """(seconds per step, parts) shared by SFT, direct alignment and reward models; ``shape``:
+    (tokens per row, of them through the LM head, rows per example)."""
+    length, head, rows_per_example = shape
+    batch = int(_g(config, "train.batch_size", 1))
+    accum = int(_g(config, "train.gradient_accumulation_steps", 1))
+    rows = batch * accum * rows_per_example
+    per_step = supervised_step_seconds(
+        cal, rows, batch * rows_per_example, length, lora=_lora(config), gc=_gc(config), head=head
+    )
+    eval_rows = int(_g(config, "data.eval_size", 0)) * rows_per_example
+    eval_batch = int(_g(config, "eval.eval_batch_size", batch)) * rows_per_example
+    evals = evals_in_run(steps, int(_g(config, "eval.eval_every", 0)))
+    parts = {
+        "steps": steps * per_step,
+        "eval": evals * forward_seconds(cal, eval_rows, eval_batch, length, head),
+        "samples": _sample_seconds(cal, config, steps),
+    }
+    return per_step, parts
+
+
+def _sft(cal: dict[str, Any], config: dict[str, Any], steps: int):
+    cap = int(_g(config, "data.max_length", 0)) or None
+    dataset = str(_g(config, "data.dataset", ""))
+    length = typical_length(cal, "demonstration", cap) if dataset.startswith(_SFT_BUILTIN) else cap
+    length = float(length or 0)
+    answer = max(length - typical_length(cal, "prompt", None), 0.0)  # the trained final turn
+    per_step, parts = _supervised(cal, config, steps, (length, answer or length, 1))
+    return per_step, parts, 1
+
+
+def _pair_length(cal: dict[str, Any], config: dict[str, Any], packed: bool) -> float:
+    """A preference row: prompt + chosen + rejected packed in one row, or prompt + one response."""
+    cap = int(_g(config, "data.max_length", 0)) or None
+    dataset = str(_g(config, "data.dataset", ""))
+    if not dataset.startswith(_PREFERENCE_BUILTIN):
+        return float(cap or 0)
+    prompt = typical_length(cal, "prompt", None)
+    responses = typical_length(cal, "chosen", None) + typical_length(cal, "rejected", None)
+    length = prompt + responses if packed else prompt + responses / 2
+    return min(length, float(cap)) if cap else length
+
+
+def _direct_alignment(cal: dict[str, Any], config: dict[str, Any], steps: int):
+    length = _pair_length(cal, config, packed=True)
+    responses = typical_length(cal, "chosen", None) + typical_length(cal, "rejected", None)
+    head = min(responses, length) or length  # log-probs of both responses
+    per_step, parts = _supervised(cal, config, steps, (length, head, 1))
+    pairs = int(_g(config, "data.max_samples", 0))
+    batch = int(_g(config, "eval.eval_batch_size", _g(config, "train.batch_size", 1)))
+    parts["reference"] = forward_seconds(cal, pairs, batch, length, head)
+    models = 1 if _lora(config) else 2  # full fine-tuning loads the reference on its own
+    return per_step, parts, models
+
+
+def _reward_models(cal: dict[str, Any], config: dict[str, Any], steps: int):
+    length = _pair_length(cal, config, packed=False)
+    rows = 2 if str(_g(config, "kind", "preference")) == "preference" else 1
+    per_step, parts = _supervised(cal, config, steps, (length, 0.0, rows))  # a scalar head
+    return per_step, parts, 1
+
+
+def _pg_rollout_seconds(cal: dict[str, Any], config: dict[str, Any], algorithm: str) -> float:
+    """One rollout step of a policy-gradient run: sampling, no-grad passes, updates."""
+    from rlhf_lab.catalog import algorithm_spec
+
+    prompts = int(_g(config, "rollout.prompts_per_step", 4))
+    rollouts = int(_g(config, "rollout.num_rollouts", 8))
+    new = int(_g(config, "rollout.max_new_tokens", 128))
+    batch = int(_g(config, "train.batch_size", 1))
+    accum = int(_g(config, "train.gradient_accumulation_steps", 1))
+    updates = int(_g(config, "loss.updates_per_rollout", 1))
+    prompt = typical_length(cal, "prompt", None)
+    rows, length = prompts * rollouts, prompt + new
+    seconds = generation_seconds(cal, prompts, rollouts, prompt, new)
+    spec = algorithm_spec(algorithm)
+    optimizer_steps = math.ceil(math.ceil(rows / batch) / accum)
+    no_grad = int(bool(spec.needs_old_logprobs) and (updates > 1 or optimizer_steps > 1))
+    no_grad += int(float(_g(config, "loss.beta", 0.0)) > 0 and spec.kl != "none")
+    seconds += no_grad * forward_seconds(cal, rows, batch, length, head=new)
+    per_update = optimizer_steps * supervised_step_seconds(
+        cal, batch * accum, batch, length, lora=_lora(config), gc=_gc(config), head=new
+    )
+    return seconds + updates * per_update
+
+
+def _policy_gradients(cal: dict[str, Any], config: dict[str, Any], algorithm: str, steps: int):
+    per_step = _pg_rollout_seconds(cal, config, algorithm)
+    held_out = int(_g(config, "data.eval_size", 0))
+    new = int(_g(config, "eval.max_new_tokens", 0) or _g(config, "rollout.max_new_tokens", 128))
+    batch = int(_g(config, "eval.eval_batch_size", held_out or 1))
+    prompt = typical_length(cal, "prompt", None)
+    one_eval = batched_generation_seconds(cal, held_out, batch, 1, prompt, new)
+    evals = evals_in_run(steps, int(_g(config, "eval.eval_every", 0)))
+    models = 1 + int(bool(_g(config, "reward.model")))
+    models += int(float(_g(config, "loss.beta", 0.0)) > 0 and not _lora(config))
+    return per_step, {"steps": steps * per_step, "eval": evals * one_eval}, models
+
+
+def _rollout_steps(config: dict[str, Any]) -> int:
+    max_steps = _g(config, "train.max_steps")
+    if max_steps:
+        return int(max_steps)
+    epochs = int(_g(config, "train.num_epochs", 1))
+    size = int(_g(config, "data.size", 0))
+    return max(1, epochs * (size // max(int(_g(config, "rollout.prompts_per_step", 1)), 1)))
+
+
+def predict_from_calibration(
+    cal: dict[str, Any], family: str, algorithm: str, config: dict[str, Any]
+) -> TimeEstimate:
+    """The prediction for a resolved ``config`` from a calibration (pure: no cache, no
+    subprocess). ``calibrated`` is false for a family without a work model."""
+    from rlhf_lab.shrink import expected_optimizer_steps
+
+    unit = "optimizer steps"
+    if family == "policy_gradients":
+        steps = _rollout_steps(config)
+        per_step, parts, models = _policy_gradients(cal, config, algorithm, steps)
+        unit = "rollout steps"
+    elif family in ("sft", "direct_alignment", "reward_models"):
+        steps = expected_optimizer_steps(family, config)[0] or 0
+        if not steps:
+            return not_calibrated("the number of steps depends on the data set size")
+        model = {"sft": _sft, "direct_alignment": _direct_alignment}.get(family, _reward_models)
+        per_step, parts, models = model(cal, config, steps)
+    else:
+        return not_calibrated(f"no time model for family {family} yet")
+    saves = int(bool(_g(config, "checkpoint.save_final_model", False)))
+    parts["start"] = startup_seconds(cal, models=models, saves=saves)
+    total = sum(parts.values())
+    return TimeEstimate(
+        calibrated=True,
+        total_s=round(total, 1),
+        per_step_s=round(per_step, 2),
+        steps=steps,
+        step_unit=unit,
+        parts={k: round(v, 1) for k, v in parts.items()},
+        text=time_text(total, steps, per_step),
+        device=str(cal.get("device")),
+        threads=cal.get("threads"),
+    )
+
+
+def not_calibrated(reason: str) -> TimeEstimate:
+    return TimeEstimate(calibrated=False, text=f"time: not calibrated ({reason})")
+
+
+def _with_calibration(
+    model: str | None, device: str, threads: int | None, mode: str | None
+) -> tuple[dict[str, Any] | None, TimeEstimate | None, Any]:
+    from rlhf_lab.planning.throughput_cache import get_calibration
+
+    result = get_calibration(model, device=device, threads=threads, mode=mode)
+    if not result.ok:
+        return None, not_calibrated(result.reason or "no calibration"), result
+    return result.data, None, result
+
+
+def _noted(estimate: TimeEstimate, result: Any) -> TimeEstimate:
+    estimate.calibration = result.key
+    if result.measured_now:
+        data = result.data or {}
+        load = data.get("load_avg_1m")
+        estimate.note = (
+            f"time calibration of {data.get('model')} on {data.get('device')} "
+            f"({data.get('threads') or '-'} thread(s)) ran now: {result.seconds} s, cached"
+            + (f" (machine load {load} while measuring)" if load is not None else "")
+        )
+    return estimate
+
+
+def predict_run(
+    family: str,
+    algorithm: str,
+    config: dict[str, Any],
+    *,
+    device: str = "cpu",
+    threads: int | None = None,
+    mode: str | None = None,
+) -> TimeEstimate:
+    """A run's predicted wall time on ``device`` (``mode``: see
+    :func:`rlhf_lab.planning.throughput_cache.calibration_mode`); never raises."""
+    from rlhf_lab.lineage import stand_in
+
+    model = get_dotted(config, "model.name")
+    try:
+        name = stand_in(model) if isinstance(model, str) else None
+    except Exception:  # noqa: BLE001 - a pending upstream run: its base model's speed
+        name = None
+    cal, missing, result = _with_calibration(name, device, threads, mode)
+    if cal is None:
+        return missing  # type: ignore[return-value]
+    try:
+        estimate = predict_from_calibration(cal, family, algorithm, config)
+    except (KeyError, TypeError, ValueError) as err:
+        return not_calibrated(f"the calibration lacks a figure: {err}")
+    return _noted(estimate, result)
+
+
+def evaluation_from_calibration(
+    cal: dict[str, Any], eval_config: dict[str, Any], policies: int
+) -> TimeEstimate:
+    """An evaluation job (pure): ``prompts × n × max_new_tokens`` per policy, in batches of
+    ``sampling.batch_size`` prompts, each policy loaded once."""
+    sampling = eval_config.get("sampling") or {}
+    prompts = int((eval_config.get("prompts") or {}).get("size", 64))
+    n = int(sampling.get("n", 1))
+    new = int(sampling.get("max_new_tokens", 128))
+    batch = int(sampling.get("batch_size", 16))
+    prompt = typical_length(cal, "prompt", None)
+    per_policy = batched_generation_seconds(cal, prompts, batch, n, prompt, new)
+    parts = {
+        "start": startup_seconds(cal, models=max(policies, 1)),
+        "generation": policies * per_policy,
+    }
+    total = sum(parts.values())
+    return TimeEstimate(
+        calibrated=True,
+        total_s=round(total, 1),
+        per_step_s=round(per_policy / max(prompts, 1), 3),
+        steps=prompts,
+        step_unit="prompts",
+        parts={k: round(v, 1) for k, v in parts.items()},
+        text=f"~{format_duration(total)} ({policies} model(s) × {prompts} prompts × {n} samples)",
+        device=str(cal.get("device")),
+        threads=cal.get("threads"),
+    )
+
+
+def predict_evaluation(
+    model: str | None,
+    eval_config: dict[str, Any],
+    *,
+    policies: int = 2,
+    device: str = "cpu",
+    threads: int | None = None,
+    mode: str | None = None,
+) -> TimeEstimate:
+    """An evaluation job's predicted wall time (sampling suites; ``policies``: the target and
+    its baseline)."""
+    from rlhf_lab.lineage import stand_in
+
+    try:
+        name = stand_in(model) if model else None
+    except Exception:  # noqa: BLE001
+        name = None
+    cal, missing, result = _with_calibration(name, device, threads, mode)
+    if cal is None:
+        return missing  # type: ignore[return-value]
+    return _noted(evaluation_from_calibration(cal, eval_config, policies), result)
+
+
+def predict_planned_run(
+    family: str, algorithm: str, config: dict[str, Any], device: str | None
+) -> TimeEstimate:
+    """A planned run's time on its recommended device (the CPU when none is recommended)."""
+    kind = "cpu" if not device or device.startswith("cpu") else device.split(":")[0]
+    return predict_run(family, algorithm, config, device=kind)
+
+
+def plan_time_total(runs: list[Any], notes: list[str]) -> dict[str, Any]:
+    """The plan's fields for its total: every run one after another (one training job per
+    device), and the note of a calibration that ran for it (its cost)."""
+    estimates = [r.time for r in runs if r.time is not None]
+    ran = [e.note for e in estimates if e.note]
+    update: dict[str, Any] = {"notes": [*notes, *dict.fromkeys(ran)]}
+    missing = [r.name for r in runs if r.time is None or not r.time.calibrated]
+    if not runs:
+        return update
+    if missing:
+        update["time_total"] = f"time: not calibrated for {', '.join(missing)}"
+        return update
+    total = sum(e.total_s or 0.0 for e in estimates)
+    update["time_total_s"] = round(total, 1)
+    count = f"{len(runs)} runs, one after another" if len(runs) > 1 else "1 run"
+    update["time_total"] = f"~{format_duration(total)} ({count})"
+    return update
+
+
+def launch_prediction(
+    family: str, algorithm: str, config: dict[str, Any], device: str
+) -> dict[str, Any] | None:
+    """What a launch writes into run.json (``predicted_time``): the prediction from the cached
+    calibration only (a launch never measures), None when there is none or anything fails."""
+    kind = "cpu" if device.startswith("cpu") else device.split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        return None  # a Slurm job runs elsewhere: this machine's throughput says nothing
+    try:
+        if family == "evaluation":
+            policies = 1 + int(bool(config.get("baseline")))
+            target = config.get("target")
+            estimate = predict_evaluation(
+                target if isinstance(target, str) else None,
+                config,
+                policies=policies,
+                device=kind,
+                mode="cached",
+            )
+        else:
+            estimate = predict_run(family, algorithm, config, device=kind, mode="cached")
+    except Exception:  # noqa: BLE001 - a prediction never stops a launch
+        return None
+    if not estimate.calibrated:
+        return None
+    keep = ("total_s", "per_step_s", "steps", "step_unit", "text", "threads", "calibration")
+    return estimate.model_dump(include=set(keep))
+
+
+# ---------------------------------------------------------------------------------------------
+# Predicted vs actual (the ledger)
+# ---------------------------------------------------------------------------------------------
+
+
+def predicted_total_s(run_meta: dict[str, Any]) -> float | None:
+    """The predicted wall time a launch wrote into run.json, if any."""
+    predicted = run_meta.get("predicted_time")
+    value = predicted.get("total_s") if isinstance(predicted, dict) else None
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def wall_with_prediction(
+    actual_text: str | None, actual_s: float | None, predicted_s: float | None
+) -> str | None:
+    """A run's wall-time cell: ``12.3 min (predicted ~14 min, 1.14×)``; the actual alone when
+    there was no prediction, ``predicted ~14 min`` before it has run."""
+    if predicted_s is None:
+        return actual_text
+    predicted = f"predicted ~{format_duration(predicted_s)}"
+    if actual_s is None or actual_s <= 0 or actual_text is None:
+        return predicted
+    return f"{actual_text} ({predicted}, {predicted_s / actual_s:.2f}×)"
+
+
+def campaign_time_line(briefs: list[dict[str, Any]]) -> str | None:
+    """The campaign's total, predicted vs actual, over the runs that have both (None when no
+    run has a prediction)."""
+    pairs = [
+        (b["predicted_s"], b["wall_s"]) for b in briefs if b.get("predicted_s") and b.get("wall_s")
+    ]
+    if not pairs:
+        return None
+    predicted = sum(p for p, _ in pairs)
+    actual = sum(a for _, a in pairs)
+    return (
+        f"Campaign wall time: {format_duration(actual)} actual against ~"
+        f"{format_duration(predicted)} predicted before launch ({predicted / actual:.2f}×, "
+        f"{len(pairs)} of {len(briefs)} runs predicted)."
+    )

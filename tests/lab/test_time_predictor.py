@@ -1,0 +1,439 @@
+"""The wall-time predictor (rlhf_lab/planning): its formulas against a stubbed calibration and
+against recorded timings of real runs, the calibration cache's keys and invalidation, the
+plan carrying the prediction, the text, and the ledger's predicted vs actual."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from rlhf_lab.planning import throughput_cache as tc
+from rlhf_lab.planning import time as pt
+from trainers.core.throughput import FORMAT_VERSION
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "time_predictor" / "tiny_recorded.json"
+
+# Round numbers, so each expected figure below can be worked out by hand.
+STUB = {
+    "format_version": FORMAT_VERSION,
+    "model": "tiny",
+    "device": "cpu",
+    "threads": 1,
+    "startup": {"import_s": 5.0, "load_s": 2.0, "reload_s": 1.0, "save_s": 0.5},
+    "train": {"fixed_s": 0.1, "tokens_per_s": 1000.0, "optimizer_s": 0.05},
+    "lora": {"fixed_s": 0.1, "tokens_per_s": 2000.0, "optimizer_s": 0.01},
+    "forward": {"fixed_s": 0.02, "tokens_per_s": 4000.0},
+    "decode": {
+        "rows": [
+            {"rows": 1, "step_s": 0.01},
+            {"rows": 4, "step_s": 0.02},
+            {"rows": 16, "step_s": 0.05},
+            {"rows": 32, "step_s": 0.09},
+        ],
+        "prefill_tokens_per_s": 2000.0,
+    },
+    "lengths": {
+        "demonstration": {"mean": 80.0, "p90": 100.0},
+        "prompt": {"mean": 50.0, "p90": 60.0},
+        "chosen": {"mean": 25.0, "p90": 30.0},
+        "rejected": {"mean": 15.0, "p90": 20.0},
+    },
+}
+
+SFT_CONFIG = {
+    "model": {"name": "tiny", "gradient_checkpointing": False, "lora": {"enabled": False}},
+    "data": {
+        "dataset": "builtin:reasoning-sft",
+        "max_samples": 640,
+        "eval_size": 64,
+        "max_length": 160,
+    },
+    "train": {
+        "num_epochs": 1,
+        "max_steps": None,
+        "batch_size": 16,
+        "gradient_accumulation_steps": 1,
+    },
+    "eval": {
+        "eval_every": 10,
+        "eval_batch_size": 8,
+        "sample_every": 20,
+        "num_samples": 2,
+        "sample_max_new_tokens": 64,
+    },
+    "checkpoint": {"save_final_model": True},
+}
+
+
+# ---------------------------------------------------------------------------------- formulas
+
+
+def test_pass_and_decode_formulas_on_the_stub():
+    assert pt.pass_seconds(STUB["train"], 500) == pytest.approx(0.6)
+    # gradient checkpointing adds one forward: 0.6 + (0.02 + 500/4000)
+    assert pt.train_pass_seconds(STUB, 500, lora=False, checkpointing=True) == pytest.approx(0.745)
+    assert pt.train_pass_seconds(STUB, 500, lora=True, checkpointing=False) == pytest.approx(0.35)
+    # decode: measured points, linear between them, the last slope beyond them
+    assert pt.decode_step_seconds(STUB, 1) == pytest.approx(0.01)
+    assert pt.decode_step_seconds(STUB, 10) == pytest.approx(0.035)
+    assert pt.decode_step_seconds(STUB, 64) == pytest.approx(0.17)
+    # a noisy measurement where 32 rows came out cheaper than 16: never below 16's
+    noisy = copy.deepcopy(STUB)
+    noisy["decode"]["rows"][3]["step_s"] = 0.03
+    assert pt.monotone_steps(noisy["decode"]["rows"])[-1] == (32, 0.05)
+    assert pt.decode_step_seconds(noisy, 24) == pytest.approx(0.05)
+    # one prefill of 4 prompts × 60 tokens, then 63 steps at 32 rows
+    assert pt.generation_seconds(STUB, 4, 8, 60, 64) == pytest.approx(4 * 60 / 2000 + 63 * 0.09)
+    assert pt.generation_seconds(STUB, 0, 8, 60, 64) == 0.0
+    # 20 prompts 8 at a time: two full batches and one of 4
+    want = 2 * pt.generation_seconds(STUB, 8, 2, 60, 16) + pt.generation_seconds(STUB, 4, 2, 60, 16)
+    assert pt.batched_generation_seconds(STUB, 20, 8, 2, 60, 16) == pytest.approx(want)
+
+
+def test_step_start_and_evaluation_counts():
+    # 2 micro-batches of 8 rows × 50 tokens, then the AdamW step
+    assert pt.supervised_step_seconds(STUB, 16, 8, 50, lora=False, gc=False) == pytest.approx(
+        2 * (0.1 + 400 / 1000) + 0.05
+    )
+    assert pt.startup_seconds(STUB, models=2, saves=1) == pytest.approx(5 + 2 + 1 + 0.5)
+    assert pt.evals_in_run(36, 10) == 5  # 0, 10, 20, 30 and the end
+    assert pt.evals_in_run(40, 10) == 5  # the end is step 40 already
+    assert pt.evals_in_run(40, 10, at_start=False) == 4
+    assert pt.evals_in_run(36, 0) == 0 and pt.evals_in_run(36, None) == 0
+    assert pt.typical_length(STUB, "demonstration", 64) == 64.0  # capped by max_length
+    assert pt.typical_length(STUB, "demonstration", None) == 100.0
+    assert pt.typical_length({"lengths": {}}, "demonstration", 160) == 160.0  # not measured
+
+
+def test_sft_work_model_by_hand():
+    est = pt.predict_from_calibration(STUB, "sft", "sft", SFT_CONFIG)
+    assert est.calibrated and est.steps == 36 and est.step_unit == "optimizer steps"
+    per_step = (0.1 + 16 * 100 / 1000) + 0.05  # one micro-batch of 16 × 100 tokens
+    evals = 5 * 8 * (0.02 + 8 * 100 / 4000)  # 5 evaluations of 64 rows, 8 a pass
+    samples = 3 * (2 * 60 / 2000 + 63 * pt.decode_step_seconds(STUB, 2))
+    start = 5 + 2 + 0.5  # imports, the model, the final model's save
+    assert est.per_step_s == pytest.approx(per_step, abs=0.01)
+    assert est.parts["eval"] == pytest.approx(evals, abs=0.1)
+    assert est.parts["samples"] == pytest.approx(samples, abs=0.1)
+    assert est.parts["start"] == pytest.approx(start, abs=0.1)
+    assert est.total_s == pytest.approx(36 * per_step + evals + samples + start, abs=0.2)
+    assert est.text == "~82 s (36 steps × 1.8 s)"
+    # LoRA is the other throughput; not a built-in data set: max_length is the length
+    lora = copy.deepcopy(SFT_CONFIG)
+    lora["model"]["lora"]["enabled"] = True
+    lora["data"]["dataset"] = "data/mine.jsonl"
+    est_lora = pt.predict_from_calibration(STUB, "sft", "sft", lora)
+    assert est_lora.per_step_s == pytest.approx(0.1 + 16 * 160 / 2000 + 0.01, abs=0.01)
+
+
+def test_policy_gradient_work_model_by_hand():
+    config = {
+        "model": {"name": "tiny", "lora": {"enabled": False}},
+        "data": {"size": 40, "eval_size": 16},
+        "rollout": {"prompts_per_step": 4, "num_rollouts": 8, "max_new_tokens": 64},
+        "train": {"max_steps": 10, "batch_size": 8, "gradient_accumulation_steps": 4},
+        "loss": {"beta": 0.0, "updates_per_rollout": 1},
+        "reward": {"model": None},
+        "eval": {"eval_every": 5, "eval_batch_size": 16, "max_new_tokens": None},
+        "checkpoint": {"save_final_model": False},
+    }
+    est = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", config)
+    gen = pt.generation_seconds(STUB, 4, 8, 60, 64)
+    # 32 rows / 8 per micro-batch / 4 accumulation = 1 optimizer step: no π_old pass (β = 0)
+    update = 4 * (0.1 + 8 * 124 / 1000) + 0.05
+    assert est.steps == 10 and est.step_unit == "rollout steps"
+    assert est.per_step_s == pytest.approx(gen + update, abs=0.01)
+    one_eval = pt.generation_seconds(STUB, 16, 1, 60, 64)
+    assert est.parts["eval"] == pytest.approx(3 * one_eval, abs=0.1)  # steps 0, 5, 10
+    # two optimizer steps per rollout: GRPO's π_old pass appears; β > 0 adds the reference
+    config["train"]["gradient_accumulation_steps"] = 2
+    config["loss"]["beta"] = 0.04
+    more = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", config)
+    passes = 2 * pt.forward_seconds(STUB, 32, 8, 124)
+    assert more.per_step_s == pytest.approx(gen + passes + update + 0.05, abs=0.01)
+    assert more.parts["start"] == pytest.approx(5 + 2 + 1)  # the reference model loads too
+
+
+def test_families_without_a_work_model_say_so():
+    est = pt.predict_from_calibration(STUB, "distillation", "distill", {"data": {"size": 8}})
+    assert not est.calibrated and est.text.startswith("time: not calibrated")
+    assert est.total_s is None
+
+
+@pytest.mark.parametrize("case", ["sft", "dpo", "preference_rm", "grpo", "eval"])
+def test_recorded_timings_of_real_runs_are_predicted_within_30_percent(case):
+    """A calibration measured on this project's CPU and the wall time of real trainer processes
+    run right after it (bench/time_predictor.py, tiny, contended): the work model must keep
+    predicting them within ±30 %."""
+    recorded = json.loads(FIXTURE.read_text())
+    run = next(r for r in recorded["runs"] if r["case"] == case)
+    cal = recorded["calibration"]
+    if case == "eval":
+        est = pt.evaluation_from_calibration(cal, run["config"], run["policies"])
+    else:
+        est = pt.predict_from_calibration(cal, run["family"], run["algorithm"], run["config"])
+    assert est.calibrated
+    assert 0.7 <= est.total_s / run["actual_s"] <= 1.3, (est.total_s, run["actual_s"], est.parts)
+
+
+# -------------------------------------------------------------------------------------- text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (5.24, "5.2 s"),
+        (42, "42 s"),
+        (90, "90 s"),
+        (150, "2.5 min"),
+        (840, "14 min"),
+        (5399, "90 min"),
+        (9000, "2.5 h"),
+    ],
+)
+def test_durations_read_as_people_read_them(seconds, text):
+    assert pt.format_duration(seconds) == text
+
+
+def test_time_text():
+    assert pt.time_text(840, 32, 26) == "~14 min (32 steps × 26 s)"
+    assert pt.time_text(840, None, None) == "~14 min"
+    assert pt.not_calibrated("no model").text == "time: not calibrated (no model)"
+
+
+# ------------------------------------------------------------------------------------- cache
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(tc.CALIBRATION_ENV, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return tmp_path / "cache" / "throughput"
+
+
+def test_cache_key_changes_with_each_part():
+    base = tc.cache_key("fp", "cpu", 2, "2.15", "host")
+    assert base == tc.cache_key("fp", "cpu", 2, "2.15", "host")
+    others = {
+        tc.cache_key("fp2", "cpu", 2, "2.15", "host"),
+        tc.cache_key("fp", "cuda", 2, "2.15", "host"),
+        tc.cache_key("fp", "cpu", 1, "2.15", "host"),
+        tc.cache_key("fp", "cpu", 2, "2.16", "host"),
+        tc.cache_key("fp", "cpu", 2, "2.15", "other"),
+    }
+    assert base not in others and len(others) == 5
+
+
+def test_cached_mode_reads_and_a_new_fingerprint_misses(cache, monkeypatch):
+    import trainers.core.models as models
+
+    first = tc.get_calibration("tiny", "cpu", 1, mode="cached")
+    assert not first.ok and first.key and "no calibration cached" in first.reason
+    tc.write_cached(first.key, STUB)
+    hit = tc.get_calibration("tiny", "cpu", 1, mode="cached")
+    assert hit.ok and hit.data["train"] == STUB["train"] and not hit.measured_now
+    assert tc.get_calibration("tiny", "cpu", 2, mode="cached").ok is False  # threads: a key
+    # re-pulled weights are a new fingerprint: the old figures no longer apply
+    monkeypatch.setattr(models, "model_fingerprint", lambda name: "f" * 16)
+    assert tc.get_calibration("tiny", "cpu", 1, mode="cached").ok is False
+    # a file of another format version is ignored
+    monkeypatch.undo()
+    stale = dict(STUB, format_version=0)
+    tc.write_cached(first.key, stale)
+    assert tc.read_cached(first.key) is None
+
+
+def test_auto_measures_once_then_reads_the_cache(cache, monkeypatch):
+    calls = []
+
+    def measure(model, device, threads):
+        calls.append((model, device, threads))
+        return dict(STUB)
+
+    monkeypatch.setattr(tc, "_measure", measure)
+    first = tc.get_calibration("tiny", "cpu", None, mode="auto")
+    assert first.ok and first.measured_now and first.seconds is not None
+    assert calls == [("tiny", "cpu", 1)]  # OMP_NUM_THREADS
+    second = tc.get_calibration("tiny", "cpu", None, mode="auto")
+    assert second.ok and not second.measured_now and len(calls) == 1
+    assert (cache / f"{first.key}.json").is_file()
+    off = tc.get_calibration("tiny", "cpu", None, mode="off")
+    assert not off.ok and off.reason == "calibration switched off"
+
+
+def test_a_plan_says_when_a_calibration_ran_for_it_and_its_cost(cache, monkeypatch):
+    monkeypatch.setattr(tc, "_measure", lambda *a: dict(STUB, load_avg_1m=0.5))
+    ran = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
+    assert ran.calibrated and ran.note.startswith("time calibration of tiny on cpu (1 thread(s))")
+    assert " s, cached (machine load 0.5 while measuring)" in ran.note
+    again = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
+    assert again.note is None and again.total_s == ran.total_s
+    update = pt.plan_time_total([type("R", (), {"time": ran, "name": "sft"})()], ["n"])
+    assert update["notes"] == ["n", ran.note] and update["time_total"] == "~82 s (1 run)"
+
+
+def test_unresolvable_model_and_failed_measurement_are_not_calibrated(cache, monkeypatch):
+    monkeypatch.setattr(tc, "_measure", lambda *a: pytest.fail("nothing to measure"))
+    missing = tc.get_calibration("no/such-model-here", "cpu", 1, mode="auto")
+    assert not missing.ok and "cannot be loaded here" in missing.reason
+    bad_path = tc.get_calibration("./no/such/folder", "cpu", 1, mode="auto")
+    assert not bad_path.ok and "not resolvable" in bad_path.reason
+
+    def fail(model, device, threads):
+        raise RuntimeError("the calibration failed: out of memory")
+
+    monkeypatch.setattr(tc, "_measure", fail)
+    est = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", threads=1, mode="auto")
+    assert (
+        not est.calibrated
+        and est.text == "time: not calibrated (the calibration failed: out of memory)"
+    )
+
+
+def test_modes_only_get_stricter(monkeypatch):
+    monkeypatch.delenv(tc.CALIBRATION_ENV, raising=False)
+    assert tc.calibration_mode() == "auto"
+    monkeypatch.setenv(tc.CALIBRATION_ENV, "cached")
+    assert tc.calibration_mode() == "cached"
+    with tc.calibration_scope("off"):
+        assert tc.calibration_mode() == "off"
+    assert tc.calibration_mode("auto") == "auto"  # the caller's explicit choice
+    assert tc.first_sentence("pkg.mod.Err: Model x is gone. Try y.") == "Model x is gone"
+
+
+# -------------------------------------------------------------------------- plan and launch
+
+
+def test_plan_carries_each_runs_time_and_the_total(cache, tmp_path, monkeypatch):
+    from rlhf_lab.plan import plan_experiment
+
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    plan = plan_experiment("compare dpo and ipo", model="tiny", calibrate=False)
+    assert all(not r.time.calibrated for r in plan.runs)
+    assert plan.time_total == "time: not calibrated for dpo, ipo" and plan.time_total_s is None
+
+    key = tc.get_calibration("tiny", "cpu", 1, mode="cached").key
+    tc.write_cached(key, STUB)
+    plan = plan_experiment("compare dpo and ipo", model="tiny", calibrate=False)
+    times = [r.time for r in plan.runs]
+    assert all(t.calibrated and t.calibration == key for t in times)
+    assert times[0].text.startswith("~") and f"{times[0].steps} steps × " in times[0].text
+    assert plan.time_total_s == pytest.approx(sum(t.total_s for t in times), abs=0.2)
+    assert plan.time_total.endswith("(2 runs, one after another)")
+    assert "time" in plan.model_dump(mode="json")["runs"][0]
+
+
+def test_launch_prediction_uses_the_cache_only(cache, monkeypatch):
+    monkeypatch.setattr(tc, "_measure", lambda *a: pytest.fail("a launch never measures"))
+    assert pt.launch_prediction("sft", "sft", SFT_CONFIG, "cpu") is None
+    tc.write_cached(tc.get_calibration("tiny", "cpu", 1, mode="cached").key, STUB)
+    written = pt.launch_prediction("sft", "sft", SFT_CONFIG, "cpu")
+    assert written["total_s"] == pytest.approx(82.0, abs=0.5) and written["steps"] == 36
+    assert written["text"] == "~82 s (36 steps × 1.8 s)"
+    assert pt.launch_prediction("sft", "sft", SFT_CONFIG, "slurm") is None
+
+
+# ------------------------------------------------------------------------------------ ledger
+
+
+def test_ledger_renders_predicted_vs_actual(tmp_path, monkeypatch):
+    from rlhf_lab import ledger
+    from tests.lab.test_ledger import make_run
+
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    camp = ledger.create_campaign("timing", "Is the prediction right?")
+    predicted = {"total_s": 4.2, "steps": 12, "text": "~4.2 s (12 steps × 0.2 s)"}
+    make_run(camp.id, "dpo-20260101-120000-aa01", run_json={"predicted_time": predicted})
+    make_run(camp.id, "dpo-20260101-120000-aa02")  # launched without a calibration
+    rec = ledger.record_run("dpo-20260101-120000-aa01")
+    assert rec.predicted_wall_s == 4.2 and rec.wall_time_s == 3.5
+    other = ledger.record_run("dpo-20260101-120000-aa02")
+    assert other.predicted_wall_s is None
+    text = (ledger.experiments_dir() / f"{camp.id}.md").read_text()
+    assert "| 4 s (predicted ~4.2 s, 1.20×) |" in text
+    assert "| 4 s |" in text  # the run without a prediction: its actual alone
+    assert (
+        "Campaign wall time: 3.5 s actual against ~4.2 s predicted before launch (1.20×, "
+        "1 of 2 runs predicted)." in text
+    )
+
+
+def test_wall_cell_and_campaign_line_without_actuals():
+    assert pt.wall_with_prediction(None, None, 90.0) == "predicted ~90 s"
+    assert pt.wall_with_prediction("3 s", 3.0, None) == "3 s"
+    assert pt.campaign_time_line([{"predicted_s": None, "wall_s": 3.0}]) is None
+    assert pt.predicted_total_s({"predicted_time": {"total_s": 0}}) is None
+    assert math.isclose(pt.predicted_total_s({"predicted_time": {"total_s": 12}}), 12.0)
+
+
+def test_cli_plan_prints_each_runs_time_and_the_total(cache, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rlhf_lab.cli import app
+
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    tc.write_cached(tc.get_calibration("tiny", "cpu", 1, mode="cached").key, STUB)
+    result = CliRunner().invoke(app, ["plan", "sft sanity check", "--model", "tiny"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(re.fullmatch(r"time: ~\S+ \S+ \(\d+ steps × \S+ s\)", line) for line in lines)
+    assert any(line.startswith("time, all runs: ~") for line in lines)
+    as_json = CliRunner().invoke(app, ["plan", "sft sanity check", "--model", "tiny", "--json"])
+    data = json.loads(as_json.output)
+    assert data["runs"][0]["time"]["calibrated"] and data["time_total_s"] > 0
+    # without a cached calibration and told not to measure: said, never guessed
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    bare = CliRunner().invoke(
+        app, ["plan", "sft sanity check", "--model", "tiny", "--no-calibrate"]
+    )
+    assert "time: not calibrated (no calibration cached for this model here)" in bare.output
+
+
+def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypatch):
+    import rlhf_lab.runs as runs
+    from rlhf_lab import api
+    from rlhf_lab.runs.launch import prepare_run
+
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    tc.write_cached(tc.get_calibration("tiny", "cpu", 1, mode="cached").key, STUB)
+    seen = {}
+    monkeypatch.setattr(runs, "launch", lambda *a, **kw: seen.update(kw) or "launched")
+    assert api._launch("sft", "sft", SFT_CONFIG, "timing", "x.yaml", [], device="cpu") == "launched"
+    assert seen["predicted_time"]["text"] == "~82 s (36 steps × 1.8 s)"
+    info = prepare_run(
+        "sft",
+        "sft",
+        SFT_CONFIG,
+        "timing",
+        "x.yaml",
+        [],
+        device="cpu",
+        predicted_time=seen["predicted_time"],
+    )
+    written = json.loads((Path(info.run_dir) / "run.json").read_text())
+    assert written["predicted_time"]["total_s"] == pytest.approx(82.0, abs=0.5)
+    assert info.predicted_time == written["predicted_time"]
+
+
+def test_the_lm_head_counts_only_the_tokens_a_loss_needs():
+    cal = dict(STUB, head={"train_tokens_per_s": 2000.0, "forward_tokens_per_s": 8000.0})
+    assert pt.head_seconds(cal, 400, grad=True) == pytest.approx(0.2)
+    assert pt.head_seconds(cal, 400, grad=False) == pytest.approx(0.05)
+    assert pt.head_seconds(STUB, 400, grad=True) == 0.0  # a calibration without the head apart
+    sft = pt.predict_from_calibration(cal, "sft", "sft", SFT_CONFIG)
+    # 16 rows: the body over 100 tokens each, the head over the answer (100 − 60 prompt)
+    assert sft.per_step_s == pytest.approx(0.1 + 1.6 + 16 * 40 / 2000 + 0.05, abs=0.01)
+    rm_config = {
+        **SFT_CONFIG,
+        "kind": "preference",
+        "data": {**SFT_CONFIG["data"], "dataset": "builtin:reasoning-preferences"},
+    }
+    with_head = pt.predict_from_calibration(cal, "reward_models", "preference_rm", rm_config)
+    without = pt.predict_from_calibration(STUB, "reward_models", "preference_rm", rm_config)
+    assert with_head.per_step_s == without.per_step_s  # a scalar head: no LM head at all
