@@ -672,10 +672,43 @@ def _user_model(overrides: list[str]) -> str | None:
     return model
 
 
+def _user_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys the user's overrides set."""
+    return {str(o).split("=", 1)[0].strip() for o in overrides}
+
+
+def _pretrained(rules: _Rules, family: str, algorithm: str, user: list[str], notes: list[str]):
+    """The rules for a pretrained model (:mod:`rlhf_lab.planning`): offline data, then LoRA,
+    CPU sizes and gradient checkpointing from its config.json."""
+    from rlhf_lab.memory import model_facts
+    from rlhf_lab.planning.offline_data import offline_data_rules
+    from rlhf_lab.planning.real_model import pretrained_rules
+
+    keys = _user_keys(user)
+    offline_data_rules(rules, family, algorithm, keys, notes)
+    name = rules.get("model.name")
+    try:
+        facts = model_facts(name) if isinstance(name, str) else None
+    except LabError:
+        facts = None
+    pretrained_rules(rules, family, algorithm, facts, keys, notes)
+
+
+def _keep_final_model(rules: _Rules, family: str) -> None:
+    """The plan proposes an evaluation of every run of a family with evaluation suites: its
+    final model is kept for it (an override of the user's still wins)."""
+    from rlhf_lab.evaluation_cost import suites_for_family
+
+    if suites_for_family(family):
+        rules.set("checkpoint.save_final_model", True)
+
+
 def shrink_config(
     recipe_or_file: str | Path | Recipe,
     overrides: list[str] | None = None,
     model: str | None = None,
+    *,
+    calibration: list[str] | None = None,
 ) -> ShrinkResult:
     """Shrink a recipe into a quick sanity run.
 
@@ -684,7 +717,9 @@ def shrink_config(
     applied last. Raises :class:`LabError` for an unknown recipe, a family whose config model
     does not exist yet, a shrunk config that does not validate, a model that cannot be resolved
     or a length above the model's context (:func:`rlhf_lab.validation.check_config`); an
-    implausible learning rate is a note.
+    implausible learning rate is a note. ``calibration``: overrides measured on the base model
+    (e.g. ``rollout.max_new_tokens`` from its response lengths), applied after the shrink rules
+    and before the user's.
     """
     recipe = find_recipe(recipe_or_file)
     user = list(overrides or [])
@@ -706,14 +741,18 @@ def shrink_config(
             f"no shrink rules for family {recipe.family}",
             next=NextStep("launch_run", {"recipe": recipe.id}, note="without shrinking"),
         )
-    if recipe.cpu_sized and (preset or not swap):
+    kept_whole = recipe.cpu_sized and (preset or not swap)
+    if kept_whole:
         notes.append(
             f"{recipe.id} is already sized for a CPU run on a preset: its length and data are "
             "kept (a shorter warm start leaves the answer format unlearnt)"
         )
     else:
         family_rules(rules, base.algorithm, preset, notes)
-    shrink = rules.overrides()
+    if not kept_whole and not _is_preset(rules.get("model.name")):
+        _pretrained(rules, recipe.family, base.algorithm, user, notes)
+    _keep_final_model(rules, recipe.family)
+    shrink = rules.overrides() + list(calibration or [])
 
     try:
         final = resolve_config(recipe, shrink + user)

@@ -482,6 +482,7 @@ def launch_experiment(
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.runs import resolve_device, resolve_placement
     from rlhf_lab.runs.deps import check_after, ensure_final_model
+    from rlhf_lab.runs.launch import check_not_identical
     from rlhf_lab.runs.world import check_world_size
     from rlhf_lab.validation import check_config
 
@@ -505,6 +506,7 @@ def launch_experiment(
         raise err.with_next(FIX_OVERRIDES) from None
     _check_gpu_present(dev, data)
     refs = find_refs(data)  # checked by check_config; each one is also an upstream run
+    check_not_identical(family, resolve_refs(data, refs), force=force)  # same config and seed
     upstream = check_after([*upstream, *refs.values()])
     forced = [
         run_id for run_id in dict.fromkeys(refs.values()) if ensure_final_model(run_id, write=False)
