@@ -41,7 +41,7 @@ SMOLLM2_CONFIG = {
     "tie_word_embeddings": True,
     "vocab_size": 49152,
 }
-PULLED = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / "smollm2-135m-instruct"
+PULLED_NAME = "smollm2-135m-instruct"
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -290,15 +290,28 @@ def test_an_identical_config_of_a_finished_run_is_not_refused(lab_root):
 # ------------------------------------------------------------------------------ the real model
 
 
+def pulled_smollm2() -> Path | None:
+    """The pulled SmolLM2 folder: in the lab's cache (``RLHF_LAB_CACHE``, a fresh folder in a
+    test session), else in the default cache a user's `rlhf-lab models pull` filled."""
+    from trainers.core.models import pulled_dir
+
+    default = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / PULLED_NAME
+    for folder in (pulled_dir(PULLED_NAME), default):
+        if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
+            return folder
+    return None
+
+
 @pytest.mark.slow
 def test_one_lora_sft_step_of_smollm2_through_the_lab(lab_root, monkeypatch):
-    if not (PULLED / "model.safetensors").is_file():
-        pytest.skip(f"SmolLM2-135M-Instruct is not pulled here ({PULLED}): rlhf-lab models pull")
+    pulled = pulled_smollm2()
+    if pulled is None:
+        pytest.skip(f"SmolLM2-135M-Instruct is not pulled here: rlhf-lab models pull {PULLED_NAME}")
     steps = ["train.max_steps=1", "data.max_samples=40", "data.eval_size=8", "eval.eval_every=0"]
     steps += ["eval.sample_every=0", "eval.num_samples=0"]
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     monkeypatch.setenv("OMP_NUM_THREADS", env["OMP_NUM_THREADS"])
-    result = api.launch_experiment("sft", steps, model="smollm2-135m-instruct", device="cpu")
+    result = api.launch_experiment("sft", steps, model=str(pulled), device="cpu")
     final = runs.wait_for_end(result.run.id, timeout_s=900)
     run_dir = Path(result.run.run_dir)
     assert final.state == "succeeded", (run_dir / "train.log").read_text()[-3000:]
