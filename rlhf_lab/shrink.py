@@ -32,7 +32,14 @@ of ``rlhf_lab/demo.py``; SFT: the warm-start recipe's values). Another run's out
 (``run:<id>`` or its ``final_model`` path) is shrunk like the model it was trained from (its
 lineage, :func:`rlhf_lab.lineage.base_model`): an SFT run of ``tiny`` counts as ``tiny``.
 
-User ``overrides`` are applied after the rules, so they always win.
+A pretrained model (neither a preset nor a run trained from one) then gets the rules of
+:mod:`rlhf_lab.planning`: hub data that is not cached becomes the built-in set (or is refused with
+the override to use), and on a CPU, sizes a 2-core machine finishes, LoRA for 50M+ parameters and
+gradient checkpointing only when the memory estimate needs it. ``checkpoint.save_final_model``
+stays on for every family whose runs the plan proposes to evaluate.
+
+User ``overrides`` are applied after the rules (and after a base-model ``calibration``), so they
+always win.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from rlhf_lab.catalog import Recipe, family_info, find_recipe, get_dotted
 from rlhf_lab.configs import ConfigChange, config_model, resolve_config
 from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.paths import LabError
+from rlhf_lab.planning.real_model import pretrained_model_rules
 from rlhf_lab.validation import check_config
 from trainers.core.config import parse_override
 from trainers.core.spec import spec_for
@@ -672,28 +680,6 @@ def _user_model(overrides: list[str]) -> str | None:
     return model
 
 
-def _user_keys(overrides: list[str]) -> set[str]:
-    """The dotted keys the user's overrides set."""
-    return {str(o).split("=", 1)[0].strip() for o in overrides}
-
-
-def _pretrained(rules: _Rules, family: str, algorithm: str, user: list[str], notes: list[str]):
-    """The rules for a pretrained model (:mod:`rlhf_lab.planning`): offline data, then LoRA,
-    CPU sizes and gradient checkpointing from its config.json."""
-    from rlhf_lab.memory import model_facts
-    from rlhf_lab.planning.offline_data import offline_data_rules
-    from rlhf_lab.planning.real_model import pretrained_rules
-
-    keys = _user_keys(user)
-    offline_data_rules(rules, family, algorithm, keys, notes)
-    name = rules.get("model.name")
-    try:
-        facts = model_facts(name) if isinstance(name, str) else None
-    except LabError:
-        facts = None
-    pretrained_rules(rules, family, algorithm, facts, keys, notes)
-
-
 def _keep_final_model(rules: _Rules, family: str) -> None:
     """The plan proposes an evaluation of every run of a family with evaluation suites: its
     final model is kept for it (an override of the user's still wins)."""
@@ -750,7 +736,7 @@ def shrink_config(
     else:
         family_rules(rules, base.algorithm, preset, notes)
     if not kept_whole and not _is_preset(rules.get("model.name")):
-        _pretrained(rules, recipe.family, base.algorithm, user, notes)
+        pretrained_model_rules(rules, recipe.family, base.algorithm, user, notes)
     _keep_final_model(rules, recipe.family)
     shrink = rules.overrides() + list(calibration or [])
 

@@ -482,7 +482,7 @@ def launch_experiment(
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.runs import resolve_device, resolve_placement
     from rlhf_lab.runs.deps import check_after, ensure_final_model
-    from rlhf_lab.runs.launch import check_not_identical
+    from rlhf_lab.runs.identical import check_not_identical
     from rlhf_lab.runs.world import check_world_size
     from rlhf_lab.validation import check_config
 

@@ -34,6 +34,7 @@ __all__ = [
     "LORA_MIN_PARAMS",
     "free_memory_gb",
     "lora_rank",
+    "pretrained_model_rules",
     "pretrained_rules",
     "runs_on_cpu",
 ]
@@ -279,3 +280,27 @@ def pretrained_rules(
             lora_rules(r, family, facts, user_keys, notes)
     if "model.gradient_checkpointing" not in user_keys and facts is not None:
         checkpointing_rule(r, family, algorithm, cpu, notes)
+
+
+def _user_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys the user's overrides set."""
+    return {str(o).split("=", 1)[0].strip() for o in overrides}
+
+
+def pretrained_model_rules(
+    r: Any, family: str, algorithm: str, user: list[str], notes: list[str]
+) -> None:
+    """What ``rlhf_lab.shrink`` applies to a pretrained model after the family's rules: offline
+    data (:mod:`rlhf_lab.planning.offline_data`), then :func:`pretrained_rules` with the model's
+    facts read from its config.json (None when this machine cannot tell)."""
+    from rlhf_lab.memory import model_facts
+    from rlhf_lab.planning.offline_data import offline_data_rules
+
+    keys = _user_keys(user)
+    offline_data_rules(r, family, algorithm, keys, notes)
+    name = r.get("model.name")
+    try:
+        facts = model_facts(name) if isinstance(name, str) else None
+    except LabError:
+        facts = None
+    pretrained_rules(r, family, algorithm, facts, keys, notes)

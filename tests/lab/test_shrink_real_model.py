@@ -18,7 +18,7 @@ import yaml
 from rlhf_lab import api, runs
 from rlhf_lab.errors import Conflict, InvalidArgument, NotFound
 from rlhf_lab.planning import offline_data, real_model
-from rlhf_lab.runs.launch import identical_runs
+from rlhf_lab.runs.identical import identical_runs
 from rlhf_lab.shrink import shrink_config
 from trainers.core.lora import DEFAULT_TARGETS
 
