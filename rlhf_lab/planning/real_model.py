@@ -247,7 +247,7 @@ def checkpointing_rule(r: Any, family: str, algorithm: str, cpu: bool, notes: li
     free = free_memory_gb(cpu)
     try:
         without = _estimate_gb(r, family, algorithm, False, cpu)
-    except LabError:
+    except (LabError, KeyError, ValueError):  # no estimate here: keep the recipe's setting
         return
     if free is None:
         return
