@@ -319,3 +319,10 @@ def test_one_lora_sft_step_of_smollm2_through_the_lab(lab_root, monkeypatch):
     assert config["model"]["lora"]["enabled"] is True
     assert config["data"]["dataset"] == "builtin:reasoning-sft"
     assert (run_dir / "final_adapter").is_dir() and (run_dir / "final_model").is_dir()
+
+
+def test_the_device_and_rank_rules_read_the_config_and_the_width(monkeypatch):
+    monkeypatch.undo()  # the real runs_on_cpu, not the pinned one
+    assert real_model.runs_on_cpu({"model": {"device": "cpu"}}) is True
+    assert real_model.runs_on_cpu({"model": {"device": "cuda:1"}}) is False
+    assert [real_model.lora_rank(w) for w in (256, 576, 2048, 4096)] == [8, 16, 16, 32]
