@@ -65,8 +65,9 @@ def main() -> None:
             "step_s": times,
             "load_average": os.getloadavg(),
         }
-        for key in ("timing/generate_s", "timing/train_s", "throughput/tokens_per_s"):
-            values = [r[key] for r in train if key in r]
+        keys = ("timing/generate_s", "timing/train_s", "throughput/tokens_per_s")
+        for key in (*keys, "response_length/mean", "frac_reward_zero_std"):
+            values = [r[key] for r in rows if key in r]  # rollout and train rows
             results[recipe][key] = values
             if values:
                 print(f"  {key}: {[round(v, 1) for v in values]}")
