@@ -9,6 +9,7 @@ the trainer's own :class:`ConfigError` message (the same text the trainer would 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,18 @@ def resolve_config(
         default_source=default_source,
         diff=diff_configs(default, data),
     )
+
+
+def format_override(key: str, value: Any) -> str:
+    """``key=value`` in the form ``--set`` parses back to the same value."""
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float):
+        text = repr(value)
+    elif isinstance(value, (list, dict)):
+        text = json.dumps(value)
+    else:
+        text = str(value)
+    return f"{key}={text}"

@@ -19,7 +19,13 @@ from pydantic import BaseModel, Field
 from rlhf_lab.errors import LabError
 from rlhf_lab.memory import blocks
 
-__all__ = ["EvalCost", "estimate_evaluation", "plan_evaluation_step", "suites_for_family"]
+__all__ = [
+    "EvalCost",
+    "estimate_evaluation",
+    "keeps_final_model",
+    "plan_evaluation_step",
+    "suites_for_family",
+]
 
 # What to evaluate a run of each family on (a reward model is a judge, not a policy).
 _FAMILY_SUITES: dict[str, tuple[str, ...]] = {
@@ -102,10 +108,29 @@ def estimate_evaluation(
     )
 
 
+def keeps_final_model(run: Any) -> bool:
+    """Whether a planned run saves the final model an evaluation needs (a change of the plan's
+    sets ``checkpoint.save_final_model`` false otherwise; the shrink keeps it on)."""
+    for change in getattr(run, "changes", []) or []:
+        if change.key == "checkpoint.save_final_model":
+            return change.used is not False
+    from rlhf_lab.catalog import get_dotted
+    from rlhf_lab.configs import resolve_config
+
+    try:  # unchanged: the recipe's own value
+        shipped = resolve_config(run.config_path).data
+    except LabError:
+        return True
+    return get_dotted(shipped, "checkpoint.save_final_model", True) is not False
+
+
 def plan_evaluation_step(runs: list[Any], number: int) -> str | None:
-    """The plan's step that evaluates every trained run once it ends, with each job's cost."""
+    """The plan's step that evaluates every trained run once it ends, with each job's cost; a
+    run that keeps no final model is left out (its evaluation would be refused)."""
     parts = []
     for run in runs:
+        if not keeps_final_model(run):
+            continue
         for suite in suites_for_family(run.family):
             device = "cpu" if (run.recommended_device or "").startswith("cpu") else "cuda"
             try:

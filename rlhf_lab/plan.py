@@ -496,7 +496,7 @@ def _plan_run(
     # pending runs); any other value naming a run id still unknown is carried as written
     pending = [o for o in arm.matched if "-run-id>" in o and "=run:<" not in o]
     ready = [o for o in arm.matched if o not in pending]
-    shrink, calibration = shrink_calibrated(recipe, ready + overrides, model)
+    shrink, calibration = shrink_calibrated(shrink_config, recipe, ready + overrides, model)
     family, algorithm = shrink.family, shrink.algorithm
     facts, warnings, _ = _model_warnings(shrink.model)
     if calibration is not None:

@@ -32,22 +32,36 @@ of ``rlhf_lab/demo.py``; SFT: the warm-start recipe's values). Another run's out
 (``run:<id>`` or its ``final_model`` path) is shrunk like the model it was trained from (its
 lineage, :func:`rlhf_lab.lineage.base_model`): an SFT run of ``tiny`` counts as ``tiny``.
 
-User ``overrides`` are applied after the rules, so they always win.
+A pretrained model (neither a preset nor a run trained from one) then gets the rules of
+:mod:`rlhf_lab.planning`: hub data that is not cached becomes the built-in set (or is refused with
+the override to use), and on a CPU, sizes a 2-core machine finishes, LoRA for 50M+ parameters and
+gradient checkpointing only when the memory estimate needs it. ``checkpoint.save_final_model``
+stays on for every family whose runs the plan proposes to evaluate.
+
+User ``overrides`` are applied after the rules (and after a base-model ``calibration``), so they
+always win.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from rlhf_lab.catalog import Recipe, family_info, find_recipe, get_dotted
-from rlhf_lab.configs import ConfigChange, config_model, resolve_config
+from rlhf_lab.configs import ConfigChange, config_model, format_override, resolve_config
 from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.paths import LabError
+from rlhf_lab.planning.real_model import pretrained_model_rules
+from rlhf_lab.planning.steps import (
+    StepsEstimate,
+    estimate_steps,
+    expected_optimizer_steps,
+)
+from rlhf_lab.planning.steps import (
+    find_key as _find_key,
+)
 from rlhf_lab.validation import check_config
 from trainers.core.config import parse_override
 from trainers.core.spec import spec_for
@@ -92,40 +106,11 @@ class ShrinkResult(BaseModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def format_override(key: str, value: Any) -> str:
-    """``key=value`` in the form ``--set`` parses back to the same value."""
-    if value is None:
-        text = "null"
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, float):
-        text = repr(value)
-    elif isinstance(value, (list, dict)):
-        text = json.dumps(value)
-    else:
-        text = str(value)
-    return f"{key}={text}"
-
-
 def _cap(current: Any, limit: int) -> int:
     """``min(current, limit)``; ``None`` (meaning "all") becomes ``limit``."""
     if current is None or not isinstance(current, (int, float)):
         return limit
     return int(min(current, limit))
-
-
-def _find_key(data: dict[str, Any], leaf: str, prefix: str = "") -> str | None:
-    """Dotted path of the first leaf named ``leaf`` (for families whose layout varies)."""
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if key == leaf and not isinstance(value, dict):
-            return dotted
-    for key, value in data.items():
-        if isinstance(value, dict):
-            found = _find_key(value, leaf, f"{prefix}{key}.")
-            if found:
-                return found
-    return None
 
 
 def _is_preset(model: str | None) -> bool:
@@ -530,132 +515,6 @@ _RULES = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Expected optimizer steps
-# ---------------------------------------------------------------------------------------------
-
-
-def _epochs_steps(n: int, per_step: int, epochs: int, max_steps: int | None) -> int:
-    total = math.ceil(max(n, 0) / per_step) * epochs
-    return min(total, max_steps) if max_steps else total
-
-
-class StepsEstimate(BaseModel):
-    optimizer_steps: int | None
-    progress_steps: int | None = Field(description="total_steps in progress.json")
-    progress_unit: str
-    detail: str
-
-
-def estimate_steps(family: str, config: dict[str, Any]) -> StepsEstimate:
-    """Optimizer steps a run of ``config`` should take, and the total progress.json will show
-    (rollout steps for policy gradients, optimizer steps elsewhere)."""
-    steps, detail = expected_optimizer_steps(family, config)
-    if family == "policy_gradients":
-        max_steps = get_dotted(config, "train.max_steps")
-        if max_steps:
-            rollout = int(max_steps)
-        else:
-            epochs = int(get_dotted(config, "train.num_epochs", 1) or 1)
-            size = int(get_dotted(config, "data.size", 0) or 0)
-            prompts = int(get_dotted(config, "rollout.prompts_per_step", 1) or 1)
-            rollout = max(1, epochs * (size // prompts))
-        return StepsEstimate(
-            optimizer_steps=steps,
-            progress_steps=rollout,
-            progress_unit="rollout steps",
-            detail=detail,
-        )
-    return StepsEstimate(
-        optimizer_steps=steps, progress_steps=steps, progress_unit="optimizer steps", detail=detail
-    )
-
-
-def expected_optimizer_steps(family: str, config: dict[str, Any]) -> tuple[int | None, str]:
-    """(optimizer steps a run of ``config`` should take, how it was computed). None when it
-    depends on a data set size the config does not fix."""
-    g = lambda key, default=None: get_dotted(config, key, default)  # noqa: E731
-    batch = int(g("train.batch_size", 1) or 1)
-    accum = int(g("train.gradient_accumulation_steps", 1) or 1)
-    epochs = int(g("train.num_epochs", 1) or 1)
-    max_steps = g("train.max_steps")
-    per_step = batch * accum
-
-    if family in ("direct_alignment", "sft", "reward_models"):
-        n = g("data.max_samples")
-        dataset = str(g("data.dataset") or "")
-        if n is None and dataset.startswith("builtin:"):
-            n = 1000 if family == "direct_alignment" else 2000 if family == "sft" else None
-        if n is None:
-            if max_steps:
-                return int(max_steps), f"train.max_steps = {max_steps} (data size not fixed)"
-            return None, "depends on the data set size (data.max_samples is null)"
-        eval_size = int(g("data.eval_size", 0) or 0)
-        train_n = int(n) - eval_size
-        unit = "examples"
-        if family == "reward_models" and g("kind") == "orm":
-            rollouts = int(g("data.rollouts_per_prompt", 1) or 1)
-            train_n *= rollouts
-            unit = f"completions ({int(n) - eval_size} prompts × {rollouts})"
-        steps = _epochs_steps(train_n, per_step, epochs, max_steps)
-        detail = (
-            f"ceil(({n} - {eval_size} held out) {unit} / ({batch} × {accum})) × {epochs} epoch(s)"
-        )
-        if max_steps:
-            detail += f", capped by train.max_steps = {max_steps}"
-        if family == "reward_models" and g("kind") == "prm":
-            detail += " (approximate: long solutions are split into several windows)"
-        elif family != "sft":
-            detail += " (slightly fewer if pairs are dropped after truncation)"
-        return steps, detail
-
-    if family == "policy_gradients":
-        prompts = int(g("rollout.prompts_per_step", 4))
-        rollouts = int(g("rollout.num_rollouts", 8))
-        updates = int(g("loss.updates_per_rollout", 1) or 1)
-        size = int(g("data.size", 0))
-        rollout_steps = int(max_steps) if max_steps else max(1, epochs * (size // max(prompts, 1)))
-        micro = (prompts * rollouts) // batch
-        per_update = math.ceil(micro / accum)
-        steps = rollout_steps * per_update * updates
-        detail = (
-            f"{rollout_steps} rollout steps × ceil({prompts}×{rollouts} sequences / {batch} per "
-            f"micro-batch / {accum} accumulation) = {per_update} optimizer step(s) per update × "
-            f"{updates} update(s) per rollout"
-        )
-        return steps, detail
-
-    if family == "distillation":
-        size = int(g("data.size", 0) or 0)
-        steps = _epochs_steps(size, per_step, epochs, max_steps)
-        detail = f"ceil({size} prompts / ({batch} × {accum})) × {epochs} epoch(s)"
-        if max_steps:
-            detail += f", capped by train.max_steps = {max_steps}"
-        return steps, detail
-
-    if family == "rejection_sampling":
-        m = get_dotted(config, _find_key(config, "max_train_samples") or "", None)
-        if m is None:
-            return None, "depends on the number of training prompts"
-        strategy = str(get_dotted(config, _find_key(config, "strategy") or "", "") or "")
-        n = int(m)
-        if strategy.endswith("k_overall"):
-            k = get_dotted(config, _find_key(config, "top_k") or "", None)
-            c = get_dotted(config, _find_key(config, "num_completions_per_prompt") or "", 1)
-            if k is not None:
-                n = min(int(k), n * int(c or 1))
-        bkey = _find_key(config, "batch_size") or _find_key(config, "train_batch_size")
-        akey = _find_key(config, "gradient_accumulation_steps") or _find_key(config, "batch_acc")
-        ekey = _find_key(config, "num_epochs")
-        b = int(get_dotted(config, bkey or "", 1) or 1)
-        a = int(get_dotted(config, akey or "", 1) or 1)
-        e = int(get_dotted(config, ekey or "", 1) or 1)
-        steps = math.ceil(n / (b * a)) * e
-        return steps, f"SFT on {n} selected completions: ceil({n} / ({b} × {a})) × {e} epoch(s)"
-
-    return None, f"no step rule for family {family}"
-
-
-# ---------------------------------------------------------------------------------------------
 # Shrinking
 # ---------------------------------------------------------------------------------------------
 
@@ -672,10 +531,21 @@ def _user_model(overrides: list[str]) -> str | None:
     return model
 
 
+def _keep_final_model(rules: _Rules, family: str) -> None:
+    """The plan proposes an evaluation of every run of a family with evaluation suites: its
+    final model is kept for it (an override of the user's still wins)."""
+    from rlhf_lab.evaluation_cost import suites_for_family
+
+    if suites_for_family(family):
+        rules.set("checkpoint.save_final_model", True)
+
+
 def shrink_config(
     recipe_or_file: str | Path | Recipe,
     overrides: list[str] | None = None,
     model: str | None = None,
+    *,
+    calibration: list[str] | None = None,
 ) -> ShrinkResult:
     """Shrink a recipe into a quick sanity run.
 
@@ -684,7 +554,9 @@ def shrink_config(
     applied last. Raises :class:`LabError` for an unknown recipe, a family whose config model
     does not exist yet, a shrunk config that does not validate, a model that cannot be resolved
     or a length above the model's context (:func:`rlhf_lab.validation.check_config`); an
-    implausible learning rate is a note.
+    implausible learning rate is a note. ``calibration``: overrides measured on the base model
+    (e.g. ``rollout.max_new_tokens`` from its response lengths), applied after the shrink rules
+    and before the user's.
     """
     recipe = find_recipe(recipe_or_file)
     user = list(overrides or [])
@@ -706,14 +578,18 @@ def shrink_config(
             f"no shrink rules for family {recipe.family}",
             next=NextStep("launch_run", {"recipe": recipe.id}, note="without shrinking"),
         )
-    if recipe.cpu_sized and (preset or not swap):
+    kept_whole = recipe.cpu_sized and (preset or not swap)
+    if kept_whole:
         notes.append(
             f"{recipe.id} is already sized for a CPU run on a preset: its length and data are "
             "kept (a shorter warm start leaves the answer format unlearnt)"
         )
     else:
         family_rules(rules, base.algorithm, preset, notes)
-    shrink = rules.overrides()
+    if not kept_whole and not _is_preset(rules.get("model.name")):
+        pretrained_model_rules(rules, recipe.family, base.algorithm, user, notes)
+    _keep_final_model(rules, recipe.family)
+    shrink = rules.overrides() + list(calibration or [])
 
     try:
         final = resolve_config(recipe, shrink + user)

@@ -17,6 +17,9 @@ lab writes anything (plan, shrink, estimate_memory and launch all run them). Tor
   the right kind (a reward model for ``reward.model``, ``reward.gold_model`` and ``scorer.name``)
   that has not ended without succeeding and will leave its final model; its folder need not
   exist yet. The model's context and learning-rate band are those of the model it came from.
+- **Data files** (``data.dataset``, ``data.test_dataset``): a local file or folder must exist
+  (:func:`rlhf_lab.planning.offline_data.check_data_files`), at plan time and at launch,
+  ``--queue`` included, so a queued run never fails on it when its turn comes.
 - **Learning rates** (every ``learning_rate`` leaf): above 1 the trainer's config model refuses
   (``trainers/core/config.py``); outside the plausible band below a warning is returned.
 
@@ -40,6 +43,7 @@ from typing import Any
 
 from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound, Unavailable
+from rlhf_lab.planning.offline_data import check_data_files
 
 __all__ = [
     "LR_CEILING_PRESET",
@@ -276,7 +280,7 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
 
     Raises a :class:`~rlhf_lab.errors.LabError` for a model that cannot be resolved (or, when
     ``launching``, a hub model that cannot be loaded here), a scorer folder that is not a reward
-    model, or a length above the model's context; returns the warnings (implausible learning
+    model, a local data file that does not exist, or a length above the model's context; returns the warnings (implausible learning
     rates, a hub model not loadable here while planning, a context that cannot be known)."""
     from rlhf_lab.lineage import base_model, check_ref, find_refs, is_ref, stand_in
     from trainers.core.tiny import PRESETS
@@ -295,6 +299,7 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
             )
     _check_scorer(family, data)
     _check_teacher(data)
+    check_data_files(family, data)
     policy = get_dotted(data, "model.name")
     if isinstance(policy, str):
         out.context = model_context(stand_in(policy))

@@ -389,12 +389,13 @@ def _resolve_recipe(
     from rlhf_lab.api.recipes import FIX_OVERRIDES, find_known_recipe
     from rlhf_lab.configs import resolve_config
     from rlhf_lab.planning.calibration_apply import default_policy, shrink_calibrated
+    from rlhf_lab.shrink import shrink_config as shrink_rules
 
     find_known_recipe(recipe)
     try:
         if shrink or model:
             policy = None if calibrate else default_policy(False)  # None: the current one
-            shrunk, cal = shrink_calibrated(recipe, overrides, model, policy)
+            shrunk, cal = shrink_calibrated(shrink_rules, recipe, overrides, model, policy)
             return (
                 shrunk.family,
                 shrunk.algorithm,
@@ -506,6 +507,7 @@ def launch_experiment(
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.runs import resolve_device, resolve_placement
     from rlhf_lab.runs.deps import check_after, ensure_final_model
+    from rlhf_lab.runs.identical import check_not_identical
     from rlhf_lab.runs.world import check_world_size
     from rlhf_lab.validation import check_config
 
@@ -529,6 +531,7 @@ def launch_experiment(
         raise err.with_next(FIX_OVERRIDES) from None
     _check_gpu_present(dev, data)
     refs = find_refs(data)  # checked by check_config; each one is also an upstream run
+    check_not_identical(family, resolve_refs(data, refs), force=force)  # same config and seed
     upstream = check_after([*upstream, *refs.values()])
     forced = [
         run_id for run_id in dict.fromkeys(refs.values()) if ensure_final_model(run_id, write=False)

@@ -518,7 +518,7 @@ def _fingerprint(model: str) -> str | None:
 def _overrides(
     target: Target, config: dict[str, Any], cal: Calibration, user_keys: set[str]
 ) -> list[str]:
-    from rlhf_lab.shrink import format_override
+    from rlhf_lab.configs import format_override
 
     values: dict[str, Any] = {}
     if cal.choice and cal.choice.chosen and not cal.choice.requested and cal.chosen_specs:

@@ -6,7 +6,7 @@ calibration's overrides between the shrink rules and the user's, the run folder'
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -110,13 +110,16 @@ def current_policy() -> CalibrationPolicy:
 
 
 def shrink_calibrated(
-    recipe: Any, overrides: list[str], model: str | None, policy: CalibrationPolicy | None = None
+    shrink_config: Callable[..., Any],
+    recipe: Any,
+    overrides: list[str],
+    model: str | None,
+    policy: CalibrationPolicy | None = None,
 ) -> tuple[Any, Calibration | None]:
-    """:func:`rlhf_lab.shrink.shrink_config`, then the calibration of the shrunk run, whose
-    overrides go after the shrink rules and before ``overrides`` (which win); the run shrunk
-    again with them. Returns (the shrink result, the calibration or None)."""
-    from rlhf_lab.shrink import shrink_config
-
+    """``shrink_config`` (:func:`rlhf_lab.shrink.shrink_config`, passed in: the shrink reads
+    planning's rules, so planning does not import it back), then the calibration of the shrunk
+    run, whose overrides go after the shrink rules and before ``overrides`` (which win); the run
+    shrunk again with them. Returns (the shrink result, the calibration or None)."""
     policy = policy or current_policy()
     shrunk = shrink_config(recipe, overrides, model=model)
     if not policy.enabled:
@@ -133,7 +136,7 @@ def shrink_calibrated(
         cache_dir=policy.cache_dir,
     )
     if cal is not None and cal.overrides:
-        shrunk = shrink_config(recipe, [*cal.overrides, *overrides], model=model)
+        shrunk = shrink_config(recipe, overrides, model=model, calibration=cal.overrides)
     return shrunk, cal
 
 

@@ -7,7 +7,7 @@ calibration (``cal``, the JSON of ``trainers.core.throughput``):
 * start: importing torch, loading the model (and a second model: a reference, a reward model)
   and writing the final model;
 * SFT, direct alignment, reward models: optimizer steps
-  (:func:`rlhf_lab.shrink.expected_optimizer_steps`) × (micro-batches × a forward + backward of
+  (:func:`rlhf_lab.planning.steps.expected_optimizer_steps`) × (micro-batches × a forward + backward of
   ``batch × length`` tokens through the model's body, the tokens a loss needs through the LM
   head — SFT's answer, both preference responses, none for a reward model's scalar head — and
   the AdamW step); ``length`` is the data's typical padded length
@@ -372,7 +372,7 @@ def predict_from_calibration(
 ) -> TimeEstimate:
     """The prediction for a resolved ``config`` from a calibration (pure: no cache, no
     subprocess). ``calibrated`` is false for a family without a work model."""
-    from rlhf_lab.shrink import expected_optimizer_steps
+    from rlhf_lab.planning.steps import expected_optimizer_steps
 
     unit = "optimizer steps"
     if family == "policy_gradients":

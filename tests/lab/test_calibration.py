@@ -27,6 +27,7 @@ from rlhf_lab.planning.calibration_apply import (
     write_calibration,
 )
 from rlhf_lab.planning.candidates import CANDIDATE_SETS, as_candidate, candidates_for
+from rlhf_lab.shrink import shrink_config
 
 
 def row(cid: str, pass_rate: float, contrast: float, **kw) -> ProbeRow:
@@ -202,7 +203,7 @@ RATES = {"letter_counting/1-3-words": (0.3, 0.5, 40), "chain_sum/2x1-digit": (0.
 def test_shrink_calibrated_applies_the_choice_before_user_overrides(tmp_path):
     probe = StubProbe(RATES)
     policy = CalibrationPolicy(probe=probe, cache_dir=tmp_path)
-    shrunk, cal = shrink_calibrated("grpo", [], "tiny", policy)
+    shrunk, cal = shrink_calibrated(shrink_config, "grpo", [], "tiny", policy)
     assert cal is not None and cal.choice.chosen == "letter_counting/1-3-words"
     specs = shrunk.config["data"]["specs"]
     assert [s["name"] for s in specs] == ["letter_counting"]
@@ -210,10 +211,12 @@ def test_shrink_calibrated_applies_the_choice_before_user_overrides(tmp_path):
     assert cal.settings.samples == 4 and cal.settings.temperature == 0.6
     assert cal.settings.prompts == PRESET_PROBE_PROMPTS  # random-init preset: a quick probe
     # an override outside the probe's settings: answered by the cache
-    shrink_calibrated("grpo", ["train.learning_rate=0.0005"], "tiny", policy)
+    shrink_calibrated(shrink_config, "grpo", ["train.learning_rate=0.0005"], "tiny", policy)
     assert len(probe.calls) == 1
     # the user's generation limit wins (and the probe samples within it: a new probe)
-    shrunk, cal = shrink_calibrated("grpo", ["rollout.max_new_tokens=48"], "tiny", policy)
+    shrunk, cal = shrink_calibrated(
+        shrink_config, "grpo", ["rollout.max_new_tokens=48"], "tiny", policy
+    )
     assert shrunk.config["rollout"]["max_new_tokens"] == 48
     assert not any(o.startswith("rollout.max_new_tokens") for o in cal.overrides)
     assert cal.settings.max_new_tokens == 48 and len(probe.calls) == 2
@@ -225,7 +228,7 @@ def test_a_requested_task_is_kept_and_probed_first(tmp_path):
     asked = (
         'data.specs=[{"name": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 10}}]'
     )
-    shrunk, cal = shrink_calibrated("grpo", [asked], "tiny", policy)
+    shrunk, cal = shrink_calibrated(shrink_config, "grpo", [asked], "tiny", policy)
     assert probe.calls[0][0] == "spell_backward/3-10-letters"
     assert shrunk.config["data"]["specs"][0]["name"] == "spell_backward"
     assert cal.choice.requested == "spell_backward/3-10-letters"
@@ -237,9 +240,11 @@ def test_a_requested_task_is_kept_and_probed_first(tmp_path):
 def test_calibration_skips_runs_it_does_not_concern(tmp_path):
     probe = StubProbe(RATES)
     policy = CalibrationPolicy(probe=probe, cache_dir=None)
-    _, cal = shrink_calibrated("dpo", [], "tiny", policy)
+    _, cal = shrink_calibrated(shrink_config, "dpo", [], "tiny", policy)
     assert cal is None
-    _, off = shrink_calibrated("grpo", [], "tiny", CalibrationPolicy(enabled=False, probe=probe))
+    _, off = shrink_calibrated(
+        shrink_config, "grpo", [], "tiny", CalibrationPolicy(enabled=False, probe=probe)
+    )
     assert off is None and probe.calls == []
     cal = calibrate(
         "policy_gradients",
@@ -257,7 +262,7 @@ def test_a_failing_probe_leaves_the_run_as_configured():
         raise RuntimeError("out of memory")
 
     shrunk, cal = shrink_calibrated(
-        "grpo", [], "tiny", CalibrationPolicy(probe=broken, cache_dir=None)
+        shrink_config, "grpo", [], "tiny", CalibrationPolicy(probe=broken, cache_dir=None)
     )
     assert cal.overrides == [] and "out of memory" in cal.warnings[0]
     assert shrunk.config["data"]["specs"][0]["name"] == "spell_backward"
@@ -267,7 +272,7 @@ def test_rejection_sampling_reads_and_writes_its_own_task_keys():
     probe = StubProbe({"chain_sum/2-3x1-2-digit": (0.0, 0.0, 30), **RATES})
     policy = CalibrationPolicy(probe=probe, cache_dir=None)
     # on tiny the shrink sets its built-in task (builtin:chain_sum): kept, as a request is
-    _, cal = shrink_calibrated("top_per_prompt", [], "tiny", policy)
+    _, cal = shrink_calibrated(shrink_config, "top_per_prompt", [], "tiny", policy)
     assert cal.settings.temperature == 0.8  # the family's generation section
     assert cal.choice.requested == "chain_sum/2-3x1-2-digit"  # the lab's easy chain_sum settings
     assert not any(o.startswith("data.dataset") for o in cal.overrides)
@@ -302,7 +307,7 @@ def test_a_warm_starts_trained_task_counts_as_requested():
 
 def test_calibration_round_trips_through_the_run_folder(tmp_path):
     _, cal = shrink_calibrated(
-        "grpo", [], "tiny", CalibrationPolicy(probe=StubProbe(RATES), cache_dir=None)
+        shrink_config, "grpo", [], "tiny", CalibrationPolicy(probe=StubProbe(RATES), cache_dir=None)
     )
     write_calibration(tmp_path, cal)
     back = read_calibration(tmp_path)
@@ -345,7 +350,7 @@ def test_the_ledger_shows_a_runs_calibration_under_its_setup(tmp_path):
 
     assert _calibration(tmp_path) == []  # no calibration.json: nothing
     _, cal = shrink_calibrated(
-        "grpo", [], "tiny", CalibrationPolicy(probe=StubProbe(RATES), cache_dir=None)
+        shrink_config, "grpo", [], "tiny", CalibrationPolicy(probe=StubProbe(RATES), cache_dir=None)
     )
     write_calibration(tmp_path, cal)
     lines = _calibration(tmp_path)

@@ -407,7 +407,7 @@ def test_runs_waiting_for_each_other_are_cancelled_not_left_waiting(lab_root, no
     """Only a hand-edited run.json can make two queued runs wait for each other; the queue
     worker then cancels both instead of polling forever."""
     a = api.launch_experiment("dpo", [], model="tiny", queue=True).run
-    b = api.launch_experiment("dpo", [], model="tiny", after=[a.id], queue=True).run
+    b = api.launch_experiment("dpo", ["seed=1"], model="tiny", after=[a.id], queue=True).run
     rec = record(Path(a.run_dir))
     (Path(a.run_dir) / "run.json").write_text(json.dumps({**rec, "after": [b.id]}))
     assert _queue._next_queued(set()) == (None, False)

@@ -144,7 +144,8 @@ def test_device_auto_launch_takes_the_freest_gpu_no_run_holds(lab, monkeypatch):
     assert first.run.device == "cuda:1" and first.devices == ["cuda:1"]
     env = wait_for(Path(first.run.run_dir) / "env.json")
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    second = api.launch_experiment("sft", QUICK, model="tiny", campaign="place")
+    # another seed (the same config beside a running run is refused as a repeat)
+    second = api.launch_experiment("sft", [*QUICK, "seed=2"], model="tiny", campaign="place")
     assert second.run.device == "cuda:2"  # cuda:1 is held now; the next freest
     status = runs.run_state(second.run.id)
     assert status.devices == ["cuda:2"]
@@ -175,10 +176,11 @@ def test_run_on_several_gpus_holds_each_and_starts_under_torchrun(lab, monkeypat
         assert [r.id for r in runs.active_runs(device)] == [result.run.id]
     assert runs.active_runs("cuda:0") == []
     monkeypatch.setattr(api, "_device_free_gb", lambda device: 0.01 if device == "cuda:3" else 40)
+    other = [*QUICK, "seed=2"]  # the same config again would be refused as a repeat
     with pytest.raises(LabError, match="cuda:3 is busy"):  # both do not fit there
-        api.launch_experiment("sft", QUICK, model="tiny", campaign="multi", gpus="3,")
+        api.launch_experiment("sft", other, model="tiny", campaign="multi", gpus="3,")
     monkeypatch.setattr(api, "_device_free_gb", lambda device: 40.0)
-    beside = api.launch_experiment("sft", QUICK, model="tiny", campaign="multi", gpus="3,")
+    beside = api.launch_experiment("sft", other, model="tiny", campaign="multi", gpus="3,")
     assert beside.sharing_device_with == [result.run.id]  # both fit: started beside it
     held = resources.check_resources()
     hold = next(h for h in held.lab_runs if h.run_id == result.run.id)
@@ -209,7 +211,9 @@ def test_sweep_of_four_arms_runs_on_four_gpus_at_once(lab, monkeypatch):
     swept = api.sweep(["dpo", "ipo", "simpo", "orpo"], QUICK, model="tiny", campaign="four")
     queued = [launch.run.id for launch in swept.launches]
     assert all(launch.queued and launch.devices == [] for launch in swept.launches)
-    extra = api.launch_experiment("dpo", QUICK, model="tiny", campaign="four", queue=True)
+    extra = api.launch_experiment(
+        "dpo", [*QUICK, "seed=2"], model="tiny", campaign="four", queue=True
+    )  # another seed: the dpo arm's config again would be refused as a repeat
     for run_id in queued:  # the worker's start-when-free: each starts at once on a free GPU
         started = runs._start_when_free(run_id, poll_s=0.1)
         assert started is not None and started.state == "running"

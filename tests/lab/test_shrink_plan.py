@@ -120,19 +120,29 @@ def test_the_warm_start_recipe_is_kept_whole(model):
 def test_tiny_dpo_shrink_is_the_tested_demo_recipe():
     res = shrink_config("dpo", model="tiny")
     demo = resolve_config("dpo", DPO_SANITY_OVERRIDES).data
+    # the shrink keeps the final model for the evaluation the plan proposes; the demo does not
+    assert res.config["checkpoint"]["save_final_model"] is True
+    demo["checkpoint"]["save_final_model"] = True
     assert res.config == demo
     assert res.expected_optimizer_steps == 32  # ceil((640 - 128) / 16) × 1 epoch
     assert res.progress_unit == "optimizer steps"
 
 
-def test_keep_model_dpo_shrink_follows_the_book_habits():
+def test_keep_model_dpo_shrink_follows_the_book_habits(monkeypatch):
+    """On a GPU the pretrained model keeps the book's sizes (a CPU gets its own:
+    tests/lab/test_shrink_real_model.py); the hub data is not cached here, so it is swapped."""
+    from rlhf_lab.planning import real_model
+
+    monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: False)
+    monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 80.0)
     res = shrink_config("dpo")
     d, t = res.config["data"], res.config["train"]
     assert res.model == "allenai/OLMo-2-0425-1B-SFT"
     assert (d["max_samples"], d["eval_size"], d["max_length"]) == (640, 64, 512)
     assert (t["num_epochs"], t["batch_size"], t["gradient_accumulation_steps"]) == (1, 4, 4)
     assert res.expected_optimizer_steps == 36  # ceil(576 / 16)
-    assert d["dataset"] == "argilla/ultrafeedback-binarized-preferences-cleaned"
+    assert d["dataset"] == "builtin:reasoning-preferences"
+    assert res.config["model"]["lora"]["enabled"] is False  # LoRA by default on a CPU only
     assert {c.key for c in res.diff} >= {"data.max_samples", "train.num_epochs"}
 
 
@@ -156,10 +166,18 @@ def test_model_name_given_with_set_counts_as_a_preset_swap():
     assert other.model_swap is None and other.model == "some/other-model"
 
 
-def test_swap_to_a_non_preset_model_keeps_the_data():
+def test_swap_to_a_non_preset_model_keeps_cached_data_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+    hub = "argilla/ultrafeedback-binarized-preferences-cleaned"
     res = shrink_config("dpo", model="HuggingFaceTB/SmolLM2-135M-Instruct")
     assert res.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert res.config["data"]["dataset"] == "argilla/ultrafeedback-binarized-preferences-cleaned"
+    assert res.config["data"]["dataset"] == "builtin:reasoning-preferences"
+    assert any(hub in n and "not in the local Hugging Face cache" in n for n in res.notes)
+    prepared = tmp_path / "hf" / "datasets" / hub.replace("/", "___")
+    prepared.mkdir(parents=True)
+    (prepared / "dataset_info.json").write_text("{}")
+    cached = shrink_config("dpo", model="HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert cached.config["data"]["dataset"] == hub
 
 
 def test_policy_gradient_steps_count_rollouts_and_updates():

@@ -120,9 +120,12 @@ def test_implausible_learning_rates_warn_in_shrink_plan_and_launch(lab_root):
     # the launch goes ahead and says so, in the API result, the agent's result and the CLI
     launched = api.launch_experiment("dpo", high, model="tiny", queue=True, campaign="lr")
     assert launched.queued and any("is above 0.01" in w for w in launched.warnings)
-    agent = api.launch_run("dpo", high, model="tiny", queue=True, campaign="lr")
+    # other seeds: the same config as a queued run would be refused as a repeat
+    agent = api.launch_run("dpo", [*high, "seed=2"], model="tiny", queue=True, campaign="lr")
     assert any("is above 0.01" in w for w in agent.warnings)
-    code, out = cli("launch", "dpo", "--model", "tiny", "--queue", "--campaign", "lr", *sets(high))
+    code, out = cli(
+        "launch", "dpo", "--model", "tiny", "--queue", "--campaign", "lr", *sets([*high, "seed=3"])
+    )
     assert code == 0 and "warning: train.learning_rate=0.05 is above 0.01" in out, out
 
 
@@ -308,7 +311,9 @@ def test_a_busy_device_takes_a_second_run_only_when_its_estimate_fits(
         )
         assert queued.queued and HOLDER in queued.message
         monkeypatch.setattr(api, "_device_free_gb", lambda dev: 1000.0)
-        beside = api.launch_experiment("dpo", QUICK, model="tiny", device=device, campaign="two")
+        # another seed: an identical config beside the queued one would be refused as a repeat
+        again = [*QUICK, "seed=2"]
+        beside = api.launch_experiment("dpo", again, model="tiny", device=device, campaign="two")
         assert beside.state == "running" and beside.sharing_device_with == [HOLDER]
     finally:
         holder.kill()
@@ -350,7 +355,8 @@ def test_direct_and_queued_launches_are_recorded_the_same_way(lab_root, fake_tra
     (by a recorder process, as the queue worker records the runs it starts)."""
     queued = api.launch_experiment("dpo", QUICK, model="tiny", campaign="rec", queue=True)
     assert _ledger_state(lab_root, queued.run.id) == "queued"
-    direct = api.launch_experiment("dpo", QUICK, model="tiny", campaign="rec", device="cpu")
+    again = [*QUICK, "seed=2"]  # the queued run's config again would be refused as a repeat
+    direct = api.launch_experiment("dpo", again, model="tiny", campaign="rec", device="cpu")
     assert _ledger_state(lab_root, direct.run.id) in ("running", "succeeded")
     deadline = time.time() + 60
     while _ledger_state(lab_root, direct.run.id) != "succeeded" and time.time() < deadline:

@@ -355,7 +355,8 @@ async def test_launch_run_failures(client, monkeypatch, lab_root):
         await fails(
             client,
             "launch_run",
-            {"recipe": "dpo", "model": "tiny", "overrides": QUICK, "device": "cpu"},
+            # another seed than the running run's: not an identical launch, only a busy device
+            {"recipe": "dpo", "model": "tiny", "overrides": [*QUICK, "seed=7"], "device": "cpu"},
             "is busy",
             "dpo-20260301-110000-cccc",
             "do not fit",

@@ -152,10 +152,20 @@ def training_questions(ref: ModelRef) -> set[str] | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def reasoning_specs(cfg: EvalConfig, ref: ModelRef, *, fallback: bool) -> list[Any]:
+def tasks_source(cfg: EvalConfig, ref: ModelRef) -> str:
+    """Where the evaluated tasks come from: ``prompts.tasks``, ``the target run`` (the tasks it
+    trained on) or ``the built-in mix`` (a plain model, or a run not trained on reasoning-gym
+    tasks)."""
+    if cfg.prompts.tasks:
+        return "prompts.tasks"
+    return "the target run" if run_task_specs(ref) else "the built-in mix"
+
+
+def reasoning_specs(cfg: EvalConfig, ref: ModelRef) -> list[Any]:
     """The tasks to ask: ``prompts.tasks`` when named (settings: ``prompts.task_configs``, else
-    the run's own for that task, else the defaults), else the target run's tasks, else (with
-    ``fallback``) the built-in default tasks; ConfigError when none apply."""
+    the run's own for that task, else the defaults), else the target run's tasks, else the
+    built-in mix (``DEFAULT_BUILTIN_TASKS``: a plain model name, or a run trained on other
+    data, is evaluated on it)."""
     own = {s.name: s for s in run_task_specs(ref) or []}
     names = list(cfg.prompts.tasks)
     if not names:
@@ -164,11 +174,6 @@ def reasoning_specs(cfg: EvalConfig, ref: ModelRef, *, fallback: bool) -> list[A
                 _spec(s.name, {**s.config, **cfg.prompts.task_configs.get(s.name, {})})
                 for s in own.values()
             ]
-        if not fallback:
-            raise ConfigError(
-                f"prompts.tasks: the target {ref.given!r} is not a run trained on reasoning-gym "
-                "tasks, so name the tasks to evaluate, e.g. --set 'prompts.tasks=[chain_sum]'"
-            )
         names = list(DEFAULT_BUILTIN_TASKS)
     specs = []
     for name in names:
@@ -177,13 +182,11 @@ def reasoning_specs(cfg: EvalConfig, ref: ModelRef, *, fallback: bool) -> list[A
     return specs
 
 
-def reasoning_prompts(
-    cfg: EvalConfig, ref: ModelRef, *, fallback: bool = False
-) -> tuple[list[EvalPrompt], dict[str, Any]]:
+def reasoning_prompts(cfg: EvalConfig, ref: ModelRef) -> tuple[list[EvalPrompt], dict[str, Any]]:
     """``prompts.size`` reasoning-gym questions from the evaluation seed range, none repeated,
     none among the target run's training questions (when ``prompts.exclude_training`` and they
     can be regenerated). Returns the prompts and what was done (for eval.json)."""
-    specs = reasoning_specs(cfg, ref, fallback=fallback)
+    specs = reasoning_specs(cfg, ref)
     seed = run_seed(ref)
     if seed is not None and abs(seed - EVAL_SEED_BASE) < TRAINING_SEED_SPAN:
         raise ConfigError(
@@ -216,6 +219,7 @@ def reasoning_prompts(
     info = {
         "source": "reasoning_gym",
         "tasks": [{"name": s.name, "config": s.config} for s in specs],
+        "tasks_from": tasks_source(cfg, ref),
         "seed": EVAL_SEED_BASE,
         "requested": size,
         "n_prompts": len(prompts),
@@ -295,7 +299,7 @@ def open_prompts(cfg: EvalConfig, ref: ModelRef) -> tuple[list[EvalPrompt], dict
         source = "preference" if ref.family == "direct_alignment" else "reasoning_gym"
     if source == "preference":
         return preference_prompts(cfg, ref)
-    return reasoning_prompts(cfg, ref, fallback=True)
+    return reasoning_prompts(cfg, ref)
 
 
 def math_prompts(cfg: EvalConfig) -> tuple[list[EvalPrompt], dict[str, Any]]:

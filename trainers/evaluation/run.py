@@ -97,7 +97,7 @@ def preflight(cfg: EvalConfig) -> None:
         from trainers.core.builtin_data import check_specs
         from trainers.evaluation.prompts import reasoning_specs
 
-        check_specs(reasoning_specs(cfg, target, fallback=suite != "reasoning"))
+        check_specs(reasoning_specs(cfg, target))
     elif cfg.prompts.dataset is None and target.family != "direct_alignment":
         raise ConfigError(
             "prompts.source=preference needs prompts.dataset unless the target is a "

@@ -256,7 +256,6 @@ def test_bad_input_fails_before_writing(
         ("reasoning", ["prompts.size=4"], "target: name the model"),
         ("reasoning", [f"target={unfinished_run}"], "no final model"),
         ("reasoning", ["target=/no/such/model"], "No such file or folder"),
-        ("reasoning", ["target=tiny"], "name the tasks"),
         ("reasoning", ["target=tiny", "prompts.tasks=[no_such_task]"], "no_such_task"),
         ("reasoning", ["target=tiny", "baseline=auto", "prompts.tasks=[chain_sum]"], "auto"),
         ("winrate", ["target=tiny", "baseline=tiny", "judge=tiny"], "not a reward model"),

@@ -1,0 +1,150 @@
+"""How many optimizer steps a resolved config takes, and what ``progress.json`` will count
+(rollout steps for policy gradients, optimizer steps elsewhere): the arithmetic of batch,
+accumulation, epochs and data sizes per family, read by the shrink's report, the plan and the
+time estimate. Pure functions of a config dict."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from rlhf_lab.catalog import get_dotted
+
+__all__ = ["StepsEstimate", "estimate_steps", "expected_optimizer_steps", "find_key"]
+
+
+def find_key(data: dict[str, Any], leaf: str, prefix: str = "") -> str | None:
+    """Dotted path of the first leaf named ``leaf`` (for families whose layout varies)."""
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key == leaf and not isinstance(value, dict):
+            return dotted
+    for key, value in data.items():
+        if isinstance(value, dict):
+            found = find_key(value, leaf, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
+
+
+def _epochs_steps(n: int, per_step: int, epochs: int, max_steps: int | None) -> int:
+    total = math.ceil(max(n, 0) / per_step) * epochs
+    return min(total, max_steps) if max_steps else total
+
+
+class StepsEstimate(BaseModel):
+    optimizer_steps: int | None
+    progress_steps: int | None = Field(description="total_steps in progress.json")
+    progress_unit: str
+    detail: str
+
+
+def estimate_steps(family: str, config: dict[str, Any]) -> StepsEstimate:
+    """Optimizer steps a run of ``config`` should take, and the total progress.json will show
+    (rollout steps for policy gradients, optimizer steps elsewhere)."""
+    steps, detail = expected_optimizer_steps(family, config)
+    if family == "policy_gradients":
+        max_steps = get_dotted(config, "train.max_steps")
+        if max_steps:
+            rollout = int(max_steps)
+        else:
+            epochs = int(get_dotted(config, "train.num_epochs", 1) or 1)
+            size = int(get_dotted(config, "data.size", 0) or 0)
+            prompts = int(get_dotted(config, "rollout.prompts_per_step", 1) or 1)
+            rollout = max(1, epochs * (size // prompts))
+        return StepsEstimate(
+            optimizer_steps=steps,
+            progress_steps=rollout,
+            progress_unit="rollout steps",
+            detail=detail,
+        )
+    return StepsEstimate(
+        optimizer_steps=steps, progress_steps=steps, progress_unit="optimizer steps", detail=detail
+    )
+
+
+def expected_optimizer_steps(family: str, config: dict[str, Any]) -> tuple[int | None, str]:
+    """(optimizer steps a run of ``config`` should take, how it was computed). None when it
+    depends on a data set size the config does not fix."""
+    g = lambda key, default=None: get_dotted(config, key, default)  # noqa: E731
+    batch = int(g("train.batch_size", 1) or 1)
+    accum = int(g("train.gradient_accumulation_steps", 1) or 1)
+    epochs = int(g("train.num_epochs", 1) or 1)
+    max_steps = g("train.max_steps")
+    per_step = batch * accum
+
+    if family in ("direct_alignment", "sft", "reward_models"):
+        n = g("data.max_samples")
+        dataset = str(g("data.dataset") or "")
+        if n is None and dataset.startswith("builtin:"):
+            n = 1000 if family == "direct_alignment" else 2000 if family == "sft" else None
+        if n is None:
+            if max_steps:
+                return int(max_steps), f"train.max_steps = {max_steps} (data size not fixed)"
+            return None, "depends on the data set size (data.max_samples is null)"
+        eval_size = int(g("data.eval_size", 0) or 0)
+        train_n = int(n) - eval_size
+        unit = "examples"
+        if family == "reward_models" and g("kind") == "orm":
+            rollouts = int(g("data.rollouts_per_prompt", 1) or 1)
+            train_n *= rollouts
+            unit = f"completions ({int(n) - eval_size} prompts × {rollouts})"
+        steps = _epochs_steps(train_n, per_step, epochs, max_steps)
+        detail = (
+            f"ceil(({n} - {eval_size} held out) {unit} / ({batch} × {accum})) × {epochs} epoch(s)"
+        )
+        if max_steps:
+            detail += f", capped by train.max_steps = {max_steps}"
+        if family == "reward_models" and g("kind") == "prm":
+            detail += " (approximate: long solutions are split into several windows)"
+        elif family != "sft":
+            detail += " (slightly fewer if pairs are dropped after truncation)"
+        return steps, detail
+
+    if family == "policy_gradients":
+        prompts = int(g("rollout.prompts_per_step", 4))
+        rollouts = int(g("rollout.num_rollouts", 8))
+        updates = int(g("loss.updates_per_rollout", 1) or 1)
+        size = int(g("data.size", 0))
+        rollout_steps = int(max_steps) if max_steps else max(1, epochs * (size // max(prompts, 1)))
+        micro = (prompts * rollouts) // batch
+        per_update = math.ceil(micro / accum)
+        steps = rollout_steps * per_update * updates
+        detail = (
+            f"{rollout_steps} rollout steps × ceil({prompts}×{rollouts} sequences / {batch} per "
+            f"micro-batch / {accum} accumulation) = {per_update} optimizer step(s) per update × "
+            f"{updates} update(s) per rollout"
+        )
+        return steps, detail
+
+    if family == "distillation":
+        size = int(g("data.size", 0) or 0)
+        steps = _epochs_steps(size, per_step, epochs, max_steps)
+        detail = f"ceil({size} prompts / ({batch} × {accum})) × {epochs} epoch(s)"
+        if max_steps:
+            detail += f", capped by train.max_steps = {max_steps}"
+        return steps, detail
+
+    if family == "rejection_sampling":
+        m = get_dotted(config, find_key(config, "max_train_samples") or "", None)
+        if m is None:
+            return None, "depends on the number of training prompts"
+        strategy = str(get_dotted(config, find_key(config, "strategy") or "", "") or "")
+        n = int(m)
+        if strategy.endswith("k_overall"):
+            k = get_dotted(config, find_key(config, "top_k") or "", None)
+            c = get_dotted(config, find_key(config, "num_completions_per_prompt") or "", 1)
+            if k is not None:
+                n = min(int(k), n * int(c or 1))
+        bkey = find_key(config, "batch_size") or find_key(config, "train_batch_size")
+        akey = find_key(config, "gradient_accumulation_steps") or find_key(config, "batch_acc")
+        ekey = find_key(config, "num_epochs")
+        b = int(get_dotted(config, bkey or "", 1) or 1)
+        a = int(get_dotted(config, akey or "", 1) or 1)
+        e = int(get_dotted(config, ekey or "", 1) or 1)
+        steps = math.ceil(n / (b * a)) * e
+        return steps, f"SFT on {n} selected completions: ceil({n} / ({b} × {a})) × {e} epoch(s)"
+
+    return None, f"no step rule for family {family}"

@@ -1,0 +1,65 @@
+"""What an evaluation asks when nobody names the tasks (issue 25, item 5): the tasks the target
+run trained on, else the built-in mix, so `rlhf-lab eval <model>` and the evaluation the lab
+proposes after a run trained on other data are never refused for want of ``prompts.tasks``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf_lab.configs import resolve_config
+from rlhf_lab.evaluations import prepare_evaluation
+from trainers.core.builtin_data import DEFAULT_BUILTIN_TASKS
+from trainers.evaluation.config import EvalConfig
+from trainers.evaluation.prompts import reasoning_prompts, reasoning_specs, tasks_source
+from trainers.evaluation.targets import resolve_ref
+
+
+@pytest.fixture(autouse=True)
+def lab_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def trained_run(root: Path, recipe: str, overrides: list[str]) -> str:
+    """A finished run folder of ``recipe`` on tiny (config.yaml and a final_model/ config)."""
+    from trainers.core.tiny import ensure_preset
+
+    run_dir = root / "runs" / recipe
+    (run_dir / "final_model").mkdir(parents=True)
+    data = resolve_config(recipe, ["model.name=tiny", *overrides]).data
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
+    shutil.copy(ensure_preset("tiny") / "config.json", run_dir / "final_model" / "config.json")
+    return str(run_dir)
+
+
+def names(cfg: EvalConfig) -> list[str]:
+    return [s.name for s in reasoning_specs(cfg, resolve_ref(cfg.target, "target"))]
+
+
+def test_a_plain_model_is_evaluated_on_the_builtin_mix():
+    cfg = EvalConfig(target="tiny")
+    assert names(cfg) == list(DEFAULT_BUILTIN_TASKS)
+    ref = resolve_ref("tiny", "target")
+    assert tasks_source(cfg, ref) == "the built-in mix"
+    prompts, info = reasoning_prompts(cfg.model_copy(update={"prompts": cfg.prompts}), ref)
+    assert info["tasks_from"] == "the built-in mix" and len(prompts) == cfg.prompts.size
+    assert {p.meta["task"] for p in prompts} == set(DEFAULT_BUILTIN_TASKS)
+    # the lab's own check (what `rlhf-lab eval tiny` runs first) accepts it
+    job = prepare_evaluation("tiny", "reasoning", baseline="none")
+    assert job.config["prompts"]["tasks"] == []
+
+
+def test_a_run_is_evaluated_on_its_own_tasks_else_the_builtin_mix(lab_root):
+    own = trained_run(lab_root, "sft", ["data.dataset=builtin:reasoning-sft:chain_sum"])
+    assert names(EvalConfig(target=own)) == ["chain_sum"]
+    pairs = lab_root / "pairs.jsonl"
+    pairs.write_text("")
+    other = trained_run(lab_root, "dpo", [f"data.dataset={pairs}"])  # not reasoning-gym data
+    assert names(EvalConfig(target=other)) == list(DEFAULT_BUILTIN_TASKS)
+    named = EvalConfig(target=other, prompts={"tasks": ["letter_counting"]})
+    assert names(named) == ["letter_counting"]
+    assert tasks_source(named, resolve_ref(other, "target")) == "prompts.tasks"
