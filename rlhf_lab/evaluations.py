@@ -240,15 +240,19 @@ def eval_config(
             "baseline, judge or suite as arguments",
             next=NextStep("evaluate_model", {"overrides": []}),
         )
+    from rlhf_lab.evaluation_cost import cpu_sized_overrides
+
+    dev = "cpu" if device == "cpu" else "cuda"
+    sized = cpu_sized_overrides(data, target.path, dev)  # yours come after: they win
     try:
-        data = apply_overrides(data, overrides)
+        data = apply_overrides(data, [*sized, *overrides])
     except ConfigError as err:
         raise InvalidArgument(f"overrides: {err}") from None
     data.update(
         target=target.path,
         baseline=baseline,
         judge=judge,
-        device="cpu" if device == "cpu" else "cuda",
+        device=dev,
         cache_dir=str(cache_dir()),
     )
     try:

@@ -4,6 +4,7 @@ proposes after a run trained on other data are never refused for want of ``promp
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -63,3 +64,48 @@ def test_a_run_is_evaluated_on_its_own_tasks_else_the_builtin_mix(lab_root):
     named = EvalConfig(target=other, prompts={"tasks": ["letter_counting"]})
     assert names(named) == ["letter_counting"]
     assert tasks_source(named, resolve_ref(other, "target")) == "prompts.tasks"
+
+
+# ------------------------------------------------------------------ CPU-sized evaluation
+
+
+def smol_folder(root: Path) -> str:
+    """A pretrained 135M model as the lab sees it before loading: its config.json only."""
+    from tests.lab.test_shrink_real_model import SMOLLM2_CONFIG
+
+    folder = root / "smol-135m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    return str(folder)
+
+
+def test_a_pretrained_model_on_a_cpu_is_evaluated_at_a_cpu_size(lab_root):
+    from rlhf_lab.evaluation_cost import CPU_EVAL_NEW_TOKENS, CPU_EVAL_PROMPTS
+    from rlhf_lab.evaluations import EvalTarget, eval_config
+
+    smol = EvalTarget(given="smol", path=smol_folder(lab_root))
+    cfg = eval_config("reasoning", smol, None, None, [], "cpu")
+    # the shipped suite: 128 prompts x 8 samples x 256 tokens; here one sample of <= 128 tokens
+    assert cfg["sampling"]["n"] == 1 and cfg["reasoning"]["pass_k"] == [1]
+    assert cfg["sampling"]["max_new_tokens"] == CPU_EVAL_NEW_TOKENS
+    assert cfg["prompts"]["size"] == CPU_EVAL_PROMPTS
+    # the caller's overrides still win
+    mine = eval_config(
+        "reasoning", smol, None, None, ["sampling.n=4", "reasoning.pass_k=[1,4]"], "cpu"
+    )
+    assert mine["sampling"]["n"] == 4 and mine["reasoning"]["pass_k"] == [1, 4]
+    # on a GPU, and for a built-in preset on a CPU, the shipped suite is kept
+    gpu = eval_config("reasoning", smol, None, None, [], "cuda")
+    tiny = eval_config("reasoning", EvalTarget(given="tiny", path="tiny"), None, None, [], "cpu")
+    for shipped in (gpu, tiny):
+        assert shipped["sampling"]["n"] == 8 and shipped["sampling"]["max_new_tokens"] == 256
+
+
+def test_the_plans_evaluation_cost_counts_the_cpu_size(lab_root):
+    from rlhf_lab.evaluation_cost import estimate_evaluation
+
+    smol = smol_folder(lab_root)
+    on_cpu = estimate_evaluation(smol, "reasoning", device="cpu")
+    on_gpu = estimate_evaluation(smol, "reasoning", device="cuda")
+    assert on_gpu.generated_tokens == 128 * 8 * 256 * 2  # target and its baseline
+    assert on_cpu.generated_tokens == 128 * 1 * 128 * 2
