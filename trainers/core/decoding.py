@@ -1,14 +1,21 @@
-"""The sampling loop every family uses: prefill each prompt once, then decode with the KV cache.
+"""The rollout engine every family samples with: prefill each prompt once, then decode over a
+preallocated KV cache (:class:`RolloutEngine`; :func:`sample_tokens` is the one-call form).
 
 Why our own loop rather than ``model.generate``:
 
 1. **One prefill per prompt.** The ``G`` rollouts of a GRPO group (or the ``N`` samples of
    rejection sampling) share their prompt. The prompt goes through the model once and its KV cache
-   is repeated ``G`` times, instead of ``G`` identical prefills.
-2. **Less per-token overhead.** One forward of one token per row and a few tensor operations per
-   step; for small models on CPU, ``generate``'s general machinery costs a noticeable share.
-3. **Stopped rows leave the batch** (and the KV cache), so a group whose completions end early
-   stops paying for them while its long ones finish.
+   is copied to its ``G`` rows, instead of ``G`` identical prefills.
+2. **Less per-token work.** The KV cache is one buffer per layer, sized prompt + budget and
+   written in place (``trainers/core/kv_cache.py``), where ``generate``'s dynamic cache copies
+   every layer's keys and values at each token (``torch.cat``); under sdpa the attention mask
+   of a step is a view of the rows' valid keys, not a mask grown and rebuilt per token; the
+   prefill asks for the last position's logits only (no LM head over the prompt). One forward
+   of one token per row and a few tensor operations per step.
+3. **Stopped rows leave the batch**: once they are a quarter of it, the rows still decoding move
+   to the cache's first slots (only the slots that change are copied) and every later step runs
+   on those, so a group whose completions end early stops paying for them while its long ones
+   finish.
 4. **The sampling distribution is the one written here** — temperature, then top-k, then top-p,
    then min-p, in the order and with the tie and "keep at least one" rules transformers uses —
    and nothing else. A checkpoint's ``generation_config.json`` (repetition penalty, its own top-k)
@@ -16,6 +23,12 @@ Why our own loop rather than ``model.generate``:
 
 Rows are left-padded; position ids are ``cumsum(attention_mask) − 1`` (clamped at 0 on padding),
 as ``generate`` and the policy-gradient scoring pass use, so greedy output equals ``generate``'s.
+A decode step costs mostly the weights' matrix products (reading 135M fp32 weights per step on
+SmolLM2): rows decoded together share that read, which is why rollouts are batched.
+
+For multi-turn rollouts the engine keeps stopped rows (``keep_stopped=True``) and ``append``
+extends rows through their cache (a tool's observation after the turn's last token), with no
+new prefill; ``release`` lets rows go.
 """
 
 from __future__ import annotations
