@@ -563,6 +563,34 @@ def test_append_after_prefill_extends_the_prompt_and_the_cache_grows(lm):
     assert list(got.values()) == continuation(model, full, pad_id, 6, seed=5)
 
 
+def test_eager_attention_takes_the_2d_mask_path(lm):
+    """Under eager attention the engine hands the model the 2-D mask of valid keys (the model
+    builds its own additive mask): same draws as the previous loop, and an append still equals a
+    prefill of the concatenation."""
+    model, tok, prompts = lm
+    eager = load_causal_lm(
+        model.name_or_path,
+        device="cpu",
+        dtype="fp32",
+        attn_implementation="eager",
+        trainable=False,
+    )
+    assert eager.config._attn_implementation == "eager"
+    pad_id = tok.pad_token_id
+    kw = dict(max_new_tokens=10, pad_id=pad_id, sampling=HOT, repeats=2)
+    ours, theirs = both(eager, prompts, seed=9, stop_ids=[], **kw)
+    assert ours == theirs
+    stops = staggered_stops(ours[::2])
+    ours, theirs = both(eager, prompts, seed=9, stop_ids=stops, **kw)
+    assert ours == theirs and len({len(r) for r in ours}) > 1
+    engine = RolloutEngine(eager, pad_id=pad_id, keep_stopped=True)
+    engine.prefill(prompts)
+    first = engine.decode(max_new_tokens=5, stop_ids=[], sampling=HOT, generator=gen(6))
+    engine.append([1], [[9, 9, 9]])
+    full = [prompts[1] + first[1] + [9, 9, 9]]
+    torch.testing.assert_close(engine.logits, last_logits(eager, full, pad_id), atol=1e-4, rtol=0)
+
+
 SMOLLM2 = "smollm2-135m-instruct"
 
 
