@@ -5,6 +5,8 @@ draws from the same generator) and against a prefill of the concatenation (``app
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -31,7 +33,7 @@ from trainers.core.decoding import (
 )
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, generate_completions
 from trainers.core.logprobs import position_ids_of
-from trainers.core.models import load_causal_lm, load_tokenizer, pulled_dir
+from trainers.core.models import load_causal_lm, load_tokenizer
 
 QUESTIONS = [
     "What is 3 + 4?",
@@ -592,16 +594,18 @@ def test_eager_attention_takes_the_2d_mask_path(lm):
 
 
 SMOLLM2 = "smollm2-135m-instruct"
+# the tests run on a temporary lab cache: look for the pulled model where the user's lab keeps it
+SMOLLM2_DIR = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / SMOLLM2
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not (pulled_dir(SMOLLM2) / "config.json").is_file(),
+    not (SMOLLM2_DIR / "config.json").is_file(),
     reason=f"{SMOLLM2} not pulled (rlhf-lab models pull {SMOLLM2})",
 )
 def test_smollm2_greedy_equals_generate_and_the_previous_loop():
-    tok = load_tokenizer(SMOLLM2)
-    model = load_causal_lm(SMOLLM2, device="cpu", dtype="fp32", trainable=False)
+    tok = load_tokenizer(str(SMOLLM2_DIR))
+    model = load_causal_lm(str(SMOLLM2_DIR), device="cpu", dtype="fp32", trainable=False)
     questions = [*QUESTIONS, "Name a colour."]
     prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
     pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
