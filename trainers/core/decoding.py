@@ -1,14 +1,21 @@
-"""The sampling loop every family uses: prefill each prompt once, then decode with the KV cache.
+"""The rollout engine every family samples with: prefill each prompt once, then decode over a
+preallocated KV cache (:class:`RolloutEngine`; :func:`sample_tokens` is the one-call form).
 
 Why our own loop rather than ``model.generate``:
 
 1. **One prefill per prompt.** The ``G`` rollouts of a GRPO group (or the ``N`` samples of
    rejection sampling) share their prompt. The prompt goes through the model once and its KV cache
-   is repeated ``G`` times, instead of ``G`` identical prefills.
-2. **Less per-token overhead.** One forward of one token per row and a few tensor operations per
-   step; for small models on CPU, ``generate``'s general machinery costs a noticeable share.
-3. **Stopped rows leave the batch** (and the KV cache), so a group whose completions end early
-   stops paying for them while its long ones finish.
+   is copied to its ``G`` rows, instead of ``G`` identical prefills.
+2. **Less per-token work.** The KV cache is one buffer per layer, sized prompt + budget and
+   written in place (``trainers/core/kv_cache.py``), where ``generate``'s dynamic cache copies
+   every layer's keys and values at each token (``torch.cat``); under sdpa the attention mask
+   of a step is a view of the rows' valid keys, not a mask grown and rebuilt per token; the
+   prefill asks for the last position's logits only (no LM head over the prompt). One forward
+   of one token per row and a few tensor operations per step.
+3. **Stopped rows leave the batch**: once they are a quarter of it, the rows still decoding move
+   to the cache's first slots (only the slots that change are copied) and every later step runs
+   on those, so a group whose completions end early stops paying for them while its long ones
+   finish.
 4. **The sampling distribution is the one written here** — temperature, then top-k, then top-p,
    then min-p, in the order and with the tie and "keep at least one" rules transformers uses —
    and nothing else. A checkpoint's ``generation_config.json`` (repetition penalty, its own top-k)
@@ -16,6 +23,12 @@ Why our own loop rather than ``model.generate``:
 
 Rows are left-padded; position ids are ``cumsum(attention_mask) − 1`` (clamped at 0 on padding),
 as ``generate`` and the policy-gradient scoring pass use, so greedy output equals ``generate``'s.
+A decode step costs mostly the weights' matrix products (reading 135M fp32 weights per step on
+SmolLM2): rows decoded together share that read, which is why rollouts are batched.
+
+For multi-turn rollouts the engine keeps stopped rows (``keep_stopped=True``) and ``append``
+extends rows through their cache (a tool's observation after the turn's last token), with no
+new prefill; ``release`` lets rows go.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from torch import Tensor
 
 from trainers.core.distributed import gathered
 from trainers.core.harness import raise_if_stopping
+from trainers.core.kv_cache import buffer_cache_for
 from trainers.core.logprobs import position_ids_of
 
 
@@ -139,6 +153,225 @@ def _last_logits_only(model) -> dict:
     return {}
 
 
+def _non_finite_error() -> NonFiniteLogitsError:
+    return NonFiniteLogitsError(
+        "The model gave NaN or infinite next-token logits while sampling: its weights are "
+        "probably no longer finite (a diverged update). Lower the learning rate or resume "
+        "from an earlier checkpoint."
+    )
+
+
+class RolloutEngine:
+    """Rows of token ids decoded together over one preallocated KV cache (:mod:`kv_cache`).
+
+    ``prefill(prompts, repeats)`` runs each prompt once and gives its ``repeats`` rows the same
+    cache; ``decode(...)`` draws tokens for the rows that have next-token logits until each
+    stops or the budget ends; ``append(rows, tokens)`` extends rows (a tool's observation in a
+    multi-turn rollout) through their cache, without a new prefill; ``release(rows)`` lets rows
+    go. Rows are named by their index at prefill (prompt ``p``'s rows are ``p*repeats ...``).
+
+    The rows being decoded sit in the cache's first slots, so every forward is over those rows
+    only. A row that stops is moved out of them once stopped rows are a quarter of the batch
+    (:data:`DROP_STOPPED_SHARE`; moving rows costs a copy of their cache, so not at each stop);
+    with ``keep_stopped`` it is kept behind them (its cache intact) for a later ``append``,
+    otherwise it is released. Positions are shared by all rows (the cache's length); each row's
+    valid keys are marked in ``key_ok`` (prompt padding and the steps it sat out are not), and
+    its position ids count only its own tokens.
+
+    The methods need no gradients and run the model as it is (``model.eval()`` first); under
+    torchrun call them inside :func:`gathered`.
+    """
+
+    def __init__(self, model, *, pad_id: int, keep_stopped: bool = False):
+        self.model, self.pad_id, self.keep_stopped = model, pad_id, keep_stopped
+        self.device = next(model.parameters()).device
+        self._sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self._keep_last = _last_logits_only(model)
+        self.cache = None
+        self.rows: list[int] = []  # the row held in each slot
+        self.active = 0  # slots [0, active) have next-token logits (decode draws for them)
+        self.logits: Tensor | None = None
+        self.pending: dict[int, int] = {}  # a row's last drawn token, not yet in the cache
+
+    # -- state kept per slot ---------------------------------------------------------------
+
+    def _arrange(self, order: list[int]) -> None:
+        """Slot ``i`` takes the row of slot ``order[i]``; slots not named are freed."""
+        index = torch.tensor(order, dtype=torch.long, device=self.device)
+        self.cache.arrange(index)
+        k = len(order)
+        self.key_ok[:k] = self.key_ok[index]
+        self.next_pos[:k] = self.next_pos[index]
+        self.rows = [self.rows[i] for i in order]
+
+    def _reserve(self, positions: int) -> None:
+        """Room in the cache for ``positions`` in all (grown, the filled part kept)."""
+        if positions <= self.cache.capacity:
+            return
+        self.cache.grow(positions)
+        grown = self.key_ok.new_zeros((self.key_ok.shape[0], positions))
+        grown[:, : self.key_ok.shape[1]] = self.key_ok
+        self.key_ok = grown
+
+    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Run rows ``[0, len(ids))`` over new positions; their next-token logits (fp32)."""
+        rows, new = ids.shape
+        end = self.cache.length + new
+        if mask is None:
+            mask = self._mask(rows, new, end)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            **self._keep_last,
+        )
+        return out.logits[:, -1].float()
+
+    def _mask(self, rows: int, new: int, end: int) -> Tensor:
+        """The attention mask of ``new`` positions ending at ``end``: under sdpa the 4-D
+        boolean mask itself (a view of ``key_ok`` for one position: nothing built per token),
+        else the 2-D one the model turns into its own."""
+        keys = self.key_ok[:rows, :end]
+        if not self._sdpa:
+            return keys.long()
+        if new == 1:
+            return keys[:, None, None, :]
+        start = end - new
+        causal = torch.ones(new, end, dtype=torch.bool, device=self.device).tril(start)
+        return keys[:, None, None, :] & causal
+
+    # -- the interface -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], *, repeats: int = 1, room: int = 0) -> None:
+        """Start over with ``len(prompts) * repeats`` rows: each prompt through the model once,
+        its cache and next-token logits given to its ``repeats`` consecutive rows. ``room``:
+        positions to reserve beyond the longest prompt (the decode budget)."""
+        ids, mask = left_pad(prompts, self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = position_ids_of(mask)
+        slots, width = len(prompts) * repeats, ids.shape[1]
+        self.cache = buffer_cache_for(self.model, slots, width + room)
+        self.key_ok = torch.zeros((slots, width + room), dtype=torch.bool, device=self.device)
+        self.key_ok[: len(prompts), :width] = mask.bool()
+        self.next_pos = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.next_pos[: len(prompts)] = positions[:, -1] + 1
+        self.rows, self.pending = list(range(len(prompts))), {}
+        # the 2-D mask here, as transformers builds it for a prefill (greedy equals `generate`)
+        self.logits = self._forward(ids, positions, mask)
+        if repeats > 1:
+            self._arrange([p for p in range(len(prompts)) for _ in range(repeats)])
+            self.rows = list(range(slots))
+            self.logits = self.logits.repeat_interleave(repeats, dim=0)
+        self.active = slots
+
+    @torch.no_grad()
+    def decode(
+        self,
+        *,
+        max_new_tokens: int,
+        stop_ids: list[int] | set[int],
+        sampling: Sampling = GREEDY,
+        generator=None,
+    ) -> dict[int, list[int]]:
+        """New tokens for each row that has next-token logits (after ``prefill`` or
+        ``append``), cut after its first stop token or at ``max_new_tokens``: ``{row: ids}``.
+        Afterwards no row has logits; a row's last token is fed by the next ``append``."""
+        if self.active == 0:
+            return {}
+        stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
+        self._reserve(self.cache.length + max_new_tokens)
+        drawn = self._decode_loop(max_new_tokens, stops, sampling, generator)
+        stop_set = {int(s) for s in stop_ids}
+        cut = {row: cut_after_first_stop(t, stop_set) for row, t in drawn.items()}
+        self.pending.update({row: t[-1] for row, t in cut.items()})
+        self.active, self.logits = 0, None
+        return cut
+
+    def _decode_loop(self, max_new_tokens, stops, sampling, generator) -> dict[int, list[int]]:
+        rows = self.active
+        started = self.rows[:rows]  # the row of each result line
+        tokens = torch.full((rows, max_new_tokens), self.pad_id, dtype=torch.long)
+        tokens = tokens.to(self.device)
+        live = torch.arange(rows, device=self.device)  # result line of each slot decoding
+        finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        non_finite = torch.zeros((), dtype=torch.bool, device=self.device)
+        logits = self.logits
+        for step in range(max_new_tokens):
+            raise_if_stopping("token")  # a run stops within one token of SIGTERM (harness)
+            non_finite |= ~torch.isfinite(logits.sum())  # one reduction: NaN and ±inf survive it
+            token = choose_next(logits, sampling, generator).masked_fill(finished, self.pad_id)
+            tokens[live, step] = token
+            finished |= torch.isin(token, stops)
+            done = int(finished.sum())
+            if step == max_new_tokens - 1 or done == len(live):
+                break
+            if done and done >= DROP_STOPPED_SHARE * len(live):  # out of the batch and cache
+                keep = (~finished).nonzero().squeeze(-1)
+                self._set_aside(keep.tolist(), finished.nonzero().squeeze(-1).tolist())
+                live, token, finished = live[keep], token[keep], finished[keep]
+            logits = self._step(token, finished)
+        if bool(non_finite):
+            raise _non_finite_error()
+        return dict(zip(started, tokens.tolist(), strict=True))
+
+    def _set_aside(self, keep: list[int], stopped: list[int]) -> None:
+        """Slots ``keep`` (in order) become the first ones; ``stopped`` follow them when rows
+        are kept for a later ``append``, else they are released."""
+        held = list(range(self.active, len(self.rows)))
+        order = keep + (stopped if self.keep_stopped else []) + held
+        self._arrange(order)
+        self.active = len(keep)
+
+    def _step(self, token: Tensor, finished: Tensor) -> Tensor:
+        """Feed one token per decoding row; a row that has stopped (still in the batch until
+        it is set aside) feeds padding that no later position of its own will see."""
+        rows, at = len(token), self.cache.length
+        self.key_ok[:rows, at] = ~finished
+        logits = self._forward(token[:, None], self.next_pos[:rows, None])
+        self.next_pos[:rows] += (~finished).long()
+        return logits
+
+    @torch.no_grad()
+    def append(self, rows: list[int], tokens: list[list[int]]) -> None:
+        """Extend each of ``rows`` by its ``tokens`` (after the row's last drawn token, if it has
+        one not yet in the cache) through the cache, as a prefill of the concatenation would,
+        and give those rows next-token logits; the other rows wait."""
+        slot_of = {row: slot for slot, row in enumerate(self.rows)}
+        missing = [r for r in rows if r not in slot_of]
+        if missing:
+            raise ValueError(f"rows {missing} are not held by the engine (released?)")
+        chunks = [[self.pending.pop(r)] if r in self.pending else [] for r in rows]
+        chunks = [c + list(t) for c, t in zip(chunks, tokens, strict=True)]
+        self._arrange(
+            [slot_of[r] for r in rows]
+            + [s for s in range(len(self.rows)) if self.rows[s] not in set(rows)]
+        )
+        ids, mask = left_pad(chunks, self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        at, k = self.cache.length, len(rows)
+        self._reserve(at + ids.shape[1])
+        self.key_ok[:k, at : at + ids.shape[1]] = mask.bool()
+        positions = self.next_pos[:k, None] + position_ids_of(mask)
+        self.logits = self._forward(ids, positions)
+        self.next_pos[:k] += mask.sum(-1)
+        self.active = k
+
+    def release(self, rows: list[int]) -> None:
+        """Let ``rows`` go (their cache slots are reused)."""
+        gone = set(rows)
+        keep = [s for s, r in enumerate(self.rows) if r not in gone]
+        active = sum(1 for s in keep if s < self.active)
+        self._arrange(keep)
+        self.active = active
+        if self.logits is not None:
+            self.logits = self.logits[[s for s in keep if s < len(self.logits)]]
+        for r in gone:
+            self.pending.pop(r, None)
+
+
 @torch.no_grad()
 def sample_tokens(
     model,
@@ -164,70 +397,9 @@ def sample_tokens(
             f"max_new_tokens and repeats must be >= 1, got {max_new_tokens}, {repeats}"
         )
     with gathered(model):  # under torchrun: whole weights, no collective per token
-        return _sample_tokens(
-            model, prompts, max_new_tokens, stop_ids, pad_id, sampling, repeats, generator
+        engine = RolloutEngine(model, pad_id=pad_id)
+        engine.prefill(prompts, repeats=repeats, room=max_new_tokens)
+        rows = engine.decode(
+            max_new_tokens=max_new_tokens, stop_ids=stop_ids, sampling=sampling, generator=generator
         )
-
-
-def _sample_tokens(
-    model, prompts, max_new_tokens, stop_ids, pad_id, sampling, repeats, generator
-) -> list[list[int]]:
-    device = next(model.parameters()).device
-    ids, mask = left_pad(prompts, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    positions = position_ids_of(mask)
-
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=True,
-        **_last_logits_only(model),
-    )
-    cache, logits = out.past_key_values, out.logits[:, -1].float()
-    if repeats > 1:
-        cache.batch_repeat_interleave(repeats)  # transformers Cache: each row `repeats` times
-        logits = logits.repeat_interleave(repeats, dim=0)
-        mask = mask.repeat_interleave(repeats, dim=0)
-        positions = positions.repeat_interleave(repeats, dim=0)
-
-    rows = logits.shape[0]
-    stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
-    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    live = torch.arange(rows, device=device)  # the original row of each row still decoding
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    next_position = positions[:, -1:] + 1
-    non_finite = torch.zeros((), dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        raise_if_stopping("token")  # a run stops within one token of SIGTERM (harness)
-        non_finite |= ~torch.isfinite(logits.sum())  # one reduction: NaN and ±inf survive it
-        token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
-        tokens[live, step] = token
-        finished |= torch.isin(token, stops)
-        done = int(finished.sum())
-        if step == max_new_tokens - 1 or done == len(live):
-            break
-        if done and done >= DROP_STOPPED_SHARE * len(live):  # drop them from batch and cache
-            keep = (~finished).nonzero().squeeze(-1)
-            live, token, mask = live[keep], token[keep], mask[keep]
-            next_position, finished = next_position[keep], finished[keep]
-            cache.batch_select_indices(keep)
-        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=mask,
-            position_ids=next_position,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
-        next_position = next_position + 1
-    if bool(non_finite):
-        raise NonFiniteLogitsError(
-            "The model gave NaN or infinite next-token logits while sampling: its weights are "
-            "probably no longer finite (a diverged update). Lower the learning rate or resume "
-            "from an earlier checkpoint."
-        )
-    tokens = tokens.tolist()
-    stop_set = set(int(s) for s in stop_ids)
-    return [cut_after_first_stop(row, stop_set) for row in tokens]
+    return [rows[r] for r in range(len(prompts) * repeats)]

@@ -1,7 +1,11 @@
 """The sampling loop (trainers/core/decoding.py), checked against transformers as the independent
-source: its logits warpers for the filters, ``model.generate`` for greedy decoding."""
+source: its logits warpers for the filters, ``model.generate`` for greedy decoding; and the
+rollout engine under it checked against the loop it replaced (kept below as the oracle: the same
+draws from the same generator) and against a prefill of the concatenation (``append``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +18,12 @@ from transformers.generation.logits_process import (
 )
 
 from trainers.core.decoding import (
+    DROP_STOPPED_SHARE,
     GREEDY,
     NonFiniteLogitsError,
+    RolloutEngine,
     Sampling,
+    _last_logits_only,
     choose_next,
     cut_after_first_stop,
     filter_logits,
@@ -25,6 +32,7 @@ from trainers.core.decoding import (
     sample_tokens,
 )
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, generate_completions
+from trainers.core.logprobs import position_ids_of
 from trainers.core.models import load_causal_lm, load_tokenizer
 
 QUESTIONS = [
@@ -303,3 +311,305 @@ def test_nan_logits_stop_sampling_with_one_clear_error_not_an_out_of_range_token
             pad_id=tok.pad_token_id,
             sampling=Sampling(temperature=1.0),
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The rollout engine against the loop it replaced
+
+
+@torch.no_grad()
+def previous_sample_tokens(
+    model, prompts, *, max_new_tokens, stop_ids, pad_id, sampling=GREEDY, repeats=1, generator=None
+):
+    """``sample_tokens`` as it was before the rollout engine (a2bb8bb): transformers'
+    DynamicCache grown by ``torch.cat``, the 2-D mask grown per token, stopped rows dropped once
+    they are a quarter of the batch. The oracle for the engine's greedy and sampled tokens."""
+    ids, mask = left_pad(prompts, pad_id)
+    positions = position_ids_of(mask)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        **_last_logits_only(model),
+    )
+    cache, logits = out.past_key_values, out.logits[:, -1].float()
+    if repeats > 1:
+        cache.batch_repeat_interleave(repeats)
+        logits = logits.repeat_interleave(repeats, dim=0)
+        mask = mask.repeat_interleave(repeats, dim=0)
+        positions = positions.repeat_interleave(repeats, dim=0)
+    rows = logits.shape[0]
+    stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
+    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long)
+    live = torch.arange(rows)
+    finished = torch.zeros(rows, dtype=torch.bool)
+    next_position = positions[:, -1:] + 1
+    for step in range(max_new_tokens):
+        token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
+        tokens[live, step] = token
+        finished |= torch.isin(token, stops)
+        done = int(finished.sum())
+        if step == max_new_tokens - 1 or done == len(live):
+            break
+        if done and done >= DROP_STOPPED_SHARE * len(live):
+            keep = (~finished).nonzero().squeeze(-1)
+            live, token, mask = live[keep], token[keep], mask[keep]
+            next_position, finished = next_position[keep], finished[keep]
+            cache.batch_select_indices(keep)
+        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=next_position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache, logits = out.past_key_values, out.logits[:, -1].float()
+        next_position = next_position + 1
+    stop_set = set(int(s) for s in stop_ids)
+    return [cut_after_first_stop(row, stop_set) for row in tokens.tolist()]
+
+
+def staggered_stops(rows: list[list[int]]) -> list[int]:
+    """Stop tokens taken from the rows at different steps (row i's token at step 2 + 3i), so
+    that rows end at different steps when decoded again."""
+    return sorted({row[min(2 + 3 * i, len(row) - 1)] for i, row in enumerate(rows[:4])})
+
+
+def both(model, prompts, seed=None, **kw):
+    """The engine's rows and the previous loop's, from the same random state."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    ours = sample_tokens(model, prompts, **kw)
+    if seed is not None:
+        torch.manual_seed(seed)
+    return ours, previous_sample_tokens(model, prompts, **kw)
+
+
+@pytest.mark.parametrize(
+    "sampling, repeats",
+    [
+        (GREEDY, 1),
+        (GREEDY, 3),
+        (Sampling(temperature=1.0), 1),
+        (Sampling(temperature=0.7, top_k=20, top_p=0.95), 4),
+    ],
+    ids=["greedy", "greedy-groups", "sampled", "sampled-groups"],
+)
+def test_engine_gives_the_previous_loops_tokens(lm, sampling, repeats):
+    """Greedy and sampled (same seed), single rows and GRPO groups, rows that never stop and rows
+    that stop at different steps (so some leave the batch while others go on): the same tokens
+    as the loop the engine replaced."""
+    model, tok, prompts = lm
+    kw = dict(max_new_tokens=16, pad_id=tok.pad_token_id, sampling=sampling, repeats=repeats)
+    ours, theirs = both(model, prompts, seed=7, stop_ids=[], **kw)
+    assert ours == theirs and [len(r) for r in ours] == [16] * len(prompts) * repeats
+    stops = [*end_of_turn_ids(tok), *staggered_stops(ours[::repeats])]
+    ours, theirs = both(model, prompts, seed=7, stop_ids=stops, **kw)
+    assert ours == theirs
+    if sampling.do_sample:  # (greedy rows of the random-init presets repeat one token)
+        lengths = {len(r) for r in ours}
+        assert len(lengths) > 1 and min(lengths) < 16, lengths  # rows stop at different steps
+
+
+def test_engine_with_an_explicit_generator_draws_what_the_previous_loop_drew(lm):
+    model, tok, prompts = lm
+    kw = dict(max_new_tokens=10, stop_ids=[], pad_id=tok.pad_token_id, repeats=2)
+    kw["sampling"] = Sampling(temperature=1.5, min_p=0.02)
+    ours = sample_tokens(model, prompts, generator=torch.Generator().manual_seed(3), **kw)
+    theirs = previous_sample_tokens(
+        model, prompts, generator=torch.Generator().manual_seed(3), **kw
+    )
+    assert ours == theirs
+
+
+class WithoutLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no ``logits_to_keep``: every position gets logits."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm, self.config = lm, lm.config
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, **kw):
+        return self.lm(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kw
+        )
+
+
+def test_a_model_without_logits_to_keep_gives_the_same_tokens(lm, record_forward_shapes):
+    model, tok, prompts = lm
+    plain = WithoutLogitsToKeep(model)
+    assert _last_logits_only(plain) == {} and _last_logits_only(model) != {}
+    kw = dict(max_new_tokens=12, stop_ids=end_of_turn_ids(tok), pad_id=tok.pad_token_id)
+    assert sample_tokens(plain, prompts, **kw) == sample_tokens(model, prompts, **kw)
+
+
+def test_lora_model_decodes_with_its_adapters(lm):
+    """A peft model (adapters with non-zero B, so they change the output): the engine's greedy
+    tokens equal the previous loop's and ``generate``'s, and differ from the base model's."""
+    from trainers.core import lora
+    from trainers.core.config import LoraSection
+
+    model, tok, prompts = lm
+    base = load_causal_lm(model.name_or_path, device="cpu", dtype="fp32", trainable=False)
+    torch.manual_seed(0)
+    adapted = lora.add_adapters(base, LoraSection(enabled=True, rank=8))
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    adapted.eval()
+    pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
+    kw = dict(max_new_tokens=12, stop_ids=stops, pad_id=pad_id)
+    ours = sample_tokens(adapted, prompts, **kw)
+    assert ours == previous_sample_tokens(adapted, prompts, **kw)
+    assert ours == hf_greedy(adapted, prompts, pad_id, stops, 12)
+    assert ours != sample_tokens(model, prompts, **kw), "the adapters changed nothing"
+
+
+HOT = Sampling(temperature=1.5)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def continuation(model, rows, pad_id, new, seed):
+    """Tokens after each full row from a fresh prefill of it (the reference), drawn with
+    ``gen(seed)``."""
+    return sample_tokens(
+        model,
+        rows,
+        max_new_tokens=new,
+        stop_ids=[],
+        pad_id=pad_id,
+        sampling=HOT,
+        generator=gen(seed),
+    )
+
+
+@torch.no_grad()
+def last_logits(model, rows, pad_id) -> torch.Tensor:
+    ids, mask = left_pad(rows, pad_id)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_of(mask))
+    return out.logits[:, -1]
+
+
+def test_append_then_decode_equals_prefilling_the_concatenation(lm):
+    """Multi-turn: rows decode, stop at different steps (kept, not released), get observations
+    of different lengths appended through their cache, and decode again: their next-token logits
+    equal those of a prefill of prompt + first turn + observation, and so do their draws from the
+    same generator. Rows not appended to wait; a released row is gone."""
+    model, tok, prompts = lm
+    pad_id = tok.pad_token_id
+    free = previous_sample_tokens(
+        model,
+        prompts,
+        max_new_tokens=8,
+        stop_ids=[],
+        pad_id=pad_id,
+        sampling=HOT,
+        generator=gen(1),
+    )
+    stops = staggered_stops(free)
+    engine = RolloutEngine(model, pad_id=pad_id, keep_stopped=True)
+    engine.prefill(prompts, room=8)
+    turn1 = engine.decode(max_new_tokens=8, stop_ids=stops, sampling=HOT, generator=gen(1))
+    assert list(turn1.values()) == previous_sample_tokens(
+        model,
+        prompts,
+        max_new_tokens=8,
+        stop_ids=stops,
+        pad_id=pad_id,
+        sampling=HOT,
+        generator=gen(1),
+    )
+    assert len({len(t) for t in turn1.values()}) > 1, turn1  # some stopped early: kept
+
+    observations = {0: [5, 6, 7, 8, 9], 2: [11]}
+    engine.append(list(observations), list(observations.values()))
+    full = [prompts[r] + turn1[r] + obs for r, obs in observations.items()]
+    torch.testing.assert_close(engine.logits, last_logits(model, full, pad_id), atol=1e-4, rtol=0)
+    turn2 = engine.decode(max_new_tokens=6, stop_ids=[], sampling=HOT, generator=gen(2))
+    assert list(turn2) == [0, 2]  # row 1 waits
+    assert list(turn2.values()) == continuation(model, full, pad_id, 6, seed=2)
+
+    engine.append([1], [[4, 4]])  # the waiting row resumes with its own observation
+    turn3 = engine.decode(max_new_tokens=5, stop_ids=[], sampling=HOT, generator=gen(3))
+    full1 = prompts[1] + turn1[1] + [4, 4]
+    assert turn3 == {1: continuation(model, [full1], pad_id, 5, seed=3)[0]}
+
+    engine.release([0])
+    with pytest.raises(ValueError, match="not held"):
+        engine.append([0], [[1]])
+    engine.append([2], [[3]])
+    full2 = full[1] + turn2[2] + [3]
+    turn4 = engine.decode(max_new_tokens=4, stop_ids=[], sampling=HOT, generator=gen(4))
+    assert turn4 == {2: continuation(model, [full2], pad_id, 4, seed=4)[0]}
+
+
+def test_append_after_prefill_extends_the_prompt_and_the_cache_grows(lm):
+    """Tokens appended right after the prefill extend the prompts; the cache reserved only the
+    prompts' width, so it grows to take them and the decode."""
+    model, tok, prompts = lm
+    pad_id = tok.pad_token_id
+    engine = RolloutEngine(model, pad_id=pad_id)
+    engine.prefill(prompts, repeats=2)
+    width = engine.cache.capacity
+    extra = {0: [7, 8, 9], 3: [10], 5: [12, 13]}
+    engine.append(list(extra), list(extra.values()))
+    got = engine.decode(max_new_tokens=6, stop_ids=[], sampling=HOT, generator=gen(5))
+    assert engine.cache.capacity > width
+    full = [prompts[r // 2] + obs for r, obs in extra.items()]
+    assert list(got.values()) == continuation(model, full, pad_id, 6, seed=5)
+
+
+def test_eager_attention_takes_the_2d_mask_path(lm):
+    """Under eager attention the engine hands the model the 2-D mask of valid keys (the model
+    builds its own additive mask): same draws as the previous loop, and an append still equals a
+    prefill of the concatenation."""
+    model, tok, prompts = lm
+    eager = load_causal_lm(
+        model.name_or_path,
+        device="cpu",
+        dtype="fp32",
+        attn_implementation="eager",
+        trainable=False,
+    )
+    assert eager.config._attn_implementation == "eager"
+    pad_id = tok.pad_token_id
+    kw = dict(max_new_tokens=10, pad_id=pad_id, sampling=HOT, repeats=2)
+    ours, theirs = both(eager, prompts, seed=9, stop_ids=[], **kw)
+    assert ours == theirs
+    stops = staggered_stops(ours[::2])
+    ours, theirs = both(eager, prompts, seed=9, stop_ids=stops, **kw)
+    assert ours == theirs and len({len(r) for r in ours}) > 1
+    engine = RolloutEngine(eager, pad_id=pad_id, keep_stopped=True)
+    engine.prefill(prompts)
+    first = engine.decode(max_new_tokens=5, stop_ids=[], sampling=HOT, generator=gen(6))
+    engine.append([1], [[9, 9, 9]])
+    full = [prompts[1] + first[1] + [9, 9, 9]]
+    torch.testing.assert_close(engine.logits, last_logits(eager, full, pad_id), atol=1e-4, rtol=0)
+
+
+SMOLLM2 = "smollm2-135m-instruct"
+# the tests run on a temporary lab cache: look for the pulled model where the user's lab keeps it
+SMOLLM2_DIR = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / SMOLLM2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (SMOLLM2_DIR / "config.json").is_file(),
+    reason=f"{SMOLLM2} not pulled (rlhf-lab models pull {SMOLLM2})",
+)
+def test_smollm2_greedy_equals_generate_and_the_previous_loop():
+    tok = load_tokenizer(str(SMOLLM2_DIR))
+    model = load_causal_lm(str(SMOLLM2_DIR), device="cpu", dtype="fp32", trainable=False)
+    questions = [*QUESTIONS, "Name a colour."]
+    prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
+    kw = dict(max_new_tokens=24, stop_ids=stops, pad_id=pad_id)
+    ours = sample_tokens(model, prompts, **kw)
+    assert ours == hf_greedy(model, prompts, pad_id, stops, 24)
+    assert ours == previous_sample_tokens(model, prompts, **kw)
