@@ -324,8 +324,8 @@ def test_a_busy_device_takes_a_second_run_only_when_its_estimate_fits(
 
     tools = {t.name: t for t in _list_tools(server)}
     description = tools["launch_run"].description
-    assert "a busy device is shared when the estimate fits" in description
-    assert "refused otherwise" in description and "force=true" in description
+    assert "a busy device is shared if the estimate fits" in description
+    assert "memory that does not fit" in description and "force=true" in description
 
 
 def _list_tools(server) -> list:
