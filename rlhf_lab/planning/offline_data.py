@@ -112,7 +112,7 @@ def _no_equivalent(family: str, algorithm: str, data: dict[str, Any], key: str, 
     return InvalidArgument(
         f"{key}={value!r} is a hub dataset that is not in the local Hugging Face cache, and "
         f"{family} ({algorithm}) has no built-in offline equivalent: use "
-        f"{' '.join('--set ' + o for o in override)} ({what}), or copy the dataset's cache here",
+        f"the override{'s' if len(override) > 1 else ''} {' '.join(override)} ({what}), or copy the dataset's cache here",
         next=NextStep("shrink_config", {"overrides": override}, note=what),
     )
 
@@ -141,7 +141,7 @@ def offline_data_rules(
         shown = "null (fresh built-in questions)" if offline is None else offline
         notes.append(
             f"{key}: {value} is not in the local Hugging Face cache, so the shrink uses the "
-            f"built-in offline set {shown}; --set {key}={value} keeps the hub dataset (it "
+            f"built-in offline set {shown}; the override {key}={value} keeps the hub dataset (it "
             "needs the hub or a cached copy)"
         )
 
@@ -165,7 +165,7 @@ def check_data_files(family: str, data: dict[str, Any]) -> None:
             continue
         offline = builtin_equivalent(family, _algorithm_of(family, data), data, key)
         instead = f"{key}={'null' if offline is None else offline}" if offline != "" else None
-        hint = f", or the built-in offline set: --set {instead}" if instead else ""
+        hint = f", or the built-in offline set: the override {instead}" if instead else ""
         raise NotFound(
             f"{key}={value!r}: no such file or folder (resolved to {missing.absolute()}). Pass "
             f"an existing .jsonl/.json/.parquet/.csv file or folder{hint}",

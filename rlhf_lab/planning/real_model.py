@@ -217,7 +217,7 @@ def lora_rules(r: Any, family: str, facts: Any, user_keys: set[str], notes: list
     on = ", ".join(targets) if targets else "every linear layer but the LM head"
     notes.append(
         f"LoRA (rank {rank}, alpha {2 * rank}) on {on}: {params.total / 1e6:.0f}M parameters "
-        "train slowly in full on a CPU; --set model.lora.enabled=false trains in full"
+        "train slowly in full on a CPU; the override model.lora.enabled=false trains in full"
     )
     _lora_learning_rate(r, family, user_keys, notes)
 

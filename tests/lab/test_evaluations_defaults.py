@@ -80,8 +80,7 @@ def smol_folder(root: Path) -> str:
 
 
 def test_a_pretrained_model_on_a_cpu_is_evaluated_at_a_cpu_size(lab_root):
-    from rlhf_lab.evaluation_cost import CPU_EVAL_NEW_TOKENS, CPU_EVAL_PROMPTS
-    from rlhf_lab.evaluations import EvalTarget, eval_config
+    from rlhf_lab.evaluations import CPU_EVAL_NEW_TOKENS, CPU_EVAL_PROMPTS, EvalTarget, eval_config
 
     smol = EvalTarget(given="smol", path=smol_folder(lab_root))
     cfg = eval_config("reasoning", smol, None, None, [], "cpu")

@@ -80,7 +80,9 @@ def test_an_uncached_hub_dataset_becomes_the_builtin_set_and_the_plan_says_so(sm
     res = shrink_config("sft", model=smol)
     assert res.config["data"]["dataset"] == "builtin:reasoning-sft"
     note = next(n for n in res.notes if "HuggingFaceH4/no_robots" in n)
-    assert "builtin:reasoning-sft" in note and "--set data.dataset=HuggingFaceH4/no_robots" in note
+    assert (
+        "builtin:reasoning-sft" in note and "override data.dataset=HuggingFaceH4/no_robots" in note
+    )
     plan = api.plan_experiment(algorithm="sft", model=smol)
     assert any("HuggingFaceH4/no_robots" in w for w in plan.warnings)
     assert plan.runs[0].recipe == "sft/sft"
@@ -114,10 +116,10 @@ def test_no_builtin_equivalent_is_refused_with_the_override_to_use(smol, monkeyp
     with pytest.raises(InvalidArgument) as err:
         shrink_config("sft", model=smol)
     assert "has no built-in offline equivalent" in err.value.message
-    assert "--set data.dataset=/path/to/data.jsonl" in err.value.message
+    assert "override data.dataset=/path/to/data.jsonl" in err.value.message
     with pytest.raises(InvalidArgument) as pg:
         shrink_config("grpo_rm", model=smol)  # a family that also reads reasoning-gym
-    assert "--set data.source=reasoning_gym --set data.dataset=null" in pg.value.message
+    assert "overrides data.source=reasoning_gym data.dataset=null" in pg.value.message
 
 
 # ------------------------------------------------------------------------------ LoRA, sizes
@@ -222,7 +224,7 @@ def test_a_missing_data_file_is_refused_at_plan_launch_and_queue(lab_root):
     with pytest.raises(NotFound) as err:
         api.plan_experiment(algorithm="dpo", model="tiny", overrides=missing)
     assert "data.dataset='/no/such/pairs.jsonl': no such file" in err.value.message
-    assert "--set data.dataset=builtin:reasoning-preferences" in err.value.message
+    assert "override data.dataset=builtin:reasoning-preferences" in err.value.message
     for queue in (True, False):
         with pytest.raises(NotFound):
             api.launch_experiment("dpo", missing, model="tiny", queue=queue)

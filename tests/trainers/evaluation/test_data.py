@@ -136,8 +136,9 @@ def test_reasoning_prompts_are_the_runs_tasks_never_its_training_questions(tmp_p
 
 def test_named_tasks_and_a_model_without_a_run():
     ref = resolve_ref("tiny", "target")
-    with pytest.raises(ConfigError, match="name the tasks"):
-        reasoning_prompts(EvalConfig(target="tiny"), ref)
+    # no tasks named and no run to read them from: the built-in mix (it used to be refused)
+    mixed, info = reasoning_prompts(EvalConfig(target="tiny", prompts={"size": 6}), ref)
+    assert info["tasks_from"] == "the built-in mix" and len(mixed) == 6
     cfg = EvalConfig(target="tiny", prompts={"size": 5, "tasks": ["spell_backward"]})
     prompts, info = reasoning_prompts(cfg, ref)
     assert len(prompts) == 5 and not info["training_questions_checked"]
