@@ -63,6 +63,11 @@ class NextItem:
     action: str
     commands: list[str] = field(default_factory=list)
     kind: str = ""  # "heldout_regression" for the per-run item a comparison-level one can fold
+    # the alternative of a divergence item that lowers the learning rate ten times (its command
+    # and its part of ``action``): a comparison-level item that reruns the arm at a tenth of the
+    # learning rate covers it, so :func:`without_folded` takes it out
+    lower_lr_command: str = ""
+    lower_lr_action: str = ""
 
 
 def _overrides(items: Iterable[str]) -> dict[str, str]:
@@ -103,18 +108,24 @@ def _sweep(recipes: list[str], items: list[str], campaign: str, **options: Any) 
     return shlex.join(args)
 
 
-def _advice_item(run, campaign: str, why: str, advice, fallback: str) -> NextItem:
+def _advice_item(
+    run, campaign: str, why: str, advice, fallback: str, lr_key: str | None = None
+) -> NextItem:
     """One Next item from a list of setting changes (``key``, ``value``, ``override``, ``why``):
-    the changes as the action, one launch command per change, ``fallback`` when there are none."""
+    the changes as the action, one launch command per change, ``fallback`` when there are none.
+    ``lr_key``: the learning-rate key, whose change is marked as one a comparison may cover."""
+    actions = [f"{a.override} ({a.why})" for a in advice]
+    commands = [
+        _launch(run.recipe, _with(run.overrides, **{a.key.replace(".", "__"): a.value}), campaign)
+        for a in advice
+    ]
+    lowers = [i for i, a in enumerate(advice) if lr_key and a.key == lr_key]
     return NextItem(
         why=f"{run.run_id}: {why}",
-        action=" or ".join(f"{a.override} ({a.why})" for a in advice) or fallback,
-        commands=[
-            _launch(
-                run.recipe, _with(run.overrides, **{a.key.replace(".", "__"): a.value}), campaign
-            )
-            for a in advice
-        ],
+        action=" or ".join(actions) or fallback,
+        commands=commands,
+        lower_lr_command=commands[lowers[0]] if lowers else "",
+        lower_lr_action=actions[lowers[0]] if lowers else "",
     )
 
 
@@ -243,11 +254,26 @@ def lower_lr_items(
 
 
 def without_folded(items: list[NextItem], run_id: str, folded: set[str]) -> list[NextItem]:
-    """A run's items without its held-out regression item when a comparison-level item covers
-    the run."""
+    """A run's items when a comparison-level item covers the run: without its held-out
+    regression item, and without the lower-learning-rate alternative of its other items."""
     if run_id not in folded:
         return items
-    return [i for i in items if i.kind != "heldout_regression"]
+    return [_without_lower_lr(i) for i in items if i.kind != "heldout_regression"]
+
+
+def _without_lower_lr(item: NextItem) -> NextItem:
+    """The item without its lower-learning-rate alternative (the comparison's item reruns the
+    arm at a tenth of the learning rate: the same run, which the lab would refuse as identical
+    while the first is queued)."""
+    if not item.lower_lr_command or item.lower_lr_command not in item.commands:
+        return item
+    rest = [a for a in item.action.split(" or ") if a != item.lower_lr_action]
+    return NextItem(
+        why=item.why,
+        action=" or ".join(rest) or item.action,
+        commands=[c for c in item.commands if c != item.lower_lr_command],
+        kind=item.kind,
+    )
 
 
 def _all_regressed_item(entry: ComparisonEntry, regressed: set[str], campaign: str):
@@ -354,6 +380,7 @@ def _run_items(run: RunRecord, campaign: str):
             f"{what} (the policy diverged)",
             advice,
             "a lower learning rate or a tighter KL leash",
+            lr_key=spec.learning_rate_key,
         )
     if "flat" in run.flags:
         lr = _setting(run, spec.learning_rate_key)

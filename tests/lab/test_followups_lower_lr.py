@@ -86,3 +86,43 @@ def test_a_healthy_comparison_gets_no_lower_lr_item():
     _campaign(lambda recipe: healthy_rows())
     block = next_block(CAMP)
     assert "every arm (" not in block and "learning rate ten times lower" not in block
+
+
+def test_a_diverged_run_of_an_all_regressed_comparison_is_not_proposed_twice():
+    """Every arm regressed and every run's KL blew up: the comparison's sweep at lr ×0.1 already
+    reruns each arm at a tenth of its learning rate, so each run's divergence item offers only
+    its other change (a tighter KL leash). Before, it proposed the same run a second time (a
+    launch at lr ×0.1, same seed), which the lab refuses as identical while the first is queued."""
+
+    def diverged(recipe: str) -> list[dict]:
+        rows = grpo_rows()
+        for step in range(1, 21):
+            rows.append({"step": step, "phase": "rollout", "kl_ref": 0.5 if step < 10 else 120.0})
+        return sorted(rows, key=lambda r: (r["step"], r["phase"] != "rollout"))
+
+    _campaign(diverged)
+    block = next_block(CAMP)
+    assert "every arm (grpo, reinforce_pp) regressed on held-out" in block
+    # one divergence item per arm (its two seeds share the command, so one is dropped as a repeat)
+    assert block.count("the policy diverged") == 2
+    lowered = [c for c in commands_in(block) if "train.learning_rate=0.0001" in c]
+    assert len(lowered) == 1 and lowered[0].split()[3] == "sweep"
+    leash = [c for c in commands_in(block) if "loss.beta=" in c]
+    assert len(leash) == 2  # grpo's and reinforce_pp's tighter KL leash (seeds share a command)
+    assert "smaller steps, lr now" not in block  # the folded alternative's text is gone too
+
+
+def test_a_diverged_run_alone_keeps_its_lower_lr_alternative():
+    _campaign(lambda recipe: healthy_rows())
+    from rlhf_lab.ledger.followups import NextItem, without_folded
+
+    item = NextItem(
+        why="r: its KL blew up",
+        action="train.learning_rate=0.0001 (smaller steps) or loss.beta=0.05 (a tighter leash)",
+        commands=["launch lr", "launch beta"],
+        lower_lr_command="launch lr",
+        lower_lr_action="train.learning_rate=0.0001 (smaller steps)",
+    )
+    assert without_folded([item], "r", folded=set()) == [item]
+    (kept,) = without_folded([item], "r", folded={"r"})
+    assert kept.commands == ["launch beta"] and kept.action == "loss.beta=0.05 (a tighter leash)"
