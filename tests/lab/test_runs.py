@@ -557,7 +557,11 @@ def test_queue_starts_the_second_after_the_first_then_kill_9_is_died(fleet, lab_
     status = runs.run_state(run_id)
     assert status.state == "running"
     assert runs._parse_time(s1.ended_at) <= runs._parse_time(status.started_at)
-    queue_log = (lab_root / "experiments" / ".lab" / "queue.log").read_text()
+    # the worker logs a start once the launch returns, which can be after the trainer wrote
+    # process.json (a race the test lost once on a busy machine): wait for the line
+    log = lab_root / "experiments" / ".lab" / "queue.log"
+    wait_until(lambda: f"started {run_id}" in log.read_text(), 30, "the worker to log the start")
+    queue_log = log.read_text()
     assert queue_log.index(f"started {s1.id}") < queue_log.index(f"started {run_id}")
 
     proc = read_json(run_dir / "process.json")
