@@ -33,8 +33,13 @@ __all__ = [
 ]
 
 # An absolute path under a folder that belongs to one machine (not a system path such as /usr).
+# So is any absolute path through a virtual environment's bin/ or a repository's experiments/,
+# wherever the checkout lives (a CI clone under /check, /srv, /builds, ...). Not after ':' or '/'
+# (a URL's path is not a machine path).
+_CHARS = r"[^\s\"'(),;`<>|]"
 MACHINE_PATH = re.compile(
-    r"(?<![\w.~-])/(?:root|home|tmp|work|Users|private|mnt|scratch)(?:/[^\s\"'(),;`<>|]*)?"
+    rf"(?<![\w.~:/-])(?:/(?:root|home|tmp|work|Users|private|mnt|scratch)(?:/{_CHARS}*)?"
+    rf"|/{_CHARS}*?/(?:\.venv/bin|experiments)/{_CHARS}*)"
 )
 _HOME = re.compile(r"/(?:root|home/[^/]+|Users/[^/]+)(?:/(.*))?$")
 TEXT_SUFFIXES = frozenset({".json", ".jsonl", ".yaml", ".yml", ".log", ".md", ".txt", ".csv"})

@@ -50,6 +50,16 @@ def test_portable_path_rules():
     assert MACHINE_PATH.search("see ~/.cache/rlhf-lab and experiments/c") is None
 
 
+def test_a_checkout_outside_the_usual_roots_is_made_portable_too():
+    """CI clones the repository under /check: its interpreter and run folders are machine paths
+    as much as /work's are (the ledger kept ``/check/.../.venv/bin/python`` before)."""
+    argv = ["/check/work/main/.venv/bin/python", "-m", "t", "--run-dir", "/srv/ci/experiments/c/r"]
+    assert portable_argv(argv) == ["python", "-m", "t", "--run-dir", "experiments/c/r"]
+    assert MACHINE_PATH.search("/check/work/main/.venv/bin/python") is not None
+    url = "see https://example.org/a/experiments/x and /usr/bin/python"
+    assert portable_text(url) == url
+
+
 def test_the_ledger_stores_a_portable_argv(lab_root):
     ledger.create_campaign(CAMP, "q")
     run = make_run("grpo-1", rlhf_rows(lambda d: d))
