@@ -151,11 +151,11 @@ def plot_run_metrics(
     if title:
         fig.suptitle(title, fontsize=10)
 
-    out = _save(fig, out_path)
+    out = save_figure(fig, out_path)
     return PlotResult(path=str(out), panels=names, series=count, skipped_points=skipped)
 
 
-def _save(fig: Any, out_path: str | Path) -> Path:
+def save_figure(fig: Any, out_path: str | Path) -> Path:
     """Write ``fig`` as a PNG under a temporary name, then rename it into place."""
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -322,5 +322,5 @@ def plot_reward_vs_kl(
     )
     if title:
         fig.suptitle(title, fontsize=10)
-    out = _save(fig, out_path)
+    out = save_figure(fig, out_path)
     return PlotResult(path=str(out), panels=panels, series=count)

@@ -54,6 +54,7 @@ from rlhf_lab.ledger.render import (
 from rlhf_lab.ledger.schema import (
     BLOCKS,
     MANUAL_STATUSES,
+    AnswerEntry,
     ArmSummary,
     Attempt,
     Campaign,
@@ -67,7 +68,14 @@ from rlhf_lab.ledger.schema import (
     Verdict,
     _Model,
 )
-from rlhf_lab.ledger.store import create_campaign, record_comparison, record_run, render_campaign
+from rlhf_lab.ledger.store import (
+    answer_figure_path,
+    create_campaign,
+    record_answer,
+    record_comparison,
+    record_run,
+    render_campaign,
+)
 from rlhf_lab.ledger.text import _one_line, load_yaml
 from rlhf_lab.paths import check_run_id, experiments_dir, find_run
 from trainers.core.rundir import atomic_write_text
@@ -81,6 +89,7 @@ __all__ = [
     "LOCK_TIMEOUT_S",
     "MANUAL_STATUSES",
     "TERMINAL_STATES",
+    "AnswerEntry",
     "_CONFIG_CLASSES",
     "ArmSummary",
     "Attempt",
@@ -104,6 +113,7 @@ __all__ = [
     "_metric_keys",
     "_one_line",
     "_split_front_matter",
+    "answer_figure_path",
     "atomic_write_text",
     "check_campaign_slug",
     "check_run_id",
@@ -115,6 +125,7 @@ __all__ = [
     "load_yaml",
     "metric_direction",
     "read_metric_rows",
+    "record_answer",
     "record_comparison",
     "record_run",
     "regenerate_index",

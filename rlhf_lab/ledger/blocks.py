@@ -52,6 +52,7 @@ from rlhf_lab.ledger.render import (
     replace_blocks,
 )
 from rlhf_lab.ledger.schema import (
+    AnswerEntry,
     Campaign,
     ComparisonEntry,
     RunRecord,
@@ -152,6 +153,7 @@ class BlockInput:
     pieces: list[dict[str, Any]]
     comparisons: list[ComparisonEntry] = field(default_factory=list)
     stages: list[dict[str, Any]] = field(default_factory=list)
+    answer: AnswerEntry | None = None
 
 
 def _training(pieces: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,6 +224,10 @@ def _next_block(data: BlockInput) -> str:
 
 # block name -> (its heading, how its content is made)
 BLOCKS: dict[str, tuple[str, Callable[[BlockInput], str]]] = {
+    "answer": (
+        "Answer",
+        lambda d: _render("answer.md.j2", answer=d.answer, campaign=d.meta.id),
+    ),
     "setup": (
         "Setup",
         lambda d: _render(
@@ -309,4 +315,5 @@ def full_input(data: _LedgerData) -> BlockInput:
         pieces=pieces,
         comparisons=list(data.comparisons),
         stages=_stages(training_runs(data.runs)),
+        answer=data.answer,
     )

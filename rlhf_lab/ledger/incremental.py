@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_lab.ledger.blocks import PIECES_VERSION, BlockInput, campaign_of, run_pieces
-from rlhf_lab.ledger.schema import ComparisonEntry, RunRecord, _CampaignMeta
+from rlhf_lab.ledger.schema import AnswerEntry, ComparisonEntry, RunRecord, _CampaignMeta
 
 __all__ = [
     "LedgerText",
@@ -69,6 +69,11 @@ class LedgerText:
     def comparisons(self) -> list[ComparisonEntry]:
         data = json.loads("{" + self.tail[len("\n ],") :])
         return [ComparisonEntry.model_validate(c) for c in data["comparisons"]]
+
+    def answer(self) -> AnswerEntry | None:
+        data = json.loads("{" + self.tail[len("\n ],") :])
+        found = data.get("answer")
+        return AnswerEntry.model_validate(found) if found else None
 
 
 def split_ledger(text: str) -> LedgerText | None:
@@ -191,4 +196,5 @@ def block_input(ledger: LedgerText, pieces: list[dict[str, Any]]) -> BlockInput 
         pieces=pieces,
         comparisons=ledger.comparisons(),
         stages=[],
+        answer=ledger.answer(),
     )

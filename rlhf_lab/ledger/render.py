@@ -163,11 +163,16 @@ def _block_spans(text: str, names: Sequence[str], where: str) -> dict[str, tuple
     return spans
 
 
+# blocks that open the report: re-added under the campaign's title, not at the end
+_UNDER_TITLE = frozenset({"answer"})
+
+
 def replace_blocks(
     text: str, contents: dict[str, str], headings: dict[str, str], where: str
 ) -> str:
     """Replace the content between each block's markers; bytes outside markers are kept. A block
-    whose markers are both gone is re-added right under its heading (or at the end)."""
+    whose markers are both gone is re-added right under its heading, else (the answer) under the
+    title, else at the end."""
     spans = _block_spans(text, list(contents), where)
     parts, done = [], 0  # the blocks do not overlap (checked): one pass, one join
     for name, (start, stop) in sorted(spans.items(), key=lambda kv: kv[1][0]):
@@ -180,9 +185,13 @@ def replace_blocks(
         block = f"{_begin(name)}\n{content}\n{_end(name)}"
         heading = headings.get(name)
         match = re.search(rf"^## {re.escape(heading)}[ \t]*$", text, re.M) if heading else None
+        title = re.search(r"^# .*$", text, re.M) if name in _UNDER_TITLE else None
         if match:
             at = match.end()
             text = text[:at] + "\n\n" + block + text[at:]
+        elif title and heading:
+            at = title.end()
+            text = f"{text[:at]}\n\n## {heading}\n\n{block}{text[at:]}"
         else:
             sep = "" if text.endswith("\n") or not text else "\n"
             title = f"## {heading}\n\n" if heading else ""

@@ -14,6 +14,7 @@ from rlhf_lab.evaluation_records import EvalSummary
 __all__ = [
     "BLOCKS",
     "MANUAL_STATUSES",
+    "AnswerEntry",
     "ArmSummary",
     "Attempt",
     "Campaign",
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 BLOCKS: tuple[str, ...] = (
+    "answer",
     "setup",
     "runs",
     "plots",
@@ -222,6 +224,19 @@ class ComparisonEntry(_Model):
     verdicts: list[Verdict] = Field(default_factory=list)
 
 
+class AnswerEntry(_Model):
+    """The campaign's answer (rlhf_lab.results.answer): what the top of its report says."""
+
+    verdict: str = Field(description="the answer to the question, with its 95% interval")
+    details: list[str] = Field(default_factory=list, description="the other numbers behind it")
+    rule: str = Field(default="", description="how the intervals and the verdict are made")
+    budget: str = Field(default="", description="whether the budget was adequate, and why")
+    figure: str | None = Field(default=None, description="PNG, relative to the asset folder")
+    source: str = Field(default="", description="the analysis that made it")
+    run_ids: list[str] = Field(default_factory=list)
+    recorded_at: str = ""
+
+
 class Campaign(_Model):
     id: str = Field(description="YYYY-MM-DD-<slug>, the markdown file's stem")
     slug: str
@@ -263,6 +278,7 @@ class _LedgerData(_Model):
     campaign: _CampaignMeta
     runs: list[RunRecord] = Field(default_factory=list)
     comparisons: list[ComparisonEntry] = Field(default_factory=list)
+    answer: AnswerEntry | None = None
 
 
 class _RunBrief(NamedTuple):

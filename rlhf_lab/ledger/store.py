@@ -42,7 +42,14 @@ from rlhf_lab.ledger.layout import (
 )
 from rlhf_lab.ledger.metrics import _metric_keys
 from rlhf_lab.ledger.render import _campaign_model
-from rlhf_lab.ledger.schema import Campaign, ComparisonEntry, RunRecord, _CampaignMeta, _LedgerData
+from rlhf_lab.ledger.schema import (
+    AnswerEntry,
+    Campaign,
+    ComparisonEntry,
+    RunRecord,
+    _CampaignMeta,
+    _LedgerData,
+)
 from rlhf_lab.ledger.text import _now, _one_line
 from rlhf_lab.paths import experiments_dir, find_run, today
 from rlhf_lab.plots import plot_reward_vs_kl, plot_run_metrics
@@ -50,7 +57,14 @@ from rlhf_lab.runfolder import read_metric_rows, read_record
 from rlhf_lab.runs import run_state
 from trainers.core.runfolder import ACTIVE_STATES
 
-__all__ = ["create_campaign", "record_comparison", "record_run", "render_campaign"]
+__all__ = [
+    "answer_figure_path",
+    "create_campaign",
+    "record_answer",
+    "record_comparison",
+    "record_run",
+    "render_campaign",
+]
 
 FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
 
@@ -361,6 +375,29 @@ def record_comparison(slug: str, entry: ComparisonEntry) -> Campaign:
                 break
         else:
             data.comparisons.append(entry)
+        _write(name, data)
+    regenerate_index()
+    return _campaign_model(data)
+
+
+def answer_figure_path(slug: str) -> Path:
+    """Where the campaign's answer figure goes (its asset folder's plots/answer.png)."""
+    return _asset_dir(resolve_campaign(slug)) / "plots" / "answer.png"
+
+
+def record_answer(slug: str, entry: AnswerEntry) -> Campaign:
+    """Put ``entry`` into the campaign's Answer block (it replaces the one recorded before)."""
+    name = resolve_campaign(slug)
+    if not entry.recorded_at:
+        entry = entry.model_copy(update={"recorded_at": _now()})
+    with _acquire(_locked(name), name):
+        data = _load_data(name)
+        if data is None:
+            raise NotFound(
+                f"campaign {name} has no ledger yet; record a run into it first",
+                next=NextStep("create_campaign", {"slug": name}),
+            )
+        data.answer = entry
         _write(name, data)
     regenerate_index()
     return _campaign_model(data)

@@ -1,0 +1,163 @@
+"""The campaign's answer (rlhf_lab/results/answer.py and the ledger's Answer block): the change
+from the start per arm with its interval, checked against hand computations; the budget's
+adequacy; the figure; the block under the title of a new and of an old ledger; compare
+--campaign recording it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rlhf_lab import ledger
+from rlhf_lab.compare import compare_runs
+from rlhf_lab.ledger.render import replace_blocks
+from rlhf_lab.results.answer import (
+    arm_change,
+    change_answer,
+    change_verdict,
+    draw_change_figure,
+    signal_moved,
+    start_and_last,
+)
+from rlhf_lab.stats import newcombe_difference
+from tests.lab.test_overoptimisation import CAMP, PNG_MAGIC, make_run
+
+PLAIN = ("model.name=tiny", "train.max_steps=12")
+
+
+@pytest.fixture(autouse=True)
+def lab_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def pg_rows(start: float, end: float, *, fmt=(0.5, 0.9), contrast=0.6, steps=12, n=32):
+    """A policy-gradient run: eval rows at 0, 6 and 12 (correctness start → end, linear), rollout
+    rows with the given reward contrast and a response length growing by one token a step."""
+    rows = []
+    for step in (0, 6, 12):
+        f = step / steps
+        rows.append(
+            {
+                "step": step,
+                "phase": "eval",
+                "eval/avg_correctness": start + (end - start) * f,
+                "eval/avg_format": fmt[0] + (fmt[1] - fmt[0]) * f,
+                "eval/response_length/mean": 40.0 + step,
+                "eval/num_prompts": n,
+            }
+        )
+    for step in range(1, steps + 1):
+        rows.append(
+            {
+                "step": step,
+                "phase": "rollout",
+                "avg_correctness": start + (end - start) * step / steps,
+                "frac_reward_zero_std": 1.0 - contrast,
+                "response_length/mean": 30.0 + step,
+            }
+        )
+    return sorted(rows, key=lambda r: (r["step"], r["phase"] != "eval"))
+
+
+def test_start_and_last_read_the_step0_and_last_evaluations():
+    rows = pg_rows(0.25, 0.5)
+    assert start_and_last(rows, "eval/avg_correctness") == (0.25, 0.5, 32)
+    # no step-0 evaluation: no start to measure from
+    assert start_and_last([r for r in rows if r["step"] != 0], "eval/avg_correctness") is None
+    assert start_and_last(rows, "eval/missing") is None
+
+
+def test_arm_change_over_seeds_is_the_t_interval_of_the_deltas():
+    # deltas 0.1, 0.2, 0.3: mean 0.2, sd 0.1, t(0.975, 2) = 4.302653
+    change = arm_change("grpo", "m", [(0.2, 0.3, 32), (0.2, 0.4, 32), (0.1, 0.4, 32)])
+    half = 4.302653 * 0.1 / math.sqrt(3)
+    assert change.change.estimate == pytest.approx(0.2)
+    assert change.change.low == pytest.approx(0.2 - half, abs=1e-5)
+    assert change.change.high == pytest.approx(0.2 + half, abs=1e-5)
+    assert change.basis == "t over 3 seeds"
+    assert change_verdict(change) == "no change beyond noise"  # 0.2 ± 0.25 contains 0
+
+
+def test_seeds_that_moved_alike_take_newcombe_on_the_pooled_prompts():
+    change = arm_change("grpo", "m", [(0.25, 0.5, 32), (0.25, 0.5, 32)])
+    expected = newcombe_difference(0.5, 64, 0.25, 64)
+    assert (change.change.low, change.change.high) == pytest.approx((expected.low, expected.high))
+    assert change.change.low > 0 and change_verdict(change) == "raised"
+    lowered = arm_change("grpo", "m", [(0.5, 0.1, 32)])  # one seed
+    assert change_verdict(lowered) == "lowered"
+    # not a share, no spread: no noise estimate, no verdict
+    assert arm_change("grpo", "len", [(40.0, 52.0, 32), (40.0, 52.0, 32)]) is None
+
+
+def test_the_budget_is_adequate_only_when_groups_had_contrast():
+    moved, text = signal_moved({"a": pg_rows(0.2, 0.5, contrast=0.6)})
+    assert moved and "60%" in text and "first quarter" in text
+    flat, text = signal_moved({"a": pg_rows(0.0, 0.0, contrast=0.0)})
+    assert not flat and "too few groups had contrast" in text
+    assert signal_moved({"a": []})[0] is False
+
+
+def test_change_answer_names_each_arm_with_its_interval(tmp_path):
+    rows = {
+        "g1": pg_rows(0.2, 0.6),
+        "g2": pg_rows(0.25, 0.55),
+        "g3": pg_rows(0.2, 0.65),
+        "d1": pg_rows(0.2, 0.2, fmt=(0.5, 0.5)),
+        "d2": pg_rows(0.25, 0.3, fmt=(0.5, 0.5)),
+        "d3": pg_rows(0.2, 0.15, fmt=(0.5, 0.5)),
+    }
+    arms = {"grpo": ["g1", "g2", "g3"], "drgrpo": ["d1", "d2", "d3"]}
+    metrics = [("eval/avg_correctness", "held-out correctness"), ("eval/avg_format", "format")]
+    answer = change_answer(arms, rows, metrics)
+    assert "**grpo** raised held-out correctness: 0.217 → 0.6, Δ +0.383" in answer.verdict
+    assert "**drgrpo** no change beyond noise held-out correctness" in answer.verdict
+    assert any(line.startswith("**grpo** raised format") for line in answer.details)
+    assert answer.budget.startswith("adequate") and answer.run_ids[:3] == ["g1", "g2", "g3"]
+    out = draw_change_figure(
+        arms,
+        rows,
+        [("eval/avg_correctness", "eval", "c"), ("response_length/mean", "rollout", "l")],
+        tmp_path / "answer.png",
+    )
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert draw_change_figure(arms, {}, [("x", "eval", "x")], tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_the_answer_block_opens_a_new_campaign_and_is_added_under_an_old_title():
+    ledger.create_campaign(CAMP, "Does it learn?")
+    md = (ledger.experiments_dir() / f"{CAMP}.md").read_text()
+    assert md.index("## Answer") < md.index("## Goal")
+    assert "_No answer yet" in md
+    old = "# Does it learn?\n\n## Goal\n\ntext\n"
+    new = replace_blocks(old, {"answer": "**yes**"}, {"answer": "Answer"}, "x.md")
+    assert new.startswith(
+        "# Does it learn?\n\n## Answer\n\n<!-- rlhf-lab:begin answer -->\n**yes**"
+    )
+    assert new.endswith("## Goal\n\ntext\n")
+
+
+def test_compare_campaign_records_the_answer_and_its_figure(lab_root):
+    ledger.create_campaign(CAMP, "Does GRPO raise held-out correctness from the warm start?")
+    ids = []
+    for i, (a, b) in enumerate([(0.2, 0.6), (0.25, 0.55), (0.2, 0.65)]):
+        run_id = f"grpo-{i}"
+        make_run(run_id, pg_rows(a, b), overrides=(*PLAIN, f"seed={42 + i}"))
+        ledger.record_run(run_id, plot=False)
+        ids.append(run_id)
+    compare_runs(ids, record_in=CAMP)
+    stored = json.loads((lab_root / "experiments" / CAMP / "ledger.json").read_text())
+    assert stored["answer"]["verdict"].startswith("**grpo** raised")
+    assert stored["answer"]["figure"] == "plots/answer.png"
+    assert (lab_root / "experiments" / CAMP / "plots" / "answer.png").read_bytes()[:8] == PNG_MAGIC
+    md = (lab_root / "experiments" / f"{CAMP}.md").read_text()
+    lines = md.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("**grpo** raised"))
+    assert at < 40 and at < lines.index("## Goal")
+    assert f"![answer]({CAMP}/plots/answer.png)" in md
+    # recording a run again (the incremental path) keeps the answer
+    ledger.record_run(ids[0], plot=False)
+    assert "**grpo** raised" in (lab_root / "experiments" / f"{CAMP}.md").read_text()
