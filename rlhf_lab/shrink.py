@@ -267,6 +267,9 @@ def _policy_gradients(r: _Rules, algorithm: str, preset: bool, notes: list[str])
             )
         if r.get("data.source") == "preference":
             r.set("data.dataset", "builtin")  # the offline prompts of the built-in pairs
+    elif _from_run(r.get("model.name")) and not against_rm:
+        # a warm start of a pretrained model: its trained task, the model's own sizes and lr
+        _trained_task(r, notes)
     if _greedy_baseline(algorithm):
         notes.append(
             f"{algorithm} also generates and scores one greedy completion per prompt each rollout "
@@ -301,8 +304,6 @@ WARM_START_EVAL_SIZE = 64
 def _warm_start(r: _Rules, notes: list[str]) -> None:
     """A policy-gradient run from a trained run of a preset: a fine-tuning learning rate, and
     prompts from the task the run was trained on (its lineage) rather than the recipe's."""
-    from rlhf_lab.lineage import trained_task_specs
-
     model = r.get("model.name")
     r.set("train.learning_rate", WARM_START_PG_LR)
     r.set("data.eval_size", WARM_START_EVAL_SIZE)
@@ -311,6 +312,15 @@ def _warm_start(r: _Rules, notes: list[str]) -> None:
         "warm start 1e-3, the value for a random-init preset, undid its held-out correctness in "
         "10 steps, and 1e-4 and 3e-5 still lowered it)"
     )
+    _trained_task(r, notes)
+
+
+def _trained_task(r: _Rules, notes: list[str]) -> None:
+    """Prompts from the task the run in ``model.name`` was trained on (its lineage), for a warm
+    start of a preset or of a pretrained model alike."""
+    from rlhf_lab.lineage import trained_task_specs
+
+    model = r.get("model.name")
     if r.get("data.source", "reasoning_gym") != "reasoning_gym":
         return
     specs = trained_task_specs(model)

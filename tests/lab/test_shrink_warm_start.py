@@ -131,3 +131,16 @@ def test_the_plan_explains_the_warm_start_shrink(monkeypatch):
     plan = plan_mod.plan_experiment(algorithm="reinforce_pp", model=f"run:{warm}")
     text = " ".join([*plan.notes, *plan.warnings])
     assert "is a trained run: lr" in text and "(chain_sum)" in text
+
+
+def test_pg_shrink_of_a_pretrained_models_warm_start_takes_its_task():
+    """A warm start of SmolLM2 (not a preset) kept the recipe's spell_backward before: GRPO from
+    an SFT on chain_sum must draw chain_sum prompts, as from the tiny warm start."""
+    warm = _run_of(
+        "sft",
+        ["model.name=smollm2-135m-instruct", "data.dataset=builtin:reasoning-sft:chain_sum"],
+    )
+    res = shrink_config("grpo", model=f"run:{warm}")
+    assert [s["name"] for s in res.config["data"]["specs"]] == ["chain_sum"]
+    assert any("chain_sum" in n and "lineage" in n for n in res.notes)
+    assert res.config["train"]["learning_rate"] != WARM_START_PG_LR  # the preset's rate stays there
