@@ -506,6 +506,20 @@ def _random_init_preset(model: str) -> bool:
     return model in PRESETS
 
 
+def _existing_model(model: str) -> str | None:
+    """What to probe for ``model``: a run reference (``run:<id>``) is its run's final model
+    when that run has finished and kept it (None: not there yet); any other name as it is."""
+    from rlhf_lab.lineage import is_ref, ref_id, upstream
+
+    if not is_ref(model):
+        return model
+    try:
+        up = upstream(ref_id(model))
+    except Exception:  # noqa: BLE001 - an unknown run: nothing to probe, said so
+        return None
+    return str(up.final_model) if up.has_output else None
+
+
 def _fingerprint(model: str) -> str | None:
     from trainers.core.models import model_fingerprint
 
@@ -561,10 +575,9 @@ def calibrate(
     if _random_init_preset(model):
         settings = settings.model_copy(update={"prompts": PRESET_PROBE_PROMPTS})
     cal = Calibration(model=model, settings=settings)
-    from rlhf_lab.lineage import is_ref
-
-    if is_ref(model) or (cal_fp := _fingerprint(model)) is None:
-        cal.notes.append(f"not calibrated: {model} is not a model that exists yet")
+    model = _existing_model(model)
+    if model is None or (cal_fp := _fingerprint(model)) is None:
+        cal.notes.append(f"not calibrated: {cal.model} is not a model that exists yet")
         return cal
     cal.fingerprint = cal_fp
     candidates, settings, cut = fit_budget(candidates_for(requested, configured), settings)

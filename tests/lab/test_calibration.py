@@ -385,3 +385,43 @@ def test_launch_shrink_calibrates_and_keeps_it_in_the_run_folder(tmp_path, monke
         assert "difficulty calibration of tiny" in markdown
     finally:
         api.stop_run(result.run.id)
+
+
+def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monkeypatch):
+    """``model.name=run:<id>`` of a run that kept its final model is probed there (it was called
+    'not a model that exists yet' before, so GRPO from an SFT warm start was never calibrated);
+    a run not finished yet still is not."""
+    import json
+
+    from rlhf_lab.catalog import find_recipe
+    from rlhf_lab.configs import resolve_config
+    from rlhf_lab.runs import prepare_run
+
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    found = find_recipe("sft")
+    config = resolve_config(found, ["model.name=tiny"]).data
+    info = prepare_run(found.family, found.algorithm, config, "c", found.config_path, [])
+    run_dir = tmp_path / "experiments" / info.campaign / "runs" / info.id
+    specs = {"data": {"specs": [{"name": "chain_sum"}]}}
+    probe = StubProbe(RATES)
+    pending = calibrate(
+        "policy_gradients", "grpo", {"model": {"name": f"run:{info.id}"}, **specs}, [],
+        probe=probe, cache_dir=None,
+    )  # fmt: skip
+    assert "not a model that exists yet" in pending.notes[0] and probe.calls == []
+    final = run_dir / "final_model"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**meta, "state": "succeeded"}))
+    seen: list[str] = []
+
+    def probe_at(model, candidates, settings):
+        seen.append(model)
+        return probe(model, candidates, settings)
+
+    cal = calibrate(
+        "policy_gradients", "grpo", {"model": {"name": f"run:{info.id}"}, **specs}, [],
+        probe=probe_at, cache_dir=None,
+    )  # fmt: skip
+    assert seen == [str(final)] and cal.rows and cal.model == f"run:{info.id}"
