@@ -347,6 +347,12 @@ class ProbeSettings(BaseModel):
     seed: int = 42
 
 
+# The probe measures the base model on a task, not a run: one prompt seed for every run, so the
+# seeds of a sweep share one probe (and one choice: arms stay matched). With the run's seed each
+# seed of a 3-seed sweep probed again (~2 min each on SmolLM2) beside the first, running, seed.
+PROBE_SEED = 42
+
+
 def probe_settings(target: Target, family: str, config: dict[str, Any]) -> ProbeSettings:
     """The run's own sampling settings and reward weights; its group size capped at
     MAX_PROBE_SAMPLES (at least 2); its generation limit capped at PROBE_MAX_NEW_TOKENS."""
@@ -361,7 +367,7 @@ def probe_settings(target: Target, family: str, config: dict[str, Any]) -> Probe
         top_k=int(get_dotted(config, f"{s}.top_k", 0) or 0),
         min_p=float(get_dotted(config, f"{s}.min_p", 0.0) or 0.0),
         format_weight=_format_weight(family, config),
-        seed=int(get_dotted(config, "seed", 42) or 42),
+        seed=PROBE_SEED,
     )
 
 

@@ -425,3 +425,23 @@ def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monke
         probe=probe_at, cache_dir=None,
     )  # fmt: skip
     assert seen == [str(final)] and cal.rows and cal.model == f"run:{info.id}"
+
+
+def test_the_seeds_of_a_sweep_share_one_probe():
+    """A 3-seed sweep probed three times (the run's seed was in the probe's key) and could
+    choose a different task per seed; the probe now has one seed."""
+    probe = StubProbe(RATES)
+    cache = {}
+
+    def cached_probe(model, candidates, settings):
+        key = (model, tuple(c.id for c in candidates), settings.model_dump_json())
+        if key not in cache:
+            cache[key] = probe(model, candidates, settings)
+        return cache[key]
+
+    for seed in (42, 43, 44):
+        shrink_calibrated(
+            shrink_config, "grpo", [f"seed={seed}"], "tiny",
+            CalibrationPolicy(probe=cached_probe, cache_dir=None),
+        )  # fmt: skip
+    assert len(probe.calls) == 1
