@@ -3,8 +3,9 @@
 The measurement itself is trainer-side (``python -m trainers.core.throughput``, run here as a
 subprocess); its JSON is cached under ``$RLHF_LAB_CACHE/throughput/`` (the same root as the
 built presets and pulled models: a fact of this machine, not of one repository), one file per
-key. The key holds everything that changes the figures: the model's weights fingerprint
-(:func:`trainers.core.models.model_fingerprint`: re-pulled weights are a new key), the device,
+key. The key holds everything that changes the figures: the model's shape
+(:func:`trainers.core.models.architecture_fingerprint`: its layers, widths and dtype, not its
+weights, so a warm start saved from a pulled model uses the pulled model's figures), the device,
 the intra-op thread count, the torch version, the host and the measurement's format version.
 
 Modes (``$RLHF_LAB_THROUGHPUT`` or the caller's ``mode``): ``auto`` measures when nothing is
@@ -128,10 +129,14 @@ def cache_key(
 
 
 def _key_for(model: str, device: str, threads: int | None) -> str:
-    from trainers.core.models import model_fingerprint
+    from trainers.core.models import architecture_fingerprint
 
     return cache_key(
-        model_fingerprint(model), device, threads, _torch_version(), platform.node() or "host"
+        architecture_fingerprint(model),
+        device,
+        threads,
+        _torch_version(),
+        platform.node() or "host",
     )
 
 

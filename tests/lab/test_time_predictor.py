@@ -239,7 +239,7 @@ def test_cached_mode_reads_and_a_new_fingerprint_misses(cache, monkeypatch):
     hit = tc.get_calibration("tiny", "cpu", 1, mode="cached")
     assert hit.ok and hit.data["train"] == STUB["train"] and not hit.measured_now
     assert tc.get_calibration("tiny", "cpu", 2, mode="cached").ok is False  # threads: a key
-    # re-pulled weights are a new fingerprint: the old figures no longer apply
+    # a preset built by another builder version is a new fingerprint: the old figures no longer apply
     monkeypatch.setattr(models, "model_fingerprint", lambda name: "f" * 16)
     assert tc.get_calibration("tiny", "cpu", 1, mode="cached").ok is False
     # a file of another format version is ignored
@@ -437,3 +437,25 @@ def test_the_lm_head_counts_only_the_tokens_a_loss_needs():
     with_head = pt.predict_from_calibration(cal, "reward_models", "preference_rm", rm_config)
     without = pt.predict_from_calibration(STUB, "reward_models", "preference_rm", rm_config)
     assert with_head.per_step_s == without.per_step_s  # a scalar head: no LM head at all
+
+
+def test_the_throughput_key_follows_the_shape_not_the_weights(tmp_path):
+    """A warm start saved from a pulled model has the pulled model's shape: its time estimate
+    used to need a calibration of its own (45 s on SmolLM2) because the key hashed weights."""
+    from trainers.core.models import architecture_fingerprint
+
+    shape = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30}
+    folders = []
+    for name, extra, weights in (
+        ("base", {}, b"a"),
+        ("warm", {"_name_or_path": "x", "transformers_version": "5"}, b"bb"),
+        ("wide", {"hidden_size": 1024}, b"a"),
+    ):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**shape, **extra}))
+        (folder / "model.safetensors").write_bytes(weights)
+        folders.append(str(folder))
+    base, warm, wide = (architecture_fingerprint(f) for f in folders)
+    assert base == warm and base != wide
+    assert tc._key_for(folders[0], "cpu", 2) == tc._key_for(folders[1], "cpu", 2)

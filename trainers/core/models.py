@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import socket
@@ -491,6 +492,37 @@ def model_fingerprint(name: str) -> str:
         return _short_hash("gguf", _file_stamp(gguf_path))
     assert source.hub_id is not None
     return _short_hash("hub", source.hub_id, _hub_revision(source.hub_id))
+
+
+# config.json keys that set a model's compute (what a throughput measurement depends on)
+_SHAPE_KEYS = (
+    "model_type",
+    "architectures",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "dtype",
+)
+
+
+def architecture_fingerprint(name: str) -> str:
+    """A short hash of ``name``'s shape, not its weights: a local folder's config.json keys that
+    set its compute (layers, widths, heads, vocabulary, dtype). A warm start saved from a pulled
+    model shares the pulled model's, so a throughput measured once serves both. Any other kind:
+    :func:`model_fingerprint`."""
+    source = resolve_model(name)
+    if source.kind != "local":
+        return model_fingerprint(name)
+    assert source.path is not None
+    config = json.loads((source.path / "config.json").read_text())
+    shape = {k: config.get(k) for k in _SHAPE_KEYS}
+    return _short_hash("shape", json.dumps(shape, sort_keys=True, default=str))
 
 
 def describe_source(source: ModelSource) -> dict[str, Any]:
