@@ -203,6 +203,8 @@ def _failure(
             "killed by the lab: no checkpoint or summary was written for the stop, so the work "
             "since the last checkpoint is lost"
         )
+    elif state == "stopped" and not parts and summary is None and not meta.get("pid"):
+        parts.append("stopped on request before it started: it never ran")
     elif state == "stopped" and not parts:
         steps = _int_or_none(summary.steps) if summary else None
         at = f" at step {steps}" if steps is not None else ""

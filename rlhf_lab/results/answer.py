@@ -43,6 +43,7 @@ __all__ = [
     "draw_change_figure",
     "signal_moved",
     "start_and_last",
+    "training_trend",
 ]
 
 CHANGE_RULE = (
@@ -165,12 +166,13 @@ def _signed(x: float) -> str:
 
 
 def change_text(change: ArmChange, label: str) -> str:
-    """'grpo raised held-out correctness: 0.31 → 0.45, Δ +0.14 (95% +0.05 … +0.23; t over 3 seeds)'."""
+    """'**grpo**, held-out correctness: 0.31 → 0.45, Δ +0.14 (95% +0.05 … +0.23; t over 3
+    seeds) — **raised**'."""
     iv = change.change
     return (
-        f"**{change.arm}** {change_verdict(change)} {label}: {_num(change.start)} → "
-        f"{_num(change.last)}, Δ {_signed(iv.estimate)} (95% {_signed(iv.low)} … "
-        f"{_signed(iv.high)}; {change.basis})"
+        f"**{change.arm}**, {label}: {_num(change.start)} → {_num(change.last)}, "
+        f"Δ {_signed(iv.estimate)} (95% {_signed(iv.low)} … {_signed(iv.high)}; {change.basis})"
+        f" — **{change_verdict(change)}**"
     )
 
 
@@ -207,13 +209,41 @@ def signal_moved(rows_by_run: Mapping[str, Sequence[Mapping[str, Any]]]) -> tupl
     return adequate, text
 
 
+def training_trend(
+    arm: str, rows: Sequence[Sequence[Mapping[str, Any]]], metric: str, label: str
+) -> str | None:
+    """'grpo, response length over training: first quarter 30.1 → last quarter 35.2, Δ +5.1
+    (95% …; t over 3 seeds)': a training-row metric's last quarter of steps against its first,
+    per run, then over seeds (a trend of the samples, not a held-out number). None without
+    enough rows or with fewer than two runs."""
+    diffs, early, late = [], [], []
+    for run in rows:
+        values = [v for r in run if r.get("phase") == "rollout" and (v := _finite(r.get(metric)))]
+        moved = _late_vs_early(values)
+        if moved:
+            early.append(moved[0])
+            late.append(moved[1])
+            diffs.append(moved[1] - moved[0])
+    if len(diffs) < 2 or max(diffs) - min(diffs) <= 1e-12:
+        return None
+    iv = mean_interval(diffs)
+    word = "rose" if iv.low > 0 else "fell" if iv.high < 0 else "no trend beyond noise"
+    return (
+        f"**{arm}**, {label}: first quarter {_num(sum(early) / len(early))} → last quarter "
+        f"{_num(sum(late) / len(late))}, Δ {_signed(iv.estimate)} (95% {_signed(iv.low)} … "
+        f"{_signed(iv.high)}; t over {len(diffs)} seeds) — **{word}**"
+    )
+
+
 def change_answer(
     arms: Mapping[str, Sequence[str]],
     rows_by_run: Mapping[str, Sequence[Mapping[str, Any]]],
     metrics: Sequence[tuple[str, str]],
+    trends: Sequence[tuple[str, str]] = (),
 ) -> Answer | None:
     """The change-from-start answer for ``arms`` ({arm label: run ids}), on ``metrics`` ((eval
-    metric, its words), the headline first). None when no arm has a start and an end."""
+    metric, its words), the headline first) and the training-row ``trends`` (e.g. response
+    length over training). None when no arm has a start and an end."""
     changes: list[tuple[ArmChange, str]] = []
     for metric, label in metrics:
         for arm, run_ids in arms.items():
@@ -227,6 +257,11 @@ def change_answer(
     head = [c for c, _ in changes if c.metric == head_metric]
     verdict = "; ".join(change_text(c, head_label) for c in head) if head else ""
     details = [change_text(c, label) for c, label in changes if c.metric != head_metric]
+    for metric, label in trends:
+        for arm, run_ids in arms.items():
+            runs = [rows_by_run.get(r, []) for r in run_ids]
+            if line := training_trend(arm, runs, metric, label):
+                details.append(line)
     adequate, evidence = signal_moved(rows_by_run)
     budget = ("adequate: " if adequate else "not adequate: ") + evidence
     run_ids = [r for ids in arms.values() for r in ids]

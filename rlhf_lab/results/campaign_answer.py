@@ -16,7 +16,7 @@ from rlhf_lab.ledger import (
 )
 from rlhf_lab.results.answer import TRAIN_LENGTH, change_answer, draw_change_figure
 
-__all__ = ["ANSWER_COMPANIONS", "record_change_answer"]
+__all__ = ["ANSWER_COMPANIONS", "ANSWER_TRENDS", "record_change_answer"]
 
 # family -> the held-out metrics the answer reports beside the headline, with their words
 ANSWER_COMPANIONS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -24,6 +24,12 @@ ANSWER_COMPANIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("eval/avg_format", "the held-out tag format rate"),
         ("eval/response_length/mean", "the held-out response length (tokens)"),
     ),
+}
+
+
+# family -> training-row metrics whose trend over the run the answer reports
+ANSWER_TRENDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "policy_gradients": ((TRAIN_LENGTH, "sampled response length over training (tokens)"),),
 }
 
 
@@ -37,7 +43,8 @@ def record_change_answer(
     groups = {arm.label: list(arm.run_ids) for arm in arms}
     rows = {run_id: read_metric_rows(run_id) for ids in groups.values() for run_id in ids}
     metrics = [(head.metric, head.label or head.metric), *ANSWER_COMPANIONS[family]]
-    answer = change_answer(groups, rows, metrics)
+    trends = ANSWER_TRENDS.get(family, ())
+    answer = change_answer(groups, rows, metrics, trends)
     if answer is None:
         return None
     panels = [(m, "eval", label.removeprefix("the ")) for m, label in metrics[:2]]

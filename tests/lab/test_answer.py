@@ -112,9 +112,13 @@ def test_change_answer_names_each_arm_with_its_interval(tmp_path):
     arms = {"grpo": ["g1", "g2", "g3"], "drgrpo": ["d1", "d2", "d3"]}
     metrics = [("eval/avg_correctness", "held-out correctness"), ("eval/avg_format", "format")]
     answer = change_answer(arms, rows, metrics)
-    assert "**grpo** raised held-out correctness: 0.217 → 0.6, Δ +0.383" in answer.verdict
-    assert "**drgrpo** no change beyond noise held-out correctness" in answer.verdict
-    assert any(line.startswith("**grpo** raised format") for line in answer.details)
+    assert "**grpo**, held-out correctness: 0.217 → 0.6, Δ +0.383" in answer.verdict
+    assert answer.verdict.count("— **raised**") == 1
+    assert "**drgrpo**, held-out correctness: 0.217 → 0.217" in answer.verdict
+    assert answer.verdict.endswith("— **no change beyond noise**")
+    assert any(
+        line.startswith("**grpo**, format") and "**raised**" in line for line in answer.details
+    )
     assert answer.budget.startswith("adequate") and answer.run_ids[:3] == ["g1", "g2", "g3"]
     out = draw_change_figure(
         arms,
@@ -150,14 +154,40 @@ def test_compare_campaign_records_the_answer_and_its_figure(lab_root):
         ids.append(run_id)
     compare_runs(ids, record_in=CAMP)
     stored = json.loads((lab_root / "experiments" / CAMP / "ledger.json").read_text())
-    assert stored["answer"]["verdict"].startswith("**grpo** raised")
+    assert stored["answer"]["verdict"].startswith("**grpo**, greedy held-out correctness")
     assert stored["answer"]["figure"] == "plots/answer.png"
     assert (lab_root / "experiments" / CAMP / "plots" / "answer.png").read_bytes()[:8] == PNG_MAGIC
     md = (lab_root / "experiments" / f"{CAMP}.md").read_text()
     lines = md.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("**grpo** raised"))
+    at = next(i for i, line in enumerate(lines) if line.startswith("**grpo**, greedy"))
     assert at < 40 and at < lines.index("## Goal")
     assert f"![answer]({CAMP}/plots/answer.png)" in md
     # recording a run again (the incremental path) keeps the answer
     ledger.record_run(ids[0], plot=False)
-    assert "**grpo** raised" in (lab_root / "experiments" / f"{CAMP}.md").read_text()
+    assert "**grpo**, greedy" in (lab_root / "experiments" / f"{CAMP}.md").read_text()
+
+
+def test_a_training_trend_is_last_quarter_against_first_over_seeds():
+    from rlhf_lab.results.answer import training_trend
+
+    runs = [pg_rows(0.2, 0.5), pg_rows(0.2, 0.5), pg_rows(0.2, 0.5)]
+    for i, run in enumerate(runs):  # lengths 30+step (+i): quarters of 12 steps are 3 steps
+        for r in run:
+            if r["phase"] == "rollout":
+                r["response_length/mean"] += i * r["step"] / 12
+    line = training_trend("grpo", runs, "response_length/mean", "length")
+    # per run: mean of steps 10-12 minus steps 1-3 = 9 (+ 9i/12): 9, 9.75, 10.5 -> mean 9.75
+    assert "Δ +9.75" in line and line.endswith("— **rose**")
+    assert training_trend("grpo", runs[:1], "response_length/mean", "length") is None
+
+
+def test_a_queued_run_stopped_before_it_started_says_it_never_ran():
+    """The ledger told of a resumable checkpoint for a queued run stopped before it ran."""
+    ledger.create_campaign(CAMP, "q")
+    path = make_run("grpo-never", [], overrides=PLAIN, state="stopped")
+    (path / "summary.json").unlink()
+    record = ledger.record_run("grpo-never", plot=False)
+    assert record.failure == "stopped on request before it started: it never ran"
+    ran = make_run("grpo-ran", pg_rows(0.2, 0.3), overrides=PLAIN, state="stopped")
+    assert (ran / "summary.json").is_file()
+    assert "resuming it continues" in ledger.record_run("grpo-ran", plot=False).failure
