@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(
         ".claude/settings.local.json",  # written by Claude Code when the MCP server is approved
         "experiments/2026-01-01-x/runs/r/checkpoints/step-1/model.safetensors",
         "experiments/2026-01-01-x/runs/r/final_model/config.json",
+        "experiments/2026-01-01-x/runs/r/final_adapter/tokenizer.json",  # a LoRA run's output
     ],
 )
 def test_tool_written_files_are_ignored(path):
