@@ -252,6 +252,7 @@ def test_create_campaign_writes_front_matter_sections_and_folders(lab_root):
     assert front["dataset"] is None and front["seeds"] == [1, 2]
     headings = re.findall(r"^## (.+)$", body, re.M)
     assert headings == [
+        "Answer",
         "Goal",
         "Setup",
         "Runs",
