@@ -319,15 +319,16 @@ def _direct_alignment(cal: dict[str, Any], config: dict[str, Any], steps: int):
 
 def _gold_seconds(cal: dict[str, Any], config: dict[str, Any], steps: int) -> float:
     """The gold evaluation (``eval.gold_prompts`` > 0) at every evaluation: a greedy and a
-    sampled decode of the prompts (rows to the limit: an upper bound), then the sampled answers
-    through the policy and the reference (trainers/direct_alignment/gold.py)."""
+    sampled decode of all its prompts in one batch (rows to the limit: an upper bound), then the
+    sampled answers through the policy and the reference, ``eval_batch_size`` rows a pass
+    (trainers/direct_alignment/gold.py)."""
     n = int(_g(config, "eval.gold_prompts", 0))
     if n <= 0:
         return 0.0
     new = int(_g(config, "eval.gold_max_new_tokens", 128))
     batch = int(_g(config, "eval.eval_batch_size", n))
     prompt = typical_length(cal, "prompt", None)
-    decode = 2 * batched_generation_seconds(cal, n, batch, 1, prompt, new)
+    decode = 2 * generation_seconds(cal, n, 1, prompt, new)
     scoring = 2 * forward_seconds(cal, n, batch, prompt + new, head=new)
     return evals_in_run(steps, int(_g(config, "eval.eval_every", 0))) * (decode + scoring)
 

@@ -102,13 +102,13 @@ def test_the_time_prediction_counts_the_gold_decodes_and_passes():
     off = pt.predict_from_calibration(STUB, "direct_alignment", "dpo", _dpo_config(0))
     on = pt.predict_from_calibration(STUB, "direct_alignment", "dpo", _dpo_config(32))
     assert off.parts["gold"] == 0.0
-    # per event, 4 batches of 8 prompts (prompt p90 60 tokens, 96 new):
-    #   decode: prefill 8·60/2000 = 0.24 s + 95 steps at 8 rows (0.02 + 0.03·4/12 = 0.03 s)
-    #           = 3.09 s a batch, 12.36 s; greedy and sampled: 24.72 s
+    # per event, the 32 prompts decoded in one batch (prompt p90 60 tokens, 96 new):
+    #   decode: prefill 32·60/2000 = 0.96 s + 95 steps at 32 rows (0.09 s) = 9.51 s;
+    #           greedy and sampled: 19.02 s
     #   scoring: 4 passes of 8 rows × 156 tokens: 4·(0.02 + 1248/4000) = 1.328 s; ×2 = 2.656 s
-    # 36 steps, every 6: 7 events → 7 × 27.376 = 191.632 s
-    assert on.parts["gold"] == pytest.approx(191.6, abs=0.06)
-    assert on.total_s - off.total_s == pytest.approx(191.6, abs=0.2)
+    # 36 steps, every 6: 7 events → 7 × 21.676 = 151.732 s
+    assert on.parts["gold"] == pytest.approx(151.7, abs=0.06)
+    assert on.total_s - off.total_s == pytest.approx(151.7, abs=0.2)
     # full fine-tuning keeps a reference for the KL: one more model load (reload_s 1.0)
     full_on = pt.predict_from_calibration(STUB, "direct_alignment", "dpo", _dpo_config(32, False))
     full_off = pt.predict_from_calibration(STUB, "direct_alignment", "dpo", _dpo_config(0, False))
