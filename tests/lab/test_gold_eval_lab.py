@@ -113,3 +113,28 @@ def test_the_time_prediction_counts_the_gold_decodes_and_passes():
     full_on = pt.predict_from_calibration(STUB, "direct_alignment", "dpo", _dpo_config(32, False))
     full_off = pt.predict_from_calibration(STUB, "direct_alignment", "dpo", _dpo_config(0, False))
     assert full_on.parts["start"] - full_off.parts["start"] == pytest.approx(1.0)
+
+
+def test_three_sweeps_queue_the_beta_arms_with_three_seeds_in_one_campaign(smol):
+    """The campaign's commands: one sweep per β into the same campaign (sweep's arms are
+    recipes; a setting that differs between arms is one sweep each)."""
+    import yaml
+
+    from rlhf_lab import api
+    from rlhf_lab.paths import find_run
+
+    common = ["train.learning_rate=2e-4", "data.max_samples=224", "eval.eval_every=6"]
+    results = [
+        api.sweep(["dpo"], [f"beta={b}", *common], model=smol, campaign="dpo-overopt", seeds=3)
+        for b in (0.01, 0.1, 0.5)
+    ]
+    assert len({r.campaign for r in results}) == 1
+    launches = [x for r in results for x in r.launches]
+    assert len(launches) == 9 and all(x.queued for x in launches)
+    configs = [yaml.safe_load((find_run(x.run.id) / "config.yaml").read_text()) for x in launches]
+    assert sorted((c["beta"], c["seed"]) for c in configs) == sorted(
+        (b, s) for b in (0.01, 0.1, 0.5) for s in results[0].seeds
+    )
+    for c in configs:
+        assert c["eval"]["gold_prompts"] == 32 and c["eval"]["eval_every"] == 6
+        assert c["train"]["learning_rate"] == 2e-4 and c["model"]["lora"]["enabled"] is True
