@@ -15,6 +15,9 @@ loading it.
   SmolLM2's chat template), micro-batch 4 × 2 accumulation, 320 samples, 32 held out; policy
   gradients 4 prompts × 4 completions of at most 128 new tokens, one optimizer step per rollout,
   32 held-out prompts; 128 new tokens at most for every other generation.
+* **Gold evaluation** of an offline direct-alignment run on the built-in reasoning preferences
+  (:mod:`rlhf_lab.planning.gold_eval`): verifier on greedy held-out answers and KL to the
+  reference, at step 0 and six times along training.
 
 :func:`pretrained_rules` applies them in that order (sizes, then LoRA, then checkpointing, whose
 estimate sees the others). A calibration of the base model may later fix the generation limits:
@@ -292,8 +295,10 @@ def pretrained_model_rules(
 ) -> None:
     """What ``rlhf_lab.shrink`` applies to a pretrained model after the family's rules: offline
     data (:mod:`rlhf_lab.planning.offline_data`), then :func:`pretrained_rules` with the model's
-    facts read from its config.json (None when this machine cannot tell)."""
+    facts read from its config.json (None when this machine cannot tell), then the gold
+    evaluation of an offline direct-alignment run (:mod:`rlhf_lab.planning.gold_eval`)."""
     from rlhf_lab.memory import model_facts
+    from rlhf_lab.planning.gold_eval import gold_eval_rules
     from rlhf_lab.planning.offline_data import offline_data_rules
 
     keys = _user_keys(user)
@@ -304,3 +309,4 @@ def pretrained_model_rules(
     except LabError:
         facts = None
     pretrained_rules(r, family, algorithm, facts, keys, notes)
+    gold_eval_rules(r, family, algorithm, user, notes)

@@ -14,7 +14,8 @@ calibration (``cal``, the JSON of ``trainers.core.throughput``):
   (the 90th percentile of the built-in data through this tokenizer, capped by
   ``data.max_length``; ``max_length`` for other data); direct alignment adds the reference
   pass over every pair once; held-out loss passes at step 0, every ``eval_every`` steps and at
-  the end; samples every ``sample_every`` steps;
+  the end; samples every ``sample_every`` steps; the gold evaluation (``eval.gold_prompts``) at
+  each evaluation: a greedy and a sampled decode of its prompts and two no-grad passes;
 * policy gradients: per rollout step, the sampling loop (prefill + ``max_new_tokens`` decode
   steps at ``prompts × rollouts`` rows: an upper bound, rows that stop early leave the batch),
   the no-grad passes (π_old when the spec needs it, π_ref when β > 0) and the update passes;
@@ -310,8 +311,26 @@ def _direct_alignment(cal: dict[str, Any], config: dict[str, Any], steps: int):
     pairs = int(_g(config, "data.max_samples", 0))
     batch = int(_g(config, "eval.eval_batch_size", _g(config, "train.batch_size", 1)))
     parts["reference"] = forward_seconds(cal, pairs, batch, length, head)
+    parts["gold"] = _gold_seconds(cal, config, steps)
     models = 1 if _lora(config) else 2  # full fine-tuning loads the reference on its own
+    models += int(parts["gold"] > 0 and not _lora(config))  # ... and again for the gold KL
     return per_step, parts, models
+
+
+def _gold_seconds(cal: dict[str, Any], config: dict[str, Any], steps: int) -> float:
+    """The gold evaluation (``eval.gold_prompts`` > 0) at every evaluation: a greedy and a
+    sampled decode of all its prompts in one batch (rows to the limit: an upper bound), then the
+    sampled answers through the policy and the reference, ``eval_batch_size`` rows a pass
+    (trainers/direct_alignment/gold.py)."""
+    n = int(_g(config, "eval.gold_prompts", 0))
+    if n <= 0:
+        return 0.0
+    new = int(_g(config, "eval.gold_max_new_tokens", 128))
+    batch = int(_g(config, "eval.eval_batch_size", n))
+    prompt = typical_length(cal, "prompt", None)
+    decode = 2 * generation_seconds(cal, n, 1, prompt, new)
+    scoring = 2 * forward_seconds(cal, n, batch, prompt + new, head=new)
+    return evals_in_run(steps, int(_g(config, "eval.eval_every", 0))) * (decode + scoring)
 
 
 def _reward_models(cal: dict[str, Any], config: dict[str, Any], steps: int):

@@ -66,6 +66,13 @@ class EvalSection(StrictModel):
     sample_do_sample: bool = True
     sample_temperature: float = Field(default=0.7, gt=0)
     sample_top_p: float = Field(default=0.9, gt=0, le=1)
+    gold_prompts: int = Field(
+        default=0,
+        ge=0,
+        description=f"held-out {BUILTIN_DATASET} prompts whose greedy answers the verifier scores "
+        "at each eval, with the KL to the reference (0 = off); see direct_alignment/gold.py",
+    )
+    gold_max_new_tokens: int = Field(default=128, ge=1, description="gold eval: tokens per answer")
 
 
 class OnlineSection(StrictModel):
@@ -182,6 +189,31 @@ class DirectAlignmentConfig(StrictModel):
                 f"data.max_prompt_length ({d.max_prompt_length}) must be smaller than "
                 f"data.max_length ({d.max_length}), which holds prompt and response; raise "
                 "data.max_length or lower data.max_prompt_length"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_gold(self):
+        """The gold evaluation scores reasoning-gym answers: built-in prompts only, and room for
+        the answer within ``data.max_length``."""
+        e = self.eval
+        if e.gold_prompts <= 0:
+            return self
+        if not self.data.dataset.startswith(BUILTIN_DATASET):
+            raise ValueError(
+                f"eval.gold_prompts={e.gold_prompts} needs prompts the reasoning-gym verifier can "
+                f"score (data.dataset={BUILTIN_DATASET}); {self.data.dataset!r} has no reference "
+                "answers: set eval.gold_prompts=0"
+            )
+        if self.loss == ONLINE:
+            raise ValueError(
+                "eval.gold_prompts is for the offline losses; online_dpo already scores greedy "
+                "held-out answers (eval/correctness): set eval.gold_prompts=0"
+            )
+        if e.gold_max_new_tokens >= self.data.max_length:
+            raise ValueError(
+                f"eval.gold_max_new_tokens ({e.gold_max_new_tokens}) must be smaller than "
+                f"data.max_length ({self.data.max_length}), which holds prompt and answer"
             )
         return self
 

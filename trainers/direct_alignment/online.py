@@ -102,11 +102,18 @@ class OnlinePrompt:
     meta: dict
 
 
-def prompt_rows(cfg: DirectAlignmentConfig, tokenizer: Any, records: list[Any]) -> list[Any]:
+def prompt_rows(
+    cfg: DirectAlignmentConfig,
+    tokenizer: Any,
+    records: list[Any],
+    max_new_tokens: int | None = None,
+) -> list[Any]:
     """Each record's prompt as an :class:`OnlinePrompt`, its ids cut from the left to
-    ``data.max_prompt_length`` and to leave ``online.max_new_tokens`` within ``data.max_length``;
-    a prompt repeated in the data set (several pairs per prompt) is kept once."""
-    cap = cfg.data.max_length - cfg.online.max_new_tokens
+    ``data.max_prompt_length`` and to leave ``max_new_tokens`` (None: ``online.max_new_tokens``)
+    within ``data.max_length``; a prompt repeated in the data set (several pairs per prompt) is
+    kept once."""
+    new = cfg.online.max_new_tokens if max_new_tokens is None else max_new_tokens
+    cap = cfg.data.max_length - new
     if cfg.data.max_prompt_length:
         cap = min(cap, cfg.data.max_prompt_length)
     seen, unique = set(), []

@@ -11,7 +11,9 @@ The loop, per optimizer step:
   3. look up the cached reference log-probs (computed once per dataset before training);
   4. loss = LOSSES[cfg.loss](...), scaled by the micro-batch's share of the step, backward;
   5. clip, step, schedule; log the step's metrics aggregated over all its micro-batches.
-Held-out evaluation (`eval/` metrics) and sample generations run every N steps.
+Held-out evaluation (`eval/` metrics) and sample generations run every N steps; with
+``eval.gold_prompts`` > 0 each evaluation also scores greedy answers to held-out built-in prompts
+with the verifier and measures the KL to the reference (``gold.py``).
 """
 
 from __future__ import annotations
@@ -357,6 +359,29 @@ def sample_generations(
     ]
 
 
+def gold_evaluation(cfg: DirectAlignmentConfig, run: RunDir, tokenizer, eval_records, runtime):
+    """The gold evaluation (``gold.py``) when ``eval.gold_prompts`` > 0, else None. Without
+    LoRA (or with a ``model.ref_name`` other than the base) the reference is loaded here and kept
+    for the run; with LoRA it is the policy's base, adapters off."""
+    if cfg.eval.gold_prompts <= 0:
+        return None
+    from trainers.direct_alignment.gold import GOLD_FILE, build_gold_eval
+
+    device, dtype, attn = runtime
+    ref_model = None
+    if needs_reference_copy(cfg.model):
+        ref_model = load_causal_lm(
+            cfg.model.ref_name or cfg.model.name,
+            device=device,
+            dtype=dtype,
+            attn_implementation=attn,
+            trainable=False,
+        )
+        ref_model.eval()
+    out_path = run.path / GOLD_FILE if run.writer else None
+    return build_gold_eval(cfg, tokenizer, eval_records, ref_model, out_path, runtime)
+
+
 # ---------------------------------------------------------------------------------------------
 # The training loop
 # ---------------------------------------------------------------------------------------------
@@ -412,10 +437,15 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     state = loop.resume(model, optimizer, scheduler) if resume else None
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
     best = BestMetric("eval/accuracy")
+    gold = gold_evaluation(cfg, run, tokenizer, eval_records, (device, dtype, attn))
+
+    def held_out(step: int) -> dict[str, float]:
+        out = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
+        return out if gold is None else {**out, **gold.run(model, step)}
 
     def run_eval() -> None:
         loop.progress("evaluating")
-        loop.last_eval = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
+        loop.last_eval = held_out(loop.step)
         loop.log("eval", loop.last_eval)
         best.update(loop.last_eval)
 
@@ -429,7 +459,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     if not resume and cfg.eval.eval_every > 0 and eval_ex:  # the starting point, for contrast
         loop.progress("evaluating")
-        start = evaluate(cfg, model, eval_ex, ref_eval, pad_id, device)
+        start = held_out(0)
         loop.run.log_metrics(0, "eval", start)
         print(eval_line(0, total_steps, start), flush=True)
     if loop.redo_events:  # stopped during the evaluation after the checkpoint's step
