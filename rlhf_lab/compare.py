@@ -58,7 +58,7 @@ from rlhf_lab.ledger import Verdict as VerdictModel
 from rlhf_lab.logs import heldout_regression
 from rlhf_lab.paths import LabError
 from rlhf_lab.plots import as_float
-from rlhf_lab.results.campaign_answer import record_change_answer
+from rlhf_lab.results.campaign_answer import record_change_answer, record_gold_answer
 from rlhf_lab.stats import (
     VERDICT_RULE,
     Interval,
@@ -990,7 +990,8 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
             verdicts=verdicts,
         )
         comparison.recorded_in = record_comparison(campaign, entry).id
-        record_change_answer(campaign, family, head, arms)
+        if family != "direct_alignment" or record_gold_answer(campaign, ids) is None:
+            record_change_answer(campaign, family, head, arms)
     return comparison
 
 

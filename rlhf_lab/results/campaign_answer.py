@@ -1,6 +1,8 @@
-"""Recording a campaign's answer when its runs are compared (``compare --campaign``): the
-change-from-start answer of :mod:`rlhf_lab.results.answer` for the families whose runs evaluate
-their starting model at step 0, with its figure in the campaign's plots folder. Torch-free."""
+"""Recording a campaign's answer when its runs are compared (``compare --campaign``): for
+direct-alignment runs that logged the gold evaluation, gold against √KL per β
+(:mod:`rlhf_lab.results.gold_vs_kl`); for the families whose runs evaluate their starting model at
+step 0, the change from the start (:mod:`rlhf_lab.results.answer`); the figure in the campaign's
+plots folder. Torch-free."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from rlhf_lab.ledger import (
     read_metric_rows,
     record_answer,
 )
+from rlhf_lab.paths import find_run
 from rlhf_lab.results.answer import TRAIN_LENGTH, change_answer, draw_change_figure
+from rlhf_lab.results.gold_vs_kl import FIGURE, gold_vs_kl, plot_gold_vs_kl, read_run_gold
 
-__all__ = ["ANSWER_COMPANIONS", "ANSWER_TRENDS", "record_change_answer"]
+__all__ = ["ANSWER_COMPANIONS", "ANSWER_TRENDS", "record_change_answer", "record_gold_answer"]
 
 # family -> the held-out metrics the answer reports beside the headline, with their words
 ANSWER_COMPANIONS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -59,6 +63,29 @@ def record_change_answer(
         figure=f"plots/{out.name}" if figure else None,
         source=answer.source,
         run_ids=answer.run_ids,
+    )
+    record_answer(campaign, entry)
+    return entry
+
+
+def record_gold_answer(campaign: str, run_ids: Sequence[str]) -> AnswerEntry | None:
+    """Gold against √KL for the direct-alignment ``run_ids`` that logged the gold evaluation,
+    recorded as the campaign's answer with its figure; None (nothing recorded) without them."""
+    runs = [got for rid in run_ids if (got := read_run_gold(find_run(rid), rid)) is not None]
+    result = gold_vs_kl(runs)
+    if not result.arms:
+        return None
+    out = answer_figure_path(campaign).with_name(FIGURE)
+    figure = plot_gold_vs_kl(result.arms, out, title="gold (verifier, greedy) against √KL")
+    drift = ", ".join(f"{a.arm}: √KL {a.sqrt_kl[-1]:.3g}" for a in result.arms)
+    entry = AnswerEntry(
+        verdict=result.verdict,
+        details=[*(a.line() for a in result.arms), *result.notes],
+        rule=result.method,
+        budget=f"drift from the reference at the last evaluation — {drift}",
+        figure=f"plots/{FIGURE}" if figure else None,
+        source="gold against KL",
+        run_ids=[r.run_id for r in runs],
     )
     record_answer(campaign, entry)
     return entry

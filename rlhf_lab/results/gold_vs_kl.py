@@ -270,7 +270,7 @@ def plot_gold_vs_kl(arms: list[ArmGold], out_path: str | Path, title: str = "") 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from rlhf_lab.plots import _save
+    from rlhf_lab.plots import save_figure
 
     fig = Figure(figsize=(6.4, 4.4), dpi=100)
     FigureCanvasAgg(fig)
@@ -305,7 +305,7 @@ def plot_gold_vs_kl(arms: list[ArmGold], out_path: str | Path, title: str = "") 
     ax.legend(fontsize=7, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    return str(_save(fig, out_path))
+    return str(save_figure(fig, out_path))
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

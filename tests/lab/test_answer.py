@@ -191,3 +191,58 @@ def test_a_queued_run_stopped_before_it_started_says_it_never_ran():
     ran = make_run("grpo-ran", pg_rows(0.2, 0.3), overrides=PLAIN, state="stopped")
     assert (ran / "summary.json").is_file()
     assert "resuming it continues" in ledger.record_run("grpo-ran", plot=False).failure
+
+
+def dpo_run(run_id: str, beta: float, seed: int, rights: list[int]) -> None:
+    """A direct-alignment run folder that logged the gold evaluation at steps 0, 6, 12."""
+    import yaml
+
+    from tests.lab.test_overoptimisation import REPO
+
+    path = ledger.experiments_dir() / CAMP / "runs" / run_id
+    path.mkdir(parents=True)
+    source = "trainers/direct_alignment/configs/dpo.yaml"
+    cfg = yaml.safe_load((REPO / source).read_text())
+    cfg.update(beta=beta, seed=seed)
+    cfg["model"]["name"] = "tiny"
+    meta = {
+        "id": run_id, "family": "direct_alignment", "algorithm": "dpo", "campaign": CAMP,
+        "config_source": source, "overrides": [f"beta={beta}", f"seed={seed}", "model.name=tiny"],
+        "argv": ["python", "-m", "trainers.direct_alignment.train"], "state": "succeeded",
+        "started_at": "2026-03-02T10:00:00.000+00:00",
+    }  # fmt: skip
+    (path / "run.json").write_text(json.dumps(meta))
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rows, gold = [], []
+    for step, n in zip((0, 6, 12), rights, strict=True):
+        rows.append(
+            {"step": step, "phase": "eval", "eval/gold_correctness": n / 32,
+             "eval/gold_reward": n / 32, "eval/sqrt_kl": step / 6 / beta ** 0.5,
+             "eval/num_prompts": 32, "eval/accuracy": 0.5 + step / 40}
+        )  # fmt: skip
+        gold.append({"step": step, "right": [1.0 if i < n else 0.0 for i in range(32)]})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "eval_gold.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gold))
+    (path / "summary.json").write_text(json.dumps({"outcome": "succeeded", "steps": 12}))
+
+
+def test_compare_of_gold_logging_dpo_runs_records_gold_against_kl(lab_root):
+    ledger.create_campaign(CAMP, "Does gold rise then fall against KL?")
+    ids = []
+    for beta, rights in ((0.01, (8, 24, 4)), (0.5, (8, 12, 14))):
+        for seed in (42, 43, 44):
+            run_id = f"dpo-{int(beta * 100)}-{seed}"
+            dpo_run(run_id, beta, seed, list(rights))
+            ledger.record_run(run_id, plot=False)
+            ids.append(run_id)
+    compare_runs(ids, record_in=CAMP)
+    stored = json.loads((lab_root / "experiments" / CAMP / "ledger.json").read_text())
+    answer = stored["answer"]
+    assert answer["source"] == "gold against KL" and answer["figure"] == "plots/gold-vs-kl.png"
+    assert "beta=0.01: rises then falls" in answer["verdict"]
+    assert "beta=0.5: rises and holds" in answer["verdict"]
+    assert "√KL" in answer["budget"]
+    png = lab_root / "experiments" / CAMP / "plots" / "gold-vs-kl.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    md = (lab_root / "experiments" / f"{CAMP}.md").read_text()
+    assert md.index("beta=0.01: rises then falls") < md.index("## Goal")
