@@ -65,6 +65,8 @@ def gold_eval_rules(r: Any, family: str, algorithm: str, user: list[str], notes:
     every = max(1, math.ceil(steps / GOLD_EVAL_POINTS)) if steps else None
     if every and "eval.eval_every" not in keys:
         r.set("eval.eval_every", every)
+    if "eval.eval_every" in keys:  # the user's own schedule, not the rule's
+        every = next(o.split("=", 1)[1].strip() for o in user if o.startswith("eval.eval_every"))
     when = f"every {every} steps and at step 0" if every else "at every evaluation"
     notes.append(
         f"gold evaluation on: the verifier scores greedy answers ({GOLD_NEW_TOKENS} new tokens) "

@@ -63,6 +63,10 @@ def test_the_eval_interval_follows_the_users_data_size_and_user_values_win(smol)
         "dpo", [builtin, "eval.eval_every=4", "eval.gold_prompts=8"], model=smol
     ).config
     assert mine["eval"]["eval_every"] == 4 and mine["eval"]["gold_prompts"] == 8
+    # the note tells the schedule the run will have (it told the rule's every 4 steps before)
+    own = shrink_config("dpo", ["data.max_samples=224", "eval.eval_every=6"], model=smol)
+    assert own.config["eval"]["eval_every"] == 6
+    assert any("every 6 steps and at step 0" in n for n in own.notes)
     off = shrink_config("dpo", ["eval.gold_prompts=0"], model=smol)
     assert off.config["eval"]["gold_prompts"] == 0
     assert not any("gold evaluation on" in n for n in off.notes)
