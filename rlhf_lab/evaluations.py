@@ -377,7 +377,8 @@ def prepare_evaluation(
 
     suite = _check_suite(suite)
     tgt = resolve_target(target)
-    base = _baseline(baseline, tgt, suite)
+    # best_of_n compares selectors on the target's own samples: no baseline unless one is named
+    base = None if suite == "best_of_n" and baseline is None else _baseline(baseline, tgt, suite)
     judge_path = _judge_path(judge) if judge else None
     dev = resolve_device(device or tgt.device or "auto")
     overrides = [str(o) for o in overrides or []]

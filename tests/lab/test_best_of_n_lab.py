@@ -86,7 +86,6 @@ def test_evaluate_resolves_the_orm_and_prm_runs_and_waits_for_them(lab_root):
     job = prepare_evaluation(
         "sft-aaaa",
         "best_of_n",
-        baseline="none",
         overrides=["best_of_n.orm=run:orm-bbbb", "best_of_n.prm=prm-cccc", "prompts.size=8"],
         device="cpu",
     )
@@ -94,6 +93,14 @@ def test_evaluate_resolves_the_orm_and_prm_runs_and_waits_for_them(lab_root):
     assert job.config["best_of_n"]["prm"] == str(runs["prm"] / "final_model")
     assert job.config["sampling"]["n"] == 16 and job.config["suite"] == "best_of_n"
     assert {"orm-bbbb", "prm-cccc"} <= set(job.after)
+    assert job.config["baseline"] is None  # a run's default baseline (auto) does not apply
+    with pytest.raises(InvalidArgument, match="no baseline"):
+        prepare_evaluation(
+            "sft-aaaa",
+            "best_of_n",
+            baseline="tiny",
+            overrides=["best_of_n.orm=run:orm-bbbb", "best_of_n.prm=prm-cccc"],
+        )
 
 
 @pytest.mark.parametrize(

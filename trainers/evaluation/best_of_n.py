@@ -283,6 +283,8 @@ def best_of_n_suite(job) -> Any:
             "prm": prm_folder,
             "prm_aggregate": how,
             "fingerprints": _fingerprints(orm_folder, prm_folder),
+            "format_rate": sum(bool(c[2]) for c in checked) / max(1, n_rows),
+            "answered_rate": sum(a is not None for a in answers) / max(1, n_rows),
             "mean_steps": sum(len(s) for s in steps) / max(1, len(steps)),
             "no_step_share": sum(1 for s in steps if not s) / max(1, len(steps)),
         },

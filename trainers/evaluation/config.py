@@ -211,6 +211,11 @@ class EvalConfig(StrictModel):
                 f"the best_of_n suite compares an ORM and a PRM: name best_of_n.{missing[0]} "
                 "(a reward-model run folder or its final_model/)"
             )
+        if self.baseline is not None:
+            raise ValueError(
+                "the best_of_n suite compares selectors on the target's own samples: it takes "
+                "no baseline"
+            )
         if self.sampling.n < 2:
             raise ValueError(
                 f"best_of_n draws sampling.n samples per prompt (n_max) and selects among "

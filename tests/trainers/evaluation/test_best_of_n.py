@@ -116,6 +116,8 @@ def test_best_of_n_on_tiny_writes_rows_that_recompute_the_table(tmp_path, reward
     assert ev.suite == "best_of_n" and ev.headline == "prm_minus_orm"
     rows = read_jsonl(run_dir / "items.jsonl")
     assert len(rows) == 3 and all(len(r["samples"]) == 4 for r in rows)
+    format_share = sum(s["format"] for r in rows for s in r["samples"]) / 12
+    assert ev.details["format_rate"] == pytest.approx(format_share)
 
     # the table recomputed from the rows alone equals eval.json's
     values = [bs.prompt_values(bs.PromptSamples.from_row(r), [1, 2, 4]) for r in rows]
@@ -162,6 +164,7 @@ def test_best_of_n_on_tiny_writes_rows_that_recompute_the_table(tmp_path, reward
         (["best_of_n.orm={orm}"], "best_of_n.prm"),
         (["best_of_n.orm={orm}", "best_of_n.prm=tiny"], "not a reward model"),
         (["best_of_n.orm={orm}", "best_of_n.prm={prm}", "sampling.n=1"], "at least 2"),
+        (["best_of_n.orm={orm}", "best_of_n.prm={prm}", "baseline=tiny"], "no baseline"),
     ],
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, reward_models, extra, needle):
