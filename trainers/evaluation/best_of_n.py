@@ -232,14 +232,18 @@ def table_metrics(table: bs.BestOfNTable) -> dict[str, Any]:
     """``eval.json`` metrics: ``<selector>@<n>``, ``prm_minus_orm@<n>``,
     ``prm_minus_majority@<n>``, the headline ``prm_minus_orm`` (at n_max) and the growth of
     each lead from the smallest n > 1 to n_max."""
-    out: dict[str, Any] = {}
     last = table.sizes[-1]
+    # what the ledger's Evaluation section shows first (its first six rows): the headline, each
+    # selector at n_max, the growth of the lead
+    out: dict[str, Any] = {"prm_minus_orm": table.lead["prm-orm"][last]}
+    out.update({f"{sel}@{last}": table.accuracy[sel][last] for sel in ("prm", "orm", "majority")})
+    out["prm_minus_orm_growth"] = table.growth["prm-orm"]
+    out["prm_minus_majority"] = table.lead["prm-majority"][last]
     for sel, by_n in table.accuracy.items():
-        out.update({f"{sel}@{n}": e for n, e in by_n.items()})
+        out.update({f"{sel}@{n}": e for n, e in by_n.items() if f"{sel}@{n}" not in out})
     for name, by_n in table.lead.items():
         key = name.replace("-", "_minus_")
         out.update({f"{key}@{n}": e for n, e in by_n.items()})
-        out[key] = by_n[last]
         out[f"{key}_growth"] = table.growth[name]
     return out
 

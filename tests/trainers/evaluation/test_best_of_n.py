@@ -116,6 +116,18 @@ def test_best_of_n_on_tiny_writes_rows_that_recompute_the_table(tmp_path, reward
     assert ev.suite == "best_of_n" and ev.headline == "prm_minus_orm"
     rows = read_jsonl(run_dir / "items.jsonl")
     assert len(rows) == 3 and all(len(r["samples"]) == 4 for r in rows)
+    # the ledger's Evaluation section: the headline, then each selector at n_max
+    from rlhf_lab.evaluation_records import read_eval_summary
+
+    summary, _ = read_eval_summary(run_dir)
+    assert [r.metric for r in summary.rows] == [
+        "prm_minus_orm",
+        "prm@4",
+        "orm@4",
+        "majority@4",
+        "prm_minus_orm_growth",
+        "prm_minus_majority",
+    ]
     format_share = sum(s["format"] for r in rows for s in r["samples"]) / 12
     assert ev.details["format_rate"] == pytest.approx(format_share)
 
