@@ -5,8 +5,8 @@
 answer, ORM and PRM scores), recomputes the per-prompt expected accuracy of each selector at
 n = 1, 2, 4, … n_max (:mod:`trainers.evaluation.best_of_n_stats`), averages several jobs of the
 same prompts prompt by prompt (sampling seeds: the prompt stays the resampled unit), and returns
-a :class:`BestOfNAnswer`: the verdict (does the PRM's lead over the ORM grow with n?), the table
-and the figure (accuracy against n on a log2 axis, a band per selector). The ledger renders it
+a :class:`BestOfNAnswer`: the verdict (does the PRM's lead over the ORM grow with n?), the table,
+each job's own lead (reward-model seeds: does every seed agree?) and the figure (accuracy against n on a log2 axis, a band per selector). The ledger renders it
 in a campaign's ``## Answer`` block.
 
 Verdict rules (95 % prompt-bootstrap intervals): the lead is PRM − ORM at n_max; it *grows* when
@@ -54,6 +54,7 @@ class BestOfNAnswer:
     sizes: list[int]
     prm_aggregate: str
     stats: dict[str, Any] = field(default_factory=dict)  # BestOfNTable.as_dict()
+    per_evaluation: list[str] = field(default_factory=list)  # each job's lead at n_max
 
     def markdown_table(self) -> str:
         """The table as markdown: accuracy [95 % interval] per selector, then the leads."""
@@ -177,7 +178,14 @@ def analyse_best_of_n(
                 for i in ids
             ]
         )
-    table = bs.best_of_n_table(bs.pooled_values(per_job), resamples=resamples, seed=seed)
+    kw = {"resamples": resamples, "seed": seed}
+    table = bs.best_of_n_table(bs.pooled_values(per_job), **kw)
+    last = sizes[-1]
+    each = [
+        f"{Path(d).name}: PRM − ORM at n={last} "
+        f"{_fmt(bs.best_of_n_table(v, **kw).lead['prm-orm'][last], True)}"
+        for d, v in zip(run_dirs, per_job, strict=True)
+    ]
     used = aggregate or str((jobs[0][0]["settings"].get("best_of_n") or {}).get("prm_aggregate"))
     path = plot_best_of_n(table, figure, f"best-of-n, {len(ids)} prompts") if figure else None
     return BestOfNAnswer(
@@ -190,6 +198,7 @@ def analyse_best_of_n(
         sizes=sizes,
         prm_aggregate=used,
         stats=table.as_dict(),
+        per_evaluation=each if len(per_job) > 1 else [],
     )
 
 

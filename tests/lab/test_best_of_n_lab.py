@@ -203,6 +203,8 @@ def test_pooling_two_sampling_seeds_averages_prompt_by_prompt(tmp_path):
     other = analyse_best_of_n([bad], resamples=200).stats["accuracy"]["prm"]["8"]["value"]
     assert pooled.stats["accuracy"]["prm"]["8"]["value"] == pytest.approx((one + other) / 2)
     assert pooled.n_prompts == 30
+    assert [e.split(":")[0] for e in pooled.per_evaluation] == ["a", "b"]
+    assert pooled.per_evaluation[0].startswith("a: PRM − ORM at n=8 +1.000")
 
 
 def test_analysis_refuses_other_folders(tmp_path):
