@@ -495,7 +495,8 @@ def best_of_n_from_calibration(cal: dict[str, Any], eval_config: dict[str, Any])
     """A best_of_n job (pure): the policy samples ``n`` (n_max) completions of each prompt,
     ``batch_size`` prompts at a time (every row to ``max_new_tokens``: an upper bound), then
     the ORM and the PRM each score every completion once (a no-grad pass over the prompt and
-    the completion, ``best_of_n.score_batch_size`` rows a pass); three models loaded."""
+    the completion, ``best_of_n.score_batch_size`` rows a pass); three models loaded. With
+    ``best_of_n.samples_from`` nothing is sampled."""
     sampling = eval_config.get("sampling") or {}
     prompts = int((eval_config.get("prompts") or {}).get("size", 64))
     n = int(sampling.get("n", 16))
@@ -504,6 +505,8 @@ def best_of_n_from_calibration(cal: dict[str, Any], eval_config: dict[str, Any])
     score_batch = int((eval_config.get("best_of_n") or {}).get("score_batch_size", 16))
     prompt = typical_length(cal, "prompt", None)
     generation = batched_generation_seconds(cal, prompts, batch, n, prompt, new)
+    if (eval_config.get("best_of_n") or {}).get("samples_from"):
+        generation = 0.0  # an earlier job's completions are scored again
     one_scorer = forward_seconds(cal, prompts * n, score_batch, prompt + new)
     parts = {
         "start": startup_seconds(cal, models=3),

@@ -50,6 +50,11 @@ def test_best_of_n_time_by_hand():
     assert est.parts["scoring"] == pytest.approx(scoring, abs=0.05)
     assert est.total_s == pytest.approx(generation + scoring + start, abs=0.1)
     assert "8 prompts × 4 samples, then ORM and PRM scoring" in est.text
+    # scoring an earlier job's completions again samples nothing
+    again = {**cfg, "best_of_n": {"score_batch_size": 8, "samples_from": "/x/runs/bon-1"}}
+    est_again = pt.evaluation_from_calibration(STUB, again, policies=1)
+    assert est_again.parts["generation"] == 0.0
+    assert est_again.parts["scoring"] == pytest.approx(scoring, abs=0.05)
     # another suite keeps its own work model
     other = pt.evaluation_from_calibration(STUB, {**cfg, "suite": "reasoning"}, policies=1)
     assert "scoring" not in other.parts
@@ -76,6 +81,8 @@ def _runs(root: Path) -> dict[str, Path]:
         "orm": write_run(root, "orm-bbbb", "reward_models", "orm", state="queued"),
         "prm": write_run(root, "prm-cccc", "reward_models", "prm", state="queued"),
         "pref": write_run(root, "pref-dddd", "reward_models", "preference_rm", state="queued"),
+        "bon": write_run(root, "bon-eeee", "evaluation", "best_of_n", state="queued"),
+        "reasoning": write_run(root, "rea-ffff", "evaluation", "reasoning", state="queued"),
     }
 
 
@@ -94,6 +101,18 @@ def test_evaluate_resolves_the_orm_and_prm_runs_and_waits_for_them(lab_root):
     assert job.config["sampling"]["n"] == 16 and job.config["suite"] == "best_of_n"
     assert {"orm-bbbb", "prm-cccc"} <= set(job.after)
     assert job.config["baseline"] is None  # a run's default baseline (auto) does not apply
+    assert job.config["best_of_n"]["samples_from"] is None
+    reuse = prepare_evaluation(
+        "sft-aaaa",
+        "best_of_n",
+        overrides=[
+            "best_of_n.orm=run:orm-bbbb",
+            "best_of_n.prm=prm-cccc",
+            "best_of_n.samples_from=run:bon-eeee",
+        ],
+    )
+    assert reuse.config["best_of_n"]["samples_from"] == str(runs["bon"])
+    assert "bon-eeee" in reuse.after
     with pytest.raises(InvalidArgument, match="no baseline"):
         prepare_evaluation(
             "sft-aaaa",
@@ -111,6 +130,10 @@ def test_evaluate_resolves_the_orm_and_prm_runs_and_waits_for_them(lab_root):
         (["best_of_n.orm=run:orm-bbbb", "best_of_n.prm=run:sft-aaaa"], "not a prm reward model"),
         (["best_of_n.orm=run:orm-bbbb"], "best_of_n.prm"),
         (["best_of_n.orm=run:orm-bbbb", "best_of_n.prm=run:nope-0000"], "names no run"),
+        (
+            ["best_of_n.orm=orm-bbbb", "best_of_n.prm=prm-cccc", "best_of_n.samples_from=rea-ffff"],
+            "not a best_of_n evaluation",
+        ),
     ],
 )
 def test_evaluate_refuses_wrong_reward_models_before_writing(lab_root, overrides, needle):

@@ -32,6 +32,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,11 @@ def reward_model_folder(given: str, kind: str) -> str:
 
 
 def check_inputs(cfg: EvalConfig) -> tuple[str, str]:
-    """(ORM folder, PRM folder), each checked to be a saved reward model of its kind."""
+    """(ORM folder, PRM folder), each checked to be a saved reward model of its kind, and the
+    earlier job of ``best_of_n.samples_from`` when one is named."""
     assert cfg.best_of_n.orm and cfg.best_of_n.prm  # the config validator asks for both
+    if cfg.best_of_n.samples_from:
+        samples_job(cfg.best_of_n.samples_from, cfg.sampling.n)
     return reward_model_folder(cfg.best_of_n.orm, "orm"), reward_model_folder(
         cfg.best_of_n.prm, "prm"
     )
@@ -196,6 +200,70 @@ def prm_step_scores(job, folder: str, prompts, steps: list[list[str]]) -> list[l
     return out
 
 
+@dataclass
+class Drawn:
+    """The policy's completions, prompt-major (sample ``j`` of prompt ``i`` is row
+    ``i * n + j``): drawn now, or read back from an earlier job (``best_of_n.samples_from``)."""
+
+    n: int
+    texts: list[str]
+    truncated: list[bool]
+    lengths: list[int]
+
+    def rows_of(self, i: int) -> range:
+        return range(i * self.n, (i + 1) * self.n)
+
+
+def read_samples(folder: str, prompts, n: int, target_model: str) -> Drawn:
+    """The completions an earlier best_of_n job drew (its ``items.jsonl``), checked to come from
+    the same policy, with the same n_max, on the same prompts; ConfigError otherwise."""
+    ev, items_path = samples_job(folder, n)
+    if ev.get("target_model") != target_model:
+        raise ConfigError(
+            f"best_of_n.samples_from {folder!r} sampled {ev.get('target_model')!r}, not the "
+            f"target {target_model!r}"
+        )
+    rows = {}
+    for line in items_path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["id"]] = row["samples"]
+    missing = [p.id for p in prompts if p.id not in rows]
+    if missing:
+        raise ConfigError(
+            f"best_of_n.samples_from {folder!r} lacks {len(missing)} of this job's "
+            f"{len(prompts)} prompts: draw them with the same prompts settings"
+        )
+    samples = [s for p in prompts for s in rows[p.id]]
+    return Drawn(
+        n,
+        [s["text"] for s in samples],
+        [bool(s["truncated"]) for s in samples],
+        [int(s["length"]) for s in samples],
+    )
+
+
+def samples_job(folder: str, n: int) -> tuple[dict, Path]:
+    """(eval.json, items.jsonl path) of the finished best_of_n job ``folder`` with n_max ``n``;
+    ConfigError otherwise."""
+    path = Path(folder).expanduser()
+    eval_path, items_path = path / "eval.json", path / "items.jsonl"
+    if not eval_path.is_file() or not items_path.is_file():
+        raise ConfigError(
+            f"best_of_n.samples_from {folder!r} holds no finished best_of_n evaluation "
+            "(eval.json and items.jsonl)"
+        )
+    ev = json.loads(eval_path.read_text())
+    settings = ev.get("settings") or {}
+    drawn_n = (settings.get("sampling") or {}).get("n")
+    if ev.get("suite") != "best_of_n" or drawn_n != n:
+        raise ConfigError(
+            f"best_of_n.samples_from {folder!r} is a {ev.get('suite')} evaluation with "
+            f"{drawn_n} samples a prompt; this job needs best_of_n samples with n_max {n}"
+        )
+    return ev, items_path
+
+
 def item_rows(prompts, samples, checked, answers, orm, step_scores, steps, how) -> list[dict]:
     """One ``items.jsonl`` row per prompt: every sample with what selection needs."""
     rows = []
@@ -213,7 +281,7 @@ def item_rows(prompts, samples, checked, answers, orm, step_scores, steps, how) 
                         "correct": bool(checked[r][1]),
                         "format": bool(checked[r][2]),
                         "truncated": bool(samples.truncated[r]),
-                        "length": len(samples.completion_ids[r]),
+                        "length": samples.lengths[r],
                         "orm": orm[r],
                         "prm": aggregate(step_scores[r], how),
                         "prm_min": aggregate(step_scores[r], "min"),
@@ -256,10 +324,16 @@ def best_of_n_suite(job) -> Any:
     cfg = job.cfg
     orm_folder, prm_folder = check_inputs(cfg)
     prompts, info = reasoning_prompts(cfg, job.target)
-    n_rows = len(prompts) * cfg.sampling.n
+    n_max = cfg.sampling.n
+    n_rows = len(prompts) * n_max
     score_units = 2 * len(_chunks(n_rows, cfg.best_of_n.score_batch_size))
-    job.plan(job.batches(len(prompts)) + score_units)
-    samples, _ = job.sample_with("target", job.target, prompts)
+    job.plan((0 if cfg.best_of_n.samples_from else job.batches(len(prompts))) + score_units)
+    if cfg.best_of_n.samples_from:
+        samples = read_samples(cfg.best_of_n.samples_from, prompts, n_max, job.target.model)
+        print(f"samples: {n_rows} completions from {cfg.best_of_n.samples_from}", flush=True)
+    else:
+        drawn, _ = job.sample_with("target", job.target, prompts)
+        samples = Drawn(n_max, drawn.texts, drawn.truncated, drawn.lengths())
     job.enter("evaluating", "verifier")
     checked = [_reasoning_check(samples.texts[r], prompts[r // samples.n]) for r in range(n_rows)]
     answers = [extract_answer(t) for t in samples.texts]
@@ -286,6 +360,7 @@ def best_of_n_suite(job) -> Any:
             "orm": orm_folder,
             "prm": prm_folder,
             "prm_aggregate": how,
+            "samples_from": cfg.best_of_n.samples_from,
             "fingerprints": _fingerprints(orm_folder, prm_folder),
             "format_rate": sum(bool(c[2]) for c in checked) / max(1, n_rows),
             "answered_rate": sum(a is not None for a in answers) / max(1, n_rows),

@@ -136,6 +136,11 @@ class BestOfNSection(StrictModel):
         description="a solution's PRM score from its steps' P(not bad): product (Lightman et "
         "al. 2023) or min",
     )
+    samples_from: str | None = Field(
+        default=None,
+        description="an earlier best_of_n job's folder: score its completions instead of "
+        "sampling again (same policy, n_max and prompts)",
+    )
     score_batch_size: int = Field(default=16, ge=1, description="sequences per scoring pass")
     majority_draws: int = Field(
         default=2000, ge=100, description="random subsets per n where enumerating is too long"

@@ -167,6 +167,29 @@ def test_best_of_n_on_tiny_writes_rows_that_recompute_the_table(tmp_path, reward
         for smp in r["samples"]:
             assert smp["correct"] is (smp["answer"] is not None and smp["answer"] == r["gold"])
 
+    # another job scores the same completions again instead of sampling (other reward models,
+    # here the same ones: the same numbers)
+    again = tmp_path / "again"
+    overrides = [*SMALL, f"best_of_n.orm={orm}", f"best_of_n.prm={prm}"]
+    argv = trainer_argv(bon.CONFIG, again, [*overrides, f"best_of_n.samples_from={run_dir}"])
+    assert bon.main(argv[2:]) == 0
+    rows_again = read_jsonl(again / "items.jsonl")
+    assert [s["text"] for r in rows_again for s in r["samples"]] == [
+        s["text"] for r in rows for s in r["samples"]
+    ]
+    ev_again, _ = read_file(again / "eval.json", EvalFile)
+    assert ev_again.metrics["prm_minus_orm"].value == pytest.approx(
+        ev.metrics["prm_minus_orm"].value
+    )
+    assert "generating" not in (again / "train.log").read_text()
+    wrong_n = trainer_argv(
+        bon.CONFIG,
+        tmp_path / "bad",
+        [*overrides, "sampling.n=2", f"best_of_n.samples_from={run_dir}"],
+    )
+    assert bon.main(wrong_n[2:]) == EXIT_CONFIG_ERROR
+    assert not (tmp_path / "bad").exists()
+
 
 @pytest.mark.parametrize(
     "extra, needle",
