@@ -505,8 +505,10 @@ def best_of_n_from_calibration(cal: dict[str, Any], eval_config: dict[str, Any])
     score_batch = int((eval_config.get("best_of_n") or {}).get("score_batch_size", 16))
     prompt = typical_length(cal, "prompt", None)
     generation = batched_generation_seconds(cal, prompts, batch, n, prompt, new)
+    what = f"{prompts} prompts × {n} samples, then ORM and PRM scoring"
     if (eval_config.get("best_of_n") or {}).get("samples_from"):
         generation = 0.0  # an earlier job's completions are scored again
+        what = f"ORM and PRM scoring of {prompts} prompts × {n} earlier samples"
     one_scorer = forward_seconds(cal, prompts * n, score_batch, prompt + new)
     parts = {
         "start": startup_seconds(cal, models=3),
@@ -521,8 +523,7 @@ def best_of_n_from_calibration(cal: dict[str, Any], eval_config: dict[str, Any])
         steps=prompts,
         step_unit="prompts",
         parts={k: round(v, 1) for k, v in parts.items()},
-        text=f"~{format_duration(total)} ({prompts} prompts × {n} samples, then ORM and PRM "
-        "scoring)",
+        text=f"~{format_duration(total)} ({what})",
         device=str(cal.get("device")),
         threads=cal.get("threads"),
     )

@@ -54,6 +54,7 @@ def test_best_of_n_time_by_hand():
     again = {**cfg, "best_of_n": {"score_batch_size": 8, "samples_from": "/x/runs/bon-1"}}
     est_again = pt.evaluation_from_calibration(STUB, again, policies=1)
     assert est_again.parts["generation"] == 0.0
+    assert "scoring of 8 prompts × 4 earlier samples" in est_again.text
     assert est_again.parts["scoring"] == pytest.approx(scoring, abs=0.05)
     # another suite keeps its own work model
     other = pt.evaluation_from_calibration(STUB, {**cfg, "suite": "reasoning"}, policies=1)
