@@ -264,8 +264,12 @@ def samples_job(folder: str, n: int) -> tuple[dict, Path]:
     return ev, items_path
 
 
-def item_rows(prompts, samples, checked, answers, orm, step_scores, steps, how) -> list[dict]:
-    """One ``items.jsonl`` row per prompt: every sample with what selection needs."""
+def item_rows(prompts, samples: Drawn, per_row: dict[str, list], how: str) -> list[dict]:
+    """One ``items.jsonl`` row per prompt: every sample with what selection needs. ``per_row``:
+    ``checked`` (verifier score, verdict, format), ``answers``, ``orm``, ``steps`` and
+    ``step_scores``, one entry per sample row."""
+    checked, answers, orm = per_row["checked"], per_row["answers"], per_row["orm"]
+    steps, step_scores = per_row["steps"], per_row["step_scores"]
     rows = []
     for i, p in enumerate(prompts):
         rows.append(
@@ -341,7 +345,14 @@ def best_of_n_suite(job) -> Any:
     orm = orm_scores(job, orm_folder, prompts, samples.texts)
     step_scores = prm_step_scores(job, prm_folder, prompts, steps)
     how = cfg.best_of_n.prm_aggregate
-    items = item_rows(prompts, samples, checked, answers, orm, step_scores, steps, how)
+    per_row = {
+        "checked": checked,
+        "answers": answers,
+        "orm": orm,
+        "steps": steps,
+        "step_scores": step_scores,
+    }
+    items = item_rows(prompts, samples, per_row, how)
     sizes = bs.subset_sizes(cfg.sampling.n)
     values = [
         bs.prompt_values(
