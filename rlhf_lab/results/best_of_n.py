@@ -85,6 +85,13 @@ def verdict_text(table: Any) -> str:
     vs_majority = (
         f"PRM − majority vote at n={last}: {_fmt(table.lead['prm-majority'][last], True)}."
     )
+    share = table.accuracy["random"][table.sizes[0]]
+    if share.value in (0.0, 1.0):  # every sample wrong (or right): no selector can differ
+        return (
+            f"no answer: {'none' if share.value == 0.0 else 'every one'} of the policy's samples "
+            f"is correct (verifier accuracy {_fmt(share)} over {table.n_prompts} prompts), so "
+            "every selector scores the same; best-of-n needs a policy whose samples disagree."
+        )
     if end.low is None:
         return f"not enough prompts for an interval (n={table.n_prompts}). {vs_majority}"
     if end.low > 0 and growth.low is not None and growth.low > 0:
@@ -104,12 +111,18 @@ def verdict_text(table: Any) -> str:
     return f"{head} {vs_majority}"
 
 
+def _lead_label(name: str) -> str:
+    """``prm-majority`` -> ``PRM − majority vote``."""
+    a, b = name.split("-")
+    return f"{LABELS[a]} − {LABELS[b]}"
+
+
 def _table_rows(table: Any) -> list[dict[str, Any]]:
     rows = []
     for n in table.sizes:
         row: dict[str, Any] = {"n": n}
         row.update({LABELS[s]: _fmt(table.accuracy[s][n]) for s in table.accuracy})
-        row.update({k.replace("-", " − ").upper(): _fmt(v[n], True) for k, v in table.lead.items()})
+        row.update({_lead_label(k): _fmt(v[n], True) for k, v in table.lead.items()})
         rows.append(row)
     return rows
 

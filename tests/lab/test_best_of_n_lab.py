@@ -243,6 +243,16 @@ def test_analysis_refuses_other_folders(tmp_path):
         analyse_best_of_n([a], aggregate="mean")
 
 
+def test_verdict_when_no_sample_is_correct_is_no_answer_not_no_lead(tmp_path):
+    rows = _rows(10, prm_good=True)
+    for r in rows:
+        for smp in r["samples"]:
+            smp["correct"] = False
+    answer = analyse_best_of_n([_job(tmp_path, "zero", rows, 8)], resamples=200)
+    assert answer.verdict.startswith("no answer: none of the policy's samples is correct")
+    assert "PRM − majority vote" in answer.table[0]
+
+
 def test_verdict_wording_for_a_lead_that_does_not_grow():
     values = []
     for i in range(60):  # the PRM is ahead by the same amount at n = 2 and n = 4
