@@ -61,6 +61,17 @@ def test_best_of_n_time_by_hand():
     assert "scoring" not in other.parts
 
 
+def test_cost_counts_the_tokens_sampled_and_none_when_samples_are_reused():
+    from rlhf_lab.evaluation_cost import estimate_evaluation
+
+    cost = estimate_evaluation("tiny", "best_of_n", device="cpu", baseline=False)
+    assert cost.generated_tokens == 64 * 16 * 128 and cost.policies == 1
+    reused = estimate_evaluation(
+        "tiny", "best_of_n", ["best_of_n.samples_from=/x/bon"], device="cpu", baseline=False
+    )
+    assert reused.generated_tokens == 0
+
+
 def test_cpu_sizing_keeps_n_max_for_best_of_n(monkeypatch):
     from rlhf_lab import evaluations
 
