@@ -220,7 +220,7 @@ def plot_best_of_n(table: Any, out_path: str | Path, title: str = "") -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from rlhf_lab.plots import _save
+    from rlhf_lab.plots import save_figure
 
     fig = Figure(figsize=(6.0, 4.2), dpi=100)
     FigureCanvasAgg(fig)
@@ -243,4 +243,4 @@ def plot_best_of_n(table: Any, out_path: str | Path, title: str = "") -> str:
     if title:
         ax.set_title(title, fontsize=10)
     fig.subplots_adjust(left=0.12, right=0.97, bottom=0.13, top=0.9)
-    return str(_save(fig, out_path))
+    return str(save_figure(fig, out_path))
