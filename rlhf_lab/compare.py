@@ -58,7 +58,11 @@ from rlhf_lab.ledger import Verdict as VerdictModel
 from rlhf_lab.logs import heldout_regression
 from rlhf_lab.paths import LabError
 from rlhf_lab.plots import as_float
-from rlhf_lab.results.campaign_answer import record_change_answer, record_gold_answer
+from rlhf_lab.results.campaign_answer import (
+    record_best_of_n_answer,
+    record_change_answer,
+    record_gold_answer,
+)
 from rlhf_lab.stats import (
     VERDICT_RULE,
     Interval,
@@ -1023,4 +1027,5 @@ def _evaluations(
             headline=comparison.headline,
         )
         comparison.recorded_in = record_comparison(campaign, entry).id
+        record_best_of_n_answer(campaign, ids)
     return comparison

@@ -85,6 +85,8 @@ def estimate_evaluation(
     batch = int(sampling.get("batch_size", 16))
     policies = 1 + int(baseline) if suite != "pair_accuracy" else 0
     tokens = prompts * n * new * policies
+    if suite == "best_of_n" and (cfg.get("best_of_n") or {}).get("samples_from"):
+        tokens = 0  # an earlier job's completions are scored again
     memory, note = None, ""
     try:
         facts = model_facts(stand_in(model)) if model else None

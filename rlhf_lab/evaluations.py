@@ -233,7 +233,7 @@ def cpu_sized_overrides(data: dict[str, Any], model: str | None, device: str) ->
         return []
     sampling, prompts = data.get("sampling") or {}, data.get("prompts") or {}
     out = []
-    if int(sampling.get("n", 1) or 1) > 1:
+    if int(sampling.get("n", 1) or 1) > 1 and data.get("suite") != "best_of_n":  # n is n_max
         out.append("sampling.n=1")
         if "pass_k" in (data.get("reasoning") or {}):
             out.append("reasoning.pass_k=[1]")
@@ -377,12 +377,16 @@ def prepare_evaluation(
 
     suite = _check_suite(suite)
     tgt = resolve_target(target)
-    base = _baseline(baseline, tgt, suite)
+    # best_of_n compares selectors on the target's own samples: no baseline unless one is named
+    base = None if suite == "best_of_n" and baseline is None else _baseline(baseline, tgt, suite)
     judge_path = _judge_path(judge) if judge else None
     dev = resolve_device(device or tgt.device or "auto")
     overrides = [str(o) for o in overrides or []]
     config = eval_config(suite, tgt, base, judge_path, overrides, dev)
-    runs_used = [tgt.run_id, _run_id_of(baseline or ""), _run_id_of(judge or "")]
+    from rlhf_lab.results.best_of_n_inputs import resolve_scorer_refs
+
+    scorers = resolve_scorer_refs(config)  # best_of_n: its ORM and PRM runs -> final models
+    runs_used = [tgt.run_id, _run_id_of(baseline or ""), _run_id_of(judge or ""), *scorers]
     after = list(dict.fromkeys(r for r in runs_used if r))
     if not any(_unfinished(r) for r in after):  # else the job checks when it starts
         _preflight(config, suite)

@@ -48,7 +48,10 @@ def _cost_text(job: Any) -> str:
     except LabError:
         return ""
     memory = f"~{cost.memory_gb:.2g} GiB, " if cost.memory_gb is not None else ""
-    return f"; estimated {memory}≤{cost.generated_tokens:,} sampled tokens"
+    tokens = (
+        f"≤{cost.generated_tokens:,} sampled tokens" if cost.generated_tokens else "no sampling"
+    )
+    return f"; estimated {memory}{tokens}"
 
 
 @operation

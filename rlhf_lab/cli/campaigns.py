@@ -48,8 +48,8 @@ def eval_(
         list[str] | None,
         typer.Option(
             "--suite",
-            help="reasoning, math, winrate, generation or pair_accuracy (repeatable; "
-            "default reasoning)",
+            help="reasoning, math, winrate, generation, pair_accuracy or best_of_n "
+            "(repeatable; default reasoning)",
         ),
     ] = None,
     baseline: Annotated[

@@ -483,6 +483,8 @@ def evaluation_from_calibration(
 ) -> TimeEstimate:
     """An evaluation job (pure): ``prompts × n × max_new_tokens`` per policy, in batches of
     ``sampling.batch_size`` prompts, each policy loaded once."""
+    if eval_config.get("suite") == "best_of_n":
+        return best_of_n_from_calibration(cal, eval_config)
     sampling = eval_config.get("sampling") or {}
     prompts = int((eval_config.get("prompts") or {}).get("size", 64))
     n = int(sampling.get("n", 1))
@@ -503,6 +505,44 @@ def evaluation_from_calibration(
         step_unit="prompts",
         parts={k: round(v, 1) for k, v in parts.items()},
         text=f"~{format_duration(total)} ({policies} model(s) × {prompts} prompts × {n} samples)",
+        device=str(cal.get("device")),
+        threads=cal.get("threads"),
+    )
+
+
+def best_of_n_from_calibration(cal: dict[str, Any], eval_config: dict[str, Any]) -> TimeEstimate:
+    """A best_of_n job (pure): the policy samples ``n`` (n_max) completions of each prompt,
+    ``batch_size`` prompts at a time (every row to ``max_new_tokens``: an upper bound), then
+    the ORM and the PRM each score every completion once (a no-grad pass over the prompt and
+    the completion, ``best_of_n.score_batch_size`` rows a pass); three models loaded. With
+    ``best_of_n.samples_from`` nothing is sampled."""
+    sampling = eval_config.get("sampling") or {}
+    prompts = int((eval_config.get("prompts") or {}).get("size", 64))
+    n = int(sampling.get("n", 16))
+    new = int(sampling.get("max_new_tokens", 128))
+    batch = int(sampling.get("batch_size", 4))
+    score_batch = int((eval_config.get("best_of_n") or {}).get("score_batch_size", 16))
+    prompt = typical_length(cal, "prompt", None)
+    generation = batched_generation_seconds(cal, prompts, batch, n, prompt, new)
+    what = f"{prompts} prompts × {n} samples, then ORM and PRM scoring"
+    if (eval_config.get("best_of_n") or {}).get("samples_from"):
+        generation = 0.0  # an earlier job's completions are scored again
+        what = f"ORM and PRM scoring of {prompts} prompts × {n} earlier samples"
+    one_scorer = forward_seconds(cal, prompts * n, score_batch, prompt + new)
+    parts = {
+        "start": startup_seconds(cal, models=3),
+        "generation": generation,
+        "scoring": 2 * one_scorer,
+    }
+    total = sum(parts.values())
+    return TimeEstimate(
+        calibrated=True,
+        total_s=round(total, 1),
+        per_step_s=round((generation + 2 * one_scorer) / max(prompts, 1), 3),
+        steps=prompts,
+        step_unit="prompts",
+        parts={k: round(v, 1) for k, v in parts.items()},
+        text=f"~{format_duration(total)} ({what})",
         device=str(cal.get("device")),
         threads=cal.get("threads"),
     )

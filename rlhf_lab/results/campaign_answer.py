@@ -16,11 +16,17 @@ from rlhf_lab.ledger import (
     read_metric_rows,
     record_answer,
 )
-from rlhf_lab.paths import find_run
+from rlhf_lab.paths import LabError, find_run
 from rlhf_lab.results.answer import TRAIN_LENGTH, change_answer, draw_change_figure
 from rlhf_lab.results.gold_vs_kl import FIGURE, gold_vs_kl, plot_gold_vs_kl, read_run_gold
 
-__all__ = ["ANSWER_COMPANIONS", "ANSWER_TRENDS", "record_change_answer", "record_gold_answer"]
+__all__ = [
+    "ANSWER_COMPANIONS",
+    "ANSWER_TRENDS",
+    "record_best_of_n_answer",
+    "record_change_answer",
+    "record_gold_answer",
+]
 
 # family -> the held-out metrics the answer reports beside the headline, with their words
 ANSWER_COMPANIONS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -86,6 +92,45 @@ def record_gold_answer(campaign: str, run_ids: Sequence[str]) -> AnswerEntry | N
         figure=f"plots/{FIGURE}" if figure else None,
         source="gold against KL",
         run_ids=[r.run_id for r in runs],
+    )
+    record_answer(campaign, entry)
+    return entry
+
+
+def _is_best_of_n(run_id: str) -> bool:
+    import json
+
+    try:
+        return json.loads((find_run(run_id) / "eval.json").read_text()).get("suite") == "best_of_n"
+    except (OSError, ValueError, LabError):
+        return False
+
+
+def record_best_of_n_answer(campaign: str, run_ids: Sequence[str]) -> AnswerEntry | None:
+    """Best-of-n by ORM, PRM, majority vote and at random from the finished ``best_of_n``
+    evaluation jobs among ``run_ids`` (several jobs of the same prompts pooled prompt by prompt),
+    recorded as the campaign's answer with its figure; None without such jobs."""
+    from rlhf_lab.results.best_of_n import analyse_best_of_n
+
+    jobs = [r for r in run_ids if _is_best_of_n(r)]
+    if not jobs:
+        return None
+    out = answer_figure_path(campaign).with_name("best-of-n.png")
+    result = analyse_best_of_n([find_run(r) for r in jobs], out)
+    accuracy = [row for row in result.table]
+    random_at_1 = accuracy[0].get("random") if accuracy else None
+    entry = AnswerEntry(
+        verdict=result.verdict,
+        details=[result.markdown_table(), *result.per_evaluation],
+        rule=(
+            f"expected accuracy of the answer each selector picks among n of the {max(result.sizes)} "
+            f"samples per prompt ({result.n_prompts} held-out prompts; PRM score = {result.prm_aggregate} "
+            "of its step probabilities); 95% intervals by a bootstrap over prompts"
+        ),
+        budget=f"the policy's own accuracy (random choice, n = 1): {random_at_1}",
+        figure=f"plots/{out.name}" if result.figure else None,
+        source="best-of-n",
+        run_ids=jobs,
     )
     record_answer(campaign, entry)
     return entry

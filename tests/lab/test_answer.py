@@ -246,3 +246,20 @@ def test_compare_of_gold_logging_dpo_runs_records_gold_against_kl(lab_root):
     assert png.read_bytes()[:8] == PNG_MAGIC
     md = (lab_root / "experiments" / f"{CAMP}.md").read_text()
     assert md.index("beta=0.01: rises then falls") < md.index("## Goal")
+
+
+def test_best_of_n_jobs_become_the_answer(lab_root):
+    from rlhf_lab.results.campaign_answer import record_best_of_n_answer
+    from tests.lab.test_best_of_n_lab import _job, _rows
+
+    ledger.create_campaign(CAMP, "Does the PRM's lead over the ORM grow with n?")
+    runs = ledger.experiments_dir() / CAMP / "runs"
+    _job(runs, "eval-20260302-100000-ab12", _rows(40, prm_good=True), 8)
+    assert record_best_of_n_answer(CAMP, ["grpo-20260302-100000-ab12"]) is None  # not a job
+    entry = record_best_of_n_answer(CAMP, ["eval-20260302-100000-ab12"])
+    assert entry.verdict.startswith("PRM's lead over ORM grows with n")
+    assert entry.figure == "plots/best-of-n.png" and "| n | ORM | PRM |" in entry.details[0]
+    png = lab_root / "experiments" / CAMP / "plots" / "best-of-n.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    md = (lab_root / "experiments" / f"{CAMP}.md").read_text()
+    assert md.index("PRM's lead over ORM grows") < md.index("## Goal")

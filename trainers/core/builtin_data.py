@@ -379,7 +379,11 @@ def _outcome_completions(
 
 
 def builtin_outcome_records(
-    n: int, seed: int, completions_per_prompt: int = 4, tasks: Sequence[str] | None = None
+    n: int,
+    seed: int,
+    completions_per_prompt: int = 4,
+    tasks: Sequence[str] | None = None,
+    settings: dict[str, dict] | None = None,
 ) -> list[OutcomeRecord]:
     """``n`` prompts from reasoning-gym tasks (equal shares), each with
     ``completions_per_prompt`` completions in the tag format: between 1 and k−1 correct ones and
@@ -387,8 +391,9 @@ def builtin_outcome_records(
     the answer outside the tags (20 %), or a completion cut off inside its reasoning (20 %).
 
     Every label is reasoning-gym's verdict (1 iff the extracted answer scores 1.0), and each
-    prompt has both classes. Deterministic in ``(n, seed, completions_per_prompt, tasks)``;
-    ``meta`` holds ``task``, ``entry`` and each completion's ``kinds``."""
+    prompt has both classes. ``settings[task]`` updates that task's reasoning-gym settings
+    (:func:`task_settings`). Deterministic in ``(n, seed, completions_per_prompt, tasks,
+    settings)``; ``meta`` holds ``task``, ``entry`` and each completion's ``kinds``."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if completions_per_prompt < 2:
@@ -400,7 +405,7 @@ def builtin_outcome_records(
         tasks,
         [seed + 7919 * (t_idx + 1) for t_idx in range(len(tasks))],
         max(2 * per_task + 16, 16),
-        lambda name: TASK_CONFIGS.get(name, {}),
+        lambda name: task_settings(name, settings),
     )
     cursors = dict.fromkeys(tasks, 0)
     records = []

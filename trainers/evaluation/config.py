@@ -20,8 +20,15 @@ from pydantic import Field, model_validator
 
 from trainers.core.config import StrictModel
 
-SUITES: tuple[str, ...] = ("reasoning", "math", "winrate", "generation", "pair_accuracy")
-Suite = Literal["reasoning", "math", "winrate", "generation", "pair_accuracy"]
+SUITES: tuple[str, ...] = (
+    "reasoning",
+    "math",
+    "winrate",
+    "generation",
+    "pair_accuracy",
+    "best_of_n",
+)
+Suite = Literal["reasoning", "math", "winrate", "generation", "pair_accuracy", "best_of_n"]
 
 AUTO = "auto"
 """``baseline: auto``: the starting model of the target run (its ``model.name``)."""
@@ -35,6 +42,7 @@ HEADLINES: dict[str, str] = {
     "winrate": "win_rate",
     "generation": "kl_to_baseline",
     "pair_accuracy": "pair_accuracy",
+    "best_of_n": "prm_minus_orm",
 }
 """Each suite's headline metric (a key of ``eval.json``'s ``metrics``)."""
 
@@ -120,6 +128,25 @@ class GenerationSection(StrictModel):
     logprob_batch_size: int = Field(default=8, ge=1)
 
 
+class BestOfNSection(StrictModel):
+    orm: str | None = Field(default=None, description="an orm reward-model run or final_model")
+    prm: str | None = Field(default=None, description="a prm reward-model run or final_model")
+    prm_aggregate: Literal["product", "min"] = Field(
+        default="product",
+        description="a solution's PRM score from its steps' P(not bad): product (Lightman et "
+        "al. 2023) or min",
+    )
+    samples_from: str | None = Field(
+        default=None,
+        description="an earlier best_of_n job's folder: score its completions instead of "
+        "sampling again (same policy, n_max and prompts)",
+    )
+    score_batch_size: int = Field(default=16, ge=1, description="sequences per scoring pass")
+    majority_draws: int = Field(
+        default=2000, ge=100, description="random subsets per n where enumerating is too long"
+    )
+
+
 class BootstrapSection(StrictModel):
     resamples: int = Field(default=1000, ge=100)
     level: float = Field(default=0.95, gt=0, lt=1)
@@ -148,6 +175,7 @@ class EvalConfig(StrictModel):
     math: MathSection = MathSection()
     winrate: WinrateSection = WinrateSection()
     generation: GenerationSection = GenerationSection()
+    best_of_n: BestOfNSection = BestOfNSection()
     bootstrap: BootstrapSection = BootstrapSection()
 
     @model_validator(mode="after")
@@ -175,9 +203,29 @@ class EvalConfig(StrictModel):
                 "generation.kl needs a baseline (a model, or auto); set generation.kl=false to "
                 "measure the target alone"
             )
+        if self.suite == "best_of_n":
+            self._check_best_of_n()
         if any(n < 1 for n in self.generation.distinct):
             raise ValueError("generation.distinct: each n must be >= 1")
         return self
+
+    def _check_best_of_n(self) -> None:
+        missing = [k for k in ("orm", "prm") if not getattr(self.best_of_n, k)]
+        if missing:
+            raise ValueError(
+                f"the best_of_n suite compares an ORM and a PRM: name best_of_n.{missing[0]} "
+                "(a reward-model run folder or its final_model/)"
+            )
+        if self.baseline is not None:
+            raise ValueError(
+                "the best_of_n suite compares selectors on the target's own samples: it takes "
+                "no baseline"
+            )
+        if self.sampling.n < 2:
+            raise ValueError(
+                f"best_of_n draws sampling.n samples per prompt (n_max) and selects among "
+                f"subsets of them: sampling.n must be at least 2 (got {self.sampling.n})"
+            )
 
     @property
     def headline(self) -> str:

@@ -90,10 +90,14 @@ def preflight(cfg: EvalConfig) -> None:
         if looks_like_path(ds) and not Path(ds).expanduser().exists():
             raise ConfigError(f"math.dataset: file not found: {ds}")
         return
+    if suite == "best_of_n":
+        from trainers.evaluation.best_of_n import check_inputs
+
+        check_inputs(cfg)
     source = cfg.prompts.source
     if suite in ("winrate", "generation") and source == "auto":
         source = "preference" if target.family == "direct_alignment" else "reasoning_gym"
-    if suite == "reasoning" or source == "reasoning_gym":
+    if suite in ("reasoning", "best_of_n") or source == "reasoning_gym":
         from trainers.core.builtin_data import check_specs
         from trainers.evaluation.prompts import reasoning_specs
 

@@ -623,10 +623,19 @@ def pair_accuracy_suite(job: Job) -> SuiteResult:
     return out
 
 
+def best_of_n_suite(job: Job) -> SuiteResult:
+    """Best-of-n selection by an ORM, a PRM, majority vote and at random
+    (:mod:`trainers.evaluation.best_of_n`)."""
+    from trainers.evaluation.best_of_n import best_of_n_suite as run
+
+    return run(job)
+
+
 SUITE_FUNCTIONS: dict[str, Callable[[Job], SuiteResult]] = {
     "reasoning": reasoning_suite,
     "math": math_suite,
     "winrate": winrate_suite,
     "generation": generation_suite,
     "pair_accuracy": pair_accuracy_suite,
+    "best_of_n": best_of_n_suite,
 }

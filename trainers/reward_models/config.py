@@ -88,6 +88,11 @@ class DataSection(StrictModel):
         min_length=1,
         description="prm: text appended to every step; its last token carries the step label",
     )
+    builtin_task_configs: dict[str, dict] = Field(
+        default_factory=dict,
+        description="builtin orm/prm sets: per-task reasoning-gym settings, over "
+        "trainers.core.tasks.TASK_CONFIGS (prm: chain_sum only, over PRM_TASK_CONFIG)",
+    )
 
 
 class EvalSection(StrictModel):
@@ -153,12 +158,26 @@ class RewardModelConfig(StrictModel):
                     f"data.dataset {ds!r} is not an offline set for kind {self.kind!r}; use "
                     f"{wanted!r} (the sets: {', '.join(BUILTIN_BY_KIND.values())})"
                 )
+        if d.builtin_task_configs:
+            self._check_task_configs(ds)
         if self.freeze_backbone and self.model.lora.enabled:
             raise ValueError(
                 "freeze_backbone=true trains the head only, model.lora.enabled=true adds "
                 "adapters to the backbone: choose one"
             )
         return self
+
+    def _check_task_configs(self, dataset: str) -> None:
+        if self.kind == "preference" or not dataset.startswith("builtin:"):
+            raise ValueError(
+                "data.builtin_task_configs applies only to the offline sets "
+                f"{BUILTIN_OUTCOMES} (orm) and {BUILTIN_STEPS} (prm)"
+            )
+        if self.kind == "prm" and set(self.data.builtin_task_configs) - {"chain_sum"}:
+            raise ValueError(
+                f"data.builtin_task_configs: {BUILTIN_STEPS} is made of chain_sum problems; "
+                "only chain_sum settings apply"
+            )
 
     @property
     def algorithm(self) -> str:

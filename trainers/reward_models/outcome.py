@@ -192,17 +192,21 @@ def load_outcome_records(
     seed: int = 42,
     *,
     stats: dict | None = None,
+    task_configs: dict[str, dict] | None = None,
 ) -> list[OutcomeRecord]:
     """ORM records (one per prompt). ``builtin:reasoning-outcomes[:task_a,task_b]`` generates
     ``max_samples`` prompts offline; otherwise rows are shuffled with ``seed`` and the first
-    ``max_samples`` usable ones are kept. ``stats`` gets ``n_rows``, ``n_records``, ``skipped``,
+    ``max_samples`` usable ones are kept; ``task_configs[task]`` updates a built-in task's
+    reasoning-gym settings. ``stats`` gets ``n_rows``, ``n_records``, ``skipped``,
     ``labels_from_answer``, ``generated_from_answer``, ``short_rows`` (fewer completions than
     ``rollouts_per_prompt``)."""
     out = stats if stats is not None else {}
     if dataset.startswith("builtin:"):
         tasks = builtin_tasks(dataset, BUILTIN_OUTCOMES)
         n = 500 if max_samples is None else max_samples
-        records = builtin_outcome_records(n, split_seed(seed, split), rollouts_per_prompt, tasks)
+        records = builtin_outcome_records(
+            n, split_seed(seed, split), rollouts_per_prompt, tasks, task_configs
+        )
         out.update({"n_rows": len(records), "n_records": len(records), "skipped": 0})
         return records
     rows = shuffled(read_rows(dataset, split, "orm"), seed)

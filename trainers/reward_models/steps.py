@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from trainers.core.builtin_data import builtin_step_records
+from trainers.core.builtin_data import PRM_TASK_CONFIG, builtin_step_records
 from trainers.core.datasets import is_hub_error, looks_like_path
 from trainers.core.records import StepRecord
 from trainers.core.splits import collect_records, shuffled, split_seed
@@ -175,16 +175,20 @@ def load_step_records(
     seed: int = 42,
     *,
     stats: dict | None = None,
+    task_configs: dict[str, dict] | None = None,
 ) -> list[StepRecord]:
     """PRM records (one per solution). ``builtin:reasoning-steps`` generates ``max_samples``
-    solutions offline; a local file/folder is read whole, shuffled with ``seed`` and cut to
+    solutions offline (``task_configs["chain_sum"]`` updates its chain-sum settings,
+    ``PRM_TASK_CONFIG``); a local file/folder is read whole, shuffled with ``seed`` and cut to
     ``max_samples``; a hub dataset with PRM800K's ``phase{1,2}_<split>.jsonl`` files is streamed
     in file order until ``max_samples`` usable rows (as the book), then shuffled."""
     out = stats if stats is not None else {}
     if dataset.startswith("builtin:"):
         builtin_tasks(dataset, BUILTIN_STEPS)
         n = 1000 if max_samples is None else max_samples
-        records = builtin_step_records(n, split_seed(seed, split))
+        chain = (task_configs or {}).get("chain_sum")
+        config = {**PRM_TASK_CONFIG, **chain} if chain else None
+        records = builtin_step_records(n, split_seed(seed, split), task_config=config)
         out.update({"n_rows": len(records), "n_records": len(records), "skipped": 0})
         return records
     path = Path(dataset).expanduser()

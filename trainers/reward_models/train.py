@@ -214,6 +214,7 @@ class OutcomeKind:
             d.rollouts_per_prompt,
             seed=cfg.seed,
             stats=load_stats,
+            task_configs=d.builtin_task_configs,
         )
         if d.eval_size >= len(records):
             raise ConfigError(
@@ -317,7 +318,12 @@ class StepKind:
         d = cfg.data
         load_stats: dict = {}
         records = load_step_records(
-            d.dataset, d.split, d.max_samples, seed=cfg.seed, stats=load_stats
+            d.dataset,
+            d.split,
+            d.max_samples,
+            seed=cfg.seed,
+            stats=load_stats,
+            task_configs=d.builtin_task_configs,
         )
         if d.eval_size >= len(records):
             raise ConfigError(

@@ -1,0 +1,100 @@
+"""The reward models of a ``best_of_n`` evaluation job, as the lab resolves them. Torch-free.
+
+``best_of_n.orm`` and ``best_of_n.prm`` take a reward-model run of this lab (``run:<id>`` or a
+bare id) or a folder. A run is checked like any reference (failed runs and runs that keep no
+final model are refused, :func:`rlhf_lab.lineage.check_ref`) and must be a reward-model run of
+that kind; its ``final_model`` folder goes into the job's config, and the job waits for the run
+when it has not ended yet. A folder is passed on as is: the job checks it before writing
+anything (``trainers.evaluation.best_of_n.reward_model_folder``). ``best_of_n.samples_from``
+takes an earlier best_of_n evaluation (a run reference, or its folder): its completions are
+scored again by other reward models (e.g. other training seeds) instead of sampling anew.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_lab.errors import InvalidArgument, NextStep
+
+__all__ = ["SCORER_KINDS", "resolve_scorer_refs"]
+
+SCORER_KINDS: tuple[str, ...] = ("orm", "prm")
+SUITE = "best_of_n"
+
+
+def _run_id(value: str) -> str | None:
+    """The run id ``value`` names (``run:<id>``, or a bare id of an existing run), else None."""
+    from rlhf_lab.errors import LabError
+    from rlhf_lab.lineage import is_ref, ref_id
+    from rlhf_lab.paths import RUN_ID_RE, find_run
+
+    value = value.strip()
+    if is_ref(value):
+        return ref_id(value)
+    if not RUN_ID_RE.fullmatch(value):
+        return None
+    try:
+        find_run(value)
+    except LabError:
+        return None
+    return value
+
+
+def _checked_final_model(kind: str, run_id: str) -> str:
+    from rlhf_lab.lineage import check_ref
+
+    key = f"{SUITE}.{kind}"
+    up = check_ref(key, run_id)
+    if up.family != "reward_models" or up.algorithm != kind:
+        raise InvalidArgument(
+            f"{key}=run:{run_id}: that run is {up.algorithm} ({up.family}), not a {kind} "
+            "reward model",
+            next=NextStep("list_runs", {"state": "succeeded"}, note=f"{kind} reward-model runs"),
+        )
+    from rlhf_lab.paths import find_run
+
+    return str(find_run(run_id) / "final_model")
+
+
+def _checked_samples_job(run_id: str) -> str:
+    """The folder of the best_of_n evaluation job whose completions are to be scored again."""
+    from rlhf_lab.lineage import upstream
+    from rlhf_lab.paths import find_run
+
+    up = upstream(run_id)  # NotFound for an unknown id
+    if up.family != "evaluation" or up.algorithm != SUITE:
+        raise InvalidArgument(
+            f"{SUITE}.samples_from=run:{run_id}: that run is {up.algorithm} ({up.family}), not "
+            "a best_of_n evaluation",
+            next=NextStep("list_runs", {"state": "succeeded"}, note="best_of_n evaluations"),
+        )
+    if up.state in ("failed", "stopped", "killed", "died", "cancelled"):
+        raise InvalidArgument(
+            f"{SUITE}.samples_from=run:{run_id}: that evaluation is {up.state} and left no "
+            "samples; evaluate again without reusing its samples",
+            next=NextStep("run_status", {"run_id": run_id}, note="why it ended"),
+        )
+    return str(find_run(run_id))
+
+
+def resolve_scorer_refs(config: dict[str, Any]) -> list[str]:
+    """Replace run references in ``config["best_of_n"]`` by their folders (in place: a reward
+    model's final_model, an earlier best_of_n job's run folder for ``samples_from``) and return
+    the run ids the job must wait for; nothing for another suite."""
+    if config.get("suite") != SUITE:
+        return []
+    section = config.get(SUITE) or {}
+    runs = []
+    drawn = section.get("samples_from")
+    drawn_id = _run_id(drawn) if isinstance(drawn, str) and drawn.strip() else None
+    if drawn_id is not None:
+        section["samples_from"] = _checked_samples_job(drawn_id)
+        runs.append(drawn_id)
+    for kind in SCORER_KINDS:
+        value = section.get(kind)
+        run_id = _run_id(value) if isinstance(value, str) and value.strip() else None
+        if run_id is None:
+            continue
+        section[kind] = _checked_final_model(kind, run_id)
+        runs.append(run_id)
+    return runs
