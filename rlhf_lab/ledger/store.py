@@ -357,27 +357,39 @@ def _record_whole(name: str, record: RunRecord, note: str | None, plot: bool) ->
     _write(name, data)
 
 
-def record_comparison(slug: str, entry: ComparisonEntry) -> Campaign:
-    """Put ``entry`` into the campaign's Comparison section (same key: replaced)."""
+def _update(slug: str, change: Callable[[_LedgerData], None]) -> Campaign:
+    """Apply ``change`` to the campaign's data and write it, under the campaign's lock."""
     name = resolve_campaign(slug)
-    if not entry.recorded_at:
-        entry = entry.model_copy(update={"recorded_at": _now()})
     with _acquire(_locked(name), name):
         data = _load_data(name)
         if data is None:
             raise NotFound(
-                f"campaign {name} disappeared while recording; create it again",
+                f"campaign {name} has no ledger.json (it disappeared, or no run was recorded "
+                "into it yet); create it again",
                 next=NextStep("create_campaign", {"slug": name}),
             )
-        for i, old in enumerate(data.comparisons):
-            if old.key == entry.key:
-                data.comparisons[i] = entry
-                break
-        else:
-            data.comparisons.append(entry)
+        change(data)
         _write(name, data)
     regenerate_index()
     return _campaign_model(data)
+
+
+def _stamped(entry: ComparisonEntry | AnswerEntry) -> ComparisonEntry | AnswerEntry:
+    return entry if entry.recorded_at else entry.model_copy(update={"recorded_at": _now()})
+
+
+def record_comparison(slug: str, entry: ComparisonEntry) -> Campaign:
+    """Put ``entry`` into the campaign's Comparison section (same key: replaced)."""
+    entry = _stamped(entry)
+
+    def put(data: _LedgerData) -> None:
+        keys = [old.key for old in data.comparisons]
+        if entry.key in keys:
+            data.comparisons[keys.index(entry.key)] = entry
+        else:
+            data.comparisons.append(entry)
+
+    return _update(slug, put)
 
 
 def answer_figure_path(slug: str) -> Path:
@@ -387,20 +399,8 @@ def answer_figure_path(slug: str) -> Path:
 
 def record_answer(slug: str, entry: AnswerEntry) -> Campaign:
     """Put ``entry`` into the campaign's Answer block (it replaces the one recorded before)."""
-    name = resolve_campaign(slug)
-    if not entry.recorded_at:
-        entry = entry.model_copy(update={"recorded_at": _now()})
-    with _acquire(_locked(name), name):
-        data = _load_data(name)
-        if data is None:
-            raise NotFound(
-                f"campaign {name} has no ledger yet; record a run into it first",
-                next=NextStep("create_campaign", {"slug": name}),
-            )
-        data.answer = entry
-        _write(name, data)
-    regenerate_index()
-    return _campaign_model(data)
+    entry = _stamped(entry)
+    return _update(slug, lambda data: setattr(data, "answer", entry))
 
 
 def render_campaign(slug: str) -> Campaign:
