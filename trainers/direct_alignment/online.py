@@ -251,7 +251,12 @@ def greedy_scores(model, tokenizer, ranker: Ranker, prompts, batch_size: int, ma
 
 def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Online DPO; see the module doc."""
-    from trainers.direct_alignment.train import compute_reference_logps, evaluate, load_records
+    from trainers.direct_alignment.train import (
+        compute_reference_logps,
+        evaluate,
+        load_records,
+        load_reference,
+    )
 
     seed_everything(cfg.seed)
     device, dtype, attn = pick_runtime(cfg.model)
@@ -283,14 +288,7 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
     ranker = Ranker(cfg, tokenizer, device, dtype, attn)
     ref_model = None
     if cfg.needs_reference:  # the starting model, frozen for the whole run
-        ref_model = load_causal_lm(
-            cfg.model.ref_name or cfg.model.name,
-            device=device,
-            dtype=dtype,
-            attn_implementation=attn,
-            trainable=False,
-        )
-        ref_model.eval()
+        ref_model = load_reference(cfg, device, dtype, attn)
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )

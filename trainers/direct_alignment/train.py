@@ -217,6 +217,18 @@ def reference_cache_path(cfg: DirectAlignmentConfig, examples, dtype) -> Path:
     return cache_root() / "ref_logps" / f"{key}.pt"
 
 
+def load_reference(cfg: Any, device: Any, dtype: Any, attn: Any) -> torch.nn.Module:
+    """The frozen reference (``model.ref_name``, else the starting model), in eval mode."""
+    ref = load_causal_lm(
+        cfg.model.ref_name or cfg.model.name,
+        device=device,
+        dtype=dtype,
+        attn_implementation=attn,
+        trainable=False,
+    )
+    return ref.eval()
+
+
 def load_or_compute_reference(
     cfg, examples, pad_id, device, dtype, attn, policy: torch.nn.Module | None = None
 ) -> tuple[dict, dict]:
@@ -241,13 +253,7 @@ def load_or_compute_reference(
             logps = compute_reference_logps(ref, mine, pad_id, device, batch_size, with_kl)
         policy.train()
     else:
-        ref = load_causal_lm(
-            cfg.model.ref_name or cfg.model.name,
-            device=device,
-            dtype=dtype,
-            attn_implementation=attn,
-            trainable=False,
-        )
+        ref = load_reference(cfg, device, dtype, attn)
         shard_model(ref)
         logps = compute_reference_logps(ref, mine, pad_id, device, batch_size, with_kl)
         del ref
@@ -368,16 +374,9 @@ def gold_evaluation(cfg: DirectAlignmentConfig, run: RunDir, tokenizer, eval_rec
     from trainers.direct_alignment.gold import GOLD_FILE, build_gold_eval
 
     device, dtype, attn = runtime
-    ref_model = None
-    if needs_reference_copy(cfg.model):
-        ref_model = load_causal_lm(
-            cfg.model.ref_name or cfg.model.name,
-            device=device,
-            dtype=dtype,
-            attn_implementation=attn,
-            trainable=False,
-        )
-        ref_model.eval()
+    ref_model = (
+        load_reference(cfg, device, dtype, attn) if needs_reference_copy(cfg.model) else None
+    )
     out_path = run.path / GOLD_FILE if run.writer else None
     return build_gold_eval(cfg, tokenizer, eval_records, ref_model, out_path, runtime)
 
