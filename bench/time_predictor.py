@@ -6,7 +6,7 @@ calibration and then run as a fresh trainer process. Target: predicted/actual wi
     uv run python bench/time_predictor.py --smollm2        # + SmolLM2-135M, 3 steps each (~15 min)
     uv run python bench/time_predictor.py --cases sft,grpo --threads 2
 
-Configs come from the lab's shrink (``rlhf_lab.shrink.shrink_config`` on the shipped recipe with
+Configs come from the lab's shrink (``rlhf_lab.planning.shrink.shrink_config`` on the shipped recipe with
 the model swapped; on SmolLM2 ``train.max_steps=3`` and LoRA, as a CPU user would run it). The
 calibration is the one ``plan`` uses (cached per model, device, threads and torch version;
 ``--recalibrate`` measures it again). "Actual" is the wall time of the whole trainer process
@@ -81,7 +81,7 @@ def child_env(workdir: Path, threads: int) -> dict[str, str]:
 
 def shrunk(case: str, model: str) -> tuple[str, str, dict]:
     """(family, algorithm, resolved config) of a case as the lab shrinks it."""
-    from rlhf_lab.shrink import shrink_config
+    from rlhf_lab.planning.shrink import shrink_config
 
     overrides = []
     if model == SMOLLM2:
@@ -91,7 +91,7 @@ def shrunk(case: str, model: str) -> tuple[str, str, dict]:
 
 
 def eval_config(model: str) -> dict:
-    from rlhf_lab.evaluation_cost import _config
+    from rlhf_lab.evaluation.cost import _config
 
     cfg = _config("reasoning", EVAL_OVERRIDES)
     cfg["target"] = model

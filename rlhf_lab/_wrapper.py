@@ -14,7 +14,7 @@ group, OOM killer, reboot): the lab reports such a run as ``died`` (``killed`` w
 stop that gave up waiting and sent SIGKILL). Before starting the trainer it writes
 ``progress.json`` with phase ``starting``, so a status shows something from the first moment.
 
-In a Slurm job (``RLHF_LAB_SLURM=1``, set by the job script of :mod:`rlhf_lab.slurm`) the
+In a Slurm job (``RLHF_LAB_SLURM=1``, set by the job script of :mod:`rlhf_lab.runs.slurm`) the
 child is ``srun`` and SIGTERM is not forwarded: srun would kill its tasks at once, and Slurm
 signals the tasks themselves.
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     in_slurm_job = os.environ.get("RLHF_LAB_SLURM") == "1"
     if in_slurm_job:
-        import rlhf_lab.slurm  # noqa: F401  imported now, not in the signal handler
+        import rlhf_lab.runs.slurm  # noqa: F401  imported now, not in the signal handler
     time_limit_signal: list[bool] = []
 
     def forward(signum, frame) -> None:  # noqa: ARG001
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _signal_job_tasks() -> None:
     """SIGTERM to every step of this Slurm job but the batch step (where this wrapper runs)."""
-    from rlhf_lab.slurm import SIGNAL_TASKS
+    from rlhf_lab.runs.slurm import SIGNAL_TASKS
 
     job = os.environ.get("SLURM_JOB_ID")
     if job:

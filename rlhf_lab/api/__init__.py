@@ -12,7 +12,7 @@ lives where:
 - launching (this module, whose private hooks tests replace): :func:`launch_experiment`
   (LaunchResult), :func:`launch_run` (the same shaped for an agent), :func:`sweep`,
   :func:`resume_run` and :func:`resume_run_detached`; their result models in
-  :mod:`rlhf_lab.api.results`; the checks before a launch in :mod:`rlhf_lab.validation`;
+  :mod:`rlhf_lab.api.results`; the checks before a launch in :mod:`rlhf_lab.planning.validation`;
 - :mod:`rlhf_lab.api.recipes`: ``list_recipes``, ``estimate_memory`` (the fit check),
   ``device_free_gb``, ``acceptance_text``;
 - :mod:`rlhf_lab.api.watching`: ``run_status`` (alerts + advice), ``active_run_views``,
@@ -49,13 +49,13 @@ if TYPE_CHECKING:  # pragma: no cover - for readers and type checkers only
 # name -> module it is loaded from on first use
 _LAZY: dict[str, str] = {
     # recipes, plans, configs, memory
-    "Recipe": "rlhf_lab.catalog",
-    "find_recipe": "rlhf_lab.catalog",
-    "ResolvedConfig": "rlhf_lab.configs",
-    "resolve_config": "rlhf_lab.configs",
-    "Plan": "rlhf_lab.plan",
-    "plan_experiment": "rlhf_lab.plan",
-    "ShrinkResult": "rlhf_lab.shrink",
+    "Recipe": "rlhf_lab.planning.catalog",
+    "find_recipe": "rlhf_lab.planning.catalog",
+    "ResolvedConfig": "rlhf_lab.planning.configs",
+    "resolve_config": "rlhf_lab.planning.configs",
+    "Plan": "rlhf_lab.planning.plan",
+    "plan_experiment": "rlhf_lab.planning.plan",
+    "ShrinkResult": "rlhf_lab.planning.shrink",
     "shrink_config": "rlhf_lab.api.recipes",
     "MemoryEstimate": "rlhf_lab.memory",
     "FamilyBrief": "rlhf_lab.api.recipes",
@@ -79,12 +79,12 @@ _LAZY: dict[str, str] = {
     "unfinished_runs": "rlhf_lab.runs",
     "wait_for_end": "rlhf_lab.runs",
     # watching
-    "Alert": "rlhf_lab.logs",
-    "LogChunk": "rlhf_lab.logs",
-    "MetricSeries": "rlhf_lab.logs",
-    "diagnose": "rlhf_lab.logs",
-    "read_metrics": "rlhf_lab.logs",
-    "tail_log": "rlhf_lab.logs",
+    "Alert": "rlhf_lab.results.logs",
+    "LogChunk": "rlhf_lab.results.logs",
+    "MetricSeries": "rlhf_lab.results.logs",
+    "diagnose": "rlhf_lab.results.logs",
+    "read_metrics": "rlhf_lab.results.logs",
+    "tail_log": "rlhf_lab.results.logs",
     "RunView": "rlhf_lab.api.watching",
     "RunStatusResult": "rlhf_lab.api.watching",
     "LogTail": "rlhf_lab.api.watching",
@@ -113,14 +113,14 @@ _LAZY: dict[str, str] = {
     "list_campaigns": "rlhf_lab.api.records",
     "ledger_index_markdown": "rlhf_lab.api.records",
     "campaign_markdown": "rlhf_lab.api.records",
-    "Comparison": "rlhf_lab.compare",
+    "Comparison": "rlhf_lab.results.compare",
     "compare_runs": "rlhf_lab.api.records",
     # the machine, models, skills, demo, paths
-    "Resources": "rlhf_lab.resources",
-    "check_resources": "rlhf_lab.resources",
-    "ModelEntry": "rlhf_lab.models",
-    "list_models": "rlhf_lab.models",
-    "pull_model": "rlhf_lab.models",
+    "Resources": "rlhf_lab.runs.resources",
+    "check_resources": "rlhf_lab.runs.resources",
+    "ModelEntry": "rlhf_lab.planning.models",
+    "list_models": "rlhf_lab.planning.models",
+    "pull_model": "rlhf_lab.planning.models",
     "SkillsInstallResult": "rlhf_lab.skills",
     "install_skills": "rlhf_lab.skills",
     "run_demo": "rlhf_lab.demo",
@@ -387,9 +387,9 @@ def _resolve_recipe(
     recipe, shrunk (and calibrated: rlhf_lab.planning.calibration) or not; an unknown recipe
     points at the recipe list, a bad override at shrink_config."""
     from rlhf_lab.api.recipes import FIX_OVERRIDES, find_known_recipe
-    from rlhf_lab.configs import resolve_config
     from rlhf_lab.planning.calibration_apply import default_policy, shrink_calibrated
-    from rlhf_lab.shrink import shrink_config as shrink_rules
+    from rlhf_lab.planning.configs import resolve_config
+    from rlhf_lab.planning.shrink import shrink_config as shrink_rules
 
     find_known_recipe(recipe)
     try:
@@ -481,20 +481,20 @@ def launch_experiment(
     ``gpus`` (ids ``"0,1"`` or a count ``4``) or ``nproc`` (CPU ranks) run the trainer under
     torchrun, one rank per device; the run holds each device, the memory estimate is per rank
     and checked on each device, and the world size must split the config's batches.
-    ``slurm`` (:class:`rlhf_lab.slurm.SlurmOptions` as a mapping: nodes, gpus_per_node,
-    partition, time, account ...) submits the run as a Slurm job instead (:mod:`rlhf_lab.slurm`).
+    ``slurm`` (:class:`rlhf_lab.runs.slurm.SlurmOptions` as a mapping: nodes, gpus_per_node,
+    partition, time, account ...) submits the run as a Slurm job instead (:mod:`rlhf_lab.runs.slurm`).
 
     ``after``: run ids this run waits for: it stays queued until each has succeeded and is
     cancelled if one ends otherwise. A ``run:<id>`` value (``model.name=run:<sft>``,
     ``reward.model=run:<rm>``, ``scorer.name=run:<rm>``) names that run's final model, is checked
-    like a model (:mod:`rlhf_lab.lineage`), implies ``after`` it, and reaches config.yaml as the
+    like a model (:mod:`rlhf_lab.runs.lineage`), implies ``after`` it, and reaches config.yaml as the
     run's ``final_model`` path (run.json keeps the id); a queued upstream that would not save its
     final model is made to. An upstream that already failed is refused (resume it first).
     ``pipeline`` / ``stage``: set by :func:`run_pipeline` for the runs it creates.
 
     Every check comes before anything is written (campaign, run folder, queue entry, ledger
     row): the config validates; every model it names resolves and, for a hub id, can be loaded
-    here; no length exceeds the model's context (:func:`rlhf_lab.validation.check_config`); the
+    here; no length exceeds the model's context (:func:`rlhf_lab.planning.validation.check_config`); the
     device exists; and the memory estimate fits (:func:`_check_memory`: the free memory of an
     idle device, beside the runs of a busy one, the total memory for a queued run) unless
     ``force``. An implausible learning rate is a warning in the result. The launched run gets
@@ -503,13 +503,13 @@ def launch_experiment(
     from rlhf_lab.api.placement import check_placement, pick_devices
     from rlhf_lab.api.recipes import FIX_OVERRIDES
     from rlhf_lab.ledger import create_campaign
-    from rlhf_lab.lineage import find_refs, resolve_refs
     from rlhf_lab.paths import campaign_name
+    from rlhf_lab.planning.validation import check_config
     from rlhf_lab.runs import resolve_device, resolve_placement
     from rlhf_lab.runs.deps import check_after, ensure_final_model
     from rlhf_lab.runs.identical import check_not_identical
+    from rlhf_lab.runs.lineage import find_refs, resolve_refs
     from rlhf_lab.runs.world import check_world_size
-    from rlhf_lab.validation import check_config
 
     upstream = check_after(after)  # unknown or failed upstream runs: refused first
     family, algorithm, data, applied, source, calibration = _resolve_recipe(
@@ -592,7 +592,7 @@ def launch_experiment(
 
 def _check_slurm_request(device: str, gpus: str | int | None, queue: bool) -> None:
     """Refuse what only applies to this machine in a Slurm launch (one clear error each)."""
-    from rlhf_lab.slurm import refuse_local_only
+    from rlhf_lab.runs.slurm import refuse_local_only
 
     if gpus is not None:
         raise InvalidArgument(
@@ -608,7 +608,7 @@ def _slurm_options(slurm: dict[str, Any]) -> Any:
     """The Slurm options of a launch, or one InvalidArgument naming the bad ones."""
     from pydantic import ValidationError
 
-    from rlhf_lab.slurm import SlurmOptions, checked_options
+    from rlhf_lab.runs.slurm import SlurmOptions, checked_options
 
     try:
         return checked_options(SlurmOptions.model_validate(slurm))
@@ -633,14 +633,14 @@ def _launch_slurm(
     """Submit a checked run as a Slurm job: every check (config, world size, Slurm present)
     comes before the campaign or run folder is written."""
     from rlhf_lab.ledger import create_campaign
+    from rlhf_lab.planning.validation import check_config
+    from rlhf_lab.runs.slurm import check_slurm_available
+    from rlhf_lab.runs.slurm_runs import launch_slurm
     from rlhf_lab.runs.world import check_world_size
-    from rlhf_lab.slurm import check_slurm_available
-    from rlhf_lab.slurm_runs import launch_slurm
-    from rlhf_lab.validation import check_config
 
     options = _slurm_options(slurm)
     if after:
-        from rlhf_lab.slurm import refuse_local_only
+        from rlhf_lab.runs.slurm import refuse_local_only
 
         raise refuse_local_only("waiting for other runs (after)")
     check_world_size(family, data, options.world_size)
@@ -709,7 +709,7 @@ def resume_run(run_id: str, device: str | None = None, force: bool = False) -> L
     """:func:`rlhf_lab.runs.resume_run`, recorded like a launch: the run's ledger row is
     refreshed when the resumed attempt ends (a recorder process)."""
     from rlhf_lab.runs import resume_run as resume
-    from rlhf_lab.slurm_runs import resume_if_slurm
+    from rlhf_lab.runs.slurm_runs import resume_if_slurm
 
     result = resume_if_slurm(run_id) or resume(run_id, device=device, force=force)
     warnings = [] if result.queued else _record_when_ended(result.run.id)
@@ -738,7 +738,7 @@ def _sweep_base_seed(recipe: str, overrides: list[str], base_seed: int | None) -
     recipe's configured seed (0 when it has none)."""
     if base_seed is not None:
         return base_seed
-    from rlhf_lab.configs import resolve_config
+    from rlhf_lab.planning.configs import resolve_config
 
     given = [o for o in overrides if _is_seed_override(o)]
     try:
@@ -792,7 +792,7 @@ def sweep(
     seed_list = [first + i for i in range(seeds)]
     rest = [o for o in given if not _is_seed_override(o)]
     seeds_text = f"seed {seed_list[0]}" if seeds == 1 else f"seeds {seed_list[0]}-{seed_list[-1]}"
-    from rlhf_lab.plan import matched_overrides
+    from rlhf_lab.planning.plan import matched_overrides
 
     # policy-gradient arms get one rollout shape and the same prompts (the plan's rule)
     matched = matched_overrides(recipes, model, rest)

@@ -1,5 +1,5 @@
 """The evaluation side of the lab API: ``evaluate_model`` launches evaluation jobs
-(:mod:`rlhf_lab.evaluations`) like runs. Torch-free."""
+(:mod:`rlhf_lab.evaluation.jobs`) like runs. Torch-free."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ def _slug(target_campaign: str | None, campaign: str | None, suite: str) -> str:
 
 
 def _cost_text(job: Any) -> str:
-    """``; estimated ~0.9 GiB, <=N sampled tokens`` (rlhf_lab.evaluation_cost), or ""."""
+    """``; estimated ~0.9 GiB, <=N sampled tokens`` (rlhf_lab.evaluation.cost), or ""."""
     from rlhf_lab.errors import LabError
-    from rlhf_lab.evaluation_cost import estimate_evaluation
+    from rlhf_lab.evaluation.cost import estimate_evaluation
 
     model = f"{job.target.path}/final_model" if job.target.run_id is not None else job.target.path
     try:
@@ -70,7 +70,7 @@ def evaluate_model(
     (default for a run: its starting model, same prompts and seed), ``none``, a run id or a
     model. Everything is checked before anything is written."""
     from rlhf_lab import api as lab
-    from rlhf_lab.evaluations import EVAL_FAMILY, prepare_evaluation
+    from rlhf_lab.evaluation.jobs import EVAL_FAMILY, prepare_evaluation
     from rlhf_lab.ledger import create_campaign
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.runs import active_runs

@@ -1,7 +1,7 @@
 """The pipeline operations: ``run_pipeline`` (a chain of runs in one campaign, each stage queued
 after the stages whose output it takes) and ``list_pipelines``. Torch-free.
 
-The definitions and their ordering live in :mod:`rlhf_lab.pipelines`; each stage is launched
+The definitions and their ordering live in :mod:`rlhf_lab.runs.pipelines`; each stage is launched
 with :func:`rlhf_lab.api.launch_experiment`, so a stage gets exactly the checks, run folder,
 ledger row and queue entry a single launch gets.
 """
@@ -59,7 +59,7 @@ class PipelineList(BaseModel):
 
 
 def _recipe_exists(recipe: str) -> bool:
-    from rlhf_lab.catalog import find_recipe
+    from rlhf_lab.planning.catalog import find_recipe
 
     try:
         find_recipe(recipe)
@@ -71,7 +71,7 @@ def _recipe_exists(recipe: str) -> bool:
 @operation
 def list_pipelines() -> PipelineList:
     """The shipped pipelines: stages, recipes, and whether every recipe exists here."""
-    from rlhf_lab.pipelines import list_pipeline_defs, plan_stages
+    from rlhf_lab.runs.pipelines import list_pipeline_defs, plan_stages
 
     out = []
     for defn in list_pipeline_defs():
@@ -115,7 +115,7 @@ def _undo_launched(launched: dict[str, str], why: str) -> str:
 
 def _write_gate(run_id: str, upstream: str, gate: Any) -> None:
     """Record a stage's gate in its queued run's run.json (the queue worker checks it when the
-    upstream runs have succeeded: rlhf_lab/gates.py)."""
+    upstream runs have succeeded: rlhf_lab/results/gates.py)."""
     from rlhf_lab.paths import find_run
     from rlhf_lab.runs.process import _run_lock
     from rlhf_lab.runs.records import _atomic_write_json, _read_run_json
@@ -146,7 +146,13 @@ def run_pipeline(
     the stages that do not start from another stage's output."""
     from rlhf_lab.api import launch_experiment
     from rlhf_lab.paths import campaign_name
-    from rlhf_lab.pipelines import check_stages, find_pipeline, handoffs, plan_stages, with_run_ids
+    from rlhf_lab.runs.pipelines import (
+        check_stages,
+        find_pipeline,
+        handoffs,
+        plan_stages,
+        with_run_ids,
+    )
 
     defn = find_pipeline(name)
     slug = campaign if campaign is not None else f"{defn.name}-pipeline"

@@ -118,7 +118,7 @@ def slurm_job_preview(recipe: str, slurm: dict[str, Any]) -> str:
     from rlhf_lab.api import _slurm_options
     from rlhf_lab.api.recipes import find_known_recipe
     from rlhf_lab.runs.records import _source_dir
-    from rlhf_lab.slurm import job_script
+    from rlhf_lab.runs.slurm import job_script
 
     options = _slurm_options(slurm)
     family = find_known_recipe(recipe).family

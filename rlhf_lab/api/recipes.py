@@ -11,15 +11,21 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
-from rlhf_lab.catalog import Recipe, acceptance_for, family_info, find_recipe, key_metrics_for
-from rlhf_lab.catalog import list_recipes as catalog_recipes
 from rlhf_lab.errors import LabError, NextStep
 from rlhf_lab.memory import MemoryEstimate, fits
 from rlhf_lab.memory import estimate_memory as estimate_config_memory
-from rlhf_lab.resources import check_resources
+from rlhf_lab.planning.catalog import (
+    Recipe,
+    acceptance_for,
+    family_info,
+    find_recipe,
+    key_metrics_for,
+)
+from rlhf_lab.planning.catalog import list_recipes as catalog_recipes
+from rlhf_lab.planning.shrink import ShrinkResult
+from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs import active_runs, resolve_device
-from rlhf_lab.shrink import ShrinkResult
-from rlhf_lab.validation import check_config
+from rlhf_lab.runs.resources import check_resources
 
 LIST_RECIPES = NextStep("list_recipes")
 FIX_OVERRIDES = NextStep(
@@ -85,7 +91,7 @@ def list_recipes(family: str | None = None) -> RecipeList:
 
 def _pipelines() -> list[str]:
     """The pipelines in one line each (their stages in launch order)."""
-    from rlhf_lab.pipelines import list_pipeline_defs, plan_stages
+    from rlhf_lab.runs.pipelines import list_pipeline_defs, plan_stages
 
     out = []
     for defn in list_pipeline_defs():
@@ -108,7 +114,7 @@ def shrink_config(
 ) -> ShrinkResult:
     """A recipe shrunk into a quick sanity run and validated by the trainer's config model;
     an unknown recipe points at the recipe list, a bad override at fixing it."""
-    from rlhf_lab.shrink import shrink_config as shrink
+    from rlhf_lab.planning.shrink import shrink_config as shrink
 
     find_known_recipe(recipe)
     try:
@@ -171,7 +177,7 @@ def _resolved(
     recipe: str, model: str | None, overrides: list[str], shrink: bool
 ) -> tuple[str, str, dict, str]:
     """(family, algorithm, config, recipe id) of a recipe, shrunk or as shipped."""
-    from rlhf_lab.configs import resolve_config
+    from rlhf_lab.planning.configs import resolve_config
 
     if shrink:
         shrunk = shrink_config(recipe, overrides, model=model)

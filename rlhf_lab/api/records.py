@@ -6,11 +6,11 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
-from rlhf_lab.compare import Comparison
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep
 from rlhf_lab.ledger import Campaign, RunRecord, record_run, show_campaign
 from rlhf_lab.ledger import list_campaigns as ledger_campaigns
 from rlhf_lab.paths import experiments_dir
+from rlhf_lab.results.compare import Comparison
 
 
 class RecordResult(RunRecord):
@@ -115,7 +115,7 @@ def compare_runs(
     """The comparison table of runs of one family by that family's rules (recorded in a
     campaign with ``record_in``); mixing families points at comparing one family at a time.
     ``campaign``: its runs (of ``family`` when it holds several), besides any ``run_ids``."""
-    from rlhf_lab.compare import compare_runs as compare
+    from rlhf_lab.results.compare import compare_runs as compare
 
     ids = list(run_ids or [])
     if campaign is not None:

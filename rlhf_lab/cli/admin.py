@@ -26,7 +26,7 @@ def gpu(as_json: JsonOpt = False) -> None:
     """GPU memory and who holds it, CPU and RAM, and which lab runs hold which device."""
 
     def human(r: Any) -> None:
-        # each "no GPU" note already says so and why (rlhf_lab.resources); print it once, as is
+        # each "no GPU" note already says so and why (rlhf_lab.runs.resources); print it once, as is
         why = [n for n in r.notes if n.startswith("no GPU")]
         if not r.gpus:
             typer.echo("\n".join(why) if why else "no GPU")

@@ -6,7 +6,7 @@ same at 10,000 runs as at 10. Standard-library ``sqlite3``; torch-free.
 The run folders stay the source of truth. The index lives at ``<lab root>/.rlhf-lab/
 index.sqlite`` (ignored by git); it is checked against the folders on every use with a few
 ``stat`` calls (:mod:`~rlhf_lab.index.sync`), updated when the lab rewrites a run.json
-(:mod:`~rlhf_lab.index_hook`) and when a run is recorded, and rebuilt from the folders on
+(:mod:`~rlhf_lab.index.hook`) and when a run is recorded, and rebuilt from the folders on
 demand (:func:`rebuild_index`) or automatically when it is missing, stale or damaged, with a
 warning (:mod:`~rlhf_lab.index.store`).
 
@@ -14,28 +14,39 @@ By job: :mod:`~rlhf_lab.index.store` (the database), :mod:`~rlhf_lab.index.extra
 folder as a row), :mod:`~rlhf_lab.index.sync` (staleness), :mod:`~rlhf_lab.index.query`
 (pages, unfinished runs, the query tool), :mod:`~rlhf_lab.index.campaigns` (campaign
 summaries).
+
+Names are loaded on first use (PEP 562 ``__getattr__``): :mod:`~rlhf_lab.index.hook`, which the
+lab's writers import, does not load the query and store modules.
 """
 
 from __future__ import annotations
 
-from rlhf_lab.index.query import (
-    QUERY_FIELDS,
-    IndexPage,
-    QueryOutcome,
-    page_runs,
-    query_index,
-    rebuild_index,
-    unfinished_run_ids,
-)
-from rlhf_lab.index.store import index_path
+import importlib
+from typing import Any
 
-__all__ = [
-    "QUERY_FIELDS",
-    "IndexPage",
-    "QueryOutcome",
-    "index_path",
-    "page_runs",
-    "query_index",
-    "rebuild_index",
-    "unfinished_run_ids",
-]
+# name -> module it is loaded from on first use
+_LAZY: dict[str, str] = {
+    "QUERY_FIELDS": "rlhf_lab.index.query",
+    "IndexPage": "rlhf_lab.index.query",
+    "QueryOutcome": "rlhf_lab.index.query",
+    "page_runs": "rlhf_lab.index.query",
+    "query_index": "rlhf_lab.index.query",
+    "rebuild_index": "rlhf_lab.index.query",
+    "unfinished_run_ids": "rlhf_lab.index.query",
+    "index_path": "rlhf_lab.index.store",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -176,7 +176,7 @@ def _finite(value: Any) -> float | None:
 
 def _headline(family: str | None, algorithm: str | None, config: dict | None, scan: MetricScan):
     """(metric, higher is better, final, final step, best, best step) of the run's own headline."""
-    from rlhf_lab.headline import headline_for
+    from rlhf_lab.results.headline import headline_for
 
     try:
         head = headline_for(family, algorithm, config, scan.rows())

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_lab.errors import InvalidArgument, NextStep
+from rlhf_lab.index.hook import indexing, serve_unfinished
 from rlhf_lab.index.store import drop_index, with_index
 from rlhf_lab.index.sync import refresh_rows, sync_runs
-from rlhf_lab.index_hook import indexing, serve_unfinished
 
 __all__ = [
     "QUERY_FIELDS",
@@ -179,7 +179,7 @@ def unfinished_run_rows() -> tuple[list[tuple[str, str, str]], list[str]]:
     return with_index(work, warnings), warnings
 
 
-serve_unfinished(lambda: unfinished_run_rows()[0])  # for the run modules (rlhf_lab.index_hook)
+serve_unfinished(lambda: unfinished_run_rows()[0])  # for the run modules (rlhf_lab.index.hook)
 
 
 def rebuild_index() -> tuple[int, list[str]]:
@@ -338,7 +338,7 @@ def _best_order(plan: _Plan, best: str) -> str:
     if not direction and name in ("final", "best"):
         return f"({expr} IS NULL), CASE WHEN r.higher_is_better = 0 THEN {expr} ELSE -{expr} END"
     if not direction:
-        from rlhf_lab.catalog import metric_direction
+        from rlhf_lab.planning.catalog import metric_direction
 
         direction = metric_direction(name) or "max"
     return f"({expr} IS NULL), {expr} {'DESC' if direction == 'max' else 'ASC'}"

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from rlhf_lab.index_hook import index_path
+from rlhf_lab.index.hook import index_path
 
 __all__ = ["SCHEMA_VERSION", "connect", "drop_index", "index_path", "with_index"]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_lab.index.extract import RACY_NS, extract_run, file_sig
-from rlhf_lab.index_hook import index_path
+from rlhf_lab.index.hook import index_path
 from rlhf_lab.paths import experiments_dir
 
 __all__ = ["refresh_rows", "run_dir_of", "sync_runs"]

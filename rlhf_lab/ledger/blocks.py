@@ -19,13 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from rlhf_lab.evaluation_records import (
+from rlhf_lab.evaluation.records import (
     evaluation_notes,
     evaluation_rows,
     is_evaluation,
     training_runs,
 )
-from rlhf_lab.headline import headline_for
 from rlhf_lab.ledger.followups import (
     NextItem,
     _comparison_items,
@@ -61,6 +60,7 @@ from rlhf_lab.ledger.schema import (
     _RunBrief,
 )
 from rlhf_lab.planning.time import campaign_time_line
+from rlhf_lab.results.headline import headline_for
 
 __all__ = ["BLOCKS", "PIECES_VERSION", "RUN_PIECES", "BlockInput", "render_markdown", "run_pieces"]
 

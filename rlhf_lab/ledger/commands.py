@@ -13,12 +13,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from rlhf_lab.catalog import list_recipes, source_root
 from rlhf_lab.ledger.schema import Attempt
 from rlhf_lab.ledger.text import _int_or_none, _one_line
 from rlhf_lab.paths import repo_root
-from rlhf_lab.plots import as_float
-from rlhf_lab.runfolder import read_summary
+from rlhf_lab.planning.catalog import list_recipes, source_root
+from rlhf_lab.results.plots import as_float
+from rlhf_lab.runs.folder import read_summary
 
 __all__ = ["attempts_of", "lab_command", "recipe_argument", "trainer_command"]
 

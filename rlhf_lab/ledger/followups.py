@@ -12,9 +12,9 @@ Rules (stated in docs/architecture.md and printed under the block):
 - a run whose held-out headline regressed -> fewer steps (stop at its best held-out step) or a
   stronger KL / reference anchor where the family has one (the family's ``kl_key``, doubled);
 - a run that overoptimised its reward model (proxy up, gold down:
-  :func:`rlhf_lab.overoptimisation.overoptimisation`) -> stop where the gold reward peaked (the family's
+  :func:`rlhf_lab.results.overoptimisation.overoptimisation`) -> stop where the gold reward peaked (the family's
   steps key) or a tighter KL leash (its ``kl_key`` doubled, 0.04 when it was 0), the changes
-  :func:`rlhf_lab.overoptimisation.overoptimisation_advice` gives the run's alert too (this item replaces
+  :func:`rlhf_lab.results.overoptimisation.overoptimisation_advice` gives the run's alert too (this item replaces
   the held-out regression one for the same run);
 - every arm of a comparison regressed on its held-out headline from its starting model (most
   runs of each arm flagged ``heldout_regression``) -> the same sweep at a learning rate ten times
@@ -34,9 +34,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_lab.divergence import divergence_advice
 from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, RunRecord, _LedgerData
-from rlhf_lab.overoptimisation import overoptimisation_advice
+from rlhf_lab.results.divergence import divergence_advice
+from rlhf_lab.results.overoptimisation import overoptimisation_advice
 from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
 
 __all__ = [

@@ -1,6 +1,6 @@
 """A run folder as a ledger row: :func:`inspect_run` reads run.json, config.yaml, summary.json,
 progress.json, metrics.jsonl and samples.jsonl through the lab's one run-folder reader
-(:mod:`rlhf_lab.runfolder`) and builds a :class:`RunRecord`. Tolerant: a missing, old or damaged
+(:mod:`rlhf_lab.runs.folder`) and builds a :class:`RunRecord`. Tolerant: a missing, old or damaged
 file becomes a warning in the record, never an exception. Writes nothing. Torch-free.
 """
 
@@ -15,11 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
-from rlhf_lab.catalog import get_dotted, source_root
 from rlhf_lab.errors import LabError
-from rlhf_lab.evaluation_records import EvalSummary, is_evaluation, read_eval_summary
-from rlhf_lab.headline import headline_for, heldout_items, noise_interval, start_value
+from rlhf_lab.evaluation.records import EvalSummary, is_evaluation, read_eval_summary
 from rlhf_lab.ledger.commands import attempts_of, lab_command, recipe_argument, trainer_command
 from rlhf_lab.ledger.metrics import (
     _expand_metric_names,
@@ -37,14 +34,23 @@ from rlhf_lab.ledger.schema import (
     SampleExcerpt,
 )
 from rlhf_lab.ledger.text import _clip, _first, _int_or_none, _now, _one_line, load_yaml
-from rlhf_lab.logs import run_flags, run_notes
-from rlhf_lab.overoptimisation import overoptimisation
 from rlhf_lab.paths import find_run, repo_root
+from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.planning.catalog import get_dotted, source_root
 from rlhf_lab.planning.time import predicted_total_s
-from rlhf_lab.plots import as_float
-from rlhf_lab.runfolder import read_json_lines, read_progress, read_record, read_summary, tail_text
-from rlhf_lab.runfolder import read_metric_rows as read_metrics_file
-from rlhf_lab.runlog import last_error_mention
+from rlhf_lab.results.headline import headline_for, heldout_items, noise_interval, start_value
+from rlhf_lab.results.logs import run_flags, run_notes
+from rlhf_lab.results.overoptimisation import overoptimisation
+from rlhf_lab.results.plots import as_float
+from rlhf_lab.runs.folder import (
+    read_json_lines,
+    read_progress,
+    read_record,
+    read_summary,
+    tail_text,
+)
+from rlhf_lab.runs.folder import read_metric_rows as read_metrics_file
+from rlhf_lab.runs.log import last_error_mention
 from trainers.core.config import config_diff
 from trainers.core.runfolder import ACTIVE_STATES, TERMINAL_STATES, SummaryFile
 
@@ -322,7 +328,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     wandb = meta.get("wandb_url") or (summary.wandb_url if summary else None)
     model = _first(cfg, ("model.name", "model_name"))
     if lineage is not None and "model.name" in lineage.references:
-        from rlhf_lab.lineage import describe_ref
+        from rlhf_lab.runs.lineage import describe_ref
 
         model = describe_ref(lineage.references["model.name"])
     root = repo_root()
@@ -381,7 +387,7 @@ def _calibration(path: Path) -> list[str]:
 
 
 def _evaluation(path: Path, family: str | None, warnings: list[str]) -> EvalSummary | None:
-    """An evaluation job's numbers from its eval.json (rlhf_lab.evaluation_records)."""
+    """An evaluation job's numbers from its eval.json (rlhf_lab.evaluation.records)."""
     if not is_evaluation(family):
         return None
     summary, warning = read_eval_summary(path)
@@ -412,7 +418,7 @@ def _diagnose(
     metrics: list[MetricSummary],
     flags: dict[str, str],
 ) -> list[str]:
-    """The ledger row's diagnostics: the lab's end-of-run notes (:func:`rlhf_lab.logs.run_notes`,
+    """The ledger row's diagnostics: the lab's end-of-run notes (:func:`rlhf_lab.results.logs.run_notes`,
     the diagnosis' rules for a finished run's metrics, with its held-out and sample findings)."""
     finals = {m.name: m.final for m in metrics}
     return run_notes(family, state, rows, [m.name for m in metrics], finals, flags)
@@ -425,7 +431,7 @@ def _headline(
     rows: list[dict],
     cfg: dict | None,
 ) -> HeadlineValue | None:
-    """The run's held-out headline (:func:`rlhf_lab.headline.headline_for` with its config and
+    """The run's held-out headline (:func:`rlhf_lab.results.headline.headline_for` with its config and
     rows: the gold reward for a run optimising a learned reward model): final value, items it
     was measured on, Wilson interval."""
     head = headline_for(family, algorithm, cfg, rows)

@@ -10,7 +10,7 @@ accuracy, which the comparison of strategies reads; a policy-gradient run's prox
 and KL to the reference, the RLHF picture).
 
 Which way each metric is better comes from the algorithm specs through
-:func:`rlhf_lab.catalog.metric_direction`; this module keeps no direction table of its own.
+:func:`rlhf_lab.planning.catalog.metric_direction`; this module keeps no direction table of its own.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
-from rlhf_lab.catalog import key_metrics_for, metric_direction
 from rlhf_lab.ledger.schema import MetricSummary
 from rlhf_lab.ledger.text import _int_or_none
-from rlhf_lab.plots import EVAL_PREFIX, as_float
+from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.planning.catalog import key_metrics_for, metric_direction
+from rlhf_lab.results.plots import EVAL_PREFIX, as_float
 
 __all__ = [
     "FAMILY_METRICS",

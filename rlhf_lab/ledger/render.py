@@ -15,9 +15,7 @@ from typing import Any
 import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import Corrupt, NextStep
-from rlhf_lab.headline import PROXY_HEADLINE, PROXY_LABEL, headline_for
 from rlhf_lab.ledger.layout import _asset_dir, _md_path
 from rlhf_lab.ledger.metrics import _expand_metric_names, _metric_keys, _performance_text
 from rlhf_lab.ledger.schema import (
@@ -28,8 +26,10 @@ from rlhf_lab.ledger.schema import (
     _RunBrief,
 )
 from rlhf_lab.ledger.text import _YAML_LOADER, _one_line
+from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.time import wall_with_prediction
-from rlhf_lab.plots import as_float
+from rlhf_lab.results.headline import PROXY_HEADLINE, PROXY_LABEL, headline_for
+from rlhf_lab.results.plots import as_float
 from trainers.core.runfolder import ACTIVE_STATES
 
 __all__ = ["replace_blocks"]

@@ -8,8 +8,8 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlhf_lab.configs import ConfigChange  # one shape for every config diff the lab shows
-from rlhf_lab.evaluation_records import EvalSummary
+from rlhf_lab.evaluation.records import EvalSummary
+from rlhf_lab.planning.configs import ConfigChange  # one shape for every config diff the lab shows
 
 __all__ = [
     "BLOCKS",
@@ -197,7 +197,7 @@ class ArmSummary(_Model):
 
 
 class Verdict(_Model):
-    """Arm ``a`` against arm ``b`` on the headline, by the stated rule (rlhf_lab.stats)."""
+    """Arm ``a`` against arm ``b`` on the headline, by the stated rule (rlhf_lab.results.stats)."""
 
     a: str
     b: str

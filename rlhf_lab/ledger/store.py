@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rlhf_lab.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound
 from rlhf_lab.ledger.blocks import full_input, render_markdown, run_pieces
 from rlhf_lab.ledger.campaigns import _load_data, _manual_status, resolve_campaign
@@ -52,9 +51,10 @@ from rlhf_lab.ledger.schema import (
 )
 from rlhf_lab.ledger.text import _now, _one_line
 from rlhf_lab.paths import experiments_dir, find_run, today
-from rlhf_lab.plots import plot_reward_vs_kl, plot_run_metrics
-from rlhf_lab.runfolder import read_metric_rows, read_record
+from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.results.plots import plot_reward_vs_kl, plot_run_metrics
 from rlhf_lab.runs import run_state
+from rlhf_lab.runs.folder import read_metric_rows, read_record
 from trainers.core.runfolder import ACTIVE_STATES
 
 __all__ = [

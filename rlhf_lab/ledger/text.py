@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.planning.catalog import get_dotted
 
 __all__ = ["load_yaml"]
 

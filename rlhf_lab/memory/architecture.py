@@ -388,7 +388,7 @@ def hub_cached(hub_id: str, filename: str) -> str | None:
 
 def model_facts(name: str) -> ModelFacts:
     """Architecture and parameter count of ``name`` without loading weights or downloading."""
-    from rlhf_lab.lineage import stand_in
+    from rlhf_lab.runs.lineage import stand_in
     from trainers.core.models import ModelError, hub_offline, resolve_model
 
     actual = stand_in(name)  # run:<id>: that run's output, or the model it is trained from

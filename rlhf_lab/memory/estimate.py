@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import InvalidArgument, NextStep
 from rlhf_lab.memory import blocks
 from rlhf_lab.memory.architecture import (
@@ -27,6 +26,7 @@ from rlhf_lab.memory.architecture import (
 from rlhf_lab.memory.blocks import EstimateBuilder, MemoryComponent
 from rlhf_lab.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS, EstimateInputs
 from rlhf_lab.memory.sharding import shard_components
+from rlhf_lab.planning.catalog import get_dotted
 
 ModelArg = int | ParamCount | ModelArch | str | None
 
@@ -117,7 +117,7 @@ def _add_runtime(bld: EstimateBuilder, dev: Literal["cuda", "cpu"]) -> None:
 
 
 def _unknown_family(family: str) -> InvalidArgument:
-    from rlhf_lab.catalog import FAMILIES
+    from rlhf_lab.planning.catalog import FAMILIES
 
     return InvalidArgument(
         f"unknown family {family!r}; families: {', '.join(FAMILIES)}",
@@ -163,7 +163,7 @@ def estimate_memory(
     of generated sequences (policy gradients, rejection sampling). ``world_size``: ranks under
     torchrun with FSDP2; the estimate is then that of ONE rank (:mod:`rlhf_lab.memory.sharding`).
     """
-    from rlhf_lab.catalog import FAMILIES
+    from rlhf_lab.planning.catalog import FAMILIES
 
     if family not in FAMILIES or _estimator(family, None) is None:
         raise _unknown_family(family)

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import LabError
 from rlhf_lab.memory.architecture import ModelArch, ParamCount, model_facts
 from rlhf_lab.memory.blocks import (
@@ -33,6 +32,7 @@ from rlhf_lab.memory.blocks import (
     per_row_positions,
 )
 from rlhf_lab.memory.lora import add_lora_trained, lora_plan, reference_is_base
+from rlhf_lab.planning.catalog import get_dotted
 from trainers.core.spec import AlgorithmSpec, family_spec
 
 

@@ -1,9 +1,10 @@
-"""Planning a run before it starts: what the lab decides from facts it measures or derives
-rather than from the recipe alone — the difficulty calibration of runs that learn from their own
-samples (a probe of the base model's pass rate on candidate tasks: ``calibration``,
-``calibration_apply``, ``candidates``), the predicted wall time on this machine (``time``, from
-the throughput the trainers measure, kept by ``throughput_cache``), the shrink's rules for a
-pretrained model (``real_model``: LoRA by default on a CPU, checkpointing only when the memory
-estimate needs it, sizes a 2-core CPU finishes; ``offline_data``: what data a config can read
-on this machine). Torch-free, as the rest of the lab: anything that needs the model runs in a
-trainer-side subprocess and comes back as JSON."""
+"""Planning: everything the lab decides before a run starts. The catalog of families and their
+shipped recipes (``catalog``, ``families``, ``config_models``), a config as the trainer will see
+it (``configs``) and the checks its own model cannot make (``validation``), the shrink to a quick
+sanity run (``shrink``; for a pretrained model ``real_model`` and ``offline_data``), the models
+this machine has or can pull (``models``), the difficulty calibration of runs that learn from
+their own samples (``calibration``, ``calibration_apply``, ``candidates``), the predicted wall
+time (``time``, from the throughput the trainers measure, kept by ``throughput_cache``), and the
+plan that ties them together for a request such as "small SimPO sanity check" (``plan``). The
+memory estimate has its own package, :mod:`rlhf_lab.memory`. Torch-free, as the whole lab:
+anything that needs the model runs in a trainer-side subprocess and comes back as JSON."""

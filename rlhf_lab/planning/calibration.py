@@ -36,8 +36,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.catalog import get_dotted
 from rlhf_lab.planning.candidates import CANDIDATE_SETS, Candidate, as_candidate, candidates_for
+from rlhf_lab.planning.catalog import get_dotted
 
 __all__ = [
     "CANDIDATE_SETS",
@@ -515,7 +515,7 @@ def _random_init_preset(model: str) -> bool:
 def _existing_model(model: str) -> str | None:
     """What to probe for ``model``: a run reference (``run:<id>``) is its run's final model
     when that run has finished and kept it (None: not there yet); any other name as it is."""
-    from rlhf_lab.lineage import is_ref, ref_id, upstream
+    from rlhf_lab.runs.lineage import is_ref, ref_id, upstream
 
     if not is_ref(model):
         return model
@@ -538,7 +538,7 @@ def _fingerprint(model: str) -> str | None:
 def _overrides(
     target: Target, config: dict[str, Any], cal: Calibration, user_keys: set[str]
 ) -> list[str]:
-    from rlhf_lab.configs import format_override
+    from rlhf_lab.planning.configs import format_override
 
     values: dict[str, Any] = {}
     if cal.choice and cal.choice.chosen and not cal.choice.requested and cal.chosen_specs:

@@ -116,7 +116,7 @@ def shrink_calibrated(
     model: str | None,
     policy: CalibrationPolicy | None = None,
 ) -> tuple[Any, Calibration | None]:
-    """``shrink_config`` (:func:`rlhf_lab.shrink.shrink_config`, passed in: the shrink reads
+    """``shrink_config`` (:func:`rlhf_lab.planning.shrink.shrink_config`, passed in: the shrink reads
     planning's rules, so planning does not import it back), then the calibration of the shrunk
     run, whose overrides go after the shrink rules and before ``overrides`` (which win); the run
     shrunk again with them. Returns (the shrink result, the calibration or None)."""

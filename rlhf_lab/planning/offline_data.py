@@ -5,7 +5,7 @@ dataset that only a download could provide. Torch-free, nothing is downloaded or
 Two rules use it:
 
 * :func:`check_data_files` (plan, shrink and launch, ``--queue`` included, through
-  :func:`rlhf_lab.validation.check_config`): a local data file that does not exist is refused
+  :func:`rlhf_lab.planning.validation.check_config`): a local data file that does not exist is refused
   before anything is written, instead of failing when the run's turn comes;
 * :func:`offline_data_rules` (the shrink of a pretrained model): a hub dataset that is not in the
   local cache is replaced by the family's built-in set, said in a note, or refused with the exact
@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from rlhf_lab.catalog import family_info, get_dotted
 from rlhf_lab.errors import InvalidArgument, NextStep, NotFound
+from rlhf_lab.planning.catalog import family_info, get_dotted
 
 __all__ = [
     "DATA_KEYS",
@@ -43,7 +43,7 @@ DatasetKind = Literal["builtin", "local", "hub", "run"]
 def dataset_kind(value: Any) -> DatasetKind | None:
     """How a dataset value is read: ``builtin`` (offline, generated), ``local`` (a path: a data
     file or a folder), ``hub`` (a Hugging Face id), ``run`` (``run:<id>``); None for no value."""
-    from rlhf_lab.lineage import is_ref
+    from rlhf_lab.runs.lineage import is_ref
     from trainers.core.datasets import looks_like_path
 
     if not isinstance(value, str) or not value.strip():
@@ -120,7 +120,7 @@ def _no_equivalent(family: str, algorithm: str, data: dict[str, Any], key: str, 
 def offline_data_rules(
     rules: Any, family: str, algorithm: str, user_keys: set[str], notes: list[str]
 ) -> None:
-    """The shrink's offline-data rule on ``rules`` (``rlhf_lab.shrink._Rules``): each hub dataset
+    """The shrink's offline-data rule on ``rules`` (``rlhf_lab.planning.shrink._Rules``): each hub dataset
     that is not cached becomes the family's built-in set, said in ``notes``; refused (a
     :class:`~rlhf_lab.errors.LabError`) where there is no built-in one. A key the user set
     (``user_keys``) is kept as given, with a note when the run would have to download it."""

@@ -21,15 +21,15 @@ loading it.
 
 :func:`pretrained_rules` applies them in that order (sizes, then LoRA, then checkpointing, whose
 estimate sees the others). A calibration of the base model may later fix the generation limits:
-``rlhf_lab.shrink.shrink_config(..., calibration=[...])`` takes its overrides.
+``rlhf_lab.planning.shrink.shrink_config(..., calibration=[...])`` takes its overrides.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import LabError
+from rlhf_lab.planning.catalog import get_dotted
 
 __all__ = [
     "LORA_LR_CEILING",
@@ -68,7 +68,7 @@ def runs_on_cpu(data: dict[str, Any]) -> bool:
         return True
     if device.startswith("cuda"):
         return False
-    from rlhf_lab.resources import query_gpus
+    from rlhf_lab.runs.resources import query_gpus
 
     gpus, _, _ = query_gpus()
     return not gpus
@@ -81,7 +81,7 @@ def free_memory_gb(cpu: bool) -> float | None:
         import psutil
 
         return psutil.virtual_memory().available / 2**30
-    from rlhf_lab.resources import query_gpus
+    from rlhf_lab.runs.resources import query_gpus
 
     gpus, _, _ = query_gpus()
     return max((g.free_gb for g in gpus), default=None)
@@ -293,7 +293,7 @@ def _user_keys(overrides: list[str]) -> set[str]:
 def pretrained_model_rules(
     r: Any, family: str, algorithm: str, user: list[str], notes: list[str]
 ) -> None:
-    """What ``rlhf_lab.shrink`` applies to a pretrained model after the family's rules: offline
+    """What ``rlhf_lab.planning.shrink`` applies to a pretrained model after the family's rules: offline
     data (:mod:`rlhf_lab.planning.offline_data`), then :func:`pretrained_rules` with the model's
     facts read from its config.json (None when this machine cannot tell), then the gold
     evaluation of an offline direct-alignment run (:mod:`rlhf_lab.planning.gold_eval`)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.catalog import get_dotted
+from rlhf_lab.planning.catalog import get_dotted
 
 __all__ = ["StepsEstimate", "estimate_steps", "expected_optimizer_steps", "find_key"]
 

@@ -172,7 +172,7 @@ def _measure(model: str, device: str, threads: int | None) -> dict[str, Any]:
     if threads and device == "cpu":
         argv += ["--threads", str(threads)]
         env["OMP_NUM_THREADS"] = str(threads)
-    from rlhf_lab.catalog import source_root
+    from rlhf_lab.planning.catalog import source_root
 
     try:
         out = subprocess.run(

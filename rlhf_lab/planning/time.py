@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.catalog import get_dotted
+from rlhf_lab.planning.catalog import get_dotted
 
 __all__ = [
     "campaign_time_line",
@@ -342,7 +342,7 @@ def _reward_models(cal: dict[str, Any], config: dict[str, Any], steps: int):
 
 def _pg_rollout_seconds(cal: dict[str, Any], config: dict[str, Any], algorithm: str) -> float:
     """One rollout step of a policy-gradient run: sampling, no-grad passes, updates."""
-    from rlhf_lab.catalog import algorithm_spec
+    from rlhf_lab.planning.catalog import algorithm_spec
 
     prompts = int(_g(config, "rollout.prompts_per_step", 4))
     rollouts = int(_g(config, "rollout.num_rollouts", 8))
@@ -461,7 +461,7 @@ def predict_run(
 ) -> TimeEstimate:
     """A run's predicted wall time on ``device`` (``mode``: see
     :func:`rlhf_lab.planning.throughput_cache.calibration_mode`); never raises."""
-    from rlhf_lab.lineage import stand_in
+    from rlhf_lab.runs.lineage import stand_in
 
     model = get_dotted(config, "model.name")
     try:
@@ -559,7 +559,7 @@ def predict_evaluation(
 ) -> TimeEstimate:
     """An evaluation job's predicted wall time (sampling suites; ``policies``: the target and
     its baseline)."""
-    from rlhf_lab.lineage import stand_in
+    from rlhf_lab.runs.lineage import stand_in
 
     try:
         name = stand_in(model) if model else None

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhf_lab.stats import Interval, mean_interval, newcombe_difference
+from rlhf_lab.results.stats import Interval, mean_interval, newcombe_difference
 
 __all__ = [
     "Answer",
@@ -320,7 +320,7 @@ def draw_change_figure(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from rlhf_lab.plots import save_figure
+    from rlhf_lab.results.plots import save_figure
 
     fig = Figure(figsize=(4.2 * len(curves), 3.4), dpi=100)
     FigureCanvasAgg(fig)

@@ -220,7 +220,7 @@ def plot_best_of_n(table: Any, out_path: str | Path, title: str = "") -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from rlhf_lab.plots import save_figure
+    from rlhf_lab.results.plots import save_figure
 
     fig = Figure(figsize=(6.0, 4.2), dpi=100)
     FigureCanvasAgg(fig)

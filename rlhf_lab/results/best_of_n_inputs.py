@@ -2,7 +2,7 @@
 
 ``best_of_n.orm`` and ``best_of_n.prm`` take a reward-model run of this lab (``run:<id>`` or a
 bare id) or a folder. A run is checked like any reference (failed runs and runs that keep no
-final model are refused, :func:`rlhf_lab.lineage.check_ref`) and must be a reward-model run of
+final model are refused, :func:`rlhf_lab.runs.lineage.check_ref`) and must be a reward-model run of
 that kind; its ``final_model`` folder goes into the job's config, and the job waits for the run
 when it has not ended yet. A folder is passed on as is: the job checks it before writing
 anything (``trainers.evaluation.best_of_n.reward_model_folder``). ``best_of_n.samples_from``
@@ -25,8 +25,8 @@ SUITE = "best_of_n"
 def _run_id(value: str) -> str | None:
     """The run id ``value`` names (``run:<id>``, or a bare id of an existing run), else None."""
     from rlhf_lab.errors import LabError
-    from rlhf_lab.lineage import is_ref, ref_id
     from rlhf_lab.paths import RUN_ID_RE, find_run
+    from rlhf_lab.runs.lineage import is_ref, ref_id
 
     value = value.strip()
     if is_ref(value):
@@ -41,7 +41,7 @@ def _run_id(value: str) -> str | None:
 
 
 def _checked_final_model(kind: str, run_id: str) -> str:
-    from rlhf_lab.lineage import check_ref
+    from rlhf_lab.runs.lineage import check_ref
 
     key = f"{SUITE}.{kind}"
     up = check_ref(key, run_id)
@@ -58,8 +58,8 @@ def _checked_final_model(kind: str, run_id: str) -> str:
 
 def _checked_samples_job(run_id: str) -> str:
     """The folder of the best_of_n evaluation job whose completions are to be scored again."""
-    from rlhf_lab.lineage import upstream
     from rlhf_lab.paths import find_run
+    from rlhf_lab.runs.lineage import upstream
 
     up = upstream(run_id)  # NotFound for an unknown id
     if up.family != "evaluation" or up.algorithm != SUITE:

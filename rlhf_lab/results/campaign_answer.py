@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlhf_lab.headline import Headline
 from rlhf_lab.ledger import (
     AnswerEntry,
     ArmSummary,
@@ -19,6 +18,7 @@ from rlhf_lab.ledger import (
 from rlhf_lab.paths import LabError, find_run
 from rlhf_lab.results.answer import TRAIN_LENGTH, change_answer, draw_change_figure
 from rlhf_lab.results.gold_vs_kl import FIGURE, gold_vs_kl, plot_gold_vs_kl, read_run_gold
+from rlhf_lab.results.headline import Headline
 
 __all__ = [
     "ANSWER_COMPANIONS",

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhf_lab.stats import Interval, mean_interval, wilson_interval
+from rlhf_lab.results.stats import Interval, mean_interval, wilson_interval
 
 __all__ = [
     "ArmGold",
@@ -270,7 +270,7 @@ def plot_gold_vs_kl(arms: list[ArmGold], out_path: str | Path, title: str = "") 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from rlhf_lab.plots import save_figure
+    from rlhf_lab.results.plots import save_figure
 
     fig = Figure(figsize=(6.4, 4.4), dpi=100)
     FigureCanvasAgg(fig)

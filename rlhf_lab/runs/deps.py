@@ -142,7 +142,7 @@ def dependency_verdict(record: dict) -> Verdict:
     """("ready", None) when every upstream run of a queued run has succeeded (or it has none);
     ("waiting", None) while one is still queued, starting or running; ("cancel", reason) when
     one ended any other way (or no longer exists), or when they all succeeded but one of the
-    run's ``gates`` is not cleared (:mod:`rlhf_lab.gates`)."""
+    run's ``gates`` is not cleared (:mod:`rlhf_lab.results.gates`)."""
     waiting = False
     for up in _after_of(record):
         state = _upstream_state(up)
@@ -158,7 +158,7 @@ def dependency_verdict(record: dict) -> Verdict:
         )
     if waiting:
         return "waiting", None
-    from rlhf_lab.gates import gates_reason  # a pipeline stage gated on an upstream metric
+    from rlhf_lab.results.gates import gates_reason  # a pipeline stage gated on an upstream metric
 
     gated = gates_reason(record)
     return ("cancel", gated) if gated else ("ready", None)

@@ -7,7 +7,7 @@ by PCI bus id) when ``CUDA_VISIBLE_DEVICES`` is unset, and positions in that lis
 set (as CUDA numbers them). The trainer gets ``CUDA_VISIBLE_DEVICES`` set to the physical ids
 and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so its ``cuda:0..k-1`` are exactly the GPUs the lab chose.
 
-Every GPU fact comes from :func:`rlhf_lab.resources.query_gpus` (the one device query; tests
+Every GPU fact comes from :func:`rlhf_lab.runs.resources.query_gpus` (the one device query; tests
 replace it with a fake inventory). ``_visible_gpu_count`` and ``_cpu_cores`` are called through
 the :mod:`rlhf_lab.runs` package (tests replace them there).
 """
@@ -24,7 +24,7 @@ from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.runs.records import patchable
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rlhf_lab.resources import GpuInfo
+    from rlhf_lab.runs.resources import GpuInfo
 
 __all__ = [
     "DEVICE_RE",
@@ -52,7 +52,7 @@ def visible_gpus() -> list[GpuInfo]:
     """The GPUs the lab may use, numbered as ``cuda:N``: NVML's list in nvidia-smi order,
     narrowed and renumbered by ``CUDA_VISIBLE_DEVICES`` when it is set (entries are NVML
     indices or GPU UUIDs; ``-1`` or an empty value hides every GPU)."""
-    from rlhf_lab import resources
+    from rlhf_lab.runs import resources
 
     gpus, _, _ = resources.query_gpus()
     return resources.lab_numbered(gpus)

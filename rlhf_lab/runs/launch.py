@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Literal
 
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound, NotReady, Unavailable
-from rlhf_lab.families import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.paths import LabError, campaign_name, experiments_dir, find_run, new_run_id
+from rlhf_lab.planning.families import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.runs.devices import (
     Placement,
     cpu_threads_beside,
@@ -66,7 +66,7 @@ __all__ = [
 
 # Families the lab may launch (each runs as `python -m trainers.<family>.train`).
 FAMILIES: tuple[str, ...] = tuple(CATALOG_FAMILIES)
-# Jobs that are no training family but run like one: job -> its module (rlhf_lab.evaluations).
+# Jobs that are no training family but run like one: job -> its module (rlhf_lab.evaluation.jobs).
 JOB_MODULES: dict[str, str] = {"evaluation": "trainers.evaluation.run"}
 
 # Package versions recorded in run.json (importlib.metadata only; nothing is imported).
@@ -251,7 +251,7 @@ def prepare_run(
     ``after``: upstream run ids (checked by the caller, :func:`rlhf_lab.runs.deps.check_after`);
     ``references``: config key -> upstream run id of each ``run:<id>`` value; ``pipeline`` and
     ``stage`` name the pipeline stage the run is. ``placement``: its devices and ranks (None:
-    ``device``); ``slurm``: the Slurm job options of a cluster run (:mod:`rlhf_lab.slurm`);
+    ``device``); ``slurm``: the Slurm job options of a cluster run (:mod:`rlhf_lab.runs.slurm`);
     ``predicted_time``: the wall-time prediction to keep in run.json."""
     _check_family(family)
     name = campaign_name(campaign)

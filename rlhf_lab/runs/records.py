@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_lab.errors import Corrupt, NextStep, NotFound
 from rlhf_lab.paths import experiments_dir
-from rlhf_lab.runfolder import filled_record, read_record, record_as_run_file
+from rlhf_lab.runs.folder import filled_record, read_record, record_as_run_file
 from trainers.core.runfolder import (
     ACTIVE_STATES as _QUEUED_OR_LIVE,
 )
@@ -197,7 +197,7 @@ def _atomic_write_json(path: Path, obj: Any) -> None:
 
     atomic_write_json(path, obj)
     if path.name == "run.json" and isinstance(obj, dict):  # a state change: tell the run index
-        from rlhf_lab.index_hook import run_record_written
+        from rlhf_lab.index.hook import run_record_written
 
         run_record_written(path.parent, obj)
 

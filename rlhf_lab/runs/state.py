@@ -26,7 +26,8 @@ from pydantic import Field, ValidationError
 
 from rlhf_lab.errors import Corrupt, InvalidArgument, LabError, NextStep
 from rlhf_lab.paths import check_slug, experiments_dir, find_run
-from rlhf_lab.runfolder import (
+from rlhf_lab.runs.devices import resolve_device
+from rlhf_lab.runs.folder import (
     last_train_eval,
     live_clock,
     phase_count_text,
@@ -36,8 +37,7 @@ from rlhf_lab.runfolder import (
     read_summary,
     tail_metric_rows,
 )
-from rlhf_lab.runlog import tail_log
-from rlhf_lab.runs.devices import resolve_device
+from rlhf_lab.runs.log import tail_log
 from rlhf_lab.runs.process import _alive, _run_lock, _signal_run
 from rlhf_lab.runs.records import (
     ACTIVE_STATES,
@@ -178,9 +178,9 @@ def _status(run_dir: Path) -> RunStatus:
 def _slurm_status(run_dir: Path, record: dict) -> RunStatus:
     """The status of a Slurm run: Slurm says whether the job waits or runs; once it is over,
     Slurm's final state (a time limit, a node failure ...) or else the lab's exit record and
-    the trainer's summary decide (:func:`rlhf_lab.slurm.slurm_run_state`). The state seen is
+    the trainer's summary decide (:func:`rlhf_lab.runs.slurm.slurm_run_state`). The state seen is
     written to run.json, with Slurm's in its ``slurm`` block."""
-    from rlhf_lab.slurm import slurm_run_state
+    from rlhf_lab.runs.slurm import slurm_run_state
 
     proc_info, _ = read_process(run_dir)
     exit_info, _ = read_exit(run_dir)
@@ -219,7 +219,7 @@ def _slurm_status(run_dir: Path, record: dict) -> RunStatus:
 
 
 def _slurm_failures() -> set[str]:
-    from rlhf_lab.slurm import FAILED_BY_SLURM
+    from rlhf_lab.runs.slurm import FAILED_BY_SLURM
 
     return set(FAILED_BY_SLURM)
 
@@ -448,7 +448,7 @@ def stop_run(run_id: str, grace_s: float = STOP_GRACE_S) -> StopResult:
 def _stop_slurm(run_dir: Path, status: RunStatus, grace_s: float) -> StopResult:
     """Stop a Slurm run: a pending job is cancelled (``stopped``, it never started); a running
     one gets SIGTERM in its steps and, after ``grace_s``, is cancelled (``killed``)."""
-    from rlhf_lab.slurm import stop_slurm_run
+    from rlhf_lab.runs.slurm import stop_slurm_run
 
     with _run_lock(run_dir):
         record = _read_record(run_dir)
@@ -575,7 +575,7 @@ def _indexed_unfinished(root: Path, recorded: frozenset[str]) -> list[Path] | No
     reading folders in this context, or failing): the caller then scans."""
     import sqlite3
 
-    from rlhf_lab.index_hook import indexed_unfinished
+    from rlhf_lab.index.hook import indexed_unfinished
 
     try:
         rows = indexed_unfinished()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import InvalidArgument, NextStep
+from rlhf_lab.planning.catalog import get_dotted
 
 __all__ = ["check_world_size", "global_batch"]
 

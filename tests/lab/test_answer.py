@@ -11,7 +11,6 @@ import math
 import pytest
 
 from rlhf_lab import ledger
-from rlhf_lab.compare import compare_runs
 from rlhf_lab.ledger.render import replace_blocks
 from rlhf_lab.results.answer import (
     arm_change,
@@ -21,7 +20,8 @@ from rlhf_lab.results.answer import (
     signal_moved,
     start_and_last,
 )
-from rlhf_lab.stats import newcombe_difference
+from rlhf_lab.results.compare import compare_runs
+from rlhf_lab.results.stats import newcombe_difference
 from tests.lab.test_overoptimisation import CAMP, PNG_MAGIC, make_run
 
 PLAIN = ("model.name=tiny", "train.max_steps=12")

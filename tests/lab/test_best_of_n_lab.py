@@ -62,7 +62,7 @@ def test_best_of_n_time_by_hand():
 
 
 def test_cost_counts_the_tokens_sampled_and_none_when_samples_are_reused():
-    from rlhf_lab.evaluation_cost import estimate_evaluation
+    from rlhf_lab.evaluation.cost import estimate_evaluation
 
     cost = estimate_evaluation("tiny", "best_of_n", device="cpu", baseline=False)
     assert cost.generated_tokens == 64 * 16 * 128 and cost.policies == 1
@@ -73,7 +73,7 @@ def test_cost_counts_the_tokens_sampled_and_none_when_samples_are_reused():
 
 
 def test_cpu_sizing_keeps_n_max_for_best_of_n(monkeypatch):
-    from rlhf_lab import evaluations
+    from rlhf_lab.evaluation import jobs as evaluations
 
     monkeypatch.setattr(evaluations, "_pretrained", lambda model: True)
     data = yaml.safe_load((CONFIGS / "best_of_n.yaml").read_text())
@@ -99,7 +99,7 @@ def _runs(root: Path) -> dict[str, Path]:
 
 
 def test_evaluate_resolves_the_orm_and_prm_runs_and_waits_for_them(lab_root):
-    from rlhf_lab.evaluations import prepare_evaluation
+    from rlhf_lab.evaluation.jobs import prepare_evaluation
 
     runs = _runs(lab_root)
     job = prepare_evaluation(
@@ -150,7 +150,7 @@ def test_evaluate_resolves_the_orm_and_prm_runs_and_waits_for_them(lab_root):
 )
 def test_evaluate_refuses_wrong_reward_models_before_writing(lab_root, overrides, needle):
     from rlhf_lab.errors import LabError
-    from rlhf_lab.evaluations import prepare_evaluation
+    from rlhf_lab.evaluation.jobs import prepare_evaluation
 
     _runs(lab_root)
     before = sorted(p.name for p in (lab_root / "experiments").rglob("*"))

@@ -27,7 +27,7 @@ from rlhf_lab.planning.calibration_apply import (
     write_calibration,
 )
 from rlhf_lab.planning.candidates import CANDIDATE_SETS, as_candidate, candidates_for
-from rlhf_lab.shrink import shrink_config
+from rlhf_lab.planning.shrink import shrink_config
 
 
 def row(cid: str, pass_rate: float, contrast: float, **kw) -> ProbeRow:
@@ -322,7 +322,7 @@ def test_calibration_round_trips_through_the_run_folder(tmp_path):
 
 
 def test_plan_carries_the_calibration_with_a_stubbed_probe(tmp_path):
-    from rlhf_lab.plan import plan_experiment
+    from rlhf_lab.planning.plan import plan_experiment
 
     probe = StubProbe(RATES)
     policy = CalibrationPolicy(probe=probe, cache_dir=tmp_path)
@@ -393,8 +393,8 @@ def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monke
     a run not finished yet still is not."""
     import json
 
-    from rlhf_lab.catalog import find_recipe
-    from rlhf_lab.configs import resolve_config
+    from rlhf_lab.planning.catalog import find_recipe
+    from rlhf_lab.planning.configs import resolve_config
     from rlhf_lab.runs import prepare_run
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))

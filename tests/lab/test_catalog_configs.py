@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf_lab import catalog
-from rlhf_lab.catalog import (
+from rlhf_lab.paths import LabError
+from rlhf_lab.planning import catalog
+from rlhf_lab.planning.catalog import (
     FAMILIES,
     FamilyInfo,
     Recipe,
@@ -20,8 +21,7 @@ from rlhf_lab.catalog import (
     list_recipes,
     normalize_algorithm,
 )
-from rlhf_lab.configs import config_model, resolve_config
-from rlhf_lab.paths import LabError
+from rlhf_lab.planning.configs import config_model, resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DPO_YAML = ROOT / "trainers" / "direct_alignment" / "configs" / "dpo.yaml"

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from rlhf_lab import catalog, compare, plan, shrink
 from rlhf_lab.errors import LabError, NotFound
+from rlhf_lab.planning import catalog, plan, shrink
+from rlhf_lab.results import compare
 from trainers.core.spec import FAMILY_NAMES, all_specs, family_spec, spec_for
 
 
@@ -125,11 +126,11 @@ def test_memory_hooks_name_families() -> None:
 
 def test_catalog_import_is_torch_free_and_acyclic() -> None:
     code = (
-        "import sys; import rlhf_lab.catalog, rlhf_lab.configs, rlhf_lab.compare; "
+        "import sys; import rlhf_lab.planning.catalog, rlhf_lab.planning.configs, rlhf_lab.results.compare; "
         "print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
     # catalog and configs no longer import each other both ways (not even lazily).
     with open(catalog.__file__, encoding="utf-8") as handle:
-        assert "rlhf_lab.configs" not in handle.read()
+        assert "rlhf_lab.planning.configs" not in handle.read()

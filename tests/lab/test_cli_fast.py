@@ -46,7 +46,7 @@ HEAVY = (
     "rich",  # piped tables are drawn by rlhf_lab.cli.render.plain_table
     "rlhf_lab.runs",
     "rlhf_lab.ledger",
-    "rlhf_lab.compare",
+    "rlhf_lab.results.compare",
 )
 
 

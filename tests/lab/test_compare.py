@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from rlhf_lab import ledger
-from rlhf_lab.compare import compare_runs
 from rlhf_lab.paths import LabError
+from rlhf_lab.results.compare import compare_runs
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Divergence made visible (rlhf_lab/divergence.py), on synthetic run folders with the real row
+"""Divergence made visible (rlhf_lab/results/divergence.py), on synthetic run folders with the real row
 schema: the KL blow-up rule and the degenerate-repetition rule fire on a diverging run (the
 kl_ref series and the samples the tiny rlhf pipeline's PPO stage logged at lr 1e-3 with k3 in
 the reward) and not on a healthy one (the same stage at lr 1e-4 with k1); diagnose's alerts
@@ -12,8 +12,8 @@ import shlex
 import pytest
 
 from rlhf_lab import ledger
-from rlhf_lab.divergence import degenerate_samples, divergence_advice, kl_blowup
-from rlhf_lab.logs import diagnose
+from rlhf_lab.results.divergence import degenerate_samples, divergence_advice, kl_blowup
+from rlhf_lab.results.logs import diagnose
 from tests.lab.test_overoptimisation import CAMP, make_run
 
 # kl_ref per rollout step, as logged (tiny rlhf pipeline, PPO stage, seed 42)
@@ -117,7 +117,7 @@ def test_ledger_flags_the_divergence_and_next_proposes_the_commands():
 def test_looping_present_at_step_0_is_inherited_not_diverged():
     """The starting model already loops (the instruct model on tiny's tag prompt, a broken
     end-of-turn token): the alert says inherited, and no divergence advice follows."""
-    from rlhf_lab.divergence import repetition_finding
+    from rlhf_lab.results.divergence import repetition_finding
 
     start_loops = [*samples(COLLAPSED, 0), *samples(COLLAPSED, 10)]
     found = repetition_finding(start_loops)

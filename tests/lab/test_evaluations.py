@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from rlhf_lab import api
 from rlhf_lab.cli import app
-from rlhf_lab.evaluation_records import fmt_interval, read_eval_summary
+from rlhf_lab.evaluation.records import fmt_interval, read_eval_summary
 from rlhf_lab.mcp_server import server
 from trainers.core.runfolder import EvalFile, EvalMetric, RunFile
 from trainers.evaluation.cache import model_key, settings_of
@@ -303,7 +303,7 @@ async def test_bad_arguments_on_mcp_are_named_as_arguments_and_write_nothing(lab
 
 
 def test_plan_proposes_an_evaluation_after_each_training_run_with_its_cost():
-    from rlhf_lab.evaluation_cost import estimate_evaluation
+    from rlhf_lab.evaluation.cost import estimate_evaluation
     from rlhf_lab.memory import blocks, model_facts
 
     plan = api.plan_experiment("compare dpo and simpo", model="tiny")

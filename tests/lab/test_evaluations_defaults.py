@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf_lab.configs import resolve_config
-from rlhf_lab.evaluations import prepare_evaluation
+from rlhf_lab.evaluation.jobs import prepare_evaluation
+from rlhf_lab.planning.configs import resolve_config
 from trainers.core.builtin_data import DEFAULT_BUILTIN_TASKS
 from trainers.evaluation.config import EvalConfig
 from trainers.evaluation.prompts import reasoning_prompts, reasoning_specs, tasks_source
@@ -80,7 +80,12 @@ def smol_folder(root: Path) -> str:
 
 
 def test_a_pretrained_model_on_a_cpu_is_evaluated_at_a_cpu_size(lab_root):
-    from rlhf_lab.evaluations import CPU_EVAL_NEW_TOKENS, CPU_EVAL_PROMPTS, EvalTarget, eval_config
+    from rlhf_lab.evaluation.jobs import (
+        CPU_EVAL_NEW_TOKENS,
+        CPU_EVAL_PROMPTS,
+        EvalTarget,
+        eval_config,
+    )
 
     smol = EvalTarget(given="smol", path=smol_folder(lab_root))
     cfg = eval_config("reasoning", smol, None, None, [], "cpu")
@@ -101,7 +106,7 @@ def test_a_pretrained_model_on_a_cpu_is_evaluated_at_a_cpu_size(lab_root):
 
 
 def test_the_plans_evaluation_cost_counts_the_cpu_size(lab_root):
-    from rlhf_lab.evaluation_cost import estimate_evaluation
+    from rlhf_lab.evaluation.cost import estimate_evaluation
 
     smol = smol_folder(lab_root)
     on_cpu = estimate_evaluation(smol, "reasoning", device="cpu")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf_lab import ledger
-from rlhf_lab.compare import compare_runs
+from rlhf_lab.results.compare import compare_runs
 from tests.lab.test_results import (
     commands_in,
     grpo_rows,

@@ -9,12 +9,12 @@ import json
 import pytest
 
 from rlhf_lab import api
-from rlhf_lab.compare import compare_runs
-from rlhf_lab.headline import PROXY_LABEL, headline_for, headline_line, start_text
 from rlhf_lab.ledger.render import _headline_text
 from rlhf_lab.ledger.schema import HeadlineValue, RunRecord
-from rlhf_lab.runfolder import run_eval_rows
-from rlhf_lab.stats import pooled_share_interval, wilson_interval
+from rlhf_lab.results.compare import compare_runs
+from rlhf_lab.results.headline import PROXY_LABEL, headline_for, headline_line, start_text
+from rlhf_lab.results.stats import pooled_share_interval, wilson_interval
+from rlhf_lab.runs.folder import run_eval_rows
 from tests.lab.test_overoptimisation import REPO, make_run
 from trainers.core.config import read_yaml
 
@@ -164,7 +164,7 @@ def write_winrate_job(root, job_id: str, target_run, judge: str, win: float):
 
 
 def test_a_win_rate_judged_by_the_policys_own_reward_model_is_a_labelled_proxy(lab_root):
-    from rlhf_lab.evaluation_records import PROXY_JUDGE, evaluation_rows, read_eval_summary
+    from rlhf_lab.evaluation.records import PROXY_JUDGE, evaluation_rows, read_eval_summary
     from tests.lab.test_evaluations import CAMPAIGN, write_run
 
     api.create_campaign(CAMPAIGN, "q")
@@ -280,7 +280,7 @@ def test_a_warm_start_follow_up_gives_the_sft_launch_and_the_dependent_launch():
 
 
 def test_an_evaluation_whose_accuracy_is_zero_for_both_models_leads_with_what_moved(lab_root):
-    from rlhf_lab.evaluation_records import evaluation_notes, evaluation_rows, read_eval_summary
+    from rlhf_lab.evaluation.records import evaluation_notes, evaluation_rows, read_eval_summary
     from tests.lab.test_evaluations import m, write_run
     from trainers.core.runfolder import EvalFile
 
@@ -327,9 +327,9 @@ def test_an_evaluation_whose_accuracy_is_zero_for_both_models_leads_with_what_mo
 def test_two_arms_without_spread_are_compared_on_pooled_items_not_a_point():
     """3 seeds at 0/32 against 3 seeds at 2/32: Welch's interval is the point 0.0625 (a sure
     'better'); the pooled Newcombe interval on 96 items each is not."""
-    from rlhf_lab.compare import verdict_between
     from rlhf_lab.ledger.schema import ArmSummary
-    from rlhf_lab.stats import newcombe_difference
+    from rlhf_lab.results.compare import verdict_between
+    from rlhf_lab.results.stats import newcombe_difference
 
     a = ArmSummary(label="a", run_ids=["1", "2", "3"], values=[0.0625] * 3, n_items=32)
     b = ArmSummary(label="b", run_ids=["4", "5", "6"], values=[0.0] * 3, n_items=32)

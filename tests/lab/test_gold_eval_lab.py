@@ -14,8 +14,8 @@ from rlhf_lab import runs
 from rlhf_lab.planning import real_model
 from rlhf_lab.planning import time as pt
 from rlhf_lab.planning.gold_eval import GOLD_EVAL_POINTS, GOLD_NEW_TOKENS, GOLD_PROMPTS
+from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.steps import expected_optimizer_steps
-from rlhf_lab.shrink import shrink_config
 from tests.lab.test_shrink_real_model import model_folder
 from tests.lab.test_time_predictor import STUB
 

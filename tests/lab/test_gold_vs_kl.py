@@ -17,7 +17,7 @@ from rlhf_lab.results.gold_vs_kl import (
     plot_gold_vs_kl,
     read_run_gold,
 )
-from rlhf_lab.stats import t_quantile, wilson_interval
+from rlhf_lab.results.stats import t_quantile, wilson_interval
 
 STEPS = [0, 10, 20, 30]
 PROMPTS = 32

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from rlhf_lab import ledger
-from rlhf_lab.compare import compare_runs
 from rlhf_lab.paths import LabError
+from rlhf_lab.results.compare import compare_runs
 from trainers.core.config import read_yaml
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
@@ -656,7 +656,7 @@ def test_run_in_a_campaign_without_ledger_creates_it():
 
 def test_lab_modules_import_neither_torch_nor_matplotlib():
     code = (
-        "import sys, rlhf_lab.ledger, rlhf_lab.compare, rlhf_lab.plots; "
+        "import sys, rlhf_lab.ledger, rlhf_lab.results.compare, rlhf_lab.results.plots; "
         "bad = [m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )
@@ -697,7 +697,7 @@ RS_YAML = "trainers/rejection_sampling/configs/top_per_prompt.yaml"
 
 
 def test_every_catalog_family_has_its_config_class_for_the_setup_diff():
-    from rlhf_lab.catalog import FAMILIES as CATALOG
+    from rlhf_lab.planning.catalog import FAMILIES as CATALOG
 
     assert set(ledger._CONFIG_CLASSES) == set(CATALOG)
     for family, info in CATALOG.items():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lab.runfolder import LiveClock, live_clock, phase_count_text
 from rlhf_lab.runs import state
+from rlhf_lab.runs.folder import LiveClock, live_clock, phase_count_text
 from trainers.core.runfolder import ProgressFile
 
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlhf_lab.divergence import repetition_reason
-from rlhf_lab.logs import (
+from rlhf_lab.paths import LabError
+from rlhf_lab.results.divergence import repetition_reason
+from rlhf_lab.results.logs import (
     diagnose,
     fold_carriage_returns,
     last_traceback,
     read_metrics,
     tail_log,
 )
-from rlhf_lab.paths import LabError
 
 CAMPAIGN = "2026-01-01-synthetic"
 
@@ -436,7 +436,7 @@ def test_hub_download_failure(root, line):
 
 def test_runs_reads_train_log_without_importing_logs():
     """logs imports runs (a diagnosis needs the run's state); runs follows train.log through
-    rlhf_lab.runlog, so no module of the runs package imports rlhf_lab.logs, even lazily."""
+    rlhf_lab.runs.log, so no module of the runs package imports rlhf_lab.results.logs, even lazily."""
     import ast
 
     import rlhf_lab.runs
@@ -450,4 +450,6 @@ def test_runs_reads_train_log_without_importing_logs():
                 names = [a.name for a in node.names]
             else:
                 continue
-            assert "rlhf_lab.logs" not in names, f"{path.name} imports rlhf_lab.logs"
+            assert "rlhf_lab.results.logs" not in names, (
+                f"{path.name} imports rlhf_lab.results.logs"
+            )

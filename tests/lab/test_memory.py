@@ -9,7 +9,6 @@ import math
 import pytest
 
 from rlhf_lab import memory
-from rlhf_lab.configs import resolve_config
 from rlhf_lab.memory import (
     GIB,
     arch_from_config,
@@ -18,7 +17,8 @@ from rlhf_lab.memory import (
     model_facts,
 )
 from rlhf_lab.paths import LabError
-from rlhf_lab.shrink import shrink_config
+from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.shrink import shrink_config
 
 # config.json of real models (the fields that matter), written out here on purpose.
 QWEN25_05B = {

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lab.configs import resolve_config
 from rlhf_lab.errors import LabError
 from rlhf_lab.memory import GIB, arch_from_config, estimate_memory
 from rlhf_lab.memory.lora import LoraPlan, adapter_params, lora_plan
+from rlhf_lab.planning.configs import resolve_config
 
 LLAMA2_7B = {
     "model_type": "llama",
@@ -118,7 +118,7 @@ def test_the_lab_accepts_lora_overrides_and_refuses_them_without_enabled():
 
 
 def test_the_lab_refuses_target_modules_the_model_does_not_have():
-    from rlhf_lab.validation import check_config
+    from rlhf_lab.planning.validation import check_config
 
     good = resolve_config("dpo", ["model.name=tiny", "model.lora.enabled=true"])
     check_config("direct_alignment", good.data)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from rlhf_lab.api import list_recipes
-from rlhf_lab.catalog import find_recipe
 from rlhf_lab.errors import InvalidArgument
-from rlhf_lab.lineage import REF_KEYS, find_refs
 from rlhf_lab.memory import estimate_memory
-from rlhf_lab.shrink import shrink_config
-from rlhf_lab.validation import check_config
+from rlhf_lab.planning.catalog import find_recipe
+from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.validation import check_config
+from rlhf_lab.runs.lineage import REF_KEYS, find_refs
 
 
 @pytest.fixture(autouse=True)

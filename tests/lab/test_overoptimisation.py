@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf_lab import api, headline, ledger
-from rlhf_lab.compare import compare_runs
-from rlhf_lab.headline import headline_for, headline_line
-from rlhf_lab.logs import diagnose
-from rlhf_lab.overoptimisation import overoptimisation, overoptimisation_advice
-from rlhf_lab.plots import plot_reward_vs_kl, reward_kl_points
+from rlhf_lab import api, ledger
+from rlhf_lab.results import headline
+from rlhf_lab.results.compare import compare_runs
+from rlhf_lab.results.headline import headline_for, headline_line
+from rlhf_lab.results.logs import diagnose
+from rlhf_lab.results.overoptimisation import overoptimisation, overoptimisation_advice
+from rlhf_lab.results.plots import plot_reward_vs_kl, reward_kl_points
 from trainers.core.config import parse_override, read_yaml
 from trainers.core.spec import family_spec
 

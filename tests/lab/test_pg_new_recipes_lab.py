@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lab.catalog import find_recipe, list_recipes
-from rlhf_lab.configs import resolve_config
 from rlhf_lab.memory import GIB, count_parameters, estimate_memory
-from rlhf_lab.plan import matched_overrides
-from rlhf_lab.shrink import shrink_config
+from rlhf_lab.planning.catalog import find_recipe, list_recipes
+from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.plan import matched_overrides
+from rlhf_lab.planning.shrink import shrink_config
 
 NEW = ("reinforce_pp", "reinforce_pp_baseline", "remax", "gmpo")
 QWEN3_06B = {

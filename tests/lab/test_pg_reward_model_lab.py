@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab.configs import resolve_config
 from rlhf_lab.memory import estimate_memory
-from rlhf_lab.shrink import shrink_config
+from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.shrink import shrink_config
 
 # a small Llama-shaped reward model's config.json (what the estimate reads; no weights needed)
 RM_CONFIG = {

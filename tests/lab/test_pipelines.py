@@ -1,5 +1,5 @@
 """Runs that depend on runs: ``after`` lists, ``run:<id>`` references, lineage and pipelines
-(:mod:`rlhf_lab.runs.deps`, :mod:`rlhf_lab.lineage`, :mod:`rlhf_lab.pipelines`,
+(:mod:`rlhf_lab.runs.deps`, :mod:`rlhf_lab.runs.lineage`, :mod:`rlhf_lab.runs.pipelines`,
 ``api.run_pipeline``).
 
 The bookkeeping and the bad input are tested on run folders written by hand with the schemas of
@@ -21,14 +21,14 @@ from mcp import Client
 from typer.testing import CliRunner
 
 from rlhf_lab import _queue, api, runs
-from rlhf_lab.catalog import find_recipe
 from rlhf_lab.cli import app
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NotFound
-from rlhf_lab.lineage import base_model
 from rlhf_lab.mcp_server import server
-from rlhf_lab.pipelines import check_stages, find_pipeline, plan_stages
+from rlhf_lab.planning.catalog import find_recipe
+from rlhf_lab.planning.shrink import WARM_START_PG_LR
 from rlhf_lab.runs.deps import rearm_dependents
-from rlhf_lab.shrink import WARM_START_PG_LR
+from rlhf_lab.runs.lineage import base_model
+from rlhf_lab.runs.pipelines import check_stages, find_pipeline, plan_stages
 from trainers.core.runfolder import RunFile
 
 RUN_TIMEOUT_S = 300.0

@@ -1,5 +1,5 @@
 """Devices and placement with a FAKE GPU inventory: the one device query
-(``rlhf_lab.resources.query_gpus``) is replaced; everything else is real (run folders, the
+(``rlhf_lab.runs.resources.query_gpus``) is replaced; everything else is real (run folders, the
 launcher, detached stand-in trainers, the queue worker's start-when-free, file locks).
 
 Covers: the numbering (NVML order; CUDA_VISIBLE_DEVICES renumbers, by index or UUID), ``--gpus``
@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 import rlhf_lab.api as api
-import rlhf_lab.resources as resources
+import rlhf_lab.runs.resources as resources
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
 from rlhf_lab.memory import estimate_memory
-from rlhf_lab.resources import GpuInfo
+from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.runs.launch import trainer_argv
+from rlhf_lab.runs.resources import GpuInfo
 from rlhf_lab.runs.world import check_world_size
-from rlhf_lab.shrink import shrink_config
 
 QUICK = ["data.max_samples=32", "data.eval_size=8", "train.max_steps=2", "train.batch_size=4"]
 

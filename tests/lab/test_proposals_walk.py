@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from rlhf_lab import api, runs
 from rlhf_lab.cli import app
-from rlhf_lab.evaluation_cost import suites_for_family
+from rlhf_lab.evaluation.cost import suites_for_family
 from rlhf_lab.ledger.campaigns import _load_data
 from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, Verdict

@@ -12,8 +12,8 @@ import types
 import psutil
 import pytest
 
-from rlhf_lab import resources
-from rlhf_lab.resources import GIB, active_lab_runs, check_resources, gpu_index
+from rlhf_lab.runs import resources
+from rlhf_lab.runs.resources import GIB, active_lab_runs, check_resources, gpu_index
 
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,10 @@ import yaml
 from typer.testing import CliRunner
 
 from rlhf_lab import api, cli, ledger, runs
-from rlhf_lab.compare import compare_runs
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.ledger.followups import next_items
-from rlhf_lab.logs import diagnose, heldout_regression, noise_reason, noisy_samples
+from rlhf_lab.results.compare import compare_runs
+from rlhf_lab.results.logs import diagnose, heldout_regression, noise_reason, noisy_samples
 from trainers.core.config import parse_override, read_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -597,7 +597,7 @@ def test_status_leads_with_the_held_out_headline():
 
 
 def test_held_out_count_comes_from_the_trainer_or_the_config():
-    from rlhf_lab.headline import heldout_items
+    from rlhf_lab.results.headline import heldout_items
 
     logged = heldout_items(
         "rejection_sampling", {"data": {"max_test_samples": 200}}, [{"eval/num_prompts": 150.0}]
@@ -609,8 +609,8 @@ def test_held_out_count_comes_from_the_trainer_or_the_config():
 
 
 def test_verdict_between_mixed_seed_counts_and_mismatches():
-    from rlhf_lab.compare import verdict_between
     from rlhf_lab.ledger import ArmSummary
+    from rlhf_lab.results.compare import verdict_between
 
     three = ArmSummary(label="dpo", run_ids=["a", "b", "c"], values=[0.9, 0.92, 0.91], n_items=128)
     one = ArmSummary(label="ipo", run_ids=["d"], values=[0.6], n_items=128)

@@ -404,7 +404,7 @@ def test_the_lab_finds_its_unfinished_runs_in_the_index(lab, monkeypatch):
     assert [s.id for s in unfinished_runs()] == [queued.name]
     assert set(read) <= {queued.name}, "no finished run's run.json was read"
 
-    from rlhf_lab.index_hook import indexing
+    from rlhf_lab.index.hook import indexing
 
     read.clear()
     with indexing():  # the index is reading folders in this context: the folders are scanned

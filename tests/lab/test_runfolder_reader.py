@@ -1,4 +1,4 @@
-"""The lab's one run-folder reader (rlhf_lab/runfolder.py): a good folder reads typed with no
+"""The lab's one run-folder reader (rlhf_lab/runs/folder.py): a good folder reads typed with no
 warning; a missing file is no warning; a damaged or old file gives exactly one warning naming it
 and the rest of the folder still reads; metrics lines that are torn or foreign are skipped and
 counted. Also: the wrapper's exit.json / process.json fit the contract, and the lab uses one set
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab import ledger, logs, resources, runs
-from rlhf_lab.runfolder import (
+from rlhf_lab import ledger, runs
+from rlhf_lab.results import logs
+from rlhf_lab.runs import resources
+from rlhf_lab.runs.folder import (
     last_train_eval,
     read_folder,
     read_json_lines,

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from rlhf_lab import memory as memory_mod
-from rlhf_lab import plan as plan_mod
-from rlhf_lab.catalog import FAMILIES, Recipe, get_dotted, list_recipes
-from rlhf_lab.configs import resolve_config
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
-from rlhf_lab.plan import parse_request, plan_experiment
-from rlhf_lab.resources import GpuInfo, Resources
-from rlhf_lab.shrink import format_override, shrink_config
+from rlhf_lab.planning import plan as plan_mod
+from rlhf_lab.planning.catalog import FAMILIES, Recipe, get_dotted, list_recipes
+from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.plan import parse_request, plan_experiment
+from rlhf_lab.planning.shrink import format_override, shrink_config
+from rlhf_lab.runs.resources import GpuInfo, Resources
 from trainers.core.config import parse_override
 from trainers.core.tiny import PRESETS
 
@@ -483,7 +483,7 @@ def test_policy_gradient_comparisons_match_sample_budget_and_prompts(no_gpu, req
 
 def test_matched_overrides_for_launching_without_a_plan():
     """A sweep can match its runs the way a plan does."""
-    from rlhf_lab.plan import matched_overrides
+    from rlhf_lab.planning.plan import matched_overrides
 
     matched = matched_overrides(["ppo", "grpo"], model="tiny")
     assert matched["grpo"] == [] and "rollout.num_rollouts=8" in matched["ppo"]
@@ -610,11 +610,11 @@ def test_plan_warns_when_nothing_fits(monkeypatch):
 def test_lab_modules_import_and_plan_without_torch(tmp_path):
     code = """
 import sys
-import rlhf_lab.catalog, rlhf_lab.configs, rlhf_lab.shrink, rlhf_lab.memory
-import rlhf_lab.resources, rlhf_lab.plan
-from rlhf_lab.catalog import list_recipes
-from rlhf_lab.plan import plan_experiment
-from rlhf_lab.shrink import shrink_config
+import rlhf_lab.planning.catalog, rlhf_lab.planning.configs, rlhf_lab.planning.shrink, rlhf_lab.memory
+import rlhf_lab.runs.resources, rlhf_lab.planning.plan
+from rlhf_lab.planning.catalog import list_recipes
+from rlhf_lab.planning.plan import plan_experiment
+from rlhf_lab.planning.shrink import shrink_config
 assert "torch" not in sys.modules and "transformers" not in sys.modules, "at import"
 plan_experiment("compare dpo and simpo on tiny")
 for recipe in list_recipes():

@@ -18,8 +18,8 @@ import yaml
 from rlhf_lab import api, runs
 from rlhf_lab.errors import Conflict, InvalidArgument, NotFound
 from rlhf_lab.planning import offline_data, real_model
+from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.runs.identical import identical_runs
-from rlhf_lab.shrink import shrink_config
 from trainers.core.lora import DEFAULT_TARGETS
 
 SMOLLM2_CONFIG = {

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab.catalog import find_recipe, recipe_flags
-from rlhf_lab.configs import resolve_config
-from rlhf_lab.lineage import trained_task_specs
+from rlhf_lab.planning.catalog import find_recipe, recipe_flags
+from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.shrink import WARM_START_PG_LR, shrink_config
 from rlhf_lab.runs import prepare_run
-from rlhf_lab.shrink import WARM_START_PG_LR, shrink_config
+from rlhf_lab.runs.lineage import trained_task_specs
 
 WARM_TASK = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
 
@@ -120,8 +120,8 @@ def test_a_recipe_file_flagged_cpu_sized_is_kept_whole_onto_a_preset(tmp_path: P
 
 def test_the_plan_explains_the_warm_start_shrink(monkeypatch):
     """The plan of a sweep from the warm start carries the shrink's explanation (its notes)."""
-    from rlhf_lab import plan as plan_mod
-    from rlhf_lab.resources import Resources
+    from rlhf_lab.planning import plan as plan_mod
+    from rlhf_lab.runs.resources import Resources
 
     res = Resources(
         host="test", cpu_count=2, cpu_load=[0.1], ram_total_gb=32.0, ram_available_gb=30.0

@@ -26,7 +26,7 @@ import pytest
 import rlhf_lab.api as api
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
-from rlhf_lab.slurm import SlurmOptions, job_script, signal_lead_s, time_limit_s
+from rlhf_lab.runs.slurm import SlurmOptions, job_script, signal_lead_s, time_limit_s
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = [

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlhf_lab.stats import (
+from rlhf_lab.results.stats import (
     Interval,
     mean_interval,
     newcombe_difference,

@@ -311,7 +311,7 @@ def test_modes_only_get_stricter(monkeypatch):
 
 
 def test_plan_carries_each_runs_time_and_the_total(cache, tmp_path, monkeypatch):
-    from rlhf_lab.plan import plan_experiment
+    from rlhf_lab.planning.plan import plan_experiment
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     plan = plan_experiment("compare dpo and ipo", model="tiny", calibrate=False)

@@ -25,7 +25,12 @@ from typer.testing import CliRunner
 from rlhf_lab import api, runs
 from rlhf_lab.cli import app
 from rlhf_lab.errors import Conflict, InvalidArgument, NotFound, Unavailable
-from rlhf_lab.validation import LR_CEILING_PRESET, LR_CEILING_PRETRAINED, LR_FLOOR, model_context
+from rlhf_lab.planning.validation import (
+    LR_CEILING_PRESET,
+    LR_CEILING_PRETRAINED,
+    LR_FLOOR,
+    model_context,
+)
 from trainers.core.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +84,7 @@ def sets(overrides: list[str]) -> list[str]:
     ],
 )
 def test_trainer_configs_refuse_a_learning_rate_above_one(config, key):
-    from rlhf_lab.configs import config_model
+    from rlhf_lab.planning.configs import config_model
 
     family = config.split("/")[0]
     model = config_model(family)

@@ -15,9 +15,9 @@ import pytest
 from mcp import Client
 
 from rlhf_lab import api
-from rlhf_lab.configs import ConfigChange
 from rlhf_lab.ledger.schema import RunRecord
 from rlhf_lab.mcp_server import TOOL_NAMES, server
+from rlhf_lab.planning.configs import ConfigChange
 from rlhf_lab.skills import parse_skill
 
 pytestmark = pytest.mark.anyio
@@ -124,9 +124,9 @@ CLI_ONLY = {
     "rlhf_lab/_queue.py",
     "rlhf_lab/demo.py",
     "rlhf_lab/skills.py",
-    "rlhf_lab/families.py",
+    "rlhf_lab/planning/families.py",
     "rlhf_lab/runs/launch.py",
-    "rlhf_lab/slurm.py",  # the Slurm job script is shell text
+    "rlhf_lab/runs/slurm.py",  # the Slurm job script is shell text
 }
 
 
@@ -180,8 +180,8 @@ async def test_mcp_texts_of_a_plan_and_a_shrink_name_no_cli_flag(client):
 
 
 def test_config_change_is_one_typed_shape():
-    from rlhf_lab.plan import PlannedRun
-    from rlhf_lab.shrink import ShrinkResult
+    from rlhf_lab.planning.plan import PlannedRun
+    from rlhf_lab.planning.shrink import ShrinkResult
 
     for model, field in ((ShrinkResult, "diff"), (PlannedRun, "changes"), (RunRecord, "changes")):
         assert model.model_fields[field].annotation == list[ConfigChange], model

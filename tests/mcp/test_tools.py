@@ -25,8 +25,8 @@ import yaml
 from mcp import Client, MCPError
 
 from rlhf_lab import api, mcp_server
-from rlhf_lab.catalog import FAMILIES
 from rlhf_lab.mcp_server import TOOL_NAMES, server
+from rlhf_lab.planning.catalog import FAMILIES
 from rlhf_lab.runs import _process_alive
 
 pytestmark = pytest.mark.anyio

@@ -37,11 +37,11 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from rlhf_lab import api, mcp_server, paths, runs
-from rlhf_lab.catalog import FAMILIES
 from rlhf_lab.cli import app
-from rlhf_lab.configs import config_model, validate_data
 from rlhf_lab.mcp_server import check_bind_host, server
 from rlhf_lab.paths import LabError
+from rlhf_lab.planning.catalog import FAMILIES
+from rlhf_lab.planning.configs import config_model, validate_data
 from trainers.core.config import ConfigError
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 

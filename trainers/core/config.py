@@ -99,7 +99,7 @@ class ModelSection(StrictModel):
 
 
 # Above this a learning rate is refused: no AdamW fine-tuning uses it and the loss is NaN within
-# a few steps. The lab also warns about implausible values below it (rlhf_lab/validation.py).
+# a few steps. The lab also warns about implausible values below it (rlhf_lab/planning/validation.py).
 LEARNING_RATE_MAX = 1.0
 
 

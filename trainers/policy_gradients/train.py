@@ -158,7 +158,7 @@ def reward_model_names(cfg: PolicyGradientConfig) -> list[tuple[str, str]]:
 
 def headline_metric(cfg: PolicyGradientConfig) -> str:
     """The held-out metric this run is judged on (summary.json's best value; the lab's rule in
-    ``rlhf_lab/headline.py``): a run rewarded by a reward model is judged on its held-out gold
+    ``rlhf_lab/results/headline.py``): a run rewarded by a reward model is judged on its held-out gold
     reward when it has a gold signal, else on the optimised model's held-out score (a proxy);
     any other run on greedy held-out correctness, the family's headline."""
     if cfg.reward.model:

@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import trainer_argv
 
-from rlhf_lab.stats import newcombe_difference
+from rlhf_lab.results.stats import newcombe_difference
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
 from trainers.sft import train as sft_train

@@ -117,7 +117,7 @@ def test_best_of_n_on_tiny_writes_rows_that_recompute_the_table(tmp_path, capsys
     rows = read_jsonl(run_dir / "items.jsonl")
     assert len(rows) == 3 and all(len(r["samples"]) == 4 for r in rows)
     # the ledger's Evaluation section: the headline, then each selector at n_max
-    from rlhf_lab.evaluation_records import read_eval_summary
+    from rlhf_lab.evaluation.records import read_eval_summary
 
     summary, _ = read_eval_summary(run_dir)
     assert [r.metric for r in summary.rows] == [

@@ -186,7 +186,7 @@ def test_grpo_against_the_learned_reward_overoptimises_gold_correctness(tmp_path
         f"{sampled_gold[0]:.3f} -> {sampled_gold[1]:.3f}; kl_ref "
         f"{rollouts[1]['kl_ref']:.1f} -> {rollouts[-1]['kl_ref']:.1f}"
     )
-    from rlhf_lab.overoptimisation import overoptimisation
+    from rlhf_lab.results.overoptimisation import overoptimisation
 
     found = overoptimisation(read_jsonl(run_dir / "metrics.jsonl"))
     print(report, "|", found.message if found else "no overoptimisation finding")
@@ -233,7 +233,7 @@ def test_a_poor_reward_model_is_overoptimised_and_the_alert_fires(
     steps): the proxy rises, the gold falls, and the lab's overoptimisation rule fires on the
     rows. (Seed 42: held-out proxy −0.16 → 2.80, gold −1.16 → −4.90, kl_ref 11.5; at lr 1e-4 /
     3e-4 the same directions, too small for the rule: +0.28 / −0.18 over 12 steps.)"""
-    from rlhf_lab.overoptimisation import overoptimisation
+    from rlhf_lab.results.overoptimisation import overoptimisation
     from trainers.sft.train import warm_start_model
 
     overrides = [

@@ -1,6 +1,6 @@
 """Slurm runs in the lab's run model: submit a new run, resubmit one to resume it, and the state
 and stop hooks :mod:`rlhf_lab.runs.state` calls for a run whose run.json has a ``slurm`` block.
-Torch-free. (What is Slurm's own, the script and the commands, is :mod:`rlhf_lab.slurm`.)
+Torch-free. (What is Slurm's own, the script and the commands, is :mod:`rlhf_lab.runs.slurm`.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rlhf_lab.runs.records import (
     _read_record,
     _source_dir,
 )
-from rlhf_lab.slurm import (
+from rlhf_lab.runs.slurm import (
     SlurmOptions,
     check_slurm_available,
     checked_options,

@@ -16,16 +16,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlhf_lab.catalog import (
+from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.paths import LabError
+from rlhf_lab.planning.catalog import (
     Recipe,
     family_info,
     find_recipe,
     get_dotted,
     list_recipes,
 )
-from rlhf_lab.config_models import config_model, dump, families_accepting, validate_data
-from rlhf_lab.errors import InvalidArgument
-from rlhf_lab.paths import LabError
+from rlhf_lab.planning.config_models import config_model, dump, families_accepting, validate_data
 from trainers.core.config import (
     ConfigError,
     apply_overrides,

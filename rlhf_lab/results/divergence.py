@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_lab.overoptimisation import Advice
+from rlhf_lab.results.overoptimisation import Advice
 
 __all__ = [
     "KL_BOUND_NATS",
@@ -213,7 +213,7 @@ def divergence_advice(family: str | None, algorithm: str | None, config: Any) ->
     family's learning rate ÷10; its KL coefficient ×2 (``DEFAULT_BETA`` when it was 0) where the
     algorithm has a KL term; ``loss.kl_estimator=k1`` where the KL sits in the reward with k3.
     ``config``: the run's config, nested or as flat dotted settings (a ledger row's)."""
-    from rlhf_lab.catalog import get_dotted as _dotted
+    from rlhf_lab.planning.catalog import get_dotted as _dotted
     from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
 
     def get_dotted(data: dict, key: str) -> Any:  # a nested config or flat dotted settings

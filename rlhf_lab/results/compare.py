@@ -5,7 +5,7 @@ Held-out first: the table's first metric column is the headline (greedy held-out
 held-out preference accuracy, held-out accuracy, held-out loss, held-out exact match); training
 numbers (sampled rollouts, training batches) follow, labelled "training signal". Runs are grouped
 into arms (same algorithm and settings, differing only in seed); each arm gets a mean and a 95 %
-interval, and each pair of arms a verdict by :data:`rlhf_lab.stats.VERDICT_RULE`
+interval, and each pair of arms a verdict by :data:`rlhf_lab.results.stats.VERDICT_RULE`
 (better / worse / tie within noise / not comparable / undecided), printed with the table.
 
 - policy gradients: avg_correctness, avg_format, avg_binary and loss (means over the last few
@@ -32,11 +32,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rlhf_lab.catalog import get_dotted, matched_controls
 from rlhf_lab.errors import Corrupt, InvalidArgument, NextStep
-from rlhf_lab.evaluation_compare import EVAL_NOTE, evaluation_comparison, evaluations_of_runs
-from rlhf_lab.evaluation_records import EVAL_FAMILY
-from rlhf_lab.headline import Headline, headline_for
+from rlhf_lab.evaluation.compare import EVAL_NOTE, evaluation_comparison, evaluations_of_runs
+from rlhf_lab.evaluation.records import EVAL_FAMILY
 from rlhf_lab.ledger import (
     ArmSummary,
     ComparisonEntry,
@@ -55,15 +53,17 @@ from rlhf_lab.ledger import (
     resolve_campaign,
 )
 from rlhf_lab.ledger import Verdict as VerdictModel
-from rlhf_lab.logs import heldout_regression
 from rlhf_lab.paths import LabError
-from rlhf_lab.plots import as_float
+from rlhf_lab.planning.catalog import get_dotted, matched_controls
 from rlhf_lab.results.campaign_answer import (
     record_best_of_n_answer,
     record_change_answer,
     record_gold_answer,
 )
-from rlhf_lab.stats import (
+from rlhf_lab.results.headline import Headline, headline_for
+from rlhf_lab.results.logs import heldout_regression
+from rlhf_lab.results.plots import as_float
+from rlhf_lab.results.stats import (
     VERDICT_RULE,
     Interval,
     mean_interval,
@@ -722,7 +722,7 @@ def verdict_between(
     mismatch: str | None = None,
 ) -> VerdictModel:
     """The verdict of arm ``a`` against arm ``b`` on their headline values by
-    :data:`~rlhf_lab.stats.VERDICT_RULE` (pure: takes the arms' values and what is known about
+    :data:`~rlhf_lab.results.stats.VERDICT_RULE` (pure: takes the arms' values and what is known about
     their matching)."""
 
     def verdict(word: str, reason: str = "", iv: Interval | None = None, method: str = ""):
@@ -933,7 +933,7 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
     for r in records:
         if r.state != "succeeded":
             notes.append(f"{r.run_id} ({r.state}): its numbers are from where it stopped.")
-    if family == EVAL_FAMILY:  # evaluation jobs: their own table (rlhf_lab.evaluation_compare)
+    if family == EVAL_FAMILY:  # evaluation jobs: their own table (rlhf_lab.evaluation.compare)
         return _evaluations(ids, records, notes, campaign)
     rules = _FAMILY_RULES.get(family)
     if rules is None:
@@ -1002,7 +1002,7 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
 def _evaluations(
     ids: list[str], records: list[RunRecord], notes: list[str], campaign: str | None
 ) -> Comparison:
-    """compare_runs of evaluation jobs (rlhf_lab.evaluation_compare)."""
+    """compare_runs of evaluation jobs (rlhf_lab.evaluation.compare)."""
     columns, values, table = evaluation_comparison(records)
     rows = [_row(rec, v) for rec, v in zip(records, values, strict=True)]
     markdown = "\n\n".join([table, EVAL_NOTE, *[f"- {n}" for n in notes]])

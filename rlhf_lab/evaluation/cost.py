@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import LabError
-from rlhf_lab.evaluations import cpu_sized_overrides
+from rlhf_lab.evaluation.jobs import cpu_sized_overrides
 from rlhf_lab.memory import blocks
 
 __all__ = [
@@ -54,7 +54,7 @@ def suites_for_family(family: str | None) -> tuple[str, ...]:
 def _config(suite: str, overrides: list[str]) -> dict[str, Any]:
     import yaml
 
-    from rlhf_lab.evaluations import _configs_dir
+    from rlhf_lab.evaluation.jobs import _configs_dir
     from trainers.core.config import apply_overrides
 
     data = yaml.safe_load((_configs_dir() / f"{suite}.yaml").read_text()) or {}
@@ -72,8 +72,8 @@ def estimate_evaluation(
     """The cost of evaluating ``model`` (a name, a run's final_model path or ``run:<id>``) on
     ``suite`` with the shipped config and ``overrides``; ``memory_gb`` is None when the model's
     architecture cannot be known here."""
-    from rlhf_lab.lineage import stand_in
     from rlhf_lab.memory import dtype_bytes, model_facts
+    from rlhf_lab.runs.lineage import stand_in
 
     dev = "cpu" if device == "cpu" else "cuda"
     shipped = _config(suite, [])
@@ -118,8 +118,8 @@ def keeps_final_model(run: Any) -> bool:
     for change in getattr(run, "changes", []) or []:
         if change.key == "checkpoint.save_final_model":
             return change.used is not False
-    from rlhf_lab.catalog import get_dotted
-    from rlhf_lab.configs import resolve_config
+    from rlhf_lab.planning.catalog import get_dotted
+    from rlhf_lab.planning.configs import resolve_config
 
     try:  # unchanged: the recipe's own value
         shipped = resolve_config(run.config_path).data

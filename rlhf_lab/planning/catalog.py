@@ -6,7 +6,7 @@ A *recipe* is a shipped config file ``trainers/<family>/configs/<name>.yaml``. I
 file stem (``dpo``), by ``<family>/<stem>`` (``direct_alignment/dpo``) or by its path; an
 algorithm name or alias (``dr. grpo``, ``bradley-terry``) also finds the recipe that runs it.
 
-:data:`FAMILIES` (from :mod:`rlhf_lab.families`) is the registry the rest of the lab builds on,
+:data:`FAMILIES` (from :mod:`rlhf_lab.planning.families`) is the registry the rest of the lab builds on,
 derived from the algorithm specs (``trainers/<family>/spec.py``): for each family, where its
 pydantic config model lives, which field names the algorithm, the trainer module, the metrics
 that show progress, the acceptance criteria of a sanity run and what to watch while it runs.
@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import InvalidArgument, NextStep, NotFound
-from rlhf_lab.families import FAMILIES, FamilyInfo, family_info
+from rlhf_lab.planning.families import FAMILIES, FamilyInfo, family_info
 from trainers.core.spec import (
     FAMILY_NAMES,
     AlgorithmSpec,
@@ -468,7 +468,9 @@ def infer_family(path: Path, data: dict[str, Any] | None = None) -> str:
         return candidates[0]
     if not candidates:
         # No algorithm key: a family whose model validates the file (torch-free models).
-        from rlhf_lab.config_models import families_accepting  # pydantic models: on use only
+        from rlhf_lab.planning.config_models import (
+            families_accepting,  # pydantic models: on use only
+        )
 
         fits = families_accepting(data)
         if len(fits) == 1:

@@ -11,7 +11,7 @@ The rules follow the reference book's habits for short runs, per family:
   ``builtin`` set there); ``reward.model`` is kept; against a reward model on a tiny preset, 20
   steps at lr 1e-4 (``RM_PRESET_LR``: 1e-3 diverged); from a trained run of a preset (an SFT warm
   start) a fine-tuning lr (``WARM_START_PG_LR``), 64 held-out prompts and the task that run was
-  trained on (:func:`rlhf_lab.lineage.trained_task_specs`) instead of the recipe's;
+  trained on (:func:`rlhf_lab.runs.lineage.trained_task_specs`) instead of the recipe's;
 * reward models: fewer samples (512 pairs / solutions; ORM 128 prompts × 8 completions) and one
   epoch;
 * rejection sampling: fewer training prompts, test prompts and completions per prompt, one SFT
@@ -21,7 +21,7 @@ The rules follow the reference book's habits for short runs, per family:
 * distillation: a few hundred prompts, 64-128 new tokens; on a preset the student's trained task
   (else the teacher's, else the warm start's) and a teacher that is a run of the same preset.
 
-A recipe whose file says ``# lab: cpu_sized`` (:attr:`rlhf_lab.catalog.Recipe.cpu_sized`) is a
+A recipe whose file says ``# lab: cpu_sized`` (:attr:`rlhf_lab.planning.catalog.Recipe.cpu_sized`) is a
 CPU run on a preset already: onto a preset it is kept whole.
 
 Everything runs often: evaluation every few steps, metrics every step, no intermediate
@@ -30,7 +30,7 @@ checkpoints. The model is kept unless ``model`` is given; a built-in preset (``t
 lengths and learning rates that suit a ~1M-parameter model (direct alignment: the tested recipe
 of ``rlhf_lab/demo.py``; SFT: the warm-start recipe's values). Another run's output
 (``run:<id>`` or its ``final_model`` path) is shrunk like the model it was trained from (its
-lineage, :func:`rlhf_lab.lineage.base_model`): an SFT run of ``tiny`` counts as ``tiny``.
+lineage, :func:`rlhf_lab.runs.lineage.base_model`): an SFT run of ``tiny`` counts as ``tiny``.
 
 A pretrained model (neither a preset nor a run trained from one) then gets the rules of
 :mod:`rlhf_lab.planning`: hub data that is not cached becomes the built-in set (or is refused with
@@ -49,10 +49,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.catalog import Recipe, family_info, find_recipe, get_dotted
-from rlhf_lab.configs import ConfigChange, config_model, format_override, resolve_config
 from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.paths import LabError
+from rlhf_lab.planning.catalog import Recipe, family_info, find_recipe, get_dotted
+from rlhf_lab.planning.configs import ConfigChange, config_model, format_override, resolve_config
 from rlhf_lab.planning.real_model import pretrained_model_rules
 from rlhf_lab.planning.steps import (
     StepsEstimate,
@@ -62,7 +62,7 @@ from rlhf_lab.planning.steps import (
 from rlhf_lab.planning.steps import (
     find_key as _find_key,
 )
-from rlhf_lab.validation import check_config
+from rlhf_lab.planning.validation import check_config
 from trainers.core.config import parse_override
 from trainers.core.spec import spec_for
 
@@ -118,7 +118,7 @@ def _is_preset(model: str | None) -> bool:
     lineage: ``run:<id>`` or a run's ``final_model`` path, followed back to the first model)."""
     if not model:
         return False
-    from rlhf_lab.lineage import base_model
+    from rlhf_lab.runs.lineage import base_model
     from trainers.core.tiny import PRESETS
 
     return base_model(model) in PRESETS
@@ -318,7 +318,7 @@ def _warm_start(r: _Rules, notes: list[str]) -> None:
 def _trained_task(r: _Rules, notes: list[str]) -> None:
     """Prompts from the task the run in ``model.name`` was trained on (its lineage), for a warm
     start of a preset or of a pretrained model alike."""
-    from rlhf_lab.lineage import trained_task_specs
+    from rlhf_lab.runs.lineage import trained_task_specs
 
     model = r.get("model.name")
     if r.get("data.source", "reasoning_gym") != "reasoning_gym":
@@ -410,7 +410,7 @@ def _online_dpo(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> No
 def _task_of_lineage_as_pairs(r: _Rules, notes: list[str]) -> None:
     """Online DPO from a trained run: the built-in prompts of the task that run was trained on
     (its lineage), with its settings (``data.builtin_task_configs``)."""
-    from rlhf_lab.lineage import trained_task_specs
+    from rlhf_lab.runs.lineage import trained_task_specs
 
     model = r.get("model.name")
     specs = trained_task_specs(model) if _from_run(model) else None
@@ -429,7 +429,7 @@ def _task_of_lineage_as_pairs(r: _Rules, notes: list[str]) -> None:
 def _warm_start_specs() -> list[dict[str, Any]]:
     """The reasoning-gym tasks and settings of the tiny SFT warm start, read from its shipped
     recipe (its ``data.builtin_task_configs``), as a distillation ``data.specs`` list."""
-    from rlhf_lab.configs import resolve_config
+    from rlhf_lab.planning.configs import resolve_config
 
     data = resolve_config(find_recipe("sft_tiny_warmstart"), []).data
     tasks = get_dotted(data, "data.builtin_task_configs") or {}
@@ -439,7 +439,7 @@ def _warm_start_specs() -> list[dict[str, Any]]:
 def _distillation_specs(student: Any, teacher: Any) -> list[dict[str, Any]]:
     """The task a distillation on a preset draws its prompts from: the student's trained task
     (its lineage), else the teacher's, else the tiny SFT warm start's."""
-    from rlhf_lab.lineage import trained_task_specs
+    from rlhf_lab.runs.lineage import trained_task_specs
 
     return trained_task_specs(student) or trained_task_specs(teacher) or _warm_start_specs()
 
@@ -477,7 +477,7 @@ def _distillation(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> 
 
 def _from_run(model: Any) -> bool:
     """``model`` is another run's output (``run:<id>`` or a run's final_model path)."""
-    from rlhf_lab.lineage import is_ref, run_of_path
+    from rlhf_lab.runs.lineage import is_ref, run_of_path
 
     return is_ref(model) or run_of_path(model) is not None
 
@@ -544,7 +544,7 @@ def _user_model(overrides: list[str]) -> str | None:
 def _keep_final_model(rules: _Rules, family: str) -> None:
     """The plan proposes an evaluation of every run of a family with evaluation suites: its
     final model is kept for it (an override of the user's still wins)."""
-    from rlhf_lab.evaluation_cost import suites_for_family
+    from rlhf_lab.evaluation.cost import suites_for_family
 
     if suites_for_family(family):
         rules.set("checkpoint.save_final_model", True)
@@ -563,7 +563,7 @@ def shrink_config(
     to the offline data sets and tiny-model sizes). ``overrides``: the user's ``--set`` items,
     applied last. Raises :class:`LabError` for an unknown recipe, a family whose config model
     does not exist yet, a shrunk config that does not validate, a model that cannot be resolved
-    or a length above the model's context (:func:`rlhf_lab.validation.check_config`); an
+    or a length above the model's context (:func:`rlhf_lab.planning.validation.check_config`); an
     implausible learning rate is a note. ``calibration``: overrides measured on the base model
     (e.g. ``rollout.max_new_tokens`` from its response lengths), applied after the shrink rules
     and before the user's.

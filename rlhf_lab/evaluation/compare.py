@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf_lab.evaluation_records import (
+from rlhf_lab.evaluation.records import (
     EVAL_FAMILY,
     PROXY_JUDGE,
     EvalSummary,
@@ -68,7 +68,7 @@ def evaluation_table(items: Sequence[tuple[str, str, EvalSummary | None]]) -> st
 
 def _evaluation_dirs(run_dir: Path) -> list[Path]:
     """The evaluation jobs of the campaign holding ``run_dir``."""
-    from rlhf_lab.runfolder import read_record
+    from rlhf_lab.runs.folder import read_record
 
     out = []
     for d in sorted(run_dir.parent.iterdir()):

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rlhf_lab.paths import experiments_dir
-from rlhf_lab.runfolder import read_record
+from rlhf_lab.runs.folder import read_record
 from trainers.core.runfolder import LIVE_STATES
 
 __all__ = [
@@ -205,7 +205,7 @@ def lab_numbered(gpus: list[GpuInfo]) -> list[GpuInfo]:
 
 def _query_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
     """:func:`query_gpus`, looked up on this module at call time (tests replace it here)."""
-    import rlhf_lab.resources as module
+    import rlhf_lab.runs.resources as module
 
     gpus, driver, found = module.query_gpus()
     notes.extend(found)

@@ -1,9 +1,9 @@
 """The families' pydantic config models, imported lazily from their torch-free modules.
 
-Which module and class hold a family's config model is read from :data:`rlhf_lab.families.FAMILIES`
-(built from the specs). This module sits below both :mod:`rlhf_lab.catalog` (which
+Which module and class hold a family's config model is read from :data:`rlhf_lab.planning.families.FAMILIES`
+(built from the specs). This module sits below both :mod:`rlhf_lab.planning.catalog` (which
 uses :func:`families_accepting` to tell the family of a file that names no algorithm) and
-:mod:`rlhf_lab.configs` (which resolves configs), so neither imports the other's way round.
+:mod:`rlhf_lab.planning.configs` (which resolves configs), so neither imports the other's way round.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
-from rlhf_lab.families import FAMILIES, FamilyInfo, family_info
+from rlhf_lab.planning.families import FAMILIES, FamilyInfo, family_info
 from trainers.core.config import ConfigError, validate_config
 
 __all__ = [

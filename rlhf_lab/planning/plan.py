@@ -30,7 +30,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.catalog import (
+from rlhf_lab.errors import InvalidArgument, NextStep, NotFound, Unavailable
+from rlhf_lab.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
+from rlhf_lab.paths import LabError, campaign_name, check_slug
+from rlhf_lab.planning.calibration import Calibration
+from rlhf_lab.planning.calibration_apply import (
+    CalibrationPolicy,
+    default_policy,
+    render_table,
+    shrink_calibrated,
+    using,
+)
+from rlhf_lab.planning.catalog import (
     ALGORITHM_ALIASES,
     Recipe,
     acceptance_for,
@@ -47,21 +58,10 @@ from rlhf_lab.catalog import (
     recipe_for_algorithm,
     watch_for,
 )
-from rlhf_lab.configs import ConfigChange
-from rlhf_lab.errors import InvalidArgument, NextStep, NotFound, Unavailable
-from rlhf_lab.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
-from rlhf_lab.paths import LabError, campaign_name, check_slug
-from rlhf_lab.planning.calibration import Calibration
-from rlhf_lab.planning.calibration_apply import (
-    CalibrationPolicy,
-    default_policy,
-    render_table,
-    shrink_calibrated,
-    using,
-)
+from rlhf_lab.planning.configs import ConfigChange
+from rlhf_lab.planning.shrink import format_override, shrink_config
 from rlhf_lab.planning.time import TimeEstimate, plan_time_total, predict_planned_run
-from rlhf_lab.resources import Resources, check_resources
-from rlhf_lab.shrink import format_override, shrink_config
+from rlhf_lab.runs.resources import Resources, check_resources
 
 __all__ = [
     "Criteria",
@@ -697,8 +697,8 @@ def _plan_runs(
 ) -> list[tuple[PlannedRun, list[str]]]:
     """Plan the arms in order; each planned run stands in for itself under its placeholder id
     (``run:<orm-run-id>``), so a later arm that takes its output is checked and sized as the
-    model it will be (:func:`rlhf_lab.lineage.pending_runs`)."""
-    from rlhf_lab.lineage import Upstream, base_model, pending_runs
+    model it will be (:func:`rlhf_lab.runs.lineage.pending_runs`)."""
+    from rlhf_lab.runs.lineage import Upstream, base_model, pending_runs
 
     known: dict[str, Upstream] = {}
     out = []
@@ -740,8 +740,8 @@ def _scorer_steps(runs: list[PlannedRun], dated: str) -> list[str]:
 
 
 def _evaluation_steps(runs: list[PlannedRun], number: int) -> list[str]:
-    """An evaluation after every training run, with its cost (rlhf_lab.evaluation_cost)."""
-    from rlhf_lab.evaluation_cost import plan_evaluation_step
+    """An evaluation after every training run, with its cost (rlhf_lab.evaluation.cost)."""
+    from rlhf_lab.evaluation.cost import plan_evaluation_step
 
     step = plan_evaluation_step(runs, number)
     return [step] if step else []
@@ -865,7 +865,7 @@ def _plan_experiment(
         parse_request(request) if request else ParsedRequest(targets=[], model=None, compare=False)
     )
     if request and not algorithm:
-        from rlhf_lab.pipelines import match_pipeline
+        from rlhf_lab.runs.pipelines import match_pipeline
 
         wanted = match_pipeline(request)
         if wanted is not None:
@@ -997,7 +997,7 @@ def _plan_pipeline(
     it", "r1-zero"): the pipeline's stages as planned runs, each after the stages whose output it
     takes (``run:<sft-run-id>`` in its command), the one command that queues them all, and what
     to check at each stage. An override without a stage name applies to every stage."""
-    from rlhf_lab.pipelines import find_pipeline, plan_stages, with_run_ids
+    from rlhf_lab.runs.pipelines import find_pipeline, plan_stages, with_run_ids
 
     defn = find_pipeline(name)
     user = [

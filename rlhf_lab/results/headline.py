@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlhf_lab.catalog import get_dotted, metric_direction
-from rlhf_lab.stats import Interval, wilson_interval
+from rlhf_lab.planning.catalog import get_dotted, metric_direction
+from rlhf_lab.results.stats import Interval, wilson_interval
 from trainers.core.spec import FAMILY_NAMES, FamilySpec, family_spec
 
 __all__ = [

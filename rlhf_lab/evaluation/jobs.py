@@ -6,7 +6,7 @@ An evaluation is a run of the job ``evaluation`` (``python -m trainers.evaluatio
 (:func:`rlhf_lab.runs.launch`): a folder ``experiments/<campaign>/runs/<suite>-<stamp>/`` with
 ``run.json``, ``config.yaml``, ``train.log``, ``progress.json`` and the typed ``eval.json``;
 ``status``/``run_status`` show it, ``stop``/``resume`` act on it, and its row is recorded into the
-campaign's **Evaluation** section when it ends (:mod:`rlhf_lab.evaluation_records`).
+campaign's **Evaluation** section when it ends (:mod:`rlhf_lab.evaluation.records`).
 
 Targets (:func:`resolve_target`): a run id or ``run:<id>`` (its ``final_model``; the job lands in
 that run's campaign, runs on that run's device, and waits for the run when it has not ended
@@ -63,7 +63,7 @@ def cache_dir() -> Path:
 
 
 def _configs_dir() -> Path:
-    from rlhf_lab.catalog import source_root
+    from rlhf_lab.planning.catalog import source_root
 
     return source_root() / "trainers" / "evaluation" / "configs"
 
@@ -96,8 +96,8 @@ class EvalJob:
 
 def _run_id_of(name: str) -> str | None:
     """The run id ``name`` names (``run:<id>`` or a bare id that exists), else None."""
-    from rlhf_lab.lineage import is_ref, ref_id
     from rlhf_lab.paths import RUN_ID_RE, find_run
+    from rlhf_lab.runs.lineage import is_ref, ref_id
 
     if is_ref(name):
         return ref_id(name)
@@ -118,7 +118,7 @@ def resolve_target(name: str, role: str = "target") -> EvalTarget:
     run_id = _run_id_of(name)
     if run_id is not None:
         return _run_target(name, run_id, role)
-    from rlhf_lab.validation import _resolve, model_steps
+    from rlhf_lab.planning.validation import _resolve, model_steps
 
     try:
         _resolve(role, name)
@@ -132,9 +132,9 @@ def resolve_target(name: str, role: str = "target") -> EvalTarget:
 
 
 def _run_target(given: str, run_id: str, role: str) -> EvalTarget:
-    from rlhf_lab.lineage import upstream
     from rlhf_lab.paths import find_run
-    from rlhf_lab.runfolder import read_record
+    from rlhf_lab.runs.folder import read_record
+    from rlhf_lab.runs.lineage import upstream
 
     up = upstream(run_id)  # NotFound for an unknown id
     if up.family == EVAL_FAMILY:
@@ -197,7 +197,7 @@ def _check_suite(suite: str) -> str:
 def _judge_path(judge: str) -> str:
     """A judge run id (``run:<id>`` or bare) -> its final_model folder, checked to be a scalar
     reward model; a folder is passed on (the job checks it before writing anything)."""
-    from rlhf_lab.lineage import check_ref
+    from rlhf_lab.runs.lineage import check_ref
 
     run_id = _run_id_of(judge)
     if run_id is None:
@@ -249,7 +249,7 @@ def _pretrained(model: str) -> bool:
     a pretrained model rather than a built-in preset; an unknown lineage counts as not."""
     from pathlib import Path
 
-    from rlhf_lab.lineage import base_model
+    from rlhf_lab.runs.lineage import base_model
     from trainers.core.tiny import PRESETS
 
     if (Path(model).expanduser() / "run.json").is_file():  # a run folder: its output
@@ -394,6 +394,6 @@ def prepare_evaluation(
 
 
 def _unfinished(run_id: str) -> bool:
-    from rlhf_lab.lineage import upstream
+    from rlhf_lab.runs.lineage import upstream
 
     return upstream(run_id).state != "succeeded"

@@ -10,7 +10,7 @@ pipeline is launched it becomes ``run:<id>`` of the stage's run, and the stage r
 
 Launching (:func:`rlhf_lab.api.run_pipeline`) first checks every stage, in order, as the launch
 would (shrink, config, models, references: runs not created yet stand in under placeholder ids,
-:func:`rlhf_lab.lineage.pending_runs`), then queues the stages, each ``after`` the stages it
+:func:`rlhf_lab.runs.lineage.pending_runs`), then queues the stages, each ``after`` the stages it
 needs: the queue worker starts a stage once its upstream stages have succeeded, and a failed stage
 leaves the later ones ``cancelled``. A stage whose output another uses always saves its final
 model (``checkpoint.save_final_model=true``, whatever the shrink says).
@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound
-from rlhf_lab.gates import GateDef
+from rlhf_lab.results.gates import GateDef
 
 __all__ = [
     "PIPELINE_DIR",
@@ -288,10 +288,10 @@ def check_stages(
     resolved) and validated with the runs of earlier stages standing in under placeholder ids;
     ``also(family, algorithm, config)`` runs more checks in the same context (the memory fit).
     Returns stage -> (family, algorithm, config)."""
-    from rlhf_lab.configs import resolve_config
-    from rlhf_lab.lineage import Upstream, base_model, pending_runs
-    from rlhf_lab.shrink import shrink_config
-    from rlhf_lab.validation import check_config
+    from rlhf_lab.planning.configs import resolve_config
+    from rlhf_lab.planning.shrink import shrink_config
+    from rlhf_lab.planning.validation import check_config
+    from rlhf_lab.runs.lineage import Upstream, base_model, pending_runs
 
     ids = {s.name: placeholder(s.name) for s in stages}
     known: dict[str, Upstream] = {}

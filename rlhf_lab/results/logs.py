@@ -1,7 +1,7 @@
 """Reading a run: its metrics (down-sampled), and the lab's one diagnosis of failure modes
 (alerts with one-line hints for a run's status; :func:`run_notes` for a ledger row). Torch-free;
-reads the run folder through :mod:`rlhf_lab.runfolder` and train.log through
-:mod:`rlhf_lab.runlog` (``tail_log`` and the log helpers are re-exported here).
+reads the run folder through :mod:`rlhf_lab.runs.folder` and train.log through
+:mod:`rlhf_lab.runs.log` (``tail_log`` and the log helpers are re-exported here).
 
 Two checks guard against reading training numbers as results (held-out first):
 :func:`heldout_regression` (the held-out headline got worse beyond its noise, typically while
@@ -24,27 +24,29 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.catalog import get_dotted
-from rlhf_lab.divergence import (
+from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.paths import find_run
+from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.results.divergence import (
     divergence_hint,
     kl_blowup,
     repetition_finding,
 )
-from rlhf_lab.divergence import (
+from rlhf_lab.results.divergence import (
     sample_text as _sample_text,
 )
-from rlhf_lab.errors import InvalidArgument
-from rlhf_lab.headline import headline_for, headline_line, heldout_items, read_run_config
-from rlhf_lab.overoptimisation import overoptimisation, overoptimisation_advice
-from rlhf_lab.paths import find_run
-from rlhf_lab.runfolder import (
+from rlhf_lab.results.headline import headline_for, headline_line, heldout_items, read_run_config
+from rlhf_lab.results.overoptimisation import overoptimisation, overoptimisation_advice
+from rlhf_lab.results.stats import newcombe_difference
+from rlhf_lab.runs import RunStatus, run_state
+from rlhf_lab.runs.folder import (
     read_json_lines,
     read_metric_rows,
     read_summary,
     run_eval_rows,
     tail_metric_rows,
 )
-from rlhf_lab.runlog import (
+from rlhf_lab.runs.log import (
     PARTIAL_LINE_IDLE_S,
     TRACEBACK_HEAD,
     LogChunk,
@@ -52,10 +54,8 @@ from rlhf_lab.runlog import (
     last_traceback,
     tail_log,
 )
-from rlhf_lab.runlog import last_error_line as _last_error_line
-from rlhf_lab.runlog import read_log as _read_log
-from rlhf_lab.runs import RunStatus, run_state
-from rlhf_lab.stats import newcombe_difference
+from rlhf_lab.runs.log import last_error_line as _last_error_line
+from rlhf_lab.runs.log import read_log as _read_log
 from trainers.core.runfolder import TERMINAL_STATES
 
 __all__ = [
@@ -467,7 +467,7 @@ def _check_noise(path: Path) -> Alert | None:
 
 def _check_samples(path: Path) -> Alert | None:
     """Repetition in the latest samples, compared with the first sampled step: a divergence
-    (warning) or looping inherited from the starting model (info; rlhf_lab.divergence)."""
+    (warning) or looping inherited from the starting model (info; rlhf_lab.results.divergence)."""
     found = repetition_finding(read_json_lines(path).rows, excerpt_chars=160)
     if found is None:
         return None

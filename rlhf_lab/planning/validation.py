@@ -13,7 +13,7 @@ lab writes anything (plan, shrink, estimate_memory and launch all run them). Tor
   ``data.max_prompt_length``) above the policy model's context (``max_position_embeddings`` of
   its config.json, or the preset's) is refused; so is a generation length (``*max_new_tokens``)
   that leaves no room for a prompt in that context.
-- **References** (``run:<id>`` values, :mod:`rlhf_lab.lineage`): each names a run of this lab of
+- **References** (``run:<id>`` values, :mod:`rlhf_lab.runs.lineage`): each names a run of this lab of
   the right kind (a reward model for ``reward.model``, ``reward.gold_model`` and ``scorer.name``)
   that has not ended without succeeding and will leave its final model; its folder need not
   exist yet. The model's context and learning-rate band are those of the model it came from.
@@ -41,8 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound, Unavailable
+from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.offline_data import check_data_files
 
 __all__ = [
@@ -113,7 +113,7 @@ def _model_names(data: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _resolve(key: str, name: str) -> Any:
     """The trainer's resolution of a model name; NotFound when it names nothing."""
-    from rlhf_lab.lineage import run_of_path
+    from rlhf_lab.runs.lineage import run_of_path
     from trainers.core.models import ModelError, resolve_model
 
     try:
@@ -165,7 +165,7 @@ def model_context(name: str) -> int | None:
 
 
 def _check_scorer(family: str, data: dict[str, Any]) -> None:
-    from rlhf_lab.lineage import is_ref
+    from rlhf_lab.runs.lineage import is_ref
 
     if family != "rejection_sampling":
         return
@@ -199,7 +199,7 @@ def _check_teacher(data: dict[str, Any]) -> None:
     """Distillation: the teacher scores the student's tokens, so both need the same tokenizer
     and output vocabulary. Two presets (or runs trained from them) must be the same preset;
     other models must declare the same vocabulary size (the trainer compares the tokenizers)."""
-    from rlhf_lab.lineage import base_model
+    from rlhf_lab.runs.lineage import base_model
     from trainers.core.tiny import PRESETS
 
     teacher, student = get_dotted(data, "teacher.name"), get_dotted(data, "model.name")
@@ -282,7 +282,7 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
     ``launching``, a hub model that cannot be loaded here), a scorer folder that is not a reward
     model, a local data file that does not exist, or a length above the model's context; returns the warnings (implausible learning
     rates, a hub model not loadable here while planning, a context that cannot be known)."""
-    from rlhf_lab.lineage import base_model, check_ref, find_refs, is_ref, stand_in
+    from rlhf_lab.runs.lineage import base_model, check_ref, find_refs, is_ref, stand_in
     from trainers.core.tiny import PRESETS
 
     out = ConfigChecks()

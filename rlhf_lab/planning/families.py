@@ -2,7 +2,7 @@
 
 Each :class:`FamilyInfo` is derived from ``trainers/<family>/spec.py`` (torch-free); the lab
 holds no family table of its own. This module sits at the bottom of the lab's imports
-(:mod:`rlhf_lab.config_models`, :mod:`rlhf_lab.catalog` and everything above read it), so no
+(:mod:`rlhf_lab.planning.config_models`, :mod:`rlhf_lab.planning.catalog` and everything above read it), so no
 import cycle can form through it.
 """
 

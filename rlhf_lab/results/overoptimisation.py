@@ -1,6 +1,6 @@
 """The overoptimisation rule: a policy rewarded by a learned reward model (the proxy) keeps
 raising it while an independent gold signal (a verifier, or a held-out gold reward model) falls,
-and what to change then. Pure functions over metric rows; the diagnosis (:mod:`rlhf_lab.logs`)
+and what to change then. Pure functions over metric rows; the diagnosis (:mod:`rlhf_lab.results.logs`)
 turns a finding into an alert, the ledger's Next section into commands. Torch-free."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_lab.headline import _as_float as _float
+from rlhf_lab.results.headline import _as_float as _float
 
 # The overoptimisation rule (stated in words in docs/architecture.md and the skills): over the
 # last half of the run's rollout rows that log both the proxy reward (the learned reward model
@@ -167,7 +167,7 @@ def _fall_from_peak(
 
 def _held_out_fall(rows: list[dict]) -> Overoptimisation | None:
     """The third test of the rule (held-out endpoints of a proportion gold), or None."""
-    from rlhf_lab.stats import newcombe_difference
+    from rlhf_lab.results.stats import newcombe_difference
 
     points = []
     for r in rows:

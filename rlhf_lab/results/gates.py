@@ -58,12 +58,12 @@ def held_out_metric(run_dir: Path, metric: str) -> tuple[float | None, int | Non
         n_eval = _number((summary.get("data") or {}).get("n_eval"))
         n = int(n_eval) if n_eval else None
     if value is None:
-        from rlhf_lab.runfolder import read_metric_rows
+        from rlhf_lab.runs.folder import read_metric_rows
 
         rows = [r for r in read_metric_rows(run_dir / "metrics.jsonl").rows if metric in r]
         value = _number(rows[-1][metric]) if rows else None
     if n is None:
-        from rlhf_lab.headline import read_run_config
+        from rlhf_lab.results.headline import read_run_config
 
         config = read_run_config(run_dir) or {}
         size = _number((config.get("data") or {}).get("eval_size"))
@@ -73,7 +73,7 @@ def held_out_metric(run_dir: Path, metric: str) -> tuple[float | None, int | Non
 
 def gate_reason(run_dir: Path, metric: str = "eval/accuracy", above: float = CHANCE) -> str | None:
     """Why the run at ``run_dir`` does not clear the gate (see the rule above), or None."""
-    from rlhf_lab.stats import wilson_interval
+    from rlhf_lab.results.stats import wilson_interval
 
     value, n = held_out_metric(run_dir, metric)
     name = run_dir.name

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_lab.catalog import get_dotted
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound
 from rlhf_lab.paths import LabError, find_run
+from rlhf_lab.planning.catalog import get_dotted
 
 __all__ = [
     "POLICY_KEYS",
@@ -170,8 +170,8 @@ def upstream(run_id: str) -> Upstream:
             f"run:{run_id} names no run of this lab (no experiments/*/runs/{run_id})",
             next=NextStep("list_runs"),
         ) from None
-    from rlhf_lab.runfolder import read_record
     from rlhf_lab.runs import run_state
+    from rlhf_lab.runs.folder import read_record
 
     record = read_record(run_dir).data or {}
     try:
@@ -322,7 +322,7 @@ def trained_task_specs(name: Any, _depth: int = 0) -> list[dict[str, Any]] | Non
         run_dir = find_run(run_id)
     except LabError:
         return None
-    from rlhf_lab.runfolder import read_record
+    from rlhf_lab.runs.folder import read_record
 
     record = read_record(run_dir).data or {}
     config = _read_yaml(run_dir / "config.yaml")
