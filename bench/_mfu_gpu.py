@@ -124,9 +124,9 @@ def generation_versus_generate(
 
 
 def lab_estimate(phase: str, overrides: list[str], device: str) -> dict[str, Any]:
-    """The lab's estimate (``rlhf_lab.memory.estimate_memory``) of ``phase``'s run, resolved
+    """The lab's estimate (``rlhf_lab.planning.memory.estimate_memory``) of ``phase``'s run, resolved
     from the recipe with the same overrides the trainer ran with."""
-    from rlhf_lab.memory import estimate_memory
+    from rlhf_lab.planning.memory import estimate_memory
     from rlhf_lab.planning.configs import resolve_config
 
     resolved = resolve_config(RECIPES[phase], overrides)

@@ -1,4 +1,4 @@
-"""The lab's memory estimate (rlhf_lab.memory.estimate_memory) against the peak memory a real
+"""The lab's memory estimate (rlhf_lab.planning.memory.estimate_memory) against the peak memory a real
 trainer process reaches, for two model sizes and the main algorithm families. Target: the
 estimate within ±20 % of the measured peak in every case.
 
@@ -7,7 +7,7 @@ estimate within ±20 % of the measured peak in every case.
     uv run python bench/memory_estimate.py --lora     # the LoRA cases (model.lora.enabled)
     uv run python bench/memory_estimate.py --cases small-dpo,small-rm --threads 0 --jobs 1
 
-What is compared is what rlhf_lab.memory estimates. On the CPU its total is the whole process's peak
+What is compared is what rlhf_lab.planning.memory estimates. On the CPU its total is the whole process's peak
 resident memory: the Python + torch + transformers runtime (its "process baseline"), weights,
 gradients, AdamW state, activations, the LM-head chunk, KV cache, plus 10 % slack. So the
 measured figure is the peak RSS (``ru_maxrss`` from ``wait4``) of a fresh ``python -m
@@ -198,7 +198,7 @@ def gpu_process_gib(pid: int) -> float | None:
 
 def resolve(case: Case, device: str):
     """(resolved config, memory estimate) through the lab, torch-free."""
-    from rlhf_lab.memory import estimate_memory
+    from rlhf_lab.planning.memory import estimate_memory
     from rlhf_lab.planning.configs import resolve_config
 
     resolved = resolve_config(case.recipe, [f"model.name={case.model}"])

@@ -57,7 +57,7 @@ _LAZY: dict[str, str] = {
     "plan_experiment": "rlhf_lab.planning.plan",
     "ShrinkResult": "rlhf_lab.planning.shrink",
     "shrink_config": "rlhf_lab.api.recipes",
-    "MemoryEstimate": "rlhf_lab.memory",
+    "MemoryEstimate": "rlhf_lab.planning.memory",
     "FamilyBrief": "rlhf_lab.api.recipes",
     "RecipeList": "rlhf_lab.api.recipes",
     "MemoryCheck": "rlhf_lab.api.recipes",
@@ -240,7 +240,7 @@ def _where(device: str) -> str:
 
 def _estimate_gb(family: str, algorithm: str, data: dict, device: str) -> tuple[float | None, str]:
     """(peak GiB of this run on ``device`` or None, why there is none)."""
-    from rlhf_lab.memory import estimate_memory as estimate_config_memory
+    from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
 
     try:
         kind = "cpu" if device == "cpu" else "cuda"
@@ -278,7 +278,7 @@ def _check_memory(
     - a run already trains on it: started beside it when the estimate fits the free memory now
       (CPU runs then split the cores), refused otherwise (and when there is no estimate).
     ``force`` skips all of it (the caller does not call this)."""
-    from rlhf_lab.memory import fits
+    from rlhf_lab.planning.memory import fits
     from rlhf_lab.runs import active_runs
 
     estimate, why = _estimate_gb(family, algorithm, data, device)

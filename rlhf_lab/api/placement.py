@@ -26,8 +26,8 @@ def per_rank_estimate_gb(
     family: str, algorithm: str, data: dict, device: str, world_size: int
 ) -> tuple[float | None, str]:
     """(peak GiB of ONE rank on ``device`` or None, why there is none): the FSDP2 estimate of
-    :func:`rlhf_lab.memory.estimate_memory` with ``world_size``."""
-    from rlhf_lab.memory import estimate_memory
+    :func:`rlhf_lab.planning.memory.estimate_memory` with ``world_size``."""
+    from rlhf_lab.planning.memory import estimate_memory
 
     try:
         kind = "cpu" if device == "cpu" else "cuda"
@@ -57,7 +57,7 @@ def check_placement(
     several devices or ranks: every device must fit one rank's estimate (the CPU: all ranks');
     returns (``fits_together``, warnings). A run whose GPUs are picked at start (queued) is
     checked against the largest GPU's total memory."""
-    from rlhf_lab.memory import fits
+    from rlhf_lab.planning.memory import fits
     from rlhf_lab.runs import active_runs, visible_gpus
 
     api = _api()

@@ -12,8 +12,8 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
 from rlhf_lab.errors import LabError, NextStep
-from rlhf_lab.memory import MemoryEstimate, fits
-from rlhf_lab.memory import estimate_memory as estimate_config_memory
+from rlhf_lab.planning.memory import MemoryEstimate, fits
+from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
 from rlhf_lab.planning.catalog import (
     Recipe,
     acceptance_for,

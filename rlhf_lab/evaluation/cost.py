@@ -5,7 +5,7 @@ Memory: the job loads one model at a time (target, baseline, then a judge or ref
 peak is the largest model's weights plus the KV cache of one generation batch
 (``sampling.batch_size`` prompts × ``sampling.n`` samples of ``prompt + max_new_tokens``
 tokens), the runtime (CUDA context or the CPU process) and 10 % allocator slack: the same
-blocks as the training estimates (:mod:`rlhf_lab.memory.blocks`). Time is given as the number of
+blocks as the training estimates (:mod:`rlhf_lab.planning.memory.blocks`). Time is given as the number of
 tokens sampled at most (``prompts.size × n × max_new_tokens`` per policy) — the trainers'
 throughput on the device turns it into seconds; a cached model costs nothing.
 """
@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import LabError
 from rlhf_lab.evaluation.jobs import cpu_sized_overrides
-from rlhf_lab.memory import blocks
+from rlhf_lab.planning.memory import blocks
 
 __all__ = [
     "EvalCost",
@@ -72,7 +72,7 @@ def estimate_evaluation(
     """The cost of evaluating ``model`` (a name, a run's final_model path or ``run:<id>``) on
     ``suite`` with the shipped config and ``overrides``; ``memory_gb`` is None when the model's
     architecture cannot be known here."""
-    from rlhf_lab.memory import dtype_bytes, model_facts
+    from rlhf_lab.planning.memory import dtype_bytes, model_facts
     from rlhf_lab.runs.lineage import stand_in
 
     dev = "cpu" if device == "cpu" else "cuda"

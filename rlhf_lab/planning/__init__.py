@@ -6,5 +6,5 @@ this machine has or can pull (``models``), the difficulty calibration of runs th
 their own samples (``calibration``, ``calibration_apply``, ``candidates``), the predicted wall
 time (``time``, from the throughput the trainers measure, kept by ``throughput_cache``), and the
 plan that ties them together for a request such as "small SimPO sanity check" (``plan``). The
-memory estimate has its own package, :mod:`rlhf_lab.memory`. Torch-free, as the whole lab:
+memory estimate has its own package, :mod:`rlhf_lab.planning.memory`. Torch-free, as the whole lab:
 anything that needs the model runs in a trainer-side subprocess and comes back as JSON."""

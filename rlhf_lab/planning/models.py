@@ -34,7 +34,7 @@ class ModelEntry(BaseModel):
 
 def _param_count(folder: Path) -> int | None:
     try:
-        from rlhf_lab.memory import count_parameters
+        from rlhf_lab.planning.memory import count_parameters
 
         cfg = json.loads((folder / "config.json").read_text())
         return count_parameters(cfg).total

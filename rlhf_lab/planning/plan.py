@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import InvalidArgument, NextStep, NotFound, Unavailable
-from rlhf_lab.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
+from rlhf_lab.planning.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
 from rlhf_lab.paths import LabError, campaign_name, check_slug
 from rlhf_lab.planning.calibration import Calibration
 from rlhf_lab.planning.calibration_apply import (

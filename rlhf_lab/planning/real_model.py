@@ -1,5 +1,5 @@
 """The shrink's rules for a pretrained model (not a built-in preset). Torch-free: the model's size
-and architecture come from its ``config.json`` (:func:`rlhf_lab.memory.model_facts`), never from
+and architecture come from its ``config.json`` (:func:`rlhf_lab.planning.memory.model_facts`), never from
 loading it.
 
 * **LoRA on a CPU** for a model of at least :data:`LORA_MIN_PARAMS` parameters: adapters on the
@@ -231,7 +231,7 @@ def lora_rules(r: Any, family: str, facts: Any, user_keys: set[str], notes: list
 
 
 def _estimate_gb(r: Any, family: str, algorithm: str, checkpointing: bool, cpu: bool) -> float:
-    from rlhf_lab.memory import estimate_memory
+    from rlhf_lab.planning.memory import estimate_memory
     from trainers.core.config import apply_overrides
 
     config = apply_overrides(
@@ -245,7 +245,7 @@ def checkpointing_rule(r: Any, family: str, algorithm: str, cpu: bool, notes: li
     """Gradient checkpointing off when the estimate without it fits the free memory, on when
     only the estimate with it does (or neither: the smaller one); kept as configured when the
     estimate or the free memory cannot be known here."""
-    from rlhf_lab.memory import fits
+    from rlhf_lab.planning.memory import fits
 
     free = free_memory_gb(cpu)
     try:
@@ -275,7 +275,7 @@ def pretrained_rules(
     r: Any, family: str, algorithm: str, facts: Any, user_keys: set[str], notes: list[str]
 ) -> None:
     """Every rule of this module for a pretrained model whose size is ``facts``
-    (:class:`rlhf_lab.memory.ModelFacts`; None when unknown here)."""
+    (:class:`rlhf_lab.planning.memory.ModelFacts`; None when unknown here)."""
     cpu = runs_on_cpu(r.data)
     if cpu:
         cpu_size_rules(r, family, algorithm, notes)
@@ -297,7 +297,7 @@ def pretrained_model_rules(
     data (:mod:`rlhf_lab.planning.offline_data`), then :func:`pretrained_rules` with the model's
     facts read from its config.json (None when this machine cannot tell), then the gold
     evaluation of an offline direct-alignment run (:mod:`rlhf_lab.planning.gold_eval`)."""
-    from rlhf_lab.memory import model_facts
+    from rlhf_lab.planning.memory import model_facts
     from rlhf_lab.planning.gold_eval import gold_eval_rules
     from rlhf_lab.planning.offline_data import offline_data_rules
 

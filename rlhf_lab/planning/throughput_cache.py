@@ -199,7 +199,7 @@ def _loadable(model: str) -> bool:
     """Whether a trainer could load ``model`` here without network (a hub model whose weights
     are not cached is not measured: its subprocess would only fail)."""
     from rlhf_lab.errors import LabError
-    from rlhf_lab.memory import model_facts
+    from rlhf_lab.planning.memory import model_facts
 
     try:
         return bool(model_facts(model).loadable)

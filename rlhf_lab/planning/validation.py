@@ -136,7 +136,7 @@ def _hub_unavailable(source: Any) -> str | None:
     and the hub offline or unreachable. No download is attempted."""
     if source.kind != "hub":
         return None
-    from rlhf_lab.memory.architecture import hub_cached
+    from rlhf_lab.planning.memory.architecture import hub_cached
     from trainers.core.models import hub_offline, hub_reachable
 
     hub_id = source.hub_id or source.name
@@ -153,7 +153,7 @@ def model_context(name: str) -> int | None:
     """The context (``max_position_embeddings``) of a model, read from its config.json (or the
     preset's spec, or the built-in facts of a known hub model) without loading it; None when
     this machine cannot tell."""
-    from rlhf_lab.memory import model_facts
+    from rlhf_lab.planning.memory import model_facts
 
     try:
         facts = model_facts(name)
@@ -186,7 +186,7 @@ def _check_scorer(family: str, data: dict[str, Any]) -> None:
 
 def _vocab_size(name: str) -> int | None:
     """The output vocabulary of ``name`` from its config (None when it cannot be read here)."""
-    from rlhf_lab.memory.architecture import model_facts
+    from rlhf_lab.planning.memory.architecture import model_facts
 
     try:
         arch = model_facts(name).params.arch
@@ -323,7 +323,7 @@ def _check_lora_targets(data: dict[str, Any], name: str, shown: str) -> None:
     targets = get_dotted(data, "model.lora.target_modules")
     if not get_dotted(data, "model.lora.enabled") or not isinstance(targets, list):
         return
-    from rlhf_lab.memory import model_facts
+    from rlhf_lab.planning.memory import model_facts
     from trainers.core.lora import DEFAULT_TARGETS, missing_targets
 
     try:

@@ -117,7 +117,7 @@ def test_shrink_rules_are_keyed_by_the_spec_hook() -> None:
 def test_memory_hooks_name_families() -> None:
     """Every algorithm's memory hook names a family or a registered hook of its own (online DPO
     keeps its reference loaded: not its family's estimate)."""
-    from rlhf_lab.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS
+    from rlhf_lab.planning.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS
 
     keys = {s.memory_key for s in all_specs()}
     assert set(FAMILY_NAMES) <= keys <= set(FAMILY_ESTIMATORS) | set(HOOK_ESTIMATORS)

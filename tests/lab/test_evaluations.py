@@ -65,7 +65,7 @@ def write_run(
         code = 0 if state == "succeeded" else 1
         (run_dir / "exit.json").write_text(json.dumps({"exit_code": code, "signal": None}))
     if final_model and state == "succeeded":
-        from rlhf_lab.memory.architecture import _preset_config
+        from rlhf_lab.planning.memory.architecture import _preset_config
 
         (run_dir / "final_model").mkdir()
         (run_dir / "final_model" / "config.json").write_text(json.dumps(_preset_config("tiny")))
@@ -304,7 +304,7 @@ async def test_bad_arguments_on_mcp_are_named_as_arguments_and_write_nothing(lab
 
 def test_plan_proposes_an_evaluation_after_each_training_run_with_its_cost():
     from rlhf_lab.evaluation.cost import estimate_evaluation
-    from rlhf_lab.memory import blocks, model_facts
+    from rlhf_lab.planning.memory import blocks, model_facts
 
     plan = api.plan_experiment("compare dpo and simpo", model="tiny")
     step = plan.steps[-1]

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from rlhf_lab import memory
-from rlhf_lab.memory import (
+from rlhf_lab.planning import memory
+from rlhf_lab.planning.memory import (
     GIB,
     arch_from_config,
     count_parameters,

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from rlhf_lab.errors import InvalidArgument
-from rlhf_lab.memory import (
+from rlhf_lab.planning.memory import (
     FAMILY_ESTIMATORS,
     GIB,
     EstimateBuilder,
@@ -21,7 +21,7 @@ from rlhf_lab.memory import (
     kv_cache_bytes_per_token,
     layer_activation_bytes,
 )
-from rlhf_lab.memory.families import config_leaf
+from rlhf_lab.planning.memory.families import config_leaf
 from rlhf_lab.planning.catalog import FAMILIES
 
 # h=4, q = 2 heads × 2 = 4, kv = 1 head × 2 = 2, gated MLP of width 8, 2 layers, vocab 10

@@ -1,4 +1,4 @@
-"""The memory estimate with LoRA adapters (rlhf_lab/memory/lora.py): adapter parameters from
+"""The memory estimate with LoRA adapters (rlhf_lab/planning/memory/lora.py): adapter parameters from
 the architecture (hand-computed), only the adapters train, no reference copy, and the lab's
 config checks accept and refuse ``model.lora.*`` overrides."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rlhf_lab.errors import LabError
-from rlhf_lab.memory import GIB, arch_from_config, estimate_memory
-from rlhf_lab.memory.lora import LoraPlan, adapter_params, lora_plan
+from rlhf_lab.planning.memory import GIB, arch_from_config, estimate_memory
+from rlhf_lab.planning.memory.lora import LoraPlan, adapter_params, lora_plan
 from rlhf_lab.planning.configs import resolve_config
 
 LLAMA2_7B = {

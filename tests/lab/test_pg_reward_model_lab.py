@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab.memory import estimate_memory
+from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.shrink import shrink_config
 

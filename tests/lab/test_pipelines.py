@@ -58,7 +58,7 @@ def no_worker(monkeypatch):
 
 
 def _tiny_config_json() -> dict:
-    from rlhf_lab.memory.architecture import _preset_config
+    from rlhf_lab.planning.memory.architecture import _preset_config
 
     return _preset_config("tiny")
 

@@ -22,7 +22,7 @@ import rlhf_lab.api as api
 import rlhf_lab.runs.resources as resources
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
-from rlhf_lab.memory import estimate_memory
+from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.runs.launch import trainer_argv
 from rlhf_lab.runs.resources import GpuInfo

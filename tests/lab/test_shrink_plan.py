@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab import memory as memory_mod
+from rlhf_lab.planning import memory as memory_mod
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning import plan as plan_mod
@@ -610,7 +610,7 @@ def test_plan_warns_when_nothing_fits(monkeypatch):
 def test_lab_modules_import_and_plan_without_torch(tmp_path):
     code = """
 import sys
-import rlhf_lab.planning.catalog, rlhf_lab.planning.configs, rlhf_lab.planning.shrink, rlhf_lab.memory
+import rlhf_lab.planning.catalog, rlhf_lab.planning.configs, rlhf_lab.planning.shrink, rlhf_lab.planning.memory
 import rlhf_lab.runs.resources, rlhf_lab.planning.plan
 from rlhf_lab.planning.catalog import list_recipes
 from rlhf_lab.planning.plan import plan_experiment

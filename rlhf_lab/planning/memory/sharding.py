@@ -10,7 +10,7 @@ generation batch of a rollout step is split across the ranks.
 
 from __future__ import annotations
 
-from rlhf_lab.memory.blocks import MemoryComponent
+from rlhf_lab.planning.memory.blocks import MemoryComponent
 
 __all__ = ["SHARDED_SUFFIXES", "shard_components"]
 

@@ -13,7 +13,7 @@ training dtype. The rules, in short:
   (:func:`gradients_beyond_activations`);
 * a frozen model holds its weights; its no-grad forward about one layer's activations;
 * saved activations per layer and token come from
-  :func:`~rlhf_lab.memory.architecture.layer_activation_bytes`; all ``L`` layers plus one layer
+  :func:`~rlhf_lab.planning.memory.architecture.layer_activation_bytes`; all ``L`` layers plus one layer
   of backward buffers without checkpointing, each layer's input plus two layers with it;
 * the LM head runs on chunks of at most :data:`LOGP_CHUNK` positions, ``V·(2b + 12)`` bytes a
   position with grad (chunk, fp32 copy, exp buffer, their gradients), ``V·(b + 8)`` without;
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.memory.architecture import (
+from rlhf_lab.planning.memory.architecture import (
     ModelArch,
     kv_cache_bytes_per_token,
     layer_activation_bytes,

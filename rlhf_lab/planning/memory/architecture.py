@@ -379,9 +379,9 @@ def _hub_cached(hub_id: str, filename: str) -> str | None:
 
 
 def hub_cached(hub_id: str, filename: str) -> str | None:
-    """:func:`_hub_cached` looked up on the ``rlhf_lab.memory`` package at call time, so that
-    replacing ``rlhf_lab.memory._hub_cached`` (what tests do to fake the cache) takes effect."""
-    import rlhf_lab.memory as package
+    """:func:`_hub_cached` looked up on the ``rlhf_lab.planning.memory`` package at call time, so that
+    replacing ``rlhf_lab.planning.memory._hub_cached`` (what tests do to fake the cache) takes effect."""
+    import rlhf_lab.planning.memory as package
 
     return package._hub_cached(hub_id, filename)
 

@@ -4,7 +4,7 @@ family's name, and those an algorithm's spec names as its own memory hook
 
 An estimator receives the resolved inputs of one estimate (:class:`EstimateInputs`: the config,
 the algorithm, the model's size and architecture, dtype width and switches) and an
-:class:`~rlhf_lab.memory.blocks.EstimateBuilder`; it adds its components and notes to the
+:class:`~rlhf_lab.planning.memory.blocks.EstimateBuilder`; it adds its components and notes to the
 builder and returns the number of trained parameters. What differs between the algorithms of a
 family (a reference model or not, PPO's value model, KTO's third sequence) is read from the
 algorithm name and the config, as the trainers decide it.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_lab.errors import LabError
-from rlhf_lab.memory.architecture import ModelArch, ParamCount, model_facts
-from rlhf_lab.memory.blocks import (
+from rlhf_lab.planning.memory.architecture import ModelArch, ParamCount, model_facts
+from rlhf_lab.planning.memory.blocks import (
     GIB,
     EstimateBuilder,
     forward_gb,
@@ -31,7 +31,7 @@ from rlhf_lab.memory.blocks import (
     packed_positions,
     per_row_positions,
 )
-from rlhf_lab.memory.lora import add_lora_trained, lora_plan, reference_is_base
+from rlhf_lab.planning.memory.lora import add_lora_trained, lora_plan, reference_is_base
 from rlhf_lab.planning.catalog import get_dotted
 from trainers.core.spec import AlgorithmSpec, family_spec
 
@@ -97,7 +97,7 @@ def _trained(
     **shape: Any,
 ) -> int:
     """A trained model, in full or through LoRA adapters when the config enables them
-    (:mod:`rlhf_lab.memory.lora`); returns its trained parameters."""
+    (:mod:`rlhf_lab.planning.memory.lora`); returns its trained parameters."""
     plan = lora_plan(inputs.config)
     if plan is None:
         bld.trained(label, params, arch, **shape, **inputs.trained_kwargs())

@@ -2,7 +2,7 @@
 
 It resolves what every family needs (the model's size and architecture, the device, the dtype
 width, checkpointing and attention switches), lets the family's estimator from
-:data:`~rlhf_lab.memory.families.FAMILY_ESTIMATORS` add its components, then adds the runtime
+:data:`~rlhf_lab.planning.memory.families.FAMILY_ESTIMATORS` add its components, then adds the runtime
 (the CUDA context on a GPU; Python + torch + transformers on the CPU) and 10% allocator slack
 on top of the largest phase. The total is that largest phase.
 """
@@ -14,8 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import InvalidArgument, NextStep
-from rlhf_lab.memory import blocks
-from rlhf_lab.memory.architecture import (
+from rlhf_lab.planning.memory import blocks
+from rlhf_lab.planning.memory.architecture import (
     ModelArch,
     ParamCount,
     count_parameters,
@@ -23,9 +23,9 @@ from rlhf_lab.memory.architecture import (
     model_facts,
     offline_model_steps,
 )
-from rlhf_lab.memory.blocks import EstimateBuilder, MemoryComponent
-from rlhf_lab.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS, EstimateInputs
-from rlhf_lab.memory.sharding import shard_components
+from rlhf_lab.planning.memory.blocks import EstimateBuilder, MemoryComponent
+from rlhf_lab.planning.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS, EstimateInputs
+from rlhf_lab.planning.memory.sharding import shard_components
 from rlhf_lab.planning.catalog import get_dotted
 
 ModelArg = int | ParamCount | ModelArch | str | None
@@ -161,7 +161,7 @@ def estimate_memory(
     warm reference log-prob cache loads no reference model. ``master_weights``: mixed
     precision with fp32 master weights, gradients and moments. ``prompt_tokens``: prompt length
     of generated sequences (policy gradients, rejection sampling). ``world_size``: ranks under
-    torchrun with FSDP2; the estimate is then that of ONE rank (:mod:`rlhf_lab.memory.sharding`).
+    torchrun with FSDP2; the estimate is then that of ONE rank (:mod:`rlhf_lab.planning.memory.sharding`).
     """
     from rlhf_lab.planning.catalog import FAMILIES
 

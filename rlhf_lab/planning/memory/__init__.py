@@ -1,21 +1,21 @@
 """Parameter counts from a model's ``config.json`` (no weights loaded, nothing downloaded) and a
 per-family training-memory estimate, torch-free.
 
-* :mod:`~rlhf_lab.memory.architecture`: where a model's architecture comes from, parameter
+* :mod:`~rlhf_lab.planning.memory.architecture`: where a model's architecture comes from, parameter
   counts, dtype widths and per-token sizes (:func:`model_facts`, :func:`count_parameters`);
-* :mod:`~rlhf_lab.memory.blocks`: the sizes an estimate is built from (weights, gradients,
+* :mod:`~rlhf_lab.planning.memory.blocks`: the sizes an estimate is built from (weights, gradients,
   optimizer states, activations, logits, KV cache) and the component builder;
-* :mod:`~rlhf_lab.memory.families`: one estimator per family in :data:`FAMILY_ESTIMATORS`;
-* :mod:`~rlhf_lab.memory.estimate`: :func:`estimate_memory`, which dispatches on the family,
+* :mod:`~rlhf_lab.planning.memory.families`: one estimator per family in :data:`FAMILY_ESTIMATORS`;
+* :mod:`~rlhf_lab.planning.memory.estimate`: :func:`estimate_memory`, which dispatches on the family,
   and :func:`fits`.
 
 ``_hub_cached`` is re-exported here on purpose: :func:`model_facts` looks it up on this package
-at call time, so replacing ``rlhf_lab.memory._hub_cached`` fakes the Hugging Face cache.
+at call time, so replacing ``rlhf_lab.planning.memory._hub_cached`` fakes the Hugging Face cache.
 """
 
 from __future__ import annotations
 
-from rlhf_lab.memory.architecture import (
+from rlhf_lab.planning.memory.architecture import (
     KNOWN_ARCHITECTURES,
     OFFLINE_CHOICES,
     ModelArch,
@@ -30,7 +30,7 @@ from rlhf_lab.memory.architecture import (
     model_facts,
     offline_model_steps,
 )
-from rlhf_lab.memory.blocks import (
+from rlhf_lab.planning.memory.blocks import (
     ALLOCATOR_SLACK,
     CPU_BASELINE_GB,
     CUDA_CONTEXT_GB,
@@ -40,8 +40,8 @@ from rlhf_lab.memory.blocks import (
     EstimateBuilder,
     MemoryComponent,
 )
-from rlhf_lab.memory.estimate import MemoryEstimate, estimate_memory, fits
-from rlhf_lab.memory.families import FAMILY_ESTIMATORS, EstimateInputs, FamilyEstimator
+from rlhf_lab.planning.memory.estimate import MemoryEstimate, estimate_memory, fits
+from rlhf_lab.planning.memory.families import FAMILY_ESTIMATORS, EstimateInputs, FamilyEstimator
 
 __all__ = [
     "ALLOCATOR_SLACK",
