@@ -105,7 +105,7 @@ def source_root() -> Path:
     """The checkout holding the ``trainers`` package (where shipped recipes live). Unlike
     :func:`rlhf_lab.paths.repo_root` this ignores ``$RLHF_LAB_ROOT``, which moves only the
     experiments folder."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def all_algorithms() -> dict[str, str]:

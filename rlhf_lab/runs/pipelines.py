@@ -1,7 +1,7 @@
 """Pipelines: a chain of runs in one command and one campaign (``rlhf-lab pipeline rlhf --model
 tiny``). Torch-free.
 
-A pipeline is data: one YAML file in ``rlhf_lab/pipeline_defs/`` (or any YAML path) with a
+A pipeline is data: one YAML file in ``rlhf_lab/runs/pipeline_defs/`` (or any YAML path) with a
 description, the question its campaign answers, its stages in order and the request phrases
 ``plan_experiment`` proposes it for. A stage names a recipe, the overrides it adds, optionally
 stages it runs after, and what to check before its output is used. A value ``stage:<name>``
