@@ -79,12 +79,12 @@ _LAZY: dict[str, str] = {
     "unfinished_runs": "rlhf_lab.runs",
     "wait_for_end": "rlhf_lab.runs",
     # watching
-    "Alert": "rlhf_lab.results.logs",
-    "LogChunk": "rlhf_lab.results.logs",
-    "MetricSeries": "rlhf_lab.results.logs",
-    "diagnose": "rlhf_lab.results.logs",
-    "read_metrics": "rlhf_lab.results.logs",
-    "tail_log": "rlhf_lab.results.logs",
+    "Alert": "rlhf_lab.results.diagnosis",
+    "LogChunk": "rlhf_lab.results.diagnosis",
+    "MetricSeries": "rlhf_lab.results.diagnosis",
+    "diagnose": "rlhf_lab.results.diagnosis",
+    "read_metrics": "rlhf_lab.results.diagnosis",
+    "tail_log": "rlhf_lab.results.diagnosis",
     "RunView": "rlhf_lab.api.watching",
     "RunStatusResult": "rlhf_lab.api.watching",
     "LogTail": "rlhf_lab.api.watching",
@@ -270,7 +270,7 @@ def _check_memory(
     family: str, algorithm: str, data: dict, device: str, *, queue: bool
 ) -> tuple[bool | None, list[str]]:
     """The launch's memory and busy-device rule, the same for the CPU (RAM) and a GPU; returns
-    (``fits_together`` for :func:`rlhf_lab.runs.launch`, warnings).
+    (``fits_together`` for :func:`rlhf_lab.runs.launcher`, warnings).
 
     - queued: refused only when the estimate exceeds the device's *total* memory (it could never
       start); it waits for the device anyway;

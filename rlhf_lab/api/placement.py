@@ -41,7 +41,7 @@ def pick_devices(placement: Placement) -> Placement:
     """A placement whose GPUs the lab picks, with them picked now: the freest GPUs no lab run
     holds, else the freest GPUs (the busy-device check then names the run holding them)."""
     from rlhf_lab.runs.devices import freest_gpus
-    from rlhf_lab.runs.launch import _held_devices
+    from rlhf_lab.runs.launcher import _held_devices
 
     if placement.devices:
         return placement

@@ -248,7 +248,7 @@ def _world_targets(
     batch allows); GPUs a launch would pick are the freest ones now."""
     from rlhf_lab.runs import resolve_placement
     from rlhf_lab.runs.devices import freest_gpus
-    from rlhf_lab.runs.launch import _held_devices
+    from rlhf_lab.runs.launcher import _held_devices
     from rlhf_lab.runs.world import check_world_size
 
     placement = resolve_placement(device, gpus, nproc, config)

@@ -3,7 +3,7 @@ run lists. The lab API functions behind the CLI's ``status``/``tail``/``metrics`
 MCP tools ``run_status``/``tail_logs``/``get_metrics``/``list_runs``. Torch-free.
 
 Alerts of a finished run are cached here (keyed by the size and mtime of the files
-:func:`rlhf_lab.results.logs.diagnose` reads): a finished run's folder no longer changes, so polling it
+:func:`rlhf_lab.results.diagnosis.diagnose` reads): a finished run's folder no longer changes, so polling it
 again need not re-read its whole log. Running runs are always diagnosed afresh.
 """
 
@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from rlhf_lab.api._operation import operation
 from rlhf_lab.api.results import State
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep
-from rlhf_lab.results.logs import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
+from rlhf_lab.results.diagnosis import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
 from rlhf_lab.runs import RunStatus, follow_run, run_state
 
 FINISHED_STATES: frozenset[str] = frozenset(
@@ -173,7 +173,7 @@ def advice_for(view: RunView) -> str:
 @operation
 def run_status(run_id: str) -> RunStatusResult:
     """A run's state, step, ETA, latest metrics, diagnosed alerts and advice."""
-    from rlhf_lab.results.logs import status_headline
+    from rlhf_lab.results.diagnosis import status_headline
 
     status = run_state(run_id)
     view = RunView(status=status, headline=status_headline(status), alerts=_alerts(run_id, status))

@@ -3,7 +3,7 @@ Torch-free.
 
 An evaluation is a run of the job ``evaluation`` (``python -m trainers.evaluation.run``, see
 ``trainers/evaluation/README.md``) launched through the same machinery as a training run
-(:func:`rlhf_lab.runs.launch`): a folder ``experiments/<campaign>/runs/<suite>-<stamp>/`` with
+(:func:`rlhf_lab.runs.launcher`): a folder ``experiments/<campaign>/runs/<suite>-<stamp>/`` with
 ``run.json``, ``config.yaml``, ``train.log``, ``progress.json`` and the typed ``eval.json``;
 ``status``/``run_status`` show it, ``stop``/``resume`` act on it, and its row is recorded into the
 campaign's **Evaluation** section when it ends (:mod:`rlhf_lab.evaluation.records`).

@@ -39,7 +39,7 @@ from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.catalog import get_dotted, source_root
 from rlhf_lab.planning.time import predicted_total_s
 from rlhf_lab.results.headline import headline_for, heldout_items, noise_interval, start_value
-from rlhf_lab.results.logs import run_flags, run_notes
+from rlhf_lab.results.diagnosis import run_flags, run_notes
 from rlhf_lab.results.overoptimisation import overoptimisation
 from rlhf_lab.results.plots import as_float
 from rlhf_lab.runs.folder import (
@@ -418,7 +418,7 @@ def _diagnose(
     metrics: list[MetricSummary],
     flags: dict[str, str],
 ) -> list[str]:
-    """The ledger row's diagnostics: the lab's end-of-run notes (:func:`rlhf_lab.results.logs.run_notes`,
+    """The ledger row's diagnostics: the lab's end-of-run notes (:func:`rlhf_lab.results.diagnosis.run_notes`,
     the diagnosis' rules for a finished run's metrics, with its held-out and sample findings)."""
     finals = {m.name: m.final for m in metrics}
     return run_notes(family, state, rows, [m.name for m in metrics], finals, flags)

@@ -23,17 +23,27 @@ derivation estimate_memory's.
 
 from __future__ import annotations
 
-import re
 import shlex
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-
-from rlhf_lab.errors import InvalidArgument, NextStep, NotFound, Unavailable
-from rlhf_lab.planning.memory import OFFLINE_CHOICES, MemoryEstimate, estimate_memory, fits, model_facts
+from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.paths import LabError, campaign_name, check_slug
-from rlhf_lab.planning.calibration import Calibration
+from rlhf_lab.planning.advice import (
+    criteria_for,
+    evaluation_steps,
+    merged_warnings,
+    plain_steps,
+    scorer_steps,
+)
+from rlhf_lab.planning.arms import (
+    MATCHED_CONTROL,
+    Arm,
+    match_policy_gradients,
+    matched_overrides,
+    pending_changes,
+    placeholder,
+    scorer_arms,
+)
 from rlhf_lab.planning.calibration_apply import (
     CalibrationPolicy,
     default_policy,
@@ -42,25 +52,28 @@ from rlhf_lab.planning.calibration_apply import (
     using,
 )
 from rlhf_lab.planning.catalog import (
-    ALGORITHM_ALIASES,
     Recipe,
-    acceptance_for,
-    algorithm_spec,
-    all_algorithms,
-    close_algorithm_matches,
     family_info,
     find_recipe,
-    get_dotted,
-    key_metrics_for,
-    list_recipes,
-    matched_controls,
-    normalize_algorithm,
     recipe_for_algorithm,
-    watch_for,
 )
-from rlhf_lab.planning.configs import ConfigChange
-from rlhf_lab.planning.shrink import format_override, shrink_config
-from rlhf_lab.planning.time import TimeEstimate, plan_time_total, predict_planned_run
+from rlhf_lab.planning.memory import (
+    OFFLINE_CHOICES,
+    MemoryEstimate,
+    estimate_memory,
+    fits,
+    model_facts,
+)
+from rlhf_lab.planning.plan_models import Criteria, DeviceFit, MemoryBrief, Plan, PlannedRun
+from rlhf_lab.planning.request import (
+    ParsedRequest,
+    no_algorithm_error,
+    parse_request,
+    recipe_from_algorithm_arg,
+    recipe_of,
+)
+from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.time import plan_time_total, predict_planned_run
 from rlhf_lab.runs.resources import Resources, check_resources
 
 __all__ = [
@@ -74,271 +87,12 @@ __all__ = [
     "plan_experiment",
 ]
 
-# Matched random controls of the reward-selected rejection-sampling strategies (from the specs).
-MATCHED_CONTROL: dict[str, str] = matched_controls()
 CPU_PARAM_LIMIT = 200_000_000  # above this, a CPU run is too slow to recommend
-_COMPARE_WORDS = re.compile(r"\b(compare|comparison|vs\.?|versus|against)\b")
-# Policy-gradient settings held equal across the arms of a comparison: the rollout shape
-# (prompts per step × rollouts per prompt), the prompts (task, count, held-out set, seed), the
-# generation, the number of steps and optimizer steps per rollout, and the reward.
-PG_MATCHED_KEYS = (
-    "rollout.prompts_per_step",
-    "rollout.num_rollouts",
-    "data.specs",
-    "data.size",
-    "data.eval_size",
-    "seed",
-    "rollout.max_new_tokens",
-    "rollout.temperature",
-    "rollout.top_p",
-    "rollout.top_k",
-    "rollout.min_p",
-    "train.max_steps",
-    "train.num_epochs",
-    "train.batch_size",
-    "train.gradient_accumulation_steps",
-    "eval.eval_every",
-    "eval.max_new_tokens",
-    "reward.format_weight",
-)
-_MISSING = object()
-
-
-class DeviceFit(BaseModel):
-    device: str = Field(description="cuda:<index> or cpu")
-    name: str
-    total_gb: float
-    free_gb: float
-    estimate_gb: float | None
-    fits: bool | None = Field(description="estimate plus a 10% margin fits in the free memory")
-    held_by: list[str] = Field(default_factory=list, description="lab runs using this device")
-
-
-class MemoryBrief(BaseModel):
-    """A memory estimate in brief (estimate_memory gives every component and its derivation)."""
-
-    total_gb: float
-    dtype: str
-    param_count: int
-    largest: str = Field(description="the largest component and its GiB")
-
-
-class Criteria(BaseModel):
-    """What to watch and what a good run shows, for the algorithms named (a run's criteria are
-    every entry that names its algorithm)."""
-
-    algorithms: list[str]
-    key_metrics: list[str] = Field(default_factory=list)
-    acceptance: list[str] = Field(default_factory=list)
-    watch: list[str] = Field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.key_metrics or self.acceptance or self.watch)
-
-
-class PlannedRun(BaseModel):
-    name: str = Field(description="this run's name in the plan, e.g. grpo or top_per_prompt[prm]")
-    recipe: str = Field(description="<family>/<name> of the shipped recipe (or the YAML path)")
-    config_path: str
-    family: str
-    algorithm: str
-    model: str | None
-    changes: list[ConfigChange] = Field(
-        description="values that differ from the recipe: the shrink rules, the matching, yours"
-    )
-    expected_optimizer_steps: int | None
-    memory: dict[str, MemoryBrief] = Field(
-        default_factory=dict, description="estimate per device kind (cuda: bf16, cpu: fp32)"
-    )
-    devices: list[DeviceFit] = Field(default_factory=list)
-    recommended_device: str | None = None
-    env: dict[str, str] = Field(default_factory=dict, description="environment for the trainer")
-    launch_command: str = Field(description="the lab command (it shrinks and records the run)")
-    trainer_command: str = Field(description="the same run as a bare trainer command")
-    after: list[str] = Field(
-        default_factory=list, description="runs of this plan that must finish first (by name)"
-    )
-    calibration: Calibration | None = Field(
-        default=None,
-        description="the difficulty probe of the base model and the task/length it chose "
-        "(runs that learn from their own samples; rlhf_lab.planning.calibration)",
-    )
-    calibration_table: list[str] = Field(
-        default_factory=list,
-        exclude=True,  # the same facts as `calibration`: printed by the CLI, never serialised
-        description="the calibration as the CLI prints it",
-    )
-    time: TimeEstimate | None = None  # predicted wall time here (rlhf_lab.planning.time)
-
-
-class Plan(BaseModel):
-    request: str | None
-    intent: Literal["sanity", "compare", "pipeline"]
-    pipeline: str | None = Field(
-        default=None, description="the pipeline these runs are (run_pipeline launches them all)"
-    )
-    pipeline_command: str | None = Field(
-        default=None, description="the lab command that queues every stage of the pipeline"
-    )
-    campaign: str = Field(description="ledger slug")
-    campaign_name: str = Field(description="YYYY-MM-DD-<slug>: the ledger file and folder")
-    runs: list[PlannedRun]
-    steps: list[str] = Field(description="the launch order, naming the runs; later steps wait")
-    matched: list[str] = Field(
-        default_factory=list, description="settings held equal across the runs (key=value)"
-    )
-    comparison: str | None = None
-    criteria: list[Criteria] = Field(
-        default_factory=list,
-        description="key metrics, acceptance and what to watch; shared ones listed once",
-    )
-    warnings: list[str] = Field(
-        default_factory=list, description="'<runs>: ...' when it concerns some runs only"
-    )
-    offline_choices: list[str] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-    time_total_s: float | None = None  # every run, one after another
-    time_total: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
 # Parsing a request
 # ---------------------------------------------------------------------------------------------
-
-
-# Algorithm names too common as plain words to be read from free text ("dpo on my preference
-# data"); aliases such as "preference rm" or "reward model" still name them.
-_TEXT_EXCLUDED = {"preference"}
-
-
-def _phrases() -> dict[str, str]:
-    """Phrase -> 'algo:<name>' or 'recipe:<id>', for matching inside free text."""
-    out: dict[str, str] = {}
-    for algo in all_algorithms():
-        if algo in _TEXT_EXCLUDED:
-            continue
-        out[algo] = f"algo:{algo}"
-        out[algo.replace("_", " ")] = f"algo:{algo}"
-        out[algo.replace("_", "-")] = f"algo:{algo}"
-    for alias, algo in ALGORITHM_ALIASES.items():
-        out[alias] = f"algo:{algo}"
-    for recipe in list_recipes():
-        out.setdefault(recipe.name, f"recipe:{recipe.id}")
-        out.setdefault(recipe.name.replace("_", " "), f"recipe:{recipe.id}")
-        out[recipe.id] = f"recipe:{recipe.id}"
-    return out
-
-
-def _find_targets(text: str) -> list[str]:
-    """Algorithms / recipes named in ``text``, in order, longest phrases first."""
-    low = text.lower()
-    hits: list[tuple[int, int, str]] = []
-    for phrase, target in _phrases().items():
-        pattern = r"(?<![a-z0-9_./-])" + re.escape(phrase) + r"s?(?![a-z0-9_/-])"
-        for m in re.finditer(pattern, low):
-            hits.append((m.start(), m.end(), target))
-    hits.sort(key=lambda h: (-(h[1] - h[0]), h[0]))
-    taken: list[tuple[int, int, str]] = []
-    for start, end, target in hits:
-        if all(end <= s or start >= e for s, e, _ in taken):
-            taken.append((start, end, target))
-    ordered = [t for _, _, t in sorted(taken)]
-    return list(dict.fromkeys(ordered))
-
-
-_PRESET_RE = re.compile(r"(?<![a-z0-9_-])(tiny-llama|tiny)(?![a-z0-9_-])")
-_SMALL_RE = re.compile(r"\b(?:on|with|using)\s+(?:the\s+)?small\b|\bsmall\s+(?:model|preset)\b")
-_HUB_RE = re.compile(r"(?<![\w./-])([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?![\w/-])")
-_PATH_RE = re.compile(r"(?:^|\s)((?:\.{1,2}/|/|~/)\S+)")
-
-
-def _find_model(text: str) -> str | None:
-    low = text.lower()
-    m = _PRESET_RE.search(low)
-    if m:
-        return m.group(1)
-    if _SMALL_RE.search(low):
-        return "small"
-    for m in _PATH_RE.finditer(text):
-        candidate = m.group(1).rstrip(".,;")
-        p = Path(candidate).expanduser()
-        if p.exists() and not candidate.endswith((".yaml", ".yml")):
-            return candidate
-    recipe_ids = {r.id for r in list_recipes()}
-    for m in _HUB_RE.finditer(text):
-        candidate = m.group(1).rstrip(".,;")
-        if candidate in recipe_ids or candidate.endswith((".yaml", ".yml")):
-            continue
-        if candidate.split("/")[0] in {"trainers", "experiments"}:
-            continue
-        if not re.search(r"[A-Z0-9]", candidate):  # "and/or" is no model id
-            continue
-        return candidate
-    return None
-
-
-def _find_config_path(text: str) -> str | None:
-    for token in text.split():
-        token = token.strip(",;\"'")
-        if token.endswith((".yaml", ".yml")) and Path(token).expanduser().is_file():
-            return token
-    return None
-
-
-class ParsedRequest(BaseModel):
-    targets: list[str] = Field(description="'algo:<name>' / 'recipe:<id>' / 'path:<file>'")
-    model: str | None
-    compare: bool
-
-
-def parse_request(text: str) -> ParsedRequest:
-    """Algorithms (or recipes / a YAML path), model and intent named in a free-text request."""
-    targets = _find_targets(text)
-    path = _find_config_path(text)
-    if path:
-        targets.insert(0, f"path:{path}")
-    return ParsedRequest(
-        targets=targets,
-        model=_find_model(text),
-        compare=bool(_COMPARE_WORDS.search(text.lower())) or len(targets) > 1,
-    )
-
-
-def _no_algorithm_error(text: str) -> LabError:
-    close: list[str] = []
-    for word in re.findall(r"[a-z][a-z0-9_.-]{2,}", text.lower()):
-        for m in close_algorithm_matches(word, n=2):
-            if m not in close:
-                close.append(m)
-    hint = f" Did you mean: {', '.join(close[:5])}?" if close else ""
-    return InvalidArgument(
-        f"no algorithm found in {text!r}.{hint} Name one, e.g. 'dpo sanity check', "
-        f"'compare dpo and ipo', 'grpo on tiny'. Algorithms: {', '.join(all_algorithms())}",
-        next=NextStep("list_recipes", note="lists every algorithm by family"),
-    )
-
-
-def _recipe_of(target: str) -> Recipe:
-    kind, _, value = target.partition(":")
-    if kind == "algo":
-        return recipe_for_algorithm(value)
-    return find_recipe(value)
-
-
-def _recipe_from_algorithm_arg(algorithm: str) -> Recipe:
-    canon = normalize_algorithm(algorithm)
-    if canon is not None:
-        return recipe_for_algorithm(canon)
-    try:
-        return find_recipe(algorithm)
-    except LabError:
-        pass
-    close = close_algorithm_matches(algorithm)
-    hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise NotFound(
-        f"unknown algorithm {algorithm!r}.{hint} Algorithms: {', '.join(all_algorithms())}",
-        next=NextStep("list_recipes", note="lists every algorithm by family"),
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,22 +221,8 @@ def _memory_brief(estimate: MemoryEstimate) -> MemoryBrief:
     )
 
 
-class _Arm(BaseModel):
-    """One run to plan: the recipe, its name in the plan, the overrides that match it to the
-    other runs, and what it waits for."""
-
-    recipe: Recipe
-    name: str
-    matched: list[str] = Field(default_factory=list)
-    after: list[str] = Field(default_factory=list)
-    model: str | None = Field(default=None, description="its model swap (None: the plan's)")
-    starts_from_run: bool = Field(
-        default=False, description="its model.name is a run of the plan: no model swap"
-    )
-
-
 def _plan_run(
-    arm: _Arm,
+    arm: Arm,
     model: str | None,
     overrides: list[str],
     slug: str,
@@ -544,7 +284,7 @@ def _plan_run(
         family=family,
         algorithm=algorithm,
         model=shrink.model,
-        changes=[*shrink.diff, *_pending_changes(pending, shrink.config)],
+        changes=[*shrink.diff, *pending_changes(pending, shrink.config)],
         expected_optimizer_steps=shrink.expected_optimizer_steps,
         memory={k: _memory_brief(v) for k, v in memory.items()},
         devices=devices,
@@ -565,129 +305,8 @@ def _plan_run(
 # ---------------------------------------------------------------------------------------------
 
 
-def _needs_groups(algorithm: str) -> bool:
-    try:
-        return bool(algorithm_spec(algorithm).needs_groups)
-    except LabError:
-        return False
-
-
-def _match_policy_gradients(
-    arms: list[_Arm], model: str | None, overrides: list[str]
-) -> tuple[list[str], list[str]]:
-    """Give the policy-gradient arms the settings of one reference arm (the first that needs
-    groups of rollouts, else the first): the same rollout shape, prompts, generation and steps.
-    Fills each arm's ``matched`` overrides; returns (the matched key=value list, notes)."""
-    pg = [a for a in arms if a.recipe.family == "policy_gradients"]
-    if len(pg) < 2:
-        return [], []
-    shrunk = {a.name: shrink_config(a.recipe, overrides, model=model) for a in pg}
-    ref = next((a for a in pg if _needs_groups(shrunk[a.name].algorithm)), pg[0])
-    ref_config = shrunk[ref.name].config
-    values = {k: get_dotted(ref_config, k, _MISSING) for k in PG_MATCHED_KEYS}
-    values = {k: v for k, v in values.items() if v is not _MISSING}
-    for arm in pg:
-        if arm is ref:
-            continue
-        config = shrunk[arm.name].config
-        arm.matched = [
-            format_override(key, value)
-            for key, value in values.items()
-            if get_dotted(config, key, _MISSING) != value
-        ]
-    prompts = values.get("rollout.prompts_per_step")
-    rollouts = values.get("rollout.num_rollouts")
-    notes = []
-    if isinstance(prompts, int) and isinstance(rollouts, int):
-        notes.append(
-            f"matched sample budget: {prompts * rollouts} completions per step ({prompts} prompts "
-            f"× {rollouts} rollouts) in every run, the shape of {ref.name}"
-            + (" (it needs groups of rollouts)" if _needs_groups(ref.recipe.algorithm) else "")
-            + f"; the same {values.get('data.size', '?')} prompts (task, held-out set, seed)"
-        )
-    shown = [
-        format_override(k, v) if len(format_override(k, v)) <= 60 else f"{k} (as in {ref.name})"
-        for k, v in values.items()
-    ]
-    return shown, notes
-
-
-def matched_overrides(
-    recipes: list[str], model: str | None = None, overrides: list[str] | None = None
-) -> dict[str, list[str]]:
-    """The overrides that match several recipes to each other (policy gradients: one rollout
-    shape, the same prompts and step settings; other families: none), by recipe as given; the
-    caller's ``overrides`` go after them. For launching matched runs without a plan (a sweep)."""
-    arms = [_Arm(recipe=find_recipe(r), name=f"{i}") for i, r in enumerate(recipes)]
-    _match_policy_gradients(arms, model, list(overrides or []))
-    return {r: arm.matched for r, arm in zip(recipes, arms, strict=True)}
-
-
-def _pending_changes(pending: list[str], config: dict[str, Any]) -> list[ConfigChange]:
-    """The diff entries of overrides that wait for an upstream run (see :func:`_plan_run`)."""
-    changes = []
-    for item in pending:
-        key, _, value = item.partition("=")
-        node: Any = config
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        shipped = node if isinstance(node, str | int | float | bool) else None
-        changes.append(ConfigChange(key=key, shipped=shipped, used=value))
-    return changes
-
-
-def _scorer_arms(recipes: list[Recipe], dated: str, preset: bool) -> tuple[list[_Arm], list[str]]:
-    """Reward models + rejection sampling in one question ("does a PRM beat an ORM for
-    best-of-n?"): the RM runs, each reward-selected strategy once per RM with that RM as its
-    scorer (after the RM), and each strategy's random control. Returns (arms, notes)."""
-    rms = [r for r in recipes if r.family == "reward_models"]
-    strategies = [r for r in recipes if r.family == "rejection_sampling"]
-    selected = [r for r in strategies if r.algorithm in MATCHED_CONTROL]
-    controls = [r for r in strategies if r.algorithm not in MATCHED_CONTROL]
-    if not selected:  # only a control was named: plan its reward-selected partner
-        partners = {v: k for k, v in MATCHED_CONTROL.items()}
-        selected = [recipe_for_algorithm(partners[c.algorithm]) for c in controls]
-    for strategy in selected:
-        control = recipe_for_algorithm(MATCHED_CONTROL[strategy.algorithm])
-        if control.id not in {c.id for c in controls}:
-            controls.append(control)
-    arms: list[_Arm] = []
-    for rm in rms:
-        matched = []
-        if preset and rm.algorithm == "orm":  # score the task the prompts come from
-            matched = ["data.dataset=builtin:reasoning-outcomes:chain_sum"]
-        arms.append(_Arm(recipe=rm, name=rm.algorithm, matched=matched))
-    for strategy in selected:
-        for rm in rms:
-            arms.append(
-                _Arm(
-                    recipe=strategy,
-                    name=f"{strategy.algorithm}[{rm.algorithm}]",
-                    matched=[f"scorer.name=run:{_placeholder(rm.algorithm)}"],
-                    after=[rm.algorithm],
-                )
-            )
-    for control in controls:
-        arms.append(_Arm(recipe=control, name=control.algorithm))
-    notes = [
-        "the random controls ignore the scores (same pool, same seed, same selection size), so "
-        "one control serves every scorer"
-    ]
-    if preset:
-        notes.append(
-            "on a preset model the reward models train on the prompts' task (chain_sum: the "
-            "PRM's built-in steps, the ORM's built-in outcomes restricted to chain_sum)"
-        )
-    return arms, notes
-
-
-def _placeholder(name: str) -> str:
-    """How a run of this plan is named before it exists: ``<orm-run-id>``."""
-    return f"<{name}-run-id>"
-
-
 def _plan_runs(
-    arms: list[_Arm],
+    arms: list[Arm],
     model: str | None,
     overrides: list[str],
     slug: str,
@@ -707,8 +326,8 @@ def _plan_runs(
             own = None if arm.starts_from_run else arm.model or model
             run, warnings = _plan_run(arm, own, overrides, slug, dated, res, queue)
             base = base_model(run.model) if run.model else None
-        known[_placeholder(arm.name)] = Upstream(
-            run_id=_placeholder(arm.name),
+        known[placeholder(arm.name)] = Upstream(
+            run_id=placeholder(arm.name),
             family=run.family,
             algorithm=run.algorithm,
             state="queued",
@@ -718,105 +337,9 @@ def _plan_runs(
     return out
 
 
-def _scorer_steps(runs: list[PlannedRun], dated: str) -> list[str]:
-    rm = [r.name for r in runs if r.family == "reward_models"]
-    dependent = [r.name for r in runs if r.after]
-    free = [r.name for r in runs if not r.after and r.family != "reward_models"]
-    ids = ", ".join(f"<{n}-run-id>" for n in rm)
-    return [
-        f"1. launch the reward models {', '.join(rm)} (and {', '.join(free)}, which needs no "
-        "reward model) with their launch_command; note each run id launch prints",
-        f"2. launch {', '.join(dependent)} with their launch_command, replacing {ids} with those "
-        f"run ids: each is queued and starts once its reward model has succeeded (wait until "
-        f"{' and '.join(rm)} have succeeded; a failed one cancels its dependents)",
-        "3. record_results on every run, then compare the rejection-sampling runs together "
-        "(compare_runs) and the reward models together",
-    ]
-
-
 # ---------------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------------
-
-
-def _evaluation_steps(runs: list[PlannedRun], number: int) -> list[str]:
-    """An evaluation after every training run, with its cost (rlhf_lab.evaluation.cost)."""
-    from rlhf_lab.evaluation.cost import plan_evaluation_step
-
-    step = plan_evaluation_step(runs, number)
-    return [step] if step else []
-
-
-def _plain_steps(runs: list[PlannedRun]) -> list[str]:
-    names = ", ".join(r.name for r in runs)
-    if len(runs) == 1:
-        return [f"1. launch {names} with its launch_command, then poll its status until it ends"]
-    return [
-        f"1. launch {names} with their launch_command: each queues behind the jobs already on "
-        "its device (one training job per device), so they run one after another",
-        "2. record_results on every run, then compare_runs on them together",
-    ]
-
-
-def _criteria(runs: list[PlannedRun]) -> list[Criteria]:
-    """Each algorithm's key metrics, acceptance and watch items, those its family shares in the
-    plan listed once for all of them."""
-    by_family: dict[str, list[str]] = {}
-    for run in runs:
-        algos = by_family.setdefault(run.family, [])
-        if run.algorithm not in algos:
-            algos.append(run.algorithm)
-    out: list[Criteria] = []
-    for family, algos in by_family.items():
-        own = {
-            a: Criteria(
-                algorithms=[a],
-                key_metrics=key_metrics_for(family, a),
-                acceptance=acceptance_for(family, a),
-                watch=watch_for(family, a),
-            )
-            for a in algos
-        }
-        first = own[algos[0]]
-        shared = Criteria(
-            algorithms=algos,
-            **{
-                field: [
-                    x
-                    for x in getattr(first, field)
-                    if all(x in getattr(c, field) for c in own.values())
-                ]
-                for field in ("key_metrics", "acceptance", "watch")
-            },
-        )
-        if len(algos) > 1 and shared:
-            out.append(shared)
-            for a, c in own.items():
-                rest = Criteria(
-                    algorithms=[a],
-                    **{
-                        field: [x for x in getattr(c, field) if x not in getattr(shared, field)]
-                        for field in ("key_metrics", "acceptance", "watch")
-                    },
-                )
-                if rest:
-                    out.append(rest)
-        else:
-            out.extend(own.values())
-    return out
-
-
-def _merged_warnings(per_run: list[tuple[str, list[str]]]) -> list[str]:
-    """Each warning once: as it is when every run has it, else prefixed with the runs it
-    concerns."""
-    seen: dict[str, list[str]] = {}
-    for name, warnings in per_run:
-        for w in warnings:
-            seen.setdefault(w, []).append(name)
-    return [
-        text if len(per_run) == 1 or len(names) == len(per_run) else f"{', '.join(names)}: {text}"
-        for text, names in seen.items()
-    ]
 
 
 def plan_experiment(
@@ -870,20 +393,7 @@ def _plan_experiment(
         wanted = match_pipeline(request)
         if wanted is not None:
             return _plan_pipeline(wanted, request, model or parsed.model, campaign, overrides)
-    if algorithm:
-        recipes = [_recipe_from_algorithm_arg(algorithm)]
-        for target in parsed.targets:
-            extra = _recipe_of(target)
-            if extra.id not in {r.id for r in recipes} and parsed.compare:
-                recipes.append(extra)
-    else:
-        if not parsed.targets:
-            raise _no_algorithm_error(request or "")
-        recipes = []
-        for target in parsed.targets:
-            r = _recipe_of(target)
-            if r.id not in {x.id for x in recipes}:
-                recipes.append(r)
+    recipes = _recipes_named(parsed, algorithm, request)
     chosen_model = model or parsed.model
     user = list(overrides or [])
     families = {r.family for r in recipes}
@@ -891,80 +401,39 @@ def _plan_experiment(
 
     intent: Literal["sanity", "compare"] = "compare" if len(recipes) > 1 else "sanity"
     notes: list[str] = []
-    if intent == "sanity" and recipes[0].algorithm in MATCHED_CONTROL:
-        control = MATCHED_CONTROL[recipes[0].algorithm]
-        try:
-            recipes.append(recipe_for_algorithm(control))
-            notes.append(
-                f"{recipes[0].algorithm} is reported beside its matched random control "
-                f"{control}: both are planned"
-            )
-        except LabError as err:
-            notes.append(f"its matched random control {control} cannot be planned: {err}")
-
-    if campaign is not None:  # "" is a bad slug, not "use the default"
-        slug = check_slug(campaign)
-    elif scorer_question:
-        rms = "-vs-".join(r.algorithm for r in recipes if r.family == "reward_models")
-        rs = next(r for r in recipes if r.family == "rejection_sampling")
-        slug = f"{rs.algorithm.replace('_', '-')}-{rms.replace('_', '-')}"[:60].strip("-")
-    elif intent == "compare":
-        slug = "-vs-".join(r.algorithm.replace("_", "-") for r in recipes)
-        if len(slug) > 60:
-            slug = f"{recipes[0].family.replace('_', '-')}-comparison"
-    else:
-        slug = f"{recipes[0].algorithm.replace('_', '-')}-sanity"
-    check_slug(slug)
+    if intent == "sanity":
+        notes += _add_matched_control(recipes)
+    slug = _campaign_slug(campaign, recipes, intent, scorer_question)
     dated = campaign_name(slug)
 
     matched: list[str] = []
     if scorer_question:
         from trainers.core.tiny import PRESETS
 
-        arms, scorer_notes = _scorer_arms(recipes, dated, chosen_model in PRESETS)
+        arms, scorer_notes = scorer_arms(recipes, dated, chosen_model in PRESETS)
         notes += scorer_notes
     else:
-        arms = [_Arm(recipe=r, name=r.algorithm) for r in recipes]
+        arms = [Arm(recipe=r, name=r.algorithm) for r in recipes]
         names = [a.name for a in arms]
         for i, arm in enumerate(arms):  # the same algorithm twice (two YAML files): tell apart
             if names.count(arm.name) > 1:
                 arm.name = f"{arm.name}#{i + 1}"
-        matched, match_notes = _match_policy_gradients(arms, chosen_model, user)
+        matched, match_notes = match_policy_gradients(arms, chosen_model, user)
         notes += match_notes
 
     res = check_resources()
     queue = len(arms) > 1  # one training job per device: the runs of a plan wait their turn
     planned = _plan_runs(arms, chosen_model, user, slug, dated, res, queue)
     runs = [run for run, _ in planned]
-    warnings = _merged_warnings([(run.name, w) for run, w in planned])
+    warnings = merged_warnings([(run.name, w) for run, w in planned])
     offline: list[str] = []
     if any("cannot be loaded here" in w or "cannot be resolved" in w for w in warnings):
         offline = list(OFFLINE_CHOICES)
 
-    comparison = None
-    run_families = {r.family for r in runs}
-    if scorer_question:
-        rs_runs = [r for r in runs if r.family == "rejection_sampling"]
-        scored = [f"{r.name} (scored by the {r.after[0]} run)" for r in rs_runs if r.after]
-        controls = [r.name for r in rs_runs if not r.after]
-        comparison = (
-            f"held-out exact match (eval/exact_match) of {', '.join(scored)} against the matched "
-            f"random control {', '.join(controls)}: a scorer helps only by the gain over its "
-            "control; the reward models' own held-out metrics say how well each scores. "
-            + family_info("rejection_sampling").comparison
-        )
-    elif len(runs) > 1:
-        if len(run_families) == 1:
-            comparison = family_info(runs[0].family).comparison
-        else:
-            comparison = (
-                "different families: judge each run against its own acceptance criteria; their "
-                "metrics are not comparable"
-            )
-        comparison += "; keep the seed and the shrunk settings identical across runs"
-    steps = _scorer_steps(runs, dated) if scorer_question else _plain_steps(runs)
-    steps += _evaluation_steps(runs, len(steps) + 1)
-    criteria = _criteria(runs)
+    comparison = _comparison_rule(runs, scorer_question)
+    steps = scorer_steps(runs, dated) if scorer_question else plain_steps(runs)
+    steps += evaluation_steps(runs, len(steps) + 1)
+    criteria = criteria_for(runs)
     return Plan(
         request=request,
         intent=intent,
@@ -979,6 +448,87 @@ def _plan_experiment(
         offline_choices=offline,
         notes=notes + res.notes,
     )
+
+
+def _recipes_named(
+    parsed: ParsedRequest, algorithm: str | None, request: str | None
+) -> list[Recipe]:
+    """The recipes a request plans, in order, each once: ``algorithm`` first when given (the
+    text's other targets join it only for a comparison), else every target of the text."""
+    if algorithm:
+        recipes = [recipe_from_algorithm_arg(algorithm)]
+        for target in parsed.targets:
+            extra = recipe_of(target)
+            if extra.id not in {r.id for r in recipes} and parsed.compare:
+                recipes.append(extra)
+        return recipes
+    if not parsed.targets:
+        raise no_algorithm_error(request or "")
+    recipes = []
+    for target in parsed.targets:
+        r = recipe_of(target)
+        if r.id not in {x.id for x in recipes}:
+            recipes.append(r)
+    return recipes
+
+
+def _add_matched_control(recipes: list[Recipe]) -> list[str]:
+    """A lone reward-selected strategy is planned beside its matched random control (appended to
+    ``recipes``); returns the note that says so."""
+    control = MATCHED_CONTROL.get(recipes[0].algorithm)
+    if control is None:
+        return []
+    try:
+        recipes.append(recipe_for_algorithm(control))
+    except LabError as err:
+        return [f"its matched random control {control} cannot be planned: {err}"]
+    return [
+        f"{recipes[0].algorithm} is reported beside its matched random control {control}: both "
+        "are planned"
+    ]
+
+
+def _campaign_slug(
+    campaign: str | None, recipes: list[Recipe], intent: str, scorer_question: bool
+) -> str:
+    """The campaign's slug: the caller's, else one named after what the plan runs."""
+    if campaign is not None:  # "" is a bad slug, not "use the default"
+        return check_slug(campaign)
+    if scorer_question:
+        rms = "-vs-".join(r.algorithm for r in recipes if r.family == "reward_models")
+        rs = next(r for r in recipes if r.family == "rejection_sampling")
+        slug = f"{rs.algorithm.replace('_', '-')}-{rms.replace('_', '-')}"[:60].strip("-")
+    elif intent == "compare":
+        slug = "-vs-".join(r.algorithm.replace("_", "-") for r in recipes)
+        if len(slug) > 60:
+            slug = f"{recipes[0].family.replace('_', '-')}-comparison"
+    else:
+        slug = f"{recipes[0].algorithm.replace('_', '-')}-sanity"
+    return check_slug(slug)
+
+
+def _comparison_rule(runs: list[PlannedRun], scorer_question: bool) -> str | None:
+    """How the plan's runs are compared (None for a single run)."""
+    if scorer_question:
+        rs_runs = [r for r in runs if r.family == "rejection_sampling"]
+        scored = [f"{r.name} (scored by the {r.after[0]} run)" for r in rs_runs if r.after]
+        controls = [r.name for r in rs_runs if not r.after]
+        return (
+            f"held-out exact match (eval/exact_match) of {', '.join(scored)} against the matched "
+            f"random control {', '.join(controls)}: a scorer helps only by the gain over its "
+            "control; the reward models' own held-out metrics say how well each scores. "
+            + family_info("rejection_sampling").comparison
+        )
+    if len(runs) < 2:
+        return None
+    if len({r.family for r in runs}) == 1:
+        comparison = family_info(runs[0].family).comparison
+    else:
+        comparison = (
+            "different families: judge each run against its own acceptance criteria; their "
+            "metrics are not comparable"
+        )
+    return comparison + "; keep the seed and the shrunk settings identical across runs"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1018,9 +568,9 @@ def _plan_pipeline(
         )
     slug = check_slug(campaign) if campaign is not None else f"{defn.name}-pipeline"
     dated = campaign_name(slug)
-    ids = {s.name: _placeholder(s.name) for s in stages}
+    ids = {s.name: placeholder(s.name) for s in stages}
     arms = [
-        _Arm(
+        Arm(
             recipe=find_recipe(s.recipe),
             name=s.name,
             matched=with_run_ids(s.overrides, ids),
@@ -1054,7 +604,7 @@ def _plan_pipeline(
         f"{len(steps) + 1}. each stage is recorded in the campaign ledger when it ends; its "
         "Setup section shows the stages and where each output went"
     )
-    steps += _evaluation_steps(runs, len(steps) + 1)
+    steps += evaluation_steps(runs, len(steps) + 1)
     return Plan(
         request=request,
         intent="pipeline",
@@ -1065,7 +615,7 @@ def _plan_pipeline(
         runs=runs,
         steps=steps,
         comparison=None,
-        criteria=_criteria(runs),
-        warnings=_merged_warnings([(run.name, w) for run, w in planned]),
+        criteria=criteria_for(runs),
+        warnings=merged_warnings([(run.name, w) for run, w in planned]),
         notes=[" ".join(defn.description.split()), *res.notes],
     )

@@ -297,8 +297,8 @@ def pretrained_model_rules(
     data (:mod:`rlhf_lab.planning.offline_data`), then :func:`pretrained_rules` with the model's
     facts read from its config.json (None when this machine cannot tell), then the gold
     evaluation of an offline direct-alignment run (:mod:`rlhf_lab.planning.gold_eval`)."""
-    from rlhf_lab.planning.memory import model_facts
     from rlhf_lab.planning.gold_eval import gold_eval_rules
+    from rlhf_lab.planning.memory import model_facts
     from rlhf_lab.planning.offline_data import offline_data_rules
 
     keys = _user_keys(user)

@@ -1,6 +1,6 @@
 """The overoptimisation rule: a policy rewarded by a learned reward model (the proxy) keeps
 raising it while an independent gold signal (a verifier, or a held-out gold reward model) falls,
-and what to change then. Pure functions over metric rows; the diagnosis (:mod:`rlhf_lab.results.logs`)
+and what to change then. Pure functions over metric rows; the diagnosis (:mod:`rlhf_lab.results.diagnosis`)
 turns a finding into an alert, the ledger's Next section into commands. Torch-free."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The package is split by job:
 * :mod:`~rlhf_lab.runs.records` the models (RunInfo, RunStatus, LaunchResult), states, run.json;
 * :mod:`~rlhf_lab.runs.process` process identity (pid + create time), liveness, signals, locks;
 * :mod:`~rlhf_lab.runs.devices` device resolution, GPU count, the CPU share of a trainer;
-* :mod:`~rlhf_lab.runs.launch` checks, argv, environment, prepare / start / launch / resume;
+* :mod:`~rlhf_lab.runs.launcher` checks, argv, environment, prepare / start / launch / resume;
 * :mod:`~rlhf_lab.runs.state` derived state, status, listing, stop, waiting, following;
 * :mod:`~rlhf_lab.runs.queue` the queue worker and start-when-free.
 
@@ -45,22 +45,22 @@ _LAZY: dict[str, str] = {
     "resolve_device": "rlhf_lab.runs.devices",
     "resolve_placement": "rlhf_lab.runs.devices",
     "visible_gpus": "rlhf_lab.runs.devices",
-    "_ATTEMPT_FILES": "rlhf_lab.runs.launch",
-    "FAMILIES": "rlhf_lab.runs.launch",
-    "RESUMABLE_STATES": "rlhf_lab.runs.launch",
-    "VERSION_PACKAGES": "rlhf_lab.runs.launch",
-    "_check_family": "rlhf_lab.runs.launch",
-    "_checkpoint_steps": "rlhf_lab.runs.launch",
-    "_git_info": "rlhf_lab.runs.launch",
-    "_mark_failed": "rlhf_lab.runs.launch",
-    "_trainer_env": "rlhf_lab.runs.launch",
-    "_versions": "rlhf_lab.runs.launch",
-    "launch": "rlhf_lab.runs.launch",
-    "prepare_run": "rlhf_lab.runs.launch",
-    "resume_run": "rlhf_lab.runs.launch",
-    "start_run": "rlhf_lab.runs.launch",
-    "torchrun_args": "rlhf_lab.runs.launch",
-    "trainer_argv": "rlhf_lab.runs.launch",
+    "_ATTEMPT_FILES": "rlhf_lab.runs.launcher",
+    "FAMILIES": "rlhf_lab.runs.launcher",
+    "RESUMABLE_STATES": "rlhf_lab.runs.launcher",
+    "VERSION_PACKAGES": "rlhf_lab.runs.launcher",
+    "_check_family": "rlhf_lab.runs.launcher",
+    "_checkpoint_steps": "rlhf_lab.runs.launcher",
+    "_git_info": "rlhf_lab.runs.launcher",
+    "_mark_failed": "rlhf_lab.runs.launcher",
+    "_trainer_env": "rlhf_lab.runs.launcher",
+    "_versions": "rlhf_lab.runs.launcher",
+    "launch": "rlhf_lab.runs.launcher",
+    "prepare_run": "rlhf_lab.runs.launcher",
+    "resume_run": "rlhf_lab.runs.launcher",
+    "start_run": "rlhf_lab.runs.launcher",
+    "torchrun_args": "rlhf_lab.runs.launcher",
+    "trainer_argv": "rlhf_lab.runs.launcher",
     "_alive": "rlhf_lab.runs.process",
     "_device_lock": "rlhf_lab.runs.process",
     "_devices_hold": "rlhf_lab.runs.process",
@@ -90,8 +90,8 @@ _LAZY: dict[str, str] = {
     "_read_record": "rlhf_lab.runs.records",
     "_source_dir": "rlhf_lab.runs.records",
     "STARTING_TIMEOUT_S": "rlhf_lab.runs.state",
-    "STOP_GRACE_S": "rlhf_lab.runs.state",
-    "StopResult": "rlhf_lab.runs.state",
+    "STOP_GRACE_S": "rlhf_lab.runs.stopping",
+    "StopResult": "rlhf_lab.runs.stopping",
     "_all_run_dirs": "rlhf_lab.runs.state",
     "_build_status": "rlhf_lab.runs.state",
     "_collect": "rlhf_lab.runs.state",
@@ -106,7 +106,7 @@ _LAZY: dict[str, str] = {
     "list_runs": "rlhf_lab.runs.state",
     "queued_runs": "rlhf_lab.runs.state",
     "run_state": "rlhf_lab.runs.state",
-    "stop_run": "rlhf_lab.runs.state",
+    "stop_run": "rlhf_lab.runs.stopping",
     "unfinished_runs": "rlhf_lab.runs.state",
     "wait_for_end": "rlhf_lab.runs.state",
 }

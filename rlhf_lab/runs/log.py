@@ -1,7 +1,7 @@
 """Reading a run's train.log: a cursor tail (folded progress bars), its head and tail for a
 diagnosis, the last traceback and the last error line. Torch-free.
 
-Both :mod:`rlhf_lab.runs` (following a run) and :mod:`rlhf_lab.results.logs` (the diagnosis) read the log
+Both :mod:`rlhf_lab.runs` (following a run) and :mod:`rlhf_lab.results.diagnosis` (the diagnosis) read the log
 through this module, so neither imports the other.
 """
 

@@ -79,7 +79,7 @@ def _start_when_free(run_id: str, poll_s: float = 1.0) -> RunInfo | None:
     """Queue worker: start ``run_id`` once every device it names is free, or, when the lab picks
     its GPUs, once enough GPUs are free (it gets the freest). None if it left the queue."""
     from rlhf_lab.runs.devices import freest_gpus
-    from rlhf_lab.runs.launch import _busy_on, _held_devices
+    from rlhf_lab.runs.launcher import _busy_on, _held_devices
     from rlhf_lab.runs.state import held_devices
 
     while True:

@@ -41,7 +41,7 @@ def launch_slurm(
     while Slurm holds it pending). Slurm missing or bad options are refused before anything is
     written; a failed sbatch marks the run failed with sbatch's words."""
     from rlhf_lab.runs.devices import Placement
-    from rlhf_lab.runs.launch import _mark_failed, prepare_run
+    from rlhf_lab.runs.launcher import _mark_failed, prepare_run
     from rlhf_lab.runs.process import _run_lock
 
     checked_options(options)
@@ -83,7 +83,7 @@ def resubmit(run_id: str, from_step: int) -> LaunchResult:
     """Resume a Slurm run: archive the last attempt (as a local resume does) and submit the job
     script again with ``--resume`` (a new job; run.json keeps every job id)."""
     from rlhf_lab.paths import find_run
-    from rlhf_lab.runs.launch import RESUMABLE_STATES, _archive_attempt
+    from rlhf_lab.runs.launcher import RESUMABLE_STATES, _archive_attempt
     from rlhf_lab.runs.process import _run_lock
 
     run_dir = find_run(run_id)
@@ -121,7 +121,7 @@ def resume_if_slurm(run_id: str) -> LaunchResult | None:
     """Resubmit ``run_id`` when it is a Slurm run that can be resumed (the local resume's rule:
     died, stopped, killed or failed, with a checkpoint); None for a local run."""
     from rlhf_lab.paths import find_run
-    from rlhf_lab.runs.launch import _check_resumable
+    from rlhf_lab.runs.launcher import _check_resumable
     from rlhf_lab.runs.records import _read_run_json
     from rlhf_lab.runs.state import _status
 

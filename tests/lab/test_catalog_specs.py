@@ -10,7 +10,7 @@ import pytest
 
 from rlhf_lab.errors import LabError, NotFound
 from rlhf_lab.planning import catalog, plan, shrink
-from rlhf_lab.results import compare
+from rlhf_lab.results import family_tables as compare
 from trainers.core.spec import FAMILY_NAMES, all_specs, family_spec, spec_for
 
 
@@ -104,7 +104,7 @@ def test_matched_controls_and_compare_columns_come_from_the_specs() -> None:
         "eval/avg_binary",
     )
     assert compare.RM_COLUMNS[-1] == "step_accuracy_over_baseline"
-    assert set(compare._FAMILY_RULES) == set(FAMILY_NAMES)
+    assert set(compare.FAMILY_RULES) == set(FAMILY_NAMES)
 
 
 def test_shrink_rules_are_keyed_by_the_spec_hook() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from rlhf_lab import ledger
 from rlhf_lab.results.divergence import degenerate_samples, divergence_advice, kl_blowup
-from rlhf_lab.results.logs import diagnose
+from rlhf_lab.results.diagnosis import diagnose
 from tests.lab.test_overoptimisation import CAMP, make_run
 
 # kl_ref per rollout step, as logged (tiny rlhf pipeline, PPO stage, seed 42)

@@ -12,7 +12,7 @@ import pytest
 
 from rlhf_lab.paths import LabError
 from rlhf_lab.results.divergence import repetition_reason
-from rlhf_lab.results.logs import (
+from rlhf_lab.results.diagnosis import (
     diagnose,
     fold_carriage_returns,
     last_traceback,
@@ -436,7 +436,7 @@ def test_hub_download_failure(root, line):
 
 def test_runs_reads_train_log_without_importing_logs():
     """logs imports runs (a diagnosis needs the run's state); runs follows train.log through
-    rlhf_lab.runs.log, so no module of the runs package imports rlhf_lab.results.logs, even lazily."""
+    rlhf_lab.runs.log, so no module of the runs package imports rlhf_lab.results.diagnosis, even lazily."""
     import ast
 
     import rlhf_lab.runs
@@ -450,6 +450,6 @@ def test_runs_reads_train_log_without_importing_logs():
                 names = [a.name for a in node.names]
             else:
                 continue
-            assert "rlhf_lab.results.logs" not in names, (
-                f"{path.name} imports rlhf_lab.results.logs"
+            assert "rlhf_lab.results.diagnosis" not in names, (
+                f"{path.name} imports rlhf_lab.results.diagnosis"
             )

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from rlhf_lab.errors import LabError
+from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import GIB, arch_from_config, estimate_memory
 from rlhf_lab.planning.memory.lora import LoraPlan, adapter_params, lora_plan
-from rlhf_lab.planning.configs import resolve_config
 
 LLAMA2_7B = {
     "model_type": "llama",

@@ -9,8 +9,8 @@ import pytest
 
 from rlhf_lab.api import list_recipes
 from rlhf_lab.errors import InvalidArgument
-from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.catalog import find_recipe
+from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs.lineage import REF_KEYS, find_refs

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lab.planning.memory import GIB, count_parameters, estimate_memory
 from rlhf_lab.planning.catalog import find_recipe, list_recipes
 from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.memory import GIB, count_parameters, estimate_memory
 from rlhf_lab.planning.plan import matched_overrides
 from rlhf_lab.planning.shrink import shrink_config
 

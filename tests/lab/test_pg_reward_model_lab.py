@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
 
 # a small Llama-shaped reward model's config.json (what the estimate reads; no weights needed)

@@ -24,7 +24,7 @@ from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
 from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
-from rlhf_lab.runs.launch import trainer_argv
+from rlhf_lab.runs.launcher import trainer_argv
 from rlhf_lab.runs.resources import GpuInfo
 from rlhf_lab.runs.world import check_world_size
 

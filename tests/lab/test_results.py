@@ -18,7 +18,7 @@ from rlhf_lab import api, cli, ledger, runs
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.results.compare import compare_runs
-from rlhf_lab.results.logs import diagnose, heldout_regression, noise_reason, noisy_samples
+from rlhf_lab.results.diagnosis import diagnose, heldout_regression, noise_reason, noisy_samples
 from trainers.core.config import parse_override, read_yaml
 
 REPO = Path(__file__).resolve().parents[2]

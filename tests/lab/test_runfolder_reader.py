@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_lab import ledger, runs
-from rlhf_lab.results import logs
+from rlhf_lab.results import diagnosis as logs
 from rlhf_lab.runs import resources
 from rlhf_lab.runs.folder import (
     last_train_eval,

@@ -24,7 +24,7 @@ import rlhf_lab
 from rlhf_lab import _queue, runs
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
-from rlhf_lab.results.logs import diagnose
+from rlhf_lab.results.diagnosis import diagnose
 from trainers.core.config import load_config
 from trainers.direct_alignment.config import DirectAlignmentConfig
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab.planning import memory as memory_mod
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
+from rlhf_lab.planning import memory as memory_mod
 from rlhf_lab.planning import plan as plan_mod
 from rlhf_lab.planning.catalog import FAMILIES, Recipe, get_dotted, list_recipes
 from rlhf_lab.planning.configs import resolve_config

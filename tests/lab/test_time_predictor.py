@@ -398,7 +398,7 @@ def test_cli_plan_prints_each_runs_time_and_the_total(cache, tmp_path, monkeypat
 def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypatch):
     import rlhf_lab.runs as runs
     from rlhf_lab import api
-    from rlhf_lab.runs.launch import prepare_run
+    from rlhf_lab.runs.launcher import prepare_run
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     tc.write_cached(tc.get_calibration("tiny", "cpu", 1, mode="cached").key, STUB)

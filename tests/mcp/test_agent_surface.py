@@ -125,7 +125,7 @@ CLI_ONLY = {
     "rlhf_lab/demo.py",
     "rlhf_lab/skills.py",
     "rlhf_lab/planning/families.py",
-    "rlhf_lab/runs/launch.py",
+    "rlhf_lab/runs/launcher.py",
     "rlhf_lab/runs/slurm.py",  # the Slurm job script is shell text
 }
 

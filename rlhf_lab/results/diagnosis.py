@@ -18,13 +18,11 @@ import math
 import re
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.paths import find_run
 from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.results.divergence import (
@@ -32,12 +30,17 @@ from rlhf_lab.results.divergence import (
     kl_blowup,
     repetition_finding,
 )
-from rlhf_lab.results.divergence import (
-    sample_text as _sample_text,
+from rlhf_lab.results.guards import (
+    Regression,
+    as_number,
+    heldout_regression,
+    noise_reason,
+    noisy_samples,
+    regression_hint,
 )
-from rlhf_lab.results.headline import headline_for, headline_line, heldout_items, read_run_config
+from rlhf_lab.results.headline import headline_for, headline_line, read_run_config
+from rlhf_lab.results.metrics import MetricSeries, read_metrics
 from rlhf_lab.results.overoptimisation import overoptimisation, overoptimisation_advice
-from rlhf_lab.results.stats import newcombe_difference
 from rlhf_lab.runs import RunStatus, run_state
 from rlhf_lab.runs.folder import (
     read_json_lines,
@@ -116,17 +119,6 @@ OOM_RE = re.compile(
 )
 
 
-class MetricSeries(BaseModel):
-    run_id: str
-    phase: str | None = None
-    keys: list[str] = Field(description="metric names in the returned rows")
-    rows: list[dict[str, Any]] = Field(
-        description="step, phase, time_s and the metrics; non-finite values stay as 'nan'/'inf'"
-    )
-    total_rows: int = Field(description="matching rows before down-sampling")
-    downsampled: bool = False
-
-
 class Alert(BaseModel):
     kind: Literal[
         "oom",
@@ -152,261 +144,8 @@ class Alert(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Metrics
-# ---------------------------------------------------------------------------------------------
-
-
-def _even_indices(n: int, k: int) -> list[int]:
-    """k indices spread evenly over range(n), always including the first and the last."""
-    if k >= n:
-        return list(range(n))
-    if k == 1:
-        return [n - 1]
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
-
-
-def read_metrics(
-    run_id: str,
-    keys: list[str] | None = None,
-    phase: str | None = None,
-    max_points: int | None = None,
-) -> MetricSeries:
-    """metrics.jsonl rows of a run. ``keys`` keeps only those metrics (rows holding none of them
-    are dropped); ``phase`` keeps one phase (train / eval / rollout); ``max_points`` down-samples
-    each phase evenly, always keeping its last row."""
-    if max_points is not None and max_points < 1:
-        raise InvalidArgument("max_points must be at least 1")
-    rows = read_metric_rows(find_run(run_id) / "metrics.jsonl").rows
-    if phase is not None:
-        rows = [r for r in rows if r.get("phase") == phase]
-    meta = ("step", "phase", "time_s")
-    if keys:
-        wanted = list(dict.fromkeys(keys))
-        rows = [
-            {**{m: r[m] for m in meta if m in r}, **{k: r[k] for k in wanted if k in r}}
-            for r in rows
-            if any(k in r for k in wanted)
-        ]
-    total = len(rows)
-    downsampled = False
-    if max_points is not None:
-        by_phase: dict[Any, list[int]] = {}
-        for i, r in enumerate(rows):
-            by_phase.setdefault(r.get("phase"), []).append(i)
-        keep: list[int] = []
-        for idx in by_phase.values():
-            picked = _even_indices(len(idx), max_points)
-            keep.extend(idx[j] for j in picked)
-            downsampled = downsampled or len(picked) < len(idx)
-        rows = [rows[i] for i in sorted(keep)]
-    seen: dict[str, None] = {}
-    for r in rows:
-        for k in r:
-            if k not in meta:
-                seen.setdefault(k, None)
-    return MetricSeries(
-        run_id=run_id,
-        phase=phase,
-        keys=list(seen),
-        rows=rows,
-        total_rows=total,
-        downsampled=downsampled,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # Diagnose
 # ---------------------------------------------------------------------------------------------
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf", "+inf"):
-        return float(value)
-    return None
-
-
-# The noise rule (stated in words in docs/architecture.md and the skills): a completion is noise
-# when it has no letter or digit at all (empty, whitespace, punctuation: what a random-init
-# model's greedy decoding gives), when it holds U+FFFD (byte-level tokens that decode to no
-# text), when at least NOISE_NONWORD_SHARE of its ≥ NOISE_MIN_WORDS alphabetic words are not
-# words (mixed case inside a word, "WITHvel", or five or more letters without a vowel), or when
-# fewer than NOISE_DISTINCT_RATIO of its ≥ NOISE_MIN_TOKENS tokens are distinct. A run's samples
-# are noise when at least half of the latest step's samples are.
-NOISE_MIN_WORDS = 8
-NOISE_NONWORD_SHARE = 0.15
-NOISE_MIN_TOKENS = 20
-NOISE_DISTINCT_RATIO = 0.2
-_VOWELS = frozenset("aeiouyAEIOUY")
-
-
-def _non_word(word: str) -> bool:
-    inner = word[1:]
-    if any(c.isupper() for c in inner) and any(c.islower() for c in inner):
-        return True
-    if any(a.islower() and b.isupper() for a, b in zip(word, word[1:], strict=False)):
-        return True
-    return len(word) >= 5 and not any(c in _VOWELS for c in word)
-
-
-def noise_reason(text: str) -> str | None:
-    """Why a completion looks like noise rather than text (None when it does not); the rule is
-    stated above :data:`NOISE_MIN_WORDS`."""
-    if not any(c.isalnum() for c in text):
-        return "no letter or digit (empty, whitespace or punctuation only)"
-    broken = text.count("\ufffd")
-    if broken:
-        return f"{broken} broken character(s) (U+FFFD): byte tokens that decode to no text"
-    words = re.findall(r"[A-Za-z]+", text)
-    if len(words) >= NOISE_MIN_WORDS:
-        bad = [w for w in words if _non_word(w)]
-        share = len(bad) / len(words)
-        if share >= NOISE_NONWORD_SHARE:
-            shown = ", ".join(repr(w) for w in bad[:3])
-            return f"{share:.0%} of its words are not words ({shown})"
-    toks = re.findall(r"\w+|[^\w\s]", text)
-    if len(toks) >= NOISE_MIN_TOKENS:
-        ratio = len(set(toks)) / len(toks)
-        if ratio < NOISE_DISTINCT_RATIO:
-            return f"only {ratio:.0%} of its {len(toks)} tokens are distinct"
-    return None
-
-
-def _latest_samples(rows: list[dict]) -> list[dict]:
-    """The sample rows of the last step that wrote samples (held-out ones when it has both)."""
-    rows = [r for r in rows if _sample_text(r) is not None]
-    if not rows:
-        return []
-    last_step = rows[-1].get("step")
-    latest = [r for r in rows if r.get("step") == last_step]
-    held_out = [r for r in latest if r.get("kind") == "eval"]
-    return held_out or latest
-
-
-def noisy_samples(rows: list[dict]) -> str | None:
-    """A one-line finding when the latest samples are noise (at least half of them), else
-    None."""
-    latest = _latest_samples(rows)
-    noisy = [(r, why) for r in latest if (why := noise_reason(_sample_text(r) or ""))]
-    if not noisy or len(noisy) * 2 < len(latest):
-        return None
-    row, why = noisy[0]
-    excerpt = (_sample_text(row) or "")[:80]
-    return (
-        f"{len(noisy)}/{len(latest)} samples at step {row.get('step')} are noise, not text "
-        f"({why}; e.g. {excerpt!r}): the model has not learned to write yet (random-init or "
-        "untrained weights), so its samples show nothing about the algorithm"
-    )
-
-
-@dataclass(frozen=True)
-class Regression:
-    """The held-out headline got worse from its first to its last evaluation beyond noise."""
-
-    metric: str
-    first: float
-    last: float
-    first_step: Any
-    last_step: Any
-    noise: str
-    signal: str | None = None
-    signal_first: float | None = None
-    signal_last: float | None = None
-    signal_improved: bool | None = None
-
-    @property
-    def message(self) -> str:
-        worse = "fell" if self.last < self.first else "rose"
-        text = (
-            f"held-out {self.metric} {worse} {self.first:.4g} → {self.last:.4g} (steps "
-            f"{self.first_step} → {self.last_step}; {self.noise})"
-        )
-        if self.signal is not None and self.signal_first is not None:
-            moved = "rose" if (self.signal_last or 0) > self.signal_first else "fell"
-            text += (
-                f" while the training signal {self.signal} {moved} {self.signal_first:.4g} → "
-                f"{self.signal_last:.4g} (means of its first and last training rows)"
-            )
-            if self.signal_improved:
-                text += ": the training numbers are not the result"
-        return text
-
-
-REGRESSION_SHARE_DROP = 0.05  # an accuracy without a known n: this absolute drop counts
-REGRESSION_LOSS_RISE = 0.05  # a held-out loss: this relative rise counts
-
-
-def _series(rows: list[dict], name: str, *, train_only: bool) -> list[tuple[Any, float]]:
-    out = []
-    for r in rows:
-        if train_only and r.get("phase") == "eval":
-            continue
-        value = _float(r.get(name))
-        if value is not None and math.isfinite(value):
-            out.append((r.get("step"), value))
-    return out
-
-
-def heldout_regression(
-    family: str | None, algorithm: str | None, rows: list[dict], config: dict | None = None
-) -> Regression | None:
-    """The held-out headline's last evaluation against its first: a :class:`Regression` when it
-    is worse beyond noise — for an accuracy on n held-out items, Newcombe's 95 % interval of the
-    difference excludes 0 (without n: a drop of ``REGRESSION_SHARE_DROP``); for a loss, a rise
-    of ``REGRESSION_LOSS_RISE`` of the first value. Reports how the training signal moved
-    (mean of the first vs the last up-to-5 training rows)."""
-    head = headline_for(family, algorithm, config, rows)
-    if head is None:
-        return None
-    points = _series(rows, head.metric, train_only=False)
-    if len(points) < 2:
-        return None
-    (s0, v0), (s1, v1) = points[0], points[-1]
-    sign = 1.0 if head.higher_is_better else -1.0
-    if sign * (v1 - v0) >= 0:
-        return None
-    n = heldout_items(family, config, rows).n
-    if head.share and n is not None and 0 <= v0 <= 1 and 0 <= v1 <= 1:
-        iv = newcombe_difference(v1, n, v0, n)
-        if not (iv.high < 0 if head.higher_is_better else iv.low > 0):
-            return None
-        noise = f"beyond the 95% sampling noise on n={n} held-out items"
-    elif head.share:
-        if abs(v1 - v0) < REGRESSION_SHARE_DROP:
-            return None
-        noise = f"a change of at least {REGRESSION_SHARE_DROP} (held-out count unknown)"
-    else:
-        if abs(v1 - v0) < REGRESSION_LOSS_RISE * max(abs(v0), 1e-12):
-            return None
-        noise = f"more than {REGRESSION_LOSS_RISE:.0%} of its first value"
-    found = Regression(head.metric, v0, v1, s0, s1, noise)
-    signal = head.training_signal
-    train = _series(rows, signal, train_only=True) if signal else []
-    if signal and len(train) >= 2:
-        w = max(1, min(5, len(train) // 2))
-        a = sum(v for _, v in train[:w]) / w
-        b = sum(v for _, v in train[-w:]) / w
-        improved = None
-        if head.training_higher_is_better is not None and a != b:
-            improved = (b > a) == head.training_higher_is_better
-        found = Regression(head.metric, v0, v1, s0, s1, noise, signal, a, b, improved)
-    return found
-
-
-def _regression_hint(family: str | None) -> str:
-    from trainers.core.spec import FAMILY_NAMES, family_spec
-
-    if family not in FAMILY_NAMES:
-        return "train fewer steps"
-    spec = family_spec(family)
-    kl = f" or raise the KL strength ({spec.kl_key})" if spec.kl_key else ""
-    return (
-        f"judge the run by the held-out number; train fewer steps ({spec.steps_key}){kl}, "
-        "or lower the learning rate"
-    )
 
 
 def _check_regression(
@@ -420,7 +159,7 @@ def _check_regression(
         severity="warning",
         step=found.last_step if isinstance(found.last_step, int) else None,
         message=found.message,
-        hint=_regression_hint(family),
+        hint=regression_hint(family),
     )
 
 
@@ -503,7 +242,7 @@ def _check_kl_blowup(
 
 def _is_non_finite(value: Any) -> bool:
     """A logged value that is nan or ±inf (a number, or its JSON spelling "nan"/"inf")."""
-    f = _float(value)
+    f = as_number(value)
     return f is not None and not math.isfinite(f)
 
 
@@ -529,7 +268,7 @@ def _check_nan(rows: list[dict]) -> Alert | None:
 def _check_zero_std(rows: list[dict]) -> Alert | None:
     streak, first = 0, None
     for r in rows:
-        v = _float(r.get("frac_reward_zero_std"))
+        v = as_number(r.get("frac_reward_zero_std"))
         if v is not None and math.isfinite(v) and v >= ZERO_STD_THRESHOLD:
             streak += 1
             first = r.get("step") if streak == 1 else first
@@ -568,7 +307,7 @@ def _check_flat(family: str | None, rows: list[dict]) -> Alert | None:
             (r.get("step"), f)
             for r in rows
             if r.get("phase", "train") in phases
-            and (f := _float(r.get(key))) is not None
+            and (f := as_number(r.get(key))) is not None
             and math.isfinite(f)
         ]
         if not series:
@@ -620,6 +359,94 @@ def _check_stalled(status: RunStatus, run_dir: Path, stall_after_s: float) -> Al
     )
 
 
+def _check_process_end(status: RunStatus, log: str) -> Alert | None:
+    """Out of memory (the log says so, or SIGKILL nobody asked for) or the processes gone."""
+    killed = status.signal == signal.SIGKILL and not status.stop_requested
+    oom = OOM_RE.search(log)
+    if oom or killed:
+        if oom and oom.group(0).strip() != "Killed":
+            start = log.rfind("\n", 0, oom.start()) + 1
+            end = log.find("\n", oom.end())
+            line = log[start : end if end >= 0 else len(log)].strip()
+            what = f"out of memory: {line[:300]}"
+        else:
+            what = "the trainer was killed by SIGKILL, likely the kernel's OOM killer (out of RAM)"
+        return Alert(
+            kind="oom",
+            severity="error",
+            step=status.step,
+            message=what,
+            hint="lower train.batch_size or data.max_length (raise "
+            "train.gradient_accumulation_steps to keep the batch), enable "
+            "model.gradient_checkpointing, or check `dmesg | grep -i oom`",
+        )
+    if status.state == "died" and "launcher" in (status.error or ""):
+        return Alert(
+            kind="died",
+            severity="error",
+            step=status.step,
+            message=status.error,
+            hint="nothing ran: launch it again",
+        )
+    if status.state == "died":
+        return Alert(
+            kind="died",
+            severity="error",
+            step=status.step,
+            message="the run's processes are gone without an exit status "
+            "(SIGKILL of the whole group, OOM killer or a reboot)",
+            hint="resume it to continue from the last checkpoint (or launch it again); if "
+            "it recurs, lower memory use",
+        )
+    return None
+
+
+def _check_download(log: str) -> Alert | None:
+    """A model or dataset the hub could not deliver."""
+    hits = [p for p in DOWNLOAD_PATTERNS if p in log]
+    if not hits:
+        return None
+    line = next((ln for ln in reversed(log.splitlines()) if any(p in ln for p in hits)), "")
+    return Alert(
+        kind="download_failure",
+        severity="error",
+        message=f"a model or dataset could not be fetched from the hub: {line.strip()[:300]}",
+        hint="work offline: model.name=tiny or a local folder / .gguf, "
+        "data.dataset=builtin:..., or pull a model (in a shell: `uv run rlhf-lab models "
+        "pull <name>`) while online",
+    )
+
+
+def _check_failed(status: RunStatus, summary: Any, log: str) -> Alert | None:
+    """The trainer failed: its error line and last traceback."""
+    nonzero = status.exit_code not in (None, 0)
+    if not (status.state == "failed" or (nonzero and status.state != "stopped")):
+        return None
+    tb = summary.traceback if summary else None
+    tb = last_traceback(tb) if tb else last_traceback(log)
+    error_line = None
+    if summary and summary.error:
+        error_line = str(summary.error)
+    elif tb:
+        error_line = tb.splitlines()[-1].strip()
+    else:
+        error_line = _last_error_line(log)
+    code = status.exit_code
+    if code == 2 and not tb:
+        hint = "the trainer rejected the config before starting: fix the key named above"
+    else:
+        hint = "fix the error above (the traceback is in `detail`), then launch or resume it"
+    return Alert(
+        kind="failed",
+        severity="error",
+        step=status.step,
+        message=(f"the trainer exited with code {code}" if code is not None else "the run failed")
+        + f": {error_line or 'no error text'}",
+        hint=hint,
+        detail=tb[-4000:] if tb else None,
+    )
+
+
 def diagnose(
     run_id: str, stall_after_s: float = STALL_AFTER_S, status: RunStatus | None = None
 ) -> list[Alert]:
@@ -631,94 +458,13 @@ def diagnose(
     rows = read_metric_rows(run_dir / "metrics.jsonl").rows
     summary, _ = read_summary(run_dir)
     alerts: list[Alert] = []
-
-    killed = status.signal == signal.SIGKILL and not status.stop_requested
-    oom = OOM_RE.search(log)
-    if oom or killed:
-        if oom and oom.group(0).strip() != "Killed":
-            start = log.rfind("\n", 0, oom.start()) + 1
-            end = log.find("\n", oom.end())
-            line = log[start : end if end >= 0 else len(log)].strip()
-            what = f"out of memory: {line[:300]}"
-        else:
-            what = "the trainer was killed by SIGKILL, likely the kernel's OOM killer (out of RAM)"
-        alerts.append(
-            Alert(
-                kind="oom",
-                severity="error",
-                step=status.step,
-                message=what,
-                hint="lower train.batch_size or data.max_length (raise "
-                "train.gradient_accumulation_steps to keep the batch), enable "
-                "model.gradient_checkpointing, or check `dmesg | grep -i oom`",
-            )
-        )
-    elif status.state == "died" and "launcher" in (status.error or ""):
-        alerts.append(
-            Alert(
-                kind="died",
-                severity="error",
-                step=status.step,
-                message=status.error,
-                hint="nothing ran: launch it again",
-            )
-        )
-    elif status.state == "died":
-        alerts.append(
-            Alert(
-                kind="died",
-                severity="error",
-                step=status.step,
-                message="the run's processes are gone without an exit status "
-                "(SIGKILL of the whole group, OOM killer or a reboot)",
-                hint="resume it to continue from the last checkpoint (or launch it again); if "
-                "it recurs, lower memory use",
-            )
-        )
-
-    hits = [p for p in DOWNLOAD_PATTERNS if p in log]
-    if hits:
-        line = next((ln for ln in reversed(log.splitlines()) if any(p in ln for p in hits)), "")
-        alerts.append(
-            Alert(
-                kind="download_failure",
-                severity="error",
-                message=f"a model or dataset could not be fetched from the hub: {line.strip()[:300]}",
-                hint="work offline: model.name=tiny or a local folder / .gguf, "
-                "data.dataset=builtin:..., or pull a model (in a shell: `uv run rlhf-lab models "
-                "pull <name>`) while online",
-            )
-        )
-
-    nonzero = status.exit_code not in (None, 0)
-    if status.state == "failed" or (nonzero and status.state != "stopped"):
-        tb = summary.traceback if summary else None
-        tb = last_traceback(tb) if tb else last_traceback(log)
-        error_line = None
-        if summary and summary.error:
-            error_line = str(summary.error)
-        elif tb:
-            error_line = tb.splitlines()[-1].strip()
-        else:
-            error_line = _last_error_line(log)
-        code = status.exit_code
-        if code == 2 and not tb:
-            hint = "the trainer rejected the config before starting: fix the key named above"
-        else:
-            hint = "fix the error above (the traceback is in `detail`), then launch or resume it"
-        alerts.append(
-            Alert(
-                kind="failed",
-                severity="error",
-                step=status.step,
-                message=(
-                    f"the trainer exited with code {code}" if code is not None else "the run failed"
-                )
-                + f": {error_line or 'no error text'}",
-                hint=hint,
-                detail=tb[-4000:] if tb else None,
-            )
-        )
+    for check in (
+        _check_process_end(status, log),
+        _check_download(log),
+        _check_failed(status, summary, log),
+    ):
+        if check is not None:
+            alerts.append(check)
 
     repetition = _check_samples(run_dir / "samples.jsonl")
     if (
