@@ -44,6 +44,7 @@ always win.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,13 @@ from pydantic import BaseModel, Field
 from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import Recipe, family_info, find_recipe, get_dotted
-from rlhf_lab.planning.configs import ConfigChange, config_model, format_override, resolve_config
+from rlhf_lab.planning.configs import (
+    ConfigChange,
+    ResolvedConfig,
+    config_model,
+    format_override,
+    resolve_config,
+)
 from rlhf_lab.planning.real_model import pretrained_model_rules
 from rlhf_lab.planning.steps import (
     StepsEstimate,
@@ -63,7 +70,7 @@ from rlhf_lab.planning.steps import (
     find_key as _find_key,
 )
 from rlhf_lab.planning.validation import check_config
-from trainers.core.config import parse_override
+from trainers.core.config import ConfigError, apply_overrides, parse_override
 from trainers.core.spec import spec_for
 
 __all__ = [
@@ -550,6 +557,24 @@ def _keep_final_model(rules: _Rules, family: str) -> None:
         rules.set("checkpoint.save_final_model", True)
 
 
+def _pre_shrink_base(recipe: Recipe, user: list[str]) -> tuple[ResolvedConfig, LabError | None]:
+    """The config the shrink rules read: the recipe with the user's values. A value valid only
+    beside what the shrink changes (``data.builtin_task_configs`` needs the offline set the shrink
+    picks for a hub dataset this machine does not have) is refused by the recipe alone; then the
+    rules read the recipe with the user's values laid over it unchecked, and the refusal is
+    returned, to be raised as it was if the shrunk config does not validate either."""
+    try:
+        return resolve_config(recipe, user), None
+    except LabError as err:
+        refused = err
+    try:
+        plain = resolve_config(recipe, [])
+        data = apply_overrides(copy.deepcopy(plain.data), user)
+    except (LabError, ConfigError):
+        raise refused from None
+    return plain.model_copy(update={"data": data, "overrides": user}), refused
+
+
 def shrink_config(
     recipe_or_file: str | Path | Recipe,
     overrides: list[str] | None = None,
@@ -571,7 +596,7 @@ def shrink_config(
     recipe = find_recipe(recipe_or_file)
     user = list(overrides or [])
     config_model(recipe.family)  # a clear LabError when the family has no config model yet
-    base = resolve_config(recipe, user)  # the rules see the user's values
+    base, refused = _pre_shrink_base(recipe, user)  # the rules see the user's values
     swap = model or _user_model(user)
     preset = _is_preset(swap)  # a run's output trained from a preset counts as that preset
 
@@ -604,6 +629,8 @@ def shrink_config(
     try:
         final = resolve_config(recipe, shrink + user)
     except LabError as err:
+        if refused is not None:  # the user's values were refused before the shrink: say that
+            raise refused from None
         raise InvalidArgument(
             f"the shrunk {recipe.id} config does not validate: {err.message}\n(shrink "
             f"overrides: {' '.join(shrink) or 'none'}; yours: {' '.join(user) or 'none'}). "

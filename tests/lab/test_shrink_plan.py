@@ -636,3 +636,31 @@ print("LOADED", bad)
     )
     assert out.returncode == 0, out.stderr
     assert "LOADED []" in out.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# A user value valid only beside what the shrink changes
+# ---------------------------------------------------------------------------------------------
+
+CHAIN_SUM_TASK = "data.builtin_task_configs={chain_sum: {min_terms: 3, max_terms: 5}}"
+
+
+def test_a_task_config_for_the_offline_set_the_shrink_picks_is_accepted():
+    # the PRM recipe names a hub dataset; the task config applies only to the offline set the
+    # shrink swaps in, so the recipe alone refuses it (a PRM sweep of the PRM-vs-ORM campaign
+    # was refused this way before the shrink ever ran)
+    with pytest.raises(LabError, match="applies only to the offline sets"):
+        resolve_config("prm", [CHAIN_SUM_TASK])
+    result = shrink_config("prm", [CHAIN_SUM_TASK], model="tiny")
+    assert get_dotted(result.config, "data.dataset") == "builtin:reasoning-steps"
+    assert get_dotted(result.config, "data.builtin_task_configs") == {
+        "chain_sum": {"min_terms": 3, "max_terms": 5}
+    }
+
+
+def test_a_bad_user_value_is_still_refused_in_the_users_terms():
+    with pytest.raises(LabError, match="unknown key 'data.bogus_key'"):
+        shrink_config("prm", ["data.bogus_key=1"], model="tiny")
+    # a value the shrink does not make valid stays refused, beside a task config it does
+    with pytest.raises(LabError, match="batch_size"):
+        shrink_config("prm", [CHAIN_SUM_TASK, "train.batch_size=0"], model="tiny")
