@@ -163,3 +163,12 @@ def pytest_collection_modifyitems(config, items):
     in at the end, instead of one worker finishing alone on a long file."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+@pytest.fixture
+def empty_hub_cache():
+    """No hub model has any file in the local Hugging Face cache (the lab's one cache seam)."""
+    from rlhf_lab.planning.memory import hub_cache_lookup
+
+    with hub_cache_lookup(lambda hub_id, filename: None):
+        yield

@@ -183,8 +183,7 @@ def test_small_preset_counted_without_building():
     assert 25_000_000 < facts.params.total < 35_000_000
 
 
-def test_hub_model_not_cached_and_unknown(monkeypatch):
-    monkeypatch.setattr(memory, "_hub_cached", lambda hub_id, filename: None)
+def test_hub_model_not_cached_and_unknown(monkeypatch, empty_hub_cache):
     with pytest.raises(LabError) as err:
         model_facts("someorg/unknown-model")
     assert "not in the local Hugging Face cache" in str(err.value)
@@ -194,8 +193,7 @@ def test_hub_model_not_cached_and_unknown(monkeypatch):
     assert ("pull_model", (("name", "smollm2-135m-instruct"),)) in steps
 
 
-def test_hub_model_known_facts_when_not_cached(monkeypatch):
-    monkeypatch.setattr(memory, "_hub_cached", lambda hub_id, filename: None)
+def test_hub_model_known_facts_when_not_cached(monkeypatch, empty_hub_cache):
     facts = model_facts("Qwen/Qwen3-0.6B-Base")
     assert facts.kind == "hub" and not facts.loadable
     assert facts.params.total == 596_049_920
@@ -206,13 +204,13 @@ def test_hub_model_config_from_the_local_cache(monkeypatch, tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(GPT2))
     cached = {"config.json": str(cfg)}
-    monkeypatch.setattr(memory, "_hub_cached", lambda hub_id, filename: cached.get(filename))
-    facts = model_facts("openai-community/gpt2")
-    assert facts.params.total == 124_439_808
-    assert "local Hugging Face cache" in facts.source
-    assert not facts.loadable  # config only, no weights
-    cached["model.safetensors"] = str(tmp_path / "model.safetensors")
-    assert model_facts("openai-community/gpt2").loadable
+    with memory.hub_cache_lookup(lambda hub_id, filename: cached.get(filename)):
+        facts = model_facts("openai-community/gpt2")
+        assert facts.params.total == 124_439_808
+        assert "local Hugging Face cache" in facts.source
+        assert not facts.loadable  # config only, no weights
+        cached["model.safetensors"] = str(tmp_path / "model.safetensors")
+        assert model_facts("openai-community/gpt2").loadable
 
 
 def test_bad_model_name():

@@ -13,7 +13,6 @@ import pytest
 
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
-from rlhf_lab.planning import memory as memory_mod
 from rlhf_lab.planning import plan as plan_mod
 from rlhf_lab.planning.catalog import FAMILIES, Recipe, get_dotted, list_recipes
 from rlhf_lab.planning.configs import resolve_config
@@ -305,8 +304,7 @@ def test_plan_every_recipe(recipe, no_gpu):
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.id for r in RECIPES])
-def test_plan_every_recipe_with_its_own_model_offline(recipe, no_gpu, monkeypatch):
-    monkeypatch.setattr(memory_mod, "_hub_cached", lambda hub_id, filename: None)
+def test_plan_every_recipe_with_its_own_model_offline(recipe, no_gpu, monkeypatch, empty_hub_cache):
     try:
         plan = plan_experiment(algorithm=recipe.id)
     except LabError as err:
@@ -356,8 +354,7 @@ def test_parse_request(text, targets, model, compare):
     assert parsed.compare == compare
 
 
-def test_plan_small_simpo_sanity(no_gpu, monkeypatch):
-    monkeypatch.setattr(memory_mod, "_hub_cached", lambda hub_id, filename: None)
+def test_plan_small_simpo_sanity(no_gpu, monkeypatch, empty_hub_cache):
     plan = plan_experiment("small SimPO sanity check")
     assert plan.intent == "sanity" and plan.campaign == "simpo-sanity"
     run = plan.runs[0]
@@ -557,7 +554,7 @@ def _gpu(index: int, free: float, runs: list[str] | None = None) -> GpuInfo:
     )
 
 
-def test_plan_picks_a_free_gpu_that_fits(monkeypatch):
+def test_plan_picks_a_free_gpu_that_fits(monkeypatch, empty_hub_cache):
     res = Resources(
         host="gpu-box",
         gpus=[_gpu(0, 79.0, ["dpo-20260101-000000-aaaa"]), _gpu(1, 3.0), _gpu(2, 60.0)],
@@ -567,7 +564,6 @@ def test_plan_picks_a_free_gpu_that_fits(monkeypatch):
         ram_available_gb=100.0,
     )
     monkeypatch.setattr(plan_mod, "check_resources", lambda: res)
-    monkeypatch.setattr(memory_mod, "_hub_cached", lambda hub_id, filename: None)
     plan = plan_experiment("dpo sanity check")
     run = plan.runs[0]
     est = run.memory["cuda"].total_gb
@@ -586,7 +582,7 @@ def test_plan_picks_a_free_gpu_that_fits(monkeypatch):
     assert run.trainer_command.startswith("CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=2 ")
 
 
-def test_plan_warns_when_nothing_fits(monkeypatch):
+def test_plan_warns_when_nothing_fits(monkeypatch, empty_hub_cache):
     res = Resources(
         host="small-gpu",
         gpus=[_gpu(0, 2.0)],
@@ -596,7 +592,6 @@ def test_plan_warns_when_nothing_fits(monkeypatch):
         ram_available_gb=4.0,
     )
     monkeypatch.setattr(plan_mod, "check_resources", lambda: res)
-    monkeypatch.setattr(memory_mod, "_hub_cached", lambda hub_id, filename: None)
     plan = plan_experiment("dpo sanity check")
     assert plan.runs[0].recommended_device is None
     assert any("does not fit in the free memory of any GPU" in w for w in plan.warnings)

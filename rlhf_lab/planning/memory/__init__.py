@@ -9,8 +9,8 @@ per-family training-memory estimate, torch-free.
 * :mod:`~rlhf_lab.planning.memory.estimate`: :func:`estimate_memory`, which dispatches on the family,
   and :func:`fits`.
 
-``_hub_cached`` is re-exported here on purpose: :func:`model_facts` looks it up on this package
-at call time, so replacing ``rlhf_lab.planning.memory._hub_cached`` fakes the Hugging Face cache.
+``hub_cache_lookup`` is the seam for the Hugging Face cache: inside ``with
+hub_cache_lookup(fake):`` every look-up of a hub model's files asks ``fake`` instead.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from rlhf_lab.planning.memory.architecture import (
     ModelArch,
     ModelFacts,
     ParamCount,
-    _hub_cached,
     arch_from_config,
     count_parameters,
     dtype_bytes,
+    hub_cache_lookup,
     kv_cache_bytes_per_token,
     layer_activation_bytes,
     model_facts,
@@ -61,7 +61,7 @@ __all__ = [
     "ModelArch",
     "ModelFacts",
     "ParamCount",
-    "_hub_cached",
+    "hub_cache_lookup",
     "arch_from_config",
     "count_parameters",
     "dtype_bytes",

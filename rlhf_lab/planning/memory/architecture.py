@@ -18,6 +18,9 @@ the architecture alone.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -378,12 +381,24 @@ def _hub_cached(hub_id: str, filename: str) -> str | None:
     return hit if isinstance(hit, str) else None
 
 
-def hub_cached(hub_id: str, filename: str) -> str | None:
-    """:func:`_hub_cached` looked up on the ``rlhf_lab.planning.memory`` package at call time, so that
-    replacing ``rlhf_lab.planning.memory._hub_cached`` (what tests do to fake the cache) takes effect."""
-    import rlhf_lab.planning.memory as package
+HubLookup = Callable[[str, str], "str | None"]
+_HUB_LOOKUP: ContextVar[HubLookup | None] = ContextVar("hub_cache_lookup", default=None)
 
-    return package._hub_cached(hub_id, filename)
+
+@contextmanager
+def hub_cache_lookup(lookup: HubLookup) -> Iterator[None]:
+    """Inside the block, ``lookup(hub_id, filename)`` stands in for the local Hugging Face cache
+    (how tests fake a cached or an absent model)."""
+    token = _HUB_LOOKUP.set(lookup)
+    try:
+        yield
+    finally:
+        _HUB_LOOKUP.reset(token)
+
+
+def hub_cached(hub_id: str, filename: str) -> str | None:
+    """The local Hugging Face cache's path of a hub model's file, or None (no download)."""
+    return (_HUB_LOOKUP.get() or _hub_cached)(hub_id, filename)
 
 
 def model_facts(name: str) -> ModelFacts:
