@@ -5,6 +5,7 @@ a readable size, no import cycle between modules, and one place that asks for th
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,29 @@ def test_one_place_asks_for_the_gpus():
     assert nvml == ["rlhf_lab/runs/resources.py"]
     counting = [_rel(p) for p in _sources() if "cuda.device_count(" in p.read_text()]
     assert counting == ["trainers/core/distributed.py"]
+
+
+def _readme_layout_paths() -> list[str]:
+    """The folders README.md's Layout section names. Each line of its tree is ``names   what``
+    (names comma-separated, two spaces of indent per level under the line above); a lone
+    ``folder/`` further along a line is a top-level folder of a second column."""
+    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```", 2)[1]
+    paths: list[str] = []
+    parents: list[str] = []
+    for line in block.strip("\n").splitlines():
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        chunks = re.split(r" {3,}", line.strip())
+        names = [n.strip().rstrip("/") for n in chunks[0].split(", ")]
+        parents = [*parents[:depth], names[0]]
+        paths += ["/".join([*parents[:depth], n]) for n in names]
+        paths += [c.rstrip("/") for c in chunks[1:] if re.fullmatch(r"[\w.]+/", c)]
+    return paths
+
+
+def test_the_readme_layout_names_folders_that_exist():
+    paths = _readme_layout_paths()
+    assert "rlhf_lab/planning" in paths and "trainers/core" in paths
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"README.md's Layout names what the tree lacks: {missing}"
+    rooms = {p.split("/")[1] for p in paths if p.startswith("rlhf_lab/")}
+    assert {"planning", "runs", "results", "evaluation", "ledger", "index", "api"} <= rooms
