@@ -372,7 +372,7 @@ def _launch(*args: Any, **kwargs: Any) -> LaunchResult:
     """runs.launch (the hook the launch path calls; tests wrap it), with the run's predicted
     wall time from the cached throughput calibration (``family, algorithm, config`` first)."""
     from rlhf_lab.planning.time import launch_prediction
-    from rlhf_lab.runs.launch import launch  # the package attribute `launch` is the module
+    from rlhf_lab.runs import launch
 
     if len(args) >= 3 and "predicted_time" not in kwargs:
         device = str(kwargs.get("device") or "cpu")
