@@ -4,9 +4,14 @@ a held-out row every 10 steps, the files the launcher and a trainer leave) sprea
 campaigns of 100 runs, then times:
 
 - cold processes of the console script (median of ``--repeats``): ``runs``, ``runs --json``,
-  ``status``, ``campaign list``, ``campaign show`` (one campaign); their peak RSS;
+  ``status``, ``campaign list``, ``campaign show`` (one campaign); their peak RSS. The lab also
+  holds 22 campaigns, one of 500 ledger rows, as a clone brings them (``ledger.json`` and
+  markdown, not written by this lab), and ``campaign list (no summaries)`` times the listing
+  with no campaign summary in the run index (each call after dropping them): the first
+  listing of a fresh clone (issue 27);
 - warm calls of the API functions behind the MCP tools in one process (median after a warm-up
-  call): ``list_runs`` (``run_list``), ``run_status``, ``list_campaigns``;
+  call): ``list_runs`` (``run_list``), ``run_status``, ``list_campaigns``, ``query_runs`` with no
+  condition;
 - ``record`` of one run into a campaign of K rows (K from ``--record-k``), warm: the median of
   three records after a warm-up one.
 
@@ -37,11 +42,13 @@ import os
 import random
 import resource
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _common import ROOT, print_table, write_results
@@ -56,6 +63,8 @@ CLI_COMMANDS = (
     ("status", ["status"]),
     ("campaign list", ["campaign", "list"]),
 )
+UNCACHED_LIST = "campaign list (no summaries)"
+SMALL_CAMPAIGNS, BIG_CAMPAIGN_ROWS = 21, 500
 TRAIN_KEYS = ("loss", "accuracy", "margins", "chosen_rewards", "rejected_rewards", "grad_norm")
 
 
@@ -71,9 +80,11 @@ TARGETS = {
     "runs --json": 0.3,
     "status": 0.3,
     "campaign list": 0.3,
+    UNCACHED_LIST: 0.3,
     "MCP list_runs": 0.05,
     "MCP run_status": 0.05,
     "MCP list_campaigns": 0.05,
+    "MCP query_runs": 0.05,
     "record": 0.5,
 }
 
@@ -147,10 +158,15 @@ _WRAP = (
 )
 
 
-def cold(argv: list[str], env: dict[str, str], repeats: int) -> dict:
-    """Median wall time and the peak RSS (MiB) of fresh processes running ``argv``."""
+def cold(
+    argv: list[str], env: dict[str, str], repeats: int, before: Callable[[], None] | None = None
+) -> dict:
+    """Median wall time and the peak RSS (MiB) of fresh processes running ``argv`` (``before``
+    runs ahead of each, untimed)."""
     walls, cpus, rss = [], [], 0
     for _ in range(repeats):
+        if before is not None:
+            before()
         start, cpu = time.perf_counter(), _children_cpu()
         done = subprocess.run(
             [sys.executable, "-c", _WRAP, *argv],
@@ -186,6 +202,7 @@ calls = {
     "list_runs": lambda: api.run_list(),
     "run_status": lambda: api.run_status(run_id),
     "list_campaigns": lambda: api.list_campaigns(),
+    "query_runs": lambda: api.query_runs(),
 }
 out = {}
 for name, call in calls.items():
@@ -249,6 +266,49 @@ def record_campaign(root: Path, k: int) -> str:
     return target
 
 
+def _ledger(name: str, question: str, rows: list[dict]) -> dict:
+    date, slug = name[:10], name[11:]
+    meta = {"id": name, "slug": slug, "date": date, "question": question}
+    return {"version": 1, "campaign": {**meta, "seeds": [0]}, "runs": rows}
+
+
+def clone_campaigns(root: Path) -> None:
+    """22 campaigns as a clone brings them: 21 planned ones and one of 500 rows (copies of a row
+    recorded by the lab), their ``ledger.json`` and markdown written here and dated an hour back,
+    so the run index holds no summary of them."""
+    exp = root / "experiments"
+    big = f"2026-03-01-ledger-{BIG_CAMPAIGN_ROWS}"
+    rng = random.Random(BIG_CAMPAIGN_ROWS)
+    write_run(exp, big, "dpo-20260301-000000-0001", rng)
+    subprocess.run(
+        [str(console_script()), "record", "dpo-20260301-000000-0001"],
+        env=_env(root, None),
+        check=True,
+        capture_output=True,
+        cwd=CHILD_CWD,
+    )
+    row = json.loads((exp / big / "ledger.json").read_text())["runs"][0]
+    rows = [{**row, "run_id": f"dpo-20260228-{i:06d}-0001"} for i in range(BIG_CAMPAIGN_ROWS)]
+    written = {big: _ledger(big, "a campaign of many rows?", rows)}
+    for i in range(SMALL_CAMPAIGNS):
+        name = f"2026-03-{i + 2:02d}-planned-{i:02d}"
+        written[name] = _ledger(name, f"question {i}?", [])
+    old = time.time() - 3600
+    for name, data in written.items():
+        (exp / name).mkdir(exist_ok=True)
+        (exp / name / "ledger.json").write_text(json.dumps(data))
+        front = f"---\nid: {name}\nstatus: planned\nquestion: {data['campaign']['question']}\n---\n"
+        (exp / f"{name}.md").write_text(front)
+        for path in (exp / name / "ledger.json", exp / f"{name}.md"):
+            os.utime(path, (old, old))
+
+
+def forget_summaries(root: Path) -> None:
+    """Drop the campaign summaries from the run index (as in a fresh clone's first listing)."""
+    with sqlite3.connect(root / ".rlhf-lab" / "index.sqlite") as conn:
+        conn.execute("DELETE FROM campaigns")
+
+
 def growth(ns: list[int], values: list[float]) -> float | None:
     """The slope of log(time) against log(N) from the smallest to the largest N."""
     if len(ns) < 2 or values[0] <= 0 or values[-1] <= 0:
@@ -261,6 +321,7 @@ def measure(ns: list[int], ks: list[int], repeats: int, baseline: Path | None) -
     results: dict = {side: {} for side in sides}
     script_root = Path(tempfile.mkdtemp(prefix="lab-scale-"))
     try:
+        clone_campaigns(script_root)
         have = 0
         for n in ns:
             populate(script_root, n, have)
@@ -280,6 +341,9 @@ def measure(ns: list[int], ks: list[int], repeats: int, baseline: Path | None) -
                 row = {"index build": {"median_s": time.perf_counter() - start}}
                 for label, argv in CLI_COMMANDS:
                     row[label] = cold(argv, env, repeats)
+                row[UNCACHED_LIST] = cold(
+                    ["campaign", "list"], env, repeats, lambda: forget_summaries(script_root)
+                )
                 show = ["campaign", "show", _campaign((n - 1) // CAMPAIGN_SIZE)]
                 if (script_root / "experiments" / f"{show[2]}.md").is_file():
                     row["campaign show"] = cold(show, env, repeats)

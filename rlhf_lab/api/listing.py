@@ -124,22 +124,28 @@ def unfinished_runs() -> list[str]:
 
 
 class _NotCached(Exception):
-    """A campaign whose summary the index does not hold (reading it needs the ledger)."""
+    """A campaign whose summary only the ledger's own reader can give."""
 
 
-def _not_cached(name: str) -> tuple[str, bool]:
-    raise _NotCached(name)
+def _read_plainly(name: str) -> tuple[str, bool]:
+    from rlhf_lab.index.campaign_summary import plain_summary
+
+    text = plain_summary(name)
+    if text is None:
+        raise _NotCached(name)
+    return text, True
 
 
 def cached_campaigns(warnings: list[str]) -> list[dict[str, Any]] | None:
-    """Every campaign's summary (``Campaign`` JSON), newest first, when the run index holds all
-    of them unchanged; None when one must be read from its ledger (the caller then reads them
-    through :func:`rlhf_lab.api.records.list_campaigns`). ``warnings`` gets the index's own."""
+    """Every campaign's summary (``Campaign`` JSON), newest first: from the run index while a
+    campaign's files are unchanged, else read from its ledger.json without pydantic and stored;
+    None when one needs the ledger's own reader (the caller then reads them through
+    :func:`rlhf_lab.api.records.list_campaigns`). ``warnings`` gets the index's own."""
     from rlhf_lab.index.campaigns import cached_summaries, campaign_files, campaign_names
 
     names = list(reversed(campaign_names()))
     try:
-        texts = cached_summaries(names, campaign_files, _not_cached, warnings)
+        texts = cached_summaries(names, campaign_files, _read_plainly, warnings)
     except _NotCached:
         return None
     return [json.loads(t) for t in texts]

@@ -24,6 +24,7 @@ from rlhf_lab.cli.commands import (
     app,
     emit,
 )
+from rlhf_lab.cli.interrupts import Interrupts, sigint_restored
 from rlhf_lab.cli.render import table as _table
 from rlhf_lab.cli.steps import lab_errors
 
@@ -167,7 +168,7 @@ def shrink(
 # --------------------------------------------------------------------------------------- launch
 
 
-def _follow(run_id: str) -> int:
+def _follow(run_id: str, interrupts: Interrupts) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(
@@ -189,18 +190,24 @@ def _follow(run_id: str) -> int:
             progress.console.print(text, end="", markup=False, highlight=False)
 
         try:
+            interrupts.follow()  # a Ctrl-C noted while launching raises here
             final = api.wait_and_stream(run_id, on_progress, on_log)
         except KeyboardInterrupt:
             progress.stop()
-            if _stop_or_detach(sys.stdin.isatty(), _ask) == "detach":
-                typer.echo(f"detached: {run_id} goes on (rlhf-lab status {run_id}; rlhf-lab stop)")
-                return 0
-            typer.echo(f"stopping {run_id} (the trainer checkpoints, then exits) ...")
-            stopped = api.stop_run(run_id)
-            typer.echo(stopped.message)
-            return 1
+            return _interrupted(run_id)
     typer.echo(f"{run_id}: {final.state}")
     return 0 if final.state == "succeeded" else 1
+
+
+def _interrupted(run_id: str) -> int:
+    """Ctrl-C during a foreground launch: stop the run, or detach (asked at a terminal)."""
+    if _stop_or_detach(sys.stdin.isatty(), _ask) == "detach":
+        typer.echo(f"detached: {run_id} goes on (rlhf-lab status {run_id}; rlhf-lab stop)")
+        return 0
+    typer.echo(f"stopping {run_id} (the trainer checkpoints, then exits) ...")
+    stopped = api.stop_run(run_id)
+    typer.echo(stopped.message)
+    return 1
 
 
 STOP_OR_DETACH = "stop the run or detach? [S/d] "
@@ -243,6 +250,7 @@ def _slurm_opts(
 
 @app.command()
 @lab_errors
+@sigint_restored
 def launch(
     recipe: Annotated[str, typer.Argument(help="recipe name or YAML file")],
     set_: SetOpt = None,
@@ -293,6 +301,7 @@ def launch(
     (CPU runs then split the cores) and is refused otherwise; --queue starts it after the
     device's jobs end, --force starts it regardless. A learning rate outside the plausible
     range is a warning; above 1 is refused."""
+    interrupts = Interrupts().install() if foreground else Interrupts()  # before the run starts
     result = api.launch_experiment(
         recipe,
         set_ or [],
@@ -319,7 +328,9 @@ def launch(
         for warning in result.warnings:
             typer.echo(f"warning: {warning}")
     if foreground and not result.queued:
-        raise typer.Exit(_follow(result.run.id))
+        raise typer.Exit(_follow(result.run.id, interrupts))
+    if interrupts.noted:  # a queued run: stopped (cancelled) as a followed one would be
+        raise typer.Exit(_interrupted(result.run.id))
 
 
 @app.command()

@@ -13,7 +13,8 @@ warning (:mod:`~rlhf_lab.index.store`).
 By job: :mod:`~rlhf_lab.index.store` (the database), :mod:`~rlhf_lab.index.extract` (a run
 folder as a row), :mod:`~rlhf_lab.index.sync` (staleness), :mod:`~rlhf_lab.index.query`
 (pages, unfinished runs, the query tool), :mod:`~rlhf_lab.index.campaigns` (campaign
-summaries).
+summaries), :mod:`~rlhf_lab.index.campaign_summary` (a summary read from ``ledger.json``
+without pydantic, for the CLI's fast path).
 
 Names are loaded on first use (PEP 562 ``__getattr__``): :mod:`~rlhf_lab.index.hook`, which the
 lab's writers import, does not load the query and store modules.

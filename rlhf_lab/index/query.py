@@ -3,8 +3,8 @@ SQL), the ids of unfinished runs, and the query tool: filters and sorting on ind
 final metric values, and "the best run per group". Torch-free.
 
 Every reader first brings the index up to date (:mod:`rlhf_lab.index.sync`): the cheap check on
-every run, the full check on the rows it returns (on every candidate row for a query that
-reads metric values).
+every run, the full check on the rows it returns (for a query that filters, sorts or groups by
+a value not taken from run.json, on every row its run.json conditions leave).
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ TEXT_FIELDS = (
 TIME_FIELDS = ("created_at", "started_at", "ended_at")
 NUMBER_FIELDS = ("seed", "step", "total_steps", "final", "best")
 QUERY_FIELDS = (*TEXT_FIELDS, *TIME_FIELDS, *NUMBER_FIELDS)
+# the fields a row takes from run.json, which the cheap check of every use keeps true
+# (rlhf_lab.index.sync): a query that filters, sorts and groups on these alone gives the full
+# check only to the rows it returns, as a page of the run list does
+RECORD_FIELDS = ("id", "campaign", "slug", "family", "algorithm", "state", "created_at")
 _ROW_FIELDS = (
     "id",
     "campaign",
@@ -252,9 +256,13 @@ class _Plan:
         self.conn = conn
         self.joins: dict[str, str] = {}
         self.args: list[Any] = []
+        self.values_named: list[str] = []  # fields and metrics not from run.json
+        self.record_filter: list[tuple[str, list[Any]]] = []  # conditions on run.json fields
 
     def column(self, name: str, argument: str) -> tuple[str, str]:
         """(SQL expression, kind: text / time / number) of a field or metric."""
+        if name not in RECORD_FIELDS:
+            self.values_named.append(name)
         if name in TEXT_FIELDS:
             return f"r.{name}", "text"
         if name in TIME_FIELDS:
@@ -284,6 +292,15 @@ class _Plan:
         return "".join(parts), args
 
     def condition(self, text: str) -> str:
+        """The SQL of one ``FIELD OP VALUE`` (its arguments appended to ``args``); one on a
+        run.json field is kept in ``record_filter`` as well."""
+        named, start = len(self.values_named), len(self.args)
+        sql = self._condition(text)
+        if len(self.values_named) == named:
+            self.record_filter.append((sql, self.args[start:]))
+        return sql
+
+    def _condition(self, text: str) -> str:
         argument = f"where {text!r}"
         match = _CONDITION.fullmatch(text) if isinstance(text, str) else None
         if not match:
@@ -344,6 +361,55 @@ def _best_order(plan: _Plan, best: str) -> str:
     return f"({expr} IS NULL), {expr} {'DESC' if direction == 'max' else 'ASC'}"
 
 
+def _candidates(conn: sqlite3.Connection, plan: _Plan) -> list[str]:
+    """Ids of the rows that the query's conditions on run.json fields do not rule out."""
+    clauses = [sql for sql, _ in plan.record_filter]
+    args = [a for _, part in plan.record_filter for a in part]
+    where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+    return [r[0] for r in conn.execute(f"SELECT r.id FROM runs r{where}", args)]
+
+
+def _query_source(
+    plan: _Plan,
+    clauses: list[str],
+    order: tuple[str, str] | None,
+    group: tuple[str, str] | None,
+) -> tuple[str, str, list[Any]]:
+    """(the query's rows as SQL, its ORDER BY, its arguments); ``group``: (the group_by
+    expression, the ranking that picks each group's run)."""
+    joins, join_args = plan.join_sql()
+    args = [*join_args, *plan.args]
+    filt = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+    inner = f"SELECT {_SELECT}{plan.metric_columns()}"
+    if group is not None:
+        expr, ranking = group
+        inner += (
+            f", ROW_NUMBER() OVER (PARTITION BY {expr} ORDER BY {ranking}, r.id) AS rank_in_"
+            f"group, {expr} AS grp FROM runs r{joins}{filt}"
+        )
+        source = f"SELECT * FROM ({inner}) q WHERE q.rank_in_group = 1"
+        default_order = "q.grp"
+    else:
+        source = f"SELECT * FROM ({inner} FROM runs r{joins}{filt}) q"
+        default_order = "q.created_at DESC, q.id DESC"
+    order_by = f"(q.{order[0]} IS NULL), q.{order[0]} {order[1]}, q.id" if order else default_order
+    return source, order_by, args
+
+
+def _query_rows(
+    conn: sqlite3.Connection, sql: str, args: list[Any], plan: _Plan, grouped: bool
+) -> list[dict[str, Any]]:
+    rows = []
+    metrics = list(plan.joins)
+    for raw in conn.execute(sql, args):
+        row = dict(zip(_ROW_FIELDS, raw, strict=False))
+        row["metrics"] = dict(zip(metrics, raw[len(_ROW_FIELDS) :], strict=False))
+        if grouped:
+            row["group"] = raw[-1]
+        rows.append(row)
+    return rows
+
+
 def query_index(
     where: list[str] | None = None,
     sort: str | None = None,
@@ -353,7 +419,12 @@ def query_index(
 ) -> QueryOutcome:
     """Runs matching every ``where`` condition, ordered by ``sort`` (``-field``: descending;
     default newest first); with ``group_by`` one row per value of that field: its best run by
-    ``best`` (default the headline's best value, in its good direction)."""
+    ``best`` (default the headline's best value, in its good direction).
+
+    Values are read only once checked: when a condition, the order or the grouping names a
+    field or metric that does not come from run.json, every row the run.json conditions leave
+    gets the full check first (a stat per file); otherwise only the rows returned do, as in a
+    page of the run list (no filter: the newest ``limit`` runs, whatever the lab's size)."""
     warnings: list[str] = []
 
     def work(conn: sqlite3.Connection) -> QueryOutcome:
@@ -361,36 +432,21 @@ def query_index(
         plan = _Plan(conn)
         clauses = [plan.condition(c) for c in where or []]
         order = plan.order(sort, f"sort {sort!r}") if sort else None
-        group = plan.column(group_by, f"group_by {group_by!r}")[0] if group_by else None
-        ranking = _best_order(plan, best or "best") if group_by else None
-        # values are about to be read: every row gets the full check (a stat per file)
-        _refresh(conn, [r[0] for r in conn.execute("SELECT id FROM runs")], warnings)
-        joins, join_args = plan.join_sql()
-        args = [*join_args, *plan.args]
-        filt = (" WHERE " + " AND ".join(clauses)) if clauses else ""
-        inner = f"SELECT {_SELECT}{plan.metric_columns()}"
-        if group is not None:
-            inner += (
-                f", ROW_NUMBER() OVER (PARTITION BY {group} ORDER BY {ranking}, r.id) AS rank_in_"
-                f"group, {group} AS grp FROM runs r{joins}{filt}"
-            )
-            source = f"SELECT * FROM ({inner}) q WHERE q.rank_in_group = 1"
-            default_order = "q.grp"
-        else:
-            source = f"SELECT * FROM ({inner} FROM runs r{joins}{filt}) q"
-            default_order = "q.created_at DESC, q.id DESC"
-        order_by = (
-            f"(q.{order[0]} IS NULL), q.{order[0]} {order[1]}, q.id" if order else default_order
-        )
+        group = None
+        if group_by:
+            expr = plan.column(group_by, f"group_by {group_by!r}")[0]
+            group = (expr, _best_order(plan, best or "best"))
+        if plan.values_named:
+            _refresh(conn, _candidates(conn, plan), warnings)
+        source, order_by, args = _query_source(plan, clauses, order, group)
         total = conn.execute(f"SELECT COUNT(*) FROM ({source})", args).fetchone()[0]
-        rows = []
-        metrics = list(plan.joins)
-        for raw in conn.execute(f"{source} ORDER BY {order_by} LIMIT ?", [*args, limit]):
-            row = dict(zip(_ROW_FIELDS, raw, strict=False))
-            row["metrics"] = dict(zip(metrics, raw[len(_ROW_FIELDS) :], strict=False))
-            if group is not None:
-                row["group"] = raw[-1]
-            rows.append(row)
-        return QueryOutcome(rows=rows, total=total, metrics=metrics, warnings=warnings)
+        select = f"{source} ORDER BY {order_by} LIMIT ?"
+        rows = _query_rows(conn, select, [*args, limit], plan, group is not None)
+        if not plan.values_named:
+            changes = conn.total_changes
+            _refresh(conn, [r["id"] for r in rows], warnings)
+            if conn.total_changes != changes:  # a row was read again: its values anew
+                rows = _query_rows(conn, select, [*args, limit], plan, group is not None)
+        return QueryOutcome(rows=rows, total=total, metrics=list(plan.joins), warnings=warnings)
 
     return with_index(work, warnings)

@@ -290,6 +290,39 @@ def test_query_best_per_group_and_time_windows(lab):
     assert ordered.total == 9 and "first 3 of 9" in ordered.note
 
 
+def test_a_query_on_run_json_fields_reads_again_only_the_rows_it_returns(lab, extracts):
+    """With no condition, sort or grouping on a value outside run.json, the rows shown get the
+    full check and the others are left alone (a query with no filter costs what a page of the
+    run list costs, whatever the lab's size); a query by value checks every candidate."""
+    _, runs = lab
+    api.query_runs([])  # the index built
+    extracts.clear()
+    shown, hidden = "dpo-20260101-000011-ab11", "ipo-20260101-000002-ab02"
+    for run_id, value in ((shown, 0.97), (hidden, 0.99)):  # run.json untouched
+        metrics = runs[run_id] / "metrics.jsonl"
+        with open(metrics, "a") as fh:
+            fh.write(json.dumps({"step": 4, "time_s": 4, "phase": "eval", "eval/accuracy": value}))
+            fh.write("\n")
+        os.utime(metrics, (OLD + 40, OLD + 40))
+
+    newest = api.query_runs([], limit=2)
+    assert [r.id for r in newest.rows] == [shown, "ipo-20260101-000010-ab10"]
+    assert (newest.rows[0].final, newest.rows[0].best) == (0.97, 0.97)  # read again
+    assert newest.total == 12 and extracts == [shown]
+    page = index.page_runs(limit=2)  # the same rows and values as the run list's page
+    assert [(r["id"], r["final"]) for r in page.rows[::-1]] == [
+        (r.id, r.final) for r in newest.rows
+    ]
+    by_record = api.query_runs(["algorithm=ipo", "campaign~camp"], sort="-created_at", limit=1)
+    assert [r.id for r in by_record.rows] == ["ipo-20260101-000010-ab10"]
+    assert by_record.total == 6 and extracts == [shown]  # that row was unchanged
+
+    extracts.clear()
+    best = api.query_runs(["algorithm=ipo"], sort="-final", limit=1)  # by value: every ipo run
+    assert [r.id for r in best.rows] == [hidden] and best.rows[0].final == 0.99
+    assert extracts == [hidden]
+
+
 def test_bad_queries_get_one_error_naming_the_fields(lab):
     for call in (
         lambda: api.query_runs(["colour=red"]),

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -391,13 +392,80 @@ def test_ctrl_c_asks_once_at_a_terminal_and_stops_without_one():
     assert asked == ["stop the run or detach? [S/d] "] * 5
 
 
-def test_ctrl_c_in_a_non_interactive_foreground_launch_stops_the_run(tmp_path):
-    """A real `rlhf-lab launch --foreground` without a terminal gets SIGINT: it stops the run
-    through the lab's stop (the trainer ends on its own) instead of detaching."""
+def test_a_ctrl_c_before_the_run_is_followed_is_kept_for_it(capfd):
+    """The foreground launch's handler (rlhf_lab/cli/interrupts.py), in this process: a SIGINT
+    while launching is noted and raised once the run is followed, a second one while launching
+    aborts, and the handler found before the command (here SIGINT ignored) comes back."""
+    from rlhf_lab.cli.interrupts import NOTED, Interrupts, sigint_restored
+
+    @sigint_restored
+    def launch(twice: bool) -> int:
+        interrupts = Interrupts().install()
+        signal.raise_signal(signal.SIGINT)  # noted: nothing raised while launching
+        assert interrupts.noted == 1
+        if twice:
+            signal.raise_signal(signal.SIGINT)  # raises: the launch is aborted
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.follow()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # while following: at once
+        return interrupts.noted
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert launch(twice=False) == 1
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        with pytest.raises(KeyboardInterrupt):
+            launch(twice=True)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert capfd.readouterr().err.count(NOTED) == 2  # one line on stderr per noted Ctrl-C
+
+
+def _progress_step(root: Path) -> int:
+    for path in root.glob("experiments/*/runs/*/progress.json"):
+        try:
+            return int(json.loads(path.read_text()).get("step") or 0)
+        except (OSError, ValueError):
+            return 0
+    return 0
+
+
+# when the test sends SIGINT: (lines printed so far, lab root) -> whether it is time
+CTRL_C_MOMENTS = {
+    # the run folder exists: the CLI is still launching it
+    "while launching": lambda lines, root: any(root.glob("experiments/*/runs/*/run.json")),
+    # the launch returned; the CLI has not started following the run yet
+    "before the first log line": lambda lines, root: any(
+        line.startswith("run id:") for line in lines
+    ),
+    "right after the first log line": lambda lines, root: any(
+        line.startswith("[rlhf-lab]") for line in lines
+    ),
+    "mid-run": lambda lines, root: _progress_step(root) >= 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("moment", "inherited"),
+    [(moment, "default") for moment in CTRL_C_MOMENTS]
+    + [("right after the first log line", "ignored"), ("while launching", "ignored")],
+)
+def test_ctrl_c_in_a_non_interactive_foreground_launch_stops_the_run(tmp_path, moment, inherited):
+    """A real `rlhf-lab launch --foreground` without a terminal gets one SIGINT, at each moment
+    of the launch: it stops the run through the lab's stop (the trainer ends on its own)
+    instead of detaching, losing the signal or dying with the run left going. "ignored": the
+    CLI starts with SIGINT ignored, as a script's background job does (``cmd &`` without job
+    control), where Python installs no handler of its own: the one Ctrl-C of a run in the
+    foreground was lost there, the run went on to its end and the CLI exited 0."""
     env = {**os.environ, "RLHF_LAB_ROOT": str(tmp_path)}
+    argv = [sys.executable, "-m", "rlhf_lab.cli", "launch", "dpo", "--model", "tiny", "--force"]
+    argv += ["--set", "train.max_steps=500", "--campaign", "fg", "--foreground"]
+    if inherited == "ignored":
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
     cli = subprocess.Popen(
-        [sys.executable, "-m", "rlhf_lab.cli", "launch", "dpo", "--model", "tiny", "--force"]
-        + ["--set", "train.max_steps=500", "--campaign", "fg", "--foreground"],
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -405,19 +473,28 @@ def test_ctrl_c_in_a_non_interactive_foreground_launch_stops_the_run(tmp_path):
         env=env,
         start_new_session=True,
     )
-    try:
-        lines = []
-        for line in cli.stdout:  # until the run's own log streams: it is following the run
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in cli.stdout:
             lines.append(line)
-            if line.startswith("[rlhf-lab]"):
-                break
-        run_id = next(line for line in lines if line.startswith("run id:")).split()[-1]
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not CTRL_C_MOMENTS[moment](list(lines), tmp_path):
+            assert cli.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.01)
         cli.send_signal(signal.SIGINT)
-        out, _ = cli.communicate(timeout=120)
+        cli.wait(timeout=180)
+        reader.join(timeout=30)
     finally:
         if cli.poll() is None:
             cli.kill()
-    text = "".join(lines) + out
+    text = "".join(lines)
+    run_id = next(line for line in lines if line.startswith("run id:")).split()[-1]
     assert cli.returncode == 1, text
     assert f"stopping {run_id}" in text and f"{run_id} stopped" in text, text
     record = json.loads(next(tmp_path.glob(f"experiments/*/runs/{run_id}/run.json")).read_text())
