@@ -58,6 +58,7 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
+from trainers.core.verifier import compute_rewards
 from trainers.direct_alignment.config import DirectAlignmentConfig
 from trainers.direct_alignment.losses import LOSSES, LossInputs
 
@@ -140,7 +141,7 @@ class Ranker:
     correctness + ``format_weight``·format. ``score`` returns the parts and their sum."""
 
     def __init__(self, cfg: DirectAlignmentConfig, tokenizer: Any, device, dtype, attn):
-        from trainers.policy_gradients.reward_model import ModelReward, inspect_reward_model
+        from trainers.core.reward_scorer import RewardScorer, inspect_reward_model
 
         self.tokenizer = tokenizer
         self.stop_ids = set(end_of_turn_ids(tokenizer))
@@ -149,7 +150,7 @@ class Ranker:
         self.model = None
         if cfg.reward.model:
             info = inspect_reward_model(cfg.reward.model, key="reward.model")
-            self.model = ModelReward(
+            self.model = RewardScorer.load(
                 info,
                 device=device,
                 dtype=dtype,
@@ -161,13 +162,11 @@ class Ranker:
     def score(self, prompts: list[OnlinePrompt], completions: list[list[int]]) -> dict[str, Tensor]:
         """Parts ``model``, ``correctness``, ``format`` (those that apply) and ``score``, each
         (N,) float32; ``prompts[i]`` is completion i's prompt."""
-        from trainers.policy_gradients.rewards import compute_rewards
-
         texts = [body_text(self.tokenizer, c, self.stop_ids) for c in completions]
         parts: dict[str, Tensor] = {}
         total = torch.zeros(len(completions))
         if self.model is not None:
-            parts["model"] = self.model.score(
+            parts["model"] = self.model.score_completions(
                 [p.messages for p in prompts],
                 texts,
                 [p.ids for p in prompts],

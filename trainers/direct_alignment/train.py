@@ -96,7 +96,7 @@ def preflight(cfg: DirectAlignmentConfig) -> None:
     if cfg.data.max_prompt_length and cfg.data.max_prompt_length >= cfg.data.max_length:
         raise ConfigError("data.max_prompt_length must be smaller than data.max_length")
     if cfg.loss == ONLINE and cfg.reward.model:  # a reward model that cannot rank: refused now
-        from trainers.policy_gradients.reward_model import inspect_reward_model
+        from trainers.core.reward_scorer import inspect_reward_model
 
         inspect_reward_model(cfg.reward.model, key="reward.model")
 

@@ -13,7 +13,7 @@ once (the ``reasoning`` suite's prompts, sampling and verifier). Each completion
 * the verifier's verdict and extracted answer (``trainers.core.tasks``: reasoning-gym's
   ``score_answer`` on the last ``<answer>`` block — no other verifier);
 * the ORM's P(correct) of the conversation (prompt + completion, the chat template it was
-  trained with; :class:`~trainers.reward_models.scoring.RewardScorer`);
+  trained with; :class:`~trainers.core.reward_scorer.RewardScorer`);
 * the PRM's per-step P(not bad) of the completion cut into steps (:func:`solution_steps`) in the
   PRM's own text format (``Problem: …\\nReasoning trace:\\n`` + step + separator …), aggregated
   by ``best_of_n.prm_aggregate`` (product, Lightman et al. 2023's choice, or min); both
@@ -145,7 +145,7 @@ def _scores_in_chunks(
 
 
 def _load_scorer(cfg: EvalConfig, folder: str):
-    from trainers.reward_models.scoring import RewardScorer
+    from trainers.core.reward_scorer import RewardScorer
 
     return RewardScorer.from_pretrained(
         folder,
@@ -179,7 +179,7 @@ def orm_scores(job, folder: str, prompts, texts: list[str]) -> list[float]:
 def prm_step_scores(job, folder: str, prompts, steps: list[list[str]]) -> list[list[float]]:
     """Every step's P(not bad) by the PRM, per row (an empty list for a row with no step)."""
     from trainers.evaluation.sampling import release_memory
-    from trainers.reward_models.losses import BAD_CLASS
+    from trainers.core.reward_model import BAD_CLASS
 
     n = len(steps) // len(prompts)
     job.enter("loading_model", f"prm {folder}")

@@ -155,7 +155,7 @@ def _paired(job: Job, a: Sequence[float | None], b: Sequence[float | None]) -> s
 def _reasoning_check(text: str, prompt: EvalPrompt) -> tuple[float, bool, bool]:
     """(score, correct, format) of a reasoning-gym response."""
     from trainers.core.tasks import score_response
-    from trainers.sft.data import has_tag_format
+    from trainers.core.verifier import has_tag_format
 
     score = score_response(text, prompt.meta)
     return score, score >= 1.0 - 1e-9, has_tag_format(text)
@@ -335,7 +335,7 @@ def winrate_suite(job: Job) -> SuiteResult:
     t, _ = job.sample_with("target", job.target, prompts)
     b, _ = job.sample_with("baseline", job.baseline, prompts)
 
-    from trainers.reward_models.scoring import RewardScorer
+    from trainers.core.reward_scorer import RewardScorer
 
     job.enter("loading_model", f"judge {job.judge}")
     scorer = RewardScorer.from_pretrained(

@@ -44,6 +44,9 @@ from torch import Tensor, nn
 from trainers.core.distributed import global_moments, world
 from trainers.core.logprobs import position_ids_of
 from trainers.core.lora import reference_view
+from trainers.core.onpolicy import cut_at_first_stop, greedy_completions, greedy_rollouts
+from trainers.core.prompts import Prompt, PromptStream
+from trainers.core.verifier import compute_rewards, text_rewards
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     TOKEN_ADVANTAGES,
@@ -52,18 +55,8 @@ from trainers.policy_gradients.advantages import (
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.data import Prompt, PromptStream
-from trainers.policy_gradients.experience import (
-    Experience,
-    assemble,
-    concat_experiences,
-    cut_at_first_stop,
-)
-from trainers.policy_gradients.generation import (
-    generate_group_batch,
-    greedy_completions,
-    greedy_rollouts,
-)
+from trainers.policy_gradients.experience import Experience, assemble, concat_experiences
+from trainers.policy_gradients.generation import generate_group_batch
 from trainers.policy_gradients.losses import kl_estimate
 from trainers.policy_gradients.ranks import (
     global_count,
@@ -72,13 +65,7 @@ from trainers.policy_gradients.ranks import (
     prompt_share,
     take_kept_groups,
 )
-from trainers.policy_gradients.rewards import (
-    RunningMoments,
-    compute_rewards,
-    dapo_keep_groups,
-    shaped_total,
-    text_rewards,
-)
+from trainers.policy_gradients.rewards import RunningMoments, dapo_keep_groups, shaped_total
 from trainers.policy_gradients.token_passes import (
     ValueModel,
     completion_token_stats,
@@ -127,8 +114,8 @@ class RewardModels:
     """The run's reward models (None when unused) and the running moments of the proxy's
     scores (``reward.normalize=running``; saved in checkpoints)."""
 
-    proxy: Any = None  # reward_model.ModelReward: the optimised reward model
-    gold: Any = None  # reward_model.ModelReward: the held-out gold reward model
+    proxy: Any = None  # core.reward_scorer.RewardScorer: the optimised reward model
+    gold: Any = None  # core.reward_scorer.RewardScorer: the held-out gold reward model
     moments: RunningMoments = field(default_factory=RunningMoments)
     stop_ids: set[int] = field(default_factory=set)
 
@@ -166,12 +153,12 @@ def score_texts(
     messages = [p.messages for p in prompts]
     ids = dict(prompt_ids=prompt_ids, completion_ids=completion_ids, stop_ids=models.stop_ids)
     if models.proxy is not None:
-        raw = models.proxy.score(messages, texts, **ids)
+        raw = models.proxy.score_completions(messages, texts, **ids)
         parts["model"] = raw
         mode = rw.normalize if update_moments else "none"
         parts["model_norm"] = normalise_over_ranks(raw, mode, models.moments)
     if models.gold is not None:
-        parts["gold"] = models.gold.score(messages, texts, **ids)
+        parts["gold"] = models.gold.score_completions(messages, texts, **ids)
     parts["total"] = shaped_total(
         parts,
         truncated,

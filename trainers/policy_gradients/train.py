@@ -58,10 +58,10 @@ from trainers.core.lora import (
     load_checkpoint_state,
     needs_reference_copy,
 )
-from trainers.core.models import (
-    load_causal_lm,
-    load_tokenizer,
-)
+from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.onpolicy import greedy_rollouts
+from trainers.core.prompts import PromptStream, check_specs, load_run_prompts
+from trainers.core.reward_scorer import RewardScorer, inspect_reward_model
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.training import (
@@ -73,9 +73,9 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
+from trainers.core.verifier import compute_rewards
 from trainers.policy_gradients.advantages import frac_zero_std
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.data import PromptStream, check_specs, load_run_prompts
 from trainers.policy_gradients.losses import (
     POLICY_LOSSES,
     PolicyLossInputs,
@@ -83,13 +83,11 @@ from trainers.policy_gradients.losses import (
     aggregate,
     value_loss,
 )
-from trainers.policy_gradients.reward_model import ModelReward, inspect_reward_model
-from trainers.policy_gradients.rewards import RunningMoments, compute_rewards
+from trainers.policy_gradients.rewards import RunningMoments
 from trainers.policy_gradients.rollout import (
     Experience,
     RewardModels,
     completion_token_stats,
-    greedy_rollouts,
     load_value_model,
     prepare_update,
     rollout_step,
@@ -590,7 +588,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         policy_tokenizer=tokenizer,
     )
     for key, name in reward_model_names(cfg):
-        scorer = ModelReward(inspect_reward_model(name, key), **rm_load)
+        scorer = RewardScorer.load(inspect_reward_model(name, key), **rm_load)
         if key == "reward.model":
             models.proxy = scorer
         else:

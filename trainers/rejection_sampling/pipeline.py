@@ -13,7 +13,7 @@ the shared cache.
 * **Generation** (:func:`generate_pool`): N sampled completions per prompt, batched
   (``rollout_batch_size`` prompts × N sequences per call), seeded.
 * **Scoring** (:func:`score_pool`): the verifier's score, or a trained reward model
-  (``trainers.reward_models.scoring.RewardScorer``) on system + user + assistant.
+  (``trainers.core.reward_scorer.RewardScorer``) on system + user + assistant.
 * **Cache** (:func:`cache_fields`, :func:`cache_key`): generations and scores are stored under
   ``$RLHF_LAB_CACHE/rs_generations/`` keyed by everything that changes them — policy weights
   (fingerprint), data slice (content hash), sampling parameters, N, seed, max_new_tokens, batch
@@ -532,7 +532,7 @@ def reward_model_scores(
 ) -> list[list[float]]:
     """Scores of a trained reward model: chat = system + user + assistant(completion); a PRM
     scores the completion's non-empty lines as steps (its weakest step)."""
-    from trainers.reward_models.scoring import RewardScorer
+    from trainers.core.reward_scorer import RewardScorer
 
     scorer = RewardScorer.from_pretrained(
         scorer_cfg.name,

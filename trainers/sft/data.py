@@ -28,7 +28,6 @@ never trained.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,7 +67,6 @@ __all__ = [
     "TokenizedSFT",
     "builtin_sft_records",
     "collate",
-    "has_tag_format",
     "load_sft_records",
     "looks_like_path",
     "parse_builtin_name",
@@ -222,19 +220,6 @@ def builtin_sft_records(
     """``n`` built-in demonstrations (:func:`trainers.core.builtin_data.builtin_demonstrations`)
     of ``tasks``, by default the SFT set's own tasks."""
     return builtin_demonstrations(n, seed, list(tasks or DEFAULT_BUILTIN_TASKS), task_configs)
-
-
-_TAG_FORMAT = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-
-
-def has_tag_format(text: str) -> bool:
-    """True when ``text`` is exactly one ``<think>…</think>`` block then one non-empty
-    ``<answer>…</answer>`` block (surrounding whitespace allowed, nothing else)."""
-    text = text.strip()
-    match = _TAG_FORMAT.fullmatch(text)
-    if match is None or not match.group(2).strip():
-        return False
-    return all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>"))
 
 
 def score_record_response(response: str, record: SFTRecord) -> float | None:

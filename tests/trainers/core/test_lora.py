@@ -299,8 +299,8 @@ def test_sft_trains_one_step_with_lora(tmp_path):
 
 
 def test_reward_model_trains_one_step_with_lora_and_its_head(tmp_path):
+    from trainers.core.reward_model import HEAD_FILE, load_reward_model
     from trainers.reward_models import train as rm_train
-    from trainers.reward_models.model import HEAD_FILE, load_reward_model
 
     overrides = [
         "model.name=tiny",

@@ -71,7 +71,7 @@ def _save_rm(folder: Path, kind: str) -> Path:
     import torch
 
     from trainers.core.models import load_tokenizer
-    from trainers.reward_models.model import build_reward_model, save_reward_model
+    from trainers.core.reward_model import build_reward_model, save_reward_model
 
     torch.manual_seed(1)
     extra = {"num_labels": 3, "separator": "\n<step>\n", "max_length": 256} if kind == "prm" else {}
@@ -101,8 +101,8 @@ SMALL = [
 
 
 def test_best_of_n_on_tiny_writes_rows_that_recompute_the_table(tmp_path, capsys, reward_models):
-    from trainers.reward_models.losses import BAD_CLASS
-    from trainers.reward_models.scoring import RewardScorer
+    from trainers.core.reward_scorer import RewardScorer
+    from trainers.core.reward_model import BAD_CLASS
 
     orm, prm = reward_models
     run_dir = tmp_path / "bon"

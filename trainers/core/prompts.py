@@ -1,4 +1,5 @@
-"""Prompts for policy-gradient runs, from one of two sources (``data.source``):
+"""Prompts for the loops that sample from their policy (policy gradients, on-policy distillation),
+from one of two sources (``data.source``, :class:`trainers.core.config.PromptDataSection`):
 
 * ``reasoning_gym`` (default): a seeded reasoning-gym ``composite`` of ``data.specs``. Each prompt
   is the chat ``[system: SYSTEM_PROMPT, user: question]`` plus what scoring needs
