@@ -44,9 +44,13 @@ from trainers.core.loop import (
     pick_runtime,
     step_metrics,
 )
-from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.models import load_causal_lm, load_reference, load_tokenizer
 from trainers.core.onpolicy import rows_of, sample_policy, step_generator
-from trainers.core.preferences import TokenizedExample, tokenize_records
+from trainers.core.preferences import (
+    TokenizedExample,
+    configured_preference_records,
+    tokenize_records,
+)
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.splits import split_train_eval
@@ -61,6 +65,12 @@ from trainers.core.training import (
 from trainers.core.verifier import compute_rewards
 from trainers.direct_alignment.config import DirectAlignmentConfig
 from trainers.direct_alignment.losses import LOSSES, LossInputs
+from trainers.direct_alignment.pairs import (
+    batch_logps,
+    compute_reference_logps,
+    evaluate,
+    loss_params,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Ranking: pure functions
@@ -200,8 +210,6 @@ def online_sampling(cfg: DirectAlignmentConfig) -> Sampling:
 
 def pair_loss(cfg, model, ref_model, pairs: list[TokenizedExample], pad_id, device):
     """The pair loss and its metrics on ranked pairs (policy with gradients, reference none)."""
-    from trainers.direct_alignment.train import batch_logps, loss_params
-
     parts, n_tokens = batch_logps(model, pairs, pad_id, device, with_kl=False)
     (c_sum, c_n), (r_sum, r_n) = parts["chosen"], parts["rejected"]
     ref_c = ref_r = None
@@ -250,13 +258,6 @@ def greedy_scores(model, tokenizer, ranker: Ranker, prompts, batch_size: int, ma
 
 def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Online DPO; see the module doc."""
-    from trainers.direct_alignment.train import (
-        compute_reference_logps,
-        evaluate,
-        load_records,
-        load_reference,
-    )
-
     seed_everything(cfg.seed)
     device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name)
@@ -264,7 +265,9 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
 
     run.update_phase("tokenizing")
     train_records, eval_records = split_train_eval(
-        load_records(cfg), eval_size=cfg.data.eval_size, seed=cfg.seed
+        configured_preference_records(cfg.data, cfg.seed),
+        eval_size=cfg.data.eval_size,
+        seed=cfg.seed,
     )
     train_prompts = prompt_rows(cfg, tokenizer, train_records)
     eval_prompts = prompt_rows(cfg, tokenizer, eval_records)
@@ -287,7 +290,7 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
     ranker = Ranker(cfg, tokenizer, device, dtype, attn)
     ref_model = None
     if cfg.needs_reference:  # the starting model, frozen for the whole run
-        ref_model = load_reference(cfg, device, dtype, attn)
+        ref_model = load_reference(cfg.model, device, dtype, attn)
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )

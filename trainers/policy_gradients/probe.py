@@ -188,7 +188,7 @@ def probe_prompts(specs: list[dict], n: int, seed: int) -> list:
     (system prompt, question, scoring meta), from the probe's own seed."""
     from types import SimpleNamespace
 
-    from trainers.core.builtin_data import build_composite, to_prompt
+    from trainers.core.prompts import build_composite, to_prompt
 
     objs = [
         SimpleNamespace(

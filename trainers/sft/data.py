@@ -34,7 +34,13 @@ from typing import Any, TypeVar
 
 import torch
 
-from trainers.core.builtin_data import builtin_demonstrations, split_builtin_name, task_settings
+from trainers.core.builtin_data import (
+    DEMONSTRATION_SET_SIZE,
+    builtin_demonstrations,
+    demonstration_set,
+    split_builtin_name,
+    task_settings,
+)
 from trainers.core.datasets import (  # noqa: F401  (re-exported for the SFT trainer)
     DATA_EXTENSIONS,
     DatasetNotFoundError,
@@ -44,7 +50,7 @@ from trainers.core.datasets import (  # noqa: F401  (re-exported for the SFT tra
 from trainers.core.generation import end_of_turn_ids
 from trainers.core.messages import as_messages, end_at_last_assistant
 from trainers.core.records import SFTRecord
-from trainers.core.splits import collect_records, hold_out, rows_to_read, split_seed
+from trainers.core.splits import collect_records, hold_out, rows_to_read
 from trainers.core.tasks import score_response
 from trainers.core.tokenization import (
     chat_template_ids,
@@ -76,7 +82,7 @@ __all__ = [
     "tokenize_records",
 ]
 
-BUILTIN_DEFAULT_SIZE = 2000
+BUILTIN_DEFAULT_SIZE = DEMONSTRATION_SET_SIZE
 """Built-in demonstrations generated when ``max_samples`` is not given."""
 
 T = TypeVar("T")
@@ -158,10 +164,10 @@ def load_sft_records(
     out = stats if stats is not None else {}
     out.update({"schema": None, "n_rows": 0, "n_records": 0, "skipped": 0})
     if dataset.startswith("builtin:"):
-        tasks = parse_builtin_name(dataset) or builtin_tasks
-        n = BUILTIN_DEFAULT_SIZE if max_samples is None else max_samples
-        # other splits draw from a far-away seed so their questions differ from the train split
-        records = builtin_sft_records(n, split_seed(seed, split), tasks, builtin_task_configs)
+        parse_builtin_name(dataset)  # an unknown builtin: name is refused here
+        records = demonstration_set(
+            dataset, split, max_samples, seed, builtin_tasks, builtin_task_configs
+        )
         out.update({"schema": "builtin", "n_rows": len(records), "n_records": len(records)})
         return records
 

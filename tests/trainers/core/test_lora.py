@@ -16,6 +16,7 @@ from trainers.core import lora
 from trainers.core.config import ConfigError, LoraSection, ModelSection, load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import read_jsonl
+from trainers.direct_alignment import pairs as da_pairs
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
@@ -124,7 +125,7 @@ def test_dpo_step_with_adapter_off_reference_equals_one_with_a_frozen_base_copy(
     )
     tokenizer = load_tokenizer("tiny")
     pad = tokenizer.pad_token_id
-    train_ex, _, _, _ = da_train.prepare_examples(cfg, tokenizer)
+    train_ex, _, _, _ = da_pairs.prepare_examples(cfg, tokenizer)
     examples, ids = train_ex[:4], [0, 1, 2, 3]
     device = torch.device("cpu")
 
@@ -132,9 +133,9 @@ def test_dpo_step_with_adapter_off_reference_equals_one_with_a_frozen_base_copy(
     base_copy = load_causal_lm("tiny", device="cpu", dtype="fp32", trainable=False)
     with lora.reference_view(policy) as ref:
         assert ref is policy
-        off = da_train.compute_reference_logps(ref, examples, pad, device, 4, with_kl=False)
-    on = da_train.compute_reference_logps(policy, examples, pad, device, 4, with_kl=False)
-    copy = da_train.compute_reference_logps(base_copy, examples, pad, device, 4, with_kl=False)
+        off = da_pairs.compute_reference_logps(ref, examples, pad, device, 4, with_kl=False)
+    on = da_pairs.compute_reference_logps(policy, examples, pad, device, 4, with_kl=False)
+    copy = da_pairs.compute_reference_logps(base_copy, examples, pad, device, 4, with_kl=False)
     assert not torch.allclose(on["chosen"], copy["chosen"], atol=1e-3)  # the adapter matters
     torch.testing.assert_close(off["chosen"], copy["chosen"], rtol=0, atol=1e-5)
     torch.testing.assert_close(off["rejected"], copy["rejected"], rtol=0, atol=1e-5)
@@ -142,7 +143,7 @@ def test_dpo_step_with_adapter_off_reference_equals_one_with_a_frozen_base_copy(
     def step(ref_logps) -> tuple[float, dict[str, torch.Tensor]]:
         policy.train()
         policy.zero_grad(set_to_none=True)
-        loss, _, _ = da_train.micro_batch_loss(cfg, policy, examples, ids, ref_logps, pad, device)
+        loss, _, _ = da_pairs.micro_batch_loss(cfg, policy, examples, ids, ref_logps, pad, device)
         loss.backward()
         grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
         return float(loss.detach()), grads

@@ -296,7 +296,7 @@ def _steps() -> list:
 
 
 def _pg_prompts() -> list:
-    from trainers.core.prompts import load_prompts
+    from trainers.core.prompts import composite_prompts as load_prompts
     from trainers.policy_gradients.config import DatasetSpecSection
 
     spec = DatasetSpecSection(name="chain_sum", config={"min_terms": 2, "max_terms": 3})

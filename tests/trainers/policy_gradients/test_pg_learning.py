@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from trainers.core.models import load_causal_lm, load_tokenizer
-from trainers.core.prompts import load_prompts
+from trainers.core.prompts import composite_prompts as load_prompts
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.config import DatasetSpecSection
