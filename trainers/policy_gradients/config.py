@@ -366,3 +366,50 @@ class PolicyGradientConfig(StrictModel):
         if not self.spec.needs_old_logprobs:
             return False
         return self.loss.updates_per_rollout > 1 or self.optimizer_steps_per_update > 1
+
+    def reward_model_names(self) -> list[tuple[str, str]]:
+        """(config key, name) of the reward models the run loads."""
+        out = []
+        if self.reward.model:
+            out.append(("reward.model", self.reward.model))
+        if self.reward.gold_model:
+            out.append(("reward.gold_model", self.reward.gold_model))
+        return out
+
+    @property
+    def headline_metric(self) -> str:
+        """The held-out metric this run is judged on (summary.json's best value; the lab's rule
+        in ``rlhf_lab/headline.py``): a run rewarded by a reward model is judged on its held-out
+        gold reward when it has a gold signal, else on the optimised model's held-out score (a
+        proxy); any other run on greedy held-out correctness, the family's headline."""
+        if self.reward.model:
+            return "eval/gold_reward" if self.gold_source else "eval/proxy_reward"
+        return "eval/avg_correctness"
+
+    def notes(self) -> list[str]:
+        """Things a reader of the run should know about this config (printed and in summary)."""
+        notes = []
+        if self.loss.beta > 0 and self.spec.kl == "none":
+            notes.append(
+                f"loss.beta={self.loss.beta} is ignored: {self.algorithm} has no KL term (as in "
+                "the book's code); no reference model is loaded"
+            )
+        if self.reward.model and self.reward.gold_model == self.reward.model:
+            notes.append(
+                "reward.gold_model is the optimised reward model itself: gold_reward equals "
+                "proxy_reward and cannot reveal overoptimisation"
+            )
+        if self.reward.model and not self.uses_kl:
+            notes.append(
+                "no KL leash to the reference (loss.beta=0"
+                + ("" if self.spec.kl != "none" else f", {self.algorithm} has no KL term")
+                + "): nothing holds the policy near its start while it maximises the reward "
+                "model, and kl_ref is not logged"
+            )
+        safe = self.loss.l_max - self.loss.l_cache
+        if self.spec.overlong_penalty and safe >= self.rollout.max_new_tokens:
+            notes.append(
+                f"the overlong penalty never applies: rollout.max_new_tokens="
+                f"{self.rollout.max_new_tokens} <= l_max - l_cache = {safe}"
+            )
+        return notes

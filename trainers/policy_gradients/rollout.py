@@ -51,7 +51,6 @@ from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     TOKEN_ADVANTAGES,
     TOKEN_REWARD_ADVANTAGES,
-    WHITENED_OVER_BATCH,
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
@@ -245,10 +244,8 @@ def prepare_update(
     elif spec.advantage in TOKEN_REWARD_ADVANTAGES:  # critic-free, per token (REINFORCE++, ReMax)
         penalty = torch.zeros_like(mask) if token_kl is None else cfg.loss.beta * token_kl * mask
         estimator = TOKEN_REWARD_ADVANTAGES[spec.advantage]
-        pooled = {}  # whitened over the global batch: every rank's tokens
-        if spec.advantage in WHITENED_OVER_BATCH and world().distributed:
-            pooled["moments"] = global_moments
-        exp.advantages = estimator(exp.rewards, penalty, mask, G, **pooled) * mask
+        pooled = global_moments if world().distributed else None  # every rank's tokens
+        exp.advantages = estimator(exp.rewards, penalty, mask, G, pooled) * mask
         exp.shaped_total = total - penalty.sum(-1)
     else:
         if token_kl is not None:  # reinforce / rloo: one scalar per sequence

@@ -60,7 +60,7 @@ def test_reference_logprobs_of_a_real_dpo_run_report_their_count(tmp_path, monke
     examples = da_pairs.prepare_examples(cfg, tokenizer)[0][:12]
     model = load_causal_lm("tiny", device="cpu", dtype="fp32", trainable=False)
     seen: list[tuple[int, int]] = []
-    monkeypatch.setattr(da_train, "phase_progress", lambda d, t: seen.append((d, t)))
+    monkeypatch.setattr(da_pairs, "phase_progress", lambda d, t: seen.append((d, t)))
     da_pairs.compute_reference_logps(
         model, examples, tokenizer.pad_token_id, torch.device("cpu"), 4, with_kl=False
     )

@@ -590,8 +590,8 @@ def test_builtin_task_settings_reach_the_prompts():
     warm start's own task) for the built-in preference set; without it the defaults hold."""
     import re
 
-    from trainers.direct_alignment.config import DirectAlignmentConfig
     from trainers.core.preferences import configured_preference_records
+    from trainers.direct_alignment.config import DirectAlignmentConfig
 
     def operands(recs) -> list[list[str]]:
         return [re.findall(r"\d+", r.meta["entry"]["question"].split(":")[-1]) for r in recs]
