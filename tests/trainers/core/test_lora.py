@@ -362,6 +362,13 @@ def test_policy_gradients_train_one_step_with_lora(tmp_path, algorithm):
     run_dir = tmp_path / "run"
     mp = pytest.MonkeyPatch()
     mp.setattr(pg_train, "load_causal_lm", counting_load)
+    real_reference = pg_train.load_reference
+
+    def counting_reference(*args, **kwargs):
+        loads.append(False)  # a frozen reference copy
+        return real_reference(*args, **kwargs)
+
+    mp.setattr(pg_train, "load_reference", counting_reference)
     try:
         argv = trainer_argv(config_path("policy_gradients", algorithm), run_dir, overrides)
         assert pg_train.main(argv) == 0
@@ -381,7 +388,7 @@ def test_policy_gradients_train_one_step_with_lora(tmp_path, algorithm):
 
 
 def test_rejection_sampling_passes_lora_to_its_sft_stage(tmp_path):
-    from trainers.rejection_sampling import train as rs_train
+    from trainers.rejection_sampling import sft_stage
     from trainers.rejection_sampling.config import RejectionSamplingConfig
 
     cfg = load_config(
@@ -389,7 +396,7 @@ def test_rejection_sampling_passes_lora_to_its_sft_stage(tmp_path):
         RejectionSamplingConfig,
         ["model.name=tiny", *LORA],
     )
-    sft = rs_train.sft_config(cfg, tmp_path / "selection.jsonl")
+    sft = sft_stage.sft_config(cfg, tmp_path / "selection.jsonl")
     assert sft.model.lora == cfg.model.lora and sft.model.lora.rank == 4
 
 
