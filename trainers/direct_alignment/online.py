@@ -256,6 +256,65 @@ def greedy_scores(model, tokenizer, ranker: Ranker, prompts, batch_size: int, ma
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass
+class RankedStep:
+    """One step's samples: the completions (k per prompt, consecutive), the ranker's score
+    parts, the (prompt, chosen, rejected) indices, the tied share and the pairs to train on."""
+
+    completions: list[list[int]]
+    parts: dict[str, Tensor]
+    ranked: list[tuple[int, int, int]]
+    tie: Tensor
+    pairs: list[TokenizedExample]
+
+
+def sample_and_rank(cfg, model, tokenizer, ranker: Ranker, prompts, generator) -> RankedStep:
+    """``online.num_samples`` completions of each prompt from the policy as it is now, scored
+    by the ranker; each prompt's best-scored against its worst-scored (:func:`rank_samples`)."""
+    k = cfg.online.num_samples
+    completions = sample_policy(
+        model,
+        tokenizer,
+        [p.ids for p in prompts],
+        max_new_tokens=cfg.online.max_new_tokens,
+        sampling=online_sampling(cfg),
+        repeats=k,
+        generator=generator,
+    )
+    parts = ranker.score(rows_of(prompts, k), completions)
+    ranked, tie = rank_samples(parts["score"], k)
+    pairs = [TokenizedExample(prompts[i].ids, completions[c], completions[r]) for i, c, r in ranked]
+    return RankedStep(completions, parts, ranked, tie, pairs)
+
+
+def load_prompt_sets(cfg: DirectAlignmentConfig, tokenizer) -> tuple[list, list, list]:
+    """(training prompts, held-out prompts, held-out pairs): the preference set's prompts
+    (its responses unused but for the held-out pairs, which keep the offline accuracy)."""
+    train_records, eval_records = split_train_eval(
+        configured_preference_records(cfg.data, cfg.seed),
+        eval_size=cfg.data.eval_size,
+        seed=cfg.seed,
+    )
+    eval_pairs, _ = tokenize_records(
+        eval_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
+    )
+    train_prompts = prompt_rows(cfg, tokenizer, train_records)
+    return train_prompts, prompt_rows(cfg, tokenizer, eval_records), eval_pairs
+
+
+def load_models(cfg: DirectAlignmentConfig, device, dtype, attn) -> tuple[Any, Any]:
+    """(the policy in train mode, the frozen starting model when the loss needs a reference)."""
+    ref_model = None
+    if cfg.needs_reference:  # the starting model, frozen for the whole run
+        ref_model = load_reference(cfg.model, device, dtype, attn)
+    model = load_causal_lm(
+        cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
+    )
+    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
+    model.train()
+    return model, ref_model
+
+
 def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Online DPO; see the module doc."""
     seed_everything(cfg.seed)
@@ -264,16 +323,7 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
     pad_id = tokenizer.pad_token_id
 
     run.update_phase("tokenizing")
-    train_records, eval_records = split_train_eval(
-        configured_preference_records(cfg.data, cfg.seed),
-        eval_size=cfg.data.eval_size,
-        seed=cfg.seed,
-    )
-    train_prompts = prompt_rows(cfg, tokenizer, train_records)
-    eval_prompts = prompt_rows(cfg, tokenizer, eval_records)
-    eval_pairs, _ = tokenize_records(
-        eval_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
-    )
+    train_prompts, eval_prompts, eval_pairs = load_prompt_sets(cfg, tokenizer)
     info: dict[str, Any] = {
         "data": {
             "n_train_prompts": len(train_prompts),
@@ -288,14 +338,7 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
 
     run.update_phase("loading_model", total_steps)
     ranker = Ranker(cfg, tokenizer, device, dtype, attn)
-    ref_model = None
-    if cfg.needs_reference:  # the starting model, frozen for the whole run
-        ref_model = load_reference(cfg.model, device, dtype, attn)
-    model = load_causal_lm(
-        cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
-    )
-    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
-    model.train()
+    model, ref_model = load_models(cfg, device, dtype, attn)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
     loop.checkpoint_with(model, optimizer, scheduler)
     state = loop.resume(model, optimizer, scheduler) if resume else None
@@ -349,25 +392,13 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_prompts), cfg.train, cfg.seed, position):
         timer = StepTimer()
-        # 1-2. sample k completions per prompt from the current policy
+        # 1-4. sample k completions per prompt from the current policy and rank them: best
+        # against worst; a prompt whose samples all tie gives no pair
         loop.progress("generating")
         prompts = [train_prompts[i] for i in pos.ids]
-        k = cfg.online.num_samples
-        completions = sample_policy(
-            model,
-            tokenizer,
-            [p.ids for p in prompts],
-            max_new_tokens=cfg.online.max_new_tokens,
-            sampling=online_sampling(cfg),
-            repeats=k,
-            generator=step_generator(device, cfg.seed, loop.step),
-        )
-        # 3-4. rank them: best against worst; a prompt whose samples all tie is skipped
-        parts = ranker.score(rows_of(prompts, k), completions)
-        ranked, tie = rank_samples(parts["score"], k)
-        pairs = [
-            TokenizedExample(prompts[i].ids, completions[c], completions[r]) for i, c, r in ranked
-        ]
+        generator = step_generator(device, cfg.seed, loop.step)
+        step = sample_and_rank(cfg, model, tokenizer, ranker, prompts, generator)
+        completions, parts, ranked, pairs = step.completions, step.parts, step.ranked, step.pairs
         # 5. the pair loss, micro-batch by micro-batch
         loop.progress("training", epoch=pos.epoch)
         agg, step_tokens = StepMetrics(), 0
@@ -383,7 +414,7 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
             model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
         )
         row = step_metrics(
-            {**agg.mean(), **ranking_metrics(parts, ranked, tie, completions)},
+            {**agg.mean(), **ranking_metrics(parts, ranked, step.tie, completions)},
             grad_norm,
             lr,
             step_tokens,
