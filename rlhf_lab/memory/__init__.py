@@ -9,8 +9,7 @@ per-family training-memory estimate, torch-free.
 * :mod:`~rlhf_lab.memory.estimate`: :func:`estimate_memory`, which dispatches on the family,
   and :func:`fits`.
 
-``_hub_cached`` is re-exported here on purpose: :func:`model_facts` looks it up on this package
-at call time, so replacing ``rlhf_lab.memory._hub_cached`` fakes the Hugging Face cache.
+Tests fake the Hugging Face cache by replacing ``rlhf_lab.memory.architecture._hub_cached``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from rlhf_lab.memory.architecture import (
     ModelArch,
     ModelFacts,
     ParamCount,
-    _hub_cached,
     arch_from_config,
     count_parameters,
     dtype_bytes,
@@ -61,7 +59,6 @@ __all__ = [
     "ModelArch",
     "ModelFacts",
     "ParamCount",
-    "_hub_cached",
     "arch_from_config",
     "count_parameters",
     "dtype_bytes",

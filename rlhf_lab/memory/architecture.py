@@ -379,11 +379,10 @@ def _hub_cached(hub_id: str, filename: str) -> str | None:
 
 
 def hub_cached(hub_id: str, filename: str) -> str | None:
-    """:func:`_hub_cached` looked up on the ``rlhf_lab.memory`` package at call time, so that
-    replacing ``rlhf_lab.memory._hub_cached`` (what tests do to fake the cache) takes effect."""
-    import rlhf_lab.memory as package
-
-    return package._hub_cached(hub_id, filename)
+    """:func:`_hub_cached`, looked up in this module at call time, so that replacing
+    ``rlhf_lab.memory.architecture._hub_cached`` (what tests do to fake the cache) reaches
+    every caller, :mod:`rlhf_lab.validation` included."""
+    return _hub_cached(hub_id, filename)
 
 
 def model_facts(name: str) -> ModelFacts:

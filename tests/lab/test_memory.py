@@ -184,7 +184,7 @@ def test_small_preset_counted_without_building():
 
 
 def test_hub_model_not_cached_and_unknown(monkeypatch):
-    monkeypatch.setattr(memory, "_hub_cached", lambda hub_id, filename: None)
+    monkeypatch.setattr(memory.architecture, "_hub_cached", lambda hub_id, filename: None)
     with pytest.raises(LabError) as err:
         model_facts("someorg/unknown-model")
     assert "not in the local Hugging Face cache" in str(err.value)
@@ -195,7 +195,7 @@ def test_hub_model_not_cached_and_unknown(monkeypatch):
 
 
 def test_hub_model_known_facts_when_not_cached(monkeypatch):
-    monkeypatch.setattr(memory, "_hub_cached", lambda hub_id, filename: None)
+    monkeypatch.setattr(memory.architecture, "_hub_cached", lambda hub_id, filename: None)
     facts = model_facts("Qwen/Qwen3-0.6B-Base")
     assert facts.kind == "hub" and not facts.loadable
     assert facts.params.total == 596_049_920
@@ -206,7 +206,9 @@ def test_hub_model_config_from_the_local_cache(monkeypatch, tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(GPT2))
     cached = {"config.json": str(cfg)}
-    monkeypatch.setattr(memory, "_hub_cached", lambda hub_id, filename: cached.get(filename))
+    monkeypatch.setattr(
+        memory.architecture, "_hub_cached", lambda hub_id, filename: cached.get(filename)
+    )
     facts = model_facts("openai-community/gpt2")
     assert facts.params.total == 124_439_808
     assert "local Hugging Face cache" in facts.source

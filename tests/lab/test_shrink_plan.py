@@ -306,7 +306,7 @@ def test_plan_every_recipe(recipe, no_gpu):
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.id for r in RECIPES])
 def test_plan_every_recipe_with_its_own_model_offline(recipe, no_gpu, monkeypatch):
-    monkeypatch.setattr(memory_mod, "_hub_cached", lambda hub_id, filename: None)
+    monkeypatch.setattr(memory_mod.architecture, "_hub_cached", lambda hub_id, filename: None)
     try:
         plan = plan_experiment(algorithm=recipe.id)
     except LabError as err:
@@ -357,7 +357,7 @@ def test_parse_request(text, targets, model, compare):
 
 
 def test_plan_small_simpo_sanity(no_gpu, monkeypatch):
-    monkeypatch.setattr(memory_mod, "_hub_cached", lambda hub_id, filename: None)
+    monkeypatch.setattr(memory_mod.architecture, "_hub_cached", lambda hub_id, filename: None)
     plan = plan_experiment("small SimPO sanity check")
     assert plan.intent == "sanity" and plan.campaign == "simpo-sanity"
     run = plan.runs[0]
@@ -567,7 +567,7 @@ def test_plan_picks_a_free_gpu_that_fits(monkeypatch):
         ram_available_gb=100.0,
     )
     monkeypatch.setattr(plan_mod, "check_resources", lambda: res)
-    monkeypatch.setattr(memory_mod, "_hub_cached", lambda hub_id, filename: None)
+    monkeypatch.setattr(memory_mod.architecture, "_hub_cached", lambda hub_id, filename: None)
     plan = plan_experiment("dpo sanity check")
     run = plan.runs[0]
     est = run.memory["cuda"].total_gb
@@ -596,7 +596,7 @@ def test_plan_warns_when_nothing_fits(monkeypatch):
         ram_available_gb=4.0,
     )
     monkeypatch.setattr(plan_mod, "check_resources", lambda: res)
-    monkeypatch.setattr(memory_mod, "_hub_cached", lambda hub_id, filename: None)
+    monkeypatch.setattr(memory_mod.architecture, "_hub_cached", lambda hub_id, filename: None)
     plan = plan_experiment("dpo sanity check")
     assert plan.runs[0].recommended_device is None
     assert any("does not fit in the free memory of any GPU" in w for w in plan.warnings)
