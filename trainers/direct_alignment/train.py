@@ -4,7 +4,7 @@
     python -m trainers.direct_alignment.train --config configs/dpo.yaml --run-dir DIR \
         [--set loss=simpo] [--set data.max_samples=64] [--resume]
 
-The loop, per optimizer step:
+The loop, per optimizer step (the pair step's pieces are ``pairs.py``):
   1. take the next `batch_size × gradient_accumulation_steps` preference pairs;
   2. for each micro-batch, one forward pass over [chosen; rejected (; KTO mismatched pairs)],
      summed completion log-probs per sequence;
