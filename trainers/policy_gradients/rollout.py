@@ -5,7 +5,7 @@ One rollout step, as in the algorithm box:
 1. ``generate_group_batch`` (:mod:`.generation`) — each prompt is prefilled once and its
    ``num_rollouts`` completions are sampled from the repeated KV cache.
 2. ``score`` — the reward parts of the decoded completions: reasoning-gym correctness and tag
-   format (rewards.compute_rewards; only format without a verifier), DAPO's overlong penalty,
+   format (core.verifier.compute_rewards; only format without a verifier), DAPO's overlong penalty,
    the reward model's score (``RewardModels.proxy``, normalised as ``reward.normalize`` says)
    and the gold reward model's score; then the weighted, shaped ``total``
    (rewards.shaped_total).
@@ -139,7 +139,7 @@ def score_texts(
     gold reward model's score). ``update_moments=False`` (evaluation) whitens the proxy's score
     with neither the batch nor the running statistics: ``model_norm`` is the raw score.
     ``verifier``: the function that scores verifier prompts (default
-    :func:`~.rewards.compute_rewards`)."""
+    :func:`trainers.core.verifier.compute_rewards`)."""
     rw = cfg.reward
     metas = [p.meta for p in prompts]
     if cfg.data.has_verifier:
