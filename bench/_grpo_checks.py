@@ -35,6 +35,7 @@ from trainers.core.decoding import (
 )
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
 from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.prompts import Prompt
 from trainers.core.tasks import format_response
 from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.advantages import (
@@ -42,7 +43,6 @@ from trainers.policy_gradients.advantages import (
     grpo_advantages,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.data import Prompt
 from trainers.policy_gradients.losses import (
     POLICY_LOSSES,
     PolicyLossInputs,

@@ -126,8 +126,8 @@ def generation_versus_generate(
 def lab_estimate(phase: str, overrides: list[str], device: str) -> dict[str, Any]:
     """The lab's estimate (``rlhf_lab.planning.memory.estimate_memory``) of ``phase``'s run, resolved
     from the recipe with the same overrides the trainer ran with."""
-    from rlhf_lab.planning.memory import estimate_memory
     from rlhf_lab.planning.configs import resolve_config
+    from rlhf_lab.planning.memory import estimate_memory
 
     resolved = resolve_config(RECIPES[phase], overrides)
     est = estimate_memory(resolved.family, resolved.algorithm, resolved.data, device=device)

@@ -196,7 +196,7 @@ def dpo_loss_agreement(model: str, batch_size: int) -> dict[str, Any]:
     from trainers.core.models import load_causal_lm, load_tokenizer
     from trainers.direct_alignment.config import DirectAlignmentConfig
     from trainers.direct_alignment.data import tokenize_records
-    from trainers.direct_alignment.train import compute_reference_logps, micro_batch_loss
+    from trainers.direct_alignment.pairs import compute_reference_logps, micro_batch_loss
 
     torch.manual_seed(SEED)
     records = preference_records(batch_size)

@@ -10,7 +10,7 @@ Matched: the model (a preset loaded by trainers.core.models, fp32 on the CPU, sd
 prompts (our reasoning-gym ``spell_backward`` prompts, chat-templated by the same tokenizer; TRL
 gets the same messages as a dataset of {"prompt", "answer", "prompt_index"} in the order our
 prompt stream serves them, unshuffled, so step k of both sees the same prompts), the reward
-(trainers.policy_gradients.rewards.compute_rewards, correctness + 0.5·format, wrapped in TRL's
+(trainers.core.verifier.compute_rewards, correctness + 0.5·format, wrapped in TRL's
 reward-function signature), the group size (num_generations = num_rollouts), the completion
 length (max_completion_length = max_new_tokens), sampling (temperature 1.0, top_p 1.0, top_k off,
 KV cache, the same end-of-turn ids; ours samples with trainers/core/decoding.py, TRL with

@@ -198,8 +198,8 @@ def gpu_process_gib(pid: int) -> float | None:
 
 def resolve(case: Case, device: str):
     """(resolved config, memory estimate) through the lab, torch-free."""
-    from rlhf_lab.planning.memory import estimate_memory
     from rlhf_lab.planning.configs import resolve_config
+    from rlhf_lab.planning.memory import estimate_memory
 
     resolved = resolve_config(case.recipe, [f"model.name={case.model}"])
     overrides = [

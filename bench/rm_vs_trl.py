@@ -139,7 +139,7 @@ def run_trl_rm(model: str, batch_size: int, steps: int, warmup: int) -> dict:
 def our_reward_model(model: str):
     import torch
 
-    from trainers.reward_models.model import build_reward_model
+    from trainers.core.reward_model import build_reward_model
 
     torch.manual_seed(SEED)
     return build_reward_model(model, "preference", device="cpu", dtype="fp32", trainable=True)

@@ -1,7 +1,7 @@
 """A stand-in verifier for learning tests on a random or barely trained tiny model, where the
 real tasks' rewards are almost always 0: correctness = the share of vowel characters in the
 completion text, a dense signal any sampler can climb. Same signature and result keys as
-``trainers.policy_gradients.rewards.compute_rewards``, so a test swaps it in with monkeypatch."""
+``trainers.core.verifier.compute_rewards``, so a test swaps it in with monkeypatch."""
 
 from __future__ import annotations
 

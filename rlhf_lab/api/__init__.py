@@ -234,6 +234,13 @@ def _device_total_gb(device: str) -> float | None:
     return device_total_gb(device)
 
 
+def _device_memory():
+    """The memory hooks as they are now (tests replace ``_device_free_gb``/``_total_gb``)."""
+    from rlhf_lab.api.placement import DeviceMemory
+
+    return DeviceMemory(_device_free_gb, _device_total_gb, device_busy_error)
+
+
 def _where(device: str) -> str:
     return "RAM" if device == "cpu" else f"memory of {device}"
 
@@ -543,7 +550,7 @@ def launch_experiment(
         dev = placement.device if placement.devices else dev
     if not force and (placement.distributed or not placement.devices):
         fits_together, memory_warnings = check_placement(
-            family, algorithm, data, placement, queue=queue or waits
+            family, algorithm, data, placement, queue=queue or waits, memory=_device_memory()
         )
         warnings += memory_warnings
     elif not force:  # refused before the campaign is written; runs.launch re-checks the device
@@ -604,21 +611,6 @@ def _check_slurm_request(device: str, gpus: str | int | None, queue: bool) -> No
         raise refuse_local_only("queue")
 
 
-def _slurm_options(slurm: dict[str, Any]) -> Any:
-    """The Slurm options of a launch, or one InvalidArgument naming the bad ones."""
-    from pydantic import ValidationError
-
-    from rlhf_lab.runs.slurm import SlurmOptions, checked_options
-
-    try:
-        return checked_options(SlurmOptions.model_validate(slurm))
-    except ValidationError as err:
-        bad = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'slurm'}: {e['msg']}" for e in err.errors()
-        )
-        raise InvalidArgument(f"bad Slurm options ({bad})") from None
-
-
 def _launch_slurm(
     family: str,
     algorithm: str,
@@ -632,13 +624,14 @@ def _launch_slurm(
 ) -> LaunchResult:
     """Submit a checked run as a Slurm job: every check (config, world size, Slurm present)
     comes before the campaign or run folder is written."""
+    from rlhf_lab.api.placement import slurm_options
     from rlhf_lab.ledger import create_campaign
     from rlhf_lab.planning.validation import check_config
     from rlhf_lab.runs.slurm import check_slurm_available
     from rlhf_lab.runs.slurm_runs import launch_slurm
     from rlhf_lab.runs.world import check_world_size
 
-    options = _slurm_options(slurm)
+    options = slurm_options(slurm)
     if after:
         from rlhf_lab.runs.slurm import refuse_local_only
 

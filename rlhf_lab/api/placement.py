@@ -2,24 +2,31 @@
 world size against the config's batches, and the per-rank memory estimate against EACH device's
 free memory (on the CPU the ranks share the RAM: ranks × per-rank estimate). Torch-free.
 
-The memory hooks are :mod:`rlhf_lab.api`'s ``_device_free_gb`` / ``_device_total_gb`` (looked up
-there at call time, so the tests' replacements reach this module too).
+The memory hooks come from the caller (:class:`DeviceMemory`: :mod:`rlhf_lab.api` passes its
+``_device_free_gb`` / ``_device_total_gb`` as they are at the call, so the tests' replacements
+reach this module too, without this module importing the API back).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from rlhf_lab.errors import Conflict, LabError, NextStep
+from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep
 from rlhf_lab.runs.devices import Placement
 
-__all__ = ["check_placement", "per_rank_estimate_gb", "pick_devices"]
+__all__ = ["DeviceMemory", "check_placement", "per_rank_estimate_gb", "pick_devices"]
 
 
-def _api() -> Any:
-    import rlhf_lab.api as api
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What the memory rule asks of a device: GiB free now and in all (None: unknown), and
+    the refusal of a launch beside busy runs (:func:`rlhf_lab.api.device_busy_error`)."""
 
-    return api
+    free_gb: Callable[[str], float | None]
+    total_gb: Callable[[str], float | None]
+    busy_error: Callable[..., Exception]
 
 
 def per_rank_estimate_gb(
@@ -51,7 +58,13 @@ def pick_devices(placement: Placement) -> Placement:
 
 
 def check_placement(
-    family: str, algorithm: str, data: dict, placement: Placement, *, queue: bool
+    family: str,
+    algorithm: str,
+    data: dict,
+    placement: Placement,
+    *,
+    queue: bool,
+    memory: DeviceMemory,
 ) -> tuple[bool | None, list[str]]:
     """The memory and busy-device rule of :func:`rlhf_lab.api._check_memory` for a run on
     several devices or ranks: every device must fit one rank's estimate (the CPU: all ranks');
@@ -60,7 +73,6 @@ def check_placement(
     from rlhf_lab.planning.memory import fits
     from rlhf_lab.runs import active_runs, visible_gpus
 
-    api = _api()
     world = placement.nproc if placement.distributed else 1
     devices = placement.devices
     if not devices:  # picked when it starts: the largest GPU decides whether it ever can
@@ -78,16 +90,16 @@ def check_placement(
     together = False
     for device in dict.fromkeys(devices):
         if queue:
-            total = api._device_total_gb(device)
+            total = memory.total_gb(device)
             if total is not None and not fits(need, total):
                 raise _refusal(device, label, total, "all the memory", queued=True)
             continue
         busy = active_runs(device)
-        free = api._device_free_gb(device)
+        free = memory.free_gb(device)
         ok = None if free is None else fits(need, free)
         if busy:
             if not ok:
-                raise api.device_busy_error(device, busy, ok, estimate_gb=need, free_gb=free)
+                raise memory.busy_error(device, busy, ok, estimate_gb=need, free_gb=free)
             together = True
         elif ok is False:
             raise _refusal(device, label, free, "the free memory")
@@ -115,11 +127,25 @@ def _refusal(device: str, label: str, have: float, what: str, queued: bool = Fal
 def slurm_job_preview(recipe: str, slurm: dict[str, Any]) -> str:
     """The job script a Slurm launch of ``recipe`` would write and submit, with ``<run-dir>``
     and ``<run-id>`` standing for the run folder and id it gets (nothing is written)."""
-    from rlhf_lab.api import _slurm_options
     from rlhf_lab.api.recipes import find_known_recipe
     from rlhf_lab.runs.records import _source_dir
     from rlhf_lab.runs.slurm import job_script
 
-    options = _slurm_options(slurm)
+    options = slurm_options(slurm)
     family = find_known_recipe(recipe).family
     return job_script("<run-id>", family, "<run-dir>", options, source_dir=_source_dir())
+
+
+def slurm_options(slurm: dict[str, Any]) -> Any:
+    """The Slurm options of a launch, or one InvalidArgument naming the bad ones."""
+    from pydantic import ValidationError
+
+    from rlhf_lab.runs.slurm import SlurmOptions, checked_options
+
+    try:
+        return checked_options(SlurmOptions.model_validate(slurm))
+    except ValidationError as err:
+        bad = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'slurm'}: {e['msg']}" for e in err.errors()
+        )
+        raise InvalidArgument(f"bad Slurm options ({bad})") from None

@@ -12,8 +12,6 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
 from rlhf_lab.errors import LabError, NextStep
-from rlhf_lab.planning.memory import MemoryEstimate, fits
-from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
 from rlhf_lab.planning.catalog import (
     Recipe,
     acceptance_for,
@@ -22,6 +20,8 @@ from rlhf_lab.planning.catalog import (
     key_metrics_for,
 )
 from rlhf_lab.planning.catalog import list_recipes as catalog_recipes
+from rlhf_lab.planning.memory import MemoryEstimate, fits
+from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
 from rlhf_lab.planning.shrink import ShrinkResult
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs import active_runs, resolve_device

@@ -21,7 +21,14 @@ from pydantic import BaseModel, Field
 from rlhf_lab.api._operation import operation
 from rlhf_lab.api.results import State
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep
-from rlhf_lab.results.diagnosis import Alert, LogChunk, MetricSeries, diagnose, read_metrics, tail_log
+from rlhf_lab.results.diagnosis import (
+    Alert,
+    LogChunk,
+    MetricSeries,
+    diagnose,
+    read_metrics,
+    tail_log,
+)
 from rlhf_lab.runs import RunStatus, follow_run, run_state
 
 FINISHED_STATES: frozenset[str] = frozenset(

@@ -38,8 +38,8 @@ from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.catalog import get_dotted, source_root
 from rlhf_lab.planning.time import predicted_total_s
-from rlhf_lab.results.headline import headline_for, heldout_items, noise_interval, start_value
 from rlhf_lab.results.diagnosis import run_flags, run_notes
+from rlhf_lab.results.headline import headline_for, heldout_items, noise_interval, start_value
 from rlhf_lab.results.overoptimisation import overoptimisation
 from rlhf_lab.results.plots import as_float
 from rlhf_lab.runs.folder import (

@@ -5,7 +5,7 @@ bare id) or a folder. A run is checked like any reference (failed runs and runs 
 final model are refused, :func:`rlhf_lab.runs.lineage.check_ref`) and must be a reward-model run of
 that kind; its ``final_model`` folder goes into the job's config, and the job waits for the run
 when it has not ended yet. A folder is passed on as is: the job checks it before writing
-anything (``trainers.evaluation.best_of_n.reward_model_folder``). ``best_of_n.samples_from``
+anything (``trainers.evaluation.best_of_n_suite.reward_model_folder``). ``best_of_n.samples_from``
 takes an earlier best_of_n evaluation (a run reference, or its folder): its completions are
 scored again by other reward models (e.g. other training seeds) instead of sampling anew.
 """

@@ -12,8 +12,8 @@ import shlex
 import pytest
 
 from rlhf_lab import ledger
-from rlhf_lab.results.divergence import degenerate_samples, divergence_advice, kl_blowup
 from rlhf_lab.results.diagnosis import diagnose
+from rlhf_lab.results.divergence import degenerate_samples, divergence_advice, kl_blowup
 from tests.lab.test_overoptimisation import CAMP, make_run
 
 # kl_ref per rollout step, as logged (tiny rlhf pipeline, PPO stage, seed 42)

@@ -11,7 +11,6 @@ import psutil
 import pytest
 
 from rlhf_lab.paths import LabError
-from rlhf_lab.results.divergence import repetition_reason
 from rlhf_lab.results.diagnosis import (
     diagnose,
     fold_carriage_returns,
@@ -19,6 +18,7 @@ from rlhf_lab.results.diagnosis import (
     read_metrics,
     tail_log,
 )
+from rlhf_lab.results.divergence import repetition_reason
 
 CAMPAIGN = "2026-01-01-synthetic"
 

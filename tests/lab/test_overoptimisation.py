@@ -20,8 +20,8 @@ import yaml
 from rlhf_lab import api, ledger
 from rlhf_lab.results import headline
 from rlhf_lab.results.compare import compare_runs
-from rlhf_lab.results.headline import headline_for, headline_line
 from rlhf_lab.results.diagnosis import diagnose
+from rlhf_lab.results.headline import headline_for, headline_line
 from rlhf_lab.results.overoptimisation import overoptimisation, overoptimisation_advice
 from rlhf_lab.results.plots import plot_reward_vs_kl, reward_kl_points
 from trainers.core.config import parse_override, read_yaml

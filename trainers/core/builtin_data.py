@@ -9,7 +9,9 @@ One place for every generator (each deterministic in its arguments):
   (``builtin:reasoning-outcomes``);
 * :func:`builtin_step_records`: step-rated chain-sum solutions for PRMs
   (``builtin:reasoning-steps``);
-* :func:`composite_prompts`: policy-gradient prompts from a reasoning-gym ``composite``.
+* the prompts of the loops that sample from their policy (a reasoning-gym ``composite`` for
+  policy gradients and distillation, task-by-task questions for rejection sampling) are in
+  :mod:`trainers.core.prompts`.
 
 The per-task worked reasoning and wrong answers come from :mod:`trainers.core.tasks`. Changing a
 draw from a seeded generator here changes every built-in dataset (and what the learning tests
@@ -23,9 +25,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainers.core.config import ConfigError
 from trainers.core.messages import system_and_user
-from trainers.core.records import OutcomeRecord, PreferenceRecord, Prompt, SFTRecord, StepRecord
+from trainers.core.records import OutcomeRecord, PreferenceRecord, SFTRecord, StepRecord
 from trainers.core.tasks import (
     SYSTEM_PROMPT,
     TASK_CONFIGS,
@@ -41,19 +42,17 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_BUILTIN_TASKS",
+    "DEMONSTRATION_SET_SIZE",
+    "DEMONSTRATION_TASKS",
     "ERROR_KINDS",
-    "HELD_OUT_SEED_OFFSET",
     "PRM_TASK_CONFIG",
-    "build_composite",
     "builtin_demonstrations",
+    "demonstration_set",
     "builtin_outcome_records",
     "builtin_preference_records",
     "builtin_step_records",
-    "check_specs",
-    "composite_prompts",
     "split_builtin_name",
     "task_settings",
-    "to_prompt",
 ]
 
 DEFAULT_BUILTIN_TASKS: tuple[str, ...] = ("spell_backward", "chain_sum", "letter_counting")
@@ -210,6 +209,33 @@ def builtin_demonstrations(
         )
     random.Random(seed).shuffle(records)
     return records
+
+
+DEMONSTRATION_TASKS: tuple[str, ...] = ("spell_backward", "chain_sum")
+"""Tasks of ``builtin:reasoning-sft`` when neither its name nor ``data.builtin_tasks`` picks any."""
+
+DEMONSTRATION_SET_SIZE = 2000
+"""Demonstrations generated when ``max_samples`` is not given."""
+
+
+def demonstration_set(
+    dataset: str,
+    split: str,
+    max_samples: int | None,
+    seed: int,
+    tasks: Sequence[str] | None = None,
+    task_configs: dict[str, dict] | None = None,
+) -> list[SFTRecord]:
+    """The demonstrations ``builtin:reasoning-sft[:task_a,task_b]`` stands for in an SFT run (and
+    in an evaluation that holds that run's questions out): the tasks of the name, else
+    ``tasks``, else :data:`DEMONSTRATION_TASKS`; a split other than ``train`` draws from a
+    far-away seed so its questions differ."""
+    from trainers.core.splits import split_seed
+
+    n = DEMONSTRATION_SET_SIZE if max_samples is None else max_samples
+    named = split_builtin_name(dataset)[1]
+    chosen = list(named or tasks or DEMONSTRATION_TASKS)
+    return builtin_demonstrations(n, split_seed(seed, split), chosen, task_configs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -535,75 +561,3 @@ def builtin_step_records(
     )
     rng = random.Random(seed + 17)
     return [_step_record(ds[i], rng, error_rate, neutral_rate) for i in range(n)]
-
-
-# --------------------------------------------------------------------------------------------
-# Policy-gradient prompts
-# --------------------------------------------------------------------------------------------
-
-HELD_OUT_SEED_OFFSET = 1_000_003  # held-out items come from a different composite seed
-
-
-def build_composite(specs: Sequence[Any], size: int, seed: int) -> Any:
-    """``reasoning_gym.create_dataset("composite", ...)`` of ``specs`` (objects with ``name``,
-    ``weight`` and ``config``); bad specs raise ConfigError."""
-    rg = import_reasoning_gym()
-    from reasoning_gym.composite import DatasetSpec
-
-    datasets = [DatasetSpec(name=s.name, weight=s.weight, config=dict(s.config)) for s in specs]
-    try:
-        return rg.create_dataset("composite", size=size, seed=seed, datasets=datasets)
-    except (ValueError, TypeError, AssertionError, KeyError) as err:
-        known = ""
-        if "not registered" in str(err):
-            from reasoning_gym.factory import DATASETS
-
-            known = f" Known tasks include: {', '.join(sorted(DATASETS)[:30])}, ..."
-        raise ConfigError(
-            f"data.specs: reasoning-gym could not build the task mixture "
-            f"({type(err).__name__}: {err}).{known}"
-        ) from None
-
-
-def to_prompt(item: dict) -> Prompt:
-    """A composite item as a :class:`Prompt` (``[system, user]``, scoring meta)."""
-    question = str(item["question"]).strip()
-    return Prompt(
-        messages=system_and_user(SYSTEM_PROMPT, question),
-        question=question,
-        answer=str(item["answer"]),
-        meta={"task": item["metadata"]["source_dataset"], "entry": item},
-    )
-
-
-def composite_prompts(
-    specs: Sequence[Any], size: int, eval_size: int, seed: int
-) -> tuple[list[Prompt], list[Prompt]]:
-    """(training prompts, held-out prompts). The held-out ones come from the same mixture with
-    another seed, and never repeat a training question."""
-    train_ds = build_composite(specs, size, seed)
-    train = [to_prompt(train_ds[i]) for i in range(size)]
-    held_out: list[Prompt] = []
-    if eval_size > 0:
-        seen = {p.question for p in train}
-        pool_size = 4 * eval_size + 16
-        pool = build_composite(specs, pool_size, seed + HELD_OUT_SEED_OFFSET)
-        for i in range(pool_size):
-            prompt = to_prompt(pool[i])
-            if prompt.question not in seen:
-                seen.add(prompt.question)
-                held_out.append(prompt)
-                if len(held_out) == eval_size:
-                    break
-    return train, held_out
-
-
-def check_specs(specs: Sequence[Any]) -> None:
-    """Preflight: build a one-item mixture so an unknown task or bad setting fails early."""
-    ds = build_composite(specs, 1, 0)
-    try:
-        ds[0]
-    except Exception as err:  # noqa: BLE001 - reasoning-gym raises many kinds
-        raise ConfigError(
-            f"data.specs: reasoning-gym could not generate an item ({type(err).__name__}: {err})"
-        ) from None

@@ -161,6 +161,59 @@ class CheckpointSection(StrictModel):
     )
 
 
+class DatasetSpecSection(StrictModel):
+    name: str = Field(min_length=1, description="reasoning-gym task, e.g. spell_backward")
+    weight: float = Field(default=1.0, gt=0)
+    config: dict = Field(default_factory=dict, description="the task's reasoning-gym settings")
+
+
+PromptSource = Literal["reasoning_gym", "preference"]
+BUILTIN_PROMPTS = "builtin"
+"""``data.dataset`` of the offline prompt set: the prompts of the built-in preference pairs
+(reasoning-gym questions, so the verifier can score them)."""
+
+
+class PromptDataSection(StrictModel):
+    """The prompts of a loop that samples from its policy (policy gradients, on-policy
+    distillation; read by :mod:`trainers.core.prompts`)."""
+
+    source: PromptSource = Field(
+        default="reasoning_gym",
+        description="reasoning_gym: a seeded composite of data.specs; preference: the prompts of "
+        "a preference dataset (data.dataset)",
+    )
+    specs: list[DatasetSpecSection] = Field(
+        default_factory=lambda: [
+            DatasetSpecSection(
+                name="spell_backward", config={"min_word_len": 3, "max_word_len": 10}
+            )
+        ],
+        min_length=1,
+        description="reasoning-gym `composite` of these tasks (source reasoning_gym)",
+    )
+    dataset: str | None = Field(
+        default=None,
+        description="source preference: a hub id or local .jsonl/.json/.parquet/.csv file or "
+        "folder of an HH-RLHF-style (chosen/rejected transcripts) or UltraFeedback-style "
+        "(`prompt` column or chosen message lists) dataset, or `builtin` (offline: the prompts "
+        "of the built-in preference pairs, reasoning-gym questions; builtin:task_a,task_b for "
+        "some tasks)",
+    )
+    split: str = Field(default="train", description="dataset split (source preference)")
+    size: int = Field(default=3000, ge=1, description="training prompts (one epoch)")
+    eval_size: int = Field(
+        default=64, ge=0, description="held-out prompts for the greedy eval/ metrics"
+    )
+
+    @property
+    def has_verifier(self) -> bool:
+        """Whether every prompt carries a reasoning-gym entry the verifier can score."""
+        if self.source == "reasoning_gym":
+            return True
+        ds = self.dataset or ""
+        return ds == BUILTIN_PROMPTS or ds.startswith(f"{BUILTIN_PROMPTS}:")
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------

@@ -337,6 +337,18 @@ def load_causal_lm(
     return model
 
 
+def load_reference(model: Any, device: Any, dtype: Any, attn: Any) -> torch.nn.Module:
+    """The frozen reference of a config's ``model`` section (``ref_name``, else the starting
+    model ``name``), in eval mode."""
+    return load_causal_lm(
+        model.ref_name or model.name,
+        device=device,
+        dtype=dtype,
+        attn_implementation=attn,
+        trainable=False,
+    )
+
+
 def count_parameters(model, *, trainable_only: bool = False) -> int:
     """Number of parameters (shared/tied tensors counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

@@ -48,6 +48,7 @@ __all__ = [
     "MIN_PROMPT_TOKENS",
     "TokenizedExample",
     "detect_format",
+    "configured_preference_records",
     "load_preference_records",
     "parse_hh_conversation",
     "tokenize_records",
@@ -316,6 +317,26 @@ def _load_builtin(
         )
     n = BUILTIN_DEFAULT_SIZE if max_samples is None else max_samples
     return builtin_preference_records(n, split_seed(seed, split), tasks)
+
+
+DIRECT_ALIGNMENT_BUILTIN_SIZE = 1000
+"""Pairs a direct-alignment run generates from the built-in set when ``max_samples`` is None."""
+
+
+def configured_preference_records(data: Any, seed: int) -> list[PreferenceRecord]:
+    """The records a direct-alignment config's ``data`` section names, as its run reads them
+    (and as an evaluation regenerates them to hold the run's training prompts out): exactly
+    ``builtin:reasoning-preferences`` is ``max_samples`` (else 1000) generated pairs of
+    ``builtin_tasks`` with ``builtin_task_configs``; anything else is read by
+    :func:`load_preference_records` (``split``, ``format``, ``max_samples``)."""
+    if data.dataset == BUILTIN_PREFERENCES:
+        n = data.max_samples or DIRECT_ALIGNMENT_BUILTIN_SIZE
+        return builtin_preference_records(
+            n, seed=seed, tasks=data.builtin_tasks, settings=data.builtin_task_configs
+        )
+    return load_preference_records(
+        data.dataset, data.split, data.format, data.max_samples, seed=seed
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 * :func:`response_ids`: the ids of a response = the template of prompt + response minus the
   prompt's ids, with the text + eos fallback for templates that rewrite earlier turns.
 * :func:`right_pad`: sequences of ids -> right-padded ``(ids, attention mask)`` long tensors.
+* :func:`same_tokenizer`: whether two tokenizers give the same ids (a teacher, a reward model).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "require_chat_template",
     "response_ids",
     "right_pad",
+    "same_tokenizer",
     "text_ids",
     "token_id_lists",
 ]
@@ -106,3 +108,17 @@ def right_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Te
         ids[row, : len(seq)] = torch.tensor(list(seq), dtype=torch.long)
         mask[row, : len(seq)] = 1
     return ids, mask
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Whether two tokenizers turn text and chats into the same ids (same class, vocabulary,
+    special tokens and chat template)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if getattr(a, "chat_template", None) != getattr(b, "chat_template", None):
+        return False
+    if list(a.all_special_ids) != list(b.all_special_ids):
+        return False
+    return a.get_vocab() == b.get_vocab()

@@ -44,9 +44,13 @@ from trainers.core.loop import (
     pick_runtime,
     step_metrics,
 )
-from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.models import load_causal_lm, load_reference, load_tokenizer
 from trainers.core.onpolicy import rows_of, sample_policy, step_generator
-from trainers.core.preferences import TokenizedExample, tokenize_records
+from trainers.core.preferences import (
+    TokenizedExample,
+    configured_preference_records,
+    tokenize_records,
+)
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.splits import split_train_eval
@@ -58,8 +62,15 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
+from trainers.core.verifier import compute_rewards
 from trainers.direct_alignment.config import DirectAlignmentConfig
 from trainers.direct_alignment.losses import LOSSES, LossInputs
+from trainers.direct_alignment.pairs import (
+    batch_logps,
+    compute_reference_logps,
+    evaluate,
+    loss_params,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Ranking: pure functions
@@ -140,7 +151,7 @@ class Ranker:
     correctness + ``format_weight``·format. ``score`` returns the parts and their sum."""
 
     def __init__(self, cfg: DirectAlignmentConfig, tokenizer: Any, device, dtype, attn):
-        from trainers.policy_gradients.reward_model import ModelReward, inspect_reward_model
+        from trainers.core.reward_scorer import RewardScorer, inspect_reward_model
 
         self.tokenizer = tokenizer
         self.stop_ids = set(end_of_turn_ids(tokenizer))
@@ -149,7 +160,7 @@ class Ranker:
         self.model = None
         if cfg.reward.model:
             info = inspect_reward_model(cfg.reward.model, key="reward.model")
-            self.model = ModelReward(
+            self.model = RewardScorer.load(
                 info,
                 device=device,
                 dtype=dtype,
@@ -161,13 +172,11 @@ class Ranker:
     def score(self, prompts: list[OnlinePrompt], completions: list[list[int]]) -> dict[str, Tensor]:
         """Parts ``model``, ``correctness``, ``format`` (those that apply) and ``score``, each
         (N,) float32; ``prompts[i]`` is completion i's prompt."""
-        from trainers.policy_gradients.rewards import compute_rewards
-
         texts = [body_text(self.tokenizer, c, self.stop_ids) for c in completions]
         parts: dict[str, Tensor] = {}
         total = torch.zeros(len(completions))
         if self.model is not None:
-            parts["model"] = self.model.score(
+            parts["model"] = self.model.score_completions(
                 [p.messages for p in prompts],
                 texts,
                 [p.ids for p in prompts],
@@ -201,8 +210,6 @@ def online_sampling(cfg: DirectAlignmentConfig) -> Sampling:
 
 def pair_loss(cfg, model, ref_model, pairs: list[TokenizedExample], pad_id, device):
     """The pair loss and its metrics on ranked pairs (policy with gradients, reference none)."""
-    from trainers.direct_alignment.train import batch_logps, loss_params
-
     parts, n_tokens = batch_logps(model, pairs, pad_id, device, with_kl=False)
     (c_sum, c_n), (r_sum, r_n) = parts["chosen"], parts["rejected"]
     ref_c = ref_r = None
@@ -249,29 +256,74 @@ def greedy_scores(model, tokenizer, ranker: Ranker, prompts, batch_size: int, ma
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass
+class RankedStep:
+    """One step's samples: the completions (k per prompt, consecutive), the ranker's score
+    parts, the (prompt, chosen, rejected) indices, the tied share and the pairs to train on."""
+
+    completions: list[list[int]]
+    parts: dict[str, Tensor]
+    ranked: list[tuple[int, int, int]]
+    tie: Tensor
+    pairs: list[TokenizedExample]
+
+
+def sample_and_rank(cfg, model, tokenizer, ranker: Ranker, prompts, generator) -> RankedStep:
+    """``online.num_samples`` completions of each prompt from the policy as it is now, scored
+    by the ranker; each prompt's best-scored against its worst-scored (:func:`rank_samples`)."""
+    k = cfg.online.num_samples
+    completions = sample_policy(
+        model,
+        tokenizer,
+        [p.ids for p in prompts],
+        max_new_tokens=cfg.online.max_new_tokens,
+        sampling=online_sampling(cfg),
+        repeats=k,
+        generator=generator,
+    )
+    parts = ranker.score(rows_of(prompts, k), completions)
+    ranked, tie = rank_samples(parts["score"], k)
+    pairs = [TokenizedExample(prompts[i].ids, completions[c], completions[r]) for i, c, r in ranked]
+    return RankedStep(completions, parts, ranked, tie, pairs)
+
+
+def load_prompt_sets(cfg: DirectAlignmentConfig, tokenizer) -> tuple[list, list, list]:
+    """(training prompts, held-out prompts, held-out pairs): the preference set's prompts
+    (its responses unused but for the held-out pairs, which keep the offline accuracy)."""
+    train_records, eval_records = split_train_eval(
+        configured_preference_records(cfg.data, cfg.seed),
+        eval_size=cfg.data.eval_size,
+        seed=cfg.seed,
+    )
+    eval_pairs, _ = tokenize_records(
+        eval_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
+    )
+    train_prompts = prompt_rows(cfg, tokenizer, train_records)
+    return train_prompts, prompt_rows(cfg, tokenizer, eval_records), eval_pairs
+
+
+def load_models(cfg: DirectAlignmentConfig, device, dtype, attn) -> tuple[Any, Any]:
+    """(the policy in train mode, the frozen starting model when the loss needs a reference)."""
+    ref_model = None
+    if cfg.needs_reference:  # the starting model, frozen for the whole run
+        ref_model = load_reference(cfg.model, device, dtype, attn)
+    model = load_causal_lm(
+        cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
+    )
+    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
+    model.train()
+    return model, ref_model
+
+
 def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Online DPO; see the module doc."""
-    from trainers.direct_alignment.train import (
-        compute_reference_logps,
-        evaluate,
-        load_records,
-        load_reference,
-    )
-
     seed_everything(cfg.seed)
     device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name)
     pad_id = tokenizer.pad_token_id
 
     run.update_phase("tokenizing")
-    train_records, eval_records = split_train_eval(
-        load_records(cfg), eval_size=cfg.data.eval_size, seed=cfg.seed
-    )
-    train_prompts = prompt_rows(cfg, tokenizer, train_records)
-    eval_prompts = prompt_rows(cfg, tokenizer, eval_records)
-    eval_pairs, _ = tokenize_records(
-        eval_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
-    )
+    train_prompts, eval_prompts, eval_pairs = load_prompt_sets(cfg, tokenizer)
     info: dict[str, Any] = {
         "data": {
             "n_train_prompts": len(train_prompts),
@@ -286,14 +338,7 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
 
     run.update_phase("loading_model", total_steps)
     ranker = Ranker(cfg, tokenizer, device, dtype, attn)
-    ref_model = None
-    if cfg.needs_reference:  # the starting model, frozen for the whole run
-        ref_model = load_reference(cfg, device, dtype, attn)
-    model = load_causal_lm(
-        cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
-    )
-    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
-    model.train()
+    model, ref_model = load_models(cfg, device, dtype, attn)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
     loop.checkpoint_with(model, optimizer, scheduler)
     state = loop.resume(model, optimizer, scheduler) if resume else None
@@ -347,25 +392,13 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_prompts), cfg.train, cfg.seed, position):
         timer = StepTimer()
-        # 1-2. sample k completions per prompt from the current policy
+        # 1-4. sample k completions per prompt from the current policy and rank them: best
+        # against worst; a prompt whose samples all tie gives no pair
         loop.progress("generating")
         prompts = [train_prompts[i] for i in pos.ids]
-        k = cfg.online.num_samples
-        completions = sample_policy(
-            model,
-            tokenizer,
-            [p.ids for p in prompts],
-            max_new_tokens=cfg.online.max_new_tokens,
-            sampling=online_sampling(cfg),
-            repeats=k,
-            generator=step_generator(device, cfg.seed, loop.step),
-        )
-        # 3-4. rank them: best against worst; a prompt whose samples all tie is skipped
-        parts = ranker.score(rows_of(prompts, k), completions)
-        ranked, tie = rank_samples(parts["score"], k)
-        pairs = [
-            TokenizedExample(prompts[i].ids, completions[c], completions[r]) for i, c, r in ranked
-        ]
+        generator = step_generator(device, cfg.seed, loop.step)
+        step = sample_and_rank(cfg, model, tokenizer, ranker, prompts, generator)
+        completions, parts, ranked, pairs = step.completions, step.parts, step.ranked, step.pairs
         # 5. the pair loss, micro-batch by micro-batch
         loop.progress("training", epoch=pos.epoch)
         agg, step_tokens = StepMetrics(), 0
@@ -381,7 +414,7 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
             model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
         )
         row = step_metrics(
-            {**agg.mean(), **ranking_metrics(parts, ranked, tie, completions)},
+            {**agg.mean(), **ranking_metrics(parts, ranked, step.tie, completions)},
             grad_norm,
             lr,
             step_tokens,

@@ -4,7 +4,7 @@
     python -m trainers.direct_alignment.train --config configs/dpo.yaml --run-dir DIR \
         [--set loss=simpo] [--set data.max_samples=64] [--resume]
 
-The loop, per optimizer step:
+The loop, per optimizer step (the pair step's pieces are ``pairs.py``):
   1. take the next `batch_size × gradient_accumulation_steps` preference pairs;
   2. for each micro-batch, one forward pass over [chosen; rejected (; KTO mismatched pairs)],
      summed completion log-probs per sequence;
@@ -36,7 +36,6 @@ from trainers.core.distributed import (
 )
 from trainers.core.generation import generate_completions
 from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
-from trainers.core.logprobs import split_completion_logps
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
@@ -48,13 +47,8 @@ from trainers.core.loop import (
     step_metrics,
 )
 from trainers.core.lora import add_adapters, needs_reference_copy, reference_view
-from trainers.core.models import (
-    load_causal_lm,
-    load_tokenizer,
-    model_fingerprint,
-)
-from trainers.core.pair_packing import pack_examples, packed_response_logps
-from trainers.core.rundir import RunDir, phase_progress
+from trainers.core.models import load_causal_lm, load_reference, load_tokenizer, model_fingerprint
+from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.tiny import cache_root
 from trainers.core.training import (
@@ -65,22 +59,18 @@ from trainers.core.training import (
     use_gradient_checkpointing,
 )
 from trainers.direct_alignment.config import BUILTIN_DATASET, ONLINE, DirectAlignmentConfig
-from trainers.direct_alignment.data import (
-    TokenizedExample,
-    attach_kl_responses,
-    builtin_preference_records,
-    collate_split,
-    fingerprint_examples,
-    load_preference_records,
-    split_train_eval,
-    tokenize_records,
+from trainers.direct_alignment.data import fingerprint_examples
+from trainers.direct_alignment.pairs import (
+    compute_reference_logps,
+    evaluate,
+    micro_batch_loss,
+    prepare_examples,
 )
-from trainers.direct_alignment.losses import LOSSES, LossInputs, LossParams
 
 DATA_EXTENSIONS = (".json", ".jsonl", ".parquet", ".csv")
 
 # ---------------------------------------------------------------------------------------------
-# Data
+# Checks before anything is written
 # ---------------------------------------------------------------------------------------------
 
 
@@ -96,117 +86,14 @@ def preflight(cfg: DirectAlignmentConfig) -> None:
     if cfg.data.max_prompt_length and cfg.data.max_prompt_length >= cfg.data.max_length:
         raise ConfigError("data.max_prompt_length must be smaller than data.max_length")
     if cfg.loss == ONLINE and cfg.reward.model:  # a reward model that cannot rank: refused now
-        from trainers.policy_gradients.reward_model import inspect_reward_model
+        from trainers.core.reward_scorer import inspect_reward_model
 
         inspect_reward_model(cfg.reward.model, key="reward.model")
 
 
-def load_records(cfg: DirectAlignmentConfig) -> list[Any]:
-    d = cfg.data
-    if d.dataset == BUILTIN_DATASET:
-        n = d.max_samples or 1000
-        return builtin_preference_records(
-            n, seed=cfg.seed, tasks=d.builtin_tasks, settings=d.builtin_task_configs
-        )
-    return load_preference_records(d.dataset, d.split, d.format, d.max_samples, seed=cfg.seed)
-
-
-def prepare_examples(
-    cfg: DirectAlignmentConfig, tokenizer: Any
-) -> tuple[list[TokenizedExample], list[TokenizedExample], list[Any], dict[str, Any]]:
-    records = load_records(cfg)
-    train_records, eval_records = split_train_eval(
-        records, eval_size=cfg.data.eval_size, seed=cfg.seed
-    )
-    train, train_stats = tokenize_records(
-        train_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
-    )
-    held_out, _ = tokenize_records(
-        eval_records, tokenizer, cfg.data.max_length, cfg.data.max_prompt_length
-    )
-    if cfg.loss == "kto":
-        cap = cfg.data.max_length
-        train = attach_kl_responses(train, max_length=cap)
-        held_out = attach_kl_responses(held_out, max_length=cap)
-    elif not all(ex.chosen_ids is not None and ex.rejected_ids is not None for ex in train):
-        raise ConfigError(
-            f"loss {cfg.loss} needs paired data (chosen and rejected); unpaired data works "
-            "only with loss=kto"
-        )
-    if not train:
-        raise ConfigError("no training pairs left after tokenisation; raise data.max_length")
-    return train, held_out, eval_records, train_stats
-
-
 # ---------------------------------------------------------------------------------------------
-# Log-probs for a micro-batch, and the reference cache
+# The reference's log-probs, computed once per dataset and cached
 # ---------------------------------------------------------------------------------------------
-
-
-def batch_logps(
-    model: torch.nn.Module,
-    examples: list[TokenizedExample],
-    pad_id: int,
-    device: torch.device,
-    with_kl: bool,
-) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], int]:
-    """One concatenated forward over every sequence of the micro-batch, each example's prompt
-    run once for its chosen, rejected (and KL) responses.
-    Returns {"chosen"|"rejected"|"kl": (sum_logps, n_tokens)} and the token count.
-    Pairs without KL responses go one row per pair (``trainers.core.pair_packing``) where the
-    attention implementation allows it: the same numbers, less padding and no cache to gather."""
-    packed = None if with_kl else pack_examples(examples, pad_id, model)
-    if packed is not None and isinstance(model.get_output_embeddings(), torch.nn.Linear):
-        sums, counts = packed_response_logps(model, packed.to(device))
-        n = packed.n_pairs
-        return {
-            "chosen": (sums[:n], counts[:n]),
-            "rejected": (sums[n:], counts[n:]),
-        }, packed.n_tokens
-    batch = collate_split(examples, pad_id, with_kl=with_kl)
-    sums, counts = split_completion_logps(
-        model,
-        batch["input_ids"].to(device),
-        batch["attention_mask"].to(device),
-        batch["prompt_width"],
-        batch["completion_mask"].to(device),
-    )
-    parts = {}
-    for name in ("chosen", "rejected", "kl"):
-        idx = batch.get(f"{name}_index")
-        if idx is not None and len(idx) > 0:
-            idx = idx.to(device)
-            parts[name] = (sums[idx], counts[idx])
-    return parts, int(batch["attention_mask"].sum())
-
-
-def _present(examples: list[TokenizedExample], name: str) -> list[int]:
-    attr = {"chosen": "chosen_ids", "rejected": "rejected_ids", "kl": "kl_response_ids"}[name]
-    return [i for i, ex in enumerate(examples) if getattr(ex, attr) is not None]
-
-
-@torch.no_grad()
-def compute_reference_logps(
-    model: torch.nn.Module,
-    examples: list[TokenizedExample],
-    pad_id: int,
-    device: torch.device,
-    batch_size: int,
-    with_kl: bool,
-) -> dict[str, torch.Tensor]:
-    """Summed reference log-prob of every example's chosen / rejected / kl response (NaN where
-    absent), as {"chosen": tensor(n), ...}."""
-    model.eval()
-    out = {k: torch.full((len(examples),), float("nan")) for k in ("chosen", "rejected", "kl")}
-    for start in range(0, len(examples), batch_size):
-        raise_if_stopping("reference_batch")
-        chunk = examples[start : start + batch_size]
-        parts, _ = batch_logps(model, chunk, pad_id, device, with_kl)
-        for name, (sums, _) in parts.items():
-            rows = torch.tensor(_present(chunk, name)) + start
-            out[name][rows] = sums.float().cpu()
-        phase_progress(start + len(chunk), len(examples))  # "reference log-probs 120/640"
-    return out
 
 
 def reference_cache_path(cfg: DirectAlignmentConfig, examples, dtype) -> Path:
@@ -215,18 +102,6 @@ def reference_cache_path(cfg: DirectAlignmentConfig, examples, dtype) -> Path:
         f"{model_fingerprint(ref)}|{fingerprint_examples(examples)}|{dtype}|v1".encode()
     ).hexdigest()[:24]
     return cache_root() / "ref_logps" / f"{key}.pt"
-
-
-def load_reference(cfg: Any, device: Any, dtype: Any, attn: Any) -> torch.nn.Module:
-    """The frozen reference (``model.ref_name``, else the starting model), in eval mode."""
-    ref = load_causal_lm(
-        cfg.model.ref_name or cfg.model.name,
-        device=device,
-        dtype=dtype,
-        attn_implementation=attn,
-        trainable=False,
-    )
-    return ref.eval()
 
 
 def load_or_compute_reference(
@@ -253,7 +128,7 @@ def load_or_compute_reference(
             logps = compute_reference_logps(ref, mine, pad_id, device, batch_size, with_kl)
         policy.train()
     else:
-        ref = load_reference(cfg, device, dtype, attn)
+        ref = load_reference(cfg.model, device, dtype, attn)
         shard_model(ref)
         logps = compute_reference_logps(ref, mine, pad_id, device, batch_size, with_kl)
         del ref
@@ -272,70 +147,8 @@ def load_or_compute_reference(
 
 
 # ---------------------------------------------------------------------------------------------
-# Loss on one micro-batch
+# Held-out samples and the gold evaluation
 # ---------------------------------------------------------------------------------------------
-
-
-def loss_params(cfg: DirectAlignmentConfig) -> LossParams:
-    return LossParams(
-        beta=cfg.beta,
-        gamma=cfg.gamma,
-        label_smoothing=cfg.label_smoothing,
-        lambda_d=cfg.lambda_d,
-        lambda_u=cfg.lambda_u,
-        ipo_sum=cfg.ipo_sum,
-    )
-
-
-def micro_batch_loss(
-    cfg: DirectAlignmentConfig,
-    model: torch.nn.Module,
-    examples: list[TokenizedExample],
-    ids: list[int],
-    ref: dict[str, torch.Tensor] | None,
-    pad_id: int,
-    device: torch.device,
-) -> tuple[torch.Tensor, dict[str, Any], int]:
-    """Loss and metrics of the examples at dataset indices ``ids``."""
-    batch = [examples[i] for i in ids]
-    parts, n_tokens = batch_logps(model, batch, pad_id, device, with_kl=cfg.loss == "kto")
-    empty = torch.zeros(0, device=device)
-    (c_sum, c_n), (r_sum, r_n) = (
-        parts.get("chosen", (empty, empty)),
-        parts.get("rejected", (empty, empty)),
-    )
-
-    def ref_of(name: str) -> torch.Tensor | None:
-        rows = [ids[i] for i in _present(batch, name)]
-        return ref[name][rows].to(device) if ref is not None else None
-
-    inputs = LossInputs(
-        chosen_logps=c_sum,
-        rejected_logps=r_sum,
-        chosen_tokens=c_n,
-        rejected_tokens=r_n,
-        ref_chosen_logps=ref_of("chosen"),
-        ref_rejected_logps=ref_of("rejected"),
-        paired=all(ex.chosen_ids is not None and ex.rejected_ids is not None for ex in batch),
-    )
-    if "kl" in parts:
-        inputs.kl_logps, inputs.kl_tokens = parts["kl"]
-        inputs.ref_kl_logps = ref_of("kl")
-    loss, metrics = LOSSES[cfg.loss](inputs, loss_params(cfg))
-    return loss, metrics, n_tokens
-
-
-@torch.no_grad()
-def evaluate(cfg, model, examples, ref, pad_id, device) -> dict[str, float]:
-    model.eval()
-    agg = StepMetrics()
-    for start in range(0, len(examples), cfg.eval.eval_batch_size):
-        raise_if_stopping("eval_batch")
-        ids = list(range(start, min(start + cfg.eval.eval_batch_size, len(examples))))
-        _, metrics, _ = micro_batch_loss(cfg, model, examples, ids, ref, pad_id, device)
-        agg.add(metrics, weight=len(ids))
-    model.train()
-    return {f"eval/{k}": v for k, v in agg.mean().items()}
 
 
 def sample_generations(
@@ -375,7 +188,7 @@ def gold_evaluation(cfg: DirectAlignmentConfig, run: RunDir, tokenizer, eval_rec
 
     device, dtype, attn = runtime
     ref_model = (
-        load_reference(cfg, device, dtype, attn) if needs_reference_copy(cfg.model) else None
+        load_reference(cfg.model, device, dtype, attn) if needs_reference_copy(cfg.model) else None
     )
     out_path = run.path / GOLD_FILE if run.writer else None
     return build_gold_eval(cfg, tokenizer, eval_records, ref_model, out_path, runtime)

@@ -12,14 +12,15 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trainers.core.config import (
+    BUILTIN_PROMPTS,
     CheckpointSection,
     LoggingSection,
     ModelSection,
     OptimSection,
+    PromptDataSection,
     StrictModel,
 )
 from trainers.distillation.spec import FAMILY as DISTILL_FAMILY
-from trainers.policy_gradients.config import BUILTIN_PROMPTS, DataSection
 
 ALGORITHMS: tuple[str, ...] = DISTILL_FAMILY.algorithm_names
 Algorithm = Literal[ALGORITHMS]  # type: ignore[valid-type]  # the spec's names
@@ -78,7 +79,7 @@ class DistillationConfig(StrictModel):
     algorithm: Algorithm = "distill"
     model: ModelSection = ModelSection(name="Qwen/Qwen3-0.6B")
     teacher: TeacherSection = TeacherSection(name="Qwen/Qwen3-1.7B")
-    data: DataSection = DataSection()
+    data: PromptDataSection = PromptDataSection()
     rollout: RolloutSection = RolloutSection()
     loss: LossSection = LossSection()
     train: DistillOptimSection = DistillOptimSection()

@@ -41,9 +41,17 @@ from trainers.core.loop import (
     step_metrics,
 )
 from trainers.core.models import ModelError, load_causal_lm, load_tokenizer, resolve_model
-from trainers.core.onpolicy import pad_id_of, rows_of, sample_policy, step_generator
+from trainers.core.onpolicy import (
+    greedy_rollouts,
+    pad_id_of,
+    rows_of,
+    sample_policy,
+    step_generator,
+)
+from trainers.core.prompts import load_run_prompts
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
+from trainers.core.tokenization import same_tokenizer
 from trainers.core.training import (
     StepMetrics,
     build_optimizer,
@@ -51,6 +59,7 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
+from trainers.core.verifier import compute_rewards
 from trainers.distillation.config import DistillationConfig
 from trainers.distillation.losses import distillation_loss, token_log_probs
 
@@ -84,8 +93,6 @@ def _vocab_size(name: str, key: str) -> int:
 def check_teacher(student: str, teacher: str) -> None:
     """The teacher must score the student's tokens: same tokenizer (vocabulary, special tokens,
     chat template) and the same output vocabulary size. ConfigError otherwise."""
-    from trainers.policy_gradients.reward_model import same_tokenizer
-
     if teacher.startswith("run:"):
         raise ConfigError(
             f"teacher.name={teacher!r}: run:<id> references are resolved by the lab (rlhf-lab "
@@ -177,8 +184,6 @@ def micro_batch_loss(cfg, student, teacher, prompts, completions, pad_id, step_t
 def evaluate(cfg: DistillationConfig, model, tokenizer, held_out, prefix: str = "eval/"):
     """Greedy completions of the held-out prompts, scored by the verifier:
     ``<prefix>avg_correctness``, ``<prefix>avg_format``, ``<prefix>response_length/mean``."""
-    from trainers.policy_gradients.generation import greedy_rollouts
-    from trainers.policy_gradients.rewards import compute_rewards
 
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     out = greedy_rollouts(model, tokenizer, held_out, max_new, cfg.eval.eval_batch_size)
@@ -204,8 +209,6 @@ def evaluate(cfg: DistillationConfig, model, tokenizer, held_out, prefix: str = 
 def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     """Sample from the student, score every token with the teacher, minimise the divergence;
     see the module doc."""
-    from trainers.policy_gradients.data import load_run_prompts
-
     seed_everything(cfg.seed)
     device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name)

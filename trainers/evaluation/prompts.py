@@ -23,12 +23,16 @@ from typing import Any
 
 from trainers.core.builtin_data import (
     DEFAULT_BUILTIN_TASKS,
-    build_composite,
+    DEMONSTRATION_TASKS,
+    demonstration_set,
+    split_builtin_name,
     task_settings,
-    to_prompt,
 )
 from trainers.core.config import ConfigError
 from trainers.core.messages import system_and_user
+from trainers.core.preferences import configured_preference_records
+from trainers.core.prompts import build_composite, builtin_questions, composite_prompts, to_prompt
+from trainers.core.splits import split_train_eval
 from trainers.core.tasks import SYSTEM_PROMPT
 from trainers.evaluation.config import BUILTIN_ARITHMETIC, EvalConfig
 from trainers.evaluation.targets import ModelRef
@@ -91,14 +95,10 @@ def run_task_specs(ref: ModelRef) -> list[Any] | None:
             SimpleNamespace(name=s.name, weight=s.weight, config=dict(s.config)) for s in data.specs
         ]
     if family == "sft" and data.dataset.startswith("builtin:"):
-        from trainers.sft.data import DEFAULT_BUILTIN_TASKS as SFT_TASKS
-        from trainers.sft.data import parse_builtin_name
-
-        tasks = parse_builtin_name(data.dataset) or data.builtin_tasks or list(SFT_TASKS)
+        named = split_builtin_name(data.dataset)[1]
+        tasks = named or data.builtin_tasks or list(DEMONSTRATION_TASKS)
         return [_spec(t, task_settings(t, data.builtin_task_configs)) for t in tasks]
     if family == "direct_alignment" and data.dataset.startswith("builtin:"):
-        from trainers.core.builtin_data import split_builtin_name
-
         tasks = split_builtin_name(data.dataset)[1] or data.builtin_tasks
         return [_spec(t, task_settings(t)) for t in tasks or DEFAULT_BUILTIN_TASKS]
     if family == "rejection_sampling" and data.is_builtin:
@@ -119,31 +119,31 @@ def training_questions(ref: ModelRef) -> set[str] | None:
         return None
     data = cfg.data
     if family == "policy_gradients" and run_task_specs(ref) is not None:
-        from trainers.core.builtin_data import composite_prompts
-
         train, held = composite_prompts(data.specs, data.size, data.eval_size, cfg.seed)
         return {p.question.strip() for p in train + held}
     if family == "sft" and data.dataset.startswith("builtin:"):
-        from trainers.sft.data import load_sft_records
-
-        records = load_sft_records(
+        records = demonstration_set(
             data.dataset,
             data.split,
             data.max_samples,
             cfg.seed,
-            builtin_tasks=data.builtin_tasks,
-            builtin_task_configs=data.builtin_task_configs,
+            data.builtin_tasks,
+            data.builtin_task_configs,
         )
         return {str(r.prompt[-1]["content"]).strip() for r in records}
     if family == "direct_alignment" and data.dataset.startswith("builtin:"):
-        from trainers.direct_alignment.train import load_records
-
-        return {str(r.prompt[-1]["content"]).strip() for r in load_records(cfg)}
+        records = configured_preference_records(data, cfg.seed)
+        return {str(r.prompt[-1]["content"]).strip() for r in records}
     if family == "rejection_sampling" and data.is_builtin:
-        from trainers.rejection_sampling.pipeline import load_prompts
-
-        train, test = load_prompts(cfg)
-        return {p.question.strip() for p in train + test}
+        n_test = 200 if data.max_test_samples is None else data.max_test_samples
+        train, test = builtin_questions(
+            data.builtin_tasks,
+            data.builtin_task_configs,
+            data.max_train_samples or 1000,
+            n_test,
+            cfg.seed,
+        )
+        return {entry["question"].strip() for _, entry in train + test}
     return None
 
 
@@ -236,12 +236,11 @@ def preference_prompts(cfg: EvalConfig, ref: ModelRef) -> tuple[list[EvalPrompt]
     p = cfg.prompts
     train_prompts: set[str] = set()
     if ref.family == "direct_alignment":
-        from trainers.direct_alignment.data import split_train_eval
-        from trainers.direct_alignment.train import load_records
-
         run_cfg = ref.run_config
         train, held_out = split_train_eval(
-            load_records(run_cfg), eval_size=run_cfg.data.eval_size, seed=run_cfg.seed
+            configured_preference_records(run_cfg.data, run_cfg.seed),
+            eval_size=run_cfg.data.eval_size,
+            seed=run_cfg.seed,
         )
         train_prompts = {_key(r.prompt) for r in train}
     if p.dataset is None:

@@ -91,14 +91,14 @@ def preflight(cfg: EvalConfig) -> None:
             raise ConfigError(f"math.dataset: file not found: {ds}")
         return
     if suite == "best_of_n":
-        from trainers.evaluation.best_of_n import check_inputs
+        from trainers.evaluation.best_of_n_suite import check_inputs
 
         check_inputs(cfg)
     source = cfg.prompts.source
     if suite in ("winrate", "generation") and source == "auto":
         source = "preference" if target.family == "direct_alignment" else "reasoning_gym"
     if suite in ("reasoning", "best_of_n") or source == "reasoning_gym":
-        from trainers.core.builtin_data import check_specs
+        from trainers.core.prompts import check_specs
         from trainers.evaluation.prompts import reasoning_specs
 
         check_specs(reasoning_specs(cfg, target))
@@ -142,7 +142,8 @@ def _line(name: str, e: Estimate) -> str:
 
 
 def evaluate(cfg: EvalConfig, run: RunDir, resume: bool) -> SummaryFile:
-    from trainers.evaluation.suites import SUITE_FUNCTIONS, Job
+    from trainers.evaluation.jobs import Job
+    from trainers.evaluation.suites import SUITE_FUNCTIONS
 
     started = time.time()
     set_stop_handler(

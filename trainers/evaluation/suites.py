@@ -1,4 +1,5 @@
-"""The evaluation suites. Each takes a :class:`Job` and returns a :class:`SuiteResult`; the
+"""The evaluation suites. Each takes a :class:`~trainers.evaluation.jobs.Job` and returns a
+:class:`~trainers.evaluation.jobs.SuiteResult`; the
 formulas and caveats are in ``trainers/evaluation/README.md``.
 
 Models are loaded one at a time (target, then baseline, then the judge or the reference) and
@@ -8,15 +9,13 @@ released in between, so the peak memory is one model's.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from trainers.core.config import ConfigError
 from trainers.core.harness import raise_if_stopping
-from trainers.core.rundir import RunDir
 from trainers.evaluation import cache
 from trainers.evaluation import statistics as st
-from trainers.evaluation.config import EvalConfig
+from trainers.evaluation.jobs import Job, SuiteResult, reasoning_check
 from trainers.evaluation.prompts import (
     EvalPrompt,
     math_prompts,
@@ -26,112 +25,11 @@ from trainers.evaluation.prompts import (
 )
 from trainers.evaluation.sampling import (
     Samples,
-    load_policy,
     release_memory,
-    sample,
     sequence_logps,
 )
-from trainers.evaluation.targets import ModelRef
 
 N_SAMPLE_ROWS = 8  # prompts whose completions go to samples.jsonl
-
-
-@dataclass
-class SuiteResult:
-    metrics: dict[str, st.Estimate]
-    baseline_metrics: dict[str, st.Estimate] = field(default_factory=dict)
-    difference: dict[str, st.Estimate] = field(default_factory=dict)
-    details: dict[str, Any] = field(default_factory=dict)
-    samples: list[dict] = field(default_factory=list)
-    items: list[dict] = field(default_factory=list)
-    prompt_set: str | None = None
-
-
-class Job:
-    """One evaluation: the config, the resolved models and the run folder's progress."""
-
-    def __init__(
-        self,
-        cfg: EvalConfig,
-        run: RunDir,
-        target: ModelRef,
-        baseline: ModelRef | None,
-        judge: str | None,
-    ) -> None:
-        self.cfg, self.run = cfg, run
-        self.target, self.baseline, self.judge = target, baseline, judge
-        self.step, self.total = 0, 0
-        self.phase = "loading_model"
-        self.fingerprints: dict[str, str] = {}  # role -> model_fingerprint (set by the job)
-
-    # progress ---------------------------------------------------------------------------------
-    def plan(self, units: int) -> None:
-        """Add ``units`` (generation or scoring batches) to the planned total."""
-        self.total += units
-        self.show()
-
-    def enter(self, phase: str, stage: str) -> None:
-        print(f"{phase}: {stage}", flush=True)
-        self.phase = phase
-        self.stage = stage
-        self.show()
-
-    def advance(self) -> None:
-        self.step = min(self.step + 1, self.total)
-        self.show()
-
-    def show(self) -> None:
-        self.run.write_progress(
-            self.step, self.total or None, phase=self.phase, stage=getattr(self, "stage", None)
-        )
-
-    # statistics -------------------------------------------------------------------------------
-    def mean(self, values: Sequence[float]) -> st.Estimate:
-        b = self.cfg.bootstrap
-        return st.mean_estimate(values, resamples=b.resamples, level=b.level, seed=self.cfg.seed)
-
-    def share(self, values: Sequence[float]) -> st.Estimate:
-        """A proportion (per-prompt shares of 0/1 outcomes): Wilson when every value is 0 or 1,
-        else the prompt bootstrap (:func:`statistics.proportion_estimate`)."""
-        b = self.cfg.bootstrap
-        return st.proportion_estimate(
-            values, resamples=b.resamples, level=b.level, seed=self.cfg.seed
-        )
-
-    def of(self, items: Sequence[Any], statistic: Callable[[Sequence[Any]], Any]) -> st.Estimate:
-        b = self.cfg.bootstrap
-        return st.bootstrap(
-            items, statistic, resamples=b.resamples, level=b.level, seed=self.cfg.seed
-        )
-
-    # models -----------------------------------------------------------------------------------
-    def models(self) -> list[tuple[str, ModelRef]]:
-        out = [("target", self.target)]
-        if self.baseline is not None:
-            out.append(("baseline", self.baseline))
-        return out
-
-    def batches(self, n_prompts: int) -> int:
-        return -(-n_prompts // self.cfg.sampling.batch_size)
-
-    def sample_with(self, role: str, ref: ModelRef, prompts: list[EvalPrompt], extra=None):
-        """Load ``ref``, sample the prompts, run ``extra(model, tokenizer, samples)`` while the
-        model is loaded, release it. Returns (samples, extra's result)."""
-        self.enter("loading_model", f"{role} {ref.model}")
-        model, tokenizer = load_policy(ref.model, self.cfg)
-        self.enter("generating", f"{role}: {len(prompts)} prompts x {self.cfg.sampling.n}")
-        samples = sample(
-            model,
-            tokenizer,
-            [p.messages for p in prompts],
-            self.cfg.sampling,
-            self.cfg.seed,
-            self.advance,
-        )
-        more = extra(model, tokenizer, samples) if extra is not None else None
-        del model
-        release_memory()
-        return samples, more
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -150,15 +48,6 @@ def _paired(job: Job, a: Sequence[float | None], b: Sequence[float | None]) -> s
 # ---------------------------------------------------------------------------------------------
 # reasoning and math: answers checked against a reference
 # ---------------------------------------------------------------------------------------------
-
-
-def _reasoning_check(text: str, prompt: EvalPrompt) -> tuple[float, bool, bool]:
-    """(score, correct, format) of a reasoning-gym response."""
-    from trainers.core.tasks import score_response
-    from trainers.sft.data import has_tag_format
-
-    score = score_response(text, prompt.meta)
-    return score, score >= 1.0 - 1e-9, has_tag_format(text)
 
 
 def _math_check(text: str, prompt: EvalPrompt) -> tuple[float, bool, bool]:
@@ -306,7 +195,7 @@ def _sample_rows(prompts, texts: dict[str, Samples], extra) -> list[dict]:
 
 def reasoning_suite(job: Job) -> SuiteResult:
     prompts, info = reasoning_prompts(job.cfg, job.target)
-    return answer_suite(job, prompts, info, _reasoning_check)
+    return answer_suite(job, prompts, info, reasoning_check)
 
 
 def math_suite(job: Job) -> SuiteResult:
@@ -335,7 +224,7 @@ def winrate_suite(job: Job) -> SuiteResult:
     t, _ = job.sample_with("target", job.target, prompts)
     b, _ = job.sample_with("baseline", job.baseline, prompts)
 
-    from trainers.reward_models.scoring import RewardScorer
+    from trainers.core.reward_scorer import RewardScorer
 
     job.enter("loading_model", f"judge {job.judge}")
     scorer = RewardScorer.from_pretrained(
@@ -533,10 +422,12 @@ def generation_suite(job: Job) -> SuiteResult:
 
 def pair_accuracy_suite(job: Job) -> SuiteResult:
     """Per held-out pair, the run's own loss function decides whether the implicit reward ranks
-    chosen above rejected (trainers.direct_alignment.train.micro_batch_loss on one pair)."""
+    chosen above rejected (trainers.direct_alignment.pairs.micro_batch_loss on one pair): the one
+    place evaluation reads a family's own code, since a direct-alignment loss defines what its
+    implicit reward is."""
     from trainers.core.loop import pick_runtime
-    from trainers.core.models import load_causal_lm, load_tokenizer
-    from trainers.direct_alignment.train import (
+    from trainers.core.models import load_causal_lm, load_reference, load_tokenizer
+    from trainers.direct_alignment.pairs import (
         compute_reference_logps,
         micro_batch_loss,
         prepare_examples,
@@ -563,9 +454,7 @@ def pair_accuracy_suite(job: Job) -> SuiteResult:
     if with_ref:
         ref_name = run_cfg.model.ref_name or run_cfg.model.name
         job.enter("reference_logprobs", ref_name)
-        ref_model = load_causal_lm(
-            ref_name, device=device, dtype=dtype, attn_implementation=attn, trainable=False
-        )
+        ref_model = load_reference(run_cfg.model, device, dtype, attn)
         ref_eval = compute_reference_logps(
             ref_model,
             eval_ex,
@@ -625,8 +514,8 @@ def pair_accuracy_suite(job: Job) -> SuiteResult:
 
 def best_of_n_suite(job: Job) -> SuiteResult:
     """Best-of-n selection by an ORM, a PRM, majority vote and at random
-    (:mod:`trainers.evaluation.best_of_n`)."""
-    from trainers.evaluation.best_of_n import best_of_n_suite as run
+    (:mod:`trainers.evaluation.best_of_n_suite`)."""
+    from trainers.evaluation.best_of_n_suite import best_of_n_suite as run
 
     return run(job)
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from trainers.core.registry import Registry
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 
@@ -152,48 +153,73 @@ def remax_advantages(r: Tensor, r_greedy: Tensor, kl_penalty: Tensor, mask: Tens
     return torch.where(mask > 0, returns - baseline, 0.0)
 
 
-def _on_total(fn: Callable[[Tensor, int], Tensor]) -> Callable[[dict[str, Tensor], int], Tensor]:
-    def advantage(rewards: dict[str, Tensor], G: int) -> Tensor:
-        return fn(rewards["total"], G)
+# ---------------------------------------------------------------------------------------------
+# The registries: one per kind of estimator, each with one signature; an algorithm's spec names
+# its estimator (``advantage``), which is in exactly one of them.
+# ---------------------------------------------------------------------------------------------
 
-    advantage.__doc__ = f"{fn.__name__} on rewards['total']"
-    return advantage
+ADVANTAGES = Registry("sequence advantage estimator", ("rewards", "G"))
+"""One advantage per sequence (N,), from the rewards dict (keys total, correctness, format,
+penalty, binary) and G; GSPO, CISPO, SAPO and DAPO use ``grpo``."""
+
+TOKEN_REWARD_ADVANTAGES = Registry(
+    "critic-free token advantage estimator", ("rewards", "kl_penalty", "mask", "G", "moments")
+)
+"""(N, T) advantages from the rewards dict (ReMax reads ``greedy``, the reward of the prompt's
+greedy completion, repeated over its rows), the per-token KL penalty β·k_t (zeros without a KL
+term), the completion mask, G and ``moments``: the pooled (mean, std) of the global batch under
+torchrun (None: this batch's), read by the estimators that normalise over the whole batch."""
+
+TOKEN_ADVANTAGES = Registry(
+    "value-model advantage estimator", ("token_rewards", "values", "mask", "gamma", "lam")
+)
+"""Token-level estimators on a learned value model (PPO's ``gae``): (advantages, returns)."""
 
 
+@ADVANTAGES.register("reinforce")
+def _reinforce(rewards: dict[str, Tensor], G: int) -> Tensor:
+    return reinforce_advantages(rewards["total"], G)
+
+
+@ADVANTAGES.register("rloo")
+def _rloo(rewards: dict[str, Tensor], G: int) -> Tensor:
+    return rloo_advantages(rewards["total"], G)
+
+
+@ADVANTAGES.register("grpo")
+def _grpo(rewards: dict[str, Tensor], G: int) -> Tensor:
+    return grpo_advantages(rewards["total"], G)
+
+
+@ADVANTAGES.register("drgrpo")
+def _drgrpo(rewards: dict[str, Tensor], G: int) -> Tensor:
+    return drgrpo_advantages(rewards["total"], G)
+
+
+@ADVANTAGES.register("maxrl")
 def _maxrl(rewards: dict[str, Tensor], G: int) -> Tensor:
     return maxrl_advantages(rewards["binary"], G)
 
 
-AdvantageFn = Callable[[dict[str, Tensor], int], Tensor]
-
-ADVANTAGES: dict[str, AdvantageFn] = {
-    "reinforce": _on_total(reinforce_advantages),
-    "rloo": _on_total(rloo_advantages),
-    "grpo": _on_total(grpo_advantages),
-    "drgrpo": _on_total(drgrpo_advantages),
-    "maxrl": _maxrl,
-}
-"""Sequence advantage estimators by name, from the rewards dict (keys total, correctness, format,
-penalty, binary) and G; an algorithm's spec names the one it uses (GSPO, CISPO, SAPO and DAPO
-use ``grpo``)."""
-
-
-TokenAdvantageFn = Callable[[dict[str, Tensor], Tensor, Tensor, int], Tensor]
-
-
+@TOKEN_REWARD_ADVANTAGES.register("reinforce_pp")
 def _reinforce_pp(
     rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int, moments=None
 ) -> Tensor:
     return reinforce_pp_advantages(rewards["total"], kl_penalty, mask, moments)
 
 
+@TOKEN_REWARD_ADVANTAGES.register("reinforce_pp_baseline")
 def _reinforce_pp_baseline(
     rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int, moments=None
 ) -> Tensor:
     return reinforce_pp_baseline_advantages(rewards["total"], kl_penalty, mask, G, moments)
 
 
-def _remax(rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int) -> Tensor:
+@TOKEN_REWARD_ADVANTAGES.register("remax")
+def _remax(
+    rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int, moments=None
+) -> Tensor:
+    """No normalisation: ``moments`` is not read."""
     if "greedy" not in rewards:
         raise ValueError(
             "remax needs rewards['greedy'], the reward of each prompt's greedy completion"
@@ -201,21 +227,7 @@ def _remax(rewards: dict[str, Tensor], kl_penalty: Tensor, mask: Tensor, G: int)
     return remax_advantages(rewards["total"], rewards["greedy"], kl_penalty, mask)
 
 
-WHITENED_OVER_BATCH = frozenset({"reinforce_pp", "reinforce_pp_baseline"})
-"""The token estimators that normalise over the whole batch (they take ``moments=``): under
-torchrun their statistics are pooled over every rank."""
-
-TOKEN_REWARD_ADVANTAGES: dict[str, TokenAdvantageFn] = {
-    "reinforce_pp": _reinforce_pp,
-    "reinforce_pp_baseline": _reinforce_pp_baseline,
-    "remax": _remax,
-}
-"""Critic-free token-level estimators by name, from the rewards dict (ReMax reads ``greedy``, the
-reward of the prompt's greedy completion, repeated over its rows), the per-token KL penalty β·k_t
-(N, T) (zeros without a KL term), the completion mask and G; each returns (N, T) advantages."""
-
-
-def sequence_advantage_for(algorithm: str) -> AdvantageFn:
+def sequence_advantage_for(algorithm: str) -> Callable[[dict[str, Tensor], int], Tensor]:
     """The sequence advantage estimator ``algorithm``'s spec names (KeyError for PPO, whose
     advantage is token-level)."""
     return ADVANTAGES[PG_FAMILY.algorithm(algorithm).advantage or ""]
@@ -242,6 +254,7 @@ def sequence_reward_to_tokens(r: Tensor, mask: Tensor) -> Tensor:
     return out
 
 
+@TOKEN_ADVANTAGES.register("gae")
 @torch.no_grad()
 def gae(
     token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
@@ -269,8 +282,3 @@ def gae(
         running = (delta + gamma * lam * m_next * running) * m[:, t]
         adv[:, t] = running
     return adv, (adv + v) * m
-
-
-TOKEN_ADVANTAGES: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {"gae": gae}
-"""Token-level estimators on a learned value model, by name (PPO's spec names ``gae``): each
-returns (advantages, returns) per token."""

@@ -18,10 +18,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trainers.core.config import (
+    BUILTIN_PROMPTS,
     CheckpointSection,
     LoggingSection,
     ModelSection,
     OptimSection,
+    PromptDataSection,
     StrictModel,
 )
 from trainers.core.spec import AlgorithmSpec
@@ -39,56 +41,6 @@ LossAgg = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"
 def algorithm_spec(algorithm: str) -> AlgorithmSpec:
     """The spec of a policy-gradient algorithm (KeyError for a name the family lacks)."""
     return PG_FAMILY.algorithm(algorithm)
-
-
-class DatasetSpecSection(StrictModel):
-    name: str = Field(min_length=1, description="reasoning-gym task, e.g. spell_backward")
-    weight: float = Field(default=1.0, gt=0)
-    config: dict = Field(default_factory=dict, description="the task's reasoning-gym settings")
-
-
-PromptSource = Literal["reasoning_gym", "preference"]
-BUILTIN_PROMPTS = "builtin"
-"""``data.dataset`` of the offline prompt set: the prompts of the built-in preference pairs
-(reasoning-gym questions, so the verifier can score them)."""
-
-
-class DataSection(StrictModel):
-    source: PromptSource = Field(
-        default="reasoning_gym",
-        description="reasoning_gym: a seeded composite of data.specs; preference: the prompts of "
-        "a preference dataset (data.dataset)",
-    )
-    specs: list[DatasetSpecSection] = Field(
-        default_factory=lambda: [
-            DatasetSpecSection(
-                name="spell_backward", config={"min_word_len": 3, "max_word_len": 10}
-            )
-        ],
-        min_length=1,
-        description="reasoning-gym `composite` of these tasks (source reasoning_gym)",
-    )
-    dataset: str | None = Field(
-        default=None,
-        description="source preference: a hub id or local .jsonl/.json/.parquet/.csv file or "
-        "folder of an HH-RLHF-style (chosen/rejected transcripts) or UltraFeedback-style "
-        "(`prompt` column or chosen message lists) dataset, or `builtin` (offline: the prompts "
-        "of the built-in preference pairs, reasoning-gym questions; builtin:task_a,task_b for "
-        "some tasks)",
-    )
-    split: str = Field(default="train", description="dataset split (source preference)")
-    size: int = Field(default=3000, ge=1, description="training prompts (one epoch)")
-    eval_size: int = Field(
-        default=64, ge=0, description="held-out prompts for the greedy eval/ metrics"
-    )
-
-    @property
-    def has_verifier(self) -> bool:
-        """Whether every prompt carries a reasoning-gym entry the verifier can score."""
-        if self.source == "reasoning_gym":
-            return True
-        ds = self.dataset or ""
-        return ds == BUILTIN_PROMPTS or ds.startswith(f"{BUILTIN_PROMPTS}:")
 
 
 class RolloutSection(StrictModel):
@@ -247,7 +199,7 @@ def _reward_defaults(data: dict) -> dict:
 class PolicyGradientConfig(StrictModel):
     algorithm: Algorithm = "grpo"
     model: ModelSection = ModelSection(name="Qwen/Qwen3-1.7B", gradient_checkpointing=True)
-    data: DataSection = DataSection()
+    data: PromptDataSection = PromptDataSection()
     rollout: RolloutSection = RolloutSection()
     train: PGOptimSection = PGOptimSection()
     loss: LossSection = LossSection()
@@ -414,3 +366,50 @@ class PolicyGradientConfig(StrictModel):
         if not self.spec.needs_old_logprobs:
             return False
         return self.loss.updates_per_rollout > 1 or self.optimizer_steps_per_update > 1
+
+    def reward_model_names(self) -> list[tuple[str, str]]:
+        """(config key, name) of the reward models the run loads."""
+        out = []
+        if self.reward.model:
+            out.append(("reward.model", self.reward.model))
+        if self.reward.gold_model:
+            out.append(("reward.gold_model", self.reward.gold_model))
+        return out
+
+    @property
+    def headline_metric(self) -> str:
+        """The held-out metric this run is judged on (summary.json's best value; the lab's rule
+        in ``rlhf_lab/results/headline.py``): a run rewarded by a reward model is judged on its held-out
+        gold reward when it has a gold signal, else on the optimised model's held-out score (a
+        proxy); any other run on greedy held-out correctness, the family's headline."""
+        if self.reward.model:
+            return "eval/gold_reward" if self.gold_source else "eval/proxy_reward"
+        return "eval/avg_correctness"
+
+    def notes(self) -> list[str]:
+        """Things a reader of the run should know about this config (printed and in summary)."""
+        notes = []
+        if self.loss.beta > 0 and self.spec.kl == "none":
+            notes.append(
+                f"loss.beta={self.loss.beta} is ignored: {self.algorithm} has no KL term (as in "
+                "the book's code); no reference model is loaded"
+            )
+        if self.reward.model and self.reward.gold_model == self.reward.model:
+            notes.append(
+                "reward.gold_model is the optimised reward model itself: gold_reward equals "
+                "proxy_reward and cannot reveal overoptimisation"
+            )
+        if self.reward.model and not self.uses_kl:
+            notes.append(
+                "no KL leash to the reference (loss.beta=0"
+                + ("" if self.spec.kl != "none" else f", {self.algorithm} has no KL term")
+                + "): nothing holds the policy near its start while it maximises the reward "
+                "model, and kl_ref is not logged"
+            )
+        safe = self.loss.l_max - self.loss.l_cache
+        if self.spec.overlong_penalty and safe >= self.rollout.max_new_tokens:
+            notes.append(
+                f"the overlong penalty never applies: rollout.max_new_tokens="
+                f"{self.rollout.max_new_tokens} <= l_max - l_cache = {safe}"
+            )
+        return notes

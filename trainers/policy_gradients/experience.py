@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainers.policy_gradients.data import Prompt
+from trainers.core.records import Prompt
 
 
 @dataclass
@@ -129,12 +129,3 @@ def assemble(
             cmask[row, : len(c)] = 1.0
     lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)
     return ids, attn, lens, cmask
-
-
-def cut_at_first_stop(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
-    """Completion tokens up to and including the first end-of-turn token; and whether it was
-    truncated (no end-of-turn token at all)."""
-    for i, tok in enumerate(tokens):
-        if tok in stop_ids:
-            return tokens[: i + 1], False
-    return tokens, True

@@ -1,4 +1,5 @@
-"""Sampling completions for a rollout step and greedy completions for held-out evaluation.
+"""Sampling completions for a rollout step (greedy completions for held-out evaluation:
+:func:`trainers.core.onpolicy.greedy_rollouts`).
 
 Each prompt is prefilled once and its ``num_rollouts`` completions are sampled from the repeated
 KV cache (``trainers/core/decoding.py``: left padding, temperature / top-k / top-p / min-p). The
@@ -14,10 +15,10 @@ from torch import nn
 
 from trainers.core.decoding import Sampling, sample_tokens
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
-from trainers.core.rundir import phase_progress
+from trainers.core.onpolicy import cut_at_first_stop
+from trainers.core.records import Prompt
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.data import Prompt
-from trainers.policy_gradients.experience import Experience, assemble, cut_at_first_stop
+from trainers.policy_gradients.experience import Experience, assemble
 
 
 def _sampling(cfg: PolicyGradientConfig) -> Sampling:
@@ -75,56 +76,3 @@ def generate_group_batch(
         texts=texts,
         prompts=owners,
     )
-
-
-@torch.no_grad()
-def greedy_rollouts(
-    model: nn.Module,
-    tokenizer: Any,
-    prompts: list[Prompt],
-    max_new_tokens: int,
-    batch_size: int,
-) -> dict[str, list]:
-    """Greedy completions for held-out evaluation, with their token ids: ``texts``, ``lengths``
-    (completion tokens, end-of-turn included), ``truncated``, ``prompt_ids`` and
-    ``completion_ids`` (up to and including the first end-of-turn token)."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stop_ids = set(end_of_turn_ids(tokenizer))
-    was_training = model.training
-    model.eval()
-    out: dict[str, list] = {
-        "texts": [],
-        "lengths": [],
-        "truncated": [],
-        "prompt_ids": [],
-        "completion_ids": [],
-    }
-    for start in range(0, len(prompts), batch_size):
-        rows = [chat_prompt_ids(tokenizer, p.messages) for p in prompts[start : start + batch_size]]
-        new_tokens = sample_tokens(
-            model, rows, max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id
-        )
-        phase_progress(min(start + batch_size, len(prompts)), len(prompts))
-        for prompt_row, tokens in zip(rows, new_tokens, strict=True):
-            kept, cut = cut_at_first_stop(tokens, stop_ids)
-            out["lengths"].append(len(kept))
-            out["truncated"].append(cut)
-            out["texts"].append(
-                tokenizer.decode(kept if cut else kept[:-1], skip_special_tokens=True)
-            )
-            out["prompt_ids"].append(prompt_row)
-            out["completion_ids"].append(kept)
-    model.train(was_training)
-    return out
-
-
-def greedy_completions(
-    model: nn.Module,
-    tokenizer: Any,
-    prompts: list[Prompt],
-    max_new_tokens: int,
-    batch_size: int,
-) -> tuple[list[str], list[int], list[bool]]:
-    """Greedy completions for held-out evaluation: (texts, lengths, truncated)."""
-    out = greedy_rollouts(model, tokenizer, prompts, max_new_tokens, batch_size)
-    return out["texts"], out["lengths"], out["truncated"]

@@ -20,13 +20,14 @@ neither overflow into inf/NaN nor leak NaN gradients through ``torch.where``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from trainers.core.registry import Registry
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 Stats = dict[str, Tensor]
@@ -126,6 +127,11 @@ class PolicyLossParams:
 
 PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossParams], tuple[Tensor, Stats]]
 
+POLICY_LOSS_FUNCTIONS = Registry("policy loss", ("inp", "params"))
+"""Per-token policy losses by name; an algorithm's spec (``trainers/policy_gradients/spec.py``)
+names the one it uses. The loss adds β·KL whenever ``beta > 0 and kl_in_loss`` (the trainer
+decides from the spec's ``kl``)."""
+
 
 def _on(inp: PolicyLossInputs) -> Tensor:
     return inp.mask > 0
@@ -169,6 +175,7 @@ def _clip_active(ratio: Tensor, adv: Tensor, params: PolicyLossParams) -> Tensor
     return (high | low).float()
 
 
+@POLICY_LOSS_FUNCTIONS.register("reinforce")
 def reinforce_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
     """REINFORCE (Williams 1992), also RLOO (Ahmadian et al. 2024) and MaxRL: ℓ_t = −logπ_t·A_t.
 
@@ -180,6 +187,7 @@ def reinforce_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Ten
     return _finish(-_masked(inp.logp, _on(inp)) * adv, inp, params, stats)
 
 
+@POLICY_LOSS_FUNCTIONS.register("clipped_surrogate")
 def clipped_surrogate_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
     """PPO (Schulman et al. 2017) clipped surrogate, shared by GRPO (Shao et al. 2024), Dr. GRPO
     (Liu et al. 2025) and DAPO (Yu et al. 2025, "clip-higher": ε_hi > ε_lo):
@@ -196,6 +204,7 @@ def clipped_surrogate_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> t
     return _finish(pg, inp, params, stats)
 
 
+@POLICY_LOSS_FUNCTIONS.register("gspo")
 def gspo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
     """GSPO (Zheng et al. 2025): one importance ratio per sequence,
 
@@ -214,6 +223,7 @@ def gspo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, 
     return _finish(pg, inp, params, stats)
 
 
+@POLICY_LOSS_FUNCTIONS.register("gmpo")
 def gmpo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
     """GMPO (Zhao et al. 2025, Geometric-Mean Policy Optimization): the sequence objective is the
     geometric mean of the token ratios, each clipped PPO-style in log space,
@@ -242,6 +252,7 @@ def gmpo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, 
     return _finish(pg, inp, params, stats)
 
 
+@POLICY_LOSS_FUNCTIONS.register("cispo")
 def cispo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
     """CISPO (MiniMax-M1, 2025): clip the importance-sampling weight, not the update,
 
@@ -259,6 +270,7 @@ def cispo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor,
     return _finish(pg, inp, params, {"ratio": ratio, "clipped": clipped})
 
 
+@POLICY_LOSS_FUNCTIONS.register("sapo")
 def sapo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
     """SAPO (soft adaptive policy optimisation, Qwen 2025): a smooth gate instead of a hard clip,
 
@@ -278,28 +290,27 @@ def sapo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, 
     return _finish(pg, inp, params, {"ratio": ratio, "clipped": torch.zeros_like(ratio)})
 
 
-POLICY_LOSS_FUNCTIONS: dict[str, PolicyLossFn] = {
-    "reinforce": reinforce_loss,
-    "clipped_surrogate": clipped_surrogate_loss,
-    "gspo": gspo_loss,
-    "gmpo": gmpo_loss,
-    "cispo": cispo_loss,
-    "sapo": sapo_loss,
-}
-"""Per-token policy losses by name; an algorithm's spec (``trainers/policy_gradients/spec.py``)
-names the one it uses. The loss adds β·KL whenever ``beta > 0 and kl_in_loss`` (the trainer
-decides from the spec's ``kl``)."""
-
-
 def policy_loss_for(algorithm: str) -> PolicyLossFn:
     """The per-token loss function of ``algorithm``, as its spec names it."""
     return POLICY_LOSS_FUNCTIONS[PG_FAMILY.algorithm(algorithm).loss]
 
 
-# Derived from the specs; kept for train.py until the loop refactor lands.
-POLICY_LOSSES: dict[str, PolicyLossFn] = {
-    a.name: policy_loss_for(a.name) for a in PG_FAMILY.algorithms
-}
+class _LossesByAlgorithm(Mapping[str, PolicyLossFn]):
+    """:data:`POLICY_LOSSES`: each algorithm's loss, read through its spec at lookup time (a
+    view of the registry, not a second table)."""
+
+    def __getitem__(self, algorithm: str) -> PolicyLossFn:
+        return policy_loss_for(algorithm)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PG_FAMILY.algorithm_names)
+
+    def __len__(self) -> int:
+        return len(PG_FAMILY.algorithm_names)
+
+
+POLICY_LOSSES: Mapping[str, PolicyLossFn] = _LossesByAlgorithm()
+"""Policy loss by algorithm name (``POLICY_LOSSES["dapo"]`` is ``clipped_surrogate_loss``)."""
 
 
 # ---------------------------------------------------------------------------------------------

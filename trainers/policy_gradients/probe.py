@@ -4,7 +4,7 @@ For each candidate (one or more reasoning-gym task specs, as ``data.specs`` take
 draws ``prompts`` questions from the task mixture with a probe seed (a draw of its own, apart from
 the run's training and held-out prompts), samples ``samples`` completions per question with the
 run's sampling settings through the shared decoding loop (``trainers/core/decoding.py``), scores
-each with this family's verifier reward (:func:`trainers.policy_gradients.rewards.compute_rewards`:
+each with this family's verifier reward (:func:`trainers.core.verifier.compute_rewards`:
 correctness + ``format_weight`` × format), and reports per candidate:
 
 * ``pass_rate``: share of samples whose verifier correctness is > 0 (the task is solved, at least
@@ -188,7 +188,7 @@ def probe_prompts(specs: list[dict], n: int, seed: int) -> list:
     (system prompt, question, scoring meta), from the probe's own seed."""
     from types import SimpleNamespace
 
-    from trainers.core.builtin_data import build_composite, to_prompt
+    from trainers.core.prompts import build_composite, to_prompt
 
     objs = [
         SimpleNamespace(
@@ -210,9 +210,9 @@ def sample_and_score(model, tokenizer, prompts: list, settings: ProbeSettings) -
 
     from trainers.core.decoding import Sampling, sample_tokens
     from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
+    from trainers.core.onpolicy import cut_at_first_stop
     from trainers.core.tasks import extract_answer
-    from trainers.policy_gradients.experience import cut_at_first_stop
-    from trainers.policy_gradients.rewards import compute_rewards
+    from trainers.core.verifier import compute_rewards
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stop_ids = set(end_of_turn_ids(tokenizer))

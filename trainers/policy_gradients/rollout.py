@@ -5,7 +5,7 @@ One rollout step, as in the algorithm box:
 1. ``generate_group_batch`` (:mod:`.generation`) — each prompt is prefilled once and its
    ``num_rollouts`` completions are sampled from the repeated KV cache.
 2. ``score`` — the reward parts of the decoded completions: reasoning-gym correctness and tag
-   format (rewards.compute_rewards; only format without a verifier), DAPO's overlong penalty,
+   format (core.verifier.compute_rewards; only format without a verifier), DAPO's overlong penalty,
    the reward model's score (``RewardModels.proxy``, normalised as ``reward.normalize`` says)
    and the gold reward model's score; then the weighted, shaped ``total``
    (rewards.shaped_total).
@@ -44,26 +44,18 @@ from torch import Tensor, nn
 from trainers.core.distributed import global_moments, world
 from trainers.core.logprobs import position_ids_of
 from trainers.core.lora import reference_view
+from trainers.core.onpolicy import cut_at_first_stop, greedy_completions, greedy_rollouts
+from trainers.core.prompts import Prompt, PromptStream
+from trainers.core.verifier import compute_rewards, text_rewards
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     TOKEN_ADVANTAGES,
     TOKEN_REWARD_ADVANTAGES,
-    WHITENED_OVER_BATCH,
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.data import Prompt, PromptStream
-from trainers.policy_gradients.experience import (
-    Experience,
-    assemble,
-    concat_experiences,
-    cut_at_first_stop,
-)
-from trainers.policy_gradients.generation import (
-    generate_group_batch,
-    greedy_completions,
-    greedy_rollouts,
-)
+from trainers.policy_gradients.experience import Experience, assemble, concat_experiences
+from trainers.policy_gradients.generation import generate_group_batch
 from trainers.policy_gradients.losses import kl_estimate
 from trainers.policy_gradients.ranks import (
     global_count,
@@ -72,13 +64,7 @@ from trainers.policy_gradients.ranks import (
     prompt_share,
     take_kept_groups,
 )
-from trainers.policy_gradients.rewards import (
-    RunningMoments,
-    compute_rewards,
-    dapo_keep_groups,
-    shaped_total,
-    text_rewards,
-)
+from trainers.policy_gradients.rewards import RunningMoments, dapo_keep_groups, shaped_total
 from trainers.policy_gradients.token_passes import (
     ValueModel,
     completion_token_stats,
@@ -127,8 +113,8 @@ class RewardModels:
     """The run's reward models (None when unused) and the running moments of the proxy's
     scores (``reward.normalize=running``; saved in checkpoints)."""
 
-    proxy: Any = None  # reward_model.ModelReward: the optimised reward model
-    gold: Any = None  # reward_model.ModelReward: the held-out gold reward model
+    proxy: Any = None  # core.reward_scorer.RewardScorer: the optimised reward model
+    gold: Any = None  # core.reward_scorer.RewardScorer: the held-out gold reward model
     moments: RunningMoments = field(default_factory=RunningMoments)
     stop_ids: set[int] = field(default_factory=set)
 
@@ -153,7 +139,7 @@ def score_texts(
     gold reward model's score). ``update_moments=False`` (evaluation) whitens the proxy's score
     with neither the batch nor the running statistics: ``model_norm`` is the raw score.
     ``verifier``: the function that scores verifier prompts (default
-    :func:`~.rewards.compute_rewards`)."""
+    :func:`trainers.core.verifier.compute_rewards`)."""
     rw = cfg.reward
     metas = [p.meta for p in prompts]
     if cfg.data.has_verifier:
@@ -166,12 +152,12 @@ def score_texts(
     messages = [p.messages for p in prompts]
     ids = dict(prompt_ids=prompt_ids, completion_ids=completion_ids, stop_ids=models.stop_ids)
     if models.proxy is not None:
-        raw = models.proxy.score(messages, texts, **ids)
+        raw = models.proxy.score_completions(messages, texts, **ids)
         parts["model"] = raw
         mode = rw.normalize if update_moments else "none"
         parts["model_norm"] = normalise_over_ranks(raw, mode, models.moments)
     if models.gold is not None:
-        parts["gold"] = models.gold.score(messages, texts, **ids)
+        parts["gold"] = models.gold.score_completions(messages, texts, **ids)
     parts["total"] = shaped_total(
         parts,
         truncated,
@@ -258,10 +244,8 @@ def prepare_update(
     elif spec.advantage in TOKEN_REWARD_ADVANTAGES:  # critic-free, per token (REINFORCE++, ReMax)
         penalty = torch.zeros_like(mask) if token_kl is None else cfg.loss.beta * token_kl * mask
         estimator = TOKEN_REWARD_ADVANTAGES[spec.advantage]
-        pooled = {}  # whitened over the global batch: every rank's tokens
-        if spec.advantage in WHITENED_OVER_BATCH and world().distributed:
-            pooled["moments"] = global_moments
-        exp.advantages = estimator(exp.rewards, penalty, mask, G, **pooled) * mask
+        pooled = global_moments if world().distributed else None  # every rank's tokens
+        exp.advantages = estimator(exp.rewards, penalty, mask, G, pooled) * mask
         exp.shaped_total = total - penalty.sum(-1)
     else:
         if token_kl is not None:  # reinforce / rloo: one scalar per sequence

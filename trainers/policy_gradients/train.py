@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainers.core.config import ConfigError
 from trainers.core.distributed import (
-    any_rank,
     check_divisible,
     describe,
     gather_objects,
@@ -50,7 +50,7 @@ from trainers.core.distributed import (
     world_from_env,
 )
 from trainers.core.generation import end_of_turn_ids
-from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
+from trainers.core.harness import stop_requested, trainer_main
 from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
 from trainers.core.lora import (
     add_adapters,
@@ -58,45 +58,31 @@ from trainers.core.lora import (
     load_checkpoint_state,
     needs_reference_copy,
 )
-from trainers.core.models import (
-    load_causal_lm,
-    load_tokenizer,
-)
+from trainers.core.models import load_causal_lm, load_reference, load_tokenizer
+from trainers.core.onpolicy import greedy_rollouts
+from trainers.core.prompts import PromptStream, check_specs, load_run_prompts
+from trainers.core.reward_scorer import RewardScorer, inspect_reward_model
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.training import (
-    StepMetrics,
     build_optimizer,
-    epoch_order,
-    optimizer_step,
     peak_memory_gb,
     seed_everything,
     use_gradient_checkpointing,
 )
+from trainers.core.verifier import compute_rewards
 from trainers.policy_gradients.advantages import frac_zero_std
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.data import PromptStream, check_specs, load_run_prompts
-from trainers.policy_gradients.losses import (
-    POLICY_LOSSES,
-    PolicyLossInputs,
-    PolicyLossParams,
-    aggregate,
-    value_loss,
-)
-from trainers.policy_gradients.reward_model import ModelReward, inspect_reward_model
-from trainers.policy_gradients.rewards import RunningMoments, compute_rewards
+from trainers.policy_gradients.rewards import RunningMoments
 from trainers.policy_gradients.rollout import (
     Experience,
     RewardModels,
-    completion_token_stats,
-    greedy_rollouts,
     load_value_model,
     prepare_update,
     rollout_step,
     score_texts,
-    sequence_kl,
-    trim,
 )
+from trainers.policy_gradients.update import optimizer_steps_per_update, update
 
 # ---------------------------------------------------------------------------------------------
 # Checks before anything is written
@@ -120,17 +106,9 @@ def preflight(cfg: PolicyGradientConfig) -> None:
                 f"data.dataset: file not found: {d.dataset}. Use an existing "
                 ".jsonl/.json/.parquet/.csv file or folder, a hub id, or builtin (offline)"
             )
-    for key, name in reward_model_names(cfg):
+    for key, name in cfg.reward_model_names():
         inspect_reward_model(name, key)
     check_world(cfg, world_from_env().size)
-
-
-def optimizer_steps_per_update(cfg: PolicyGradientConfig, size: int) -> int:
-    """Optimizer steps in one pass over the rollout batch on ``size`` ranks: each rank's share
-    of the step's sequences in micro-batches, an optimizer step every
-    ``gradient_accumulation_steps`` of them (one process: the config's count)."""
-    micro = cfg.sequences_per_step // size // cfg.train.batch_size
-    return -(-micro // cfg.train.gradient_accumulation_steps)
 
 
 def check_world(cfg: PolicyGradientConfig, size: int) -> None:
@@ -146,60 +124,9 @@ def check_world(cfg: PolicyGradientConfig, size: int) -> None:
         )
 
 
-def reward_model_names(cfg: PolicyGradientConfig) -> list[tuple[str, str]]:
-    """(config key, name) of the reward models the run loads."""
-    out = []
-    if cfg.reward.model:
-        out.append(("reward.model", cfg.reward.model))
-    if cfg.reward.gold_model:
-        out.append(("reward.gold_model", cfg.reward.gold_model))
-    return out
-
-
-def headline_metric(cfg: PolicyGradientConfig) -> str:
-    """The held-out metric this run is judged on (summary.json's best value; the lab's rule in
-    ``rlhf_lab/results/headline.py``): a run rewarded by a reward model is judged on its held-out gold
-    reward when it has a gold signal, else on the optimised model's held-out score (a proxy);
-    any other run on greedy held-out correctness, the family's headline."""
-    if cfg.reward.model:
-        return "eval/gold_reward" if cfg.gold_source else "eval/proxy_reward"
-    return "eval/avg_correctness"
-
-
 def planned_rollout_steps(cfg: PolicyGradientConfig) -> int:
     """The run's rollout steps, known from the config alone (for the first progress.json)."""
     return cfg.total_rollout_steps
-
-
-def config_notes(cfg: PolicyGradientConfig) -> list[str]:
-    """Things a reader of the run should know about this config (printed and in summary)."""
-    notes = []
-    if cfg.loss.beta > 0 and cfg.spec.kl == "none":
-        notes.append(
-            f"loss.beta={cfg.loss.beta} is ignored: {cfg.algorithm} has no KL term (as in the "
-            "book's code); no reference model is loaded"
-        )
-    if cfg.reward.model and cfg.reward.gold_model == cfg.reward.model:
-        notes.append(
-            "reward.gold_model is the optimised reward model itself: gold_reward equals "
-            "proxy_reward and cannot reveal overoptimisation"
-        )
-    if cfg.reward.model and not cfg.uses_kl:
-        notes.append(
-            "no KL leash to the reference (loss.beta=0"
-            + ("" if cfg.spec.kl != "none" else f", {cfg.algorithm} has no KL term")
-            + "): nothing holds the policy near its start while it maximises the reward model, "
-            "and kl_ref is not logged"
-        )
-    if (
-        cfg.spec.overlong_penalty
-        and cfg.loss.l_max - cfg.loss.l_cache >= cfg.rollout.max_new_tokens
-    ):
-        notes.append(
-            f"the overlong penalty never applies: rollout.max_new_tokens="
-            f"{cfg.rollout.max_new_tokens} <= l_max - l_cache = {cfg.loss.l_max - cfg.loss.l_cache}"
-        )
-    return notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,178 +179,9 @@ def reward_metrics(drawn: Experience, cfg: PolicyGradientConfig) -> dict[str, fl
     return out
 
 
-def _token_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x.detach().float() * mask).sum() / mask.sum().clamp(min=1.0))
-
-
 # ---------------------------------------------------------------------------------------------
 # The update phase
 # ---------------------------------------------------------------------------------------------
-
-
-def loss_params(cfg: PolicyGradientConfig) -> PolicyLossParams:
-    """The loss function's parameters from the config (β only where the algorithm uses KL)."""
-    loss = cfg.loss
-    return PolicyLossParams(
-        clip_eps_lo=loss.clip_eps_lo,
-        clip_eps_hi=loss.clip_eps_hi,
-        beta=loss.beta if cfg.uses_kl else 0.0,
-        kl_estimator=loss.kl_estimator,
-        kl_in_loss=cfg.spec.kl == "loss" and cfg.uses_kl,
-        sapo_tau_pos=loss.sapo_tau_pos,
-        sapo_tau_neg=loss.sapo_tau_neg,
-    )
-
-
-def _rows(
-    t: torch.Tensor | None, idx: torch.Tensor, width_t: int, device: torch.device
-) -> torch.Tensor | None:
-    return None if t is None else t[idx, :width_t].to(device)
-
-
-def micro_batch_loss(
-    cfg: PolicyGradientConfig,
-    policy: torch.nn.Module,
-    value_model: torch.nn.Module | None,
-    exp: Experience,
-    rows: list[int],
-    step_seqs: int,
-    step_tokens: float,
-    device: torch.device,
-    kl_ref: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, float, dict[str, float], float]:
-    """The loss contribution of ``rows`` to its optimizer step, and its metrics. ``kl_ref``
-    (N,), when given, receives each row's Σ_t k3 to the reference (π = π_old here)."""
-    idx = torch.tensor(rows, dtype=torch.long)
-    ids, attn, width_t, width_p = trim(
-        exp.input_ids[idx],
-        exp.attention_mask[idx],
-        exp.prompt_lens[idx],
-        exp.completion_mask[idx],
-        exp.prompt_width,
-    )
-    ids, attn = ids.to(device), attn.to(device)
-    mask = exp.completion_mask[idx, :width_t].to(device)
-    logp, entropy = completion_token_stats(policy, ids, attn, width_p, with_entropy=True)
-    old = _rows(exp.old_logps, idx, width_t, device)
-    params = loss_params(cfg)
-    inputs = PolicyLossInputs(
-        logp=logp,
-        old_logp=old if old is not None and cfg.needs_old_logps else logp.detach(),
-        advantages=_rows(exp.advantages, idx, width_t, device),
-        mask=mask,
-        ref_logp=_rows(exp.ref_logps, idx, width_t, device),
-    )
-    per_token, stats = POLICY_LOSSES[cfg.algorithm](inputs, params)
-    if kl_ref is not None and inputs.ref_logp is not None:
-        kl_ref[idx] = sequence_kl(logp.detach(), inputs.ref_logp, mask).cpu()
-    agg = dict(
-        mode=cfg.loss.loss_agg,
-        step_num_seqs=step_seqs,
-        step_num_tokens=step_tokens,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-    )
-    pg_contrib = aggregate(stats["pg_loss"], mask, **agg)  # the policy term without β·KL
-    total = per_token
-    metrics = {"entropy": _token_mean(entropy, mask)}
-    if "kl" in stats:
-        metrics["kl"] = _token_mean(stats["kl"], mask)
-    if "clipped" in stats:
-        metrics["clip_frac"] = _token_mean(stats["clipped"].float(), mask)
-    if "ratio" in stats:
-        metrics["ratio/mean"] = _token_mean(stats["ratio"], mask)
-    if value_model is not None:
-        values = value_model(ids, attn, width_p)
-        vl = value_loss(
-            values,
-            _rows(exp.values, idx, width_t, device),
-            _rows(exp.returns, idx, width_t, device),
-            mask,
-            cfg.loss.clip_eps_val,
-        )
-        total = total + cfg.loss.vf_coef * vl
-        metrics["value_loss"] = _token_mean(vl, mask)
-    contrib = aggregate(total, mask, **agg)
-    return contrib, float(pg_contrib.detach()), metrics, float(mask.sum())
-
-
-def update(
-    cfg: PolicyGradientConfig,
-    policy: torch.nn.Module,
-    value_model: torch.nn.Module | None,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    params: list[torch.nn.Parameter],
-    exp: Experience,
-    step: int,
-    device: torch.device,
-) -> dict[str, float]:
-    """``updates_per_rollout`` passes over the rollout batch; returns the phase's metrics.
-    Under torchrun ``exp`` is this rank's share and each optimizer step takes
-    ``batch_size × gradient_accumulation_steps`` of its rows (each rank shuffles its own); the
-    aggregation is normalised by the step's sequences and tokens over every rank, each rank
-    back-propagates its part and FSDP sums the gradients, so the update is the global one."""
-    n = exp.num_sequences
-    bs, acc = cfg.train.batch_size, cfg.train.gradient_accumulation_steps
-    per_opt = bs * acc
-    token_stats = StepMetrics()
-    step_losses, step_pg, grad_norms, lrs = [], [], [], []
-    skipped = 0
-    # the sequences' KL to the reference, from the first pass before any optimizer step (π is
-    # π_old there), when prepare_update had no π_old log-probs to take it from
-    kl_buf = None
-    if exp.kl_ref is None and exp.ref_logps is not None:
-        kl_buf = torch.full((n,), float("nan"))
-    for epoch in range(cfg.loss.updates_per_rollout):
-        order = epoch_order(n, cfg.seed, step * cfg.loss.updates_per_rollout + epoch)
-        for start in range(0, n, per_opt):
-            step_rows = order[start : start + per_opt]
-            step_seqs, step_tokens = gather_sum(  # the step's, over every rank
-                [len(step_rows), float(exp.completion_mask[step_rows].sum())]
-            )
-            step_seqs = int(step_seqs)
-            loss_sum = pg_sum = 0.0
-            for m in range(0, len(step_rows), bs):
-                if not grad_norms:  # a stop drops the step only before its first update
-                    raise_if_stopping("micro_batch")
-                rows = step_rows[m : m + bs]
-                contrib, pg, metrics, n_tok = micro_batch_loss(
-                    cfg,
-                    policy,
-                    value_model,
-                    exp,
-                    rows,
-                    step_seqs,
-                    step_tokens,
-                    device,
-                    kl_ref=kl_buf if not grad_norms else None,
-                )
-                if any_rank(not bool(torch.isfinite(contrib))):  # every rank skips it together
-                    skipped += 1  # as the book's loop: a non-finite micro-batch is skipped
-                    continue
-                contrib.backward()
-                loss_sum += float(contrib.detach())
-                pg_sum += pg
-                token_stats.add(metrics, weight=n_tok)
-            grad_norm, lr = optimizer_step(params, optimizer, scheduler, cfg.train.max_grad_norm)
-            grad_norms.append(grad_norm)
-            lrs.append(lr)
-            loss_sum, pg_sum = gather_sum([loss_sum, pg_sum])  # the ranks' parts of the step
-            step_losses.append(loss_sum)
-            step_pg.append(pg_sum)
-    out = {
-        "loss": sum(step_losses) / len(step_losses),
-        "pg_loss": sum(step_pg) / len(step_pg),
-        **token_stats.mean(),
-        "grad_norm": sum(grad_norms) / len(grad_norms),
-        "learning_rate": lrs[-1],
-        "optimizer_steps": len(grad_norms),
-    }
-    if skipped:
-        out["nonfinite_micro_batches"] = skipped
-    if kl_buf is not None and not any_rank(bool(kl_buf.isnan().any())):
-        exp.kl_ref = kl_buf
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,26 +278,14 @@ def rollout_samples(cfg: PolicyGradientConfig, exp: Experience) -> list[dict[str
 
 
 # ---------------------------------------------------------------------------------------------
-# The training loop
+# Setting up: prompts, the models, the reward models
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
-    """Load prompts and models, then the rollout-score-update loop; see the module doc."""
-    seed_everything(cfg.seed)
-    device, dtype, attn = pick_runtime(cfg.model)
-    notes = config_notes(cfg)
-    for note in notes:
-        print(f"note: {note}", flush=True)
-    total_steps = cfg.total_rollout_steps
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)
-
-    tokenizer = load_tokenizer(cfg.model.name)
-    run.update_phase("tokenizing")
+def load_prompt_sets(cfg: PolicyGradientConfig, notes: list[str]) -> tuple[list, list, dict]:
+    """(training prompts, held-out prompts, their statistics); a shortfall of distinct prompts
+    is a note (or, below one step's prompts, a ConfigError)."""
     train_prompts, held_out, load_stats = load_run_prompts(cfg.data, cfg.seed)
-    info: dict[str, Any] = {
-        "data": {"n_train": len(train_prompts), "n_eval": len(held_out), **load_stats}
-    }
     if len(held_out) < cfg.data.eval_size:
         notes.append(
             f"only {len(held_out)} of data.eval_size={cfg.data.eval_size} held-out prompts: the "
@@ -557,16 +303,31 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
             "data has no more distinct prompts)"
         )
         print(f"note: {notes[-1]}", flush=True)
-    print(f"data: {info['data']}", flush=True)
+    stats = {"n_train": len(train_prompts), "n_eval": len(held_out), **load_stats}
+    return train_prompts, held_out, stats
 
+
+@dataclass
+class Models:
+    """The trained policy, its frozen reference (None: no KL term, or LoRA's adapters-off base)
+    and PPO's value model, with every trainable parameter the optimizer steps."""
+
+    policy: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    value_model: torch.nn.Module | None
+    params: list[torch.nn.Parameter]
+
+
+def load_models(cfg: PolicyGradientConfig, device, dtype, attn) -> Models:
+    """The policy (LoRA adapters when asked), the reference when the KL term needs a copy, the
+    value model for PPO; each sharded with FSDP2 under torchrun (one process: as is)."""
     load = dict(device=device, dtype=dtype, attn_implementation=attn)
-    run.update_phase("loading_model")
     policy = add_adapters(load_causal_lm(cfg.model.name, trainable=True, **load), cfg.model.lora)
     use_gradient_checkpointing(policy, cfg.model.gradient_checkpointing)
-    shard_model(policy)  # FSDP2 under torchrun (one unit per decoder layer); one process: as is
+    shard_model(policy)  # one unit per decoder layer
     ref_model = None  # with LoRA: the policy's base, adapters off (lora.reference_view)
     if cfg.uses_kl and needs_reference_copy(cfg.model):
-        ref_model = load_causal_lm(cfg.model.ref_name or cfg.model.name, trainable=False, **load)
+        ref_model = load_reference(cfg.model, device, dtype, attn)
         shard_model(ref_model)  # each rank scores its own share of the rollouts with it
     value_model = None
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -576,45 +337,133 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         shard_model(value_model)
         value_model.train()
         params += [p for p in value_model.parameters() if p.requires_grad]
-    if world().distributed:  # every rank built the same weights; each samples its own rollouts
-        torch.manual_seed(rank_seed(cfg.seed))
-        seeds = [rank_seed(cfg.seed, r) for r in range(world().size)]
-        info["distributed"] = {**describe(), "sampling_seeds": seeds}
+    return Models(policy, ref_model, value_model, params)
 
+
+def load_reward_models(cfg: PolicyGradientConfig, tokenizer, runtime, info: dict) -> RewardModels:
+    """The optimised reward model (``reward.model``) and the held-out gold one, each scoring
+    the policy's own token ids when it shares the policy's tokenizer."""
+    device, dtype, attn = runtime
     models = RewardModels(stop_ids=set(end_of_turn_ids(tokenizer)))
-    rm_load = dict(
-        device=device,
-        dtype=dtype,
-        attn_implementation=attn,
-        batch_size=cfg.reward.score_batch_size,
-        policy_tokenizer=tokenizer,
-    )
-    for key, name in reward_model_names(cfg):
-        scorer = ModelReward(inspect_reward_model(name, key), **rm_load)
+    for key, name in cfg.reward_model_names():
+        scorer = RewardScorer.load(
+            inspect_reward_model(name, key),
+            device=device,
+            dtype=dtype,
+            attn_implementation=attn,
+            batch_size=cfg.reward.score_batch_size,
+            policy_tokenizer=tokenizer,
+        )
         if key == "reward.model":
             models.proxy = scorer
         else:
             models.gold = scorer
+        tokens = "policy ids reused" if scorer.reuse_ids else "re-tokenised from text"
         info.setdefault("reward_models", {})[key] = {
             "name": name,
             "kind": scorer.kind,
-            "tokens": "policy ids reused" if scorer.reuse_ids else "re-tokenised from text",
+            "tokens": tokens,
         }
-        print(f"{key}: {name} ({scorer.kind}; {info['reward_models'][key]['tokens']})", flush=True)
+        print(f"{key}: {name} ({scorer.kind}; {tokens})", flush=True)
+    return models
 
-    per_update = optimizer_steps_per_update(cfg, world().size)
-    opt_steps = total_steps * cfg.loss.updates_per_rollout * per_update
-    optimizer, scheduler = build_optimizer(params, cfg.train, opt_steps)
-    stream = PromptStream(len(train_prompts), cfg.seed)
-    best = BestMetric(headline_metric(cfg))
-    # what a checkpoint holds: under torchrun the value model's shards go with the policy's
-    # (torch.distributed.checkpoint); on one process its state rides in the family state
-    sharded_value = value_model is not None and world().distributed
-    held = (
-        torch.nn.ModuleDict({"policy": policy, "value_model": value_model})
-        if sharded_value
-        else policy
+
+def seed_the_ranks(cfg: PolicyGradientConfig, info: dict) -> None:
+    """Under torchrun every rank built the same weights; each then samples its own rollouts
+    (seed + rank). One process: nothing to do."""
+    if world().distributed:
+        torch.manual_seed(rank_seed(cfg.seed))
+        seeds = [rank_seed(cfg.seed, r) for r in range(world().size)]
+        info["distributed"] = {**describe(), "sampling_seeds": seeds}
+
+
+def checkpointed_modules(m: Models) -> tuple[torch.nn.Module, bool]:
+    """What a checkpoint holds as its model, and whether the value model is in it: under
+    torchrun the value model's shards go with the policy's (torch.distributed.checkpoint); on
+    one process the policy alone, the value model's state riding in the family state."""
+    if m.value_model is not None and world().distributed:
+        return torch.nn.ModuleDict({"policy": m.policy, "value_model": m.value_model}), True
+    return m.policy, False
+
+
+# ---------------------------------------------------------------------------------------------
+# What a step logs
+# ---------------------------------------------------------------------------------------------
+
+
+def rollout_log(cfg, ri, exp: Experience, prep_info: dict, prepare_s: float, models) -> dict:
+    """The ``rollout`` row: reward statistics of everything the step sampled, the KL to the
+    reference, the reward model's running normalisation, DAPO's filter, the phases' times."""
+    row = {
+        **reward_metrics(ri.drawn, cfg),
+        **prep_info,
+        "timing/generate_s": ri.generate_s,
+        "timing/score_s": ri.score_s,
+        "timing/prepare_s": prepare_s,
+    }
+    if exp.kl_ref is not None:
+        row["kl_ref"] = _global_mean(exp.kl_ref)
+    if cfg.reward.normalize == "running":
+        row["reward_norm/mean"] = models.moments.mean
+        row["reward_norm/std"] = models.moments.std
+    if cfg.spec.dynamic_sampling:
+        row["dynamic_sampling/kept_frac"] = ri.groups_kept / ri.groups_drawn
+        row["dynamic_sampling/prompts_drawn"] = ri.prompts_drawn
+    return row
+
+
+def step_line(step: int, total: int, rollout: dict, loss: float, generate_s, train_s) -> str:
+    """The step's line in train.log."""
+    shown = [
+        f"{label} {rollout[key]:.3f}"
+        for label, key in (
+            ("proxy", "proxy_reward"),
+            ("gold", "gold_reward"),
+            ("correctness", "avg_correctness"),
+            ("format", "avg_format"),
+            ("kl_ref", "kl_ref"),
+        )
+        if key in rollout
+    ]
+    return (
+        f"step {step}/{total} " + " ".join(shown) + f" loss {loss:.4f} "
+        f"gen {generate_s:.1f}s train {train_s:.1f}s"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The training loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
+    """Load prompts and models, then the rollout-score-update loop; see the module doc."""
+    seed_everything(cfg.seed)
+    device, dtype, attn = pick_runtime(cfg.model)
+    notes = cfg.notes()
+    for note in notes:
+        print(f"note: {note}", flush=True)
+    total_steps = cfg.total_rollout_steps
+    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+
+    tokenizer = load_tokenizer(cfg.model.name)
+    run.update_phase("tokenizing")
+    train_prompts, held_out, data_stats = load_prompt_sets(cfg, notes)
+    info: dict[str, Any] = {"data": data_stats}
+    print(f"data: {info['data']}", flush=True)
+
+    run.update_phase("loading_model")
+    m = load_models(cfg, device, dtype, attn)
+    policy, value_model = m.policy, m.value_model
+    seed_the_ranks(cfg, info)
+    models = load_reward_models(cfg, tokenizer, (device, dtype, attn), info)
+
+    opt_steps = total_steps * cfg.loss.updates_per_rollout
+    opt_steps *= optimizer_steps_per_update(cfg, world().size)
+    optimizer, scheduler = build_optimizer(m.params, cfg.train, opt_steps)
+    stream = PromptStream(len(train_prompts), cfg.seed)
+    best = BestMetric(cfg.headline_metric)
+    held, sharded_value = checkpointed_modules(m)
     if resume:
         state = loop.resume(held, optimizer, scheduler)
         stream = PromptStream.from_state(len(train_prompts), cfg.seed, state["data_position"])
@@ -655,13 +504,13 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         exp, ri = rollout_step(policy, tokenizer, stream, train_prompts, cfg, models)
         # 4. log-probs / values / advantages
         t_prep = time.time()
-        exp, prep_info = prepare_update(exp, cfg, policy, ref_model, value_model, device)
+        exp, prep_info = prepare_update(exp, cfg, policy, m.ref_model, value_model, device)
         prepare_s = time.time() - t_prep
         # 5. update
         loop.progress("training", data=stream.state())
         t_train = time.time()
         train_metrics = update(
-            cfg, policy, value_model, optimizer, scheduler, params, exp, loop.step, device
+            cfg, policy, value_model, optimizer, scheduler, m.params, exp, loop.step, device
         )
         train_s = time.time() - t_train
         step_tokens = int(sum_over_ranks(int(exp.attention_mask.sum())))  # every rank's
@@ -669,21 +518,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         dt = timer.dt
 
         # 6. log
-        last_rollout = {
-            **reward_metrics(ri.drawn, cfg),
-            **prep_info,
-            "timing/generate_s": ri.generate_s,
-            "timing/score_s": ri.score_s,
-            "timing/prepare_s": prepare_s,
-        }
-        if exp.kl_ref is not None:
-            last_rollout["kl_ref"] = _global_mean(exp.kl_ref)
-        if cfg.reward.normalize == "running":
-            last_rollout["reward_norm/mean"] = models.moments.mean
-            last_rollout["reward_norm/std"] = models.moments.std
-        if cfg.spec.dynamic_sampling:
-            last_rollout["dynamic_sampling/kept_frac"] = ri.groups_kept / ri.groups_drawn
-            last_rollout["dynamic_sampling/prompts_drawn"] = ri.prompts_drawn
+        last_rollout = rollout_log(cfg, ri, exp, prep_info, prepare_s, models)
         loop.last_train = {
             **train_metrics,
             "timing/train_s": train_s,
@@ -696,22 +531,9 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
             loop.log("train", loop.last_train)
         if loop.every(cfg.eval.sample_every, at_end=bool(cfg.eval.sample_every)):
             loop.log_samples(rollout_samples(cfg, exp))
-        shown = [
-            (label, last_rollout[key])
-            for label, key in (
-                ("proxy", "proxy_reward"),
-                ("gold", "gold_reward"),
-                ("correctness", "avg_correctness"),
-                ("format", "avg_format"),
-                ("kl_ref", "kl_ref"),
-            )
-            if key in last_rollout
-        ]
+        loss = loop.last_train["loss"]
         print(
-            f"step {loop.step}/{total_steps} "
-            + " ".join(f"{label} {value:.3f}" for label, value in shown)
-            + f" loss {loop.last_train['loss']:.4f} "
-            f"gen {ri.generate_s:.1f}s train {train_s:.1f}s",
+            step_line(loop.step, total_steps, last_rollout, loss, ri.generate_s, train_s),
             flush=True,
         )
         if loop.every(cfg.eval.eval_every):

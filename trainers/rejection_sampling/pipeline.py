@@ -13,7 +13,7 @@ the shared cache.
 * **Generation** (:func:`generate_pool`): N sampled completions per prompt, batched
   (``rollout_batch_size`` prompts × N sequences per call), seeded.
 * **Scoring** (:func:`score_pool`): the verifier's score, or a trained reward model
-  (``trainers.reward_models.scoring.RewardScorer``) on system + user + assistant.
+  (``trainers.core.reward_scorer.RewardScorer``) on system + user + assistant.
 * **Cache** (:func:`cache_fields`, :func:`cache_key`): generations and scores are stored under
   ``$RLHF_LAB_CACHE/rs_generations/`` keyed by everything that changes them — policy weights
   (fingerprint), data slice (content hash), sampling parameters, N, seed, max_new_tokens, batch
@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from trainers.core.datasets import read_json_rows
+from trainers.core.prompts import builtin_questions
 from trainers.core.rundir import atomic_write_json
-from trainers.core.tasks import SYSTEM_PROMPT, TASK_CONFIGS, extract_answer, import_reasoning_gym
+from trainers.core.tasks import SYSTEM_PROMPT, extract_answer
 from trainers.core.tiny import cache_root
 from trainers.rejection_sampling.config import (
     GSM8K_SYSTEM_PROMPT,
@@ -140,74 +141,25 @@ def _first(items: list, n: int | None) -> list:
 
 
 def _builtin_prompts(cfg: RejectionSamplingConfig) -> tuple[list[RSPrompt], list[RSPrompt]]:
-    """Train and held-out questions from reasoning-gym, tasks taking turns. Questions are unique
-    within the training slice while the task's settings allow it (then they repeat, with a
-    warning), and held-out questions never occur in the training slice (fewer are returned, with
-    a warning, when the settings leave too few)."""
+    """Train and held-out questions of the built-in tasks
+    (:func:`trainers.core.prompts.builtin_questions`: tasks taking turns, held-out questions
+    never among the training ones)."""
     d = cfg.data
-    tasks = d.builtin_tasks
-    rg = import_reasoning_gym()
     n_train = d.max_train_samples or 1000
     n_test = 200 if d.max_test_samples is None else d.max_test_samples
+    try:
+        train, test = builtin_questions(
+            d.builtin_tasks, d.builtin_task_configs, n_train, n_test, cfg.seed
+        )
+    except ValueError as err:
+        raise DataError(str(err)) from err
 
-    def unique_entries(task: str, t_idx: int, size: int, seed: int, exclude: set[str]) -> list:
-        settings = {**TASK_CONFIGS.get(task, {}), **d.builtin_task_configs.get(task, {})}
-        try:
-            ds = rg.create_dataset(task, seed=seed + 100_003 * t_idx, size=size, **settings)
-        except Exception as err:
-            raise DataError(f"cannot build reasoning-gym task {task!r}: {err}") from err
-        seen, out = set(exclude), []
-        for i in range(len(ds)):
-            entry = ds[i]
-            if entry["question"] not in seen:
-                seen.add(entry["question"])
-                out.append(entry)
-        return out
+    def prompt(task: str, entry: dict) -> RSPrompt:
+        return RSPrompt(
+            question=entry["question"], gold=str(entry["answer"]), task=task, entry=entry
+        )
 
-    def draw(n: int, seed: int, exclude: set[str], repeats: bool) -> list[RSPrompt]:
-        if n == 0:
-            return []
-        per_task = -(-n // len(tasks))
-        pools = [
-            unique_entries(task, t_idx, 4 * per_task + 64, seed, exclude)
-            for t_idx, task in enumerate(tasks)
-        ]
-        out: list[RSPrompt] = []
-        for k in range(per_task * len(tasks)):
-            if len(out) >= n:
-                break
-            t_idx, j = k % len(tasks), k // len(tasks)
-            pool = pools[t_idx]
-            if j >= len(pool) and not (repeats and pool):
-                continue
-            e = pool[j % len(pool)]
-            out.append(
-                RSPrompt(
-                    question=e["question"],
-                    gold=str(e["answer"]),
-                    task=tasks[t_idx],
-                    entry={
-                        "question": e["question"],
-                        "answer": e["answer"],
-                        "metadata": e["metadata"],
-                    },
-                )
-            )
-        short = [t for t, pool in zip(tasks, pools, strict=True) if len(pool) < per_task]
-        if short:
-            what = "some training questions repeat" if repeats else f"{len(out)} held-out prompts"
-            logger.warning(
-                "reasoning-gym task(s) %s have fewer than %d distinct questions with these "
-                "settings: %s",
-                short,
-                per_task,
-                what,
-            )
-        return out
-
-    train = draw(n_train, cfg.seed, set(), repeats=True)
-    test = draw(n_test, cfg.seed + 7_000_003, {p.question for p in train}, repeats=False)
-    return train, test
+    return [prompt(*q) for q in train], [prompt(*q) for q in test]
 
 
 def load_prompts(cfg: RejectionSamplingConfig) -> tuple[list[RSPrompt], list[RSPrompt]]:
@@ -532,7 +484,7 @@ def reward_model_scores(
 ) -> list[list[float]]:
     """Scores of a trained reward model: chat = system + user + assistant(completion); a PRM
     scores the completion's non-empty lines as steps (its weakest step)."""
-    from trainers.reward_models.scoring import RewardScorer
+    from trainers.core.reward_scorer import RewardScorer
 
     scorer = RewardScorer.from_pretrained(
         scorer_cfg.name,

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from trainers.core.config import ConfigError, validate_config
+from trainers.core.config import ConfigError
 from trainers.core.distributed import (
     any_rank,
     check_divisible,
@@ -70,6 +70,7 @@ from trainers.rejection_sampling.diagnostics import (
 from trainers.rejection_sampling.pipeline import DataError, RSPrompt
 from trainers.rejection_sampling.ranks import read_on_main, split_work, write_on_main
 from trainers.rejection_sampling.selection import Pick, select
+from trainers.rejection_sampling.sft_stage import SilentTracker, run_sft
 
 SELECTION_FILE = "selection.jsonl"
 DIAGNOSTICS_FILE = "diagnostics.json"
@@ -384,92 +385,6 @@ def write_selection(
     atomic_write_text(path, "".join(lines))
 
 
-# ---------------------------------------------------------------------------------------------
-# Stage 3c: SFT on the selection, with trainers.sft
-# ---------------------------------------------------------------------------------------------
-
-
-def sft_config(cfg: RejectionSamplingConfig, selection_path: Path):
-    """The trainers.sft config of the SFT stage (validated by SFTConfig)."""
-    from trainers.sft.config import SFTConfig
-
-    optim = cfg.sft.model_dump(exclude={"max_seq_length", "eval_size"})
-    data = {
-        "model": {
-            "name": cfg.model.name,
-            "device": cfg.model.device,
-            "dtype": cfg.model.dtype,
-            "attn_implementation": cfg.model.attn_implementation,
-            "gradient_checkpointing": cfg.model.gradient_checkpointing,
-            "lora": cfg.model.lora.model_dump(exclude_unset=True),
-            "chat_template_source": None,
-        },
-        "data": {
-            "dataset": str(selection_path),
-            "split": "train",
-            "max_samples": None,
-            "eval_size": cfg.sft.eval_size,
-            "max_length": cfg.sft.max_seq_length,
-            "train_on": "final",
-        },
-        "train": optim,
-        "eval": {
-            "eval_every": 0,  # only at the end (and only if sft.eval_size > 0)
-            "eval_batch_size": cfg.eval.eval_batch_size,
-            "sample_every": 0,
-            "num_samples": 0,  # the held-out exact-match evaluation writes the samples
-        },
-        "logging": cfg.logging.model_dump(),
-        "checkpoint": {**cfg.checkpoint.model_dump(), "save_final_model": True},
-        "seed": cfg.seed,
-    }
-    return validate_config(data, SFTConfig, source="rejection-sampling SFT stage")
-
-
-class SilentTracker:
-    """The tracker of ranks other than 0 under torchrun: rank 0 alone logs to W&B."""
-
-    url = None
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        return None
-
-    def finish(self, exit_code: int = 0) -> None:  # noqa: ARG002
-        return None
-
-
-class _StageTracker:
-    """Hands the SFT stage's W&B logging to this run's tracker: one W&B run per RS run."""
-
-    def __init__(self, parent: Tracker) -> None:
-        self.parent = parent
-
-    @property
-    def url(self) -> str | None:
-        return self.parent.url
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        self.parent.log(metrics, step)
-
-    def finish(self, exit_code: int = 0) -> None:  # noqa: ARG002 - the RS run finishes it
-        return None
-
-
-def run_sft(
-    cfg: RejectionSamplingConfig, run: RunDir, selection_path: Path, tracker: Tracker, resume: bool
-) -> SummaryFile:
-    """trainers.sft's training loop, in-process, writing into this run directory: its train
-    rows go to metrics.jsonl, its checkpoints to checkpoints/, its model to final_model/."""
-    from trainers.sft import train as sft_train
-
-    scfg = sft_config(cfg, selection_path)
-    try:
-        sft_train.preflight(scfg)
-    except ConfigError as err:
-        raise ConfigError(f"SFT stage: {err}") from None
-    return sft_train.train(scfg, run, resume, tracker=_StageTracker(tracker))
-
-
 def _drop_rows(path: Path, drop) -> None:
     import json
 
@@ -479,7 +394,7 @@ def _drop_rows(path: Path, drop) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The pipeline
+# Held-out exact match (stages 3b and 4)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -524,6 +439,126 @@ def baseline_eval(
     return {**metrics, "timing/eval_s": time.time() - t0}, samples, "miss"
 
 
+# ---------------------------------------------------------------------------------------------
+# Logging the selection and the summary
+# ---------------------------------------------------------------------------------------------
+
+
+def earlier_rows(run: RunDir, resume: bool) -> tuple[bool, dict | None]:
+    """What a resumed run already logged: whether the pool's rollout row, and the baseline's
+    step-0 eval row (None when absent)."""
+    earlier = read_jsonl(run.metrics_path) if resume else []
+    rollout_logged = any(r.get("phase") == "rollout" for r in earlier)
+    baseline_row = next(
+        (
+            r
+            for r in earlier
+            if r.get("phase") == "eval" and r.get("step") == 0 and "eval/exact_match" in r
+        ),
+        None,
+    )
+    return rollout_logged, baseline_row
+
+
+def selection_metrics(cfg, pool, picks, control_picks, diag, cache_info) -> dict[str, float]:
+    """The step-0 ``rollout`` row: the pool, the selection and its matched control, the
+    diagnostics, the cache and the times of stages 1-2."""
+    selected = selection_stats(picks, pool, "selection/")
+    control = selection_stats(control_picks, pool, "selection/control_")
+    return {
+        **pool_stats(pool, cfg.generation.max_new_tokens),
+        **selected,
+        "selection/control_mean_correctness": control["selection/control_mean_correctness"],
+        "selection/control_mean_score": control["selection/control_mean_score"],
+        **diagnostic_metrics(diag),
+        "cache/hit": float(cache_info["status"] == "hit"),
+        "timing/generate_s": cache_info["timing"]["generate_s"],
+        "timing/score_s": cache_info["timing"]["score_s"],
+    }
+
+
+def write_diagnostics(cfg: RejectionSamplingConfig, run: RunDir, diag: dict) -> list[str]:
+    """diagnostics.json and, with ``diagnostics.plots``, plots/*.png (rank 0); the plots' names."""
+    if not world().is_main:
+        return []
+    atomic_write_json(run.path / DIAGNOSTICS_FILE, summary_view(diag))
+    if not cfg.diagnostics.plots:
+        return []
+    return [p.name for p in write_plots(diag, run.path / "plots", title=cfg.strategy)]
+
+
+def selection_line(strategy: str, n_picks: int, metrics: dict, diag: dict) -> str:
+    """The selection's line in train.log: pool, decidable share, selection vs its control."""
+    return (
+        f"pool correctness {metrics['pool/mean_correctness']:.3f}, decidable "
+        f"{diag['decidable']['decidable_frac']}, selection ({strategy}, {n_picks}) "
+        f"correctness {metrics['selection/mean_correctness']:.3f} vs control "
+        f"{metrics['selection/control_mean_correctness']:.3f}"
+    )
+
+
+def selection_samples(cfg, picks: list[Pick], pool, prompts: list[RSPrompt]) -> list[dict]:
+    """The first ``diagnostics.num_selection_samples`` selected completions, for samples.jsonl."""
+    return [
+        {
+            "kind": "selection",
+            "strategy": cfg.strategy,
+            "prompt": prompts[i].question,
+            "completion": pool["completions"][i][j],
+            "gold": prompts[i].gold,
+            "score": pool["scores"][i][j],
+            "correct": pool["correct"][i][j],
+        }
+        for i, j in picks[: cfg.diagnostics.num_selection_samples]
+    ]
+
+
+def restart_sft_rows(run: RunDir, resume: bool) -> bool:
+    """Whether the SFT stage resumes from a checkpoint; the rows it will write again are
+    dropped first (all of SFT's when it starts over, the final evaluation's otherwise)."""
+    resume_sft = resume and bool(list_checkpoints(run.checkpoints_dir))
+    if resume and not resume_sft and world().is_main:  # stopped before SFT checkpointed
+        _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0)  # SFT starts over
+        _drop_rows(run.samples_path, lambda r: r.get("step", 0) > 0)
+    elif resume_sft and world().is_main:  # the final evaluation runs again after SFT
+        _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0 and "eval/exact_match" in r)
+        _drop_rows(run.samples_path, lambda r: r.get("step", 0) > 0)
+    return resume_sft
+
+
+def evaluate_saved_model(cfg, folder: Path, prompts, system_prompt: str, runtime):
+    """Held-out exact match of the model saved in ``folder`` (loaded, evaluated, freed)."""
+    device, dtype, attn = runtime
+    model = load_causal_lm(
+        str(folder), device=device, dtype=dtype, attn_implementation=attn, trainable=False
+    )
+    metrics, samples = evaluate_policy(
+        cfg, model, load_tokenizer(str(folder)), prompts, system_prompt
+    )
+    del model
+    free_memory(device)
+    return metrics, samples
+
+
+def log_eval(run: RunDir, tracker, steps: tuple[int, int], metrics: dict, samples, stage: str):
+    """An ``eval`` row at ``steps[0]`` (of ``steps[1]``), its samples tagged with ``stage``."""
+    step, total = steps
+    run.log_metrics(step, "eval", metrics)
+    tracker.log(metrics, step)
+    run.log_samples(step, [{**s, "stage": stage} for s in samples])
+    print(eval_line(step, total, metrics), flush=True)
+
+
+def exact_match_gain(baseline: dict, final_eval: dict) -> float | None:
+    key = "eval/exact_match"
+    return final_eval[key] - baseline[key] if key in final_eval and key in baseline else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+# ---------------------------------------------------------------------------------------------
+
+
 def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFile:
     """The four stages (module doc); the SFT stage is trainers.sft's loop in this run folder."""
     seed_everything(cfg.seed)
@@ -544,23 +579,10 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     run.update_phase("loading_model", total_steps)
     tokenizer = load_tokenizer(cfg.model.name)
     policy = PolicyHolder(cfg, device, dtype, attn)
-    tracker = (
-        Tracker(
-            cfg.logging, run.path, cfg.model_dump(mode="json"), f"rs-{cfg.strategy}-{run.path.name}"
-        )
-        if world().is_main
-        else SilentTracker()
-    )
-    earlier = read_jsonl(run.metrics_path) if resume else []
-    rollout_logged = any(r.get("phase") == "rollout" for r in earlier)
-    baseline_row = next(
-        (
-            r
-            for r in earlier
-            if r.get("phase") == "eval" and r.get("step") == 0 and "eval/exact_match" in r
-        ),
-        None,
-    )
+    name = f"rs-{cfg.strategy}-{run.path.name}"
+    config = cfg.model_dump(mode="json")
+    tracker = Tracker(cfg.logging, run.path, config, name) if world().is_main else SilentTracker()
+    rollout_logged, baseline_row = earlier_rows(run, resume)
 
     # ---- stages 1-2: generate and score (cached) ---------------------------------------------
     run.write_progress(0, total_steps, phase="generating", stage="generate")
@@ -578,49 +600,13 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     write_on_main(
         lambda: write_selection(selection_path, picks, train_prompts, pool, system_prompt)
     )
-    selected = selection_stats(picks, pool, "selection/")
-    control = selection_stats(control_picks, pool, "selection/control_")
-    rollout_metrics = {
-        **pool_stats(pool, cfg.generation.max_new_tokens),
-        **selected,
-        "selection/control_mean_correctness": control["selection/control_mean_correctness"],
-        "selection/control_mean_score": control["selection/control_mean_score"],
-        **diagnostic_metrics(diag),
-        "cache/hit": float(cache_info["status"] == "hit"),
-        "timing/generate_s": cache_info["timing"]["generate_s"],
-        "timing/score_s": cache_info["timing"]["score_s"],
-    }
-    plots = []
-    if world().is_main:
-        atomic_write_json(run.path / DIAGNOSTICS_FILE, summary_view(diag))
-        if cfg.diagnostics.plots:
-            plots = [p.name for p in write_plots(diag, run.path / "plots", title=cfg.strategy)]
-    print(
-        f"pool correctness {rollout_metrics['pool/mean_correctness']:.3f}, decidable "
-        f"{diag['decidable']['decidable_frac']}, selection ({cfg.strategy}, {len(picks)}) "
-        f"correctness {selected['selection/mean_correctness']:.3f} vs control "
-        f"{control['selection/control_mean_correctness']:.3f}",
-        flush=True,
-    )
+    rollout_metrics = selection_metrics(cfg, pool, picks, control_picks, diag, cache_info)
+    plots = write_diagnostics(cfg, run, diag)
+    print(selection_line(cfg.strategy, len(picks), rollout_metrics, diag), flush=True)
     if not rollout_logged:
         run.log_metrics(0, "rollout", rollout_metrics)
         tracker.log(rollout_metrics, 0)
-        shown = picks[: cfg.diagnostics.num_selection_samples]
-        run.log_samples(
-            0,
-            [
-                {
-                    "kind": "selection",
-                    "strategy": cfg.strategy,
-                    "prompt": train_prompts[i].question,
-                    "completion": pool["completions"][i][j],
-                    "gold": train_prompts[i].gold,
-                    "score": pool["scores"][i][j],
-                    "correct": pool["correct"][i][j],
-                }
-                for i, j in shown
-            ],
-        )
+        run.log_samples(0, selection_samples(cfg, picks, pool, train_prompts))
 
     # ---- stage 3b: the starting policy on held-out prompts ----------------------------------
     baseline: dict = {}
@@ -632,20 +618,11 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
         baseline, samples, baseline_cache = baseline_eval(
             cfg, policy, tokenizer, test_prompts, system_prompt, runtime
         )
-        run.log_metrics(0, "eval", baseline)
-        tracker.log(baseline, 0)
-        run.log_samples(0, [{**s, "stage": "baseline"} for s in samples])
-        print(eval_line(0, total_steps, baseline), flush=True)
+        log_eval(run, tracker, (0, total_steps), baseline, samples, "baseline")
     policy.release()
 
     # ---- stage 3c: SFT on the selection -----------------------------------------------------
-    resume_sft = resume and bool(list_checkpoints(run.checkpoints_dir))
-    if resume and not resume_sft and world().is_main:  # stopped before SFT checkpointed
-        _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0)  # SFT starts over
-        _drop_rows(run.samples_path, lambda r: r.get("step", 0) > 0)
-    elif resume_sft and world().is_main:  # the final evaluation runs again after SFT
-        _drop_rows(run.metrics_path, lambda r: r.get("step", 0) > 0 and "eval/exact_match" in r)
-        _drop_rows(run.samples_path, lambda r: r.get("step", 0) > 0)
+    resume_sft = restart_sft_rows(run, resume)
     t0 = time.time()
     sft_summary = run_sft(cfg, run, selection_path, tracker, resume_sft)
     sft_s = time.time() - t0
@@ -656,19 +633,10 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
     final_eval: dict = {}
     if test_prompts:
         run.write_progress(steps, total_steps, phase="evaluating", stage="final_eval")
-        model = load_causal_lm(
-            str(final_model), device=device, dtype=dtype, attn_implementation=attn, trainable=False
+        final_eval, samples = evaluate_saved_model(
+            cfg, final_model, test_prompts, system_prompt, (device, dtype, attn)
         )
-        final_tokenizer = load_tokenizer(str(final_model))
-        final_eval, samples = evaluate_policy(
-            cfg, model, final_tokenizer, test_prompts, system_prompt
-        )
-        del model
-        free_memory(device)
-        run.log_metrics(steps, "eval", final_eval)
-        tracker.log(final_eval, steps)
-        run.log_samples(steps, [{**s, "stage": "final"} for s in samples])
-        print(eval_line(steps, total_steps, final_eval), flush=True)
+        log_eval(run, tracker, (steps, total_steps), final_eval, samples, "final")
         print(
             f"exact match {baseline.get('eval/exact_match', float('nan')):.3f} -> "
             f"{final_eval['eval/exact_match']:.3f}",
@@ -692,11 +660,7 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
         "final_eval": final_eval,
         "baseline_eval": baseline,
         "best_metrics": {"eval/exact_match": max(evals) if evals else None},
-        "exact_match_gain": (
-            final_eval["eval/exact_match"] - baseline["eval/exact_match"]
-            if "eval/exact_match" in final_eval and "eval/exact_match" in baseline
-            else None
-        ),
+        "exact_match_gain": exact_match_gain(baseline, final_eval),
         "rollout_metrics": rollout_metrics,
         "diagnostics": summary_view(diag),
         "cache": {**cache_info, "baseline_eval": baseline_cache},
@@ -710,10 +674,8 @@ def train(cfg: RejectionSamplingConfig, run: RunDir, resume: bool) -> SummaryFil
         "wandb_url": tracker.url,
     }
     if world().distributed:
-        fields["distributed"] = {
-            **describe(),
-            "sampling_seeds": [rank_seed(cfg.seed, r) for r in range(world().size)],
-        }
+        seeds = [rank_seed(cfg.seed, r) for r in range(world().size)]
+        fields["distributed"] = {**describe(), "sampling_seeds": seeds}
     return SummaryFile(outcome="succeeded", **fields)
 
 

@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-BAD_CLASS = 0
-"""Index of the 'bad' class of a PRM head, for 2 and 3 labels alike (data.rating_to_class)."""
+from trainers.core.reward_model import BAD_CLASS
 
 # ---------------------------------------------------------------------------------------------
 # Losses

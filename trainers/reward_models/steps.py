@@ -34,8 +34,9 @@ import torch
 from trainers.core.builtin_data import PRM_TASK_CONFIG, builtin_step_records
 from trainers.core.datasets import is_hub_error, looks_like_path
 from trainers.core.records import StepRecord
+from trainers.core.reward_model import PRM_PROMPT, encode_solution, window_solution
 from trainers.core.splits import collect_records, shuffled, split_seed
-from trainers.core.tokenization import right_pad, text_ids
+from trainers.core.tokenization import right_pad
 from trainers.reward_models.config import BUILTIN_STEPS
 from trainers.reward_models.sources import builtin_tasks, hub_error, read_rows
 
@@ -52,8 +53,6 @@ __all__ = [
     "tokenize_steps",
     "window_solution",
 ]
-
-PRM_PROMPT = "Problem: {problem}\nReasoning trace:\n"
 
 
 @dataclass
@@ -212,55 +211,6 @@ def rating_to_class(rating: int | None, num_labels: int = 3) -> int:
     2 labels: −1 -> 0 (bad), 0 and +1 -> 1 (not bad)."""
     table = {3: {-1: 0, 0: 1, 1: 2}, 2: {-1: 0, 0: 1, 1: 1}}[num_labels]
     return table.get(rating, -100) if rating is not None else -100
-
-
-def encode_solution(
-    tokenizer: Any, problem: str, steps: Sequence[str], separator: str
-) -> tuple[list[int], list[list[int]]]:
-    """(prompt ids, [ids of ``step.strip()`` + separator ids for each step]). Pieces are
-    tokenised separately, so the separator's tokens are the same after every step and its last
-    token marks where the step's label is read."""
-    prompt = text_ids(tokenizer, PRM_PROMPT.format(problem=problem.strip()))
-    sep = text_ids(tokenizer, separator)
-    if not sep:
-        raise ValueError(f"the step separator {separator!r} encodes to no token")
-    pieces = [text_ids(tokenizer, s.strip()) + sep for s in steps]
-    return prompt, pieces
-
-
-def window_solution(
-    prompt: list[int], pieces: list[list[int]], max_length: int
-) -> tuple[list[tuple[list[int], list[int], int, int]], bool]:
-    """Split one encoded solution into windows that fit ``max_length``.
-
-    Each window is (ids, separator positions, first labelled step, end step): the prompt, then
-    steps ``[context, end)`` where steps ``[first, end)`` are labelled and steps
-    ``[context, first)`` are earlier steps kept as context, as many as fit. Returns the windows
-    and whether a step had to be dropped (a single step longer than the budget ends the
-    solution there)."""
-    budget = max_length - len(prompt)
-    windows = []
-    start, n = 0, len(pieces)
-    while start < n:
-        if budget <= 0 or len(pieces[start]) > budget:
-            return windows, True
-        end, used = start, 0
-        while end < n and used + len(pieces[end]) <= budget:
-            used += len(pieces[end])
-            end += 1
-        context = start
-        while context > 0 and used + len(pieces[context - 1]) <= budget:
-            context -= 1
-            used += len(pieces[context])
-        ids = list(prompt)
-        positions = []
-        for k in range(context, end):
-            ids.extend(pieces[k])
-            if k >= start:
-                positions.append(len(ids) - 1)
-        windows.append((ids, positions, start, end))
-        start = end
-    return windows, False
 
 
 def tokenize_steps(

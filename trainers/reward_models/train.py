@@ -41,6 +41,7 @@ from trainers.core.loop import (
 from trainers.core.lora import add_adapters
 from trainers.core.models import ModelError, load_tokenizer, pick_device, pick_dtype, resolve_model
 from trainers.core.pair_packing import pack_examples
+from trainers.core.reward_model import RewardModel, build_reward_model, save_reward_model
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.training import (
@@ -78,7 +79,6 @@ from trainers.reward_models.losses import (
     step_accuracy,
     top1_accuracy,
 )
-from trainers.reward_models.model import RewardModel, build_reward_model, save_reward_model
 
 DATA_EXTENSIONS = (".json", ".jsonl", ".parquet", ".csv")
 KEY_METRIC = {

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from trainers.core.builtin_data import DEMONSTRATION_TASKS
 from trainers.core.config import (
     CheckpointSection,
     LoggingSection,
@@ -24,8 +25,9 @@ from trainers.sft.spec import BUILTIN_DATASET as SFT_BUILTIN
 BUILTIN_DATASET = SFT_BUILTIN
 """Offline demonstrations generated from reasoning-gym tasks (data.py re-exports it)."""
 
-DEFAULT_BUILTIN_TASKS: tuple[str, ...] = ("spell_backward", "chain_sum")
-"""Tasks of the built-in set when neither ``data.builtin_tasks`` nor the dataset name picks any."""
+DEFAULT_BUILTIN_TASKS: tuple[str, ...] = DEMONSTRATION_TASKS
+"""Tasks of the built-in set when neither ``data.builtin_tasks`` nor the dataset name picks any
+(the built-in set's own default, :data:`trainers.core.builtin_data.DEMONSTRATION_TASKS`)."""
 
 
 class SFTModelSection(ModelSection):

@@ -28,14 +28,19 @@ never trained.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
-from trainers.core.builtin_data import builtin_demonstrations, split_builtin_name, task_settings
+from trainers.core.builtin_data import (
+    DEMONSTRATION_SET_SIZE,
+    builtin_demonstrations,
+    demonstration_set,
+    split_builtin_name,
+    task_settings,
+)
 from trainers.core.datasets import (  # noqa: F401  (re-exported for the SFT trainer)
     DATA_EXTENSIONS,
     DatasetNotFoundError,
@@ -45,7 +50,7 @@ from trainers.core.datasets import (  # noqa: F401  (re-exported for the SFT tra
 from trainers.core.generation import end_of_turn_ids
 from trainers.core.messages import as_messages, end_at_last_assistant
 from trainers.core.records import SFTRecord
-from trainers.core.splits import collect_records, hold_out, rows_to_read, split_seed
+from trainers.core.splits import collect_records, hold_out, rows_to_read
 from trainers.core.tasks import score_response
 from trainers.core.tokenization import (
     chat_template_ids,
@@ -68,7 +73,6 @@ __all__ = [
     "TokenizedSFT",
     "builtin_sft_records",
     "collate",
-    "has_tag_format",
     "load_sft_records",
     "looks_like_path",
     "parse_builtin_name",
@@ -78,7 +82,7 @@ __all__ = [
     "tokenize_records",
 ]
 
-BUILTIN_DEFAULT_SIZE = 2000
+BUILTIN_DEFAULT_SIZE = DEMONSTRATION_SET_SIZE
 """Built-in demonstrations generated when ``max_samples`` is not given."""
 
 T = TypeVar("T")
@@ -160,10 +164,10 @@ def load_sft_records(
     out = stats if stats is not None else {}
     out.update({"schema": None, "n_rows": 0, "n_records": 0, "skipped": 0})
     if dataset.startswith("builtin:"):
-        tasks = parse_builtin_name(dataset) or builtin_tasks
-        n = BUILTIN_DEFAULT_SIZE if max_samples is None else max_samples
-        # other splits draw from a far-away seed so their questions differ from the train split
-        records = builtin_sft_records(n, split_seed(seed, split), tasks, builtin_task_configs)
+        parse_builtin_name(dataset)  # an unknown builtin: name is refused here
+        records = demonstration_set(
+            dataset, split, max_samples, seed, builtin_tasks, builtin_task_configs
+        )
         out.update({"schema": "builtin", "n_rows": len(records), "n_records": len(records)})
         return records
 
@@ -222,19 +226,6 @@ def builtin_sft_records(
     """``n`` built-in demonstrations (:func:`trainers.core.builtin_data.builtin_demonstrations`)
     of ``tasks``, by default the SFT set's own tasks."""
     return builtin_demonstrations(n, seed, list(tasks or DEFAULT_BUILTIN_TASKS), task_configs)
-
-
-_TAG_FORMAT = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-
-
-def has_tag_format(text: str) -> bool:
-    """True when ``text`` is exactly one ``<think>…</think>`` block then one non-empty
-    ``<answer>…</answer>`` block (surrounding whitespace allowed, nothing else)."""
-    text = text.strip()
-    match = _TAG_FORMAT.fullmatch(text)
-    if match is None or not match.group(2).strip():
-        return False
-    return all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>"))
 
 
 def score_record_response(response: str, record: SFTRecord) -> float | None:

@@ -63,6 +63,7 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
+from trainers.core.verifier import has_tag_format
 from trainers.sft.config import BUILTIN_DATASET, DEFAULT_BUILTIN_TASKS, SFTConfig
 from trainers.sft.data import (
     DatasetNotFoundError,
@@ -70,7 +71,6 @@ from trainers.sft.data import (
     TokenizedSFT,
     builtin_hint,
     collate,
-    has_tag_format,
     load_sft_records,
     looks_like_path,
     parse_builtin_name,

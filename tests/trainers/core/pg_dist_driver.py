@@ -187,8 +187,8 @@ def dapo_refill(out_path: str | None = None, max_draw_factor: int = 8) -> dict:
     """DAPO's rollout step with :data:`KEPT_PATTERN` correctness, prompts in the stream's
     order 0, 1, 2 ...: what each rank drew, kept, and whether it gave up (raised)."""
     from trainers.core import distributed as D
+    from trainers.core.prompts import PromptStream
     from trainers.core.records import Prompt
-    from trainers.policy_gradients.data import PromptStream
     from trainers.policy_gradients.rollout import DynamicSamplingError, rollout_step
 
     class Tok:

@@ -143,7 +143,7 @@ def test_the_final_adapter_and_the_merged_model_load_and_agree(lora_runs):
 def test_lora_reward_model_on_two_ranks_keeps_its_trained_head(lora_runs):
     from safetensors.torch import load_file
 
-    from trainers.reward_models.model import load_reward_model
+    from trainers.core.reward_model import load_reward_model
 
     run = lora_runs["runs"]["rm"]
     heads = load_file(str(run / lora.ADAPTER_DIR / lora.HEAD_FILE))

@@ -16,6 +16,7 @@ from trainers.core import lora
 from trainers.core.config import ConfigError, LoraSection, ModelSection, load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import read_jsonl
+from trainers.direct_alignment import pairs as da_pairs
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
@@ -124,7 +125,7 @@ def test_dpo_step_with_adapter_off_reference_equals_one_with_a_frozen_base_copy(
     )
     tokenizer = load_tokenizer("tiny")
     pad = tokenizer.pad_token_id
-    train_ex, _, _, _ = da_train.prepare_examples(cfg, tokenizer)
+    train_ex, _, _, _ = da_pairs.prepare_examples(cfg, tokenizer)
     examples, ids = train_ex[:4], [0, 1, 2, 3]
     device = torch.device("cpu")
 
@@ -132,9 +133,9 @@ def test_dpo_step_with_adapter_off_reference_equals_one_with_a_frozen_base_copy(
     base_copy = load_causal_lm("tiny", device="cpu", dtype="fp32", trainable=False)
     with lora.reference_view(policy) as ref:
         assert ref is policy
-        off = da_train.compute_reference_logps(ref, examples, pad, device, 4, with_kl=False)
-    on = da_train.compute_reference_logps(policy, examples, pad, device, 4, with_kl=False)
-    copy = da_train.compute_reference_logps(base_copy, examples, pad, device, 4, with_kl=False)
+        off = da_pairs.compute_reference_logps(ref, examples, pad, device, 4, with_kl=False)
+    on = da_pairs.compute_reference_logps(policy, examples, pad, device, 4, with_kl=False)
+    copy = da_pairs.compute_reference_logps(base_copy, examples, pad, device, 4, with_kl=False)
     assert not torch.allclose(on["chosen"], copy["chosen"], atol=1e-3)  # the adapter matters
     torch.testing.assert_close(off["chosen"], copy["chosen"], rtol=0, atol=1e-5)
     torch.testing.assert_close(off["rejected"], copy["rejected"], rtol=0, atol=1e-5)
@@ -142,7 +143,7 @@ def test_dpo_step_with_adapter_off_reference_equals_one_with_a_frozen_base_copy(
     def step(ref_logps) -> tuple[float, dict[str, torch.Tensor]]:
         policy.train()
         policy.zero_grad(set_to_none=True)
-        loss, _, _ = da_train.micro_batch_loss(cfg, policy, examples, ids, ref_logps, pad, device)
+        loss, _, _ = da_pairs.micro_batch_loss(cfg, policy, examples, ids, ref_logps, pad, device)
         loss.backward()
         grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
         return float(loss.detach()), grads
@@ -299,8 +300,8 @@ def test_sft_trains_one_step_with_lora(tmp_path):
 
 
 def test_reward_model_trains_one_step_with_lora_and_its_head(tmp_path):
+    from trainers.core.reward_model import HEAD_FILE, load_reward_model
     from trainers.reward_models import train as rm_train
-    from trainers.reward_models.model import HEAD_FILE, load_reward_model
 
     overrides = [
         "model.name=tiny",
@@ -361,6 +362,13 @@ def test_policy_gradients_train_one_step_with_lora(tmp_path, algorithm):
     run_dir = tmp_path / "run"
     mp = pytest.MonkeyPatch()
     mp.setattr(pg_train, "load_causal_lm", counting_load)
+    real_reference = pg_train.load_reference
+
+    def counting_reference(*args, **kwargs):
+        loads.append(False)  # a frozen reference copy
+        return real_reference(*args, **kwargs)
+
+    mp.setattr(pg_train, "load_reference", counting_reference)
     try:
         argv = trainer_argv(config_path("policy_gradients", algorithm), run_dir, overrides)
         assert pg_train.main(argv) == 0
@@ -380,7 +388,7 @@ def test_policy_gradients_train_one_step_with_lora(tmp_path, algorithm):
 
 
 def test_rejection_sampling_passes_lora_to_its_sft_stage(tmp_path):
-    from trainers.rejection_sampling import train as rs_train
+    from trainers.rejection_sampling import sft_stage
     from trainers.rejection_sampling.config import RejectionSamplingConfig
 
     cfg = load_config(
@@ -388,7 +396,7 @@ def test_rejection_sampling_passes_lora_to_its_sft_stage(tmp_path):
         RejectionSamplingConfig,
         ["model.name=tiny", *LORA],
     )
-    sft = rs_train.sft_config(cfg, tmp_path / "selection.jsonl")
+    sft = sft_stage.sft_config(cfg, tmp_path / "selection.jsonl")
     assert sft.model.lora == cfg.model.lora and sft.model.lora.rank == 4
 
 

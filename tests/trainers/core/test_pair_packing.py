@@ -11,9 +11,9 @@ from conftest import assert_same_gradients
 from trainers.core.logprobs import split_completion_logps, split_rows
 from trainers.core.models import load_causal_lm
 from trainers.core.pair_packing import pack_examples, pack_pairs, packed_response_logps
+from trainers.core.reward_model import build_reward_model
 from trainers.direct_alignment.data import TokenizedExample
 from trainers.reward_models.data import collate_pairs_split
-from trainers.reward_models.model import build_reward_model
 
 EXAMPLES = [
     TokenizedExample(prompt_ids=[5, 6, 7, 8], chosen_ids=[20, 21, 22], rejected_ids=[23]),

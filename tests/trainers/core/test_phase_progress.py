@@ -52,16 +52,16 @@ def test_reference_logprobs_of_a_real_dpo_run_report_their_count(tmp_path, monke
     from tests.trainers.core.test_lora import DPO_QUICK, config_path
     from trainers.core.config import load_config
     from trainers.core.models import load_causal_lm, load_tokenizer
-    from trainers.direct_alignment import train as da_train
+    from trainers.direct_alignment import pairs as da_pairs
     from trainers.direct_alignment.config import DirectAlignmentConfig
 
     cfg = load_config(config_path("direct_alignment", "dpo"), DirectAlignmentConfig, DPO_QUICK)
     tokenizer = load_tokenizer("tiny")
-    examples = da_train.prepare_examples(cfg, tokenizer)[0][:12]
+    examples = da_pairs.prepare_examples(cfg, tokenizer)[0][:12]
     model = load_causal_lm("tiny", device="cpu", dtype="fp32", trainable=False)
     seen: list[tuple[int, int]] = []
-    monkeypatch.setattr(da_train, "phase_progress", lambda d, t: seen.append((d, t)))
-    da_train.compute_reference_logps(
+    monkeypatch.setattr(da_pairs, "phase_progress", lambda d, t: seen.append((d, t)))
+    da_pairs.compute_reference_logps(
         model, examples, tokenizer.pad_token_id, torch.device("cpu"), 4, with_kl=False
     )
     assert seen == [(4, 12), (8, 12), (12, 12)]

@@ -296,8 +296,8 @@ def _steps() -> list:
 
 
 def _pg_prompts() -> list:
-    from trainers.policy_gradients.config import DatasetSpecSection
-    from trainers.policy_gradients.data import load_prompts
+    from trainers.core.config import DatasetSpecSection
+    from trainers.core.prompts import composite_prompts as load_prompts
 
     spec = DatasetSpecSection(name="chain_sum", config={"min_terms": 2, "max_terms": 3})
     train, held_out = load_prompts([spec], 5, 2, 3)

@@ -590,8 +590,8 @@ def test_builtin_task_settings_reach_the_prompts():
     warm start's own task) for the built-in preference set; without it the defaults hold."""
     import re
 
+    from trainers.core.preferences import configured_preference_records
     from trainers.direct_alignment.config import DirectAlignmentConfig
-    from trainers.direct_alignment.train import load_records
 
     def operands(recs) -> list[list[str]]:
         return [re.findall(r"\d+", r.meta["entry"]["question"].split(":")[-1]) for r in recs]
@@ -608,7 +608,7 @@ def test_builtin_task_settings_reach_the_prompts():
             },
         }
     )
-    recs = load_records(cfg)
+    recs = configured_preference_records(cfg.data, cfg.seed)
     assert recs == builtin_preference_records(40, seed=42, tasks=["chain_sum"], settings=narrow)
     assert all(len(ops) == 2 and all(len(o) == 1 for o in ops) for ops in operands(recs))
     default = builtin_preference_records(40, seed=42, tasks=["chain_sum"])

@@ -122,14 +122,17 @@ def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
 def test_reference_cache_is_reused_and_reference_free_losses_load_no_reference(
     tmp_path, monkeypatch
 ):
+    from trainers.core import models as core_models
+
     loads = []
-    real_load = da_train.load_causal_lm
+    real_load = core_models.load_causal_lm
 
     def counting_load(name, **kwargs):
         loads.append(kwargs.get("trainable"))
         return real_load(name, **kwargs)
 
-    monkeypatch.setattr(da_train, "load_causal_lm", counting_load)
+    monkeypatch.setattr(da_train, "load_causal_lm", counting_load)  # the policy
+    monkeypatch.setattr(core_models, "load_causal_lm", counting_load)  # the reference
     quick = [*QUICK, "train.max_steps=1", "data.max_samples=40"]
     assert run("dpo", tmp_path / "a", quick) == 0
     first = json.loads((tmp_path / "a" / "summary.json").read_text())

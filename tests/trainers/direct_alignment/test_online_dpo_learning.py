@@ -29,8 +29,8 @@ from conftest import trainer_argv
 from stand_in_rewards import vowel_share_rewards
 
 from trainers.core.rundir import read_jsonl
+from trainers.direct_alignment import online as da_online
 from trainers.direct_alignment import train as da_train
-from trainers.policy_gradients import rewards as pg_rewards
 
 CONFIG = Path(__file__).resolve().parents[3] / "trainers" / "direct_alignment" / "configs"
 STEPS = 12
@@ -66,7 +66,7 @@ OVERRIDES = [
 
 @pytest.mark.slow
 def test_online_dpo_raises_its_rankers_score_on_held_out_prompts(tmp_path, monkeypatch):
-    monkeypatch.setattr(pg_rewards, "compute_rewards", vowel_share_rewards)  # the ranker's
+    monkeypatch.setattr(da_online, "compute_rewards", vowel_share_rewards)  # the ranker's
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # a 1M-parameter model gains nothing from OpenMP workers
     try:

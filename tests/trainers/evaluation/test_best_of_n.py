@@ -13,6 +13,7 @@ from trainers.core.rundir import read_jsonl
 from trainers.core.runfolder import EvalFile, read_file
 from trainers.evaluation import best_of_n as bon
 from trainers.evaluation import best_of_n_stats as bs
+from trainers.evaluation import best_of_n_suite as bon_suite
 
 EXIT_CONFIG_ERROR = 2
 
@@ -30,7 +31,7 @@ def test_solution_steps_of_a_builtin_chain_sum_demonstration_match_the_prm_forma
         text = rec.messages[-1]["content"]
         expression = rec.meta["entry"]["metadata"]["expression"]
         tokens = expression.split()
-        steps = bon.solution_steps(text, extract_answer(text))
+        steps = bon_suite.solution_steps(text, extract_answer(text))
         # one "a op b = r" step per operation, then the built-in PRM set's final step
         assert len(steps) == len(tokens) // 2 + 1, (text, steps)
         total = int(tokens[0])
@@ -41,25 +42,25 @@ def test_solution_steps_of_a_builtin_chain_sum_demonstration_match_the_prm_forma
 
 
 def test_solution_steps_of_prose_and_of_nothing():
-    assert bon.solution_steps("First 3 + 4 = 7.\nThen 7 - 2 = 5. So it is 5!", None) == [
+    assert bon_suite.solution_steps("First 3 + 4 = 7.\nThen 7 - 2 = 5. So it is 5!", None) == [
         "First 3 + 4 = 7",
         "Then 7 - 2 = 5",
         "So it is 5!",
     ]
-    assert bon.solution_steps("It is 2.5 apples. <answer>2.5</answer>", "2.5") == [
+    assert bon_suite.solution_steps("It is 2.5 apples. <answer>2.5</answer>", "2.5") == [
         "It is 2.5 apples",
         "The answer is 2.5.",
     ]
-    assert bon.solution_steps("<think>cut off mid way", None) == ["cut off mid way"]
-    assert bon.solution_steps("   ", None) == []
+    assert bon_suite.solution_steps("<think>cut off mid way", None) == ["cut off mid way"]
+    assert bon_suite.solution_steps("   ", None) == []
 
 
 def test_aggregates():
-    assert bon.aggregate([0.9, 0.5, 0.8], "product") == pytest.approx(0.36)
-    assert bon.aggregate([0.9, 0.5, 0.8], "min") == 0.5
-    assert bon.aggregate([], "product") == 0.0
+    assert bon_suite.aggregate([0.9, 0.5, 0.8], "product") == pytest.approx(0.36)
+    assert bon_suite.aggregate([0.9, 0.5, 0.8], "min") == 0.5
+    assert bon_suite.aggregate([], "product") == 0.0
     with pytest.raises(ValueError):
-        bon.aggregate([0.5], "mean")
+        bon_suite.aggregate([0.5], "mean")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +72,7 @@ def _save_rm(folder: Path, kind: str) -> Path:
     import torch
 
     from trainers.core.models import load_tokenizer
-    from trainers.reward_models.model import build_reward_model, save_reward_model
+    from trainers.core.reward_model import build_reward_model, save_reward_model
 
     torch.manual_seed(1)
     extra = {"num_labels": 3, "separator": "\n<step>\n", "max_length": 256} if kind == "prm" else {}
@@ -101,8 +102,8 @@ SMALL = [
 
 
 def test_best_of_n_on_tiny_writes_rows_that_recompute_the_table(tmp_path, capsys, reward_models):
-    from trainers.reward_models.losses import BAD_CLASS
-    from trainers.reward_models.scoring import RewardScorer
+    from trainers.core.reward_model import BAD_CLASS
+    from trainers.core.reward_scorer import RewardScorer
 
     orm, prm = reward_models
     run_dir = tmp_path / "bon"

@@ -53,7 +53,7 @@ def judge_dir(tmp_path_factory) -> Path:
     import torch
 
     from trainers.core.models import load_tokenizer
-    from trainers.reward_models.model import build_reward_model, save_reward_model
+    from trainers.core.reward_model import build_reward_model, save_reward_model
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("judge") / "final_model"

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainers.core.config import DatasetSpecSection
 from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.prompts import composite_prompts as load_prompts
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
-from trainers.policy_gradients.config import DatasetSpecSection
-from trainers.policy_gradients.data import load_prompts
 from trainers.policy_gradients.rewards import compute_rewards
 from trainers.policy_gradients.rollout import greedy_completions
 from trainers.sft import train as sft_train

@@ -23,18 +23,13 @@ from conftest import assert_complete_run_dir, trainer_argv
 from trainers.core.config import ConfigError
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
 from trainers.core.models import load_tokenizer
+from trainers.core.prompts import preference_prompts
+from trainers.core.reward_model import build_reward_model, save_reward_model
+from trainers.core.reward_scorer import RewardScorer, inspect_reward_model, template_suffix
 from trainers.core.rundir import read_jsonl
 from trainers.core.tiny import ensure_preset
-from trainers.core.tokenization import text_ids
+from trainers.core.tokenization import same_tokenizer, text_ids
 from trainers.policy_gradients import train as pg_train
-from trainers.policy_gradients.data import preference_prompts
-from trainers.policy_gradients.reward_model import (
-    ModelReward,
-    inspect_reward_model,
-    same_tokenizer,
-    template_suffix,
-)
-from trainers.reward_models.model import build_reward_model, save_reward_model
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
@@ -176,13 +171,13 @@ def test_bad_reward_model_fails_the_trainer_before_writing(tmp_path, rm_dirs, ca
 
 def test_policy_ids_are_reused_only_with_the_same_tokenizer(rm_dirs):
     policy_tok = load_tokenizer("tiny")
-    same = ModelReward(
+    same = RewardScorer.load(
         inspect_reward_model(str(rm_dirs["preference"])),
         device="cpu",
         dtype="fp32",
         policy_tokenizer=policy_tok,
     )
-    other = ModelReward(
+    other = RewardScorer.load(
         inspect_reward_model(str(rm_dirs["other_template"])),
         device="cpu",
         dtype="fp32",
@@ -199,38 +194,38 @@ def test_policy_ids_are_reused_only_with_the_same_tokenizer(rm_dirs):
     prompt_ids = [chat_prompt_ids(policy_tok, m) for m in MESSAGES]
     completion_ids = [text_ids(policy_tok, t) + [min(stops)] for t in TEXTS]
     completion_ids[1] = completion_ids[1][:-1]  # a completion cut at max_new_tokens
-    reused = same.encode(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
-    rendered = same.encode(MESSAGES, TEXTS)
+    reused = same.encode_completions(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
+    rendered = same.encode_completions(MESSAGES, TEXTS)
     assert reused == rendered
-    scores_ids = same.score(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
-    scores_text = same.score(MESSAGES, TEXTS)
+    scores_ids = same.score_completions(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
+    scores_text = same.score_completions(MESSAGES, TEXTS)
     assert torch.allclose(scores_ids, scores_text)
 
     # another template: ids come from the RM's template, never from the policy's ids
-    encoded = other.encode(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
+    encoded = other.encode_completions(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
     assert other.tokenizer.decode(encoded[1]).startswith("### user:\nSpell cat backwards.")
 
 
 def test_scores_are_batched_frozen_and_per_kind(rm_dirs):
-    pref = ModelReward(
+    pref = RewardScorer.load(
         inspect_reward_model(str(rm_dirs["preference"])), device="cpu", dtype="fp32", batch_size=2
     )
-    alone = ModelReward(
+    alone = RewardScorer.load(
         inspect_reward_model(str(rm_dirs["preference"])), device="cpu", dtype="fp32", batch_size=1
     )
-    s = pref.score(MESSAGES, TEXTS)
+    s = pref.score_completions(MESSAGES, TEXTS)
     assert s.shape == (3,) and s.dtype == torch.float32 and not s.requires_grad
-    assert torch.allclose(s, alone.score(MESSAGES, TEXTS), atol=1e-5)  # padding changes nothing
-    # the same value the reward-model trainer's scorer gives (this project's RM folder)
-    from trainers.reward_models.scoring import RewardScorer
-
+    assert torch.allclose(
+        s, alone.score_completions(MESSAGES, TEXTS), atol=1e-5
+    )  # padding changes nothing
+    # the same value the scorer gives the conversations (this project's RM folder)
     scorer = RewardScorer.from_pretrained(rm_dirs["preference"], device="cpu", dtype="fp32")
     convs = [
         [*m, {"role": "assistant", "content": t}] for m, t in zip(MESSAGES, TEXTS, strict=True)
     ]
     assert s.tolist() == pytest.approx(scorer.score(convs), abs=1e-5)
-    orm = ModelReward(inspect_reward_model(str(rm_dirs["orm"])), device="cpu", dtype="fp32")
-    p = orm.score(MESSAGES, TEXTS)
+    orm = RewardScorer.load(inspect_reward_model(str(rm_dirs["orm"])), device="cpu", dtype="fp32")
+    p = orm.score_completions(MESSAGES, TEXTS)
     assert bool(((p > 0) & (p < 1)).all())  # P(correct)
 
 
@@ -238,12 +233,12 @@ def test_a_sequence_classification_checkpoint_scores_with_its_logit(tmp_path):
     folder = _seq_cls_folder(tmp_path / "seqcls")
     info = inspect_reward_model(str(folder))
     assert info.kind == "sequence_classification" and not info.own
-    rm = ModelReward(info, device="cpu", dtype="fp32", batch_size=2)
-    scores = rm.score(MESSAGES, TEXTS)
+    rm = RewardScorer.load(info, device="cpu", dtype="fp32", batch_size=2)
+    scores = rm.score_completions(MESSAGES, TEXTS)
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    for ids, value in zip(rm.encode(MESSAGES, TEXTS), scores.tolist(), strict=True):
+    for ids, value in zip(rm.encode_completions(MESSAGES, TEXTS), scores.tolist(), strict=True):
         with torch.no_grad():
             logit = model(input_ids=torch.tensor([ids])).logits[0, 0]
         assert value == pytest.approx(float(logit), abs=1e-4)

@@ -18,11 +18,11 @@ import torch
 from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
 
 from trainers.core import logprobs as core_logprobs
+from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import rollout as pg_rollout
 from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.config import ALGORITHMS, PolicyGradientConfig, algorithm_spec
-from trainers.policy_gradients.data import PromptStream
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"

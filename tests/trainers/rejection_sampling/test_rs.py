@@ -553,7 +553,7 @@ def test_second_strategy_reuses_the_cached_pool(strategy_pair):
 def test_gsm8k_fixture_scored_by_a_reward_model(tmp_path):
     """The GSM8K path (local file, verifier correctness) with a reward model as the scorer."""
     from trainers.core.models import load_tokenizer
-    from trainers.reward_models.model import build_reward_model, save_reward_model
+    from trainers.core.reward_model import build_reward_model, save_reward_model
 
     torch.manual_seed(0)
     rm = build_reward_model("tiny", "orm", max_length=256, device="cpu", dtype="fp32")

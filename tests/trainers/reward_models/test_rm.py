@@ -16,6 +16,8 @@ from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, assert_same_gradients, trainer_argv
 
 from trainers.core.config import load_config
+from trainers.core.reward_model import RewardModelError, build_reward_model, save_reward_model
+from trainers.core.reward_scorer import RewardScorer
 from trainers.core.rundir import read_jsonl
 from trainers.core.tasks import score_fn, score_response
 from trainers.reward_models import train as rm_train
@@ -47,8 +49,6 @@ from trainers.reward_models.losses import (
     ranking_accuracy,
     top1_accuracy,
 )
-from trainers.reward_models.model import RewardModelError, build_reward_model, save_reward_model
-from trainers.reward_models.scoring import RewardScorer
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "reward_models" / "configs"
@@ -478,7 +478,7 @@ def test_heads_and_freeze_backbone():
 
 
 def test_loading_a_plain_model_folder_says_what_is_missing(tmp_path, tokenizer):
-    from trainers.reward_models.model import load_reward_model
+    from trainers.core.reward_model import load_reward_model
 
     with pytest.raises(RewardModelError, match="not a saved reward model"):
         load_reward_model(tmp_path)

@@ -16,13 +16,13 @@ from trainers.core.config import load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import read_jsonl
 from trainers.core.tasks import SYSTEM_PROMPT
+from trainers.core.verifier import has_tag_format
 from trainers.sft import train as sft_train
 from trainers.sft.config import SFTConfig
 from trainers.sft.data import (
     SFTRecord,
     builtin_sft_records,
     collate,
-    has_tag_format,
     load_sft_records,
     score_record_response,
     split_train_eval,

@@ -1,11 +1,11 @@
-"""Prompts for policy-gradient runs, from one of two sources (``data.source``):
+"""Prompts for the loops that sample from their policy (policy gradients, on-policy distillation),
+from one of two sources (``data.source``, :class:`trainers.core.config.PromptDataSection`):
 
 * ``reasoning_gym`` (default): a seeded reasoning-gym ``composite`` of ``data.specs``. Each prompt
   is the chat ``[system: SYSTEM_PROMPT, user: question]`` plus what scoring needs
   (``meta = {"task", "entry"}``: reasoning-gym scores an answer against its own entry). The
   held-out split is drawn from the same task mixture with a different seed, and any question
-  that also appears in the training prompts is dropped from it. The generator itself lives with
-  the other built-in datasets in :mod:`trainers.core.builtin_data`.
+  that also appears in the training prompts is dropped from it (:func:`composite_prompts`).
 * ``preference``: the prompts of a preference dataset (``data.dataset``), read with the shared
   preference loader (:mod:`trainers.core.preferences`: HH-RLHF transcripts, UltraFeedback message
   lists, plain ``prompt``/``chosen``/``rejected``), or of a prompt-only file with a ``prompt``
@@ -25,39 +25,179 @@ position that a checkpoint can save and restore.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
-from trainers.core.builtin_data import (
-    HELD_OUT_SEED_OFFSET,
-    build_composite,
-    builtin_preference_records,
-    check_specs,
-    composite_prompts,
-    to_prompt,
-)
+from trainers.core.builtin_data import builtin_preference_records
 from trainers.core.config import ConfigError
+from trainers.core.messages import system_and_user
 from trainers.core.records import PreferenceRecord, Prompt
 from trainers.core.splits import rows_to_read, shuffled
+from trainers.core.tasks import SYSTEM_PROMPT, TASK_CONFIGS, import_reasoning_gym
 
 __all__ = [
     "HELD_OUT_SEED_OFFSET",
     "Prompt",
     "PromptStream",
     "build_composite",
+    "builtin_questions",
     "check_specs",
-    "load_prompts",
+    "composite_prompts",
     "load_run_prompts",
     "preference_prompts",
     "to_prompt",
 ]
 
+logger = logging.getLogger(__name__)
 
-def load_prompts(
+
+# ---------------------------------------------------------------------------------------------
+# A reasoning-gym composite (policy gradients, distillation)
+# ---------------------------------------------------------------------------------------------
+
+HELD_OUT_SEED_OFFSET = 1_000_003  # held-out items come from a different composite seed
+
+
+def build_composite(specs: Sequence[Any], size: int, seed: int) -> Any:
+    """``reasoning_gym.create_dataset("composite", ...)`` of ``specs`` (objects with ``name``,
+    ``weight`` and ``config``); bad specs raise ConfigError."""
+    rg = import_reasoning_gym()
+    from reasoning_gym.composite import DatasetSpec
+
+    datasets = [DatasetSpec(name=s.name, weight=s.weight, config=dict(s.config)) for s in specs]
+    try:
+        return rg.create_dataset("composite", size=size, seed=seed, datasets=datasets)
+    except (ValueError, TypeError, AssertionError, KeyError) as err:
+        known = ""
+        if "not registered" in str(err):
+            from reasoning_gym.factory import DATASETS
+
+            known = f" Known tasks include: {', '.join(sorted(DATASETS)[:30])}, ..."
+        raise ConfigError(
+            f"data.specs: reasoning-gym could not build the task mixture "
+            f"({type(err).__name__}: {err}).{known}"
+        ) from None
+
+
+def to_prompt(item: dict) -> Prompt:
+    """A composite item as a :class:`Prompt` (``[system, user]``, scoring meta)."""
+    question = str(item["question"]).strip()
+    return Prompt(
+        messages=system_and_user(SYSTEM_PROMPT, question),
+        question=question,
+        answer=str(item["answer"]),
+        meta={"task": item["metadata"]["source_dataset"], "entry": item},
+    )
+
+
+def composite_prompts(
     specs: Sequence[Any], size: int, eval_size: int, seed: int
 ) -> tuple[list[Prompt], list[Prompt]]:
-    """(training prompts, held-out prompts). Held-out questions never occur in training."""
-    return composite_prompts(specs, size, eval_size, seed)
+    """(training prompts, held-out prompts). The held-out ones come from the same mixture with
+    another seed, and never repeat a training question."""
+    train_ds = build_composite(specs, size, seed)
+    train = [to_prompt(train_ds[i]) for i in range(size)]
+    held_out: list[Prompt] = []
+    if eval_size > 0:
+        seen = {p.question for p in train}
+        pool_size = 4 * eval_size + 16
+        pool = build_composite(specs, pool_size, seed + HELD_OUT_SEED_OFFSET)
+        for i in range(pool_size):
+            prompt = to_prompt(pool[i])
+            if prompt.question not in seen:
+                seen.add(prompt.question)
+                held_out.append(prompt)
+                if len(held_out) == eval_size:
+                    break
+    return train, held_out
+
+
+def check_specs(specs: Sequence[Any]) -> None:
+    """Preflight: build a one-item mixture so an unknown task or bad setting fails early."""
+    ds = build_composite(specs, 1, 0)
+    try:
+        ds[0]
+    except Exception as err:  # noqa: BLE001 - reasoning-gym raises many kinds
+        raise ConfigError(
+            f"data.specs: reasoning-gym could not generate an item ({type(err).__name__}: {err})"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Questions task by task (rejection sampling's built-in sets)
+# ---------------------------------------------------------------------------------------------
+
+TaskEntry = tuple[str, dict]
+"""(reasoning-gym task, entry with ``question``, ``answer`` and ``metadata``)."""
+
+
+def _distinct_entries(
+    rg: Any, task: str, t_idx: int, size: int, seed: int, settings: dict, exclude: set[str]
+) -> list[dict]:
+    """Up to ``size`` entries of ``task`` whose questions are neither repeated nor excluded."""
+    try:
+        ds = rg.create_dataset(task, seed=seed + 100_003 * t_idx, size=size, **settings)
+    except Exception as err:  # noqa: BLE001 - reasoning-gym raises many kinds
+        raise ValueError(f"cannot build reasoning-gym task {task!r}: {err}") from err
+    seen, out = set(exclude), []
+    for i in range(len(ds)):
+        entry = ds[i]
+        if entry["question"] not in seen:
+            seen.add(entry["question"])
+            out.append(entry)
+    return out
+
+
+def _draw_questions(
+    tasks: list[str], settings: dict[str, dict], n: int, seed: int, exclude: set[str], repeats: bool
+) -> list[TaskEntry]:
+    """``n`` entries, the tasks taking turns; a task short of distinct questions repeats them
+    (``repeats``) or gives fewer, with a warning."""
+    if n == 0:
+        return []
+    rg = import_reasoning_gym()
+    per_task = -(-n // len(tasks))
+    pools = [
+        _distinct_entries(rg, task, t_idx, 4 * per_task + 64, seed, settings[task], exclude)
+        for t_idx, task in enumerate(tasks)
+    ]
+    out: list[TaskEntry] = []
+    for k in range(per_task * len(tasks)):
+        if len(out) >= n:
+            break
+        t_idx, j = k % len(tasks), k // len(tasks)
+        pool = pools[t_idx]
+        if j >= len(pool) and not (repeats and pool):
+            continue
+        e = pool[j % len(pool)]
+        entry = {"question": e["question"], "answer": e["answer"], "metadata": e["metadata"]}
+        out.append((tasks[t_idx], entry))
+    short = [t for t, pool in zip(tasks, pools, strict=True) if len(pool) < per_task]
+    if short:
+        what = "some training questions repeat" if repeats else f"{len(out)} held-out prompts"
+        logger.warning(
+            "reasoning-gym task(s) %s have fewer than %d distinct questions with these settings: %s",
+            short,
+            per_task,
+            what,
+        )
+    return out
+
+
+def builtin_questions(
+    tasks: list[str], task_configs: dict[str, dict], n_train: int, n_test: int, seed: int
+) -> tuple[list[TaskEntry], list[TaskEntry]]:
+    """Train and held-out questions from reasoning-gym, ``tasks`` taking turns (each task with
+    its easy settings, updated by ``task_configs``). Questions are unique within the training
+    slice while the settings allow it (then they repeat, with a warning); held-out questions
+    never occur in the training slice (fewer are returned, with a warning, when the settings
+    leave too few). ValueError when a task cannot be built."""
+    settings = {t: {**TASK_CONFIGS.get(t, {}), **task_configs.get(t, {})} for t in tasks}
+    train = _draw_questions(tasks, settings, n_train, seed, set(), repeats=True)
+    asked = {entry["question"] for _, entry in train}
+    test = _draw_questions(tasks, settings, n_test, seed + 7_000_003, asked, repeats=False)
+    return train, test
 
 
 def load_run_prompts(data: Any, seed: int) -> tuple[list[Prompt], list[Prompt], dict]:

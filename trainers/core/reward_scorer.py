@@ -1,5 +1,12 @@
-"""Rewards from a trained reward model (``reward.model``) and the held-out gold reward model
-(``reward.gold_model``).
+"""One scorer for every family that reads a reward model: policy gradients (``reward.model``,
+``reward.gold_model``), online DPO (``reward.model``), rejection sampling (``scorer.name``) and
+evaluation (winrate, best_of_n).
+
+    scorer = RewardScorer.from_pretrained("runs/orm-1/final_model")     # a reward-model run's
+    scorer.score([[{"role": "user", "content": q}, {"role": "assistant", "content": a}], ...])
+    scorer.score(["raw text scored as is", ...])                          # strings as they are
+    scorer = RewardScorer.load(inspect_reward_model(name), policy_tokenizer=tokenizer)
+    scorer.score_completions(prompts, texts, prompt_ids, completion_ids, stop_ids)  # a policy's
 
 What a name may point to (:func:`inspect_reward_model` checks it before anything is written):
 
@@ -10,7 +17,18 @@ What a name may point to (:func:`inspect_reward_model` checks it before anything
 * any local folder or hub id of a sequence-classification checkpoint with one label
   (``*ForSequenceClassification`` in its config.json, ``num_labels`` 1): the raw logit.
 
-Scoring (:class:`ModelReward`): the prompt's messages plus the completion as the assistant turn,
+What a score means: ``preference``, the Bradley–Terry reward r (only differences mean
+something); ``orm``, P(correct) = σ(score at the last token); ``sequence_classification``, the
+classifier's logit; ``prm`` (``score`` and ``score_steps`` only): items are
+``{"problem": str, "steps": [str, ...]}`` and a solution's score is the smallest per-step
+probability of "not bad" (one bad step spoils a solution), its windows as in training.
+
+Conversations and texts (:meth:`RewardScorer.score`): a chat conversation is rendered with the
+tokenizer's chat template exactly as in training (the last message is the assistant's answer);
+a string is tokenised as is, without special tokens; an empty text is refused.
+
+A policy's completions (:meth:`RewardScorer.score_completions`): the prompt's messages plus the
+completion as the assistant turn,
 rendered with the **reward model's** tokenizer and chat template, exactly as the reward-model
 trainer renders a training pair (``add_generation_prompt=False``; ChatML ends with the newline
 after ``<|im_end|>``). When the reward model's tokenizer is the policy's (same class, vocabulary,
@@ -27,6 +45,7 @@ the run's device, and runs under ``torch.inference_mode``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,19 +55,30 @@ from torch import Tensor
 
 from trainers.core.config import ConfigError
 from trainers.core.models import ModelError, load_tokenizer, resolve_model
-from trainers.core.tokenization import chat_template_ids, right_pad, text_ids
+from trainers.core.reward_model import (
+    BAD_CLASS,
+    HEAD_FILE,
+    META_FILE,
+    encode_solution,
+    load_reward_model,
+    window_solution,
+)
+from trainers.core.tokenization import (
+    chat_template_ids,
+    require_chat_template,
+    right_pad,
+    same_tokenizer,
+    text_ids,
+)
 
 __all__ = [
     "SCORE_MEANING",
-    "ModelReward",
     "RewardModelInfo",
+    "RewardScorer",
     "inspect_reward_model",
-    "same_tokenizer",
     "template_suffix",
 ]
 
-META_FILE = "reward_model.json"
-HEAD_FILE = "reward_head.safetensors"
 RUN_REF_PREFIX = "run:"
 SEQ_CLS_SUFFIX = "ForSequenceClassification"
 
@@ -192,20 +222,6 @@ def inspect_reward_model(name: str, key: str = "reward.model") -> RewardModelInf
 _PROBE = "Zq7 probe"
 
 
-def same_tokenizer(a: Any, b: Any) -> bool:
-    """Whether two tokenizers turn text and chats into the same ids (same class, vocabulary,
-    special tokens and chat template)."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if getattr(a, "chat_template", None) != getattr(b, "chat_template", None):
-        return False
-    if list(a.all_special_ids) != list(b.all_special_ids):
-        return False
-    return a.get_vocab() == b.get_vocab()
-
-
 def template_suffix(tokenizer: Any) -> list[int] | None:
     """The ids the chat template puts after an assistant turn's content (ChatML:
     ``<|im_end|>``, ``\\n``), when the template renders the generation prompt + content as a
@@ -239,16 +255,57 @@ def _pair_text(prompt: list[dict]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-class ModelReward:
-    """A frozen scalar reward model that scores (prompt, completion) pairs; see the module doc.
+class RewardScorer:
+    """A reward model that scores texts, conversations, PRM solutions (:meth:`score`) or a
+    policy's completions (:meth:`score_completions`); see the module doc. Scores are read
+    batched (sorted by length, right-padded) under ``torch.inference_mode`` with the model in
+    eval mode (its training mode restored afterwards), and come back in the input order.
 
-    ``score(prompts, texts, prompt_ids=None, completion_ids=None, truncated=None)`` returns a
-    float32 CPU tensor (N,): the Bradley–Terry reward, P(correct) for an ORM, or the logit of a
-    sequence classifier. Token ids are used only when the tokenizers are the same.
-    """
+    ``RewardScorer(model, tokenizer)`` wraps a :class:`~trainers.core.reward_model.RewardModel`
+    in memory; :meth:`from_pretrained` loads a reward-model run's folder; :meth:`load` loads
+    whatever :func:`inspect_reward_model` accepted (a sequence classifier too), frozen, and
+    reuses the policy's token ids when ``policy_tokenizer`` is the reward model's own."""
 
     def __init__(
         self,
+        model: Any,
+        tokenizer: Any,
+        batch_size: int = 16,
+        *,
+        info: RewardModelInfo | None = None,
+        policy_tokenizer: Any = None,
+    ):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size = batch_size
+        self.info = info
+        self.own = info is None or info.own  # a RewardModel (else a sequence classifier)
+        self.kind = model.kind if info is None else info.kind
+        self.max_length = model.max_length if self.own else info.max_length
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.suffix = None
+        if policy_tokenizer is not None and same_tokenizer(policy_tokenizer, tokenizer):
+            self.suffix = template_suffix(tokenizer)
+        self.reuse_ids = self.suffix is not None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        folder: str | Path,
+        *,
+        device="auto",
+        dtype="auto",
+        attn_implementation: str = "auto",
+        batch_size: int = 16,
+    ) -> RewardScorer:
+        """A folder written by the reward-model trainer (any kind, PRM included)."""
+        model, tokenizer = load_reward_model(
+            folder, device=device, dtype=dtype, attn_implementation=attn_implementation
+        )
+        return cls(model, tokenizer, batch_size=batch_size)
+
+    @classmethod
+    def load(
+        cls,
         info: RewardModelInfo,
         *,
         device: Any = "auto",
@@ -256,67 +313,55 @@ class ModelReward:
         attn_implementation: str = "auto",
         batch_size: int = 16,
         policy_tokenizer: Any = None,
-    ):
+    ) -> RewardScorer:
+        """The scalar reward model :func:`inspect_reward_model` found, frozen, in eval mode."""
         from trainers.core.models import pick_device
 
-        self.info = info
-        self.batch_size = batch_size
-        self.device = pick_device(device)
+        device = pick_device(device)
         if info.own:
-            from trainers.reward_models.model import load_reward_model
-
             model, tokenizer = load_reward_model(
-                info.path,
-                device=self.device,
-                dtype=dtype,
-                attn_implementation=attn_implementation,
+                info.path, device=device, dtype=dtype, attn_implementation=attn_implementation
             )
-            self.max_length = model.max_length
         else:
-            model, tokenizer = self._load_sequence_classifier(info, dtype, attn_implementation)
-            self.max_length = info.max_length
+            model, tokenizer = _load_sequence_classifier(info, device, dtype, attn_implementation)
         model.eval()
         model.requires_grad_(False)
-        self.model, self.tokenizer = model, tokenizer
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.reuse_ids = policy_tokenizer is not None and same_tokenizer(
-            policy_tokenizer, tokenizer
-        )
-        self.suffix = template_suffix(tokenizer) if self.reuse_ids else None
-        if self.suffix is None:
-            self.reuse_ids = False
-
-    @property
-    def kind(self) -> str:
-        return self.info.kind
-
-    def _load_sequence_classifier(self, info: RewardModelInfo, dtype, attn_implementation):
-        from transformers import AutoModelForSequenceClassification
-
-        from trainers.core.models import (
-            _pretrained_args,
-            pick_attn_implementation,
-            pick_dtype,
-        )
-        from trainers.core.tiny import quiet_hf
-
-        torch_dtype = pick_dtype(dtype, self.device)
-        attn = pick_attn_implementation(attn_implementation, self.device, torch_dtype)
-        source = resolve_model(info.name)
-        first, kwargs = _pretrained_args(source, ("config.json",))
-        with quiet_hf():
-            model = AutoModelForSequenceClassification.from_pretrained(
-                first, dtype=torch_dtype, attn_implementation=attn, **kwargs
-            )
-        model.to(self.device)
-        tokenizer = load_tokenizer(info.name)
-        if model.config.pad_token_id is None:  # HF reads the last non-pad token by pad id
-            model.config.pad_token_id = tokenizer.pad_token_id
-        return model, tokenizer
+        return cls(model, tokenizer, batch_size, info=info, policy_tokenizer=policy_tokenizer)
 
     # ---- ids ---------------------------------------------------------------------------------
 
-    def encode(
+    def _truncate(self, sequences: list[list[int]]) -> list[list[int]]:
+        limit = self.max_length
+        return [ids[-limit:] if limit else ids for ids in sequences]
+
+    def encode(self, items: Sequence[str | list[dict]]) -> list[list[int]]:
+        """Token ids of each text (as is) or chat conversation (chat template)."""
+        ids: list[list[int] | None] = [None] * len(items)
+        convs = [(i, x) for i, x in enumerate(items) if isinstance(x, list)]
+        for i, x in enumerate(items):
+            if isinstance(x, str):
+                ids[i] = text_ids(self.tokenizer, x)
+            elif not isinstance(x, list):
+                raise TypeError(
+                    f"score() takes strings or chat conversations (lists of messages), got "
+                    f"{type(x).__name__}"
+                )
+        if convs:
+            require_chat_template(
+                self.tokenizer,
+                "reward models format prompts with apply_chat_template. Use a tokenizer with "
+                "one or set tokenizer.chat_template.",
+            )
+            encoded = chat_template_ids(
+                self.tokenizer, [c for _, c in convs], add_generation_prompt=False
+            )
+            for (i, _), e in zip(convs, encoded, strict=True):
+                ids[i] = e
+        if any(not seq for seq in ids):
+            raise ValueError("cannot score an empty text")
+        return self._truncate(ids)
+
+    def encode_completions(
         self,
         prompts: list[list[dict]],
         texts: list[str],
@@ -342,30 +387,47 @@ class ModelReward:
                 list(self.tokenizer(_pair_text(p), t)["input_ids"])
                 for p, t in zip(prompts, texts, strict=True)
             ]
-        limit = self.max_length
-        return [ids[-limit:] if limit else ids for ids in out]
+        return self._truncate(out)
 
     # ---- scores ------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def raw_scores(self, sequences: list[list[int]]) -> Tensor:
-        """The scalar at the last token of each id sequence, batched by length (N,)."""
+        """The scalar at the last token of each id sequence (N,), float32 on the CPU."""
+        if self.own and self.model.num_labels != 1:
+            raise ValueError("raw_scores needs a scalar reward model (preference or orm)")
         if not sequences:
             return torch.zeros(0)
+        device = self.model.device
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         out = torch.zeros(len(sequences), dtype=torch.float32)
+        was_training = self.model.training
+        self.model.eval()
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
             ids, mask = right_pad([sequences[i] or [self.pad_id] for i in chunk], self.pad_id)
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            if self.info.own:
+            ids, mask = ids.to(device), mask.to(device)
+            if self.own:
                 s = self.model.sequence_scores(ids, mask)
             else:
                 s = self.model(input_ids=ids, attention_mask=mask).logits[:, 0]
             out[torch.tensor(chunk)] = s.float().cpu()
-        return out
+        self.model.train(was_training)
+        return out.clone()  # an ordinary tensor (inference-mode tensors refuse in-place edits)
 
-    def score(
+    def score(self, items: Sequence[Any]) -> list[float]:
+        """One float per text, conversation or (PRM) solution; see the module doc."""
+        items = list(items)
+        if not items:
+            return []
+        if self.kind == "prm":
+            return [min(1.0 - p[BAD_CLASS] for p in probs) for probs in self._prm_items(items)]
+        scores = self.raw_scores(self.encode(items)).tolist()
+        if self.kind == "orm":
+            return torch.sigmoid(torch.tensor(scores, dtype=torch.float64)).tolist()
+        return scores
+
+    def score_completions(
         self,
         prompts: list[list[dict]],
         texts: list[str],
@@ -373,7 +435,79 @@ class ModelReward:
         completion_ids: list[list[int]] | None = None,
         stop_ids: set[int] | None = None,
     ) -> Tensor:
-        """One reward per completion (float32, CPU): see :data:`SCORE_MEANING`."""
-        raw = self.raw_scores(self.encode(prompts, texts, prompt_ids, completion_ids, stop_ids))
-        raw = raw.clone()  # an ordinary tensor (inference-mode tensors refuse in-place edits)
+        """One reward per completion of a policy (float32, CPU): see :data:`SCORE_MEANING`."""
+        ids = self.encode_completions(prompts, texts, prompt_ids, completion_ids, stop_ids)
+        raw = self.raw_scores(ids)
         return torch.sigmoid(raw) if self.kind == "orm" else raw
+
+    # ---- a PRM's steps -----------------------------------------------------------------------
+
+    def _prm_items(self, items: Sequence[Any]) -> list[list[list[float]]]:
+        for x in items:
+            if not (isinstance(x, dict) and "problem" in x and "steps" in x):
+                raise TypeError('a PRM scores items {"problem": str, "steps": [str, ...]}')
+        return self.score_steps([x["problem"] for x in items], [x["steps"] for x in items])
+
+    def _prm_windows(self, problems: Sequence[str], solutions: Sequence[Sequence[str]]) -> list:
+        """(solution index, first step, ids, positions) of every window of every solution."""
+        limit = self.model.max_length or 10**9
+        windows = []
+        for s_idx, (problem, steps) in enumerate(zip(problems, solutions, strict=True)):
+            if not steps:
+                raise ValueError(f"solution {s_idx} has no steps")
+            prompt, pieces = encode_solution(
+                self.tokenizer, problem, list(steps), self.model.separator
+            )
+            if len(prompt) > limit // 2:  # an over-long problem keeps its end
+                prompt = prompt[-(limit // 2) :]
+            budget = limit - len(prompt)
+            pieces = [p[-budget:] for p in pieces]  # an over-long step keeps its end
+            found, _ = window_solution(prompt, pieces, limit)
+            windows += [(s_idx, first, ids, pos) for ids, pos, first, _ in found]
+        return windows
+
+    @torch.no_grad()
+    def score_steps(
+        self, problems: Sequence[str], solutions: Sequence[Sequence[str]]
+    ) -> list[list[list[float]]]:
+        """Per solution, per step: class probabilities ([bad, neutral, good] or [bad, good])."""
+        if self.kind != "prm":
+            raise ValueError(f"score_steps needs a prm reward model, this one is {self.kind}")
+        if self.model.separator is None:
+            raise ValueError("the saved PRM has no step separator in reward_model.json")
+        windows = self._prm_windows(problems, solutions)
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[list[float]]] = [[[] for _ in steps] for steps in solutions]
+        for start in range(0, len(windows), self.batch_size):
+            chunk = windows[start : start + self.batch_size]
+            ids, mask = right_pad([w[2] for w in chunk], self.pad_id)
+            logits = self.model(ids.to(self.model.device), mask.to(self.model.device))
+            for row, (s_idx, first, _, positions) in enumerate(chunk):
+                probs = torch.softmax(logits[row, positions].float(), dim=-1).cpu().tolist()
+                for j, p in enumerate(probs):
+                    out[s_idx][first + j] = p
+        self.model.train(was_training)
+        return out
+
+
+def _load_sequence_classifier(info: RewardModelInfo, device, dtype, attn_implementation):
+    """A ``*ForSequenceClassification`` checkpoint with one label, and its tokenizer."""
+    from transformers import AutoModelForSequenceClassification
+
+    from trainers.core.models import _pretrained_args, pick_attn_implementation, pick_dtype
+    from trainers.core.tiny import quiet_hf
+
+    torch_dtype = pick_dtype(dtype, device)
+    attn = pick_attn_implementation(attn_implementation, device, torch_dtype)
+    source = resolve_model(info.name)
+    first, kwargs = _pretrained_args(source, ("config.json",))
+    with quiet_hf():
+        model = AutoModelForSequenceClassification.from_pretrained(
+            first, dtype=torch_dtype, attn_implementation=attn, **kwargs
+        )
+    model.to(device)
+    tokenizer = load_tokenizer(info.name)
+    if model.config.pad_token_id is None:  # HF reads the last non-pad token by pad id
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer

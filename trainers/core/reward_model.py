@@ -1,4 +1,8 @@
-"""Reward model = a causal LM's decoder body + a linear head on its last hidden states.
+"""The saved reward model: what the reward-model trainer (``trainers/reward_models``) writes and
+every scorer reads (:mod:`trainers.core.reward_scorer`, used by policy gradients, online DPO,
+rejection sampling and evaluation).
+
+Reward model = a causal LM's decoder body + a linear head on its last hidden states.
 
 The LM head (vocabulary projection) is kept in memory so the backbone can be saved and reloaded
 as an ordinary causal LM, but it is never used: hidden states come from ``get_decoder()``.
@@ -11,11 +15,16 @@ The head runs in float32 whatever the backbone's dtype.
 Saved folder (:func:`save_reward_model`): the backbone and tokenizer via ``save_pretrained``
 (so the folder also loads as a causal LM), ``reward_head.safetensors`` (head weights) and
 ``reward_model.json`` (kind, num_labels, separator, max_length, format version).
+
+A PRM reads a solution as ``"Problem: {problem}\\nReasoning trace:\\n"`` followed by each step
+as ``step.strip() + separator`` (:func:`encode_solution`), in windows that fit ``max_length``
+(:func:`window_solution`); the class :data:`BAD_CLASS` is a bad step.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +35,17 @@ from trainers.core.logprobs import shared_prompt_hidden
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.pair_packing import PackedPairs, packed_last_hidden
 from trainers.core.rundir import atomic_write_json
-from trainers.reward_models.spec import FAMILY as RM_FAMILY
+from trainers.core.tokenization import text_ids
 
+KINDS = ("preference", "orm", "prm")
+"""The reward-model kinds (the reward-model family's algorithm names; a test holds them equal)."""
 HEAD_FILE = "reward_head.safetensors"
 META_FILE = "reward_model.json"
 FORMAT_VERSION = 1
 PRM_LABEL_NAMES = {2: ["bad", "good"], 3: ["bad", "neutral", "good"]}
+BAD_CLASS = 0
+"""Index of the 'bad' class of a PRM head, for 2 and 3 labels alike (rating_to_class)."""
+PRM_PROMPT = "Problem: {problem}\nReasoning trace:\n"
 
 
 class RewardModelError(ValueError):
@@ -48,7 +62,7 @@ class RewardModel(nn.Module):
         max_length: int | None = None,
     ):
         super().__init__()
-        if kind not in RM_FAMILY.algorithm_names:
+        if kind not in KINDS:
             raise ValueError(f"unknown reward-model kind {kind!r}")
         if kind == "prm" and num_labels not in (2, 3):
             raise ValueError(f"a prm head has 2 or 3 labels, got {num_labels}")
@@ -228,3 +242,57 @@ def load_reward_model(
         raise RewardModelError(f"{folder / HEAD_FILE} does not fit the backbone: {err}") from None
     _set_trainable(model, trainable, freeze_backbone=False)
     return model, load_tokenizer(str(folder))
+
+
+# ---------------------------------------------------------------------------------------------
+# A PRM's view of a solution
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_solution(
+    tokenizer: Any, problem: str, steps: Sequence[str], separator: str
+) -> tuple[list[int], list[list[int]]]:
+    """(prompt ids, [ids of ``step.strip()`` + separator ids for each step]). Pieces are
+    tokenised separately, so the separator's tokens are the same after every step and its last
+    token marks where the step's label is read."""
+    prompt = text_ids(tokenizer, PRM_PROMPT.format(problem=problem.strip()))
+    sep = text_ids(tokenizer, separator)
+    if not sep:
+        raise ValueError(f"the step separator {separator!r} encodes to no token")
+    pieces = [text_ids(tokenizer, s.strip()) + sep for s in steps]
+    return prompt, pieces
+
+
+def window_solution(
+    prompt: list[int], pieces: list[list[int]], max_length: int
+) -> tuple[list[tuple[list[int], list[int], int, int]], bool]:
+    """Split one encoded solution into windows that fit ``max_length``.
+
+    Each window is (ids, separator positions, first labelled step, end step): the prompt, then
+    steps ``[context, end)`` where steps ``[first, end)`` are labelled and steps
+    ``[context, first)`` are earlier steps kept as context, as many as fit. Returns the windows
+    and whether a step had to be dropped (a single step longer than the budget ends the
+    solution there)."""
+    budget = max_length - len(prompt)
+    windows = []
+    start, n = 0, len(pieces)
+    while start < n:
+        if budget <= 0 or len(pieces[start]) > budget:
+            return windows, True
+        end, used = start, 0
+        while end < n and used + len(pieces[end]) <= budget:
+            used += len(pieces[end])
+            end += 1
+        context = start
+        while context > 0 and used + len(pieces[context - 1]) <= budget:
+            context -= 1
+            used += len(pieces[context])
+        ids = list(prompt)
+        positions = []
+        for k in range(context, end):
+            ids.extend(pieces[k])
+            if k >= start:
+                positions.append(len(ids) - 1)
+        windows.append((ids, positions, start, end))
+        start = end
+    return windows, False
