@@ -115,11 +115,11 @@ def _refusal(device: str, label: str, have: float, what: str, queued: bool = Fal
 def slurm_job_preview(recipe: str, slurm: dict[str, Any]) -> str:
     """The job script a Slurm launch of ``recipe`` would write and submit, with ``<run-dir>``
     and ``<run-id>`` standing for the run folder and id it gets (nothing is written)."""
-    from rlhf_lab.api import _slurm_options
+    from rlhf_lab.api.launching import slurm_options
     from rlhf_lab.api.recipes import find_known_recipe
     from rlhf_lab.runs.records import _source_dir
     from rlhf_lab.runs.slurm import job_script
 
-    options = _slurm_options(slurm)
+    options = slurm_options(slurm)
     family = find_known_recipe(recipe).family
     return job_script("<run-id>", family, "<run-dir>", options, source_dir=_source_dir())

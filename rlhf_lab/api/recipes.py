@@ -11,9 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
+from rlhf_lab.api.request import FIX_OVERRIDES
 from rlhf_lab.errors import LabError, NextStep
-from rlhf_lab.planning.memory import MemoryEstimate, fits
-from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
 from rlhf_lab.planning.catalog import (
     Recipe,
     acceptance_for,
@@ -22,15 +21,14 @@ from rlhf_lab.planning.catalog import (
     key_metrics_for,
 )
 from rlhf_lab.planning.catalog import list_recipes as catalog_recipes
+from rlhf_lab.planning.memory import MemoryEstimate, fits
+from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
 from rlhf_lab.planning.shrink import ShrinkResult
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs import active_runs, resolve_device
 from rlhf_lab.runs.resources import check_resources
 
 LIST_RECIPES = NextStep("list_recipes")
-FIX_OVERRIDES = NextStep(
-    "shrink_config", note="fix the dotted key or value in overrides that the message names"
-)
 OFFLINE_MODEL = NextStep(
     "estimate_memory", {"model": "tiny"}, note="builds offline; or pass a local model folder"
 )

@@ -206,7 +206,7 @@ def test_every_surface_function_validates_its_arguments():
     [
         (lambda: api.run_status(5), "argument `run_id`: got 5; expected a string"),
         (
-            lambda: api.launch_run("dpo", overrides=["a", 3]),
+            lambda: api.launch(api.RunRequest(recipe="dpo", overrides=["a=1", 3])),
             "argument `overrides[1]`: got 3; expected a string",
         ),
         (

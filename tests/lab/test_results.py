@@ -436,9 +436,13 @@ def parse_with_the_cli(command: str, monkeypatch) -> dict:
     argv = shlex.split(command)
     assert argv[:3] == ["uv", "run", "rlhf-lab"]
     seen: dict = {}
-    operation = {"sweep": "sweep", "launch": "launch_experiment"}[argv[3]]
+    operation = {"sweep": "sweep", "launch": "launch"}[argv[3]]
 
     def record(*args, **kwargs):
+        if args and isinstance(args[0], api.RunRequest):  # launch takes the request whole
+            request = args[0]
+            args = (request.recipe, request.override_texts())
+            kwargs = request.model_dump(exclude={"recipe", "overrides"})
         seen.update(args=args, kwargs=kwargs)
         raise InvalidArgument("RECORDED")
 
