@@ -134,6 +134,7 @@ _LAZY: dict[str, str] = {
     # launching
     "RunRequest": "rlhf_lab.api.request",
     "Override": "rlhf_lab.api.request",
+    "SweepRequest": "rlhf_lab.api.request",
     "launch": "rlhf_lab.api.launching",
     "resume_run": "rlhf_lab.api.launching",
     "sweep": "rlhf_lab.api.launching",

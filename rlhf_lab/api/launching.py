@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlhf_lab.api._operation import operation
-from rlhf_lab.api.request import FIX_OVERRIDES, Override, RunRequest
+from rlhf_lab.api.request import FIX_OVERRIDES, Override, RunRequest, SweepRequest
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -380,31 +380,27 @@ def resume_run(run_id: str, device: str | None = None, force: bool = False) -> L
     return result.model_copy(update={"warnings": [*result.warnings, *warnings]})
 
 
-def _is_seed_override(item: str) -> bool:
-    return str(item).split("=", 1)[0].strip() == "seed"
-
-
-def _sweep_base_seed(recipe: str, overrides: list[str], base_seed: int | None) -> int:
+def _sweep_base_seed(recipe: str, seeds: list[Override], base_seed: int | None) -> int:
     """The first seed of a sweep: ``base_seed``, else a ``seed=`` override, else the first
     recipe's configured seed (0 when it has none)."""
     if base_seed is not None:
         return base_seed
     from rlhf_lab.planning.configs import resolve_config
 
-    given = [o for o in overrides if _is_seed_override(o)]
     try:
-        data = resolve_config(recipe, given).data
+        data = resolve_config(recipe, [o.text for o in seeds]).data
     except LabError as err:
         raise err.with_next(NextStep("list_recipes")) from None
     seed = data.get("seed")
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 
-def _check_sweep(recipes: list[str], seeds: int, base_seed: int | None) -> None:
-    if not recipes:
+def _check_sweep(request: SweepRequest) -> None:
+    if not request.recipes:
         raise InvalidArgument(
             "a sweep needs at least one recipe, e.g. dpo,ipo,simpo", next=NextStep("list_recipes")
         )
+    seeds, base_seed = request.seeds, request.base_seed
     if isinstance(seeds, bool) or not 1 <= seeds <= MAX_SWEEP_SEEDS:
         raise InvalidArgument(
             f"seeds must be between 1 and {MAX_SWEEP_SEEDS} (runs per recipe), got {seeds!r}"
@@ -414,37 +410,28 @@ def _check_sweep(recipes: list[str], seeds: int, base_seed: int | None) -> None:
 
 
 @operation
-def sweep(
-    recipes: list[str],
-    overrides: list[str] | None = None,
-    *,
-    shrink: bool = True,
-    model: str | None = None,
-    campaign: str | None = None,
-    device: str = "auto",
-    seeds: int = 1,
-    base_seed: int | None = None,
-) -> SweepResult:
+def sweep(request: SweepRequest) -> SweepResult:
     """Queue matched runs (same overrides, same shrink) of several recipes in one campaign; the
-    queue runs them one after another. ``seeds``: K runs per recipe with the seeds base, base+1,
-    ... (``base_seed``, else a ``seed=`` override, else the first recipe's configured seed); every
-    arm gets the same seed list, whatever seed its recipe ships (reward-model recipes differ).
-    Runs are queued seed by seed, so matched pairs finish together."""
+    queue runs them one after another. ``request.seeds``: K runs per recipe with the seeds base,
+    base+1, ... (``base_seed``, else a ``seed=`` override, else the first recipe's configured
+    seed); every arm gets the same seed list, whatever seed its recipe ships (reward-model
+    recipes differ). Runs are queued seed by seed, so matched pairs finish together."""
     from rlhf_lab.api.recipes import find_known_recipe
     from rlhf_lab.api.results import SweepResult
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.planning.plan import matched_overrides
 
-    _check_sweep(recipes, seeds, base_seed)
+    _check_sweep(request)
+    recipes, model = request.recipes, request.model
     names = [find_known_recipe(r).algorithm for r in recipes]
     default = "-vs-".join(n.replace("_", "-") for n in names)[:60].strip("-")
-    slug = campaign if campaign is not None else default
+    slug = request.campaign if request.campaign is not None else default
     campaign_name(slug)  # a bad slug is refused before anything is queued
-    given = list(overrides or [])
-    first = _sweep_base_seed(recipes[0], given, base_seed)
-    seed_list = [first + i for i in range(seeds)]
-    rest = [o for o in given if not _is_seed_override(o)]
-    seeds_text = f"seed {seed_list[0]}" if seeds == 1 else f"seeds {seed_list[0]}-{seed_list[-1]}"
+    given = [o for o in request.overrides if o.key == "seed"]
+    first = _sweep_base_seed(recipes[0], given, request.base_seed)
+    seed_list = [first + i for i in range(request.seeds)]
+    rest = [o.text for o in request.overrides if o.key != "seed"]
+    seeds_text = f"seed {first}" if len(seed_list) == 1 else f"seeds {first}-{seed_list[-1]}"
     question = f"How do {', '.join(names)} compare with matched settings ({seeds_text})?"
     # policy-gradient arms get one rollout shape and the same prompts (the plan's rule)
     matched = matched_overrides(recipes, model, rest)
@@ -454,11 +441,11 @@ def sweep(
                 recipe=r,
                 overrides=[*matched[r], *rest],
                 seed=seed,
-                shrink=shrink,
+                shrink=request.shrink,
                 model=model,
                 campaign=slug,
                 question=question,
-                device=device,
+                device=request.device,
                 queue=True,
             )
         )

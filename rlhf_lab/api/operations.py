@@ -7,8 +7,10 @@ and its read-only / destructive flags. The MCP server registers one tool per row
 and calls the same API functions (:data:`rlhf_lab.cli.commands.COMMAND_OPERATIONS`).
 
 An argument model's fields are its function's keyword arguments, by name
-(tests/lab/test_api_layer.py checks them), except ``launch_run``'s: :class:`LaunchRun` is the
-:class:`~rlhf_lab.api.request.RunRequest` that :func:`~rlhf_lab.api.launch` takes whole.
+(tests/lab/test_api_layer.py checks them), except where the function takes a request whole:
+:class:`LaunchRun` is the :class:`~rlhf_lab.api.request.RunRequest` that
+:func:`~rlhf_lab.api.launch` takes, :class:`SweepRuns` the
+:class:`~rlhf_lab.api.request.SweepRequest` of :func:`~rlhf_lab.api.sweep`.
 Every result is bounded with the default arguments (tests/mcp/test_output_sizes.py). Torch-free.
 """
 
@@ -39,7 +41,7 @@ from rlhf_lab.api import (
     SweepResult,
 )
 from rlhf_lab.api._operation import Operation
-from rlhf_lab.api.request import RunRequest
+from rlhf_lab.api.request import RunRequest, SweepRequest
 
 __all__ = ["OPERATIONS", "LaunchRun", "operation_named"]
 
@@ -207,12 +209,10 @@ class ListCampaigns(BaseModel):
     limit: Annotated[int, Field(ge=1, le=500, description="at most this many (the newest)")] = 20
 
 
-class SweepRuns(BaseModel):
+class SweepRuns(SweepRequest):
+    """A :class:`SweepRequest` as an agent sends it: at least one recipe, bounded seeds."""
+
     recipes: Annotated[list[str], Field(min_length=1, description="recipes, e.g. ['dpo','ipo']")]
-    overrides: OverridesArg = []
-    shrink: Annotated[bool, Field(description="shrink each to a sanity run")] = True
-    model: ModelArg = None
-    campaign: CampaignArg = None
     device: DeviceArg = "auto"
     seeds: Annotated[int, Field(ge=1, le=16, description="runs per recipe")] = 1
     base_seed: Annotated[
@@ -443,6 +443,7 @@ OPERATIONS: tuple[Operation, ...] = (
         SweepResult,
         "sweep",
         "check the recipes with list_recipes and the overrides with shrink_config.",
+        whole=True,
     ),
     Operation(
         "evaluate_model",

@@ -16,7 +16,7 @@ from pydantic.json_schema import SkipJsonSchema
 from rlhf_lab.api._operation import lab_error
 from rlhf_lab.errors import InvalidArgument, NextStep
 
-__all__ = ["LabModel", "Override", "RunRequest"]
+__all__ = ["LabModel", "Override", "RunRequest", "SweepRequest"]
 
 FIX_OVERRIDES = NextStep(
     "shrink_config", note="fix the dotted key or value in overrides that the message names"
@@ -113,3 +113,23 @@ class RunRequest(LabModel):
         if self.seed is not None:
             texts.append(Override.of("seed", self.seed).text)
         return texts
+
+
+class SweepRequest(LabModel):
+    """Matched runs of several recipes in one campaign: one :class:`RunRequest` per recipe and
+    seed, with the same overrides and shrink (:func:`rlhf_lab.api.sweep`)."""
+
+    recipes: Annotated[list[str], Field(description="recipes, e.g. ['dpo','ipo']")]
+    overrides: Annotated[
+        list[OverrideItem], Field(description="key=value, e.g. train.max_steps=20")
+    ] = []
+    shrink: Annotated[bool, Field(description="shrink each to a sanity run")] = True
+    model: Annotated[str | None, Field(description="tiny, run:<id>, a folder, .gguf or hub id")] = (
+        None
+    )
+    campaign: Annotated[str | None, Field(description="campaign slug")] = None
+    device: Annotated[str, Field(description="auto, cpu, cuda or cuda:N")] = "auto"
+    seeds: Annotated[int, Field(description="runs per recipe")] = 1
+    base_seed: Annotated[int | None, Field(description="first seed (null: the first recipe's)")] = (
+        None
+    )

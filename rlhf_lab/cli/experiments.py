@@ -374,9 +374,9 @@ def sweep(o: SweepFlags) -> None:
     """Queue matched runs of several recipes in one campaign; they run one after another.
     Every recipe runs with the same seeds (``--seeds K``: K matched runs each)."""
     names = [r.strip() for r in o.recipes_.split(",") if r.strip()]
-    result = api.sweep(
-        names,
-        o.set_ or [],
+    request = api.SweepRequest(
+        recipes=names,
+        overrides=o.set_ or [],
         shrink=not o.no_shrink,
         model=o.model,
         campaign=o.campaign,
@@ -384,6 +384,7 @@ def sweep(o: SweepFlags) -> None:
         seeds=o.seeds,
         base_seed=o.base_seed,
     )
+    result = api.sweep(request)
 
     def human(r: Any) -> None:
         typer.echo(f"campaign: {r.campaign}   seeds: {', '.join(map(str, r.seeds))}")

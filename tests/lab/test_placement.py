@@ -222,7 +222,11 @@ def test_lab_numbers_under_cuda_visible_devices_map_to_the_physical_gpu(lab, mon
 
 def test_sweep_of_four_arms_runs_on_four_gpus_at_once(lab, monkeypatch):
     fake_inventory(monkeypatch, [40, 40, 40, 40])
-    swept = api.sweep(["dpo", "ipo", "simpo", "orpo"], QUICK, model="tiny", campaign="four")
+    swept = api.sweep(
+        api.SweepRequest(
+            recipes=["dpo", "ipo", "simpo", "orpo"], overrides=QUICK, model="tiny", campaign="four"
+        )
+    )
     queued = [launch.run.id for launch in swept.launches]
     assert all(launch.queued and launch.devices == [] for launch in swept.launches)
     extra = api.launch(

@@ -519,7 +519,9 @@ def test_bad_slugs_are_refused_by_every_entry_point(lab_root, no_trainer, slug):
         "launch_experiment": lambda: api.launch(
             api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", campaign=slug)
         ),
-        "sweep": lambda: api.sweep(["dpo", "ipo"], QUICK, model="tiny", campaign=slug),
+        "sweep": lambda: api.sweep(
+            api.SweepRequest(recipes=["dpo", "ipo"], overrides=QUICK, model="tiny", campaign=slug)
+        ),
         "plan_experiment": lambda: api.plan_experiment(algorithm="dpo", campaign=slug),
         "show_campaign": lambda: api.show_campaign(slug),
         "list_runs": lambda: api.list_runs(campaign=slug),
