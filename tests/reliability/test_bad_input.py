@@ -516,7 +516,7 @@ def test_bad_slugs_are_refused_by_every_entry_point(lab_root, no_trainer, slug):
         paths.check_slug(slug)
     calls = {
         "create_campaign": lambda: api.create_campaign(slug, "q?"),
-        "launch_experiment": lambda: api.launch(
+        "launch": lambda: api.launch(
             api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", campaign=slug)
         ),
         "sweep": lambda: api.sweep(
@@ -637,7 +637,7 @@ def test_impossible_shapes_are_refused_before_anything_starts(lab_root, no_train
         "plan_experiment": lambda: api.plan_experiment(
             algorithm=recipe, model="tiny", overrides=overrides
         ),
-        "launch_experiment": lambda: api.launch(
+        "launch": lambda: api.launch(
             api.RunRequest(
                 recipe=recipe,
                 overrides=QUICK_FOR.get(recipe, []) + overrides,
