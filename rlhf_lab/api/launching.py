@@ -150,24 +150,10 @@ def _check_slurm_request(request: RunRequest) -> None:
         raise refuse_local_only("queue")
 
 
-def slurm_options(slurm: dict[str, Any]) -> Any:
-    """The Slurm options of a launch, or one InvalidArgument naming the bad ones."""
-    from pydantic import ValidationError
-
-    from rlhf_lab.runs.slurm import SlurmOptions, checked_options
-
-    try:
-        return checked_options(SlurmOptions.model_validate(slurm))
-    except ValidationError as err:
-        bad = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'slurm'}: {e['msg']}" for e in err.errors()
-        )
-        raise InvalidArgument(f"bad Slurm options ({bad})") from None
-
-
 def _submit_to_slurm(request: RunRequest, resolved: Resolved, slug: str) -> LaunchResult:
     """Submit a checked run as a Slurm job: every check (config, world size, Slurm present)
     comes before the campaign or run folder is written."""
+    from rlhf_lab.api.placement import slurm_options
     from rlhf_lab.planning.validation import check_config
     from rlhf_lab.runs.launch import NewRun
     from rlhf_lab.runs.slurm import check_slurm_available, refuse_local_only
@@ -455,4 +441,4 @@ def sweep(request: SweepRequest) -> SweepResult:
     return SweepResult(campaign=campaign_name(slug), launches=launches, seeds=seed_list)
 
 
-__all__ += ["Override", "RunRequest", "record_now", "record_when_ended", "slurm_options"]
+__all__ += ["Override", "RunRequest", "record_now", "record_when_ended"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_lab.errors import Conflict, LabError, NextStep
+from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep
 from rlhf_lab.runs.devices import Placement
 
-__all__ = ["check_placement", "per_rank_estimate_gb", "pick_devices"]
+__all__ = ["check_placement", "per_rank_estimate_gb", "pick_devices", "slurm_options"]
 
 
 def _api() -> Any:
@@ -112,10 +112,24 @@ def _refusal(device: str, label: str, have: float, what: str, queued: bool = Fal
     )
 
 
+def slurm_options(slurm: dict[str, Any]) -> Any:
+    """The Slurm options of a launch, or one InvalidArgument naming the bad ones."""
+    from pydantic import ValidationError
+
+    from rlhf_lab.runs.slurm import SlurmOptions, checked_options
+
+    try:
+        return checked_options(SlurmOptions.model_validate(slurm))
+    except ValidationError as err:
+        bad = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'slurm'}: {e['msg']}" for e in err.errors()
+        )
+        raise InvalidArgument(f"bad Slurm options ({bad})") from None
+
+
 def slurm_job_preview(recipe: str, slurm: dict[str, Any]) -> str:
     """The job script a Slurm launch of ``recipe`` would write and submit, with ``<run-dir>``
     and ``<run-id>`` standing for the run folder and id it gets (nothing is written)."""
-    from rlhf_lab.api.launching import slurm_options
     from rlhf_lab.api.recipes import find_known_recipe
     from rlhf_lab.runs.records import _source_dir
     from rlhf_lab.runs.slurm import job_script
