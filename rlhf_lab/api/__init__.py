@@ -9,11 +9,11 @@ Names are loaded lazily (PEP 562 ``__getattr__``): ``import rlhf_lab.api`` costs
 and ``api.list_runs`` imports only the run modules, so a CLI reading command starts fast. What
 lives where:
 
-- :mod:`rlhf_lab.api.launching`: :func:`launch`, the one way to start a run, takes a
-  :class:`~rlhf_lab.api.request.RunRequest` (built once by a surface); :func:`sweep` (one
-  request per arm) and :func:`resume_run`; their result models in :mod:`rlhf_lab.api.results`;
-  the device checks a launch makes are this module's (its private hooks tests replace), the
-  config checks :mod:`rlhf_lab.planning.validation`'s;
+- :mod:`rlhf_lab.api.launching`: ``launch``, the one way to start a run, takes a
+  :class:`~rlhf_lab.api.request.RunRequest` (built once by a surface); ``sweep`` (a
+  ``SweepRequest``: one request per arm) and ``resume_run``; their result models in
+  :mod:`rlhf_lab.api.results`; the device checks a launch makes are this module's (its
+  private hooks tests replace), the config checks :mod:`rlhf_lab.planning.validation`'s;
 - :mod:`rlhf_lab.api.operations`: the operation table, one row per operation a surface offers
   (name, description, argument model, result model, read-only / destructive flags); the MCP
   server registers a tool per row;
@@ -29,7 +29,8 @@ lives where:
   skills and the demo.
 
 Expected failures are :class:`~rlhf_lab.errors.LabError` subclasses carrying a kind and next
-steps naming an operation of the table (``NextStep("launch_run", {"queue": True})``).
+steps naming an operation: a row of the table (``NextStep("launch_run", {"queue": True})``) or
+one the CLI alone offers (``create_campaign``, ``pull_model``).
 """
 
 from __future__ import annotations
