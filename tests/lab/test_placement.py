@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import rlhf_lab.api as api
+import rlhf_lab.api.launching as launching
 import rlhf_lab.runs.resources as resources
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
@@ -75,7 +76,7 @@ def lab(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(runs, "trainer_argv", env_writing_trainer())
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(api, "_record_when_ended", lambda run_id: [])
+    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
     started: list[str] = []
     yield started
     for run in runs.active_runs():
@@ -347,7 +348,7 @@ REAL_NPROC = 2
 @pytest.mark.slow
 def test_real_cpu_run_under_torchrun_succeeds(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(api, "_record_when_ended", lambda run_id: [])
+    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
     quick = [
         *QUICK,
         "eval.eval_every=2",

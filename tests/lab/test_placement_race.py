@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import rlhf_lab.api as api
+import rlhf_lab.api.launching as launching
 from rlhf_lab import runs
 from rlhf_lab.errors import LabError
 
@@ -22,7 +23,7 @@ def one_gpu_lab(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(runs, "trainer_argv", env_writing_trainer())
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(api, "_record_when_ended", lambda run_id: [])
+    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
     fake_inventory(monkeypatch, [40.0])
     yield
     for run in runs.active_runs():
