@@ -8,7 +8,9 @@ import math
 
 import pytest
 
+from rlhf_lab.paths import LabError
 from rlhf_lab.planning import memory
+from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import (
     GIB,
     arch_from_config,
@@ -16,8 +18,6 @@ from rlhf_lab.planning.memory import (
     estimate_memory,
     model_facts,
 )
-from rlhf_lab.paths import LabError
-from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.shrink import shrink_config
 
 # config.json of real models (the fields that matter), written out here on purpose.

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.planning.catalog import FAMILIES
 from rlhf_lab.planning.memory import (
     FAMILY_ESTIMATORS,
     GIB,
@@ -22,7 +23,6 @@ from rlhf_lab.planning.memory import (
     layer_activation_bytes,
 )
 from rlhf_lab.planning.memory.families import config_leaf
-from rlhf_lab.planning.catalog import FAMILIES
 
 # h=4, q = 2 heads × 2 = 4, kv = 1 head × 2 = 2, gated MLP of width 8, 2 layers, vocab 10
 SHAPE = {"vocab_size": 10, "hidden_size": 4, "num_layers": 2, "intermediate_size": 8}

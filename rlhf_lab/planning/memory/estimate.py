@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import InvalidArgument, NextStep
+from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.memory import blocks
 from rlhf_lab.planning.memory.architecture import (
     ModelArch,
@@ -27,7 +28,6 @@ from rlhf_lab.planning.memory.architecture import (
 from rlhf_lab.planning.memory.blocks import EstimateBuilder, MemoryComponent
 from rlhf_lab.planning.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS, EstimateInputs
 from rlhf_lab.planning.memory.sharding import shard_components
-from rlhf_lab.planning.catalog import get_dotted
 
 ModelArg = int | ParamCount | ModelArch | str | None
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_lab.errors import LabError
+from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.memory.architecture import ModelArch, ParamCount, model_facts
 from rlhf_lab.planning.memory.blocks import (
     GIB,
@@ -34,7 +35,6 @@ from rlhf_lab.planning.memory.blocks import (
     per_row_positions,
 )
 from rlhf_lab.planning.memory.lora import add_lora_trained, lora_plan, reference_is_base
-from rlhf_lab.planning.catalog import get_dotted
 from trainers.core.spec import AlgorithmSpec, family_spec
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.memory.architecture import ModelArch
 from rlhf_lab.planning.memory.blocks import (
     GIB,
@@ -32,7 +33,6 @@ from rlhf_lab.planning.memory.blocks import (
     activations_gb,
     logits_gb,
 )
-from rlhf_lab.planning.catalog import get_dotted
 
 ADAPTER_BYTES = 4  # peft keeps adapter weights in fp32
 # trainers.core.lora.DEFAULT_TARGETS, for the architectures the estimate knows
