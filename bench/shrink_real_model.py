@@ -48,9 +48,14 @@ def main() -> None:
         print(f"== {recipe}: shrink overrides")
         for item in shrunk.shrink_overrides:
             print(f"  {item}")
-        launched = api.launch_experiment(
-            recipe, overrides, model="smollm2-135m-instruct", device="cpu", force=True
+        request = api.RunRequest(
+            recipe=recipe,
+            overrides=overrides,
+            model="smollm2-135m-instruct",
+            device="cpu",
+            force=True,
         )
+        launched = api.launch(request)
         final = runs.wait_for_end(launched.run.id, timeout_s=3600)
         run_dir = Path(launched.run.run_dir)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

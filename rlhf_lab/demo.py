@@ -67,8 +67,9 @@ def watch(run_ids: list[str], poll_s: float = 2.0, timeout_s: float = 1800.0) ->
 
 def run_demo(campaign_slug: str = "demo") -> str:
     from rlhf_lab.api import (
+        RunRequest,
         compare_runs,
-        launch_experiment,
+        launch,
         plan_experiment,
         record_run,
         show_campaign,
@@ -96,14 +97,15 @@ def run_demo(campaign_slug: str = "demo") -> str:
     _say("== launch (background, queued one after another)")
     launched = []
     for recipe in DEMO_RECIPES:
-        result = launch_experiment(
-            recipe,
+        request = RunRequest(
+            recipe=recipe,
             shrink=True,
             model="tiny",
             campaign=campaign_slug,
             question="Do DPO and SimPO both learn the built-in preferences on the tiny model?",
             queue=True,
         )
+        result = launch(request)
         launched.append(result.run.id)
         _say(f"  {result.run.id}: {result.message}")
         _say(f"    log: {result.run.run_dir}/train.log")

@@ -4,8 +4,9 @@ Every expected failure of the lab is a :class:`LabError`. It carries
 
 - ``kind``: a small closed set (:data:`ErrorKind`) a surface can branch on (exit codes, retry);
 - ``message``: what is wrong, in neutral words (no CLI flag, no MCP tool name);
-- ``next``: zero or more :class:`NextStep` records naming a *lab operation* (the API function's
-  name, e.g. ``"resume_run"``) and its arguments (the API's parameter names, e.g. ``run_id``).
+- ``next``: zero or more :class:`NextStep` records naming a *lab operation* (a row of the API's
+  operation table, e.g. ``"resume_run"``, or an operation only the CLI offers) and its arguments
+  (the operation's argument names, e.g. ``run_id``).
 
 Each surface renders a next step in its own terms: the CLI turns ``NextStep("launch_run",
 {"queue": True})`` into ``rlhf-lab launch ... --queue``; the MCP server into
@@ -35,7 +36,7 @@ ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__
 
 @dataclass(frozen=True)
 class NextStep:
-    """One operation the caller can run next: an API function name and some of its arguments.
+    """One operation the caller can run next: an operation's name and some of its arguments.
 
     ``args`` values are plain JSON-able scalars or lists; ``note`` is an optional clause in
     neutral words ("after estimate_memory shows both fit" is *not* neutral; "only when both

@@ -1,6 +1,13 @@
 """``@operation``: a lab API function whose arguments are validated by pydantic against its type
 hints before it runs, and whose malformed arguments become a typed
-:class:`~rlhf_lab.errors.InvalidArgument` (never a raw pydantic traceback).
+:class:`~rlhf_lab.errors.InvalidArgument` (never a raw pydantic traceback). A validator that
+raises a :class:`~rlhf_lab.errors.LabError` (an override that is no ``key=value``) keeps that
+error as it is (:func:`lab_error`).
+
+:class:`Operation` is one row of the API's operation table (:mod:`rlhf_lab.api.operations`):
+the name a surface offers it under, its description, its argument model (whose fields are the
+function's keyword arguments, or which the function takes whole), its result model and its
+read-only / destructive flags. The MCP server registers one tool per row.
 
 A malformed argument reads the same on every surface: one line per argument,
 ``argument `max_points`: got "many"; expected an integer`` (:func:`argument_errors_text`), with
@@ -14,13 +21,15 @@ for the CLI's start-up. Stdlib only at import time.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
 import types
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.errors import InvalidArgument, LabError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -187,6 +196,27 @@ def _argument_schemas(fn: Callable[..., Any]) -> dict[str, Any]:
     return dict(schema.get("properties") or {})
 
 
+def raised_lab_error(errors: Sequence[Mapping[str, Any]]) -> LabError | None:
+    """The LabError a validator raised among pydantic's ``errors`` (its ``ctx.error``), if any."""
+    for error in errors:
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, LabError):
+            return cause
+    return None
+
+
+def lab_error(
+    errors: Sequence[Mapping[str, Any]],
+    properties: Mapping[str, Any] | None = None,
+    names: Sequence[str] = (),
+) -> LabError:
+    """pydantic's ``errors`` as one LabError: the one a validator raised, else an
+    InvalidArgument with one line per argument (:func:`argument_errors_text`)."""
+    return raised_lab_error(errors) or InvalidArgument(
+        argument_errors_text(errors, properties, names)
+    )
+
+
 def operation(fn: F) -> F:
     """Validate ``fn``'s arguments with pydantic (lax mode: "3" -> 3, tuple -> list) on each call."""
     validated: list[Callable[..., Any]] = []
@@ -203,8 +233,82 @@ def operation(fn: F) -> F:
             if err.title != fn.__name__:  # a model built inside the function: not the caller's
                 raise
             names = list(inspect.signature(fn).parameters)
-            text = argument_errors_text(err.errors(include_url=False), _argument_schemas(fn), names)
-            raise InvalidArgument(text) from None
+            errors = err.errors(include_url=False)
+            raise lab_error(errors, _argument_schemas(fn), names) from None
 
     wrapper.__lab_operation__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------- the operation table
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation a surface offers: a row of :data:`rlhf_lab.api.operations.OPERATIONS`.
+
+    ``function`` names the :mod:`rlhf_lab.api` function it calls (looked up at call time);
+    ``arguments`` is its argument model: the function takes those fields as keyword arguments,
+    or the model itself when ``whole`` (``launch`` takes a :class:`RunRequest`). ``shape``
+    names an API function that turns the function's result into ``result`` (the compact form
+    an agent gets), ``hint`` is what to do next when an error names no next step."""
+
+    name: str
+    title: str
+    description: str
+    arguments: type
+    result: type
+    function: str
+    hint: str
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    open_world: bool = False
+    whole: bool = False
+    shape: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The argument model's fields a caller may set: those its JSON schema publishes
+        (a field marked ``SkipJsonSchema`` is the lab's own, e.g. a pipeline stage)."""
+        published = self.arguments.model_json_schema().get("properties", {})
+        return {k: f for k, f in self.arguments.model_fields.items() if k in published}
+
+    def parameters(self) -> list[inspect.Parameter]:
+        """The published fields as keyword-only parameters: ``Annotated[type, constraints,
+        Field(description=...)]`` with the field's default (what a tool's signature is)."""
+        from typing import Annotated
+
+        from pydantic import Field
+
+        out = []
+        for name, field in self.fields().items():
+            annotation = Annotated[
+                (field.annotation, *field.metadata, Field(description=field.description))
+            ]
+            default = (
+                inspect.Parameter.empty
+                if field.is_required()
+                else field.get_default(call_default_factory=True)
+            )
+            out.append(
+                inspect.Parameter(
+                    name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+                )
+            )
+        return out
+
+    def call(self, arguments: Mapping[str, Any]) -> Any:
+        """Run the operation on already-validated ``arguments`` (field name -> value) and
+        return its ``result`` model."""
+        api = importlib.import_module("rlhf_lab.api")
+        fn = getattr(api, self.function)
+        if self.whole:
+            value = fn(self.arguments.model_construct(**arguments))
+        else:
+            value = fn(**arguments)
+        if self.shape is None:
+            return value
+        shaper: Any = api
+        for part in self.shape.split("."):
+            shaper = getattr(shaper, part)
+        return shaper(value)

@@ -69,12 +69,14 @@ def evaluate_model(
     ``eval-<suite>``), recorded in its Evaluation section when it ends. ``baseline``: ``auto``
     (default for a run: its starting model, same prompts and seed), ``none``, a run id or a
     model. Everything is checked before anything is written."""
-    from rlhf_lab import api as lab
+    import rlhf_lab.runs.launcher as runs_launch
+    from rlhf_lab.api.launching import record_now, record_when_ended, with_predicted_time
     from rlhf_lab.evaluation.jobs import EVAL_FAMILY, prepare_evaluation
     from rlhf_lab.ledger import create_campaign
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.runs import active_runs
     from rlhf_lab.runs.deps import check_after
+    from rlhf_lab.runs.launcher import NewRun
 
     names = list(dict.fromkeys(suite or ["reasoning"]))
     if not names:
@@ -99,21 +101,21 @@ def evaluate_model(
     launched: list[LaunchRunResult] = []
     for i, job in enumerate(jobs):
         busy = bool(active_runs(job.device))
-        result = lab._launch(
-            EVAL_FAMILY,
-            job.suite,
-            job.config,
-            name,
-            f"trainers/evaluation/configs/{job.suite}.yaml",
-            job.overrides,
+        run = NewRun(
+            family=EVAL_FAMILY,
+            algorithm=job.suite,
+            config=job.config,
+            campaign=name,
+            source=f"trainers/evaluation/configs/{job.suite}.yaml",
+            overrides=job.overrides,
             device=job.device,
-            queue=i > 0 or busy,
             after=job.after,
         )
-        warnings = lab._record_now(result.run.id)
+        result = runs_launch.start_or_queue(with_predicted_time(run), queue=i > 0 or busy)
+        warnings = record_now(result.run.id)
         cost = _cost_text(job)
         if not result.queued:
-            warnings += lab._record_when_ended(result.run.id)
+            warnings += record_when_ended(result.run.id)
         update = {"warnings": result.warnings + warnings, "message": result.message + cost}
         launched.append(launch_run_result(result.model_copy(update=update)))
     first = launched[0].run_id

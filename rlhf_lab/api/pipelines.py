@@ -2,7 +2,7 @@
 after the stages whose output it takes) and ``list_pipelines``. Torch-free.
 
 The definitions and their ordering live in :mod:`rlhf_lab.runs.pipelines`; each stage is launched
-with :func:`rlhf_lab.api.launch_experiment`, so a stage gets exactly the checks, run folder,
+with :func:`rlhf_lab.api.launch`, so a stage gets exactly the checks, run folder,
 ledger row and queue entry a single launch gets.
 """
 
@@ -144,7 +144,8 @@ def run_pipeline(
     stage is checked first (nothing is written when one is refused). ``overrides`` name their
     stage: ``ppo.train.max_steps=3`` (``*.key=value``: every stage). ``model`` swaps the model of
     the stages that do not start from another stage's output."""
-    from rlhf_lab.api import launch_experiment
+    from rlhf_lab.api.launching import launch
+    from rlhf_lab.api.request import RunRequest
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.runs.pipelines import (
         check_stages,
@@ -179,9 +180,9 @@ def run_pipeline(
     warnings: list[str] = []
     for s in stages:
         try:
-            result = launch_experiment(
-                s.recipe,
-                with_run_ids(s.overrides, launched),
+            request = RunRequest(
+                recipe=s.recipe,
+                overrides=with_run_ids(s.overrides, launched),
                 shrink=shrink,
                 model=s.model,
                 campaign=slug,
@@ -192,6 +193,7 @@ def run_pipeline(
                 pipeline=defn.name,
                 stage=s.name,
             )
+            result = launch(request)
         except LabError as err:
             undone = _undo_launched(
                 launched, f"pipeline launch stopped at stage {s.name}: {err.message}"

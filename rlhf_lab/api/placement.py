@@ -16,7 +16,13 @@ from typing import Any
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep
 from rlhf_lab.runs.devices import Placement
 
-__all__ = ["DeviceMemory", "check_placement", "per_rank_estimate_gb", "pick_devices"]
+__all__ = [
+    "DeviceMemory",
+    "check_placement",
+    "per_rank_estimate_gb",
+    "pick_devices",
+    "slurm_options",
+]
 
 
 @dataclass(frozen=True)
@@ -124,18 +130,6 @@ def _refusal(device: str, label: str, have: float, what: str, queued: bool = Fal
     )
 
 
-def slurm_job_preview(recipe: str, slurm: dict[str, Any]) -> str:
-    """The job script a Slurm launch of ``recipe`` would write and submit, with ``<run-dir>``
-    and ``<run-id>`` standing for the run folder and id it gets (nothing is written)."""
-    from rlhf_lab.api.recipes import find_known_recipe
-    from rlhf_lab.runs.records import _source_dir
-    from rlhf_lab.runs.slurm import job_script
-
-    options = slurm_options(slurm)
-    family = find_known_recipe(recipe).family
-    return job_script("<run-id>", family, "<run-dir>", options, source_dir=_source_dir())
-
-
 def slurm_options(slurm: dict[str, Any]) -> Any:
     """The Slurm options of a launch, or one InvalidArgument naming the bad ones."""
     from pydantic import ValidationError
@@ -149,3 +143,15 @@ def slurm_options(slurm: dict[str, Any]) -> Any:
             f"{'.'.join(map(str, e['loc'])) or 'slurm'}: {e['msg']}" for e in err.errors()
         )
         raise InvalidArgument(f"bad Slurm options ({bad})") from None
+
+
+def slurm_job_preview(recipe: str, slurm: dict[str, Any]) -> str:
+    """The job script a Slurm launch of ``recipe`` would write and submit, with ``<run-dir>``
+    and ``<run-id>`` standing for the run folder and id it gets (nothing is written)."""
+    from rlhf_lab.api.recipes import find_known_recipe
+    from rlhf_lab.runs.records import _source_dir
+    from rlhf_lab.runs.slurm import job_script
+
+    options = slurm_options(slurm)
+    family = find_known_recipe(recipe).family
+    return job_script("<run-id>", family, "<run-dir>", options, source_dir=_source_dir())

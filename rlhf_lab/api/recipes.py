@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
+from rlhf_lab.api.request import FIX_OVERRIDES
 from rlhf_lab.errors import LabError, NextStep
 from rlhf_lab.planning.catalog import (
     Recipe,
@@ -28,9 +29,6 @@ from rlhf_lab.runs import active_runs, resolve_device
 from rlhf_lab.runs.resources import check_resources
 
 LIST_RECIPES = NextStep("list_recipes")
-FIX_OVERRIDES = NextStep(
-    "shrink_config", note="fix the dotted key or value in overrides that the message names"
-)
 OFFLINE_MODEL = NextStep(
     "estimate_memory", {"model": "tiny"}, note="builds offline; or pass a local model folder"
 )

@@ -3,6 +3,7 @@ new/show/list, query, index rebuild."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +15,7 @@ from rlhf_lab.cli.commands import (
     app,
     campaign_app,
     emit,
+    flags,
     index_app,
 )
 from rlhf_lab.cli.render import fmt as _fmt
@@ -40,10 +42,9 @@ def record(
     emit(api.record_run(run, note), as_json, human)
 
 
-@app.command("eval")
-@lab_errors
-def eval_(
-    target: Annotated[str, typer.Argument(help="run id (its final model) or model name")],
+@dataclass(kw_only=True)
+class EvalFlags:
+    target: Annotated[str, typer.Argument(help="run id (its final model) or model name")]
     suite: Annotated[
         list[str] | None,
         typer.Option(
@@ -51,32 +52,37 @@ def eval_(
             help="reasoning, math, winrate, generation, pair_accuracy or best_of_n "
             "(repeatable; default reasoning)",
         ),
-    ] = None,
+    ] = None
     baseline: Annotated[
         str | None,
         typer.Option(
             help="auto (a run's starting model; the default for a run), none, a run id or a model"
         ),
-    ] = None,
-    judge: Annotated[str | None, typer.Option(help="winrate: a reward-model run id")] = None,
-    set_: SetOpt = None,
-    campaign: Annotated[str | None, typer.Option(help="campaign slug (default: the run's)")] = None,
-    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None,
-    as_json: JsonOpt = False,
-) -> None:
+    ] = None
+    judge: Annotated[str | None, typer.Option(help="winrate: a reward-model run id")] = None
+    set_: SetOpt = None
+    campaign: Annotated[str | None, typer.Option(help="campaign slug (default: the run's)")] = None
+    device: Annotated[str | None, typer.Option(help="default: the run's device")] = None
+    as_json: JsonOpt = False
+
+
+@app.command("eval")
+@lab_errors
+@flags(EvalFlags)
+def eval_(o: EvalFlags) -> None:
     """Evaluate a run's final model (or a model) in the background: one job per suite, with
     its starting model on the same prompts and seed, and intervals; recorded in the campaign's
     Evaluation section when it ends (trainers/evaluation/README.md)."""
     result = api.evaluate_model(
-        target,
-        suite=suite or None,
-        baseline=baseline,
-        judge=judge,
-        overrides=set_ or [],
-        campaign=campaign,
-        device=device,
+        o.target,
+        suite=o.suite or None,
+        baseline=o.baseline,
+        judge=o.judge,
+        overrides=o.set_ or [],
+        campaign=o.campaign,
+        device=o.device,
     )
-    if as_json:
+    if o.as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
     typer.echo(result.message)

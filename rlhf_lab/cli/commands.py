@@ -4,20 +4,25 @@ commands share, :func:`emit`, and :data:`COMMAND_OPERATIONS`. The commands live 
 :mod:`~rlhf_lab.cli.campaigns` (ledgers and the run index) and :mod:`~rlhf_lab.cli.admin` (the
 lab itself), imported at the end of this module in that order (the order `--help` lists them).
 A new flag goes on its command in its group module; a new command also gets its line in
-:data:`COMMAND_OPERATIONS`. Importing this module costs typer and rich; the reading commands
+:data:`COMMAND_OPERATIONS`. A command with many flags takes them as one dataclass
+(:func:`flags`): typer still sees one parameter per flag, with the same help. Importing this module costs typer and rich; the reading commands
 start without it (:mod:`rlhf_lab.cli.fast`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
+import inspect
 import json
+import typing
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
-__all__ = ["COMMAND_OPERATIONS", "app", "emit"]
+__all__ = ["COMMAND_OPERATIONS", "SlurmFlags", "app", "emit", "flags"]
 
 app = typer.Typer(
     help="Plan, launch, watch and record small RLHF experiments.",
@@ -63,13 +68,90 @@ TimeOpt = Annotated[str | None, typer.Option(help="Slurm: time limit (minutes or
 AccountOpt = Annotated[str | None, typer.Option(help="Slurm: account")]
 
 
+@dataclasses.dataclass(kw_only=True)
+class SlurmFlags:
+    """The Slurm flags of ``plan`` and ``launch``."""
+
+    slurm: SlurmOpt = False
+    nodes: NodesOpt = 1
+    gpus_per_node: GpusPerNodeOpt = 0
+    partition: PartitionOpt = None
+    time: TimeOpt = None
+    account: AccountOpt = None
+
+    def options(self, nproc: int | None = None) -> dict | None:
+        """The Slurm options as the API takes them (None without --slurm)."""
+        if not self.slurm:
+            return None
+        options = {
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "nproc_per_node": nproc,
+        }
+        options.update(partition=self.partition, time=self.time, account=self.account)
+        return {k: v for k, v in options.items() if v is not None}
+
+
+T = TypeVar("T")
+
+
+def _flag_parameters(cls: type) -> list[inspect.Parameter]:
+    """One keyword parameter per field of the dataclass ``cls`` (its annotation, typer's
+    Option or Argument included, and its default); a field that is itself such a dataclass
+    stands for its own fields, in place."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: list[inspect.Parameter] = []
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            out += _flag_parameters(hint)
+            continue
+        default = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
+        out.append(
+            inspect.Parameter(
+                field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint
+            )
+        )
+    return out
+
+
+def _build(cls: type[T], values: dict[str, Any]) -> T:
+    """``cls`` from the flat flag values (its nested flag dataclasses built from theirs)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    given: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            given[field.name] = _build(hint, values)
+        elif field.name in values:
+            given[field.name] = values[field.name]
+    return cls(**given)
+
+
+def flags(cls: type[T]) -> Callable[[Callable[[T], Any]], Callable[..., Any]]:
+    """A command that takes its flags as one ``cls`` (a dataclass of typer-annotated fields):
+    typer sees each field as its own parameter, the command one ``cls``."""
+    parameters = _flag_parameters(cls)
+
+    def decorate(fn: Callable[[T], Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def command(**values: Any) -> Any:
+            return fn(_build(cls, values))
+
+        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in parameters}
+        return command
+
+    return decorate
+
+
 # command -> the lab API function it adapts (tests/lab/test_api_layer.py calls each command with
 # that function replaced). `mcp` starts the other surface and `version` only prints.
 COMMAND_OPERATIONS: dict[str, str] = {
     "recipes": "list_recipes",
     "plan": "plan_experiment",
     "shrink": "shrink_config",
-    "launch": "launch_experiment",
+    "launch": "launch",
     "pipeline": "run_pipeline",
     "sweep": "sweep",
     "status": "run_status",

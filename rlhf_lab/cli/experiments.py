@@ -5,24 +5,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 
 from rlhf_lab import api
 from rlhf_lab.cli.commands import (
-    AccountOpt,
     GpusOpt,
-    GpusPerNodeOpt,
     JsonOpt,
-    NodesOpt,
     NprocOpt,
-    PartitionOpt,
     SetOpt,
-    SlurmOpt,
-    TimeOpt,
+    SlurmFlags,
     app,
     emit,
+    flags,
 )
 from rlhf_lab.cli.interrupts import Interrupts, sigint_restored
 from rlhf_lab.cli.render import table as _table
@@ -61,29 +58,28 @@ def recipes(
     emit(listed.recipes, as_json, human)
 
 
+@dataclass(kw_only=True)
+class PlanFlags:
+    request: Annotated[str | None, typer.Argument(help='e.g. "small SimPO sanity check"')] = None
+    algorithm: Annotated[str | None, typer.Option(help="algorithm, recipe or YAML")] = None
+    model: Annotated[str | None, typer.Option(help="swap the model, e.g. tiny")] = None
+    campaign: Annotated[str | None, typer.Option(help="ledger slug")] = None
+    set_: SetOpt = None
+    job: SlurmFlags
+    no_calibrate: NoCalibrateOpt = False
+    as_json: JsonOpt = False
+
+
 @app.command()
 @lab_errors
-def plan(
-    request: Annotated[str | None, typer.Argument(help='e.g. "small SimPO sanity check"')] = None,
-    algorithm: Annotated[str | None, typer.Option(help="algorithm, recipe or YAML")] = None,
-    model: Annotated[str | None, typer.Option(help="swap the model, e.g. tiny")] = None,
-    campaign: Annotated[str | None, typer.Option(help="ledger slug")] = None,
-    set_: SetOpt = None,
-    slurm: SlurmOpt = False,
-    nodes: NodesOpt = 1,
-    gpus_per_node: GpusPerNodeOpt = 0,
-    partition: PartitionOpt = None,
-    time: TimeOpt = None,
-    account: AccountOpt = None,
-    no_calibrate: NoCalibrateOpt = False,
-    as_json: JsonOpt = False,
-) -> None:
+@flags(PlanFlags)
+def plan(o: PlanFlags) -> None:
     """Plan an experiment: recipe, shrunk config, memory vs free memory, predicted wall time,
     commands, what to watch. With --slurm, also the job script each run would be submitted with.
     Runs that learn from their own samples are calibrated (a probe of the base model picks the
     task and generation limit), and the model's throughput is measured once for the time
     estimates; both are cached. --no-calibrate measures nothing (cached results only)."""
-    job = _slurm_opts(slurm, nodes, gpus_per_node, None, partition, time, account)
+    job = o.job.options()
 
     def human(p: Any) -> None:
         typer.echo(f"campaign: {p.campaign_name}")
@@ -139,9 +135,9 @@ def plan(
             typer.echo(f"offline choice: {choice}")
 
     planned = api.plan_experiment(
-        request, algorithm, model, campaign, set_ or [], calibrate=not no_calibrate
+        o.request, o.algorithm, o.model, o.campaign, o.set_ or [], calibrate=not o.no_calibrate
     )
-    emit(planned, as_json, human)
+    emit(planned, o.as_json, human)
 
 
 @app.command()
@@ -231,59 +227,59 @@ def _stop_or_detach(interactive: bool, ask: Callable[[str], str | None]) -> str:
     return "detach" if answer is not None and answer.strip().lower().startswith("d") else "stop"
 
 
-def _slurm_opts(
-    slurm: bool,
-    nodes: int,
-    gpus_per_node: int,
-    nproc: int | None,
-    partition: str | None,
-    time: str | None,
-    account: str | None,
-) -> dict | None:
-    """The Slurm options of --slurm as the API takes them (None without --slurm)."""
-    if not slurm:
-        return None
-    options = {"nodes": nodes, "gpus_per_node": gpus_per_node, "nproc_per_node": nproc}
-    options.update(partition=partition, time=time, account=account)
-    return {k: v for k, v in options.items() if v is not None}
-
-
-@app.command()
-@lab_errors
-@sigint_restored
-def launch(
-    recipe: Annotated[str, typer.Argument(help="recipe name or YAML file")],
-    set_: SetOpt = None,
-    shrink_: Annotated[bool, typer.Option("--shrink", help="shrink to a sanity run")] = False,
-    model: Annotated[str | None, typer.Option(help="swap the model (implies --shrink)")] = None,
-    campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
+@dataclass(kw_only=True)
+class LaunchFlags:
+    recipe: Annotated[str, typer.Argument(help="recipe name or YAML file")]
+    set_: SetOpt = None
+    shrink_: Annotated[bool, typer.Option("--shrink", help="shrink to a sanity run")] = False
+    model: Annotated[str | None, typer.Option(help="swap the model (implies --shrink)")] = None
+    campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto"
     force: Annotated[
         bool,
         typer.Option(help="skip the memory and busy-device checks: start even if it may not fit"),
-    ] = False,
-    queue: Annotated[bool, typer.Option(help="queue behind the device's current job")] = False,
+    ] = False
+    queue: Annotated[bool, typer.Option(help="queue behind the device's current job")] = False
     foreground: Annotated[
         bool,
         typer.Option(help="stream the log with a progress bar; Ctrl-C asks: stop or detach"),
-    ] = False,
+    ] = False
     after: Annotated[
         list[str] | None,
         typer.Option(
             "--after", help="run id it waits for (repeatable): starts once they all succeeded"
         ),
-    ] = None,
-    gpus: GpusOpt = None,
-    nproc: NprocOpt = None,
-    slurm: SlurmOpt = False,
-    nodes: NodesOpt = 1,
-    gpus_per_node: GpusPerNodeOpt = 0,
-    partition: PartitionOpt = None,
-    time: TimeOpt = None,
-    account: AccountOpt = None,
-    no_calibrate: NoCalibrateOpt = False,
-    as_json: JsonOpt = False,
-) -> None:
+    ] = None
+    gpus: GpusOpt = None
+    nproc: NprocOpt = None
+    job: SlurmFlags
+    no_calibrate: NoCalibrateOpt = False
+    as_json: JsonOpt = False
+
+    def request(self) -> Any:
+        """The :class:`~rlhf_lab.api.RunRequest` these flags ask for."""
+        return api.RunRequest(
+            recipe=self.recipe,
+            overrides=self.set_ or [],
+            shrink=self.shrink_,
+            model=self.model,
+            campaign=self.campaign,
+            device=self.device,
+            force=self.force,
+            queue=self.queue,
+            after=self.after or [],
+            gpus=self.gpus,
+            nproc=self.nproc,
+            slurm=self.job.options(self.nproc),
+            calibrate=not self.no_calibrate,
+        )
+
+
+@app.command()
+@lab_errors
+@sigint_restored
+@flags(LaunchFlags)
+def launch(o: LaunchFlags) -> None:
     """Start a trainer in the background (detached); returns at once with the run id.
 
     --gpus 0,1,2,3 (ids, as `rlhf-lab gpu` numbers them) or --gpus 4 (the 4 freest free GPUs)
@@ -301,23 +297,9 @@ def launch(
     (CPU runs then split the cores) and is refused otherwise; --queue starts it after the
     device's jobs end, --force starts it regardless. A learning rate outside the plausible
     range is a warning; above 1 is refused."""
-    interrupts = Interrupts().install() if foreground else Interrupts()  # before the run starts
-    result = api.launch_experiment(
-        recipe,
-        set_ or [],
-        shrink=shrink_,
-        model=model,
-        campaign=campaign,
-        device=device,
-        force=force,
-        queue=queue,
-        after=after or [],
-        gpus=gpus,
-        nproc=nproc,
-        slurm=_slurm_opts(slurm, nodes, gpus_per_node, nproc, partition, time, account),
-        calibrate=not no_calibrate,
-    )
-    if as_json:
+    interrupts = Interrupts().install() if o.foreground else Interrupts()  # before the run starts
+    result = api.launch(o.request())
+    if o.as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
         run_dir = result.run.run_dir
@@ -327,7 +309,7 @@ def launch(
         typer.echo(f"watch:   rlhf-lab status {result.run.id}   (or: tail -f {run_dir}/train.log)")
         for warning in result.warnings:
             typer.echo(f"warning: {warning}")
-    if foreground and not result.queued:
+    if o.foreground and not result.queued:
         raise typer.Exit(_follow(result.run.id, interrupts))
     if interrupts.noted:  # a queued run: stopped (cancelled) as a followed one would be
         raise typer.Exit(_interrupted(result.run.id))
@@ -381,38 +363,43 @@ def pipeline(
     emit(result, as_json, human)
 
 
-@app.command()
-@lab_errors
-def sweep(
-    recipes_: Annotated[str, typer.Argument(metavar="RECIPES", help="comma list: dpo,ipo,simpo")],
-    set_: SetOpt = None,
-    model: Annotated[str | None, typer.Option(help="swap the model, e.g. tiny")] = None,
-    campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None,
-    no_shrink: Annotated[bool, typer.Option("--no-shrink", help="full configs")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto",
-    seeds: Annotated[int, typer.Option(help="runs per recipe, seeds base, base+1, ...")] = 1,
+@dataclass(kw_only=True)
+class SweepFlags:
+    recipes_: Annotated[str, typer.Argument(metavar="RECIPES", help="comma list: dpo,ipo,simpo")]
+    set_: SetOpt = None
+    model: Annotated[str | None, typer.Option(help="swap the model, e.g. tiny")] = None
+    campaign: Annotated[str | None, typer.Option(help="campaign slug")] = None
+    no_shrink: Annotated[bool, typer.Option("--no-shrink", help="full configs")] = False
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N")] = "auto"
+    seeds: Annotated[int, typer.Option(help="runs per recipe, seeds base, base+1, ...")] = 1
     base_seed: Annotated[
         int | None, typer.Option(help="first seed (default: the first recipe's seed)")
-    ] = None,
-    as_json: JsonOpt = False,
-) -> None:
+    ] = None
+    as_json: JsonOpt = False
+
+
+@app.command()
+@lab_errors
+@flags(SweepFlags)
+def sweep(o: SweepFlags) -> None:
     """Queue matched runs of several recipes in one campaign; they run one after another.
     Every recipe runs with the same seeds (``--seeds K``: K matched runs each)."""
-    names = [r.strip() for r in recipes_.split(",") if r.strip()]
-    result = api.sweep(
-        names,
-        set_ or [],
-        shrink=not no_shrink,
-        model=model,
-        campaign=campaign,
-        device=device,
-        seeds=seeds,
-        base_seed=base_seed,
+    names = [r.strip() for r in o.recipes_.split(",") if r.strip()]
+    request = api.SweepRequest(
+        recipes=names,
+        overrides=o.set_ or [],
+        shrink=not o.no_shrink,
+        model=o.model,
+        campaign=o.campaign,
+        device=o.device,
+        seeds=o.seeds,
+        base_seed=o.base_seed,
     )
+    result = api.sweep(request)
 
     def human(r: Any) -> None:
         typer.echo(f"campaign: {r.campaign}   seeds: {', '.join(map(str, r.seeds))}")
         for item in r.launches:
             typer.echo(f"  {item.run.id}: {item.message}")
 
-    emit(result, as_json, human)
+    emit(result, o.as_json, human)

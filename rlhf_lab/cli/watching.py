@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +16,7 @@ from rlhf_lab.cli.commands import (
     JsonOpt,
     app,
     emit,
+    flags,
 )
 from rlhf_lab.cli.render import fmt as _fmt
 from rlhf_lab.cli.render import table as _table
@@ -79,20 +81,24 @@ def status(
         _print_status(view)
 
 
-@app.command()
-@lab_errors
-def runs(
-    campaign: Annotated[str | None, typer.Option(help="campaign slug or name")] = None,
-    state: Annotated[str | None, typer.Option(help="only runs in this state")] = None,
+@dataclass(kw_only=True)
+class RunsFlags:
+    campaign: Annotated[str | None, typer.Option(help="campaign slug or name")] = None
+    state: Annotated[str | None, typer.Option(help="only runs in this state")] = None
     limit: Annotated[
         int | None, typer.Option(help="the newest N (default 50, or 10 with --detail)")
-    ] = None,
-    detail: Annotated[bool, typer.Option("--detail", help="each run's full status")] = False,
-    offset: Annotated[int, typer.Option(help="skip the newest N (the next page)")] = 0,
-    family: Annotated[str | None, typer.Option(help="only runs of this family")] = None,
-    algorithm: Annotated[str | None, typer.Option(help="only runs of this algorithm")] = None,
-    as_json: JsonOpt = False,
-) -> None:
+    ] = None
+    detail: Annotated[bool, typer.Option("--detail", help="each run's full status")] = False
+    offset: Annotated[int, typer.Option(help="skip the newest N (the next page)")] = 0
+    family: Annotated[str | None, typer.Option(help="only runs of this family")] = None
+    algorithm: Annotated[str | None, typer.Option(help="only runs of this algorithm")] = None
+    as_json: JsonOpt = False
+
+
+@app.command()
+@lab_errors
+@flags(RunsFlags)
+def runs(o: RunsFlags) -> None:
     """List runs, newest last, with each run's own headline metric (final, best)."""
 
     def human(listed: Any) -> None:
@@ -110,10 +116,10 @@ def runs(
         if listed.note:
             typer.echo(listed.note)
 
-    listed = api.run_list(campaign, state, limit, detail, offset, family, algorithm)
+    listed = api.run_list(o.campaign, o.state, o.limit, o.detail, o.offset, o.family, o.algorithm)
     for warning in listed.warnings:
         typer.echo(f"warning: {warning}", err=True)
-    emit(listed, as_json, human)
+    emit(listed, o.as_json, human)
 
 
 @app.command()

@@ -1,5 +1,7 @@
-"""The MCP server object, its shared argument types, and how a lab error becomes a tool error:
-the message, then its next steps rendered as tool calls (:func:`render_step`). Torch-free.
+"""The MCP server object and how any failure of a tool becomes the tool error its caller reads,
+in one place (:meth:`LabServer.call_tool`): a malformed argument as one line per argument, a lab
+error as its message and its next steps rendered as tool calls (:func:`render_step`), anything
+else as a bug report. Torch-free.
 
 What every client sees is kept small (:class:`LabServer`; tests/mcp/test_output_sizes.py):
 tools/list advertises input schemas without pydantic's titles and output schemas cut to their
@@ -13,40 +15,22 @@ import copy
 import json
 import logging
 import math
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, Resource, TextContent, ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from mcp.types import CallToolResult, Resource, TextContent
+from pydantic import BaseModel, ValidationError
 
 from rlhf_lab import api
+from rlhf_lab.api.operations import OPERATIONS, operation_named
 from rlhf_lab.errors import LabError, NextStep
 
 SERVER_NAME = "rlhf-lab"
 DEFAULT_PORT = 8765
-TAIL_MAX_BYTES = 64_000
-METRICS_MAX_POINTS = 2_000
-METRICS_MAX_BYTES = 40_000
-STOP_MAX_GRACE_S = 600.0
 LISTED_CAMPAIGNS = 100  # resources/list names this many campaign ledgers (newest first)
 
 log = logging.getLogger("rlhf_lab.mcp")
-
-Family = Literal[
-    "direct_alignment",
-    "policy_gradients",
-    "reward_models",
-    "rejection_sampling",
-    "sft",
-    "distillation",
-]
-State = Literal[
-    "queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died", "cancelled"
-]
-Phase = Literal["train", "eval", "rollout"]
-Device = Literal["auto", "cpu", "cuda"] | Annotated[str, Field(pattern=r"^cuda:\d{1,3}$")]
 
 INSTRUCTIONS = """\
 rlhf-lab runs small RLHF experiments (SFT, reward models, DPO-style direct alignment, policy
@@ -154,15 +138,35 @@ class LabServer(MCPServer):
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
-            cause = exc.__cause__
-            if not isinstance(cause, ValidationError) or type(exc) is not ToolError:
-                raise
+            raise await self._tool_error(name, exc) from exc.__cause__
+
+    async def _tool_error(self, name: str, exc: ToolError) -> ToolError:
+        """What the caller of tool ``name`` reads when it failed with ``exc`` (the SDK's error,
+        whose cause is what the arguments' validation or the tool raised)."""
+        cause = exc.__cause__
+        if type(exc) is ToolError and isinstance(cause, ValidationError):  # the arguments
+            errors = cause.errors(include_url=False)
+            raised = api.raised_lab_error(errors)  # e.g. an override that is no key=value
+            if raised is not None:
+                return ToolError(f"Error executing tool {name}: {_rendered(raised, name)}")
             schemas = {t.name: t.input_schema for t in await super().list_tools()}
             properties = (schemas.get(name) or {}).get("properties") or {}
-            text = api.argument_errors_text(cause.errors(include_url=False), properties)
-            raise ToolError(
+            text = api.argument_errors_text(errors, properties)
+            return ToolError(
                 f"{text}\nNext: call {name} again with the argument fixed (see its input schema)"
-            ) from cause
+            )
+        if isinstance(cause, LabError):
+            return ToolError(f"Error executing tool {name}: {_rendered(cause, name)}")
+        if cause is None or type(exc) is ToolError:  # the SDK's own (an unknown tool)
+            return exc
+        # a bug, not the caller's mistake: say so, keep the traceback local
+        log.error("tool %s failed unexpectedly", name, exc_info=cause)
+        first = (str(cause).strip().splitlines() or [""])[0][:300]
+        return ToolError(
+            f"Error executing tool {name}: unexpected {type(cause).__name__} in {name}: {first}"
+            "\nNext: this is a bug in rlhf-lab, not in the request; the server's stderr log has "
+            "the traceback. Retry once; if it fails again, report it with that log."
+        )
 
     async def list_resources(self) -> list[Resource]:
         """The static resources, then each campaign's ledger (newest first, at most
@@ -192,46 +196,12 @@ server = LabServer(SERVER_NAME, instructions=INSTRUCTIONS, version=api.LAB_VERSI
 # Errors: a LabError's next steps rendered as tool calls
 # ---------------------------------------------------------------------------------------------
 
-# lab operation -> (the tool that performs it, the tool's argument names). The lab API and the
-# tools share argument names, so a next step's arguments pass through unrenamed; an operation or
-# argument missing here cannot be rendered (tests/mcp/test_error_rendering.py walks them all).
+# lab operation -> (the tool that performs it, the tool's argument names): a tool per row of the
+# API's operation table, whose argument names are the API's, so a next step's arguments pass
+# through unrenamed; an operation or argument missing here cannot be rendered
+# (tests/mcp/test_error_rendering.py walks them all).
 MCP_OPERATIONS: dict[str, tuple[str, frozenset[str]]] = {
-    "list_recipes": ("list_recipes", frozenset({"family"})),
-    "plan_experiment": (
-        "plan_experiment",
-        frozenset({"request", "algorithm", "model", "campaign", "overrides", "calibrate"}),
-    ),
-    "shrink_config": ("shrink_config", frozenset({"recipe", "model", "overrides"})),
-    "estimate_memory": (
-        "estimate_memory",
-        frozenset({"recipe", "model", "overrides", "shrink", "device", "gpus", "nproc"}),
-    ),
-    "check_resources": ("check_resources", frozenset()),
-    "launch_run": (
-        "launch_run",
-        frozenset(
-            {"recipe", "overrides", "shrink", "model", "campaign", "question", "device"}
-            | {"queue", "force", "after", "gpus", "nproc", "slurm", "calibrate"}
-        ),
-    ),
-    "run_pipeline": ("run_pipeline", frozenset({"name", "model", "campaign", "overrides"})),
-    "run_status": ("run_status", frozenset({"run_id"})),
-    "tail_logs": ("tail_logs", frozenset({"run_id", "lines", "cursor", "max_bytes"})),
-    "get_metrics": (
-        "get_metrics",
-        frozenset({"run_id", "keys", "phase", "max_points", "max_bytes"}),
-    ),
-    "stop_run": ("stop_run", frozenset({"run_id", "grace_s"})),
-    "resume_run": ("resume_run", frozenset({"run_id", "force"})),
-    "list_runs": ("list_runs", frozenset({"campaign", "state", "limit", "detail", "offset"})),
-    "compare_runs": ("compare_runs", frozenset({"run_ids", "record_in", "campaign", "family"})),
-    "record_results": ("record_results", frozenset({"run_id", "note"})),
-    "evaluate_model": (
-        "evaluate_model",
-        frozenset({"target", "suite", "baseline", "judge", "overrides"}),
-    ),
-    "list_campaigns": ("list_campaigns", frozenset({"limit"})),
-    "query_runs": ("query_runs", frozenset({"where", "sort", "group_by", "best", "limit"})),
+    op.name: (op.name, frozenset(op.fields())) for op in OPERATIONS
 }
 # operations with no tool of their own, done through another tool: operation -> (the tool, how the
 # operation's argument names map to the tool's)
@@ -289,34 +259,17 @@ def render_step(step: NextStep) -> str:
     return f"{text} ({step.note})" if step.note else text
 
 
+def _rendered(err: LabError, tool: str) -> str:
+    """A lab error as tool ``tool`` reports it: its own next steps, else the tool's hint."""
+    return render_error(err, operation_named(tool).hint)
+
+
 def render_error(err: LabError, default_next: str) -> str:
-    """The error's message and its next steps as tool calls; the tool's own default hint when
-    the error names none."""
+    """The error's message and its next steps as tool calls; ``default_next`` when the error
+    names none."""
     if err.next_steps:
         return err.render(render_step)
     return f"{err.message}\nNext: {default_next}"
-
-
-T = TypeVar("T")
-
-
-def _call(tool: str, default_next: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a lab function; expected failures become a ToolError that says what to do next,
-    anything else a short ToolError naming the bug (the traceback goes to stderr only)."""
-    try:
-        return fn(*args, **kwargs)
-    except ToolError:
-        raise
-    except LabError as err:
-        raise ToolError(render_error(err, default_next)) from None
-    except Exception as err:  # a bug, not the caller's mistake: say so, keep the traceback local
-        log.exception("tool %s failed unexpectedly", tool)
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        raise ToolError(
-            f"unexpected {type(err).__name__} in {tool}: {first}\nNext: this is a bug in "
-            "rlhf-lab, not in the request; the server's stderr log has the traceback. Retry once; "
-            "if it fails again, report it with that log."
-        ) from None
 
 
 def _finite(value: Any) -> Any:
@@ -329,19 +282,3 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
-
-
-READ_ONLY = ToolAnnotations(
-    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-)
-
-RecipeArg = Annotated[
-    str,
-    Field(description="recipe, algorithm (dpo, grpo, ...) or YAML"),
-]
-RunIdArg = Annotated[str, Field(description="run id (see list_runs)")]
-ModelArg = Annotated[
-    str | None,
-    Field(description="tiny, run:<id>, a folder, .gguf or hub id"),
-]
-OverridesArg = Annotated[list[str], Field(description="key=value, e.g. train.max_steps=20")]

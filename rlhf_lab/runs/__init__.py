@@ -8,7 +8,8 @@ The package is split by job:
 * :mod:`~rlhf_lab.runs.records` the models (RunInfo, RunStatus, LaunchResult), states, run.json;
 * :mod:`~rlhf_lab.runs.process` process identity (pid + create time), liveness, signals, locks;
 * :mod:`~rlhf_lab.runs.devices` device resolution, GPU count, the CPU share of a trainer;
-* :mod:`~rlhf_lab.runs.launcher` checks, argv, environment, prepare / start / launch / resume;
+* :mod:`~rlhf_lab.runs.launcher` a new run (:class:`NewRun`): checks, argv, environment, prepare /
+  start / start-or-queue; :mod:`~rlhf_lab.runs.resume` resuming a run;
 * :mod:`~rlhf_lab.runs.state` derived state, status, listing, stop, waiting, following;
 * :mod:`~rlhf_lab.runs.queue` the queue worker and start-when-free.
 
@@ -45,22 +46,23 @@ _LAZY: dict[str, str] = {
     "resolve_device": "rlhf_lab.runs.devices",
     "resolve_placement": "rlhf_lab.runs.devices",
     "visible_gpus": "rlhf_lab.runs.devices",
-    "_ATTEMPT_FILES": "rlhf_lab.runs.launcher",
     "FAMILIES": "rlhf_lab.runs.launcher",
-    "RESUMABLE_STATES": "rlhf_lab.runs.launcher",
+    "NewRun": "rlhf_lab.runs.launcher",
     "VERSION_PACKAGES": "rlhf_lab.runs.launcher",
     "_check_family": "rlhf_lab.runs.launcher",
-    "_checkpoint_steps": "rlhf_lab.runs.launcher",
     "_git_info": "rlhf_lab.runs.launcher",
     "_mark_failed": "rlhf_lab.runs.launcher",
     "_trainer_env": "rlhf_lab.runs.launcher",
     "_versions": "rlhf_lab.runs.launcher",
-    "launch": "rlhf_lab.runs.launcher",
     "prepare_run": "rlhf_lab.runs.launcher",
-    "resume_run": "rlhf_lab.runs.launcher",
+    "start_or_queue": "rlhf_lab.runs.launcher",
     "start_run": "rlhf_lab.runs.launcher",
     "torchrun_args": "rlhf_lab.runs.launcher",
     "trainer_argv": "rlhf_lab.runs.launcher",
+    "_ATTEMPT_FILES": "rlhf_lab.runs.resume",
+    "RESUMABLE_STATES": "rlhf_lab.runs.resume",
+    "_checkpoint_steps": "rlhf_lab.runs.resume",
+    "resume_run": "rlhf_lab.runs.resume",
     "_alive": "rlhf_lab.runs.process",
     "_device_lock": "rlhf_lab.runs.process",
     "_devices_hold": "rlhf_lab.runs.process",

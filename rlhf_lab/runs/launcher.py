@@ -8,11 +8,18 @@ group. ``run.json`` records the **wrapper's** pid, pgid and psutil create time (
 exactly as long as the run and is the process that writes ``exit.json``); the wrapper's
 ``process.json`` adds the trainer's pid and create time.
 
-Device exclusivity: :func:`launch` allows one training job per device (``cpu``, ``cuda:N``)
-unless the caller's memory check says both fit (``fits_together=True``) or ``force=True``. The
-check and the start happen under one lab-wide lock (``process._devices_hold``: launches, the queue
-worker and resumes all take it), so two racing starts never both get a device.
-``queue=True`` writes the run as ``queued`` and makes sure the queue worker runs.
+A run to create is a :class:`NewRun` (the resolved config and where it goes; built by
+:func:`rlhf_lab.api.launch` from a request, or by an evaluation job). Its steps:
+:func:`prepare_run` writes the folder (``config.yaml`` and ``run.json``, once), :func:`start_run`
+starts its process, and :func:`start_or_queue` does both or queues it. Resuming is
+:mod:`rlhf_lab.runs.resume`.
+
+Device exclusivity: :func:`start_or_queue` allows one training job per device (``cpu``,
+``cuda:N``) unless the caller's memory check says both fit (``fits_together=True``) or
+``force=True``. The check and the start happen under one lab-wide lock
+(``process._devices_hold``: launches, the queue worker and resumes all take it), so two racing
+starts never both get a device. ``queue=True`` writes the run as ``queued`` and makes sure the
+queue worker runs.
 
 Functions that tests replace (``start_run``, ``trainer_argv``, ``ensure_queue_worker``,
 ``_visible_gpu_count``, ``_cpu_cores``, ``_reap_in_background``) are called through the package
@@ -27,9 +34,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound, NotReady, Unavailable
+from pydantic import BaseModel, Field
+
+from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotReady, Unavailable
 from rlhf_lab.paths import LabError, campaign_name, experiments_dir, find_run, new_run_id
 from rlhf_lab.planning.families import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.runs.devices import (
@@ -53,13 +62,13 @@ from rlhf_lab.runs.records import (
     _source_dir,
     patchable,
 )
-from rlhf_lab.runs.state import _describe, _status, active_runs, held_devices, queued_runs
+from rlhf_lab.runs.state import _describe, active_runs, held_devices, queued_runs
 
 __all__ = [
     "FAMILIES",
-    "launch",
+    "NewRun",
     "prepare_run",
-    "resume_run",
+    "start_or_queue",
     "start_run",
     "trainer_argv",
 ]
@@ -83,9 +92,6 @@ VERSION_PACKAGES = (
     "wandb",
     "flash-attn",
 )
-
-RESUMABLE_STATES = ("died", "stopped", "killed", "failed")
-_ATTEMPT_FILES = ("exit.json", "process.json", "summary.json")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,62 +234,41 @@ def _config_text(config_data: dict) -> str:
         raise InvalidArgument(f"the config cannot be written as YAML: {err}") from None
 
 
-def prepare_run(
-    family: str,
-    algorithm: str,
-    config_data: dict,
-    campaign: str,
-    config_source: str,
-    overrides: list[str],
-    *,
-    device: str = "auto",
-    state: Literal["queued", "starting"] = "starting",
-    after: list[str] | None = None,
-    references: dict[str, str] | None = None,
-    pipeline: str | None = None,
-    stage: str | None = None,
-    placement: Placement | None = None,
-    slurm: dict | None = None,
-    predicted_time: dict | None = None,
-) -> RunInfo:
-    """Create ``experiments/<campaign>/runs/<run-id>/`` with ``config.yaml`` (the resolved config)
-    and ``run.json``. Every input is checked first: nothing is created for an invalid one.
-    ``after``: upstream run ids (checked by the caller, :func:`rlhf_lab.runs.deps.check_after`);
-    ``references``: config key -> upstream run id of each ``run:<id>`` value; ``pipeline`` and
-    ``stage`` name the pipeline stage the run is. ``placement``: its devices and ranks (None:
-    ``device``); ``slurm``: the Slurm job options of a cluster run (:mod:`rlhf_lab.runs.slurm`);
-    ``predicted_time``: the wall-time prediction to keep in run.json."""
-    _check_family(family)
-    name = campaign_name(campaign)
-    config_text = _config_text(config_data)
-    if state not in ("queued", "starting"):
-        raise InvalidArgument(f"a new run starts as queued or starting, not {state!r}")
-    if placement is None:
-        placement = Placement(devices=[resolve_device(device, config_data)])
-    resolved = "slurm" if slurm else placement.device
-    overrides = [str(o) for o in (overrides or [])]
-    try:
-        run_id = new_run_id(algorithm)
-    except LabError:
-        raise InvalidArgument(
-            f"bad algorithm name {algorithm!r}: lowercase letters, digits, '_' or '-'",
-            next=NextStep("list_recipes"),
-        ) from None
+class NewRun(BaseModel):
+    """A run to create: the resolved config the trainer runs and where the run goes. What
+    :func:`prepare_run` writes, once, as the run's ``config.yaml`` and ``run.json``."""
 
-    runs_dir = experiments_dir() / name / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    run_dir = runs_dir / run_id
-    run_dir.mkdir()  # a fresh id: an existing folder is an error, never reused
-    _atomic_write_text(run_dir / "config.yaml", config_text)
+    family: str
+    algorithm: str
+    config: dict[str, Any] = Field(description="the resolved config (config.yaml)")
+    campaign: str
+    source: str = Field(description="the YAML file the config starts from")
+    overrides: list[str] = Field(default_factory=list, description="the overrides applied")
+    device: str = Field(default="auto", description="where it trains when placement is None")
+    placement: Placement | None = Field(default=None, description="its devices and ranks")
+    after: list[str] = Field(default_factory=list, description="upstream runs it waits for")
+    references: dict[str, str] = Field(
+        default_factory=dict, description="config key -> the run:<id> it names"
+    )
+    pipeline: str | None = None
+    stage: str | None = None
+    slurm: dict[str, Any] | None = Field(default=None, description="a Slurm job's run.json block")
+    predicted_time: dict[str, Any] | None = Field(
+        default=None, description="the wall-time prediction kept in run.json"
+    )
+
+
+def _run_record(run: NewRun, run_id: str, run_dir: Path, placement: Placement, state: str) -> dict:
+    """The run.json of a new run (its keys as the contract names them)."""
     record = {
         "id": run_id,
-        "family": family,
-        "algorithm": algorithm,
-        "campaign": name,
-        "device": resolved,
-        "config_source": str(config_source) if config_source is not None else None,
-        "overrides": overrides,
-        "argv": _argv(family, run_dir, placement.nproc if placement.distributed else None),
+        "family": run.family,
+        "algorithm": run.algorithm,
+        "campaign": campaign_name(run.campaign),
+        "device": "slurm" if run.slurm else placement.device,
+        "config_source": str(run.source) if run.source is not None else None,
+        "overrides": [str(o) for o in run.overrides],
+        "argv": _argv(run.family, run_dir, placement.nproc if placement.distributed else None),
         "cwd": str(_source_dir()),
         "state": state,
         "created_at": _now(),
@@ -294,16 +279,46 @@ def prepare_run(
         record["gpus_wanted"] = placement.gpus_wanted
     if placement.distributed:
         record["nproc"] = placement.nproc
-    if slurm:
-        record["slurm"] = dict(slurm)
-    if after:
-        record["after"] = list(after)
-    if references:
-        record["references"] = dict(references)
-    if pipeline:
-        record.update(pipeline=pipeline, stage=stage)
-    if predicted_time:  # the lab's wall-time prediction (rlhf_lab.planning.time)
-        record["predicted_time"] = dict(predicted_time)
+    if run.slurm:
+        record["slurm"] = dict(run.slurm)
+    if run.after:
+        record["after"] = list(run.after)
+    if run.references:
+        record["references"] = dict(run.references)
+    if run.pipeline:
+        record.update(pipeline=run.pipeline, stage=run.stage)
+    if run.predicted_time:  # the lab's wall-time prediction (rlhf_lab.planning.time)
+        record["predicted_time"] = dict(run.predicted_time)
+    return record
+
+
+def prepare_run(run: NewRun, state: Literal["queued", "starting"] = "starting") -> RunInfo:
+    """Create ``experiments/<campaign>/runs/<run-id>/`` with ``config.yaml`` (the resolved config)
+    and ``run.json``. Every input is checked first: nothing is created for an invalid one.
+    ``run.after`` holds upstream run ids (checked by the caller,
+    :func:`rlhf_lab.runs.deps.check_after`); ``run.placement`` its devices and ranks (None:
+    ``run.device``); ``run.slurm`` the Slurm job block of a cluster run
+    (:mod:`rlhf_lab.runs.slurm`)."""
+    _check_family(run.family)
+    name = campaign_name(run.campaign)
+    config_text = _config_text(run.config)
+    if state not in ("queued", "starting"):
+        raise InvalidArgument(f"a new run starts as queued or starting, not {state!r}")
+    placement = run.placement or Placement(devices=[resolve_device(run.device, run.config)])
+    try:
+        run_id = new_run_id(run.algorithm)
+    except LabError:
+        raise InvalidArgument(
+            f"bad algorithm name {run.algorithm!r}: lowercase letters, digits, '_' or '-'",
+            next=NextStep("list_recipes"),
+        ) from None
+
+    runs_dir = experiments_dir() / name / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = runs_dir / run_id
+    run_dir.mkdir()  # a fresh id: an existing folder is an error, never reused
+    _atomic_write_text(run_dir / "config.yaml", config_text)
+    record = _run_record(run, run_id, run_dir, placement, state)
     _atomic_write_json(run_dir / "run.json", record)
     return RunInfo(run_dir=str(run_dir), **record)
 
@@ -442,7 +457,7 @@ def _mark_failed(run_dir: Path, error: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Launch (one training job per device) and resume
+# Start or queue (one training job per device)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -473,85 +488,58 @@ def _busy_error(dev: str, busy: list, why: str | None, *, resuming: str | None =
     )
 
 
-def launch(
-    family: str,
-    algorithm: str,
-    config_data: dict,
-    campaign: str,
-    config_source: str,
-    overrides: list[str],
-    *,
-    device: str = "auto",
-    force: bool = False,
-    queue: bool = False,
-    fits_together: bool | None = None,
-    after: list[str] | None = None,
-    references: dict[str, str] | None = None,
-    pipeline: str | None = None,
-    stage: str | None = None,
-    placement: Placement | None = None,
-    slurm: dict | None = None,
-    predicted_time: dict | None = None,
+def _queue(run: NewRun, placement: Placement, upstream: list[str]) -> LaunchResult:
+    """Write the run as ``queued`` and make sure the queue worker runs."""
+    info = prepare_run(run, state="queued")
+    ahead = [s.id for s in queued_runs()]
+    position = ahead.index(info.id) + 1 if info.id in ahead else None
+    patchable().ensure_queue_worker()
+    where = _where(placement)
+    busy = sorted({s.id for d in placement.devices for s in active_runs(d)} - set(upstream))
+    msg = f"queued {info.id} on {where} (position {position})"
+    if upstream:
+        msg += f"; starts once {', '.join(upstream)} succeeded"
+    if busy:
+        msg += f"; waits for {', '.join(busy)}"
+    return LaunchResult(
+        run=info,
+        state="queued",
+        queued=True,
+        queue_position=position,
+        device=placement.device,
+        devices=placement.devices,
+        message=msg,
+    )
+
+
+def start_or_queue(
+    run: NewRun, *, force: bool = False, queue: bool = False, fits_together: bool | None = None
 ) -> LaunchResult:
     """Create a run and start it detached, or queue it behind the device's current job.
 
     One training job per device: another job on the device is an error (naming it) unless
     ``fits_together`` (the caller's memory check said both fit) or ``force``. ``queue=True``
-    writes the run as ``queued`` and makes sure the queue worker runs. ``after``: upstream run
-    ids (checked by the caller); while one of them has not succeeded the run is queued and the
-    queue worker starts it once they all have (or cancels it when one fails). ``placement``:
-    its devices and ranks (:func:`~rlhf_lab.runs.devices.resolve_placement`; default: from
-    ``device``); a run on several devices holds each, and a GPU left to the lab is the freest one
-    no run holds (picked when it starts, for a queued run).
+    writes the run as ``queued`` and makes sure the queue worker runs. ``run.after``: upstream
+    run ids (checked by the caller); while one of them has not succeeded the run is queued and
+    the queue worker starts it once they all have (or cancels it when one fails).
+    ``run.placement``: its devices and ranks (:func:`~rlhf_lab.runs.devices.resolve_placement`;
+    default: from ``run.device``); a run on several devices holds each, and a GPU left to the lab
+    is the freest one no run holds (picked when it starts, for a queued run).
     """
     from rlhf_lab.runs.deps import waiting_for
 
-    lab = patchable()
-    _check_family(family)
-    campaign_name(campaign)
-    if placement is None:
-        placement = resolve_placement(device, None, None, config_data)
-    links = {"after": after, "references": references, "pipeline": pipeline, "stage": stage}
-    made = {"placement": placement, "slurm": slurm, "predicted_time": predicted_time}
-    upstream = waiting_for({"after": list(after or [])})
+    _check_family(run.family)
+    campaign_name(run.campaign)
+    placement = run.placement or resolve_placement(run.device, None, None, run.config)
+    upstream = waiting_for({"after": list(run.after)})
     if queue or upstream:
-        info = prepare_run(
-            family,
-            algorithm,
-            config_data,
-            campaign,
-            config_source,
-            overrides,
-            state="queued",
-            **links,
-            **made,
-        )
-        ahead = [s.id for s in queued_runs()]
-        position = ahead.index(info.id) + 1 if info.id in ahead else None
-        lab.ensure_queue_worker()
-        where = _where(placement)
-        busy = sorted({s.id for d in placement.devices for s in active_runs(d)} - set(upstream))
-        msg = f"queued {info.id} on {where} (position {position})"
-        if upstream:
-            msg += f"; starts once {', '.join(upstream)} succeeded"
-        if busy:
-            msg += f"; waits for {', '.join(busy)}"
-        return LaunchResult(
-            run=info,
-            state="queued",
-            queued=True,
-            queue_position=position,
-            device=placement.device,
-            devices=placement.devices,
-            message=msg,
-        )
+        return _queue(run.model_copy(update={"placement": placement}), placement, upstream)
 
     with _devices_hold():  # the check and the hold are one step (process._devices_hold)
         if not placement.devices:  # the freest GPUs no run holds, else the freest GPUs
             picked = freest_gpus(placement.gpus_wanted, _held_devices())
             chosen = picked or freest_gpus(placement.gpus_wanted, set()) or []
             placement = placement.model_copy(update={"devices": chosen, "gpus_wanted": 0})
-            made["placement"] = placement
         busy = _busy_on(placement.devices)
         if busy and not force and not fits_together:
             why = (
@@ -560,11 +548,9 @@ def launch(
                 else "no memory check said both fit"
             )
             raise _busy_error(_where(placement), busy, why)
-        info = prepare_run(
-            family, algorithm, config_data, campaign, config_source, overrides, **links, **made
-        )
+        info = prepare_run(run.model_copy(update={"placement": placement}))
         try:
-            info = lab.start_run(info.id)
+            info = patchable().start_run(info.id)
         except Exception as err:
             _mark_failed(Path(info.run_dir), f"could not start: {err}")
             raise
@@ -599,174 +585,3 @@ def _busy_on(devices: list[str], exclude: str | None = None) -> list:
             if status.id != exclude:
                 seen.setdefault(status.id, status)
     return list(seen.values())
-
-
-def _checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps of the complete checkpoints (``checkpoints/step-<N>``; temp folders are partial)."""
-    steps = []
-    for path in (run_dir / "checkpoints").glob("step-*"):
-        tail = path.name.removeprefix("step-")
-        if path.is_dir() and tail.isdigit() and (path / "state.pt").is_file():
-            steps.append(int(tail))
-    return sorted(steps)
-
-
-def _check_resumable(run_id: str, state: str, run_dir: Path) -> list[int]:
-    """The run's checkpoint steps, or a typed error when it cannot be resumed."""
-    if state not in RESUMABLE_STATES:
-        if state == "succeeded":
-            raise Conflict(
-                f"run {run_id} is succeeded; only a died, stopped or failed run can be resumed "
-                "(it finished; launch a new run to train further)",
-                next=NextStep("launch_run", note="a new run"),
-            )
-        if state == "queued":
-            raise NotReady(
-                f"run {run_id} is queued; only a died, stopped or failed run can be resumed "
-                "(it has not started yet)",
-                next=NextStep("run_status", {"run_id": run_id}),
-            )
-        raise NotReady(
-            f"run {run_id} is {state}; only a died, stopped or failed run can be resumed "
-            "(stop it first)",
-            next=NextStep("stop_run", {"run_id": run_id}),
-        )
-    steps = _checkpoint_steps(run_dir)
-    if not steps:
-        raise NotFound(
-            f"run {run_id} has no checkpoint in {run_dir / 'checkpoints'} (it ended before the "
-            "first one; `checkpoint.save_every` sets how often they are written); launch it "
-            "again instead",
-            next=NextStep("launch_run", note="the same config, as a new run"),
-        )
-    return steps
-
-
-def _archive_attempt(run_dir: Path, record: dict, from_step: int, devices: list[str]) -> dict:
-    """Record how the previous attempt ended (run.json ``resumes``), move its exit/process/
-    summary files to ``attempts/<n>/`` and mark the run ``starting`` again. Returns the record."""
-    previous = {
-        k: record.get(k)
-        for k in ("state", "started_at", "ended_at", "exit_code", "signal", "error")
-    }
-    previous.update(from_step=from_step, resumed_at=_now())
-    resumes = [*record.get("resumes", []), previous]
-    keep = run_dir / "attempts" / str(len(resumes))
-    keep.mkdir(parents=True, exist_ok=True)
-    for name in _ATTEMPT_FILES:  # a stale exit/summary must not decide the new state
-        if (run_dir / name).exists():
-            os.replace(run_dir / name, keep / name)
-    for key in (
-        "pid",
-        "pgid",
-        "create_time",
-        "ended_at",
-        "exit_code",
-        "signal",
-        "error",
-        "stop_requested_at",
-        "killed_at",
-        "started_at",
-    ):
-        record.pop(key, None)
-    record.update(state="starting", starting_at=_now(), device=devices[0], resumes=resumes)
-    if len(devices) > 1 or record.get("devices"):
-        record["devices"] = list(devices)
-    _atomic_write_json(run_dir / "run.json", record)
-    return record
-
-
-def _rearm_cancelled(run_id: str, run_dir: Path, dev: str) -> LaunchResult:
-    """ "Resuming" a cancelled run (it never started): queue it again when none of its upstream
-    runs is failed any more (each was resumed or is running), else say which to resume."""
-    from rlhf_lab.runs.deps import failed_upstream, rearm
-
-    record = _read_record(run_dir)
-    failed = failed_upstream(record)
-    if failed:
-        up, state = failed
-        raise NotReady(
-            f"run {run_id} was cancelled because upstream run {up} is {state or 'gone'}; "
-            f"resume {up} first (that re-arms {run_id})",
-            next=NextStep("resume_run", {"run_id": up}),
-        )
-    if not rearm(run_dir):
-        raise Conflict(
-            f"run {run_id} is no longer cancelled; not re-armed",
-            next=NextStep("run_status", {"run_id": run_id}),
-        )
-    patchable().ensure_queue_worker()
-    info = _info(run_dir, _read_record(run_dir))
-    return LaunchResult(
-        run=info,
-        state="queued",
-        queued=True,
-        device=dev,
-        message=f"{run_id} never started (cancelled); queued again after {', '.join(info.after)}",
-    )
-
-
-def resume_run(
-    run_id: str,
-    *,
-    device: str | None = None,
-    force: bool = False,
-    fits_together: bool | None = None,
-) -> LaunchResult:
-    """Start a died, stopped or failed run again from its last checkpoint, in the same folder.
-
-    The trainer runs with ``--resume``: it loads the model, optimizer, scheduler, RNG and data
-    position of the last checkpoint and drops the metrics rows logged after it, so the run ends
-    where an uninterrupted one would. How the previous attempt ended is kept in run.json
-    (``resumes``) and its exit/process/summary files are moved to ``attempts/<n>/``.
-    The device rule of :func:`launch` applies.
-    """
-    lab = patchable()
-    run_dir = find_run(run_id)
-    status = _status(run_dir)
-    if status.state == "cancelled":
-        return _rearm_cancelled(run_id, run_dir, status.device or "cpu")
-    steps = _check_resumable(run_id, status.state, run_dir)
-    record = _read_record(run_dir)
-    if record.get("slurm"):
-        raise Conflict(
-            f"run {run_id} is a Slurm job: it resumes as a new job (rlhf_lab.api.resume_run)",
-            next=NextStep("resume_run", {"run_id": run_id}),
-        )
-    devices = held_devices(record) if device is None else []
-    if len(devices) <= 1:  # a run on several devices resumes on the same set (same world size)
-        devices = [resolve_device(device or status.device or "auto")]
-    dev = ",".join(devices)
-    with _devices_hold():
-        busy = _busy_on(devices, exclude=run_id)
-        if busy and not force and not fits_together:
-            raise _busy_error(dev, busy, None, resuming=run_id)
-        with _run_lock(run_dir):
-            record = _read_record(run_dir)
-            if record.get("state") not in RESUMABLE_STATES:
-                raise Conflict(
-                    f"run {run_id} became {record.get('state')} meanwhile; not resumed",
-                    next=NextStep("run_status", {"run_id": run_id}),
-                )
-            _archive_attempt(run_dir, record, steps[-1], devices)
-        try:
-            info = lab.start_run(run_id)
-        except Exception as err:
-            _mark_failed(run_dir, f"could not start: {err}")
-            raise
-    msg = f"resumed {run_id} from checkpoint step {steps[-1]} on {dev} (pid {info.pid})"
-    from rlhf_lab.runs.deps import rearm_dependents
-
-    rearmed = rearm_dependents(run_id)
-    if rearmed:
-        lab.ensure_queue_worker()
-        msg += f"; its dependents {', '.join(rearmed)} are queued again and wait for it"
-    return LaunchResult(
-        run=info,
-        state="running",
-        device=devices[0],
-        devices=devices,
-        sharing_device_with=[s.id for s in busy],
-        message=msg,
-        rearmed=rearmed,
-    )

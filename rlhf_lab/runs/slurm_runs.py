@@ -6,6 +6,7 @@ Torch-free. (What is Slurm's own, the script and the commands, is :mod:`rlhf_lab
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlhf_lab.errors import Conflict, LabError, NextStep
 from rlhf_lab.runs.records import (
@@ -25,18 +26,13 @@ from rlhf_lab.runs.slurm import (
     submit,
 )
 
-__all__ = ["launch_slurm", "resubmit", "resume_if_slurm"]
+if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.runs.launcher import NewRun
+
+__all__ = ["resubmit", "resume_if_slurm", "submit_slurm_run"]
 
 
-def launch_slurm(
-    family: str,
-    algorithm: str,
-    config_data: dict,
-    campaign: str,
-    config_source: str,
-    overrides: list[str],
-    options: SlurmOptions,
-) -> LaunchResult:
+def submit_slurm_run(run: NewRun, options: SlurmOptions) -> LaunchResult:
     """Create the run folder, write its job script and submit it with sbatch (state ``queued``
     while Slurm holds it pending). Slurm missing or bad options are refused before anything is
     written; a failed sbatch marks the run failed with sbatch's words."""
@@ -47,19 +43,10 @@ def launch_slurm(
     checked_options(options)
     check_slurm_available()
     placement = Placement(nproc=options.ranks_per_node, distributed=True)
-    info = prepare_run(
-        family,
-        algorithm,
-        config_data,
-        campaign,
-        config_source,
-        overrides,
-        state="queued",
-        placement=placement,
-        slurm=slurm_block(options, None),
-    )
+    update = {"placement": placement, "slurm": slurm_block(options, None)}
+    info = prepare_run(run.model_copy(update=update), state="queued")
     run_dir = Path(info.run_dir)
-    script = job_script(info.id, family, run_dir, options, source_dir=_source_dir())
+    script = job_script(info.id, run.family, run_dir, options, source_dir=_source_dir())
     try:
         job_id = submit(run_dir, script)
     except LabError as err:
@@ -83,8 +70,8 @@ def resubmit(run_id: str, from_step: int) -> LaunchResult:
     """Resume a Slurm run: archive the last attempt (as a local resume does) and submit the job
     script again with ``--resume`` (a new job; run.json keeps every job id)."""
     from rlhf_lab.paths import find_run
-    from rlhf_lab.runs.launcher import RESUMABLE_STATES, _archive_attempt
     from rlhf_lab.runs.process import _run_lock
+    from rlhf_lab.runs.resume import RESUMABLE_STATES, _archive_attempt
 
     run_dir = find_run(run_id)
     check_slurm_available()
@@ -121,8 +108,8 @@ def resume_if_slurm(run_id: str) -> LaunchResult | None:
     """Resubmit ``run_id`` when it is a Slurm run that can be resumed (the local resume's rule:
     died, stopped, killed or failed, with a checkpoint); None for a local run."""
     from rlhf_lab.paths import find_run
-    from rlhf_lab.runs.launcher import _check_resumable
     from rlhf_lab.runs.records import _read_run_json
+    from rlhf_lab.runs.resume import _check_resumable
     from rlhf_lab.runs.state import _status
 
     run_dir = find_run(run_id)

@@ -35,7 +35,11 @@ def _ts(text: str) -> dt.datetime:
 
 @pytest.mark.slow
 def test_sweep_runs_matched_runs_in_order_and_records_them(lab_root):
-    result = api.sweep(["dpo", "ipo"], SMALL, model="tiny", campaign="flow-check")
+    result = api.sweep(
+        api.SweepRequest(
+            recipes=["dpo", "ipo"], overrides=SMALL, model="tiny", campaign="flow-check"
+        )
+    )
     ids = [launch.run.id for launch in result.launches]
     assert all(launch.queued for launch in result.launches)
     finals = [wait_for_end(run_id, poll_s=0.5, timeout_s=600) for run_id in ids]

@@ -206,7 +206,7 @@ def test_every_surface_function_validates_its_arguments():
     [
         (lambda: api.run_status(5), "argument `run_id`: got 5; expected a string"),
         (
-            lambda: api.launch_run("dpo", overrides=["a", 3]),
+            lambda: api.launch(api.RunRequest(recipe="dpo", overrides=["a=1", 3])),
             "argument `overrides[1]`: got 3; expected a string",
         ),
         (
@@ -242,3 +242,41 @@ def test_lax_arguments_are_converted_before_the_call(monkeypatch):
     monkeypatch.setattr(index, "page_runs", page)
     assert api.run_list(None, None, "3").total == 0  # "3" -> 3, no error
     assert seen == [3]
+
+
+def test_each_operation_row_matches_the_function_it_calls():
+    """A row's arguments are its function's keyword arguments by name, or the one request the
+    function takes whole; its result model is what the surface returns."""
+    import inspect
+
+    from rlhf_lab.api.operations import OPERATIONS
+
+    assert [op.name for op in OPERATIONS] == list(mcp_server.TOOL_NAMES)
+    for op in OPERATIONS:
+        fn = inspect.unwrap(getattr(api, op.function))
+        params = inspect.signature(fn).parameters
+        if op.whole:
+            (only,) = params.values()
+            taken = only.annotation  # a name under `from __future__ import annotations`
+            taken = fn.__globals__[taken] if isinstance(taken, str) else taken
+            assert issubclass(op.arguments, taken), op.name
+        else:
+            assert set(op.fields()) <= set(params), (op.name, set(op.fields()) - set(params))
+        assert op.hint and op.description and op.title, op.name
+        assert not (op.read_only and op.destructive), op.name
+
+
+@pytest.mark.anyio
+async def test_the_mcp_tools_are_the_rows_of_the_operation_table():
+    from rlhf_lab.api.operations import OPERATIONS
+
+    async with Client(mcp_server.server) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert list(tools) == [op.name for op in OPERATIONS]
+    for op in OPERATIONS:
+        tool = tools[op.name]
+        assert (tool.title, tool.description) == (op.title, op.description)
+        assert list(tool.input_schema.get("properties", {})) == list(op.fields())
+        hints = tool.annotations
+        assert (hints.read_only_hint, hints.destructive_hint) == (op.read_only, op.destructive)
+        assert (hints.idempotent_hint, hints.open_world_hint) == (op.idempotent, op.open_world)

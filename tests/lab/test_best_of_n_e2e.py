@@ -33,8 +33,12 @@ def lab_root(tmp_path, monkeypatch):
 @pytest.mark.slow  # builds the SFT warm start when no earlier test of the session has
 def test_best_of_n_waits_for_its_reward_models_and_lands_in_the_ledger(lab_root, tmp_path):
     sft_id = adopt_warm_start(lab_root)
-    orm = api.launch_experiment("orm", RM, shrink=True, campaign=CAMPAIGN, device="cpu")
-    prm = api.launch_experiment("prm", RM, shrink=True, campaign=CAMPAIGN, device="cpu")
+    orm = api.launch(
+        api.RunRequest(recipe="orm", overrides=RM, shrink=True, campaign=CAMPAIGN, device="cpu")
+    )
+    prm = api.launch(
+        api.RunRequest(recipe="prm", overrides=RM, shrink=True, campaign=CAMPAIGN, device="cpu")
+    )
     launched = api.evaluate_model(
         sft_id,
         suite=["best_of_n"],

@@ -372,7 +372,9 @@ def test_launch_shrink_calibrates_and_keeps_it_in_the_run_folder(tmp_path, monke
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     small = ["train.max_steps=1", "data.size=4", "data.eval_size=2", "rollout.num_rollouts=2"]
     with using(CalibrationPolicy(probe=StubProbe(RATES), cache_dir=None)):
-        result = api.launch_experiment("grpo", small, model="tiny", campaign="cal", force=True)
+        result = api.launch(
+            api.RunRequest(recipe="grpo", overrides=small, model="tiny", campaign="cal", force=True)
+        )
     try:
         run_dir = result.run.run_dir
         cal = read_calibration(run_dir)
@@ -395,12 +397,19 @@ def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monke
 
     from rlhf_lab.planning.catalog import find_recipe
     from rlhf_lab.planning.configs import resolve_config
-    from rlhf_lab.runs import prepare_run
+    from rlhf_lab.runs import NewRun, prepare_run
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     found = find_recipe("sft")
     config = resolve_config(found, ["model.name=tiny"]).data
-    info = prepare_run(found.family, found.algorithm, config, "c", found.config_path, [])
+    run = NewRun(
+        family=found.family,
+        algorithm=found.algorithm,
+        config=config,
+        campaign="c",
+        source=found.config_path,
+    )
+    info = prepare_run(run)
     run_dir = tmp_path / "experiments" / info.campaign / "runs" / info.id
     specs = {"data": {"specs": [{"name": "chain_sum"}]}}
     probe = StubProbe(RATES)

@@ -78,21 +78,23 @@ def evaluated(job_id: str) -> EvalFile:
 @pytest.mark.slow
 def test_warm_start_and_grpo_evaluated_before_and_after_into_the_ledger(lab_root):
     sft_id = adopt_warm_start(lab_root)
-    grpo = api.launch_experiment(
-        "grpo",
-        [
-            f"model.name=run:{sft_id}",
-            f"data.specs=[{TASK}]",
-            "train.max_steps=2",
-            "rollout.prompts_per_step=2",
-            "rollout.num_rollouts=4",
-            "rollout.max_new_tokens=32",
-            "train.learning_rate=1.0e-5",
-            "eval.eval_every=0",
-        ],
-        shrink=True,
-        campaign=CAMPAIGN,
-        device="cpu",
+    grpo = api.launch(
+        api.RunRequest(
+            recipe="grpo",
+            overrides=[
+                f"model.name=run:{sft_id}",
+                f"data.specs=[{TASK}]",
+                "train.max_steps=2",
+                "rollout.prompts_per_step=2",
+                "rollout.num_rollouts=4",
+                "rollout.max_new_tokens=32",
+                "train.learning_rate=1.0e-5",
+                "eval.eval_every=0",
+            ],
+            shrink=True,
+            campaign=CAMPAIGN,
+            device="cpu",
+        )
     )
     grpo_id = grpo.run.id
     assert wait_for_end(grpo_id, poll_s=0.5, timeout_s=600).state == "succeeded"

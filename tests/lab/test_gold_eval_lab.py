@@ -129,7 +129,15 @@ def test_three_sweeps_queue_the_beta_arms_with_three_seeds_in_one_campaign(smol)
 
     common = ["train.learning_rate=2e-4", "data.max_samples=224", "eval.eval_every=6"]
     results = [
-        api.sweep(["dpo"], [f"beta={b}", *common], model=smol, campaign="dpo-overopt", seeds=3)
+        api.sweep(
+            api.SweepRequest(
+                recipes=["dpo"],
+                overrides=[f"beta={b}", *common],
+                model=smol,
+                campaign="dpo-overopt",
+                seeds=3,
+            )
+        )
         for b in (0.01, 0.1, 0.5)
     ]
     assert len({r.campaign for r in results}) == 1

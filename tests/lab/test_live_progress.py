@@ -69,7 +69,16 @@ def test_run_status_of_a_live_run_in_a_long_phase(tmp_path, monkeypatch):
     from tests.lab.test_runs import QUICK, config
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    info = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "live", "x", [])
+    info = runs.prepare_run(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=config(QUICK),
+            campaign="live",
+            source="x",
+            overrides=[],
+        )
+    )
     run_dir = tmp_path / "experiments" / info.run_dir.split("/experiments/", 1)[1]
     record = json.loads((run_dir / "run.json").read_text())
     record.update(state="running", pid=os.getpid(), create_time=psutil.Process().create_time())

@@ -246,7 +246,12 @@ def test_trained_model_states_by_precision():
 
     mixed = _by_name(
         estimate_memory(
-            "direct_alignment", "dpo", _dpo_config(), arch, device="cuda", master_weights=True
+            "direct_alignment",
+            "dpo",
+            _dpo_config(),
+            arch,
+            device="cuda",
+            assume=memory.Assumptions(master_weights=True),
         )
     )
     states = mixed["policy weights"] + mixed["policy gradients"] + mixed["policy optimizer (AdamW)"]
@@ -265,7 +270,12 @@ def test_reference_model_only_when_needed():
     assert dpo.total_gb == max(dpo.phases.values())
 
     cached = estimate_memory(
-        "direct_alignment", "dpo", _dpo_config(), arch, device="cuda", reference_cached=True
+        "direct_alignment",
+        "dpo",
+        _dpo_config(),
+        arch,
+        device="cuda",
+        assume=memory.Assumptions(reference_cached=True),
     )
     assert "reference weights (frozen)" not in _by_name(cached)
     for loss in ("simpo", "orpo"):

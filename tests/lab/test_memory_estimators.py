@@ -220,12 +220,13 @@ def test_phase_totals():
     assert blocks.phase_totals(comps[2:]) == {"train": 0.5}
 
 
-def _trained(bld: EstimateBuilder, params: int, arch: ModelArch | None, **changes) -> None:
+def _trained(
+    bld: EstimateBuilder, params: int, arch: ModelArch | None, master_weights=False, **changes
+) -> None:
     """``bld.trained`` on a 3 × 5 token micro-batch, bf16, no checkpointing, with ``changes``."""
-    shape = {"b": 2, "rows": 3, "seq": 5, "ckpt": False, "eager": False}
-    settings = {"logit_positions": 0, "accumulating": True, "resident": ["train"]}
-    settings.update(changes)
-    bld.trained("m", params, arch, **shape, **{"master_weights": False, **settings})
+    settings = {"logit_positions": 0, "accumulating": True, "resident": ["train"], **changes}
+    shape = blocks.TrainingShape(rows=3, seq=5, **settings)
+    bld.trained("m", params, arch, shape, blocks.Precision(2, False, False, master_weights))
 
 
 def test_builder_trained_model_without_accumulation():

@@ -197,7 +197,7 @@ def test_bad_references_and_dependencies_are_refused_before_anything_is_written(
     for kind, needle, kwargs in cases:
         recipe = kwargs.pop("recipe")
         with pytest.raises(kind) as err:
-            api.launch_experiment(recipe, shrink=True, campaign="bad", **kwargs)
+            api.launch(api.RunRequest(recipe=recipe, shrink=True, campaign="bad", **kwargs))
         assert needle in err.value.message, err.value.message
     assert run_folders(lab_root) == before
     assert not (lab_root / "experiments" / "bad.md").exists()
@@ -382,23 +382,30 @@ def test_an_output_another_run_takes_is_always_saved(lab_root, no_worker):
     """The shrink turns final models off for large models (and a user may too): a queued
     upstream is made to save it when a run that takes its model is launched; one that already
     ran without saving it is refused. A plain ``after`` is replayed in the ledger's command."""
-    up = api.launch_experiment(
-        "sft", [*SFT_STEPS, "checkpoint.save_final_model=false"], model="tiny", queue=True
+    up = api.launch(
+        api.RunRequest(
+            recipe="sft",
+            overrides=[*SFT_STEPS, "checkpoint.save_final_model=false"],
+            model="tiny",
+            queue=True,
+        )
     ).run
-    down = api.launch_experiment("dpo", [f"model.name=run:{up.id}"], shrink=True)
+    down = api.launch(
+        api.RunRequest(recipe="dpo", overrides=[f"model.name=run:{up.id}"], shrink=True)
+    )
     assert any(f"upstream run {up.id} will save its final model" in w for w in down.warnings)
     config = yaml.safe_load((Path(up.run_dir) / "config.yaml").read_text())
     assert config["checkpoint"]["save_final_model"] is True
     assert record(Path(up.run_dir))["overrides"][-1] == "checkpoint.save_final_model=true"
     assert down.queued and record(Path(down.run.run_dir))["after"] == [up.id]
 
-    waiting = api.launch_experiment("dpo", [], model="tiny", after=[up.id])
+    waiting = api.launch(api.RunRequest(recipe="dpo", overrides=[], model="tiny", after=[up.id]))
     assert waiting.queued and f"--after {up.id}" in api.record_results(waiting.run.id).command
 
     done = synthetic_run(lab_root, SFT, "sft", "sft")
     (done / "config.yaml").write_text(yaml.safe_dump({"checkpoint": {"save_final_model": False}}))
     with pytest.raises(Conflict, match="does not save its final model"):
-        api.launch_experiment("dpo", [f"model.name=run:{SFT}"], shrink=True)
+        api.launch(api.RunRequest(recipe="dpo", overrides=[f"model.name=run:{SFT}"], shrink=True))
     out = cli("launch", "dpo", "--model", "tiny", "--after", SFT, "--after", "nope")
     assert out.exit_code == 2 and "cannot run after nope: there is no run" in out.output
 
@@ -406,8 +413,10 @@ def test_an_output_another_run_takes_is_always_saved(lab_root, no_worker):
 def test_runs_waiting_for_each_other_are_cancelled_not_left_waiting(lab_root, no_worker):
     """Only a hand-edited run.json can make two queued runs wait for each other; the queue
     worker then cancels both instead of polling forever."""
-    a = api.launch_experiment("dpo", [], model="tiny", queue=True).run
-    b = api.launch_experiment("dpo", ["seed=1"], model="tiny", after=[a.id], queue=True).run
+    a = api.launch(api.RunRequest(recipe="dpo", overrides=[], model="tiny", queue=True)).run
+    b = api.launch(
+        api.RunRequest(recipe="dpo", overrides=["seed=1"], model="tiny", after=[a.id], queue=True)
+    ).run
     rec = record(Path(a.run_dir))
     (Path(a.run_dir) / "run.json").write_text(json.dumps({**rec, "after": [b.id]}))
     assert _queue._next_queued(set()) == (None, False)
@@ -451,14 +460,8 @@ def test_a_failed_upstream_cancels_its_dependent_and_resuming_it_rearms_it(lab_r
     started, the reason named, nothing hangs); resuming the SFT run re-arms it, and it then
     starts from the SFT run's final model."""
     monkeypatch.setenv("RLHF_LAB_FAULT_AT_STEP", "3")  # the queue worker's trainers inherit it
-    upstream = api.launch_experiment(
-        "sft", [*SFT_STEPS, "train.max_steps=4", "checkpoint.save_every=1"], model="tiny",
-        campaign="fails", queue=True, force=True,
-    ).run  # fmt: skip
-    dependent = api.launch_experiment(
-        "sft", [*SFT_STEPS, "train.max_steps=2", f"model.name=run:{upstream.id}"],
-        shrink=True, campaign="fails", force=True,
-    )  # fmt: skip
+    upstream = api.launch(api.RunRequest(recipe="sft", overrides=[*SFT_STEPS, "train.max_steps=4", "checkpoint.save_every=1"], model="tiny", campaign="fails", queue=True, force=True)).run  # fmt: skip
+    dependent = api.launch(api.RunRequest(recipe="sft", overrides=[*SFT_STEPS, "train.max_steps=2", f"model.name=run:{upstream.id}"], shrink=True, campaign="fails", force=True))  # fmt: skip
     assert dependent.queued and f"starts once {upstream.id} succeeded" in dependent.message
     assert _wait_state(upstream.id, {"failed", "succeeded"}) == "failed"
     assert _wait_state(dependent.run.id, {"cancelled"}, timeout_s=30) == "cancelled"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import rlhf_lab.api as api
+import rlhf_lab.api.launching as launching
 import rlhf_lab.runs.resources as resources
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
@@ -75,7 +76,7 @@ def lab(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(runs, "trainer_argv", env_writing_trainer())
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(api, "_record_when_ended", lambda run_id: [])
+    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
     started: list[str] = []
     yield started
     for run in runs.active_runs():
@@ -140,12 +141,16 @@ def test_gpus_argument_ids_counts_and_bad_input(monkeypatch):
 def test_device_auto_launch_takes_the_freest_gpu_no_run_holds(lab, monkeypatch):
     fake_inventory(monkeypatch, [10, 40, 30, 5])
     assert runs.freest_gpus(2, set()) == ["cuda:1", "cuda:2"]
-    first = api.launch_experiment("sft", QUICK, model="tiny", campaign="place")
+    first = api.launch(
+        api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="place")
+    )
     assert first.run.device == "cuda:1" and first.devices == ["cuda:1"]
     env = wait_for(Path(first.run.run_dir) / "env.json")
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     # another seed (the same config beside a running run is refused as a repeat)
-    second = api.launch_experiment("sft", [*QUICK, "seed=2"], model="tiny", campaign="place")
+    second = api.launch(
+        api.RunRequest(recipe="sft", overrides=[*QUICK, "seed=2"], model="tiny", campaign="place")
+    )
     assert second.run.device == "cuda:2"  # cuda:1 is held now; the next freest
     status = runs.run_state(second.run.id)
     assert status.devices == ["cuda:2"]
@@ -165,7 +170,9 @@ def test_run_on_several_gpus_holds_each_and_starts_under_torchrun(lab, monkeypat
         "--run-dir",
         "/runs/x",
     ]
-    result = api.launch_experiment("sft", QUICK, model="tiny", campaign="multi", gpus="1,3")
+    result = api.launch(
+        api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="multi", gpus="1,3")
+    )
     assert result.run.argv[-2:] == ["--nproc", "2"]  # the launcher asked for 2 ranks
     env = wait_for(Path(result.run.run_dir) / "env.json")
     assert env["CUDA_VISIBLE_DEVICES"] == "1,3"
@@ -178,9 +185,13 @@ def test_run_on_several_gpus_holds_each_and_starts_under_torchrun(lab, monkeypat
     monkeypatch.setattr(api, "_device_free_gb", lambda device: 0.01 if device == "cuda:3" else 40)
     other = [*QUICK, "seed=2"]  # the same config again would be refused as a repeat
     with pytest.raises(LabError, match="cuda:3 is busy"):  # both do not fit there
-        api.launch_experiment("sft", other, model="tiny", campaign="multi", gpus="3,")
+        api.launch(
+            api.RunRequest(recipe="sft", overrides=other, model="tiny", campaign="multi", gpus="3,")
+        )
     monkeypatch.setattr(api, "_device_free_gb", lambda device: 40.0)
-    beside = api.launch_experiment("sft", other, model="tiny", campaign="multi", gpus="3,")
+    beside = api.launch(
+        api.RunRequest(recipe="sft", overrides=other, model="tiny", campaign="multi", gpus="3,")
+    )
     assert beside.sharing_device_with == [result.run.id]  # both fit: started beside it
     held = resources.check_resources()
     hold = next(h for h in held.lab_runs if h.run_id == result.run.id)
@@ -198,8 +209,12 @@ def test_lab_numbers_under_cuda_visible_devices_map_to_the_physical_gpu(lab, mon
     fake_inventory(monkeypatch, [40, 40, 40, 40])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     with pytest.raises(Unavailable, match=r"GPU 2 was asked for .* shows 2 GPU\(s\)"):
-        api.launch_experiment("sft", QUICK, model="tiny", campaign="cvd", gpus="2,")
-    result = api.launch_experiment("sft", QUICK, model="tiny", campaign="cvd", gpus="1,")
+        api.launch(
+            api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="cvd", gpus="2,")
+        )
+    result = api.launch(
+        api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="cvd", gpus="1,")
+    )
     assert result.devices == ["cuda:1"]
     assert wait_for(Path(result.run.run_dir) / "env.json")["CUDA_VISIBLE_DEVICES"] == "3"
     shown = resources.check_resources()
@@ -208,11 +223,17 @@ def test_lab_numbers_under_cuda_visible_devices_map_to_the_physical_gpu(lab, mon
 
 def test_sweep_of_four_arms_runs_on_four_gpus_at_once(lab, monkeypatch):
     fake_inventory(monkeypatch, [40, 40, 40, 40])
-    swept = api.sweep(["dpo", "ipo", "simpo", "orpo"], QUICK, model="tiny", campaign="four")
+    swept = api.sweep(
+        api.SweepRequest(
+            recipes=["dpo", "ipo", "simpo", "orpo"], overrides=QUICK, model="tiny", campaign="four"
+        )
+    )
     queued = [launch.run.id for launch in swept.launches]
     assert all(launch.queued and launch.devices == [] for launch in swept.launches)
-    extra = api.launch_experiment(
-        "dpo", [*QUICK, "seed=2"], model="tiny", campaign="four", queue=True
+    extra = api.launch(
+        api.RunRequest(
+            recipe="dpo", overrides=[*QUICK, "seed=2"], model="tiny", campaign="four", queue=True
+        )
     )  # another seed: the dpo arm's config again would be refused as a repeat
     for run_id in queued:  # the worker's start-when-free: each starts at once on a free GPU
         started = runs._start_when_free(run_id, poll_s=0.1)
@@ -259,9 +280,15 @@ def test_memory_is_checked_on_each_device(lab, monkeypatch):
     free = {"cuda:0": 40.0, "cuda:1": 40.0, "cuda:2": 0.01, "cuda:3": 40.0}
     monkeypatch.setattr(api, "_device_free_gb", lambda device: free.get(device))
     with pytest.raises(LabError, match=r"per rank.*memory of cuda:2"):
-        api.launch_experiment("sft", QUICK, model="tiny", campaign="mem", gpus="0,1,2,3")
+        api.launch(
+            api.RunRequest(
+                recipe="sft", overrides=QUICK, model="tiny", campaign="mem", gpus="0,1,2,3"
+            )
+        )
     assert not list(Path(runs._lab_dir()).parent.glob("*mem*"))  # nothing written
-    ok = api.launch_experiment("sft", QUICK, model="tiny", campaign="mem", gpus="0,1")
+    ok = api.launch(
+        api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="mem", gpus="0,1")
+    )
     assert ok.devices == ["cuda:0", "cuda:1"]
 
 
@@ -302,8 +329,14 @@ def test_world_size_against_the_batches():
 
 def test_bad_world_size_is_refused_before_anything_is_written(lab):
     with pytest.raises(InvalidArgument, match="more than the global batch allows"):
-        api.launch_experiment(
-            "sft", [*QUICK, "train.batch_size=8"], model="tiny", campaign="ws", nproc=4
+        api.launch(
+            api.RunRequest(
+                recipe="sft",
+                overrides=[*QUICK, "train.batch_size=8"],
+                model="tiny",
+                campaign="ws",
+                nproc=4,
+            )
         )
     assert not any(Path(runs._lab_dir()).parent.glob("*-ws"))
 
@@ -315,14 +348,18 @@ REAL_NPROC = 2
 @pytest.mark.slow
 def test_real_cpu_run_under_torchrun_succeeds(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(api, "_record_when_ended", lambda run_id: [])
+    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
     quick = [
         *QUICK,
         "eval.eval_every=2",
         "eval.sample_every=0",
         "checkpoint.save_final_model=false",
     ]
-    result = api.launch_experiment("sft", quick, model="tiny", campaign="real", nproc=REAL_NPROC)
+    result = api.launch(
+        api.RunRequest(
+            recipe="sft", overrides=quick, model="tiny", campaign="real", nproc=REAL_NPROC
+        )
+    )
     assert result.run.argv[1:3] == ["-m", "torch.distributed.run"]
     assert result.run.argv[result.run.argv.index("--nproc-per-node") + 1] == str(REAL_NPROC)
     final = runs.wait_for_end(result.run.id, poll_s=1, timeout_s=400)

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import rlhf_lab.api as api
+import rlhf_lab.api.launching as launching
 from rlhf_lab import runs
 from rlhf_lab.errors import LabError
 
@@ -22,7 +23,7 @@ def one_gpu_lab(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(runs, "trainer_argv", env_writing_trainer())
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(api, "_record_when_ended", lambda run_id: [])
+    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
     fake_inventory(monkeypatch, [40.0])
     yield
     for run in runs.active_runs():
@@ -65,9 +66,18 @@ def holders() -> list[str]:
 
 
 def test_a_picked_gpu_and_a_named_gpu_never_go_to_two_runs(one_gpu_lab):
-    picked = api.launch_experiment("sft", QUICK, model="tiny", campaign="race", queue=True)
-    named = api.launch_experiment(  # another seed: the same config would be a repeat
-        "sft", [*QUICK, "seed=2"], model="tiny", campaign="race", device="cuda:0", queue=True
+    picked = api.launch(
+        api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="race", queue=True)
+    )
+    named = api.launch(
+        api.RunRequest(
+            recipe="sft",
+            overrides=[*QUICK, "seed=2"],
+            model="tiny",
+            campaign="race",
+            device="cuda:0",
+            queue=True,
+        )
     )
     assert picked.devices == [] and named.devices == ["cuda:0"]
     _, threads = race(
@@ -81,11 +91,15 @@ def test_a_picked_gpu_and_a_named_gpu_never_go_to_two_runs(one_gpu_lab):
 
 
 def test_a_queued_pick_and_an_explicit_launch_on_the_same_gpu(one_gpu_lab):
-    queued = api.launch_experiment("sft", QUICK, model="tiny", campaign="race", queue=True)
+    queued = api.launch(
+        api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="race", queue=True)
+    )
     results, threads = race(
         lambda: runs._start_when_free(queued.run.id, poll_s=0.1),
-        lambda: api.launch_experiment(  # another seed: the same config would be a repeat
-            "sft", [*QUICK, "seed=2"], model="tiny", campaign="race", gpus="0,"
+        lambda: api.launch(
+            api.RunRequest(
+                recipe="sft", overrides=[*QUICK, "seed=2"], model="tiny", campaign="race", gpus="0,"
+            )
         ),
     )
     assert len(holders()) == 1, (holders(), results)

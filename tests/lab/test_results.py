@@ -436,9 +436,17 @@ def parse_with_the_cli(command: str, monkeypatch) -> dict:
     argv = shlex.split(command)
     assert argv[:3] == ["uv", "run", "rlhf-lab"]
     seen: dict = {}
-    operation = {"sweep": "sweep", "launch": "launch_experiment"}[argv[3]]
+    operation = {"sweep": "sweep", "launch": "launch"}[argv[3]]
 
     def record(*args, **kwargs):
+        if args and isinstance(args[0], api.RunRequest):  # launch takes the request whole
+            request = args[0]
+            args = (request.recipe, request.override_texts())
+            kwargs = request.model_dump(exclude={"recipe", "overrides"})
+        elif args and isinstance(args[0], api.SweepRequest):  # so does sweep
+            request = args[0]
+            args = (request.recipes, [o.text for o in request.overrides])
+            kwargs = request.model_dump(exclude={"recipes", "overrides"})
         seen.update(args=args, kwargs=kwargs)
         raise InvalidArgument("RECORDED")
 
@@ -554,23 +562,33 @@ def test_next_items_are_empty_without_findings():
 
 def test_sweep_queues_matched_seeds_for_every_arm(monkeypatch):
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # nothing starts
-    result = api.sweep(["preference_rm", "orm"], model="tiny", campaign="rm-seeds", seeds=2)
+    result = api.sweep(
+        api.SweepRequest(
+            recipes=["preference_rm", "orm"], model="tiny", campaign="rm-seeds", seeds=2
+        )
+    )
     assert result.seeds == [123, 124]  # the first recipe's seed, then the next
     seeds = []
     for launch in result.launches:
         cfg = yaml.safe_load((Path(launch.run.run_dir) / "config.yaml").read_text())
         seeds.append((launch.run.algorithm, cfg["seed"]))
     assert seeds == [("preference", 123), ("orm", 123), ("preference", 124), ("orm", 124)]
-    result = api.sweep(["dpo"], ["seed=7"], model="tiny", campaign="rm-seeds", seeds=1)
+    result = api.sweep(
+        api.SweepRequest(
+            recipes=["dpo"], overrides=["seed=7"], model="tiny", campaign="rm-seeds", seeds=1
+        )
+    )
     assert result.seeds == [7]
     with pytest.raises(InvalidArgument, match="seeds must be between 1 and 16"):
-        api.sweep(["dpo"], seeds=0)
+        api.sweep(api.SweepRequest(recipes=["dpo"], seeds=0))
 
 
 def test_a_policy_gradient_sweep_trains_every_arm_on_the_same_rollout_shape(monkeypatch):
     """ppo ships 16 prompts x 1 rollout and grpo 4 x 8: a sweep gives both the same budget."""
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # nothing starts
-    result = api.sweep(["ppo", "grpo"], model="tiny", campaign="pg-matched")
+    result = api.sweep(
+        api.SweepRequest(recipes=["ppo", "grpo"], model="tiny", campaign="pg-matched")
+    )
     shapes = []
     for launch in result.launches:
         cfg = yaml.safe_load((Path(launch.run.run_dir) / "config.yaml").read_text())

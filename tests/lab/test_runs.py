@@ -53,10 +53,30 @@ def config(overrides: list[str]) -> dict:
     return load_config(RECIPE, DirectAlignmentConfig, overrides).model_dump(mode="json")
 
 
-def launch(overrides: list[str], campaign: str = "launcher-test", **kw) -> runs.LaunchResult:
-    return runs.launch(
-        "direct_alignment", "dpo", config(overrides), campaign, str(RECIPE), overrides, **kw
+def new_run(cfg: dict, campaign: str, source: str = "x", overrides=(), **kw) -> runs.NewRun:
+    """A DPO run to create, as the API hands it to the runs layer."""
+    return runs.NewRun(
+        family="direct_alignment",
+        algorithm="dpo",
+        config=cfg,
+        campaign=campaign,
+        source=source,
+        overrides=list(overrides),
+        **kw,
     )
+
+
+def launch(
+    overrides: list[str],
+    campaign: str = "launcher-test",
+    *,
+    queue: bool = False,
+    force: bool = False,
+    fits_together: bool | None = None,
+    **kw,
+) -> runs.LaunchResult:
+    run = new_run(config(overrides), campaign, str(RECIPE), overrides, **kw)
+    return runs.start_or_queue(run, queue=queue, force=force, fits_together=fits_together)
 
 
 def wait_until(predicate, timeout: float, what: str, poll: float = 0.25):
@@ -103,8 +123,9 @@ from trainers.core.config import load_config
 from trainers.direct_alignment.config import DirectAlignmentConfig
 overrides = sys.argv[2:]
 cfg = load_config(sys.argv[1], DirectAlignmentConfig, overrides).model_dump(mode="json")
-result = runs.launch("direct_alignment", "dpo", cfg, "orphan-test", sys.argv[1], overrides,
-                     device="cpu")
+run = runs.NewRun(family="direct_alignment", algorithm="dpo", config=cfg,
+                  campaign="orphan-test", source=sys.argv[1], overrides=overrides, device="cpu")
+result = runs.start_or_queue(run)
 print(result.run.id)
 """
 
@@ -173,15 +194,61 @@ def test_unknown_run_and_bad_inputs_create_nothing(tmp_path, monkeypatch):
         runs.find_run("dpo-20260101-000000-abcd")
     cfg = config(QUICK)
     with pytest.raises(LabError, match="campaign slug"):
-        runs.prepare_run("direct_alignment", "dpo", cfg, "../evil", "x", [])
+        runs.prepare_run(
+            runs.NewRun(
+                family="direct_alignment",
+                algorithm="dpo",
+                config=cfg,
+                campaign="../evil",
+                source="x",
+                overrides=[],
+            )
+        )
     with pytest.raises(LabError, match="unknown family"):
-        runs.prepare_run("../trainers", "dpo", cfg, "ok", "x", [])
+        runs.prepare_run(
+            runs.NewRun(
+                family="../trainers",
+                algorithm="dpo",
+                config=cfg,
+                campaign="ok",
+                source="x",
+                overrides=[],
+            )
+        )
     with pytest.raises(LabError, match="algorithm"):
-        runs.prepare_run("direct_alignment", "dpo/../x", cfg, "ok", "x", [])
+        runs.prepare_run(
+            runs.NewRun(
+                family="direct_alignment",
+                algorithm="dpo/../x",
+                config=cfg,
+                campaign="ok",
+                source="x",
+                overrides=[],
+            )
+        )
     with pytest.raises(LabError, match="device"):
-        runs.prepare_run("direct_alignment", "dpo", cfg, "ok", "x", [], device="tpu")
+        runs.prepare_run(
+            runs.NewRun(
+                family="direct_alignment",
+                algorithm="dpo",
+                config=cfg,
+                campaign="ok",
+                source="x",
+                overrides=[],
+                device="tpu",
+            )
+        )
     with pytest.raises(LabError, match="mapping"):
-        runs.prepare_run("direct_alignment", "dpo", {}, "ok", "x", [])
+        runs.prepare_run(
+            runs.NewRun(
+                family="direct_alignment",
+                algorithm="dpo",
+                config={},
+                campaign="ok",
+                source="x",
+                overrides=[],
+            )
+        )
     assert list(tmp_path.glob("experiments/*/runs/*")) == []
 
 
@@ -189,7 +256,16 @@ def test_prepare_run_writes_config_and_run_json(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     cfg = config(QUICK)
     info = runs.prepare_run(
-        "direct_alignment", "dpo", cfg, "prep", str(RECIPE), QUICK, state="queued", device="cpu"
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=cfg,
+            campaign="prep",
+            source=str(RECIPE),
+            overrides=QUICK,
+            device="cpu",
+        ),
+        state="queued",
     )
     run_dir = Path(info.run_dir)
     assert run_dir.parent.parent.name.endswith("-prep") and run_dir.name == info.id
@@ -211,7 +287,16 @@ def test_prepare_run_writes_config_and_run_json(tmp_path, monkeypatch):
 def test_reused_pid_is_not_reported_as_running(tmp_path, monkeypatch):
     """run.json names this very test process's pid but a different create time."""
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    info = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "reuse", "x", [])
+    info = runs.prepare_run(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=config(QUICK),
+            campaign="reuse",
+            source="x",
+            overrides=[],
+        )
+    )
     path = Path(info.run_dir) / "run.json"
     record = read_json(path)
     me = psutil.Process()
@@ -223,7 +308,16 @@ def test_reused_pid_is_not_reported_as_running(tmp_path, monkeypatch):
     assert read_json(path)["state"] == "died"  # run.json updated
     assert runs.active_runs() == []
     # the same pid with the right create time *is* alive
-    info2 = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "reuse", "x", [])
+    info2 = runs.prepare_run(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=config(QUICK),
+            campaign="reuse",
+            source="x",
+            overrides=[],
+        )
+    )
     path2 = Path(info2.run_dir) / "run.json"
     record2 = {**read_json(path2), "state": "running", "pid": os.getpid()}
     record2["create_time"] = me.create_time()
@@ -234,7 +328,16 @@ def test_reused_pid_is_not_reported_as_running(tmp_path, monkeypatch):
 
 def test_status_reads_progress_metrics_summary_and_stale_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    info = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "status", "x", [])
+    info = runs.prepare_run(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=config(QUICK),
+            campaign="status",
+            source="x",
+            overrides=[],
+        )
+    )
     run_dir = Path(info.run_dir)
     record = {**read_json(run_dir / "run.json"), "state": "running", "pid": os.getpid()}
     record["create_time"] = psutil.Process().create_time()  # "alive": this test process
@@ -270,7 +373,16 @@ def test_status_reads_progress_metrics_summary_and_stale_starts(tmp_path, monkey
     assert runs.stop_run(info.id).state == "succeeded"  # stopping a finished run changes nothing
 
     # a run left in "starting" by a launcher that died before starting the process
-    stale = runs.prepare_run("direct_alignment", "dpo", config(QUICK), "status", "x", [])
+    stale = runs.prepare_run(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=config(QUICK),
+            campaign="status",
+            source="x",
+            overrides=[],
+        )
+    )
     path = Path(stale.run_dir) / "run.json"
     assert runs.run_state(stale.id).state == "starting"
     path.write_text(json.dumps({**read_json(path), "created_at": "2020-01-01T00:00:00+00:00"}))
@@ -288,7 +400,16 @@ def fake_trainer(code: str):
 def test_resume_restarts_a_died_run_with_resume_and_keeps_the_attempt(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
-    info = runs.launch("direct_alignment", "dpo", config(QUICK), "resume", "x", []).run
+    info = runs.start_or_queue(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=config(QUICK),
+            campaign="resume",
+            source="x",
+            overrides=[],
+        )
+    ).run
     run_dir = Path(info.run_dir)
     with pytest.raises(LabError, match="stop it first"):
         runs.resume_run(info.id)  # still running
@@ -332,7 +453,18 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
     def go():
         barrier.wait()
         try:
-            results.append(runs.launch("direct_alignment", "dpo", cfg, "race", "x", []))
+            results.append(
+                runs.start_or_queue(
+                    runs.NewRun(
+                        family="direct_alignment",
+                        algorithm="dpo",
+                        config=cfg,
+                        campaign="race",
+                        source="x",
+                        overrides=[],
+                    )
+                )
+            )
         except LabError as err:
             errors.append(str(err))
 
@@ -347,12 +479,32 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
         assert all(winner.id in e and "force=True" in e and "queue=True" in e for e in errors)
         assert len(list(tmp_path.glob("experiments/*/runs/*"))) == 1  # losers wrote nothing
         # fits_together (the caller's memory check) lets a second job share the device
-        shared = runs.launch("direct_alignment", "dpo", cfg, "race", "x", [], fits_together=True)
+        shared = runs.start_or_queue(
+            runs.NewRun(
+                family="direct_alignment",
+                algorithm="dpo",
+                config=cfg,
+                campaign="race",
+                source="x",
+                overrides=[],
+            ),
+            fits_together=True,
+        )
         extra.append(shared.run)
         assert shared.sharing_device_with == [winner.id]
         assert {s.id for s in runs.active_runs("cpu")} == {winner.id, shared.run.id}
         with pytest.raises(LabError, match="both do not fit"):
-            runs.launch("direct_alignment", "dpo", cfg, "race", "x", [], fits_together=False)
+            runs.start_or_queue(
+                runs.NewRun(
+                    family="direct_alignment",
+                    algorithm="dpo",
+                    config=cfg,
+                    campaign="race",
+                    source="x",
+                    overrides=[],
+                ),
+                fits_together=False,
+            )
     finally:
         for info in [r.run for r in results] + extra:
             runs.stop_run(info.id, grace_s=5)
@@ -378,7 +530,7 @@ def test_cpu_runs_started_beside_others_get_their_share_of_the_cores(tmp_path, m
     started = []
     try:
         for kw in ({}, {"fits_together": True}, {"force": True}):
-            started.append(runs.launch("direct_alignment", "dpo", cfg, "cores", "x", [], **kw).run)
+            started.append(runs.start_or_queue(new_run(cfg, "cores"), **kw).run)
         seen = [
             wait_until(lambda d=Path(i.run_dir): (d / "omp.txt").is_file(), 30, "the trainer")
             and (Path(i.run_dir) / "omp.txt").read_text()
@@ -391,7 +543,17 @@ def test_cpu_runs_started_beside_others_get_their_share_of_the_cores(tmp_path, m
         assert f"sharing the CPU with {started[0].id}, {started[1].id}" in log
         # a thread count the user set is left alone
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
-        mine = runs.launch("direct_alignment", "dpo", cfg, "cores", "x", [], force=True).run
+        mine = runs.start_or_queue(
+            runs.NewRun(
+                family="direct_alignment",
+                algorithm="dpo",
+                config=cfg,
+                campaign="cores",
+                source="x",
+                overrides=[],
+            ),
+            force=True,
+        ).run
         started.append(mine)
         omp = Path(mine.run_dir) / "omp.txt"
         assert wait_until(omp.is_file, 30, "the trainer") and omp.read_text() == "3"
@@ -405,7 +567,16 @@ def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
     cfg = config(QUICK)
-    info = runs.launch("direct_alignment", "dpo", cfg, "kill", "x", []).run
+    info = runs.start_or_queue(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=cfg,
+            campaign="kill",
+            source="x",
+            overrides=[],
+        )
+    ).run
     assert runs.run_state(info.id).state == "running"
     os.killpg(info.pgid, signal.SIGKILL)  # wrapper and trainer both gone: no exit.json
     status = wait_until(
@@ -424,7 +595,16 @@ def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp
             "print('ready', flush=True); time.sleep(30)"
         ),
     )
-    info = runs.launch("direct_alignment", "dpo", cfg, "kill", "x", []).run
+    info = runs.start_or_queue(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=cfg,
+            campaign="kill",
+            source="x",
+            overrides=[],
+        )
+    ).run
     # the line the trainer prints (the log's header names the command, 'ready' included)
     wait_until(lambda: "\nready\n" in (Path(info.run_dir) / "train.log").read_text(), 20, "ready")
     t0 = time.time()
@@ -438,7 +618,16 @@ def test_exit_code_is_recorded_by_the_wrapper(tmp_path, monkeypatch):
     monkeypatch.setattr(
         runs, "trainer_argv", fake_trainer("import sys; print('boom', flush=True); sys.exit(3)")
     )
-    info = runs.launch("direct_alignment", "dpo", config(QUICK), "exit", "x", []).run
+    info = runs.start_or_queue(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=config(QUICK),
+            campaign="exit",
+            source="x",
+            overrides=[],
+        )
+    ).run
     status = wait_until(lambda: (s := runs.run_state(info.id)).terminal and s, 20, "end")
     assert status.state == "failed" and status.exit_code == 3 and status.signal is None
     assert read_json(Path(info.run_dir) / "exit.json")["exit_code"] == 3

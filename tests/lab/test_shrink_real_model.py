@@ -227,11 +227,16 @@ def test_a_missing_data_file_is_refused_at_plan_launch_and_queue(lab_root):
     assert "override data.dataset=builtin:reasoning-preferences" in err.value.message
     for queue in (True, False):
         with pytest.raises(NotFound):
-            api.launch_experiment("dpo", missing, model="tiny", queue=queue)
+            api.launch(api.RunRequest(recipe="dpo", overrides=missing, model="tiny", queue=queue))
     nothing_written(lab_root)
     with pytest.raises(NotFound, match="data.test_dataset"):
-        api.launch_experiment(
-            "top_per_prompt", ["data.test_dataset=held.jsonl"], model="tiny", queue=True
+        api.launch(
+            api.RunRequest(
+                recipe="top_per_prompt",
+                overrides=["data.test_dataset=held.jsonl"],
+                model="tiny",
+                queue=True,
+            )
         )
     nothing_written(lab_root)
 
@@ -262,9 +267,15 @@ QUICK = ["data.max_samples=48", "data.eval_size=16", "train.max_steps=2"]
 
 
 def test_an_identical_launch_beside_a_queued_one_is_refused_with_its_id(lab_root):
-    first = api.launch_experiment("dpo", QUICK, model="tiny", queue=True, campaign="same")
+    first = api.launch(
+        api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True, campaign="same")
+    )
     with pytest.raises(Conflict) as err:
-        api.launch_experiment("dpo", QUICK, model="tiny", queue=True, campaign="other")
+        api.launch(
+            api.RunRequest(
+                recipe="dpo", overrides=QUICK, model="tiny", queue=True, campaign="other"
+            )
+        )
     assert (
         first.run.id in err.value.message and "same resolved config and seed" in err.value.message
     )
@@ -272,18 +283,24 @@ def test_an_identical_launch_beside_a_queued_one_is_refused_with_its_id(lab_root
     assert len(list((lab_root / "experiments").glob("*/runs/*"))) == 1
     assert not list((lab_root / "experiments").glob("*-other*"))
     # another seed is another sample; --force runs the same one anyway
-    api.launch_experiment("dpo", [*QUICK, "seed=7"], model="tiny", queue=True, campaign="same")
-    forced = api.launch_experiment("dpo", QUICK, model="tiny", queue=True, force=True)
+    api.launch(
+        api.RunRequest(
+            recipe="dpo", overrides=[*QUICK, "seed=7"], model="tiny", queue=True, campaign="same"
+        )
+    )
+    forced = api.launch(
+        api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True, force=True)
+    )
     assert forced.run.id != first.run.id
     assert len(list((lab_root / "experiments").glob("*/runs/*"))) == 3
 
 
 def test_an_identical_config_of_a_finished_run_is_not_refused(lab_root):
-    first = api.launch_experiment("dpo", QUICK, model="tiny", queue=True)
+    first = api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True))
     record = Path(first.run.run_dir) / "run.json"
     data = json.loads(record.read_text())
     record.write_text(json.dumps({**data, "state": "cancelled"}))
-    again = api.launch_experiment("dpo", QUICK, model="tiny", queue=True)
+    again = api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True))
     assert again.run.id != first.run.id
     stored = yaml.safe_load((Path(again.run.run_dir) / "config.yaml").read_text())
     assert identical_runs("direct_alignment", stored) == [(again.run.id, "queued")]
@@ -313,7 +330,9 @@ def test_one_lora_sft_step_of_smollm2_through_the_lab(lab_root, monkeypatch):
     steps += ["eval.sample_every=0", "eval.num_samples=0"]
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     monkeypatch.setenv("OMP_NUM_THREADS", env["OMP_NUM_THREADS"])
-    result = api.launch_experiment("sft", steps, model=str(pulled), device="cpu")
+    result = api.launch(
+        api.RunRequest(recipe="sft", overrides=steps, model=str(pulled), device="cpu")
+    )
     final = runs.wait_for_end(result.run.id, timeout_s=900)
     run_dir = Path(result.run.run_dir)
     assert final.state == "succeeded", (run_dir / "train.log").read_text()[-3000:]

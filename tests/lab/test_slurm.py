@@ -77,13 +77,19 @@ def cluster(tmp_path_factory):
     old = os.environ.get("RLHF_LAB_ROOT")
     os.environ["RLHF_LAB_ROOT"] = str(root)
     submitted = {
-        "ok": api.launch_experiment("sft", QUICK, model="tiny", campaign="slurm", slurm={}),
-        "stop": api.launch_experiment("sft", LONG, model="tiny", campaign="slurm", slurm={}),
+        "ok": api.launch(
+            api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="slurm", slurm={})
+        ),
+        "stop": api.launch(
+            api.RunRequest(recipe="sft", overrides=LONG, model="tiny", campaign="slurm", slurm={})
+        ),
         # ten minutes asked; once it trains the test lowers the limit with scontrol (a start-up
         # slower than the limit would leave nothing to checkpoint: on a loaded machine torchrun
         # took two minutes to start)
-        "limit": api.launch_experiment(
-            "sft", LONG, model="tiny", campaign="slurm", slurm={"time": "10"}
+        "limit": api.launch(
+            api.RunRequest(
+                recipe="sft", overrides=LONG, model="tiny", campaign="slurm", slurm={"time": "10"}
+            )
         ),
     }
     yield {name: result.run.id for name, result in submitted.items()}
@@ -266,22 +272,36 @@ def test_without_sbatch_a_slurm_launch_is_refused_before_anything_is_written(tmp
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     with pytest.raises(Unavailable, match="Slurm is not installed here"):
-        api.launch_experiment("sft", QUICK, model="tiny", campaign="nosl", slurm={"nodes": 1})
+        api.launch(
+            api.RunRequest(
+                recipe="sft", overrides=QUICK, model="tiny", campaign="nosl", slurm={"nodes": 1}
+            )
+        )
     assert not list(tmp_path.glob("experiments/*nosl*"))
 
 
 def test_bad_slurm_options_and_world_size_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     with pytest.raises(InvalidArgument, match="bad Slurm time"):
-        api.launch_experiment("sft", QUICK, model="tiny", slurm={"time": "soon"})
+        api.launch(
+            api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", slurm={"time": "soon"})
+        )
     with pytest.raises(InvalidArgument, match="bad Slurm options"):
-        api.launch_experiment("sft", QUICK, model="tiny", slurm={"nodes": 0})
+        api.launch(api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", slurm={"nodes": 0}))
     with pytest.raises(InvalidArgument, match="more than the global batch allows"):
-        api.launch_experiment("sft", QUICK, model="tiny", slurm={"nodes": 4, "gpus_per_node": 2})
+        api.launch(
+            api.RunRequest(
+                recipe="sft", overrides=QUICK, model="tiny", slurm={"nodes": 4, "gpus_per_node": 2}
+            )
+        )
     with pytest.raises(InvalidArgument, match="gpus_per_node"):
-        api.launch_experiment("sft", QUICK, model="tiny", gpus="0,1", slurm={})
+        api.launch(
+            api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", gpus="0,1", slurm={})
+        )
     with pytest.raises(LabError, match="does not apply to a Slurm job"):
-        api.launch_experiment("sft", QUICK, model="tiny", queue=True, slurm={})
+        api.launch(
+            api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", queue=True, slurm={})
+        )
     assert not list(tmp_path.glob("experiments/*/runs/*"))
 
 

@@ -396,26 +396,22 @@ def test_cli_plan_prints_each_runs_time_and_the_total(cache, tmp_path, monkeypat
 
 
 def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypatch):
-    import rlhf_lab.runs as runs
-    from rlhf_lab import api
-    from rlhf_lab.runs.launcher import prepare_run
+    from rlhf_lab.api.launching import with_predicted_time
+    from rlhf_lab.runs.launcher import NewRun, prepare_run
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     tc.write_cached(tc.get_calibration("tiny", "cpu", 1, mode="cached").key, STUB)
-    seen = {}
-    monkeypatch.setattr(runs, "launch", lambda *a, **kw: seen.update(kw) or "launched")
-    assert api._launch("sft", "sft", SFT_CONFIG, "timing", "x.yaml", [], device="cpu") == "launched"
-    assert seen["predicted_time"]["text"] == "~82 s (36 steps × 1.8 s)"
-    info = prepare_run(
-        "sft",
-        "sft",
-        SFT_CONFIG,
-        "timing",
-        "x.yaml",
-        [],
+    run = NewRun(
+        family="sft",
+        algorithm="sft",
+        config=SFT_CONFIG,
+        campaign="timing",
+        source="x.yaml",
         device="cpu",
-        predicted_time=seen["predicted_time"],
     )
+    predicted = with_predicted_time(run)  # what api.launch hands to the runs layer
+    assert predicted.predicted_time["text"] == "~82 s (36 steps × 1.8 s)"
+    info = prepare_run(predicted)
     written = json.loads((Path(info.run_dir) / "run.json").read_text())
     assert written["predicted_time"]["total_s"] == pytest.approx(82.0, abs=0.5)
     assert info.predicted_time == written["predicted_time"]

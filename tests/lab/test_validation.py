@@ -99,8 +99,7 @@ def test_learning_rate_above_one_is_refused_at_shrink_plan_and_launch(lab_root):
     for call in (
         lambda: api.shrink_config("dpo", bad, model="tiny"),
         lambda: api.plan_experiment(algorithm="dpo", model="tiny", overrides=bad),
-        lambda: api.launch_experiment("dpo", bad, model="tiny", queue=True),
-        lambda: api.launch_run("dpo", bad, model="tiny", queue=True),
+        lambda: api.launch(api.RunRequest(recipe="dpo", overrides=bad, model="tiny", queue=True)),
     ):
         with pytest.raises(InvalidArgument, match="learning rate above 1 is refused"):
             call()
@@ -123,10 +122,18 @@ def test_implausible_learning_rates_warn_in_shrink_plan_and_launch(lab_root):
     pretrained = api.shrink_config("dpo", mid)  # the recipe's OLMo-2 (hub, known architecture)
     assert any("plausible top for full fine-tuning" in n for n in pretrained.notes)
     # the launch goes ahead and says so, in the API result, the agent's result and the CLI
-    launched = api.launch_experiment("dpo", high, model="tiny", queue=True, campaign="lr")
+    launched = api.launch(
+        api.RunRequest(recipe="dpo", overrides=high, model="tiny", queue=True, campaign="lr")
+    )
     assert launched.queued and any("is above 0.01" in w for w in launched.warnings)
     # other seeds: the same config as a queued run would be refused as a repeat
-    agent = api.launch_run("dpo", [*high, "seed=2"], model="tiny", queue=True, campaign="lr")
+    agent = api.launch_run_result(
+        api.launch(
+            api.RunRequest(
+                recipe="dpo", overrides=[*high, "seed=2"], model="tiny", queue=True, campaign="lr"
+            )
+        )
+    )
     assert any("is above 0.01" in w for w in agent.warnings)
     code, out = cli(
         "launch", "dpo", "--model", "tiny", "--queue", "--campaign", "lr", *sets([*high, "seed=3"])
@@ -146,9 +153,15 @@ def test_max_length_above_the_context_is_refused_everywhere(lab_root):
         "plan": lambda: api.plan_experiment(algorithm="dpo", model="tiny", overrides=bad),
         "estimate": lambda: api.estimate_memory("dpo", "tiny", bad),
         "estimate full": lambda: api.estimate_memory("dpo", "tiny", bad, shrink=False),
-        "launch": lambda: api.launch_experiment("dpo", bad, model="tiny", device="cpu"),
-        "queue": lambda: api.launch_experiment("dpo", bad, model="tiny", queue=True),
-        "full launch": lambda: api.launch_experiment("dpo", bad + ["model.name=tiny"]),
+        "launch": lambda: api.launch(
+            api.RunRequest(recipe="dpo", overrides=bad, model="tiny", device="cpu")
+        ),
+        "queue": lambda: api.launch(
+            api.RunRequest(recipe="dpo", overrides=bad, model="tiny", queue=True)
+        ),
+        "full launch": lambda: api.launch(
+            api.RunRequest(recipe="dpo", overrides=bad + ["model.name=tiny"], shrink=False)
+        ),
     }
     for name, call in calls.items():
         with pytest.raises(InvalidArgument, match="above the context of model tiny") as err:
@@ -165,8 +178,13 @@ def test_generation_lengths_must_leave_room_for_the_prompt(lab_root):
     with pytest.raises(InvalidArgument, match="rollout.max_new_tokens=4096 new tokens leave no"):
         api.shrink_config("grpo", ["rollout.max_new_tokens=4096"], model="tiny")
     with pytest.raises(InvalidArgument, match="generation.max_new_tokens=2048"):
-        api.launch_experiment(
-            "top_k_overall", ["generation.max_new_tokens=2048"], model="tiny", queue=True
+        api.launch(
+            api.RunRequest(
+                recipe="top_k_overall",
+                overrides=["generation.max_new_tokens=2048"],
+                model="tiny",
+                queue=True,
+            )
         )
     with pytest.raises(InvalidArgument, match="sft.max_seq_length=4096 is above the context"):
         api.shrink_config("top_k_overall", ["sft.max_seq_length=4096"], model="tiny")
@@ -193,7 +211,14 @@ def test_the_context_comes_from_the_model_folders_config_json(lab_root, tmp_path
     ok = api.shrink_config("sft", ["data.max_length=256", f"model.name={folder}"])
     assert ok.config["data"]["max_length"] == 256
     with pytest.raises(InvalidArgument, match=r"data.max_length=300 is above .*\(256 tokens"):
-        api.launch_experiment("sft", [f"model.name={folder}", "data.max_length=300"], queue=True)
+        api.launch(
+            api.RunRequest(
+                recipe="sft",
+                overrides=[f"model.name={folder}", "data.max_length=300"],
+                queue=True,
+                shrink=False,
+            )
+        )
     nothing_written(lab_root)
 
 
@@ -206,10 +231,20 @@ def test_a_model_that_cannot_be_resolved_is_refused_at_plan_shrink_and_launch(la
         lambda: api.shrink_config("dpo", model=model),
         lambda: api.plan_experiment(algorithm="dpo", model=model),
         lambda: api.estimate_memory("dpo", model),
-        lambda: api.launch_experiment("dpo", model=model, queue=True),
-        lambda: api.launch_experiment("dpo", [f"model.name={model}"], queue=True),
-        lambda: api.launch_run("dpo", model=model, device="cpu"),
-        lambda: api.launch_experiment("dpo", QUICK + [f"model.ref_name={model}"], model="tiny"),
+        lambda: api.launch(api.RunRequest(recipe="dpo", model=model, queue=True)),
+        lambda: api.launch(
+            api.RunRequest(
+                recipe="dpo", overrides=[f"model.name={model}"], queue=True, shrink=False
+            )
+        ),
+        lambda: api.launch_run_result(
+            api.launch(api.RunRequest(recipe="dpo", model=model, device="cpu"))
+        ),
+        lambda: api.launch(
+            api.RunRequest(
+                recipe="dpo", overrides=QUICK + [f"model.ref_name={model}"], model="tiny"
+            )
+        ),
     ]
     for call in calls:
         with pytest.raises(NotFound, match="cannot be resolved") as err:
@@ -227,8 +262,10 @@ def test_an_uncached_hub_model_offline_is_refused_at_launch_and_warned_in_the_pl
     plan = api.plan_experiment(algorithm="dpo", model=hub, overrides=QUICK)
     assert any("local Hugging Face cache" in w for w in plan.warnings), plan.warnings
     for call in (
-        lambda: api.launch_experiment("dpo", QUICK, model=hub, queue=True),
-        lambda: api.launch_experiment("dpo", QUICK, model=hub, device="cpu", force=True),
+        lambda: api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model=hub, queue=True)),
+        lambda: api.launch(
+            api.RunRequest(recipe="dpo", overrides=QUICK, model=hub, device="cpu", force=True)
+        ),
     ):
         with pytest.raises(Unavailable, match="HF_HUB_OFFLINE=1 is set and its weights"):
             call()
@@ -239,8 +276,13 @@ def test_an_uncached_hub_model_offline_is_refused_at_launch_and_warned_in_the_pl
 
 def test_a_scorer_that_is_no_reward_model_is_refused(lab_root, tmp_path):
     with pytest.raises(NotFound, match="scorer.name=.* is neither 'verifier'"):
-        api.launch_experiment(
-            "top_k_overall", [f"scorer.name={tmp_path}"], model="tiny", queue=True
+        api.launch(
+            api.RunRequest(
+                recipe="top_k_overall",
+                overrides=[f"scorer.name={tmp_path}"],
+                model="tiny",
+                queue=True,
+            )
         )
     nothing_written(lab_root)
 
@@ -253,7 +295,7 @@ def test_launch_refuses_a_run_that_does_not_fit_free_memory_unless_forced(
 ):
     monkeypatch.setattr(api, "_device_free_gb", lambda device: 0.001)
     with pytest.raises(Conflict, match=r"does not fit the free RAM \(0.00 GiB free on cpu") as err:
-        api.launch_experiment("dpo", QUICK, model="tiny", device="cpu")
+        api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="cpu"))
     assert "memory estimate of this run (~" in err.value.message
     assert ("launch_run", {"force": True}) in [
         (s.operation, dict(s.args)) for s in err.value.next_steps
@@ -264,12 +306,20 @@ def test_launch_refuses_a_run_that_does_not_fit_free_memory_unless_forced(
     # a queued run is refused only when it could never fit the device
     monkeypatch.setattr(api, "_device_total_gb", lambda device: 0.001)
     with pytest.raises(Conflict, match="queued, it could never start"):
-        api.launch_experiment("dpo", QUICK, model="tiny", device="cpu", queue=True)
+        api.launch(
+            api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="cpu", queue=True)
+        )
     nothing_written(lab_root)
     # force starts it anyway
     code, out = cli("launch", "dpo", "--model", "tiny", "--device", "cpu", "--force", *sets(QUICK))
     assert code == 0 and "started" in out, out
-    forced = api.launch_run("dpo", QUICK, model="tiny", device="cpu", force=True, campaign="f")
+    forced = api.launch_run_result(
+        api.launch(
+            api.RunRequest(
+                recipe="dpo", overrides=QUICK, model="tiny", device="cpu", force=True, campaign="f"
+            )
+        )
+    )
     assert forced.state == "running"
 
 
@@ -308,17 +358,32 @@ def test_a_busy_device_takes_a_second_run_only_when_its_estimate_fits(
     try:
         monkeypatch.setattr(api, "_device_free_gb", lambda dev: 0.001)
         with pytest.raises(Conflict, match=f"device {device} is busy: run {HOLDER}") as err:
-            api.launch_experiment("dpo", QUICK, model="tiny", device=device, campaign="two")
+            api.launch(
+                api.RunRequest(
+                    recipe="dpo", overrides=QUICK, model="tiny", device=device, campaign="two"
+                )
+            )
         assert "both do not fit: ~" in err.value.message and "0.00 GiB" in err.value.message
         assert len(list(lab_root.glob("experiments/*/runs/*"))) == 1  # only the holder
-        queued = api.launch_experiment(
-            "dpo", QUICK, model="tiny", device=device, campaign="two", queue=True
+        queued = api.launch(
+            api.RunRequest(
+                recipe="dpo",
+                overrides=QUICK,
+                model="tiny",
+                device=device,
+                campaign="two",
+                queue=True,
+            )
         )
         assert queued.queued and HOLDER in queued.message
         monkeypatch.setattr(api, "_device_free_gb", lambda dev: 1000.0)
         # another seed: an identical config beside the queued one would be refused as a repeat
         again = [*QUICK, "seed=2"]
-        beside = api.launch_experiment("dpo", again, model="tiny", device=device, campaign="two")
+        beside = api.launch(
+            api.RunRequest(
+                recipe="dpo", overrides=again, model="tiny", device=device, campaign="two"
+            )
+        )
         assert beside.state == "running" and beside.sharing_device_with == [HOLDER]
     finally:
         holder.kill()
@@ -358,10 +423,14 @@ def _ledger_state(lab_root: Path, run_id: str) -> str | None:
 def test_direct_and_queued_launches_are_recorded_the_same_way(lab_root, fake_trainer):
     """Both get their ledger row at launch, and a direct launch is recorded again when it ends
     (by a recorder process, as the queue worker records the runs it starts)."""
-    queued = api.launch_experiment("dpo", QUICK, model="tiny", campaign="rec", queue=True)
+    queued = api.launch(
+        api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", campaign="rec", queue=True)
+    )
     assert _ledger_state(lab_root, queued.run.id) == "queued"
     again = [*QUICK, "seed=2"]  # the queued run's config again would be refused as a repeat
-    direct = api.launch_experiment("dpo", again, model="tiny", campaign="rec", device="cpu")
+    direct = api.launch(
+        api.RunRequest(recipe="dpo", overrides=again, model="tiny", campaign="rec", device="cpu")
+    )
     assert _ledger_state(lab_root, direct.run.id) in ("running", "succeeded")
     deadline = time.time() + 60
     while _ledger_state(lab_root, direct.run.id) != "succeeded" and time.time() < deadline:

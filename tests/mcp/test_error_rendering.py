@@ -273,7 +273,7 @@ def test_the_refused_busy_launch_is_a_typed_conflict(lab_root, monkeypatch):
     holder = _busy_cpu(lab_root, monkeypatch)
     try:
         with pytest.raises(Conflict) as err:
-            api.launch_experiment("dpo", QUICK, model="tiny", device="cpu")
+            api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="cpu"))
     finally:
         holder.kill()
         holder.wait()

@@ -516,10 +516,12 @@ def test_bad_slugs_are_refused_by_every_entry_point(lab_root, no_trainer, slug):
         paths.check_slug(slug)
     calls = {
         "create_campaign": lambda: api.create_campaign(slug, "q?"),
-        "launch_experiment": lambda: api.launch_experiment(
-            "dpo", QUICK, model="tiny", campaign=slug
+        "launch": lambda: api.launch(
+            api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", campaign=slug)
         ),
-        "sweep": lambda: api.sweep(["dpo", "ipo"], QUICK, model="tiny", campaign=slug),
+        "sweep": lambda: api.sweep(
+            api.SweepRequest(recipes=["dpo", "ipo"], overrides=QUICK, model="tiny", campaign=slug)
+        ),
         "plan_experiment": lambda: api.plan_experiment(algorithm="dpo", campaign=slug),
         "show_campaign": lambda: api.show_campaign(slug),
         "list_runs": lambda: api.list_runs(campaign=slug),
@@ -635,8 +637,13 @@ def test_impossible_shapes_are_refused_before_anything_starts(lab_root, no_train
         "plan_experiment": lambda: api.plan_experiment(
             algorithm=recipe, model="tiny", overrides=overrides
         ),
-        "launch_experiment": lambda: api.launch_experiment(
-            recipe, QUICK_FOR.get(recipe, []) + overrides, model="tiny", device="cpu"
+        "launch": lambda: api.launch(
+            api.RunRequest(
+                recipe=recipe,
+                overrides=QUICK_FOR.get(recipe, []) + overrides,
+                model="tiny",
+                device="cpu",
+            )
         ),
     }
     for name, fn in calls.items():
@@ -655,7 +662,7 @@ def test_impossible_shapes_are_refused_before_anything_starts(lab_root, no_train
 def test_unknown_algorithm_names_the_close_ones(lab_root):
     for fn in (
         lambda: api.resolve_config("dpoo"),
-        lambda: api.launch_experiment("dpoo", model="tiny"),
+        lambda: api.launch(api.RunRequest(recipe="dpoo", model="tiny")),
         lambda: api.plan_experiment(algorithm="dpoo"),
         lambda: api.plan_experiment("train a dragon"),
     ):
@@ -681,7 +688,9 @@ def test_cuda_without_a_gpu_is_refused_at_launch(lab_root, no_trainer, monkeypat
         ("cpu", ["model.device=cuda"], "model.device=cuda was asked for"),
     ]:
         with pytest.raises(LabError) as err:
-            api.launch_experiment("dpo", QUICK + extra, model="tiny", device=device)
+            api.launch(
+                api.RunRequest(recipe="dpo", overrides=QUICK + extra, model="tiny", device=device)
+            )
         assert needle in str(err.value)
         # the way on is a typed next step (the CLI renders it as `--device cpu`, see below)
         assert err.value.kind == "unavailable"
@@ -689,7 +698,7 @@ def test_cuda_without_a_gpu_is_refused_at_launch(lab_root, no_trainer, monkeypat
             (s.operation, dict(s.args)) for s in err.value.next_steps
         ]
     with pytest.raises(LabError, match="bad device 'tpu'"):
-        api.launch_experiment("dpo", QUICK, model="tiny", device="tpu")
+        api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="tpu"))
     assert not (lab_root / "experiments").exists(), "a refused launch created its campaign"
     result = runner.invoke(app, ["launch", "dpo", "--model", "tiny", "--device", "cuda"])
     assert result.exit_code == 2 and result.output.count("error: ") == 1, result.output
@@ -733,14 +742,27 @@ def test_a_model_that_cannot_load_is_one_message_before_launch_and_in_run_status
         assert any("local Hugging Face cache" in w for w in plan.warnings), plan.warnings
         assert any("tiny" in c for c in plan.offline_choices)
     with pytest.raises(LabError) as err:
-        api.launch_experiment("dpo", QUICK + [f"model.name={model}"], device="cpu")
+        api.launch(
+            api.RunRequest(
+                recipe="dpo", overrides=QUICK + [f"model.name={model}"], device="cpu", shrink=False
+            )
+        )
     assert lab_says in err.value.message and "\n" not in err.value.message
     assert ("shrink_config", {"model": "tiny"}) in [
         (s.operation, dict(s.args)) for s in err.value.next_steps
     ]
     assert not (lab_root / "experiments").exists(), "a refused launch wrote something"
     config = api.resolve_config("dpo", QUICK + [f"model.name={model}"]).data
-    launched = runs.launch("direct_alignment", "dpo", config, "model-gone", "dpo.yaml", [])
+    launched = runs.start_or_queue(
+        runs.NewRun(
+            family="direct_alignment",
+            algorithm="dpo",
+            config=config,
+            campaign="model-gone",
+            source="dpo.yaml",
+            overrides=[],
+        )
+    )
     status = runs.wait_for_end(launched.run.id, poll_s=0.5, timeout_s=120)
     assert status.state == "failed", status
     assert trainer_says in status.error and "tiny" in status.error

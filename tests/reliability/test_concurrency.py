@@ -29,6 +29,7 @@ import _synthetic as synthetic
 import pytest
 import yaml
 
+import rlhf_lab.runs.launcher as runs_launch
 from rlhf_lab import api, ledger, runs
 from rlhf_lab.paths import LabError
 
@@ -317,16 +318,16 @@ def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
     monkeypatch.setattr(
         api, "_device_free_gb", lambda device: 0.001 if api.active_runs(device) else 1000.0
     )
-    # Both threads pass the campaign and memory checks, then enter runs.launch together (the
+    # Both threads pass the campaign and memory checks, then enter the runs layer together (the
     # campaign's file lock would otherwise stagger them by its polling interval).
     at_launch = threading.Barrier(2)
-    real_launch = api._launch
+    real_start = runs_launch.start_or_queue
 
     def launch_together(*args, **kwargs):
         at_launch.wait(timeout=60)
-        return real_launch(*args, **kwargs)
+        return real_start(*args, **kwargs)
 
-    monkeypatch.setattr(api, "_launch", launch_together)
+    monkeypatch.setattr(runs_launch, "start_or_queue", launch_together)
     barrier = threading.Barrier(2)
     started, refused = [], []
 
@@ -334,7 +335,11 @@ def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
         barrier.wait()
         try:
             started.append(
-                api.launch_experiment("dpo", ENDLESS, model="tiny", campaign="race", device="cpu")
+                api.launch(
+                    api.RunRequest(
+                        recipe="dpo", overrides=ENDLESS, model="tiny", campaign="race", device="cpu"
+                    )
+                )
             )
         except LabError as err:
             refused.append(str(err))
@@ -372,7 +377,9 @@ from rlhf_lab.paths import LabError
 while not (gate / "go").exists():
     time.sleep(0.002)
 try:
-    result = runs.launch("direct_alignment", "dpo", config, "race", "dpo.yaml", [], device="cpu")
+    run = runs.NewRun(family="direct_alignment", algorithm="dpo", config=config,
+                      campaign="race", source="dpo.yaml", device="cpu")
+    result = runs.start_or_queue(run)
     print(json.dumps({"started": result.run.id}))
 except LabError as err:
     print(json.dumps({"refused": str(err)}))
@@ -409,8 +416,15 @@ def test_two_queued_launches_at_once_run_one_at_a_time(lab_root):
         barrier.wait()
         try:
             results.append(
-                api.launch_experiment(
-                    "dpo", ENDLESS, model="tiny", campaign="queue-race", device="cpu", queue=True
+                api.launch(
+                    api.RunRequest(
+                        recipe="dpo",
+                        overrides=ENDLESS,
+                        model="tiny",
+                        campaign="queue-race",
+                        device="cpu",
+                        queue=True,
+                    )
                 )
             )
         except Exception as err:  # any failure is reported by the assert below

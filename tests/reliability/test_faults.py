@@ -125,7 +125,11 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str):
 
 def launch(recipe: str, overrides: list[str], campaign: str) -> runs.RunInfo:
     """A tiny run through the lab's front door (force: several of them share the CPU here)."""
-    return api.launch_experiment(recipe, overrides, model="tiny", campaign=campaign, force=True).run
+    return api.launch(
+        api.RunRequest(
+            recipe=recipe, overrides=overrides, model="tiny", campaign=campaign, force=True
+        )
+    ).run
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
@@ -337,14 +341,15 @@ LAUNCHER = textwrap.dedent(
 
     point, seconds = sys.argv[1], sys.argv[2]
     cfg = api.resolve_config("dpo", [])
-    args = (cfg.family, cfg.algorithm, cfg.data, "half-launch", str(cfg.recipe.config_path), [])
+    run = runs.NewRun(family=cfg.family, algorithm=cfg.algorithm, config=cfg.data,
+                      campaign="half-launch", source=str(cfg.recipe.config_path), device="cpu")
 
     def die(run_dir):
         print(Path(run_dir).name, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
     if point == "before-start":
-        die(runs.prepare_run(*args, device="cpu").run_dir)
+        die(runs.prepare_run(run).run_dir)
 
     def stand_in(family, run_dir, resume=False):
         return [sys.executable, "-c", f"import time; time.sleep({seconds})", str(run_dir)]
@@ -352,7 +357,7 @@ LAUNCHER = textwrap.dedent(
     runs.trainer_argv = stand_in
     # start_run hands the wrapper to this right after starting it, before run.json has its pid
     runs._reap_in_background = lambda proc: die(proc.args[3])
-    runs.launch(*args, device="cpu")
+    runs.start_or_queue(run)
     """
 )
 

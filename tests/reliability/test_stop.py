@@ -213,7 +213,9 @@ def test_status_shows_the_phase_and_total_while_no_step_is_done(tmp_path, monkey
         "time.sleep(60)"
     )
     monkeypatch.setattr(runs, "trainer_argv", fake_trainer(writes_progress))
-    run = api.launch_experiment("dpo", [], model="tiny", campaign="blind", force=True).run
+    run = api.launch(
+        api.RunRequest(recipe="dpo", overrides=[], model="tiny", campaign="blind", force=True)
+    ).run
     progress = Path(run.run_dir) / "progress.json"
     deadline = time.time() + 60
     while time.time() < deadline and not (
@@ -322,7 +324,9 @@ IGNORES_SIGTERM = (
 def test_a_trainer_that_ignores_sigterm_is_killed_and_reported_so(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setattr(runs, "trainer_argv", fake_trainer(IGNORES_SIGTERM))
-    run = api.launch_experiment("dpo", [], model="tiny", campaign="kill", force=True).run
+    run = api.launch(
+        api.RunRequest(recipe="dpo", overrides=[], model="tiny", campaign="kill", force=True)
+    ).run
     ready = Path(run.run_dir) / "checkpoints" / "step-0000004" / "state.pt"
     deadline = time.time() + 60
     while not ready.exists() and time.time() < deadline:  # it ignores SIGTERM from here on

@@ -40,7 +40,7 @@ from rlhf_lab.planning.memory.blocks import (
     EstimateBuilder,
     MemoryComponent,
 )
-from rlhf_lab.planning.memory.estimate import MemoryEstimate, estimate_memory, fits
+from rlhf_lab.planning.memory.estimate import Assumptions, MemoryEstimate, estimate_memory, fits
 from rlhf_lab.planning.memory.families import FAMILY_ESTIMATORS, EstimateInputs, FamilyEstimator
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "KNOWN_ARCHITECTURES",
     "LOGP_CHUNK",
     "OFFLINE_CHOICES",
+    "Assumptions",
     "EstimateBuilder",
     "EstimateInputs",
     "FamilyEstimator",

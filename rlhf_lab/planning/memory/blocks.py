@@ -23,6 +23,8 @@ training dtype. The rules, in short:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, Field
 
 from rlhf_lab.planning.memory.architecture import (
@@ -176,6 +178,31 @@ def phase_totals(components: list[MemoryComponent]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Precision:
+    """How a trained model's values are held: ``b`` bytes per value of the training dtype,
+    gradient checkpointing (``ckpt``), eager attention (the seq × seq scores kept) and fp32
+    master weights, gradients and moments (``master_weights``)."""
+
+    b: int
+    ckpt: bool
+    eager: bool
+    master_weights: bool = False
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    """One micro-batch of a trained model: ``rows × seq`` tokens, ``logit_positions`` positions
+    through the LM head (0: none counted here), whether several micro-batches make an optimizer
+    step (``accumulating``) and the phases its weights stay resident in."""
+
+    rows: int
+    seq: int
+    logit_positions: int
+    accumulating: bool
+    resident: list[str]
+
+
 class EstimateBuilder:
     """Collects the components and notes of one estimate, in the order they are added."""
 
@@ -194,22 +221,22 @@ class EstimateBuilder:
         label: str,
         params: int,
         arch: ModelArch | None,
-        *,
-        b: int,
-        rows: int,
-        seq: int,
-        ckpt: bool,
-        eager: bool,
-        logit_positions: int,
-        accumulating: bool,
-        resident: list[str],
-        master_weights: bool,
+        shape: TrainingShape,
+        precision: Precision,
     ) -> None:
         """A trained model: weights, gradients and AdamW state, plus (with ``arch``) the
-        activations of one micro-batch and, when ``logit_positions`` > 0, its LM-head chunk.
-        ``accumulating``: several micro-batches per optimizer step, so the gradients of the
-        first stay alive through the next forward; otherwise they only fill in as backward frees
-        the activations (see :func:`gradients_beyond_activations`)."""
+        activations of one micro-batch and, when ``shape.logit_positions`` > 0, its LM-head
+        chunk. ``shape.accumulating``: several micro-batches per optimizer step, so the gradients
+        of the first stay alive through the next forward; otherwise they only fill in as
+        backward frees the activations (see :func:`gradients_beyond_activations`)."""
+        b, ckpt, eager, master_weights = (
+            precision.b,
+            precision.ckpt,
+            precision.eager,
+            precision.master_weights,
+        )
+        rows, seq, logit_positions = shape.rows, shape.seq, shape.logit_positions
+        accumulating, resident = shape.accumulating, shape.resident
         grad_bytes = MASTER_BYTES if master_weights else b
         grads_gb = gradients_gb(params, grad_bytes)
         grads_how = f"{params:,} × {grad_bytes} B" + (" (fp32)" if master_weights else "")

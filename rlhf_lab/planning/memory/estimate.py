@@ -9,6 +9,7 @@ on top of the largest phase. The total is that largest phase.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -29,6 +30,18 @@ from rlhf_lab.planning.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS
 from rlhf_lab.planning.memory.sharding import shard_components
 
 ModelArg = int | ParamCount | ModelArch | str | None
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the config does not say and an estimate assumes: a warm reference log-prob cache
+    (``reference_cached``: direct alignment loads no reference model), mixed precision with
+    fp32 master weights, gradients and moments (``master_weights``), and the prompt length of
+    generated sequences (``prompt_tokens``: policy gradients, rejection sampling)."""
+
+    reference_cached: bool = False
+    master_weights: bool = False
+    prompt_tokens: int = blocks.DEFAULT_PROMPT_TOKENS
 
 
 class MemoryEstimate(BaseModel):
@@ -147,21 +160,18 @@ def estimate_memory(
     model: ModelArg = None,
     *,
     device: Literal["cuda", "cpu"] | None = None,
-    reference_cached: bool = False,
-    master_weights: bool = False,
-    prompt_tokens: int = blocks.DEFAULT_PROMPT_TOKENS,
     world_size: int = 1,
+    assume: Assumptions = Assumptions(),
 ) -> MemoryEstimate:
     """Peak memory of one run of ``family``/``algorithm`` with ``config`` (a validated config
     dict, e.g. ``ShrinkResult.config``), per component, in GiB.
 
     ``model``: a parameter count, :class:`ParamCount`, :class:`ModelArch` or model name; None
     reads ``model.name`` from the config. ``device``: what to estimate for (None: the config's
-    ``model.device``; ``auto`` counts as a GPU). ``reference_cached``: direct alignment with a
-    warm reference log-prob cache loads no reference model. ``master_weights``: mixed
-    precision with fp32 master weights, gradients and moments. ``prompt_tokens``: prompt length
-    of generated sequences (policy gradients, rejection sampling). ``world_size``: ranks under
-    torchrun with FSDP2; the estimate is then that of ONE rank (:mod:`rlhf_lab.planning.memory.sharding`).
+    ``model.device``; ``auto`` counts as a GPU). ``world_size``: ranks under torchrun with
+    FSDP2; the estimate is then that of ONE rank (:mod:`rlhf_lab.planning.memory.sharding`).
+    ``assume``: what the config does not say (:class:`Assumptions`: a cached reference, fp32
+    master weights, the prompt length of generated sequences).
     """
     from rlhf_lab.planning.catalog import FAMILIES
 
@@ -176,7 +186,13 @@ def estimate_memory(
     # EstimateInputs' fields in order: what is estimated, then the precision and switches
     subject = (config, algorithm, model_name, pc, params)
     inputs = EstimateInputs(
-        *subject, b, ckpt, eager, master_weights, reference_cached, prompt_tokens
+        *subject,
+        b,
+        ckpt,
+        eager,
+        assume.master_weights,
+        assume.reference_cached,
+        assume.prompt_tokens,
     )
     bld = EstimateBuilder()
     bld.notes.extend(notes)

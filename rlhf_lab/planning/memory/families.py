@@ -26,6 +26,8 @@ from rlhf_lab.planning.memory.architecture import ModelArch, ParamCount, model_f
 from rlhf_lab.planning.memory.blocks import (
     GIB,
     EstimateBuilder,
+    Precision,
+    TrainingShape,
     forward_gb,
     kv_cache_gb,
     logits_gb,
@@ -80,9 +82,9 @@ class EstimateInputs:
         value = get_dotted(self.config, key) if "." in key else config_leaf(self.config, key)
         return value is None or int(value) > 1
 
-    def trained_kwargs(self) -> dict[str, Any]:
+    def precision(self) -> Precision:
         """The precision and activation switches every trained model shares."""
-        return dict(b=self.b, ckpt=self.ckpt, eager=self.eager, master_weights=self.master_weights)
+        return Precision(self.b, self.ckpt, self.eager, self.master_weights)
 
 
 FamilyEstimator = Callable[[EstimateInputs, EstimateBuilder], int]
@@ -100,11 +102,10 @@ def _trained(
     (:mod:`rlhf_lab.planning.memory.lora`); returns its trained parameters."""
     plan = lora_plan(inputs.config)
     if plan is None:
-        bld.trained(label, params, arch, **shape, **inputs.trained_kwargs())
+        bld.trained(label, params, arch, TrainingShape(**shape), inputs.precision())
         return params
-    shape.pop("accumulating", None)  # adapter gradients are small: no overlap to model
     return add_lora_trained(
-        bld, label, params, arch, plan, b=inputs.b, ckpt=inputs.ckpt, eager=inputs.eager, **shape
+        bld, label, params, arch, plan, TrainingShape(**shape), inputs.precision()
     )
 
 
@@ -452,17 +453,14 @@ def estimate_online_dpo(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
     new = int(inputs.setting("online.max_new_tokens", 64))
     seq = int(inputs.setting("data.max_length", 512))
     prompt = max(seq - new, 1)
-    bld.trained(
-        "policy",
-        inputs.params,
-        inputs.arch,
+    shape = TrainingShape(
         rows=rows,
         seq=seq,
         logit_positions=packed_positions(rows, seq),
         accumulating=inputs.accumulates(),
         resident=["train", "generate"],
-        **inputs.trained_kwargs(),
     )
+    bld.trained("policy", inputs.params, inputs.arch, shape, inputs.precision())
     pair_loss = inputs.setting("online.loss", "dpo")
     if pair_loss in ("simpo", "orpo"):
         bld.notes.append(f"online.loss={pair_loss} is reference-free: no reference model")
@@ -503,17 +501,14 @@ def estimate_distillation(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
     new = int(inputs.setting("rollout.max_new_tokens", 128))
     seq = inputs.prompt_tokens + new
     arch = inputs.arch
-    bld.trained(
-        "student",
-        inputs.params,
-        arch,
+    shape = TrainingShape(
         rows=rows,
         seq=seq,
         logit_positions=0,
         accumulating=inputs.accumulates(),
         resident=["train", "generate"],
-        **inputs.trained_kwargs(),
     )
+    bld.trained("student", inputs.params, arch, shape, inputs.precision())
     if arch is not None:
         gb, how = _full_logits_gb(arch, inputs.b, rows * seq, grad=True)
         bld.add("student logits (full vocabulary)", gb, ["train"], how)

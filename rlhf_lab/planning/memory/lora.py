@@ -25,7 +25,14 @@ from typing import Any
 
 from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.memory.architecture import ModelArch
-from rlhf_lab.planning.memory.blocks import GIB, EstimateBuilder, activations_gb, logits_gb
+from rlhf_lab.planning.memory.blocks import (
+    GIB,
+    EstimateBuilder,
+    Precision,
+    TrainingShape,
+    activations_gb,
+    logits_gb,
+)
 
 ADAPTER_BYTES = 4  # peft keeps adapter weights in fp32
 # trainers.core.lora.DEFAULT_TARGETS, for the architectures the estimate knows
@@ -109,19 +116,17 @@ def add_lora_trained(
     params: int,
     arch: ModelArch | None,
     plan: LoraPlan,
-    *,
-    b: int,
-    rows: int,
-    seq: int,
-    ckpt: bool,
-    eager: bool,
-    logit_positions: int,
-    resident: list[str],
+    shape: TrainingShape,
+    precision: Precision,
 ) -> int:
     """A model trained through LoRA adapters: frozen base weights, the adapters' fp32 weights,
     gradients and AdamW moments, and one micro-batch's activations (the base's plus the
-    adapters'). Returns the adapters' parameter count (1% of ``params`` when the architecture
-    is unknown, with a note)."""
+    adapters'; adapter gradients are small, so ``shape.accumulating`` changes nothing).
+    Returns the adapters' parameter count (1% of ``params`` when the architecture is unknown,
+    with a note)."""
+    b, ckpt, eager = precision.b, precision.ckpt, precision.eager
+    rows, seq, logit_positions = shape.rows, shape.seq, shape.logit_positions
+    resident = shape.resident
     if arch is not None:
         adapters = adapter_params(arch, plan)
         how = f"rank {plan.rank} on {len(target_shapes(arch, plan.targets))} layers per block"
