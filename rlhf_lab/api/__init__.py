@@ -35,11 +35,11 @@ one the CLI alone offers (``create_campaign``, ``pull_model``).
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
 from rlhf_lab import __version__
+from rlhf_lab._lazy import lazy_attributes
 from rlhf_lab.api._operation import argument_errors_text as argument_errors_text
 from rlhf_lab.api._operation import describe_schema as describe_schema
 from rlhf_lab.api._operation import operation
@@ -185,21 +185,15 @@ _SURFACE_OPERATIONS = frozenset(
 )
 
 
-def __getattr__(name: str) -> Any:
-    """Load a re-exported name from its module on first use (and keep it here); a function a
-    surface calls gets its arguments validated (:func:`~rlhf_lab.api._operation.operation`)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlhf_lab.api' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+def _as_operation(name: str, value: Any) -> Any:
+    """A function a surface calls gets its arguments validated
+    (:func:`~rlhf_lab.api._operation.operation`)."""
     if name in _SURFACE_OPERATIONS and not getattr(value, "__lab_operation__", False):
-        value = operation(value)
-    globals()[name] = value
+        return operation(value)
     return value
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, wrap=_as_operation)
 
 
 __all__ = sorted(

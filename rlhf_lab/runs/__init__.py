@@ -29,8 +29,7 @@ the machine has free), :mod:`~rlhf_lab.runs.pipelines` (chains of runs),
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rlhf_lab._lazy import lazy_attributes
 
 # name -> module it is loaded from on first use
 _LAZY: dict[str, str] = {
@@ -116,14 +115,4 @@ _LAZY: dict[str, str] = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

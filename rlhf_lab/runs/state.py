@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -158,9 +158,8 @@ def _status(run_dir: Path) -> RunStatus:
         record, state, error = _update_record(run_dir, alive, exit_info, summary, proc_info)
     progress, _ = read_progress(run_dir)
     try:
-        return _build_status(
-            run_dir, record, state, alive, proc_info, exit_info, summary, progress, error
-        )
+        files = TrainerFiles(proc_info, exit_info, summary, progress)
+        return _build_status(run_dir, record, state, alive, files, error)
     except ValidationError as err:  # valid JSON holding a value of the wrong type (hand-edited)
         where = ".".join(str(part) for part in err.errors()[0]["loc"])
         raise Corrupt(
@@ -202,9 +201,8 @@ def _slurm_status(run_dir: Path, record: dict) -> RunStatus:
             except OSError:
                 pass
     progress, _ = read_progress(run_dir)
-    status = _build_status(
-        run_dir, record, state, alive, proc_info, exit_info, summary, progress, error
-    )
+    files = TrainerFiles(proc_info, exit_info, summary, progress)
+    status = _build_status(run_dir, record, state, alive, files, error)
     if error and state == "failed" and (slurm_state in _slurm_failures() or warned):
         status.error = error  # Slurm's reason comes first (the trainer only saw a SIGTERM)
     status.slurm_job = str(block.get("job_id")) if block.get("job_id") else None
@@ -308,18 +306,20 @@ def _run_error(
     return error or record.get("error")
 
 
+class TrainerFiles(NamedTuple):
+    """What the wrapper and the trainer wrote into a run folder (None: not there yet)."""
+
+    process: ProcessFile | None
+    exit: ExitFile | None
+    summary: SummaryFile | None
+    progress: ProgressFile | None
+
+
 def _build_status(
-    run_dir: Path,
-    record: dict,
-    state: str,
-    alive: bool,
-    proc_info: ProcessFile | None,
-    exit_info: ExitFile | None,
-    summary: SummaryFile | None,
-    progress: ProgressFile | None,
-    error: str | None,
+    run_dir: Path, record: dict, state: str, alive: bool, files: TrainerFiles, error: str | None
 ) -> RunStatus:
     """The RunStatus of a run from its files, its derived state and its liveness."""
+    proc_info, exit_info, summary, progress = files
     step = progress.step if progress else None
     total = progress.total_steps if progress else None
     elapsed = progress.elapsed_s if progress else None

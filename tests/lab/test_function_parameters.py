@@ -11,9 +11,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "rlhf_lab"
 MAX_PARAMETERS = 7
-# Left to the session splitting this module (rlhf_lab/runs/state.py is being split on another
-# branch); remove the entry once it is fixed there.
-KNOWN = {"rlhf_lab/runs/state.py::_build_status"}
 
 
 def parameter_count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -37,7 +34,7 @@ def too_many(root: Path, base: Path = ROOT) -> dict[str, int]:
 
 
 def test_no_lab_function_takes_more_than_seven_parameters():
-    over = {k: v for k, v in too_many(LAB).items() if k not in KNOWN}
+    over = too_many(LAB)
     assert not over, f"functions with more than {MAX_PARAMETERS} parameters: {over}"
 
 
@@ -49,8 +46,3 @@ def test_the_count_sees_keyword_only_and_star_parameters(tmp_path):
         "    def star(self, a, b, c, d, e, f, *args, **kwargs): ...\n"
     )
     assert too_many(tmp_path, tmp_path) == {"m.py::kw": 8, "m.py::star": 8}
-
-
-def test_the_known_exceptions_are_still_exceptions():
-    """An entry of KNOWN that no longer takes too many parameters is removed."""
-    assert set(KNOWN) <= set(too_many(LAB)), set(KNOWN) - set(too_many(LAB))
