@@ -166,6 +166,7 @@ def test_importing_the_api_loads_nothing_else_of_the_lab():
     assert pydantic_loaded == "False", "validation is built on the first call, not at import"
     assert loaded == [
         "rlhf_lab",
+        "rlhf_lab._lazy",
         "rlhf_lab.api",
         "rlhf_lab.api._operation",
         "rlhf_lab.cli",
