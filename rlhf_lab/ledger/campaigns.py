@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from rlhf_lab.errors import Corrupt, LabError, NextStep, NotFound
+from rlhf_lab.index.campaign_summary import _int_or_none
 from rlhf_lab.ledger.layout import (
     _CAMPAIGN_RE,
     _acquire,
@@ -28,7 +29,7 @@ from rlhf_lab.ledger.schema import (
     _LedgerData,
     _RunBrief,
 )
-from rlhf_lab.ledger.text import _int_or_none, _now, _one_line
+from rlhf_lab.ledger.text import _now, _one_line
 from rlhf_lab.paths import experiments_dir, today
 
 __all__ = ["list_campaigns", "resolve_campaign", "show_campaign"]

@@ -13,8 +13,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from rlhf_lab.index.campaign_summary import _int_or_none
 from rlhf_lab.ledger.schema import Attempt
-from rlhf_lab.ledger.text import _int_or_none, _one_line
+from rlhf_lab.ledger.text import _one_line
 from rlhf_lab.paths import repo_root
 from rlhf_lab.planning.catalog import list_recipes, source_root
 from rlhf_lab.results.plots import as_float

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlhf_lab.errors import LabError
 from rlhf_lab.evaluation.records import EvalSummary, is_evaluation, read_eval_summary
+from rlhf_lab.index.campaign_summary import _int_or_none
 from rlhf_lab.ledger.commands import attempts_of, lab_command, recipe_argument, trainer_command
 from rlhf_lab.ledger.metrics import (
     _expand_metric_names,
@@ -33,7 +34,7 @@ from rlhf_lab.ledger.schema import (
     RunRecord,
     SampleExcerpt,
 )
-from rlhf_lab.ledger.text import _clip, _first, _int_or_none, _now, _one_line, load_yaml
+from rlhf_lab.ledger.text import _clip, _first, _now, _one_line, load_yaml
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.catalog import get_dotted, source_root

@@ -19,8 +19,8 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
+from rlhf_lab.index.campaign_summary import _int_or_none
 from rlhf_lab.ledger.schema import MetricSummary
-from rlhf_lab.ledger.text import _int_or_none
 from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.catalog import key_metrics_for, metric_direction
 from rlhf_lab.results.plots import EVAL_PREFIX, as_float

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from rlhf_lab.errors import Corrupt, NextStep
+from rlhf_lab.index.campaign_summary import _distinct, _scalar_or_list
 from rlhf_lab.ledger.layout import _asset_dir, _md_path
 from rlhf_lab.ledger.metrics import _expand_metric_names, _metric_keys, _performance_text
 from rlhf_lab.ledger.schema import (
@@ -212,18 +213,6 @@ def _split_front_matter(text: str) -> tuple[dict | None, str]:
     except yaml.YAMLError:
         data = {}
     return (data if isinstance(data, dict) else {}), text[match.end() :]
-
-
-def _distinct(values: Iterable[Any]) -> list[Any]:
-    return list(dict.fromkeys(v for v in values if v not in (None, "")))
-
-
-def _scalar_or_list(explicit: Any, derived: list[Any]) -> Any:
-    if explicit not in (None, "", []):
-        return explicit
-    if not derived:
-        return None
-    return derived[0] if len(derived) == 1 else derived
 
 
 def _campaign_status(runs: Sequence[RunRecord | _RunBrief]) -> str:
