@@ -34,6 +34,7 @@ new prefill; ``release`` lets rows go.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,30 @@ class Sampling:
 
 
 GREEDY = Sampling(do_sample=False)
+
+
+@dataclass(frozen=True)
+class TextStop:
+    """Stop a row once the text it drew in this call contains ``text`` (a multi-token string,
+    such as a tool call's close tag). ``decode`` turns a row's ids into text; ``trigger_ids``
+    are the tokens whose text holds the last character of ``text``: only a row that has just
+    drawn one of them is decoded and checked, so the check costs nothing on other steps."""
+
+    text: str
+    decode: Callable[[list[int]], str]
+    trigger_ids: frozenset[int]
+
+    @classmethod
+    def for_tokenizer(cls, text: str, tokenizer) -> TextStop:
+        """The stop for ``text`` under ``tokenizer`` (every token whose text holds its last
+        character is a trigger)."""
+        last = text[-1]
+        vocab = tokenizer.get_vocab()
+        triggers = frozenset(
+            i for i in vocab.values() if last in tokenizer.decode([i], skip_special_tokens=False)
+        )
+        return cls(text, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), triggers)
+
 
 # Stopped rows leave the batch once they are this share of the rows still in it.
 DROP_STOPPED_SHARE = 0.25
@@ -192,6 +217,8 @@ class RolloutEngine:
         self.active = 0  # slots [0, active) have next-token logits (decode draws for them)
         self.logits: Tensor | None = None
         self.pending: dict[int, int] = {}  # a row's last drawn token, not yet in the cache
+        self._text_stop: TextStop | None = None
+        self._text_stopped: dict[int, int] = {}  # row -> tokens drawn up to its text stop
 
     # -- state kept per slot ---------------------------------------------------------------
 
@@ -275,17 +302,24 @@ class RolloutEngine:
         stop_ids: list[int] | set[int],
         sampling: Sampling = GREEDY,
         generator=None,
+        text_stop: TextStop | None = None,
     ) -> dict[int, list[int]]:
         """New tokens for each row that has next-token logits (after ``prefill`` or
-        ``append``), cut after its first stop token or at ``max_new_tokens``: ``{row: ids}``.
-        Afterwards no row has logits; a row's last token is fed by the next ``append``."""
+        ``append``), cut after its first stop token, after the token that completes
+        ``text_stop``'s text, or at ``max_new_tokens``: ``{row: ids}``. Afterwards no row has
+        logits; a row's last token is fed by the next ``append``."""
         if self.active == 0:
             return {}
         stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
         self._reserve(self.cache.length + max_new_tokens)
+        self._text_stop, self._text_stopped = text_stop, {}
+        if text_stop is not None:
+            ids = sorted(text_stop.trigger_ids)
+            self._triggers = torch.tensor(ids, dtype=torch.long, device=self.device)
         drawn = self._decode_loop(max_new_tokens, stops, sampling, generator)
         stop_set = {int(s) for s in stop_ids}
         cut = {row: cut_after_first_stop(t, stop_set) for row, t in drawn.items()}
+        cut.update({row: drawn[row][:n] for row, n in self._text_stopped.items()})
         self.pending.update({row: t[-1] for row, t in cut.items()})
         self.active, self.logits = 0, None
         return cut
@@ -305,6 +339,8 @@ class RolloutEngine:
             token = choose_next(logits, sampling, generator).masked_fill(finished, self.pad_id)
             tokens[live, step] = token
             finished |= torch.isin(token, stops)
+            if self._text_stop is not None:
+                finished |= self._text_stops(token, finished, tokens, live, step, started)
             done = int(finished.sum())
             if step == max_new_tokens - 1 or done == len(live):
                 break
@@ -316,6 +352,19 @@ class RolloutEngine:
         if bool(non_finite):
             raise _non_finite_error()
         return dict(zip(started, tokens.tolist(), strict=True))
+
+    def _text_stops(self, token, finished, tokens, live, step, started) -> Tensor:
+        """Which decoding slots completed the text stop with this step's token (a bool per
+        slot); their token counts are kept in ``_text_stopped`` for the cut."""
+        stop = self._text_stop
+        hit = torch.zeros_like(finished)
+        candidates = (torch.isin(token, self._triggers) & ~finished).nonzero().squeeze(-1).tolist()
+        for slot in candidates:
+            line = int(live[slot])
+            if stop.text in stop.decode(tokens[line, : step + 1].tolist()):
+                hit[slot] = True
+                self._text_stopped[started[line]] = step + 1
+        return hit
 
     def _set_aside(self, keep: list[int], stopped: list[int]) -> None:
         """Slots ``keep`` (in order) become the first ones; ``stopped`` follow them when rows

@@ -254,6 +254,34 @@ def sequence_reward_to_tokens(r: Tensor, mask: Tensor) -> Tensor:
     return out
 
 
+def model_token_order(mask: Tensor) -> Tensor:
+    """Per row, the column order that puts the masked (model) tokens first, in their order,
+    then the others: (B, T) indices. The identity for a mask that is a prefix of each row."""
+    return torch.sort((mask <= 0).to(torch.int8), dim=1, stable=True).indices
+
+
+def over_model_tokens(
+    estimator: Callable[..., tuple[Tensor, Tensor]],
+    token_rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """A value-model estimator run as if each row held only its model tokens: multi-turn rows
+    have tool replies (mask 0) between turns, where :func:`gae` would otherwise end the episode.
+    The model tokens are moved to the front, the estimator runs on that contiguous layout, and
+    its (advantages, returns) go back to their columns; V of the next model token bootstraps
+    across a reply. Single-turn rows are unchanged (their order is the identity)."""
+    order = model_token_order(mask)
+    packed = [torch.gather(x.float(), 1, order) for x in (token_rewards, values, mask)]
+    adv, ret = estimator(*packed, gamma, lam)
+    out_adv = torch.zeros_like(packed[0]).scatter_(1, order, adv)
+    out_ret = torch.zeros_like(packed[0]).scatter_(1, order, ret)
+    on = (mask > 0).float()
+    return out_adv * on, out_ret * on
+
+
 @TOKEN_ADVANTAGES.register("gae")
 @torch.no_grad()
 def gae(

@@ -59,6 +59,49 @@ class RolloutSection(StrictModel):
     )
 
 
+class EnvSection(StrictModel):
+    """Multi-turn rollouts with a tool (trainers/core/multiturn.py): the model may call the
+    environment's tool, read its reply and go on, up to ``max_turns`` model turns."""
+
+    name: str | None = Field(
+        default=None,
+        description="None: one completion per prompt; else a registered environment "
+        "(calculator, python, scripted_tool: trainers/core/environments)",
+    )
+    max_turns: int = Field(default=4, description="model turns per trajectory (>= 1)")
+    max_observation_tokens: int = Field(
+        default=64, ge=1, description="tokens of one tool reply's content (cut beyond)"
+    )
+    max_total_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="model + tool-reply tokens after the prompt (None: max_turns × "
+        "(rollout.max_new_tokens + max_observation_tokens + 16))",
+    )
+
+    @model_validator(mode="after")
+    def _check_env(self):
+        if self.max_turns < 1:
+            raise ValueError(
+                f"env.max_turns={self.max_turns}: a trajectory needs at least one model turn "
+                "(1 = the model may not see a tool reply; 2 or more to use a tool)"
+            )
+        if self.name is not None:
+            from trainers.core.environments import environment_names
+
+            known = environment_names()
+            if self.name not in known:
+                raise ValueError(
+                    f"env.name={self.name!r} is not an environment; known: {', '.join(known)} "
+                    "(null: one completion per prompt)"
+                )
+        return self
+
+
+# the chat template's text around a tool reply (SmolLM2: 9 tokens); a generous bound
+REPLY_WRAPPER_TOKENS = 16
+
+
 class PGOptimSection(OptimSection):
     """The shared optimizer section with the book's policy-gradient defaults. ``max_steps`` and
     ``num_epochs`` count rollout steps and passes over ``data.size`` prompts."""
@@ -201,6 +244,7 @@ class PolicyGradientConfig(StrictModel):
     model: ModelSection = ModelSection(name="Qwen/Qwen3-1.7B", gradient_checkpointing=True)
     data: PromptDataSection = PromptDataSection()
     rollout: RolloutSection = RolloutSection()
+    env: EnvSection = EnvSection()
     train: PGOptimSection = PGOptimSection()
     loss: LossSection = LossSection()
     reward: RewardSection = RewardSection()
@@ -263,6 +307,12 @@ class PolicyGradientConfig(StrictModel):
         if len(names) != len(set(names)):
             raise ValueError(f"data.specs names must be unique (got {names})")
         self._check_prompts_and_rewards()
+        if self.multi_turn and self.spec.greedy_baseline:
+            raise ValueError(
+                f"algorithm {self.algorithm} takes a greedy single-turn completion as its "
+                f"baseline, which a multi-turn rollout (env.name={self.env.name!r}) has no "
+                "counterpart for; use grpo, rloo, reinforce_pp or ppo with an environment"
+            )
         return self
 
     def _check_prompts_and_rewards(self) -> None:
@@ -321,6 +371,22 @@ class PolicyGradientConfig(StrictModel):
             )
 
     # ---- derived facts the loop and the lab share ---------------------------------------------
+    @property
+    def multi_turn(self) -> bool:
+        """Whether rollouts are trajectories with an environment (env.name set)."""
+        return self.env.name is not None
+
+    @property
+    def max_completion_tokens(self) -> int:
+        """The most tokens after the prompt one sequence can hold: max_new_tokens, or a
+        trajectory's model turns and tool replies (what memory and time estimates count)."""
+        if not self.multi_turn:
+            return self.rollout.max_new_tokens
+        if self.env.max_total_tokens is not None:
+            return self.env.max_total_tokens
+        per_turn = self.rollout.max_new_tokens + self.env.max_observation_tokens
+        return self.env.max_turns * (per_turn + REPLY_WRAPPER_TOKENS)
+
     @property
     def spec(self) -> AlgorithmSpec:
         """The algorithm's spec (advantage and loss names, KL placement, needs)."""

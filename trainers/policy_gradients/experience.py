@@ -9,6 +9,7 @@ prompt's group are contiguous.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,10 @@ class Experience:
     advantages: Tensor | None = None  # (N, T), zero outside the mask
     shaped_total: Tensor | None = None  # (N,) the reward the advantage used (after KL shaping)
     kl_ref: Tensor | None = None  # (N,) Σ_t k3(π_old ‖ π_ref) of each sequence (kl_ref metric)
+    # multi-turn rollouts (env.name set): the environment's per-turn rewards on each model
+    # turn's last token (N, T), and each row's trajectory (turns, tool calls: metrics, samples)
+    turn_rewards: Tensor | None = None
+    trajectories: list[Any] | None = None
 
     @property
     def prompt_width(self) -> int:
@@ -51,9 +56,9 @@ class Experience:
 
     def token_ids(self) -> tuple[list[list[int]], list[list[int]]]:
         """(prompt ids, completion ids) of every row, without padding; a completion keeps its
-        end-of-turn token when it has one."""
+        end-of-turn token when it has one (and, multi-turn, the tool replies between turns)."""
         width_p = self.prompt_width
-        lengths = self.completion_mask.sum(-1).long().tolist()
+        lengths = self.attention_mask[:, width_p:].sum(-1).long().tolist()
         prompts, completions = [], []
         for row, (n_p, n_c) in enumerate(zip(self.prompt_lens.tolist(), lengths, strict=True)):
             prompts.append(self.input_ids[row, width_p - n_p : width_p].tolist())
@@ -85,6 +90,15 @@ class Experience:
         return replace(self, **picked)
 
 
+def _cat_optional(parts: list[Experience], name: str, width_t: int) -> Tensor | None:
+    """The (N, T) field ``name`` of every part stacked (right-padded with 0); None when the
+    parts have none."""
+    values = [getattr(p, name) for p in parts]
+    if all(v is None for v in values):
+        return None
+    return torch.cat([F.pad(v, (0, width_t - v.shape[1]), value=0.0) for v in values])
+
+
 def concat_experiences(parts: list[Experience], pad_id: int) -> Experience:
     """Stack rollout batches (before prepare_update) into one, re-padding to a common layout."""
     if len(parts) == 1:
@@ -106,14 +120,23 @@ def concat_experiences(parts: list[Experience], pad_id: int) -> Experience:
         texts=[t for p in parts for t in p.texts],
         prompts=[q for p in parts for q in p.prompts],
         rewards={k: torch.cat([p.rewards[k] for p in parts]) for k in parts[0].rewards},
+        turn_rewards=_cat_optional(parts, "turn_rewards", width_t),
+        trajectories=None
+        if parts[0].trajectories is None
+        else [t for p in parts for t in p.trajectories or []],
     )
 
 
 def assemble(
-    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    pad_id: int,
+    model_masks: list[list[float]] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Lay out sequences as [left-padded prompt | right-padded completion].
-    Returns input_ids, attention_mask, prompt_lens, completion_mask."""
+    Returns input_ids, attention_mask, prompt_lens, completion_mask. ``model_masks`` (multi-turn):
+    one 0/1 per completion token, 0 on the tool replies, which stay attended (context) but
+    out of the completion mask (no loss, no KL, not counted)."""
     n = len(prompt_ids)
     width_p = max(len(p) for p in prompt_ids)
     width_t = max(1, max(len(c) for c in completion_ids))
@@ -127,5 +150,7 @@ def assemble(
             ids[row, width_p : width_p + len(c)] = torch.tensor(c, dtype=torch.long)
             attn[row, width_p : width_p + len(c)] = 1
             cmask[row, : len(c)] = 1.0
+            if model_masks is not None:
+                cmask[row, : len(c)] = torch.tensor(model_masks[row], dtype=torch.float32)
     lens = torch.tensor([len(p) for p in prompt_ids], dtype=torch.long)
     return ids, attn, lens, cmask

@@ -4,6 +4,11 @@
 Each prompt is prefilled once and its ``num_rollouts`` completions are sampled from the repeated
 KV cache (``trainers/core/decoding.py``: left padding, temperature / top-k / top-p / min-p). The
 completion mask ends after the *first* end-of-turn token (inclusive).
+
+With an environment (``env.name``), each completion is a trajectory of model turns and tool
+replies (:mod:`trainers.core.multiturn`): the replies sit in the completion (attended, in the
+KV cache) with completion mask 0, and the environment's per-turn rewards sit on each turn's last
+model token (``Experience.turn_rewards``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import torch
 from torch import nn
 
 from trainers.core.decoding import Sampling, sample_tokens
+from trainers.core.environments import make_environment
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
+from trainers.core.multiturn import Trajectory, TrajectoryRollout, TurnLimits
 from trainers.core.onpolicy import cut_at_first_stop
 from trainers.core.records import Prompt
 from trainers.policy_gradients.config import PolicyGradientConfig
@@ -35,6 +42,8 @@ def generate_group_batch(
 ) -> Experience:
     """``num_rollouts`` sampled completions per prompt (rows of a group contiguous). Each prompt
     is prefilled once and its KV cache repeated for the group (trainers/core/decoding.py)."""
+    if cfg.multi_turn:
+        return generate_trajectory_batch(model, tokenizer, prompts, cfg)
     rc = cfg.rollout
     G = rc.num_rollouts
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -76,3 +85,82 @@ def generate_group_batch(
         texts=texts,
         prompts=owners,
     )
+
+
+_ROLLOUTS: dict[tuple[int, TurnLimits], TrajectoryRollout] = {}
+
+
+def turn_limits(cfg: PolicyGradientConfig, max_new_tokens: int | None = None) -> TurnLimits:
+    """The config's bounds on a trajectory (``max_new_tokens``: per turn, default the
+    rollout's)."""
+    return TurnLimits(
+        max_turns=cfg.env.max_turns,
+        max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
+        max_observation_tokens=cfg.env.max_observation_tokens,
+        max_total_tokens=cfg.max_completion_tokens,
+    )
+
+
+def trajectory_rollout(tokenizer: Any, limits: TurnLimits) -> TrajectoryRollout:
+    """The run's :class:`TrajectoryRollout` (built once per tokenizer and limits: it reads the
+    whole vocabulary for the close tag's stop)."""
+    key = (id(tokenizer), limits)
+    if key not in _ROLLOUTS:
+        _ROLLOUTS[key] = TrajectoryRollout(tokenizer, limits)
+    return _ROLLOUTS[key]
+
+
+def experience_of(trajectories: list[Trajectory], owners: list[Prompt], pad_id: int) -> Experience:
+    """The rollout batch of multi-turn trajectories (rows in order, ``owners`` their prompts)."""
+    ids, attn, lens, cmask = assemble(
+        [t.prompt_ids for t in trajectories],
+        [t.completion_ids for t in trajectories],
+        pad_id,
+        model_masks=[t.model_mask for t in trajectories],
+    )
+    turn_rewards = torch.zeros_like(cmask)
+    for row, t in enumerate(trajectories):
+        for end, reward in zip(t.turn_ends, t.turn_rewards, strict=False):
+            turn_rewards[row, end] = reward
+    exp = Experience(
+        input_ids=ids,
+        attention_mask=attn,
+        prompt_lens=lens,
+        completion_mask=cmask,
+        truncated=torch.tensor([not t.finished for t in trajectories], dtype=torch.bool),
+        texts=[t.model_text for t in trajectories],
+        prompts=owners,
+        turn_rewards=turn_rewards,
+        trajectories=trajectories,
+    )
+    return exp
+
+
+@torch.no_grad()
+def generate_trajectory_batch(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: list[Prompt],
+    cfg: PolicyGradientConfig,
+    *,
+    greedy: bool = False,
+    max_new_tokens: int | None = None,
+) -> Experience:
+    """``num_rollouts`` trajectories per prompt with a fresh environment each (``greedy``: one
+    greedy trajectory per prompt, for held-out evaluation)."""
+    G = 1 if greedy else cfg.rollout.num_rollouts
+    rollout = trajectory_rollout(tokenizer, turn_limits(cfg, max_new_tokens))
+    sampling = Sampling(do_sample=False) if greedy else _sampling(cfg)
+    per_call = cfg.rollout.generation_batch_size or len(prompts) * G
+    groups_per_call = max(1, per_call // G)
+    was_training = model.training
+    model.eval()
+    trajectories: list[Trajectory] = []
+    owners: list[Prompt] = []
+    for start in range(0, len(prompts), groups_per_call):
+        chunk = prompts[start : start + groups_per_call]
+        envs = [make_environment(cfg.env.name) for _ in range(len(chunk) * G)]
+        trajectories += rollout.run(model, chunk, envs, repeats=G, sampling=sampling)
+        owners += [p for p in chunk for _ in range(G)]
+    model.train(was_training)
+    return experience_of(trajectories, owners, rollout.pad_id)

@@ -138,10 +138,10 @@ def shaped_total(
     """The scalar reward of each completion from its parts:
 
     total = clip(model_weight·model_norm + verifier_weight·correctness + format_weight·format
-                 + penalty − missing_eos_penalty·truncated, ±clip)
+                 + penalty + env − missing_eos_penalty·truncated, ±clip)
 
-    ``model_norm`` is the reward model's normalised score (:func:`normalize_scores`); a part
-    that is absent counts 0. The KL leash is applied later, where the algorithm puts it."""
+    ``model_norm`` is the reward model's normalised score (:func:`normalize_scores`); ``env``
+    the sum of a multi-turn environment's per-turn rewards; a part that is absent counts 0. The KL leash is applied later, where the algorithm puts it."""
     n = truncated.numel()
     zero = torch.zeros(n, dtype=torch.float32)
     total = (
@@ -149,6 +149,7 @@ def shaped_total(
         + verifier_weight * parts.get("correctness", zero).float()
         + format_weight * parts.get("format", zero).float()
         + parts.get("penalty", zero).float()
+        + parts.get("env", zero).float()
         + eos_penalty(truncated, missing_eos_penalty)
     )
     return clip_reward(total, clip)

@@ -51,6 +51,7 @@ from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     TOKEN_ADVANTAGES,
     TOKEN_REWARD_ADVANTAGES,
+    over_model_tokens,
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
@@ -132,6 +133,7 @@ def score_texts(
     update_moments: bool = True,
     penalty: tuple[int, int] | None = None,
     verifier: Any = None,
+    env_rewards: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The reward parts of N completions and their weighted ``total`` (float32, (N,) each):
     ``correctness``/``binary`` (verifier prompts only), ``format``, ``penalty``, ``model`` (the
@@ -139,7 +141,8 @@ def score_texts(
     gold reward model's score). ``update_moments=False`` (evaluation) whitens the proxy's score
     with neither the batch nor the running statistics: ``model_norm`` is the raw score.
     ``verifier``: the function that scores verifier prompts (default
-    :func:`trainers.core.verifier.compute_rewards`)."""
+    :func:`trainers.core.verifier.compute_rewards`). ``env_rewards`` (multi-turn): each
+    trajectory's summed per-turn environment rewards, the ``env`` part."""
     rw = cfg.reward
     metas = [p.meta for p in prompts]
     if cfg.data.has_verifier:
@@ -158,6 +161,8 @@ def score_texts(
         parts["model_norm"] = normalise_over_ranks(raw, mode, models.moments)
     if models.gold is not None:
         parts["gold"] = models.gold.score_completions(messages, texts, **ids)
+    if env_rewards is not None:
+        parts["env"] = env_rewards.float()
     parts["total"] = shaped_total(
         parts,
         truncated,
@@ -188,7 +193,18 @@ def score(
         prompt_ids=prompt_ids,
         completion_ids=completion_ids,
         penalty=penalty,
+        env_rewards=None if exp.turn_rewards is None else exp.turn_rewards.sum(-1),
     )
+
+
+def turn_reward_shift(exp: Experience) -> Tensor | None:
+    """Multi-turn: what moves the environment's per-turn rewards from the end of the
+    trajectory (where the sequence reward ``total`` holds their sum) to each turn's last model
+    token, as (N, T) token rewards that sum to 0 per row; None for single-turn batches."""
+    if exp.turn_rewards is None or "env" not in exp.rewards:
+        return None
+    at_end = sequence_reward_to_tokens(exp.rewards["env"], exp.completion_mask)
+    return exp.turn_rewards.float() - at_end
 
 
 def sequence_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
@@ -222,6 +238,7 @@ def prepare_update(
             exp.kl_ref = sequence_kl(exp.old_logps, exp.ref_logps, mask)
 
     total = exp.rewards["total"].clone()
+    shift = turn_reward_shift(exp)
     token_kl = None
     if kl_in_reward:
         token_kl = kl_estimate(exp.old_logps, exp.ref_logps, cfg.loss.kl_estimator, mask)
@@ -233,16 +250,22 @@ def prepare_update(
         exp.values = _per_token_pass(value_model, exp, bs, device)
         value_model.train(was_training)
         token_rewards = sequence_reward_to_tokens(total, mask)
+        if shift is not None:
+            token_rewards = token_rewards + shift
         if token_kl is not None:
             token_rewards = token_rewards - cfg.loss.beta * token_kl
         estimator = TOKEN_ADVANTAGES[spec.advantage or ""]
-        adv, ret = estimator(token_rewards, exp.values, mask, cfg.loss.gamma, cfg.loss.lam)
+        adv, ret = over_model_tokens(
+            estimator, token_rewards, exp.values, mask, cfg.loss.gamma, cfg.loss.lam
+        )
         exp.advantages, exp.returns = adv * mask, ret * mask
         exp.shaped_total = (token_rewards * mask).sum(-1)
         pooled = global_moments if world().distributed else None
         info["explained_variance"] = explained_variance(exp.values, exp.returns, mask, pooled)
     elif spec.advantage in TOKEN_REWARD_ADVANTAGES:  # critic-free, per token (REINFORCE++, ReMax)
         penalty = torch.zeros_like(mask) if token_kl is None else cfg.loss.beta * token_kl * mask
+        if shift is not None:  # the per-turn rewards, as a negative penalty that sums to 0
+            penalty = penalty - shift * mask
         estimator = TOKEN_REWARD_ADVANTAGES[spec.advantage]
         pooled = global_moments if world().distributed else None  # every rank's tokens
         exp.advantages = estimator(exp.rewards, penalty, mask, G, pooled) * mask

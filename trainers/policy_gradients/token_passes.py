@@ -29,7 +29,8 @@ def trim(
     """Cut the columns every row of a micro-batch pads: returns ids, attn, completion width,
     and the new prompt width."""
     left = width_p - int(prompt_lens.max())
-    width_t = max(1, int(cmask.sum(-1).max()))
+    # the completion columns any row attends (multi-turn: tool replies inside, mask 0 there)
+    width_t = max(1, int(attn[:, width_p:].sum(-1).max()))
     ids = exp_ids[:, left : width_p + width_t]
     return ids, attn[:, left : width_p + width_t], width_t, width_p - left
 

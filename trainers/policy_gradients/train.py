@@ -59,6 +59,7 @@ from trainers.core.lora import (
     needs_reference_copy,
 )
 from trainers.core.models import load_causal_lm, load_reference, load_tokenizer
+from trainers.core.multiturn import check_tool_format, trajectory_stats
 from trainers.core.onpolicy import greedy_rollouts
 from trainers.core.prompts import PromptStream, check_specs, load_run_prompts
 from trainers.core.reward_scorer import RewardScorer, inspect_reward_model
@@ -73,6 +74,7 @@ from trainers.core.training import (
 from trainers.core.verifier import compute_rewards
 from trainers.policy_gradients.advantages import frac_zero_std
 from trainers.policy_gradients.config import PolicyGradientConfig
+from trainers.policy_gradients.generation import generate_trajectory_batch
 from trainers.policy_gradients.rewards import RunningMoments
 from trainers.policy_gradients.rollout import (
     Experience,
@@ -109,6 +111,17 @@ def preflight(cfg: PolicyGradientConfig) -> None:
     for key, name in cfg.reward_model_names():
         inspect_reward_model(name, key)
     check_world(cfg, world_from_env().size)
+    if cfg.multi_turn:
+        check_tool_tokenizer(cfg)
+
+
+def check_tool_tokenizer(cfg: PolicyGradientConfig) -> None:
+    """The model's tokenizer can write the tool-call format and its chat template a tool reply
+    (ConfigError naming env.name otherwise)."""
+    try:
+        check_tool_format(load_tokenizer(cfg.model.name))
+    except ValueError as err:
+        raise ConfigError(f"env.name={cfg.env.name!r} with model {cfg.model.name}: {err}") from None
 
 
 def check_world(cfg: PolicyGradientConfig, size: int) -> None:
@@ -176,6 +189,9 @@ def reward_metrics(drawn: Experience, cfg: PolicyGradientConfig) -> dict[str, fl
         out["frac_reward_zero_std"] = zero / n if n else float("nan")
     out["response_length/mean"] = _global_mean(drawn.lengths.float())
     out["response_length/clipped_frac"] = _global_mean(drawn.truncated.float())
+    if drawn.trajectories is not None:  # multi-turn: turns, tool calls, errors, use of results
+        stats = trajectory_stats(drawn.trajectories)
+        out.update({f"tools/{k}": _global_mean(v) for k, v in stats.items()})
     return out
 
 
@@ -203,7 +219,10 @@ def evaluate(
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     block = rank_block(len(held_out))
     mine = [held_out[i] for i in block]
-    out = greedy_rollouts(policy, tokenizer, mine, max_new, cfg.eval.eval_batch_size)
+    if cfg.multi_turn:
+        out = greedy_trajectories(cfg, policy, tokenizer, mine, max_new)
+    else:
+        out = greedy_rollouts(policy, tokenizer, mine, max_new, cfg.eval.eval_batch_size)
     r = score_texts(
         cfg,
         mine,
@@ -215,6 +234,7 @@ def evaluate(
         completion_ids=out["completion_ids"],
         update_moments=False,
         verifier=compute_rewards,
+        env_rewards=out.get("env_rewards"),
     )
     out, r = held_out_share(block, out, r, len(held_out))
     texts, lengths = out["texts"], out["lengths"]
@@ -225,6 +245,9 @@ def evaluate(
     metrics["eval/response_length/mean"] = sum(lengths) / max(1, len(lengths))
     truncated = out["truncated"]
     metrics["eval/response_length/clipped_frac"] = sum(truncated) / max(1, len(truncated))
+    if cfg.multi_turn:
+        stats = {k: torch.tensor(v) for k, v in out["tools"].items()}
+        metrics.update({f"eval/tools/{k}": _mean(v) for k, v in stats.items()})
     shown = [k for k in ("correctness", "format", "binary", "model", "gold") if k in r]
     samples = [
         {
@@ -233,10 +256,34 @@ def evaluate(
             "answer": p.answer,
             "completion": t,
             **{k: float(r[k][i]) for k in shown},
+            **({"turns": out["turns"][i]} if cfg.multi_turn else {}),
         }
         for i, (p, t) in enumerate(zip(held_out, texts, strict=True))
     ][: cfg.eval.num_samples]
     return metrics, samples
+
+
+def greedy_trajectories(
+    cfg: PolicyGradientConfig, policy: torch.nn.Module, tokenizer: Any, prompts: list, max_new: int
+) -> dict[str, Any]:
+    """Multi-turn held-out rollouts, greedy, in :func:`greedy_rollouts`' layout plus each
+    trajectory's ``turns`` (transcript), ``tools`` figures and ``env_rewards``."""
+    exp = generate_trajectory_batch(
+        policy, tokenizer, prompts, cfg, greedy=True, max_new_tokens=max_new
+    )
+    prompt_ids, completion_ids = exp.token_ids()
+    trajectories = exp.trajectories or []
+    stats = trajectory_stats(trajectories)
+    return {
+        "texts": exp.texts,
+        "lengths": [int(n) for n in exp.lengths.tolist()],
+        "truncated": [bool(x) for x in exp.truncated.tolist()],
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "turns": [t.transcript() for t in trajectories],
+        "tools": {k: v.tolist() for k, v in stats.items()},
+        "env_rewards": exp.turn_rewards.sum(-1) if exp.turn_rewards is not None else None,
+    }
 
 
 def held_out_share(
@@ -246,6 +293,8 @@ def held_out_share(
     parts, in the held-out order: ``block`` is this rank's :func:`rank_block` of the ``n``
     prompts (padded with repeats of its last prompt, which are dropped here); collective."""
     keys = ("texts", "lengths", "truncated")
+    if "turns" in out:  # multi-turn: the transcripts and tool figures travel with the rows
+        return _held_out_share_turns(block, out, rewards, n)
     mine = [
         (i, *(out[k][j] for k in keys), {k: float(v[j]) for k, v in rewards.items()})
         for j, i in enumerate(block)
@@ -254,6 +303,28 @@ def held_out_share(
     rows = [by_index[i] for i in range(n)]
     merged = {k: [row[1 + c] for row in rows] for c, k in enumerate(keys)}
     parts = {k: torch.tensor([row[4][k] for row in rows]) for k in rewards}
+    return merged, parts
+
+
+def _held_out_share_turns(
+    block: list[int], out: dict[str, Any], rewards: dict[str, torch.Tensor], n: int
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """:func:`held_out_share` for multi-turn rows: ``turns`` and each ``tools`` figure too."""
+    tools = out["tools"]
+    mine = [
+        (
+            i,
+            {k: out[k][j] for k in ("texts", "lengths", "truncated", "turns")},
+            {k: v[j] for k, v in tools.items()},
+            {k: float(v[j]) for k, v in rewards.items()},
+        )
+        for j, i in enumerate(block)
+    ]
+    by_index = {row[0]: row for part in gather_objects(mine) for row in part}
+    rows = [by_index[i] for i in range(n)]
+    merged: dict[str, Any] = {k: [row[1][k] for row in rows] for k in rows[0][1]}
+    merged["tools"] = {k: [row[2][k] for row in rows] for k in tools}
+    parts = {k: torch.tensor([row[3][k] for row in rows]) for k in rewards}
     return merged, parts
 
 
@@ -271,6 +342,8 @@ def rollout_samples(cfg: PolicyGradientConfig, exp: Experience) -> list[dict[str
             "completion": exp.texts[i],
             **{k: float(v[i]) for k, v in exp.rewards.items()},
         }
+        if exp.trajectories is not None:
+            row["turns"] = exp.trajectories[i].transcript()
         if not cfg.spec.needs_value_model and exp.advantages is not None:
             row["advantage"] = float(exp.advantages[i, 0])
         out.append(row)
