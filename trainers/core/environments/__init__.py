@@ -1,0 +1,1 @@
+"""Multi-turn environments and the tools a model may call in them (calculator, Python sandbox)."""
