@@ -70,7 +70,7 @@ class SandboxLimits:
 def python_tool(body: str, limits: SandboxLimits = SandboxLimits()) -> str:  # noqa: B008
     """The output of the program in ``body`` run in the sandbox; :class:`ToolError` on failure."""
     code = checked_code(body, limits)
-    completed = _run_child(code, limits)
+    completed = run_in_child(code, limits)
     return _read_result(completed, limits)
 
 
@@ -104,8 +104,11 @@ def _refusal(node: ast.AST) -> str | None:
     return None
 
 
-def _run_child(code: str, limits: SandboxLimits) -> subprocess.CompletedProcess[str] | None:
-    """The finished child, or None when it ran past the wall-clock limit (then it is killed)."""
+def run_in_child(code: str, limits: SandboxLimits) -> subprocess.CompletedProcess[str] | None:
+    """The finished child, or None when it ran past the wall-clock limit (then it is killed).
+
+    This is the second wall alone: ``code`` is not checked here (:func:`python_tool` checks it).
+    """
     argv = [
         sys.executable,
         "-I",
