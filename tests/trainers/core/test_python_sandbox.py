@@ -187,3 +187,10 @@ def test_the_child_has_an_empty_environment_and_a_fresh_directory():
     names, cwd = json.loads(completed.stdout)["output"].splitlines()
     assert set(ast.literal_eval(names)) <= {"LC_CTYPE"}
     assert Path(cwd).name.startswith("rlhf-lab-sandbox-") and not Path(cwd).exists()
+
+
+def test_limits_must_be_positive_and_cpu_seconds_round_up():
+    with pytest.raises(ValueError, match="positive: wall_seconds, memory_mb"):
+        SandboxLimits(wall_seconds=0, memory_mb=-1)
+    assert SandboxLimits(cpu_seconds=0.2).whole_cpu_seconds == 1
+    assert SandboxLimits(cpu_seconds=2.5).whole_cpu_seconds == 3
