@@ -58,7 +58,8 @@ _CPU_SIGNALS = {signal.SIGXCPU, signal.SIGKILL}
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Limits of one run: CPU and wall seconds, address space, output and code length."""
+    """Limits of one run: CPU seconds (rounded up to whole seconds), wall-clock seconds, address
+    space in MB, output and code length in characters; each must be positive."""
 
     cpu_seconds: float = 1.0
     wall_seconds: float = 3.0
@@ -66,11 +67,21 @@ class SandboxLimits:
     max_output_chars: int = 400
     max_code_chars: int = 2000
 
+    def __post_init__(self) -> None:
+        bad = [name for name, value in vars(self).items() if not value > 0]
+        if bad:
+            raise ValueError(f"sandbox limits must be positive: {', '.join(bad)}")
 
-def python_tool(body: str, limits: SandboxLimits = SandboxLimits()) -> str:  # noqa: B008
+    @property
+    def whole_cpu_seconds(self) -> int:
+        """The CPU limit the child gets: RLIMIT_CPU counts whole seconds, so it is rounded up."""
+        return max(1, math.ceil(self.cpu_seconds))
+
+
+def python_tool(body: str, limits: SandboxLimits = SandboxLimits()) -> str:
     """The output of the program in ``body`` run in the sandbox; :class:`ToolError` on failure."""
     code = checked_code(body, limits)
-    completed = _run_child(code, limits)
+    completed = run_in_child(code, limits)
     return _read_result(completed, limits)
 
 
@@ -104,8 +115,11 @@ def _refusal(node: ast.AST) -> str | None:
     return None
 
 
-def _run_child(code: str, limits: SandboxLimits) -> subprocess.CompletedProcess[str] | None:
-    """The finished child, or None when it ran past the wall-clock limit (then it is killed)."""
+def run_in_child(code: str, limits: SandboxLimits) -> subprocess.CompletedProcess[str] | None:
+    """The finished child, or None when it ran past the wall-clock limit (then it is killed).
+
+    This is the second wall alone: ``code`` is not checked here (:func:`python_tool` checks it).
+    """
     argv = [
         sys.executable,
         "-I",
@@ -113,7 +127,7 @@ def _run_child(code: str, limits: SandboxLimits) -> subprocess.CompletedProcess[
         "-X",
         "utf8",
         str(CHILD_SCRIPT),
-        str(max(1, math.ceil(limits.cpu_seconds))),
+        str(limits.whole_cpu_seconds),
         str(limits.memory_mb),
         str(limits.max_output_chars),
     ]
@@ -159,7 +173,7 @@ def _read_result(completed: subprocess.CompletedProcess[str] | None, limits: San
         number = -completed.returncode
         if number in _CPU_SIGNALS:
             raise ToolError(
-                f"TimeoutError: the program used more than {limits.cpu_seconds:g} s of CPU time"
+                f"TimeoutError: the program used more than {limits.whole_cpu_seconds} s of CPU time"
             )
         raise ToolError(f"the program crashed (signal {signal.Signals(number).name})")
     try:

@@ -100,7 +100,7 @@ def main() -> None:
         result = {"ok": True, "output": out.value(), "dropped": out.dropped}
     except MemoryError:
         result = {"ok": False, "error": f"MemoryError: over the {memory_mb} MB memory limit"}
-    except BaseException as error:  # noqa: BLE001 - every failure of the code is the tool's answer
+    except BaseException as error:  # every failure of the code is the tool's answer
         result = {"ok": False, "error": one_line(error)}
     sys.stdout = real_stdout
     real_stdout.write(json.dumps(result))
