@@ -10,7 +10,7 @@ what the environment adds per turn (0 for the built-in tool environments).
 
 Environments are torch-free and one object per trajectory (the G rollouts of a prompt each get
 their own). The registry maps a name (``env.name`` in a policy-gradient config) to a factory;
-``environment_names()`` is what config validation lists.
+``environment_names()`` (the package's) is what config validation lists.
 """
 
 from __future__ import annotations
@@ -60,30 +60,3 @@ def register_environment(
         return factory
 
     return add
-
-
-def environment_names() -> list[str]:
-    """The registered environments' names, in registration order."""
-    _load_builtins()
-    return list(_ENVIRONMENTS)
-
-
-def environment_summaries() -> dict[str, str]:
-    """Name → one line on what the environment offers."""
-    _load_builtins()
-    return {name: summary for name, (_, summary) in _ENVIRONMENTS.items()}
-
-
-def make_environment(name: str) -> Environment:
-    """A fresh environment ``name`` (ValueError listing the known ones otherwise)."""
-    _load_builtins()
-    if name not in _ENVIRONMENTS:
-        raise ValueError(
-            f"no environment named {name!r}; known: {', '.join(_ENVIRONMENTS)} "
-            "(env.name; leave it null for one completion per prompt)"
-        )
-    return _ENVIRONMENTS[name][0]()
-
-
-def _load_builtins() -> None:
-    from trainers.core.environments import builtin  # noqa: F401  (registers on import)
