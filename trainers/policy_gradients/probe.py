@@ -21,6 +21,11 @@ correctness + ``format_weight`` × format), and reports per candidate:
 * response lengths in tokens (``length_p50``, ``length_p90``, ``length_max``), ``clipped``: share
   cut at ``max_new_tokens`` without an end-of-turn token; ``seconds`` spent on the candidate.
 
+With ``--environment NAME`` (a run with ``env.name``) each sample is a multi-turn trajectory
+with that environment (``--max-turns`` model turns, ``--max-new-tokens`` per turn; the verifier
+scores the model's turns), and the report adds ``tool_call_rate``, the share of samples that
+called the tool.
+
 Run it as ``python -m trainers.policy_gradients.probe --model M --candidates JSON --prompts 32
 --samples 4 --max-new-tokens 128 --json``; ``--candidates`` is a JSON list (inline or ``@file``)
 of ``{"id": "chain_sum/1-digit", "specs": [{"name": "chain_sum", "config": {...}}]}`` (a bare
@@ -57,6 +62,8 @@ class ProbeSettings:
     format_weight: float = 0.5
     seed: int = 42
     batch_prompts: int = 8
+    environment: str | None = None  # multi-turn: sample trajectories with this environment
+    max_turns: int = 3
 
 
 @dataclass
@@ -79,6 +86,7 @@ class CandidateResult:
     clipped: float
     seconds: float
     example: str
+    tool_call_rate: float | None = None  # multi-turn probes only
 
 
 def percentile(values: list[int], q: float) -> int:
@@ -127,6 +135,7 @@ def summarise(
         clipped=sum(bool(t) for t in scored["truncated"]) / n if n else 0.0,
         seconds=0.0,
         example=scored["text"][example_at][:300] if n else "",
+        tool_call_rate=sum(scored["called"]) / n if n and "called" in scored else None,
     )
 
 
@@ -225,7 +234,11 @@ def sample_and_score(model, tokenizer, prompts: list, settings: ProbeSettings) -
     generator = torch.Generator(device=next(model.parameters()).device)
     generator.manual_seed(settings.seed)
     texts, lengths, truncated, metas = [], [], [], []
-    for start in range(0, len(prompts), settings.batch_prompts):
+    if settings.environment:
+        texts, lengths, truncated, metas, calls = sample_trajectories(
+            model, tokenizer, prompts, settings, sampling
+        )
+    for start in range(0, 0 if settings.environment else len(prompts), settings.batch_prompts):
         chunk = prompts[start : start + settings.batch_prompts]
         rows = [chat_prompt_ids(tokenizer, p.messages) for p in chunk]
         new = sample_tokens(
@@ -255,7 +268,40 @@ def sample_and_score(model, tokenizer, prompts: list, settings: ProbeSettings) -
         "length": lengths,
         "truncated": truncated,
         "text": texts,
+        **({"called": calls} if settings.environment else {}),
     }
+
+
+def sample_trajectories(model, tokenizer, prompts: list, settings: ProbeSettings, sampling):
+    """Multi-turn samples with ``settings.environment``: (texts, model-token lengths, truncated,
+    metas, whether each called a tool)."""
+    from trainers.core.environments import make_environment
+    from trainers.core.multiturn import TrajectoryRollout, TurnLimits
+
+    per_turn = settings.max_new_tokens
+    limits = TurnLimits(settings.max_turns, per_turn, 64, settings.max_turns * (per_turn + 80))
+    rollout = TrajectoryRollout(tokenizer, limits)
+    out: tuple[list, list, list, list, list] = ([], [], [], [], [])
+    for start in range(0, len(prompts), settings.batch_prompts):
+        chunk = prompts[start : start + settings.batch_prompts]
+        envs = [
+            make_environment(settings.environment) for _ in range(len(chunk) * settings.samples)
+        ]
+        trajs = rollout.run(model, chunk, envs, repeats=settings.samples, sampling=sampling)
+        for i, t in enumerate(trajs):
+            for column, value in zip(
+                out,
+                (
+                    t.model_text,
+                    t.model_tokens,
+                    not t.finished,
+                    chunk[i // settings.samples].meta,
+                    t.tool_calls > 0,
+                ),
+                strict=True,
+            ):
+                column.append(value)
+    return out
 
 
 def run_probe(model_name: str, candidates: list[dict], settings: ProbeSettings) -> dict[str, Any]:
@@ -308,6 +354,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format-weight", type=float, default=d.format_weight)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--batch-prompts", type=int, default=d.batch_prompts)
+    p.add_argument("--environment", default=None, help="multi-turn: an environment name")
+    p.add_argument("--max-turns", type=int, default=d.max_turns, help="model turns (multi-turn)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
@@ -319,7 +367,17 @@ def _settings(args: argparse.Namespace) -> ProbeSettings:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if not args.temperature > 0:
         raise ValueError("--temperature must be > 0")
+    if args.environment is not None:
+        from trainers.core.environments import environment_names
+
+        if args.environment not in environment_names():
+            known = ", ".join(environment_names())
+            raise ValueError(f"--environment {args.environment!r} is not one of: {known}")
+        if args.max_turns < 1:
+            raise ValueError("--max-turns must be >= 1")
     return ProbeSettings(
+        environment=args.environment,
+        max_turns=args.max_turns,
         prompts=args.prompts,
         samples=args.samples,
         max_new_tokens=args.max_new_tokens,

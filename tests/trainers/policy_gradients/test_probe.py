@@ -106,3 +106,19 @@ def test_probe_runs_on_tiny_through_its_command_line():
         assert 0.0 <= r["pass_rate"] <= 1.0 and 0.0 <= r["contrast"] <= 1.0
         assert 1 <= r["length_p50"] <= r["length_p90"] <= r["length_max"] <= 8
         assert r["seconds"] >= 0
+
+
+def test_a_multi_turn_probe_samples_trajectories_with_the_environment(capsys):
+    """``--environment``: the samples are trajectories (the tiny model never calls the tool, so
+    its call rate is 0, a figure the single-turn probe does not have); a bad name exits 2."""
+    assert (
+        main(["--model", "tiny", "--candidates", json.dumps(CHAIN), "--environment", "abacus"]) == 2
+    )
+    assert "'abacus' is not one of: calculator" in capsys.readouterr().err
+    argv = ["--model", "tiny", "--candidates", json.dumps(CHAIN), "--prompts", "2", "--samples", "2",
+            "--max-new-tokens", "6", "--environment", "calculator", "--max-turns", "2", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (row,) = report["candidates"]
+    assert report["settings"]["environment"] == "calculator"
+    assert row["tool_call_rate"] == 0.0 and row["length_max"] <= 6
