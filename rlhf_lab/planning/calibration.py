@@ -345,6 +345,13 @@ class ProbeSettings(BaseModel):
     min_p: float = 0.0
     format_weight: float = 0.5
     seed: int = 42
+    environment: str | None = None  # multi-turn runs (env.name): probe trajectories with it
+    max_turns: int = 3
+
+    @property
+    def turns(self) -> int:
+        """Model turns a sample can take (1 for a single-turn probe): the cost multiplier."""
+        return self.max_turns if self.environment else 1
 
 
 # The probe measures the base model on a task, not a run: one prompt seed for every run, so the
@@ -368,6 +375,8 @@ def probe_settings(target: Target, family: str, config: dict[str, Any]) -> Probe
         min_p=float(get_dotted(config, f"{s}.min_p", 0.0) or 0.0),
         format_weight=_format_weight(family, config),
         seed=PROBE_SEED,
+        environment=get_dotted(config, "env.name", None) if family == "policy_gradients" else None,
+        max_turns=int(get_dotted(config, "env.max_turns", 3) or 3),
     )
 
 
@@ -377,7 +386,7 @@ def fit_budget(
     """Candidates and settings within ``budget`` sampled tokens (upper bound): fewer prompts
     first (down to MIN_PROBE_PROMPTS), then the last candidates dropped (the first, a request,
     is always kept). Returns what was cut as notes."""
-    per = settings.samples * settings.max_new_tokens
+    per = settings.samples * settings.max_new_tokens * settings.turns
     notes = []
     if len(candidates) * settings.prompts * per > budget:
         prompts = max(MIN_PROBE_PROMPTS, budget // max(1, len(candidates) * per))
@@ -459,6 +468,8 @@ def run_probe(model: str, candidates: list[Candidate], settings: ProbeSettings) 
         json.dumps([c.model_dump() for c in candidates]),
     ]
     for key, value in settings.model_dump().items():
+        if key in ("environment", "max_turns") and not settings.environment:
+            continue  # a single-turn probe
         argv += [f"--{key.replace('_', '-')}", str(value)]
     argv += ["--threads", str(probe_threads())]
     try:

@@ -18,6 +18,8 @@ from rlhf_lab.planning.calibration import (
     fit_budget,
     generation_limit,
     probe_cache_key,
+    probe_settings,
+    target_for,
 )
 from rlhf_lab.planning.calibration_apply import (
     CalibrationPolicy,
@@ -136,6 +138,26 @@ def test_fit_budget_lowers_prompts_then_drops_candidates_but_keeps_the_first():
     assert any("not probed" in n for n in notes)
     small, s2, none = fit_budget(cands[:1], settings, budget=10**9)
     assert small == cands[:1] and s2 == settings and none == []
+
+
+def test_a_multi_turn_run_is_probed_with_its_environment_and_costs_its_turns():
+    """env.name reaches the probe (trajectories, not single completions); the cost cap counts
+    each sample's turns, and the cache key tells the two probes apart."""
+    target = target_for("policy_gradients", "grpo")
+    tools = {
+        "rollout": {"num_rollouts": 4, "max_new_tokens": 64},
+        "env": {"name": "calculator", "max_turns": 3},
+    }
+    plain = {"rollout": {"num_rollouts": 4, "max_new_tokens": 64}}
+    with_env = probe_settings(target, "policy_gradients", tools)
+    without = probe_settings(target, "policy_gradients", plain)
+    assert (with_env.environment, with_env.max_turns, with_env.turns) == ("calculator", 3, 3)
+    assert without.environment is None and without.turns == 1
+    cands = CANDIDATE_SETS["arithmetic"]
+    budget = len(cands) * without.prompts * without.samples * without.max_new_tokens
+    assert fit_budget(cands, without, budget)[2] == []
+    assert fit_budget(cands, with_env, budget)[2]  # three turns a sample: over the cap
+    assert probe_cache_key("fp", cands, with_env) != probe_cache_key("fp", cands, without)
 
 
 # ---- cache key -------------------------------------------------------------------------------
