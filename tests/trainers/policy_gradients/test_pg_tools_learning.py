@@ -1,0 +1,145 @@
+"""A policy learns to call a tool, and a multi-turn run resumes exactly, on the tiny model.
+
+The warm start is the SFT trainer's tiny recipe on ``builtin:tool-sft`` (one-digit sums; half the
+demonstrations call the calculator, half answer without it), cut short so that sampled with the
+tool offered it calls the calculator in only some of its trajectories. GRPO then trains against
+``scripted_tool``: +1 for a call the calculator answers and +1 when the final answer repeats the
+result (the stand-in reward of issue #28), plus the verifier's correctness. What must rise is the
+share of trajectories that call the tool (``tools/called``), measured on the rollouts of the first
+and the last steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import trainer_argv
+from trainers.core.rundir import SIGTERM_ENV, read_jsonl
+from trainers.policy_gradients import train as pg_train
+from trainers.sft import train as sft_train
+
+ROOT = Path(__file__).resolve().parents[3]
+PG_CONFIG = ROOT / "trainers" / "policy_gradients" / "configs" / "grpo_tools.yaml"
+SFT_CONFIG = ROOT / "trainers" / "sft" / "configs" / "sft.yaml"
+TASK = "{chain_sum: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}"
+
+SFT_OVERRIDES = [
+    *sft_train.warm_start_overrides(),
+    "data.dataset=builtin:tool-sft:chain_sum",
+    "data.train_on=all_assistant",
+    f"data.builtin_task_configs={TASK}",
+    "data.max_samples=2400",
+    "data.eval_size=32",
+    "train.num_epochs=1",
+    "train.max_steps=120",
+    "eval.eval_every=0",
+    "eval.sample_every=0",
+]
+
+
+def grpo_overrides(warm_start: Path, steps: int) -> list[str]:
+    return [
+        f"model.name={warm_start}",
+        "model.gradient_checkpointing=false",
+        "data.specs=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, "
+        "max_digits: 1}}]",
+        "data.size=64",
+        "data.eval_size=8",
+        "env.name=scripted_tool",
+        "env.max_turns=2",
+        "env.max_observation_tokens=8",
+        "rollout.prompts_per_step=4",
+        "rollout.num_rollouts=8",
+        "rollout.max_new_tokens=24",
+        "rollout.temperature=1.0",
+        "rollout.top_p=1.0",
+        "rollout.top_k=0",
+        "train.batch_size=16",
+        "train.gradient_accumulation_steps=1",
+        "train.learning_rate=3.0e-4",
+        f"train.max_steps={steps}",
+        "eval.eval_every=0",
+        "eval.num_samples=2",
+        "checkpoint.save_every=null",
+        "checkpoint.save_final_model=false",
+        "seed=42",
+    ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tool_warm_start(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("tool-sft") / "run"
+    assert sft_train.main(trainer_argv(SFT_CONFIG, run_dir, SFT_OVERRIDES)) == 0
+    return run_dir / "final_model"
+
+
+def called(run_dir: Path) -> list[float]:
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == "rollout"]
+    return [r["tools/called"] for r in rows]
+
+
+def test_grpo_learns_to_call_the_tool(tmp_path, tool_warm_start):
+    run_dir = tmp_path / "grpo"
+    assert pg_train.main(trainer_argv(PG_CONFIG, run_dir, grpo_overrides(tool_warm_start, 24))) == 0
+    rates = called(run_dir)
+    first, last = sum(rates[:4]) / 4, sum(rates[-4:]) / 4
+    assert 0.0 < first < 0.9, rates  # the warm start calls sometimes: something to learn
+    assert last > first + 0.2, rates
+    samples = [s for s in read_jsonl(run_dir / "samples.jsonl") if s["kind"] == "rollout"]
+    roles = {turn["role"] for s in samples for turn in s["turns"]}
+    assert roles == {"model", "tool"}
+
+
+def test_a_stop_inside_a_multi_turn_rollout_resumes_exactly(tmp_path, tool_warm_start, monkeypatch):
+    """Straight 4 steps == a real SIGTERM in the middle of step 3's trajectories (the step is
+    dropped: nothing of it logged; the checkpoint of step 2 is kept), then resumed."""
+    import trainers.core.decoding as decoding
+
+    overrides = [*grpo_overrides(tool_warm_start, 4), "checkpoint.save_every=1"]
+    straight = tmp_path / "straight"
+    real = decoding.raise_if_stopping
+    step_of_check: list[int] = []  # the step in progress at each token check of the straight run
+
+    def counting(where: str) -> None:
+        if where == "token":
+            progress = json.loads((straight / "progress.json").read_text())
+            step_of_check.append(int(progress["step"]))
+        real(where)
+
+    monkeypatch.setattr(decoding, "raise_if_stopping", counting)
+    assert pg_train.main(trainer_argv(PG_CONFIG, straight, overrides)) == 0
+    monkeypatch.setattr(decoding, "raise_if_stopping", real)
+    in_step_three = [i for i, step in enumerate(step_of_check, 1) if step == 2]
+    assert len(in_step_three) > 4, step_of_check  # step 3 (after step 2's checkpoint) sampled
+    nth = in_step_three[len(in_step_three) // 2]
+
+    half = tmp_path / "half"
+    monkeypatch.setenv(SIGTERM_ENV, f"token:{nth}")
+    assert pg_train.main(trainer_argv(PG_CONFIG, half, overrides)) == 143
+    summary = json.loads((half / "summary.json").read_text())
+    assert summary["outcome"] == "stopped" and "token" in summary.get("detail", "token")
+    assert read_jsonl(half / "metrics.jsonl")[-1]["step"] == 2
+    monkeypatch.delenv(SIGTERM_ENV)
+    assert pg_train.main(trainer_argv(PG_CONFIG, half, overrides, resume=True)) == 0
+
+    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(half / "metrics.jsonl")
+    assert [(r["step"], r["phase"]) for r in a] == [(r["step"], r["phase"]) for r in b]
+    for x, y in zip(a, b, strict=True):
+        for key in ("loss", "grad_norm", "avg_total", "tools/called", "tools/observation_tokens"):
+            if key in x:
+                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-7), (x["step"], key)
+    turns_a = [s["turns"] for s in read_jsonl(straight / "samples.jsonl")]
+    turns_b = [s["turns"] for s in read_jsonl(half / "samples.jsonl")]
+    assert turns_a == turns_b
