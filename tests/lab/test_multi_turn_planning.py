@@ -219,3 +219,88 @@ def test_a_trajectory_longer_than_the_context_is_refused(lab_root):
     ok = shrink_config("grpo_tools", ["env.max_total_tokens=9000"], model="tiny")
     assert completion_tokens(ok.config) == 3 * (64 + 32 + REPLY_WRAPPER_TOKENS)
     nothing_written(lab_root)
+
+
+# ------------------------------------------------------------------------- plan: tools in text
+
+
+@pytest.mark.parametrize(
+    "text, envs",
+    [
+        ("GRPO with a calculator on 4-digit arithmetic", ["calculator"]),
+        ("grpo using the calculator", ["calculator"]),
+        ("grpo with tools on tiny", ["calculator"]),
+        ("grpo with python", ["python"]),
+        ("GRPO with a python tool", ["python"]),
+        ("grpo without a calculator", [None]),
+        ("grpo, no tools", [None]),
+        ("GRPO with vs without a calculator", ["calculator", None]),
+        ("grpo with and without the calculator", ["calculator", None]),
+        ("grpo with/without tools", ["calculator", None]),
+        ("grpo with a calculator vs without", ["calculator", None]),
+        ("compare grpo with ppo", []),
+        ("grpo on tiny", []),
+    ],
+)
+def test_the_request_names_its_tools(text, envs):
+    from rlhf_lab.planning.request import parse_request
+
+    parsed = parse_request(text)
+    assert parsed.envs == envs
+    assert parsed.targets[0] == "algo:grpo"
+    assert parsed.compare == (len(envs) > 1 or "compare" in text)
+
+
+def test_grpo_with_a_calculator_plans_the_tools_recipe():
+    plan = api.plan_experiment("GRPO with a calculator on 4-digit arithmetic on tiny")
+    assert plan.intent == "sanity" and len(plan.runs) == 1
+    run = plan.runs[0]
+    assert (run.name, run.recipe, run.algorithm) == (
+        "grpo+calculator",
+        "policy_gradients/grpo_tools",
+        "grpo",
+    )
+    assert run.launch_command.startswith("uv run rlhf-lab launch grpo_tools --shrink")
+    assert plan.campaign == "grpo-with-calculator-sanity"
+
+
+def test_grpo_without_a_calculator_plans_plain_grpo():
+    for text in ("grpo without a calculator on tiny", "grpo_tools with no tools on tiny"):
+        plan = api.plan_experiment(text)
+        assert [(r.name, r.recipe) for r in plan.runs] == [("grpo", "policy_gradients/grpo")], text
+
+
+def test_with_vs_without_a_calculator_is_a_matched_campaign_of_two_arms():
+    plan = api.plan_experiment("GRPO with vs without a calculator on tiny")
+    assert plan.intent == "compare" and plan.campaign == "grpo-with-calculator-vs-grpo"
+    tools, plain = plan.runs
+    assert (tools.name, tools.recipe) == ("grpo+calculator", "policy_gradients/grpo_tools")
+    assert (plain.name, plain.recipe) == ("grpo", "policy_gradients/grpo")
+    # the run without the tool takes the tools recipe's task (4-digit arithmetic), matched
+    assert "data.specs=" in plain.launch_command and "basic_arithmetic" in plain.launch_command
+    assert "data.specs (as in grpo+calculator)" in plan.matched
+    assert any("differ in the environment (env.name) alone" in n for n in plan.notes)
+    assert "env.name" not in tools.launch_command and "env.name" not in plain.launch_command
+
+
+def test_a_tool_for_an_algorithm_without_a_tools_recipe_sets_the_environment():
+    plan = api.plan_experiment("rloo with a python tool on tiny")
+    (run,) = plan.runs
+    assert (run.name, run.recipe) == ("rloo+python", "policy_gradients/rloo")
+    assert "--set env.name=python" in run.launch_command
+    assert any("no rloo_tools recipe ships" in n for n in plan.notes)
+    # the tools recipe with another tool: the recipe, its env.name overridden
+    (py,) = api.plan_experiment("grpo with python on tiny").runs
+    assert (
+        py.recipe == "policy_gradients/grpo_tools" and "--set env.name=python" in py.launch_command
+    )
+
+
+def test_a_tool_for_another_family_is_refused(lab_root):
+    with pytest.raises(InvalidArgument) as err:
+        api.plan_experiment("dpo with a calculator on tiny")
+    assert (
+        "policy-gradient family" in err.value.message
+        and "dpo (direct_alignment)" in err.value.message
+    )
+    nothing_written(lab_root)
