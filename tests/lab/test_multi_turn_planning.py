@@ -209,6 +209,31 @@ def test_a_bad_environment_is_one_clear_error_before_anything_is_written(overrid
     nothing_written(lab_root)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["shrink", "grpo", "--model", "tiny", "--set", "env.name=abacus"],
+        ["launch", "grpo_tools", "--shrink", "--model", "tiny", "--set", "env.name=abacus"],
+        ["plan", "grpo with a calculator on tiny", "--set", "env.max_turns=0"],
+    ],
+)
+def test_the_cli_refuses_a_bad_environment_with_one_clear_line(argv, lab_root):
+    from typer.testing import CliRunner
+
+    from rlhf_lab.cli import app
+
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    said = result.output.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("error: invalid config"), said
+    if "abacus" in argv[-1]:
+        assert "known: calculator, python, scripted_tool" in said[0]
+    else:
+        assert "at least one model turn" in said[0]
+    nothing_written(lab_root)
+
+
 def test_a_trajectory_longer_than_the_context_is_refused(lab_root):
     # tiny's context is 2048 tokens: 20 turns of 64 + 32 + wrapper reach 2240
     with pytest.raises(InvalidArgument) as err:
