@@ -65,6 +65,7 @@ from rlhf_lab.ledger.schema import (
     MetricSummary,
     RunRecord,
     SampleExcerpt,
+    SampleTurn,
     Verdict,
     _Model,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "MetricSummary",
     "RunRecord",
     "SampleExcerpt",
+    "SampleTurn",
     "Verdict",
     "_Model",
     "_cell",

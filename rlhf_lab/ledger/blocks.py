@@ -33,7 +33,7 @@ from rlhf_lab.ledger.followups import (
     lower_lr_items,
     without_folded,
 )
-from rlhf_lab.ledger.metrics import _expand_metric_names, _metric_keys
+from rlhf_lab.ledger.metrics import TOOL_LEGEND, _expand_metric_names, _metric_keys
 from rlhf_lab.ledger.render import (
     FAMILIES,
     _campaign_model,
@@ -200,6 +200,20 @@ def _groups(pieces: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _runs_block(data: BlockInput) -> str:
+    """The runs tables, each run's section, the campaign's time and, when a table shows a
+    multi-turn run's tool metrics, what they mean."""
+    groups = _groups(_training(data.pieces))
+    tools = any("tools/" in c["name"] for g in groups for c in g["columns"])
+    return _render(
+        "runs.md.j2",
+        groups=groups,
+        sections=[p["runs_section"] for p in _training(data.pieces)],
+        time_total=campaign_time_line([p["brief"] for p in data.pieces]),
+        tools_legend=TOOL_LEGEND if tools else None,
+    )
+
+
 class _Seed(NamedTuple):
     """The one field of a run record the comparisons' follow-ups read."""
 
@@ -239,15 +253,7 @@ BLOCKS: dict[str, tuple[str, Callable[[BlockInput], str]]] = {
             changes=[p["setup_changes"] for p in _training(d.pieces)],
         ),
     ),
-    "runs": (
-        "Runs",
-        lambda d: _render(
-            "runs.md.j2",
-            groups=_groups(_training(d.pieces)),
-            sections=[p["runs_section"] for p in _training(d.pieces)],
-            time_total=campaign_time_line([p["brief"] for p in d.pieces]),
-        ),
-    ),
+    "runs": ("Runs", lambda d: _runs_block(d)),
     "plots": (
         "Plots",
         lambda d: _render(

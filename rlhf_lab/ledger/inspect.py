@@ -33,6 +33,7 @@ from rlhf_lab.ledger.schema import (
     MetricSummary,
     RunRecord,
     SampleExcerpt,
+    SampleTurn,
 )
 from rlhf_lab.ledger.text import _clip, _first, _now, _one_line, load_yaml
 from rlhf_lab.paths import find_run, repo_root
@@ -61,6 +62,8 @@ _FAMILY_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _SAMPLES_SHOWN = 2
 _PROMPT_CHARS = 300
 _COMPLETION_CHARS = 600
+_TURNS_SHOWN = 8  # of a multi-turn sample (model turns and tool replies)
+_TURN_CHARS = 300
 # The config model of each family, from the catalog: (torch-free module, class name).
 _CONFIG_CLASSES: dict[str, tuple[str, str]] = {
     name: (info.config_module, info.config_class) for name, info in CATALOG_FAMILIES.items()
@@ -157,6 +160,23 @@ def _prompt_text(row: dict) -> str:
     return ""
 
 
+def _sample_turns(row: dict) -> list[SampleTurn]:
+    """A multi-turn sample's ``turns`` (``{"role": "model"|"tool", "text": ...}``), each clipped,
+    the first :data:`_TURNS_SHOWN` of them; [] for a single-turn sample or a malformed list."""
+    turns = row.get("turns")
+    if not isinstance(turns, list):
+        return []
+    out = []
+    for turn in turns[:_TURNS_SHOWN]:
+        if not isinstance(turn, dict) or turn.get("role") not in ("model", "tool"):
+            return []
+        text = _clip(str(turn.get("text") or ""), _TURN_CHARS)
+        out.append(SampleTurn(role=turn["role"], text=text))
+    if len(turns) > _TURNS_SHOWN:
+        out.append(SampleTurn(role="more", text=f"{len(turns) - _TURNS_SHOWN} more turns"))
+    return out
+
+
 def _sample_excerpts(rows: list[dict]) -> list[SampleExcerpt]:
     """The latest step's samples (its held-out ones first when it logged both kinds)."""
     if not rows:
@@ -184,6 +204,7 @@ def _sample_excerpts(rows: list[dict]) -> list[SampleExcerpt]:
                 prompt=_one_line(prompt, _PROMPT_CHARS),
                 completion=_clip(str(completion), _COMPLETION_CHARS),
                 scores=scores,
+                turns=_sample_turns(row),
             )
         )
     return out

@@ -27,10 +27,28 @@ from rlhf_lab.results.plots import EVAL_PREFIX, as_float
 
 __all__ = [
     "FAMILY_METRICS",
+    "TOOL_LEGEND",
+    "TOOL_METRICS",
     "metric_direction",
     "summarize_metrics",
     "summarize_performance",
 ]
+
+# A multi-turn policy-gradient run's per-trajectory means (rollouts; ``eval/`` twins held out):
+# model turns, tool calls, calls answered with an error, the share of trajectories with a call
+# and the share whose final answer repeats a tool result.
+TOOL_METRICS: tuple[str, ...] = (
+    "tools/called",
+    "tools/used_result",
+    "tools/calls",
+    "tools/errors",
+    "tools/turns",
+)
+TOOL_LEGEND = (
+    "Tools (multi-turn runs, means per trajectory): called = share of trajectories that called "
+    "a tool, used_result = share of final answers that repeat a tool result, calls = tool calls, "
+    "errors = calls answered with an error, turns = model turns."
+)
 
 # Families whose catalog lists only ``eval/<name>`` where the ledger shows ``<name>`` (training
 # and held-out).
@@ -39,8 +57,9 @@ _TRAIN_TWINS: dict[str, tuple[str, ...]] = {"reward_models": ("accuracy", "rewar
 _LEDGER_EXTRAS: dict[str, tuple[str, ...]] = {
     "rejection_sampling": ("sft/loss", "eval/accuracy", "test_accuracy"),
     # a run optimising a learned reward model: the proxy and gold reward and the KL to the
-    # reference (each shown only when the run logs it)
-    "policy_gradients": ("proxy_reward", "gold_reward", "kl_ref"),
+    # reference; a multi-turn run with a tool: its per-trajectory means (TOOL_METRICS); each
+    # shown only when the run logs it
+    "policy_gradients": ("proxy_reward", "gold_reward", "kl_ref", *TOOL_METRICS),
 }
 
 

@@ -85,6 +85,21 @@ def _fence(text: Any) -> str:
     return f"{ticks}\n{text}\n{ticks}"
 
 
+def _transcript(turns: Sequence[Any]) -> str:
+    """A trajectory turn by turn: ``model:`` and ``tool:`` lines, a turn's further lines
+    indented under its first."""
+    lines = []
+    for turn in turns:
+        if turn.role == "more":  # the turns left out of the excerpt
+            lines.append(f"({turn.text})")
+            continue
+        label = f"{turn.role}:".ljust(7)
+        first, *rest = str(turn.text).split("\n")
+        lines.append(f"{label}{first}".rstrip())
+        lines += [f"{' ' * 7}{line}".rstrip() for line in rest]
+    return "\n".join(lines)
+
+
 def _scores(scores: dict[str, float]) -> str:
     if not scores:
         return ""
@@ -110,6 +125,7 @@ def _env() -> Environment:
             code=_code,
             fence=_fence,
             oneline=_md_text,
+            transcript=_transcript,
         )
         _ENV = env
     return _ENV

@@ -26,6 +26,7 @@ __all__ = [
     "MetricSummary",
     "RunRecord",
     "SampleExcerpt",
+    "SampleTurn",
     "Verdict",
 ]
 
@@ -60,12 +61,22 @@ class MetricSummary(_Model):
     direction: Literal["max", "min"] | None = None
 
 
+class SampleTurn(_Model):
+    """One turn of a multi-turn trajectory: the model's text or a tool's reply."""
+
+    role: str = Field(description="model or tool (more: how many turns the excerpt leaves out)")
+    text: str = ""
+
+
 class SampleExcerpt(_Model):
     step: int | None = None
     kind: str | None = None
     prompt: str = ""
     completion: str = ""
     scores: dict[str, float] = Field(default_factory=dict)
+    turns: list[SampleTurn] = Field(
+        default_factory=list, description="a multi-turn trajectory turn by turn (else empty)"
+    )
 
 
 class HeadlineValue(_Model):

@@ -10,16 +10,18 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rlhf_lab.errors import InvalidArgument, NextStep
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import (
     Recipe,
     algorithm_spec,
     find_recipe,
     get_dotted,
+    list_recipes,
     matched_controls,
     recipe_for_algorithm,
 )
-from rlhf_lab.planning.configs import ConfigChange
+from rlhf_lab.planning.configs import ConfigChange, resolve_config
 from rlhf_lab.planning.shrink import format_override, shrink_config
 
 # Matched random controls of the reward-selected rejection-sampling strategies (from the specs).
@@ -93,7 +95,7 @@ def match_policy_gradients(
         if arm is ref:
             continue
         config = shrunk[arm.name].config
-        arm.matched = [
+        arm.matched += [  # after the arm's own (a tool arm's env.name)
             format_override(key, value)
             for key, value in values.items()
             if get_dotted(config, key, _MISSING) != value
@@ -187,3 +189,81 @@ def scorer_arms(recipes: list[Recipe], dated: str, preset: bool) -> tuple[list[A
 def placeholder(name: str) -> str:
     """How a run of this plan is named before it exists: ``<orm-run-id>``."""
     return f"<{name}-run-id>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tools (multi-turn environments, issue #28)
+# ---------------------------------------------------------------------------------------------
+
+TOOLS_SUFFIX = "_tools"
+
+
+def _shipped_pg(name: str) -> Recipe | None:
+    """The shipped policy-gradient recipe named ``name`` (None when none ships)."""
+    return next((r for r in list_recipes("policy_gradients") if r.name == name), None)
+
+
+def recipe_env(recipe: Recipe) -> str | None:
+    """The environment a recipe's file sets (``env.name``; None: single-turn)."""
+    return get_dotted(resolve_config(recipe, []).data, "env.name")
+
+
+def _tool_arm(recipe: Recipe, env: str | None) -> tuple[Arm, str | None]:
+    """The arm of ``recipe`` with tool ``env`` (None: without a tool), and a note when no recipe
+    ships for it: the ``<name>_tools`` recipe for a tool (the recipe itself with ``env.name`` set
+    otherwise), the recipe without the suffix for no tool (``env.name=null`` otherwise)."""
+    stem = recipe.name.removesuffix(TOOLS_SUFFIX)
+    if env is None:
+        chosen = _shipped_pg(stem) if recipe.name.endswith(TOOLS_SUFFIX) else recipe
+        chosen = chosen or recipe
+        name = recipe.algorithm
+    else:
+        chosen = _shipped_pg(stem + TOOLS_SUFFIX) or recipe
+        name = f"{recipe.algorithm}+{env}"
+    if recipe_env(chosen) == env:
+        return Arm(recipe=chosen, name=name), None
+    note = None
+    if env is not None and recipe_env(chosen) is None:
+        note = (
+            f"{name}: no {stem}{TOOLS_SUFFIX} recipe ships, so {chosen.name} runs with "
+            f"env.name={env} and the environment's default turns and reply budget"
+        )
+    return Arm(recipe=chosen, name=name, matched=[format_override("env.name", env)]), note
+
+
+def tool_arms(recipes: list[Recipe], envs: list[str | None]) -> tuple[list[Arm], list[str]]:
+    """The arms of a request that names tools ("GRPO with vs without a calculator"): each
+    policy-gradient recipe once per environment in ``envs`` (None: without a tool), the tool
+    arms first, so that a comparison's runs take their task and settings from a tools recipe
+    (:func:`match_policy_gradients` matches the others to the first). Refused for a recipe of
+    another family: tools are a policy-gradient rollout. Returns (arms, notes)."""
+    others = [r for r in recipes if r.family != "policy_gradients"]
+    if others:
+        names = ", ".join(f"{r.name} ({r.family})" for r in others)
+        raise InvalidArgument(
+            f"tools (a calculator, a python tool) are multi-turn rollouts of the policy-gradient "
+            f"family (env.name); {names} cannot use one. Ask for e.g. 'GRPO with a calculator'",
+            next=NextStep("list_recipes", {"family": "policy_gradients"}),
+        )
+    ordered = sorted(envs, key=lambda e: e is None)
+    arms: list[Arm] = []
+    notes: list[str] = []
+    for env in ordered:
+        for recipe in recipes:
+            arm, note = _tool_arm(recipe, env)
+            arms.append(arm)
+            notes += [note] if note else []
+    if len(ordered) > 1:
+        notes.append(
+            "with vs without a tool: the runs differ in the environment (env.name) alone; "
+            f"those without take the task and settings of {arms[0].name} (matched)"
+        )
+    return arms, notes
+
+
+def tool_arms_slug(arms: list[Arm]) -> str:
+    """A campaign slug for tool arms: ``grpo-with-calculator-vs-grpo``, ``grpo-with-calculator-
+    sanity`` for one."""
+    names = [a.name.replace("+", "-with-").replace("_", "-") for a in arms]
+    slug = "-vs-".join(names) if len(names) > 1 else f"{names[0]}-sanity"
+    return slug if len(slug) <= 60 else "policy-gradients-tools-comparison"

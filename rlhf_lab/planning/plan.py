@@ -13,7 +13,11 @@ Comparisons are matched:
 * a question that names reward models and a rejection-sampling (best-of-n) strategy is one
   campaign: the reward-model runs first, then the strategy once per reward model with that
   model's ``final_model/`` as its scorer (``scorer.name``), and its matched random control
-  (random selection ignores the scores, so one control serves every scorer).
+  (random selection ignores the scores, so one control serves every scorer);
+* a request that names a tool ("GRPO with a calculator", "with vs without a calculator",
+  "no tools") plans each policy-gradient recipe once per environment (:func:`tool_arms`: the
+  ``<name>_tools`` recipe for a tool, the plain one without), the tool arms first, so the runs
+  without a tool take the tools recipe's task and settings.
 
 Nothing is launched or written. Models are never downloaded: a hub model whose files are not in
 the local Hugging Face cache is reported in ``warnings`` together with the offline choices. A
@@ -43,6 +47,8 @@ from rlhf_lab.planning.arms import (
     pending_changes,
     placeholder,
     scorer_arms,
+    tool_arms,
+    tool_arms_slug,
 )
 from rlhf_lab.planning.calibration_apply import (
     CalibrationPolicy,
@@ -398,11 +404,14 @@ def _plan_experiment(
     user = list(overrides or [])
     families = {r.family for r in recipes}
     scorer_question = {"reward_models", "rejection_sampling"} <= families
+    # "with a calculator", "with vs without a calculator": an arm per recipe and environment
+    tools, notes = tool_arms(recipes, parsed.envs) if parsed.envs else ([], [])
 
-    intent: Literal["sanity", "compare"] = "compare" if len(recipes) > 1 else "sanity"
-    notes: list[str] = []
+    intent: Literal["sanity", "compare"] = "compare" if len(tools or recipes) > 1 else "sanity"
     if intent == "sanity":
         notes += _add_matched_control(recipes)
+    if tools and campaign is None:
+        campaign = tool_arms_slug(tools)
     slug = _campaign_slug(campaign, recipes, intent, scorer_question)
     dated = campaign_name(slug)
 
@@ -413,7 +422,7 @@ def _plan_experiment(
         arms, scorer_notes = scorer_arms(recipes, dated, chosen_model in PRESETS)
         notes += scorer_notes
     else:
-        arms = [Arm(recipe=r, name=r.algorithm) for r in recipes]
+        arms = tools or [Arm(recipe=r, name=r.algorithm) for r in recipes]
         names = [a.name for a in arms]
         for i, arm in enumerate(arms):  # the same algorithm twice (two YAML files): tell apart
             if names.count(arm.name) > 1:

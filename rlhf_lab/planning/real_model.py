@@ -14,7 +14,8 @@ loading it.
   and reward-model samples of 256 tokens at most (the built-in sets are under 120 tokens with
   SmolLM2's chat template), micro-batch 4 × 2 accumulation, 320 samples, 32 held out; policy
   gradients 4 prompts × 4 completions of at most 128 new tokens, one optimizer step per rollout,
-  32 held-out prompts; 128 new tokens at most for every other generation.
+  32 held-out prompts (a multi-turn run: tool replies of at most 32 tokens and trajectories of at
+  most 256 tokens in all); 128 new tokens at most for every other generation.
 * **Gold evaluation** of an offline direct-alignment run on the built-in reasoning preferences
   (:mod:`rlhf_lab.planning.gold_eval`): verifier on greedy held-out answers and KL to the
   reference, at step 0 and six times along training.
@@ -58,6 +59,8 @@ CPU_ORM_COMPLETIONS = 4
 CPU_PG_PROMPTS = 4
 CPU_PG_ROLLOUTS = 4
 CPU_PG_MICRO_BATCH = 8
+CPU_OBSERVATION_TOKENS = 32
+CPU_TRAJECTORY_TOKENS = 2 * CPU_NEW_TOKENS
 
 
 def runs_on_cpu(data: dict[str, Any]) -> bool:
@@ -138,6 +141,22 @@ def _policy_gradient_sizes(r: Any) -> None:
         _cap(r, "data.size", prompts * steps)
     _cap(r, "data.eval_size", CPU_EVAL_SIZE)
     _cap(r, "rollout.max_new_tokens", CPU_NEW_TOKENS)
+    if r.get("env.name") is not None:
+        _trajectory_sizes(r)
+
+
+def _trajectory_sizes(r: Any) -> None:
+    """A multi-turn run's tool replies and whole trajectory: at most
+    :data:`CPU_OBSERVATION_TOKENS` a reply and :data:`CPU_TRAJECTORY_TOKENS` in all (a tool call,
+    its reply and an answer fit; the full ``max_turns`` turns of ``max_new_tokens`` each would
+    triple a CPU step), never more than the turns can fill."""
+    from rlhf_lab.planning.completion_length import env_value, trajectory_bound
+
+    _cap(r, "env.max_observation_tokens", CPU_OBSERVATION_TOKENS)
+    turns = env_value("max_turns", r.get("env.max_turns"))
+    observation = env_value("max_observation_tokens", r.get("env.max_observation_tokens"))
+    bound = trajectory_bound(turns, int(r.get("rollout.max_new_tokens")), observation)
+    _cap(r, "env.max_total_tokens", min(bound, CPU_TRAJECTORY_TOKENS))
 
 
 def _generation_caps(r: Any) -> None:
@@ -167,6 +186,12 @@ def cpu_size_rules(r: Any, family: str, algorithm: str, notes: list[str]) -> Non
             f"{r.get('rollout.num_rollouts')} completions of at most "
             f"{r.get('rollout.max_new_tokens')} new tokens, one optimizer step each"
         )
+        if r.get("env.name") is not None:
+            sized += (
+                f"; trajectories of at most {r.get('env.max_turns')} model turns and "
+                f"{r.get('env.max_total_tokens')} tokens with the tool replies (at most "
+                f"{r.get('env.max_observation_tokens')} tokens each)"
+            )
     elif family in ("sft", "direct_alignment", "reward_models"):
         sized = (
             f"{r.get('data.max_samples')} samples of at most {r.get('data.max_length')} tokens, "

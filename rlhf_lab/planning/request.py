@@ -1,6 +1,7 @@
-"""Reading a planning request: the algorithms (or recipes, or a YAML file), the model and the
-intent (one run or a comparison) named in free text such as "compare dpo and ipo on tiny", and
-the recipe each named algorithm plans with. Torch-free."""
+"""Reading a planning request: the algorithms (or recipes, or a YAML file), the model, the
+intent (one run or a comparison) and the tools (multi-turn environments: "with a calculator",
+"without tools", "with vs without a calculator") named in free text such as "compare dpo and
+ipo on tiny", and the recipe each named algorithm plans with. Torch-free."""
 
 from __future__ import annotations
 
@@ -110,10 +111,54 @@ def _find_config_path(text: str) -> str | None:
     return None
 
 
+# Tools named in free text (issue #28): phrase -> the environment (trainers/core/environments)
+_TOOL_ENVS = {
+    "calculator": "calculator",
+    "calc": "calculator",
+    "tool": "calculator",
+    "tools": "calculator",
+    "tool use": "calculator",
+    "tool-use": "calculator",
+    "python": "python",
+    "python tool": "python",
+    "python interpreter": "python",
+    "python sandbox": "python",
+    "code interpreter": "python",
+}
+_ARTICLE = r"(?:an?\s+|the\s+|any\s+)?"
+_TOOL = "(" + "|".join(sorted(map(re.escape, _TOOL_ENVS), key=len, reverse=True)) + r")\b"
+_WITH_AND_WITHOUT = re.compile(
+    r"\bwith\s*(?:/|vs\.?|versus|and|or)\s*without\s+" + _ARTICLE + _TOOL
+)
+_WITH_TOOL = re.compile(r"\b(?:with|using|plus)\s+" + _ARTICLE + _TOOL)
+_WITHOUT_TOOL = re.compile(r"\b(?:without|no)\s+" + _ARTICLE + _TOOL)
+_AND_WITHOUT = re.compile(r"\b(?:vs\.?|versus|and|or)\s+without\b")
+
+
+def _find_envs(text: str) -> list[str | None]:
+    """The environments a request asks for, in order, None standing for "no tool": [] when the
+    text names no tool; ["calculator"] for "with a calculator"; [None] for "without a
+    calculator" / "no tools"; ["calculator", None] for "with vs without a calculator" (and
+    "with a calculator vs without")."""
+    low = text.lower()
+    both = _WITH_AND_WITHOUT.search(low)
+    if both:
+        return [_TOOL_ENVS[both.group(1)], None]
+    envs: list[str | None] = [_TOOL_ENVS[m.group(1)] for m in _WITH_TOOL.finditer(low)]
+    if _WITHOUT_TOOL.search(low) or (envs and _AND_WITHOUT.search(low)):
+        envs.append(None)
+    return list(dict.fromkeys(envs))
+
+
 class ParsedRequest(BaseModel):
     targets: list[str] = Field(description="'algo:<name>' / 'recipe:<id>' / 'path:<file>'")
     model: str | None
     compare: bool
+    envs: list[str | None] = Field(
+        default_factory=list,
+        description="tools asked for ('with a calculator': calculator; 'without': None); "
+        "empty when the text names none",
+    )
 
 
 def parse_request(text: str) -> ParsedRequest:
@@ -122,10 +167,12 @@ def parse_request(text: str) -> ParsedRequest:
     path = _find_config_path(text)
     if path:
         targets.insert(0, f"path:{path}")
+    envs = _find_envs(text)
     return ParsedRequest(
         targets=targets,
         model=_find_model(text),
-        compare=bool(_COMPARE_WORDS.search(text.lower())) or len(targets) > 1,
+        compare=bool(_COMPARE_WORDS.search(text.lower())) or len(targets) > 1 or len(envs) > 1,
+        envs=envs,
     )
 
 

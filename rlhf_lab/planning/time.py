@@ -17,7 +17,9 @@ calibration (``cal``, the JSON of ``trainers.core.throughput``):
   the end; samples every ``sample_every`` steps; the gold evaluation (``eval.gold_prompts``) at
   each evaluation: a greedy and a sampled decode of its prompts and two no-grad passes;
 * policy gradients: per rollout step, the sampling loop (prefill + ``max_new_tokens`` decode
-  steps at ``prompts × rollouts`` rows: an upper bound, rows that stop early leave the batch),
+  steps at ``prompts × rollouts`` rows: an upper bound, rows that stop early leave the batch; a
+  multi-turn trajectory's length, :mod:`rlhf_lab.planning.completion_length`, counts its tool
+  replies as decode steps too, an upper bound since a reply is fed in one forward),
   the no-grad passes (π_old when the spec needs it, π_ref when β > 0) and the update passes;
   greedy held-out generation at step 0 and every ``eval_every`` steps;
 * evaluation jobs: ``prompts × n × max_new_tokens`` sampled per policy, in batches.
@@ -34,6 +36,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.completion_length import completion_tokens
 
 __all__ = [
     "campaign_time_line",
@@ -346,7 +349,7 @@ def _pg_rollout_seconds(cal: dict[str, Any], config: dict[str, Any], algorithm: 
 
     prompts = int(_g(config, "rollout.prompts_per_step", 4))
     rollouts = int(_g(config, "rollout.num_rollouts", 8))
-    new = int(_g(config, "rollout.max_new_tokens", 128))
+    new = completion_tokens(config, default_new_tokens=128)  # a trajectory: its tool replies too
     batch = int(_g(config, "train.batch_size", 1))
     accum = int(_g(config, "train.gradient_accumulation_steps", 1))
     updates = int(_g(config, "loss.updates_per_rollout", 1))
@@ -367,7 +370,8 @@ def _pg_rollout_seconds(cal: dict[str, Any], config: dict[str, Any], algorithm: 
 def _policy_gradients(cal: dict[str, Any], config: dict[str, Any], algorithm: str, steps: int):
     per_step = _pg_rollout_seconds(cal, config, algorithm)
     held_out = int(_g(config, "data.eval_size", 0))
-    new = int(_g(config, "eval.max_new_tokens", 0) or _g(config, "rollout.max_new_tokens", 128))
+    per_turn = _g(config, "eval.max_new_tokens", 0) or None
+    new = completion_tokens(config, per_turn, default_new_tokens=128)
     batch = int(_g(config, "eval.eval_batch_size", held_out or 1))
     prompt = typical_length(cal, "prompt", None)
     one_eval = batched_generation_seconds(cal, held_out, batch, 1, prompt, new)

@@ -12,7 +12,8 @@ lab writes anything (plan, shrink, estimate_memory and launch all run them). Tor
 - **Lengths**: a sequence length (``data.max_length``, ``sft.max_seq_length``,
   ``data.max_prompt_length``) above the policy model's context (``max_position_embeddings`` of
   its config.json, or the preset's) is refused; so is a generation length (``*max_new_tokens``)
-  that leaves no room for a prompt in that context.
+  that leaves no room for a prompt in that context, and so is a multi-turn trajectory
+  (policy gradients with ``env.name``: its model turns and tool replies together) that does.
 - **References** (``run:<id>`` values, :mod:`rlhf_lab.runs.lineage`): each names a run of this lab of
   the right kind (a reward model for ``reward.model``, ``reward.gold_model`` and ``scorer.name``)
   that has not ended without succeeding and will leave its final model; its folder need not
@@ -253,6 +254,29 @@ def _check_lengths(data: dict[str, Any], context: int, model: str) -> None:
             )
 
 
+def _check_trajectory(family: str, data: dict[str, Any], context: int, model: str) -> None:
+    """Refuse a multi-turn trajectory (model turns and tool replies,
+    :mod:`rlhf_lab.planning.completion_length`) that leaves no room for a prompt in the context."""
+    from rlhf_lab.planning.completion_length import completion_tokens, is_multi_turn
+
+    if family != "policy_gradients" or not is_multi_turn(data):
+        return
+    length = completion_tokens(data)
+    if length < context:
+        return
+    raise InvalidArgument(
+        f"env.name={get_dotted(data, 'env.name')}: a trajectory of up to {length} tokens (model "
+        "turns and tool replies: env.max_total_tokens, else env.max_turns × (rollout."
+        "max_new_tokens + env.max_observation_tokens + the reply's template)) leaves no room "
+        f"for a prompt in the context of model {model} ({context} tokens)",
+        next=NextStep(
+            "shrink_config",
+            {"overrides": [f"env.max_total_tokens={min(context // 2, 1024)}"]},
+            note=f"a trajectory that leaves room for the prompt in {context}",
+        ),
+    )
+
+
 def _lr_warnings(data: dict[str, Any], preset: bool) -> list[str]:
     ceiling = LR_CEILING_PRESET if preset else LR_CEILING_PRETRAINED
     kind = "a random-init built-in preset" if preset else "full fine-tuning of a pretrained model"
@@ -305,6 +329,7 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
         out.context = model_context(stand_in(policy))
         if out.context is not None:
             _check_lengths(data, out.context, policy)
+            _check_trajectory(family, data, out.context, policy)
         else:
             out.warnings.append(
                 f"the context length of model {policy} is unknown here (its config.json is not "

@@ -23,6 +23,7 @@ from rlhf_lab.ledger import (
     load_yaml,
     read_metric_rows,
 )
+from rlhf_lab.ledger.metrics import TOOL_LEGEND, TOOL_METRICS
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import matched_controls
 from rlhf_lab.results.plots import as_float
@@ -65,6 +66,21 @@ PG_RM_COLUMNS: tuple[str, ...] = ("proxy_reward", "gold_reward", "kl_ref")
 
 
 PG_RM_EVAL_COLUMNS: tuple[str, ...] = ("eval/gold_reward", "eval/proxy_reward")
+
+
+# a multi-turn run with a tool: its per-trajectory means (rlhf_lab.ledger.metrics.TOOL_METRICS),
+# held out (final) and in the rollouts (last PG_WINDOW steps); shown only when a run logs them
+PG_TOOL_EVAL_COLUMNS: tuple[str, ...] = ("eval/tools/called", "eval/tools/used_result")
+PG_TOOL_COLUMNS: tuple[str, ...] = TOOL_METRICS
+
+
+def _tool_values(rec: RunRecord, metric_rows: list[dict]) -> dict[str, float | None]:
+    """A run's tool columns (None where it logs none: a single-turn run)."""
+    values: dict[str, float | None] = {c: _final(rec, c) for c in PG_TOOL_EVAL_COLUMNS}
+    for name in PG_TOOL_COLUMNS:
+        series = _train_values(metric_rows, name)
+        values[name] = _mean(series[-PG_WINDOW:]) if series else None
+    return values
 
 
 DA_COLUMNS: tuple[str, ...] = _columns("direct_alignment")
@@ -169,6 +185,7 @@ def _policy_gradients(records: list[RunRecord], notes: list[str]) -> _Rules:
             values[name] = _mean(series[-PG_WINDOW:]) if series else None
         for name in PG_RM_EVAL_COLUMNS:
             values[name] = _final(rec, name)
+        values.update(_tool_values(rec, metric_rows))
         rows.append(table_row(rec, values))
     held_out = [
         c
@@ -178,7 +195,14 @@ def _policy_gradients(records: list[RunRecord], notes: list[str]) -> _Rules:
     if any(r.values.get("eval/avg_correctness_change") is not None for r in rows):
         held_out.append("eval/avg_correctness_change")
     rm = [c for c in PG_RM_COLUMNS if any(r.values.get(c) is not None for r in rows)]
-    columns = held_out + list(PG_COLUMNS) + rm
+    tools = [
+        c
+        for c in (*PG_TOOL_EVAL_COLUMNS, *PG_TOOL_COLUMNS)
+        if any(r.values.get(c) is not None for r in rows)
+    ]
+    columns = held_out + list(PG_COLUMNS) + rm + tools
+    if tools:
+        notes.append(f"{TOOL_LEGEND} A run without a tool shows none.")
     if rm:
         notes.append(
             "Runs optimising a learned reward model: proxy_reward is that model's own score (it "

@@ -22,6 +22,7 @@ from typing import Any
 
 from rlhf_lab.errors import LabError
 from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.completion_length import completion_tokens, is_multi_turn
 from rlhf_lab.planning.memory.architecture import ModelArch, ParamCount, model_facts
 from rlhf_lab.planning.memory.blocks import (
     GIB,
@@ -243,7 +244,8 @@ def _rollout_kv_cache(
     prompt = inputs.prompt_tokens
     gen_rows = int(inputs.setting("rollout.generation_batch_size") or per_step)
     eval_rows = int(inputs.setting("eval.eval_batch_size", 32))
-    eval_new = int(inputs.setting("eval.max_new_tokens") or new_tokens)
+    eval_turn = inputs.setting("eval.max_new_tokens")
+    eval_new = new_tokens if eval_turn is None else completion_tokens(inputs.config, eval_turn)
     sequences, length = max(
         (gen_rows, prompt + new_tokens),
         (eval_rows, prompt + eval_new),
@@ -260,7 +262,8 @@ def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> i
     scoring forward."""
     algo = inputs.algorithm or inputs.setting("algorithm", "grpo")
     prompt_tokens = inputs.prompt_tokens
-    new_tokens = int(inputs.setting("rollout.max_new_tokens", 512))
+    # a multi-turn trajectory holds its tool replies too (context with loss mask 0)
+    new_tokens = completion_tokens(inputs.config)
     seq = prompt_tokens + new_tokens
     rows = int(inputs.setting("train.batch_size", 2))
     prompts = int(inputs.setting("rollout.prompts_per_step", 4))
@@ -311,6 +314,11 @@ def estimate_policy_gradients(inputs: EstimateInputs, bld: EstimateBuilder) -> i
         if isinstance(name, str) and name:
             _add_pg_reward_model(inputs, bld, label, name, prompt_tokens + new_tokens)
     bld.notes.append(f"prompts counted as {prompt_tokens} tokens (system prompt + question)")
+    if is_multi_turn(inputs.config):
+        bld.notes.append(
+            f"multi-turn (env.name={inputs.setting('env.name')}): sequences of up to "
+            f"{new_tokens} tokens after the prompt, model turns and tool replies together"
+        )
     return trainable
 
 
