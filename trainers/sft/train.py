@@ -56,6 +56,7 @@ from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.tasks import TASK_KITS, import_reasoning_gym
 from trainers.core.tiny import BUILDER_VERSION, cache_root
+from trainers.core.tool_demonstrations import check_tool_tasks, default_demonstration_tasks
 from trainers.core.training import (
     StepMetrics,
     build_optimizer,
@@ -64,7 +65,7 @@ from trainers.core.training import (
     use_gradient_checkpointing,
 )
 from trainers.core.verifier import has_tag_format
-from trainers.sft.config import BUILTIN_DATASET, DEFAULT_BUILTIN_TASKS, SFTConfig
+from trainers.sft.config import BUILTIN_DATASET, TOOL_DATASET, SFTConfig, is_tool_dataset
 from trainers.sft.data import (
     DatasetNotFoundError,
     SFTRecord,
@@ -188,9 +189,10 @@ def preflight(cfg: SFTConfig) -> None:
     ds = cfg.data.dataset
     if ds.startswith("builtin:"):
         try:
-            tasks = parse_builtin_name(ds) or cfg.data.builtin_tasks or DEFAULT_BUILTIN_TASKS
+            named = parse_builtin_name(ds)
         except DatasetNotFoundError as err:
             raise ConfigError(f"data.dataset: {err}") from None
+        tasks = named or cfg.data.builtin_tasks or default_demonstration_tasks(ds)
         known = set(import_reasoning_gym().factory.DATASETS)
         unknown = [t for t in tasks if t not in known]
         if unknown:
@@ -198,10 +200,16 @@ def preflight(cfg: SFTConfig) -> None:
                 f"unknown reasoning-gym task(s) {unknown}; tasks with worked demonstrations: "
                 f"{sorted(TASK_KITS)}"
             )
+        if is_tool_dataset(ds):
+            try:
+                check_tool_tasks(tasks, cfg.data.builtin_task_configs)
+            except ValueError as err:
+                raise ConfigError(f"data.dataset: {err}") from None
         return
     if cfg.data.builtin_tasks or cfg.data.builtin_task_configs:
         raise ConfigError(
-            f"data.builtin_tasks / data.builtin_task_configs apply only to {BUILTIN_DATASET}"
+            f"data.builtin_tasks / data.builtin_task_configs apply only to {BUILTIN_DATASET} "
+            f"and {TOOL_DATASET}"
         )
     if looks_like_path(ds) or Path(ds).expanduser().exists():
         if not Path(ds).expanduser().exists():
