@@ -78,6 +78,7 @@ __all__ = [
     "builtin_sft_records",
     "collate",
     "load_sft_records",
+    "longest_tool_demonstration",
     "looks_like_path",
     "parse_builtin_name",
     "score_record_response",
@@ -344,6 +345,17 @@ def tokenize_records(
             stats["turns_skipped"],
         )
     return examples, stats
+
+
+def longest_tool_demonstration(records: Sequence[SFTRecord], tokenizer) -> int:
+    """Tokens of the longest tool demonstration (``meta["tool"]``) among ``records`` through
+    the chat template; 0 when there is none. Its system message carries the tool's instructions,
+    so it is far longer than a plain demonstration (about 245 tokens with ``tiny``'s)."""
+    tools = [r.messages for r in records if r.meta.get("tool")]
+    longest = 0
+    for batch in chunks(tools):
+        longest = max([longest, *map(len, chat_template_ids(tokenizer, batch, False))])
+    return longest
 
 
 def collate(examples: Sequence[TokenizedSFT], pad_id: int) -> dict[str, torch.Tensor]:

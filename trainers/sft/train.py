@@ -52,6 +52,7 @@ from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
 )
+from trainers.core.multiturn import check_tool_format
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.tasks import TASK_KITS, import_reasoning_gym
@@ -73,6 +74,7 @@ from trainers.sft.data import (
     builtin_hint,
     collate,
     load_sft_records,
+    longest_tool_demonstration,
     looks_like_path,
     parse_builtin_name,
     score_record_response,
@@ -201,10 +203,7 @@ def preflight(cfg: SFTConfig) -> None:
                 f"{sorted(TASK_KITS)}"
             )
         if is_tool_dataset(ds):
-            try:
-                check_tool_tasks(tasks, cfg.data.builtin_task_configs)
-            except ValueError as err:
-                raise ConfigError(f"data.dataset: {err}") from None
+            check_tool_demonstrations(cfg, tasks)
         return
     if cfg.data.builtin_tasks or cfg.data.builtin_task_configs:
         raise ConfigError(
@@ -230,6 +229,38 @@ def preflight(cfg: SFTConfig) -> None:
         raise ConfigError(
             f"data.dataset: {ds!r} is a hub id but the Hugging Face Hub cannot be reached. "
             "Set HF_HUB_OFFLINE=1 to use a cached copy. " + builtin_hint()
+        )
+
+
+def check_tool_demonstrations(cfg: SFTConfig, tasks) -> None:
+    """For ``builtin:tool-sft``: every task gives expressions for the calculator, the model's
+    tokenizer can write the tool-call format and render a ``tool`` message, and
+    ``data.max_length`` holds the longest tool demonstration (the records are cheap to build,
+    so the real set is measured)."""
+    d = cfg.data
+    try:
+        check_tool_tasks(tasks, d.builtin_task_configs)
+    except ValueError as err:
+        raise ConfigError(f"data.dataset: {err}") from None
+    tokenizer = load_tokenizer_with_template(cfg)
+    try:
+        check_tool_format(tokenizer)
+    except ValueError as err:
+        raise ConfigError(f"model.name: {err}; {d.dataset} needs both") from None
+    records = load_sft_records(
+        d.dataset,
+        d.split,
+        d.max_samples,
+        seed=cfg.seed,
+        builtin_tasks=d.builtin_tasks,
+        builtin_task_configs=d.builtin_task_configs,
+    )
+    longest = longest_tool_demonstration(records, tokenizer)
+    if longest > d.max_length:
+        raise ConfigError(
+            f"data.max_length={d.max_length} cuts the tool demonstrations of {d.dataset} (the "
+            f"longest is {longest} tokens with this tokenizer: the system message carries the "
+            f"tool's instructions); set data.max_length={longest} or more"
         )
 
 

@@ -19,7 +19,7 @@ from trainers.core.rundir import read_jsonl
 from trainers.core.tool_demonstrations import demonstration_question
 from trainers.sft import train as sft_train
 from trainers.sft.config import SFTConfig
-from trainers.sft.data import load_sft_records, tokenize_records
+from trainers.sft.data import load_sft_records, longest_tool_demonstration, tokenize_records
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "sft" / "configs"
@@ -33,7 +33,7 @@ QUICK = [
     "data.train_on=all_assistant",
     "data.max_samples=24",
     "data.eval_size=4",
-    "data.max_length=256",
+    "data.max_length=288",
     "train.batch_size=4",
     "train.gradient_accumulation_steps=1",
     "train.learning_rate=1.0e-3",
@@ -109,6 +109,20 @@ def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
     assert run(run_dir, [*QUICK, *overrides]) == 2
     assert message in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_a_max_length_that_cuts_tool_demonstrations_is_refused(tmp_path, capsys):
+    tok = load_tokenizer("tiny")
+    records = load_sft_records("builtin:tool-sft", max_samples=24)
+    longest = longest_tool_demonstration(records, tok)
+    plain = [r for r in records if not r.meta["tool"]]
+    assert longest_tool_demonstration(plain, tok) == 0
+    examples, _ = tokenize_records(records, tok, 10_000, "all_assistant")
+    assert longest == max(len(e.input_ids) for e in examples)
+    run_dir = tmp_path / "run"
+    assert run(run_dir, [*QUICK, f"data.max_length={longest - 1}"]) == 2
+    assert f"set data.max_length={longest} or more" in capsys.readouterr().err
+    assert not run_dir.exists()  # refused before anything was written
 
 
 def test_builtin_tasks_and_settings_apply():
