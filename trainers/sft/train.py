@@ -423,6 +423,14 @@ def score_generations(
     }
 
 
+def last_user_text(record: SFTRecord) -> str:
+    """The last user message of the record's prompt (the prompt's last message when it has no
+    user message): what a sample row shows as its prompt. A tool demonstration's prompt ends
+    with the tool's reply, not the question."""
+    users = [m for m in record.prompt if m["role"] == "user"]
+    return (users or record.prompt)[-1]["content"]
+
+
 def sample_generations(
     cfg: SFTConfig,
     model: torch.nn.Module,
@@ -449,7 +457,7 @@ def sample_generations(
     rows, scores, formats = [], [], []
     for rec, completion in zip(picked, completions, strict=True):
         row = {
-            "prompt": rec.prompt[-1]["content"],
+            "prompt": last_user_text(rec),
             "completion": completion,
             "reference": rec.reference,
         }

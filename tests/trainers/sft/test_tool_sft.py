@@ -148,15 +148,24 @@ def test_builtin_tasks_and_settings_apply():
 
 def test_short_run_on_tiny_trains_on_tool_demonstrations(tmp_path):
     run_dir = tmp_path / "run"
-    assert run(run_dir, [*QUICK, "train.max_steps=2"]) == 0
+    held_out = ["data.eval_size=6", "eval.num_samples=6"]  # two of them are tool ones
+    assert run(run_dir, [*QUICK, "train.max_steps=2", *held_out]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "succeeded" and summary["steps"] == 2
-    assert summary["data"]["n_train"] == 20 and summary["data"]["schema"] == "builtin"
+    assert summary["data"]["n_train"] == 18 and summary["data"]["schema"] == "builtin"
     rows = read_jsonl(run_dir / "metrics.jsonl")
     losses = [r["loss"] for r in rows if r["phase"] == "train"]
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
     assert any("eval/loss" in r for r in rows if r["phase"] == "eval")
     assert (run_dir / "final_model" / "config.json").is_file()
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    assert any("The calculator gives" in s["reference"] for s in samples)  # a tool one
+    assert samples and all(not s["prompt"].startswith("<result>") for s in samples)
+    assert all(s["score"] is not None for s in samples)
+    tool_record = next(
+        r for r in load_sft_records("builtin:tool-sft", max_samples=4) if r.meta["tool"]
+    )
+    assert sft_train.last_user_text(tool_record) == tool_record.messages[1]["content"]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["data"]["train_on"] == "all_assistant"
 
