@@ -225,7 +225,7 @@ def _sft(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
         r.set("data.dataset", family_info("sft").builtin_datasets["*"])
         r.set("data.max_samples", 640)
         r.set("data.eval_size", 64)
-        # tool demonstrations carry the tool's instructions: ~245 tokens with tiny's tokenizer
+        # tool demonstrations carry the tool's instructions: up to ~255 tokens with tiny's tokenizer
         r.set("data.max_length", 320 if tools else 160)
         r.set("train.batch_size", 16)
         r.set("train.gradient_accumulation_steps", 1)

@@ -15,7 +15,7 @@ TOOL_SFT = ["data.dataset=builtin:tool-sft:chain_sum", "data.train_on=all_assist
 def test_a_tool_sft_shrink_keeps_the_set_and_a_length_that_holds_it():
     data = shrink_config("sft", TOOL_SFT, model="tiny").config["data"]
     assert data["dataset"] == "builtin:tool-sft:chain_sum"
-    assert data["max_length"] == 320  # the tool demonstrations are ~245 tokens on tiny
+    assert data["max_length"] == 320  # the tool demonstrations are up to ~255 tokens on tiny
     plain = shrink_config("sft", [], model="tiny").config["data"]
     assert plain["dataset"] == "builtin:reasoning-sft" and plain["max_length"] == 160
     mine = shrink_config("sft", [*TOOL_SFT, "data.max_length=400"], model="tiny")

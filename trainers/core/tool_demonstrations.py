@@ -10,7 +10,7 @@ a **tool** demonstration, written exactly as a rollout with the ``calculator`` e
 
     system:    SYSTEM_PROMPT + the calc tool's instructions   (ToolEnvironment.reset)
     user:      the question
-    assistant: <think>I need 12 + 7. I will ask the calculator.</think>
+    assistant: <think>Use the calculator.</think>
                <tool name="calc">12 + 7</tool>
     tool:      <result>19</result>                            (ToolEnvironment.step)
     assistant: <think>The calculator gives 19.</think>
@@ -70,11 +70,10 @@ TOOL = "calc"
 
 
 def tool_call_turn(expression: str) -> str:
-    """The first assistant turn of a tool demonstration: a short thought, then the call."""
-    return (
-        f"<think>I need {expression}. I will ask the calculator.</think>\n"
-        f'<tool name="{TOOL}">{expression}</tool>'
-    )
+    """The first assistant turn of a tool demonstration: a short thought, then the call. Kept
+    short on purpose: a rollout's turn budget must hold it (29 tokens for ``3 + 9`` with
+    ``tiny``'s tokenizer, whose vocabulary has no ``<tool`` token)."""
+    return f'<think>Use the calculator.</think>\n<tool name="{TOOL}">{expression}</tool>'
 
 
 def answer_turn(value: str) -> str:

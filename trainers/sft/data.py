@@ -350,7 +350,7 @@ def tokenize_records(
 def longest_tool_demonstration(records: Sequence[SFTRecord], tokenizer) -> int:
     """Tokens of the longest tool demonstration (``meta["tool"]``) among ``records`` through
     the chat template; 0 when there is none. Its system message carries the tool's instructions,
-    so it is far longer than a plain demonstration (about 245 tokens with ``tiny``'s)."""
+    so it is far longer than a plain demonstration (up to ~255 tokens with ``tiny``'s)."""
     tools = [r.messages for r in records if r.meta.get("tool")]
     longest = 0
     for batch in chunks(tools):

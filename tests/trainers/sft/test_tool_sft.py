@@ -16,7 +16,7 @@ from trainers.core.generation import chat_prompt_ids
 from trainers.core.models import load_tokenizer
 from trainers.core.multiturn import ObservationTemplate, check_tool_format
 from trainers.core.rundir import read_jsonl
-from trainers.core.tool_demonstrations import demonstration_question
+from trainers.core.tool_demonstrations import demonstration_question, tool_call_turn
 from trainers.sft import train as sft_train
 from trainers.sft.config import SFTConfig
 from trainers.sft.data import load_sft_records, longest_tool_demonstration, tokenize_records
@@ -92,6 +92,15 @@ def test_loss_mask_covers_both_assistant_turns_and_not_the_tool_reply(model):
         at = contains(ex.input_ids, body)
         assert at is not None and not any(ex.loss_mask[at : at + len(body)])
         assert contains(ex.input_ids, reply_ids[1:]) is not None  # after the call's end of turn
+
+
+@pytest.mark.parametrize(("model", "tokens"), [("tiny", 29), (str(SMOLLM2_DIR), 24)])
+def test_the_call_turn_fits_a_small_turn_budget(model, tokens):
+    """The README's figures: a rollout's ``max_new_tokens`` must hold the whole call."""
+    if not Path(model).is_dir() and model != "tiny":
+        pytest.skip("smollm2-135m-instruct not pulled")
+    turn = tool_call_turn("3 + 9")
+    assert len(load_tokenizer(model).encode(turn, add_special_tokens=False)) == tokens
 
 
 @pytest.mark.parametrize(
