@@ -211,6 +211,9 @@ def _direct_alignment(r: _Rules, algorithm: str, preset: bool, notes: list[str])
     _common_quiet(r, big_model=not preset)
 
 
+_TOOL_SFT = "builtin:tool-sft"  # trainers.sft.config.TOOL_DATASET
+
+
 def _sft(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
     r.set("train.num_epochs", 1)
     r.set("eval.eval_every", 10)
@@ -218,10 +221,12 @@ def _sft(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
     r.cap("eval.num_samples", 2)
     if preset:
         # the values of the tiny warm-start recipe (trainers.sft.train.warm_start_overrides)
+        tools = str(r.get("data.dataset") or "").startswith(_TOOL_SFT)
         r.set("data.dataset", family_info("sft").builtin_datasets["*"])
         r.set("data.max_samples", 640)
         r.set("data.eval_size", 64)
-        r.set("data.max_length", 160)
+        # tool demonstrations carry the tool's instructions: up to ~255 tokens with tiny's tokenizer
+        r.set("data.max_length", 320 if tools else 160)
         r.set("train.batch_size", 16)
         r.set("train.gradient_accumulation_steps", 1)
         r.set("train.learning_rate", 3.0e-3)

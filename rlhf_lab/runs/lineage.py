@@ -290,7 +290,11 @@ def describe_ref(run_id: str) -> str:
 def _own_task_specs(family: str | None, config: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The reasoning-gym tasks one run's own data came from (``data.specs`` form), or None when
     its data is not a reasoning-gym set (a hub data set, preference prompts, a file)."""
-    from trainers.core.builtin_data import split_builtin_name, task_settings
+    from trainers.core.builtin_data import (
+        default_demonstration_tasks,
+        split_builtin_name,
+        task_settings,
+    )
 
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
     if family in ("policy_gradients", "distillation"):
@@ -301,9 +305,8 @@ def _own_task_specs(family: str | None, config: dict[str, Any]) -> list[dict[str
     dataset = data.get("dataset")
     if family != "sft" or not isinstance(dataset, str) or not dataset.startswith("builtin:"):
         return None
-    from trainers.sft.config import DEFAULT_BUILTIN_TASKS
-
-    tasks = split_builtin_name(dataset)[1] or data.get("builtin_tasks") or DEFAULT_BUILTIN_TASKS
+    named = split_builtin_name(dataset)[1]
+    tasks = named or data.get("builtin_tasks") or default_demonstration_tasks(dataset)
     overrides = data.get("builtin_task_configs") or {}
     return [{"name": t, "weight": 1.0, "config": task_settings(t, overrides)} for t in tasks]
 

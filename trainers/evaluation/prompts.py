@@ -23,8 +23,7 @@ from typing import Any
 
 from trainers.core.builtin_data import (
     DEFAULT_BUILTIN_TASKS,
-    DEMONSTRATION_TASKS,
-    demonstration_set,
+    default_demonstration_tasks,
     split_builtin_name,
     task_settings,
 )
@@ -34,6 +33,7 @@ from trainers.core.preferences import configured_preference_records
 from trainers.core.prompts import build_composite, builtin_questions, composite_prompts, to_prompt
 from trainers.core.splits import split_train_eval
 from trainers.core.tasks import SYSTEM_PROMPT
+from trainers.core.tool_demonstrations import demonstration_question, sft_demonstration_set
 from trainers.evaluation.config import BUILTIN_ARITHMETIC, EvalConfig
 from trainers.evaluation.targets import ModelRef
 
@@ -96,7 +96,7 @@ def run_task_specs(ref: ModelRef) -> list[Any] | None:
         ]
     if family == "sft" and data.dataset.startswith("builtin:"):
         named = split_builtin_name(data.dataset)[1]
-        tasks = named or data.builtin_tasks or list(DEMONSTRATION_TASKS)
+        tasks = named or data.builtin_tasks or list(default_demonstration_tasks(data.dataset))
         return [_spec(t, task_settings(t, data.builtin_task_configs)) for t in tasks]
     if family == "direct_alignment" and data.dataset.startswith("builtin:"):
         tasks = split_builtin_name(data.dataset)[1] or data.builtin_tasks
@@ -122,7 +122,7 @@ def training_questions(ref: ModelRef) -> set[str] | None:
         train, held = composite_prompts(data.specs, data.size, data.eval_size, cfg.seed)
         return {p.question.strip() for p in train + held}
     if family == "sft" and data.dataset.startswith("builtin:"):
-        records = demonstration_set(
+        records = sft_demonstration_set(
             data.dataset,
             data.split,
             data.max_samples,
@@ -130,7 +130,7 @@ def training_questions(ref: ModelRef) -> set[str] | None:
             data.builtin_tasks,
             data.builtin_task_configs,
         )
-        return {str(r.prompt[-1]["content"]).strip() for r in records}
+        return {str(demonstration_question(r)).strip() for r in records}
     if family == "direct_alignment" and data.dataset.startswith("builtin:"):
         records = configured_preference_records(data, cfg.seed)
         return {str(r.prompt[-1]["content"]).strip() for r in records}

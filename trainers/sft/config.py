@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from trainers.core.builtin_data import DEMONSTRATION_TASKS
+from trainers.core.builtin_data import DEMONSTRATION_TASKS, TOOL_SFT_DATASET, split_builtin_name
 from trainers.core.config import (
     CheckpointSection,
     LoggingSection,
@@ -25,9 +25,21 @@ from trainers.sft.spec import BUILTIN_DATASET as SFT_BUILTIN
 BUILTIN_DATASET = SFT_BUILTIN
 """Offline demonstrations generated from reasoning-gym tasks (data.py re-exports it)."""
 
+TOOL_DATASET = TOOL_SFT_DATASET
+"""Offline demonstrations of calling the calculator (``trainers.core.tool_demonstrations``);
+their tool-call turn is not the last one, so this set trains with ``train_on=all_assistant``."""
+
+BUILTIN_NAMES: tuple[str, ...] = (BUILTIN_DATASET, TOOL_DATASET)
+"""The built-in SFT sets, each optionally followed by ``:task_a,task_b``."""
+
 DEFAULT_BUILTIN_TASKS: tuple[str, ...] = DEMONSTRATION_TASKS
 """Tasks of the built-in set when neither ``data.builtin_tasks`` nor the dataset name picks any
 (the built-in set's own default, :data:`trainers.core.builtin_data.DEMONSTRATION_TASKS`)."""
+
+
+def is_tool_dataset(dataset: str) -> bool:
+    """Whether ``dataset`` names the tool-use demonstrations (``builtin:tool-sft[:tasks]``)."""
+    return dataset.startswith("builtin:") and split_builtin_name(dataset)[0] == TOOL_DATASET
 
 
 class SFTModelSection(ModelSection):
@@ -42,7 +54,7 @@ class DataSection(StrictModel):
     dataset: str = Field(
         default="HuggingFaceH4/no_robots",
         description=f"hub id, local .jsonl/.json/.parquet/.csv file or folder, or "
-        f"{BUILTIN_DATASET}[:task_a,task_b] (offline)",
+        f"{BUILTIN_DATASET}[:task_a,task_b] / {TOOL_DATASET}[:task_a,task_b] (offline)",
     )
     split: str = "train"
     max_samples: int | None = Field(
@@ -51,10 +63,13 @@ class DataSection(StrictModel):
     eval_size: int = Field(default=100, ge=0, description="examples held out for eval/ metrics")
     max_length: int = Field(default=2048, ge=8, description="tokens per conversation (right cut)")
     train_on: Literal["final", "all_assistant"] = Field(
-        default="final", description="which assistant turns carry the loss"
+        default="final",
+        description=f"which assistant turns carry the loss ({TOOL_DATASET} needs all_assistant)",
     )
     builtin_tasks: list[str] | None = Field(
-        default=None, description=f"reasoning-gym tasks for {BUILTIN_DATASET} (None: defaults)"
+        default=None,
+        description=f"reasoning-gym tasks for {BUILTIN_DATASET} or {TOOL_DATASET} "
+        "(None: the set's defaults)",
     )
     builtin_task_configs: dict[str, dict] = Field(
         default_factory=dict,
@@ -88,6 +103,15 @@ class SFTConfig(StrictModel):
     logging: LoggingSection = LoggingSection()
     checkpoint: CheckpointSection = CheckpointSection()
     seed: int = 42
+
+    @model_validator(mode="after")
+    def _check_tool_turns(self):
+        if is_tool_dataset(self.data.dataset) and self.data.train_on == "final":
+            raise ValueError(
+                f"data.train_on=final trains only the last assistant turn, but {TOOL_DATASET}'s "
+                "tool call is in an earlier one; set data.train_on=all_assistant"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_sizes(self):

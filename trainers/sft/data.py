@@ -11,7 +11,10 @@ Accepted schemas:
 * ``prompt`` + ``completion``: strings (the prompt becomes one user message), or message lists;
 * ``builtin:reasoning-sft[:task_a,task_b]``: demonstrations generated offline from reasoning-gym
   (system = the tag-format instruction, user = the question, assistant =
-  ``<think>reasoning</think>\\n<answer>answer</answer>``), each verified to score 1.0.
+  ``<think>reasoning</think>\\n<answer>answer</answer>``), each verified to score 1.0;
+* ``builtin:tool-sft[:task_a,task_b]``: the same on arithmetic tasks, half of them calling the
+  calculator first (assistant call, ``tool`` reply, assistant answer;
+  :mod:`trainers.core.tool_demonstrations`); trained with ``train_on="all_assistant"``.
 
 Messages after the last assistant turn carry no training signal and are dropped; a conversation
 with no assistant turn is skipped (and counted).
@@ -37,7 +40,6 @@ import torch
 from trainers.core.builtin_data import (
     DEMONSTRATION_SET_SIZE,
     builtin_demonstrations,
-    demonstration_set,
     split_builtin_name,
     task_settings,
 )
@@ -59,13 +61,15 @@ from trainers.core.tokenization import (
     right_pad,
     text_ids,
 )
-from trainers.sft.config import BUILTIN_DATASET, DEFAULT_BUILTIN_TASKS
+from trainers.core.tool_demonstrations import sft_demonstration_set
+from trainers.sft.config import BUILTIN_DATASET, BUILTIN_NAMES, DEFAULT_BUILTIN_TASKS, TOOL_DATASET
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "BUILTIN_DATASET",
     "BUILTIN_DEFAULT_SIZE",
+    "TOOL_DATASET",
     "DEFAULT_BUILTIN_TASKS",
     "DATA_EXTENSIONS",
     "DatasetNotFoundError",
@@ -74,6 +78,7 @@ __all__ = [
     "builtin_sft_records",
     "collate",
     "load_sft_records",
+    "longest_tool_demonstration",
     "looks_like_path",
     "parse_builtin_name",
     "score_record_response",
@@ -92,7 +97,8 @@ def builtin_hint() -> str:
     """What to use instead when a dataset cannot be opened (ends the loading errors)."""
     return (
         f"For offline runs use the built-in demonstrations `{BUILTIN_DATASET}` (generated "
-        f"from reasoning-gym tasks; `{BUILTIN_DATASET}:spell_backward,chain_sum` picks tasks), "
+        f"from reasoning-gym tasks; `{BUILTIN_DATASET}:spell_backward,chain_sum` picks tasks; "
+        f"`{TOOL_DATASET}` demonstrates the calculator tool), "
         "or a local .jsonl/.json/.parquet/.csv file or folder."
     )
 
@@ -153,7 +159,8 @@ def load_sft_records(
     """Load demonstrations as :class:`SFTRecord` objects.
 
     ``dataset``: a hub id, a local data file or folder (``split`` is ignored for a single file:
-    the file is the split), or ``builtin:reasoning-sft[:task_a,task_b]``. With ``max_samples``
+    the file is the split), or ``builtin:reasoning-sft[:task_a,task_b]`` /
+    ``builtin:tool-sft[:task_a,task_b]``. With ``max_samples``
     the rows are shuffled with ``seed`` and the first N usable ones kept (the book took the first
     N rows unshuffled, a biased subset on sorted data). ``stats`` receives ``schema``,
     ``n_rows`` (rows read), ``n_records`` and ``skipped`` (rows without an assistant turn).
@@ -165,7 +172,7 @@ def load_sft_records(
     out.update({"schema": None, "n_rows": 0, "n_records": 0, "skipped": 0})
     if dataset.startswith("builtin:"):
         parse_builtin_name(dataset)  # an unknown builtin: name is refused here
-        records = demonstration_set(
+        records = sft_demonstration_set(
             dataset, split, max_samples, seed, builtin_tasks, builtin_task_configs
         )
         out.update({"schema": "builtin", "n_rows": len(records), "n_records": len(records)})
@@ -206,13 +213,14 @@ def split_train_eval(records: Sequence[T], eval_size: int, seed: int) -> tuple[l
 
 
 def parse_builtin_name(dataset: str) -> list[str] | None:
-    """``builtin:reasoning-sft:a,b`` -> ["a", "b"]; ``builtin:reasoning-sft`` -> None.
-    Raises :class:`DatasetNotFoundError` for any other ``builtin:`` name."""
+    """``builtin:reasoning-sft:a,b`` -> ["a", "b"]; ``builtin:reasoning-sft`` -> None (the same
+    for ``builtin:tool-sft``). Raises :class:`DatasetNotFoundError` for any other ``builtin:``
+    name."""
     name, tasks = split_builtin_name(dataset)
-    if name != BUILTIN_DATASET:
+    if name not in BUILTIN_NAMES:
         raise DatasetNotFoundError(
-            f"unknown built-in dataset {dataset!r}; the built-in SFT set is {BUILTIN_DATASET!r} "
-            f"(optionally {BUILTIN_DATASET}:task_a,task_b)"
+            f"unknown built-in dataset {dataset!r}; the built-in SFT sets are {BUILTIN_DATASET!r} "
+            f"and {TOOL_DATASET!r} (optionally followed by :task_a,task_b)"
         )
     return tasks
 
@@ -337,6 +345,17 @@ def tokenize_records(
             stats["turns_skipped"],
         )
     return examples, stats
+
+
+def longest_tool_demonstration(records: Sequence[SFTRecord], tokenizer) -> int:
+    """Tokens of the longest tool demonstration (``meta["tool"]``) among ``records`` through
+    the chat template; 0 when there is none. Its system message carries the tool's instructions,
+    so it is far longer than a plain demonstration (up to ~255 tokens with ``tiny``'s)."""
+    tools = [r.messages for r in records if r.meta.get("tool")]
+    longest = 0
+    for batch in chunks(tools):
+        longest = max([longest, *map(len, chat_template_ids(tokenizer, batch, False))])
+    return longest
 
 
 def collate(examples: Sequence[TokenizedSFT], pad_id: int) -> dict[str, torch.Tensor]:

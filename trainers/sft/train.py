@@ -52,10 +52,12 @@ from trainers.core.models import (
     load_causal_lm,
     load_tokenizer,
 )
+from trainers.core.multiturn import check_tool_format
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.tasks import TASK_KITS, import_reasoning_gym
 from trainers.core.tiny import BUILDER_VERSION, cache_root
+from trainers.core.tool_demonstrations import check_tool_tasks, default_demonstration_tasks
 from trainers.core.training import (
     StepMetrics,
     build_optimizer,
@@ -64,7 +66,7 @@ from trainers.core.training import (
     use_gradient_checkpointing,
 )
 from trainers.core.verifier import has_tag_format
-from trainers.sft.config import BUILTIN_DATASET, DEFAULT_BUILTIN_TASKS, SFTConfig
+from trainers.sft.config import BUILTIN_DATASET, TOOL_DATASET, SFTConfig, is_tool_dataset
 from trainers.sft.data import (
     DatasetNotFoundError,
     SFTRecord,
@@ -72,6 +74,7 @@ from trainers.sft.data import (
     builtin_hint,
     collate,
     load_sft_records,
+    longest_tool_demonstration,
     looks_like_path,
     parse_builtin_name,
     score_record_response,
@@ -188,9 +191,10 @@ def preflight(cfg: SFTConfig) -> None:
     ds = cfg.data.dataset
     if ds.startswith("builtin:"):
         try:
-            tasks = parse_builtin_name(ds) or cfg.data.builtin_tasks or DEFAULT_BUILTIN_TASKS
+            named = parse_builtin_name(ds)
         except DatasetNotFoundError as err:
             raise ConfigError(f"data.dataset: {err}") from None
+        tasks = named or cfg.data.builtin_tasks or default_demonstration_tasks(ds)
         known = set(import_reasoning_gym().factory.DATASETS)
         unknown = [t for t in tasks if t not in known]
         if unknown:
@@ -198,10 +202,13 @@ def preflight(cfg: SFTConfig) -> None:
                 f"unknown reasoning-gym task(s) {unknown}; tasks with worked demonstrations: "
                 f"{sorted(TASK_KITS)}"
             )
+        if is_tool_dataset(ds):
+            check_tool_demonstrations(cfg, tasks)
         return
     if cfg.data.builtin_tasks or cfg.data.builtin_task_configs:
         raise ConfigError(
-            f"data.builtin_tasks / data.builtin_task_configs apply only to {BUILTIN_DATASET}"
+            f"data.builtin_tasks / data.builtin_task_configs apply only to {BUILTIN_DATASET} "
+            f"and {TOOL_DATASET}"
         )
     if looks_like_path(ds) or Path(ds).expanduser().exists():
         if not Path(ds).expanduser().exists():
@@ -222,6 +229,38 @@ def preflight(cfg: SFTConfig) -> None:
         raise ConfigError(
             f"data.dataset: {ds!r} is a hub id but the Hugging Face Hub cannot be reached. "
             "Set HF_HUB_OFFLINE=1 to use a cached copy. " + builtin_hint()
+        )
+
+
+def check_tool_demonstrations(cfg: SFTConfig, tasks) -> None:
+    """For ``builtin:tool-sft``: every task gives expressions for the calculator, the model's
+    tokenizer can write the tool-call format and render a ``tool`` message, and
+    ``data.max_length`` holds the longest tool demonstration (the records are cheap to build,
+    so the real set is measured)."""
+    d = cfg.data
+    try:
+        check_tool_tasks(tasks, d.builtin_task_configs)
+    except ValueError as err:
+        raise ConfigError(f"data.dataset: {err}") from None
+    tokenizer = load_tokenizer_with_template(cfg)
+    try:
+        check_tool_format(tokenizer)
+    except ValueError as err:
+        raise ConfigError(f"model.name: {err}; {d.dataset} needs both") from None
+    records = load_sft_records(
+        d.dataset,
+        d.split,
+        d.max_samples,
+        seed=cfg.seed,
+        builtin_tasks=d.builtin_tasks,
+        builtin_task_configs=d.builtin_task_configs,
+    )
+    longest = longest_tool_demonstration(records, tokenizer)
+    if longest > d.max_length:
+        raise ConfigError(
+            f"data.max_length={d.max_length} cuts the tool demonstrations of {d.dataset} (the "
+            f"longest is {longest} tokens with this tokenizer: the system message carries the "
+            f"tool's instructions); set data.max_length={longest} or more"
         )
 
 
@@ -384,6 +423,14 @@ def score_generations(
     }
 
 
+def last_user_text(record: SFTRecord) -> str:
+    """The last user message of the record's prompt (the prompt's last message when it has no
+    user message): what a sample row shows as its prompt. A tool demonstration's prompt ends
+    with the tool's reply, not the question."""
+    users = [m for m in record.prompt if m["role"] == "user"]
+    return (users or record.prompt)[-1]["content"]
+
+
 def sample_generations(
     cfg: SFTConfig,
     model: torch.nn.Module,
@@ -410,7 +457,7 @@ def sample_generations(
     rows, scores, formats = [], [], []
     for rec, completion in zip(picked, completions, strict=True):
         row = {
-            "prompt": rec.prompt[-1]["content"],
+            "prompt": last_user_text(rec),
             "completion": completion,
             "reference": rec.reference,
         }
