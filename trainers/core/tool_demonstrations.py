@@ -17,8 +17,10 @@ a **tool** demonstration, written exactly as a rollout with the ``calculator`` e
                <answer>19</answer>
 
 the rest are **plain** demonstrations, the same conversations ``builtin:reasoning-sft`` writes
-(no tool in the system message, the task's worked reasoning), so the model also keeps answering
-without the tool. Every final answer scores 1.0 with the task's own scorer: an entry whose
+(the task's worked reasoning, no call), so the model also keeps answering without the tool; half
+of them (:func:`offered_rows`) carry the tool's instructions in their system message all the same
+(the tool offered, not used), so that a warm start offered the tool calls it in only some of its
+samples: whether to call is then something RL can learn. Every final answer scores 1.0 with the task's own scorer: an entry whose
 expression the calculator does not turn into a scoring answer (reasoning-gym's ``/`` is floor
 division, the calculator's is exact) is skipped. Both kinds are trained on every assistant turn
 (the SFT family refuses ``train_on=final`` for this set).
@@ -44,7 +46,7 @@ from trainers.core.builtin_data import (
     task_settings,
     worked_response,
 )
-from trainers.core.environments.builtin import ToolEnvironment
+from trainers.core.environments.builtin import ToolEnvironment, with_tool_in_system
 from trainers.core.environments.tool_calls import result_value
 from trainers.core.messages import system_and_user
 from trainers.core.records import Prompt, SFTRecord
@@ -143,6 +145,13 @@ def tool_rows(n: int, call_share: float, seed: int) -> set[int]:
     return set(random.Random(seed + 1).sample(range(n), round(n * call_share)))
 
 
+def offered_rows(n: int, calls: set[int], seed: int) -> set[int]:
+    """Which plain rows (of ``n``, ``calls`` being the tool ones) offer the tool in their system
+    message without calling it: half of them (rounded down), drawn with ``seed``."""
+    plain = sorted(set(range(n)) - calls)
+    return set(random.Random(seed + 2).sample(plain, len(plain) // 2))
+
+
 def builtin_tool_demonstrations(
     n: int,
     seed: int,
@@ -161,6 +170,7 @@ def builtin_tool_demonstrations(
         raise ValueError("builtin_tool_demonstrations needs at least one task")
     tasks = list(tasks)
     calls = tool_rows(n, call_share, seed)
+    offered = offered_rows(n, calls, seed)
     per_task = per_task_share(n, len(tasks))
     sources = task_datasets(
         tasks,
@@ -179,7 +189,14 @@ def builtin_tool_demonstrations(
             sources[name], name, cursors, seen, exhausted, per_task, respond
         )
         seen.add(entry["question"])
-        meta = {"task": name, "entry": entry_meta(entry, str(entry["answer"])), "tool": i in calls}
+        if i in offered:
+            messages = with_tool_in_system(messages, TOOL)
+        meta = {
+            "task": name,
+            "entry": entry_meta(entry, str(entry["answer"])),
+            "tool": i in calls,
+            "offered": i in calls or i in offered,
+        }
         records.append(SFTRecord(messages=messages, meta=meta))
     random.Random(seed).shuffle(records)
     return records

