@@ -145,3 +145,35 @@ def test_a_stop_inside_a_multi_turn_rollout_resumes_exactly(tmp_path, tool_warm_
     turns_a = [s["turns"] for s in read_jsonl(straight / "samples.jsonl")]
     turns_b = [s["turns"] for s in read_jsonl(half / "samples.jsonl")]
     assert turns_a == turns_b
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [
+        ("rloo", []),
+        ("drgrpo", []),
+        ("reinforce_pp", ["loss.beta=0.01"]),
+        ("ppo", ["rollout.num_rollouts=1", "rollout.prompts_per_step=16"]),
+    ],
+)
+def test_every_estimator_family_trains_on_trajectories_with_calls(
+    tmp_path, tool_warm_start, algorithm, extra
+):
+    """Two steps from the tool warm start, whose trajectories do call the tool: group baselines
+    (RLOO, Dr. GRPO), returns-to-go with a KL penalty (REINFORCE++) and GAE on a value model over
+    the model tokens (PPO) all update on them."""
+    run_dir = tmp_path / algorithm
+    overrides = [*grpo_overrides(tool_warm_start, 2), f"algorithm={algorithm}", *extra]
+    assert pg_train.main(trainer_argv(PG_CONFIG, run_dir, overrides)) == 0
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rollout = [r for r in rows if r["phase"] == "rollout"]
+    train = [r for r in rows if r["phase"] == "train"]
+    assert (
+        max(r["tools/called"] for r in rollout) > 0
+        and max(r["tools/observation_tokens"] for r in rollout) > 0
+    )
+    assert all(r["grad_norm"] > 0 and r["loss"] == r["loss"] for r in train)
+    if algorithm == "ppo":
+        assert all("value_loss" in r for r in train) and "explained_variance" in rollout[-1]
+    if algorithm == "reinforce_pp":
+        assert "kl_ref" in rollout[-1]
