@@ -10,6 +10,7 @@ generations) stay per worker, as the tests that check a cache miss then a hit ex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -79,6 +80,21 @@ def record_forward_shapes(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 RUN_DIR_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "progress.json", "summary.json")
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to ``n`` for the block, restored afterwards. The tiny model
+    gains nothing from OpenMP workers, and on a shared 2-core machine spinning workers make every
+    forward many times slower: the trainer tests run on one thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def trainer_argv(config, run_dir, overrides, resume: bool = False) -> list[str]:

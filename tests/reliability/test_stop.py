@@ -28,12 +28,12 @@ from pathlib import Path
 
 import _synthetic as synthetic
 import pytest
-import torch
 from conftest import assert_phases, trainer_argv
 from typer.testing import CliRunner
 
 from rlhf_lab import api, runs
 from rlhf_lab.cli import _stop_or_detach, app
+from tests.conftest import torch_threads
 from trainers.core.rundir import SIGTERM_ENV, RunDir, read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.policy_gradients import train as pg_train
@@ -88,10 +88,8 @@ VOLATILE = ("time_s", "timing/", "throughput/", "memory/", "elapsed")
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def da(run_dir: Path, resume: bool = False) -> int:

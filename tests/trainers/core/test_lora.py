@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_complete_run_dir, trainer_argv
+from conftest import assert_complete_run_dir, torch_threads, trainer_argv
 
 from trainers.core import lora
 from trainers.core.config import ConfigError, LoraSection, ModelSection, load_config
@@ -44,10 +44,8 @@ DPO_QUICK = [
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def config_path(family: str, name: str) -> Path:

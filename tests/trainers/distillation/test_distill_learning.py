@@ -27,6 +27,7 @@ import torch
 from conftest import trainer_argv
 
 from rlhf_lab.results.stats import newcombe_difference
+from tests.conftest import torch_threads
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
 from trainers.sft import train as sft_train
@@ -81,10 +82,8 @@ def checkpoint_as_model(final_model: Path, step: int, out: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 1M-parameter model gains nothing from OpenMP workers
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.mark.slow

@@ -21,8 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
+from tests.conftest import torch_threads
 from trainers.core.config import DatasetSpecSection
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.prompts import composite_prompts as load_prompts
@@ -98,10 +98,8 @@ def greedy_correctness(model_dir: Path, prompts) -> float:
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 1M-parameter model gains nothing from spinning OpenMP workers
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.mark.slow

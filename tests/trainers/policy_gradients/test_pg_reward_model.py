@@ -20,6 +20,7 @@ import pytest
 import torch
 from conftest import assert_complete_run_dir, trainer_argv
 
+from tests.conftest import torch_threads
 from trainers.core.config import ConfigError
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
 from trainers.core.models import load_tokenizer
@@ -45,10 +46,8 @@ OTHER_TEMPLATE = (
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def _save_rm(folder: Path, kind: str = "preference", seed: int = 0, template: str | None = None):

@@ -22,9 +22,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import trainer_argv
 
+from tests.conftest import torch_threads
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.reward_models import train as rm_train
@@ -51,10 +51,8 @@ RM_OVERRIDES = [
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import trainer_argv
+from tests.conftest import torch_threads, trainer_argv
 from trainers.core.environments import StepResult, register_environment
 from trainers.core.multiturn import MODEL, TOOL, Segment, Trajectory
 from trainers.core.rundir import read_jsonl
@@ -75,10 +75,8 @@ register_environment("no_tool_for_tests", "the task unchanged; the first turn en
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def run(config: str, run_dir: Path, overrides: list[str]) -> int:

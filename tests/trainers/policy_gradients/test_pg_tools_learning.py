@@ -16,9 +16,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.conftest import trainer_argv
+from tests.conftest import torch_threads, trainer_argv
 from trainers.core.rundir import SIGTERM_ENV, read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
@@ -74,10 +73,8 @@ def grpo_overrides(warm_start: Path, steps: int) -> list[str]:
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

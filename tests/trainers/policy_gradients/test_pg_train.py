@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
 
+from tests.conftest import torch_threads
 from trainers.core import logprobs as core_logprobs
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
@@ -53,10 +54,8 @@ TINY = [
 def one_torch_thread():
     """The tiny model is too small to gain from intra-op threads, and on a shared 2-core machine
     spinning OpenMP workers make every forward many times slower; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def run(algorithm: str, run_dir: Path, overrides: list[str], resume: bool = False) -> int:

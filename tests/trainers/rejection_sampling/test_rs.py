@@ -15,6 +15,7 @@ import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, trainer_argv
 
+from tests.conftest import torch_threads
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
 from trainers.rejection_sampling import pipeline
@@ -97,10 +98,8 @@ GSM8K_QUICK = [
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
     """The tiny model is far faster on one thread when the machine's cores are contended."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def run(strategy: str, run_dir: Path, overrides: list[str], resume: bool = False) -> int:
