@@ -28,12 +28,11 @@ from pathlib import Path
 
 import _synthetic as synthetic
 import pytest
-from conftest import assert_phases, trainer_argv
+from conftest import assert_phases, torch_threads, trainer_argv
 from typer.testing import CliRunner
 
 from rlhf_lab import api, runs
 from rlhf_lab.cli import _stop_or_detach, app
-from tests.conftest import torch_threads
 from trainers.core.rundir import SIGTERM_ENV, RunDir, read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.policy_gradients import train as pg_train

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import trainer_argv
+from conftest import torch_threads, trainer_argv
 
 from rlhf_lab.results.stats import newcombe_difference
-from tests.conftest import torch_threads
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
 from trainers.sft import train as sft_train

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_complete_run_dir, trainer_argv
+from conftest import assert_complete_run_dir, torch_threads, trainer_argv
 
-from tests.conftest import torch_threads
 from trainers.core.config import ConfigError
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
 from trainers.core.models import load_tokenizer

@@ -22,9 +22,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import trainer_argv
+from conftest import torch_threads, trainer_argv
 
-from tests.conftest import torch_threads
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.reward_models import train as rm_train

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
+from conftest import assert_complete_run_dir, assert_same_gradients, torch_threads, trainer_argv
 
-from tests.conftest import torch_threads
 from trainers.core import logprobs as core_logprobs
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl

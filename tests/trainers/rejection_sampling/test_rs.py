@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
-from conftest import assert_phases, trainer_argv
+from conftest import assert_phases, torch_threads, trainer_argv
 
-from tests.conftest import torch_threads
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
 from trainers.rejection_sampling import pipeline
