@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rlhf_lab.ledger import (
@@ -101,6 +102,11 @@ def _group_arms(records: list[RunRecord], configs: dict[str, dict | None]) -> li
     for same in by_algorithm.values():
         if len(same) < 2:
             continue
+        recipes = [_recipe_of(arm.records[0]) for arm in same]
+        if None not in recipes and len(set(recipes)) == len(same):
+            for arm, recipe in zip(same, recipes, strict=True):  # e.g. grpo_tools against grpo
+                arm.label = recipe or arm.label
+            continue
         keys = sorted(_override_keys([r for a in same for r in a.records]))
         for i, arm in enumerate(same, start=1):
             cfg = arm.config()
@@ -112,6 +118,11 @@ def _group_arms(records: list[RunRecord], configs: dict[str, dict | None]) -> li
             ]
             arm.label = f"{arm.label} ({', '.join(shown)})" if shown else f"{arm.label} #{i}"
     return arms
+
+
+def _recipe_of(rec: RunRecord) -> str | None:
+    """The shipped recipe a run started from (its config file's name), when it names one."""
+    return Path(rec.config_source).stem if rec.config_source else None
 
 
 def _short(value: Any) -> str:

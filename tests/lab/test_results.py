@@ -202,6 +202,28 @@ def test_unmatched_arms_and_different_held_out_sets_are_not_comparable():
     assert cmp.verdicts[0].verdict == "better"
 
 
+def test_two_recipes_of_one_algorithm_are_named_by_their_recipes():
+    """grpo_tools against grpo (both algorithm grpo, the same overrides): the arms are the two
+    recipes, named so, and matched (the environment is what is compared)."""
+
+    def pg(run_id: str, recipe: str, acc: float, seed: int) -> None:
+        rows = [{"step": 16, "phase": "eval", "eval/avg_correctness": acc}]
+        overrides = (*PG_TINY, "data.specs=[{name: chain_sum}]", f"seed={seed}")
+        make_run(
+            CAMP, run_id, "policy_gradients", recipe, rows, algorithm="grpo", overrides=overrides
+        )
+
+    pg("grpo-20260301-000000-0011", "grpo_tools", 0.95, 42)
+    pg("grpo-20260301-000000-0012", "grpo_tools", 0.97, 43)
+    pg("grpo-20260301-000000-0013", "grpo", 0.20, 42)
+    pg("grpo-20260301-000000-0014", "grpo", 0.25, 43)
+    cmp = compare_runs([f"grpo-20260301-000000-00{i}" for i in range(11, 15)])
+    assert [a.label for a in cmp.arms] == ["grpo_tools", "grpo"]
+    assert [len(a.run_ids) for a in cmp.arms] == [2, 2]
+    (verdict,) = cmp.verdicts
+    assert verdict.verdict == "better" and verdict.a == "grpo_tools", verdict.reason
+
+
 def test_a_single_seed_loss_has_no_noise_estimate():
     def sft(run_id: str, loss: float, lr: str) -> None:
         rows = [{"step": 5, "phase": "eval", "eval/loss": loss}]
