@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from rlhf_lab.ledger import (
     AnswerEntry,
     ArmSummary,
+    Verdict,
     answer_figure_path,
     read_metric_rows,
     record_answer,
@@ -43,11 +44,33 @@ ANSWER_TRENDS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+def arms_lead(head: Headline, verdicts: Sequence[Verdict]) -> str | None:
+    """The answer of a campaign with several arms: the first decided verdict between two arms
+    (the leading arm against another), with its 95% interval; None when there is none."""
+    for v in verdicts:
+        if v.difference is None or v.low is None or v.high is None:
+            continue
+        if v.verdict not in ("better", "worse", "tie within noise"):
+            continue
+        words = {"better": "beats", "worse": "trails", "tie within noise": "ties within noise with"}
+        return (
+            f"**{v.a}** {words[v.verdict]} **{v.b}** on {head.label or head.metric}: "
+            f"Δ {v.difference:+.3g} (95% {v.low:+.3g} … {v.high:+.3g}; {v.method})"
+        )
+    return None
+
+
 def record_change_answer(
-    campaign: str, family: str, head: Headline | None, arms: Sequence[ArmSummary]
+    campaign: str,
+    family: str,
+    head: Headline | None,
+    arms: Sequence[ArmSummary],
+    verdicts: Sequence[Verdict] = (),
 ) -> AnswerEntry | None:
     """Compute, draw and record the change-from-start answer of ``arms``; None (nothing recorded)
-    for a family without an answer rule or runs without a step-0 evaluation."""
+    for a family without an answer rule or runs without a step-0 evaluation. With a decided
+    verdict between arms (``verdicts``), that comparison leads and each arm's change from the
+    start follows it."""
     if head is None or family not in ANSWER_COMPANIONS or not arms:
         return None
     groups = {arm.label: list(arm.run_ids) for arm in arms}
@@ -61,9 +84,10 @@ def record_change_answer(
     panels.append((TRAIN_LENGTH, "rollout", "response length over training (tokens)"))
     out = answer_figure_path(campaign)
     figure = draw_change_figure(groups, rows, panels, out)
+    lead = arms_lead(head, verdicts) if len(arms) > 1 else None
     entry = AnswerEntry(
-        verdict=answer.verdict,
-        details=answer.details,
+        verdict=lead or answer.verdict,
+        details=[answer.verdict, *answer.details] if lead else answer.details,
         rule=answer.rule,
         budget=answer.budget,
         figure=f"plots/{out.name}" if figure else None,

@@ -201,7 +201,7 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
         )
         comparison.recorded_in = record_comparison(campaign, entry).id
         if family != "direct_alignment" or record_gold_answer(campaign, ids) is None:
-            record_change_answer(campaign, family, head, arms)
+            record_change_answer(campaign, family, head, arms, verdicts)
     return comparison
 
 

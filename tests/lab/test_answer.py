@@ -167,6 +167,26 @@ def test_compare_campaign_records_the_answer_and_its_figure(lab_root):
     assert "**grpo**, greedy" in (lab_root / "experiments" / f"{CAMP}.md").read_text()
 
 
+def test_with_two_arms_the_comparison_between_them_leads_the_answer(lab_root):
+    """A campaign of two arms answers with the difference between them (its interval) first,
+    then each arm's change from the start."""
+    ledger.create_campaign(CAMP, "Does GRPO beat Dr. GRPO here?")
+    ids = []
+    for i, (recipe, end) in enumerate(
+        [("grpo", 0.9), ("grpo", 0.92), ("drgrpo", 0.3), ("drgrpo", 0.32)]
+    ):
+        run_id = f"{recipe}-{i}"
+        make_run(run_id, pg_rows(0.2, end), recipe=recipe, overrides=(*PLAIN, f"seed={42 + i % 2}"))
+        ids.append(run_id)
+    compare_runs(ids, record_in=CAMP)
+    answer = json.loads((lab_root / "experiments" / CAMP / "ledger.json").read_text())["answer"]
+    assert answer["verdict"].startswith(
+        "**grpo** beats **drgrpo** on greedy held-out correctness: Δ +0.6"
+    )
+    assert "95% +" in answer["verdict"]
+    assert answer["details"][0].startswith("**grpo**, greedy held-out correctness: 0.2 → 0.91")
+
+
 def test_a_training_trend_is_last_quarter_against_first_over_seeds():
     from rlhf_lab.results.answer import training_trend
 
