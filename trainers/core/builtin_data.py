@@ -184,6 +184,42 @@ def next_demonstration(
             return entry, demonstration
 
 
+def draw_demonstrations(
+    n: int,
+    seed: int,
+    tasks: Sequence[str],
+    task_configs: dict[str, dict] | None,
+    respond_for: Callable[[int], Callable[[Any, str, dict], T | None]],
+) -> list[tuple[str, dict, T]]:
+    """``n`` (task, entry, demonstration) triples: tasks take turns, row ``i`` made by
+    ``respond_for(i)`` from the next unseen entry it accepts (:func:`next_demonstration`), each
+    task's entries drawn with its own seed. Shared by every built-in demonstration set."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not tasks:
+        raise ValueError("a demonstration set needs at least one task")
+    tasks = list(tasks)
+    per_task = per_task_share(n, len(tasks))
+    sources = task_datasets(
+        tasks,
+        [seed + 100_003 * t_idx for t_idx in range(len(tasks))],
+        max(4 * per_task + 64, 64),
+        lambda name: task_settings(name, task_configs),
+    )
+    cursors = dict.fromkeys(tasks, 0)
+    seen: set[str] = set()
+    exhausted: set[str] = set()
+    out: list[tuple[str, dict, T]] = []
+    for i in range(n):
+        name = tasks[i % len(tasks)]
+        entry, made = next_demonstration(
+            sources[name], name, cursors, seen, exhausted, per_task, respond_for(i)
+        )
+        seen.add(entry["question"])
+        out.append((name, entry, made))
+    return out
+
+
 def builtin_demonstrations(
     n: int,
     seed: int,
@@ -198,37 +234,17 @@ def builtin_demonstrations(
     answer scores 1.0 with the task's own scorer. The result is shuffled with ``seed``.
     ``meta`` = ``{"task", "entry": {question, answer, metadata}}``.
     """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if not tasks:
-        raise ValueError("builtin_demonstrations needs at least one task")
-    tasks = list(tasks)
-    per_task = per_task_share(n, len(tasks))
-    sources = task_datasets(
-        tasks,
-        [seed + 100_003 * t_idx for t_idx in range(len(tasks))],
-        max(4 * per_task + 64, 64),
-        lambda name: task_settings(name, task_configs),
-    )
-    cursors = dict.fromkeys(tasks, 0)
-    seen: set[str] = set()
-    exhausted: set[str] = set()
-    records: list[SFTRecord] = []
-    for i in range(n):
-        name = tasks[i % len(tasks)]
-        entry, response = next_demonstration(
-            sources[name], name, cursors, seen, exhausted, per_task
+    drawn = draw_demonstrations(n, seed, tasks, task_configs, lambda i: worked_response)
+    records = [
+        SFTRecord(
+            messages=[
+                *system_and_user(SYSTEM_PROMPT, entry["question"]),
+                {"role": "assistant", "content": response},
+            ],
+            meta={"task": name, "entry": entry_meta(entry, str(entry["answer"]))},
         )
-        seen.add(entry["question"])
-        records.append(
-            SFTRecord(
-                messages=[
-                    *system_and_user(SYSTEM_PROMPT, entry["question"]),
-                    {"role": "assistant", "content": response},
-                ],
-                meta={"task": name, "entry": entry_meta(entry, str(entry["answer"]))},
-            )
-        )
+        for name, entry, response in drawn
+    ]
     random.Random(seed).shuffle(records)
     return records
 

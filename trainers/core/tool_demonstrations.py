@@ -38,9 +38,8 @@ from trainers.core.builtin_data import (
     TOOL_SFT_DATASET,
     default_demonstration_tasks,
     demonstration_set,
+    draw_demonstrations,
     entry_meta,
-    next_demonstration,
-    per_task_share,
     split_builtin_name,
     task_datasets,
     task_settings,
@@ -164,31 +163,16 @@ def builtin_tool_demonstrations(
     (as in :func:`~trainers.core.builtin_data.builtin_demonstrations`, which also draws the same
     entries); every final answer scores 1.0. The result is shuffled with ``seed``. ``meta`` =
     ``{"task", "entry", "tool": bool}``."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if not tasks:
-        raise ValueError("builtin_tool_demonstrations needs at least one task")
-    tasks = list(tasks)
     calls = tool_rows(n, call_share, seed)
     offered = offered_rows(n, calls, seed)
-    per_task = per_task_share(n, len(tasks))
-    sources = task_datasets(
-        tasks,
-        [seed + 100_003 * t_idx for t_idx in range(len(tasks))],
-        max(4 * per_task + 64, 64),
-        lambda name: task_settings(name, task_configs),
-    )
-    cursors = dict.fromkeys(tasks, 0)
-    seen: set[str] = set()
-    exhausted: set[str] = set()
-    records: list[SFTRecord] = []
-    for i in range(n):
-        name = tasks[i % len(tasks)]
-        respond = tool_conversation if i in calls else _plain_conversation
-        entry, messages = next_demonstration(
-            sources[name], name, cursors, seen, exhausted, per_task, respond
-        )
-        seen.add(entry["question"])
+
+    def respond_for(i: int):
+        return tool_conversation if i in calls else _plain_conversation
+
+    records = []
+    for i, (name, entry, messages) in enumerate(
+        draw_demonstrations(n, seed, tasks, task_configs, respond_for)
+    ):
         if i in offered:
             messages = with_tool_in_system(messages, TOOL)
         meta = {
