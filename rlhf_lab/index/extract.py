@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IndexedRun", "MetricScan", "extract_run", "file_sig", "record_sig", "scan_metrics"]
+__all__ = [
+    "IndexedRun",
+    "MetricScan",
+    "extract_run",
+    "file_sig",
+    "record_sig",
+    "scan_metrics",
+    "stat_sig",
+]
 
 # Files whose change can change a finished run's row (run.json is checked on every listing).
 WATCHED_FILES = ("metrics.jsonl", "summary.json", "exit.json", "progress.json", "config.yaml")
@@ -30,26 +38,26 @@ _META_KEYS = ("step", "time_s", "phase")
 _DATED = re.compile(r"^\d{4}-\d{2}-\d{2}-")
 
 
-def _sig(path: str, now_ns: int) -> str | None:
-    """``ino:size:mtime`` of a file, "-" when it is absent, None when it changed too recently
-    to be trusted."""
+def stat_sig(path: str | Path, now_ns: int, *, size: bool = True) -> str | None:
+    """``ino:size:mtime`` of a file (``ino:mtime`` without ``size``, for a folder), "-" when it
+    is absent, None when it changed too recently to be trusted."""
     try:
         st = os.stat(path)
     except OSError:
         return "-"
     if now_ns - st.st_mtime_ns < RACY_NS:
         return None
-    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}" if size else f"{st.st_ino}:{st.st_mtime_ns}"
 
 
 def record_sig(run_dir: str | Path, now_ns: int) -> str | None:
     """The signature of run.json (checked for every run on every listing)."""
-    return _sig(f"{run_dir}/run.json", now_ns)
+    return stat_sig(f"{run_dir}/run.json", now_ns)
 
 
 def file_sig(run_dir: str | Path, now_ns: int) -> str | None:
     """The signature of the other files a row is built from (None: not to be trusted)."""
-    parts = [_sig(f"{run_dir}/{name}", now_ns) for name in WATCHED_FILES]
+    parts = [stat_sig(f"{run_dir}/{name}", now_ns) for name in WATCHED_FILES]
     if any(p is None for p in parts):
         return None
     return "|".join(p for p in parts if p is not None)

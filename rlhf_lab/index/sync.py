@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rlhf_lab.index.extract import RACY_NS, extract_run, file_sig
+from rlhf_lab.index.extract import RACY_NS, extract_run, file_sig, stat_sig
 from rlhf_lab.index.hook import index_path
 from rlhf_lab.paths import experiments_dir
 
@@ -46,16 +46,6 @@ _INSERT = (
 
 def run_dir_of(campaign: str, run_id: str) -> Path:
     return experiments_dir() / campaign / "runs" / run_id
-
-
-def _dir_sig(path: Path, now_ns: int) -> str | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "-"
-    if now_ns - st.st_mtime_ns < RACY_NS:
-        return None
-    return f"{st.st_ino}:{st.st_mtime_ns}"
 
 
 def _campaign_folders(root: Path) -> list[str]:
@@ -93,7 +83,7 @@ def _sync_folders(conn: sqlite3.Connection, root: Path, now_ns: int) -> int:
             _forget(conn, run_id)
     for name in folders:
         runs = root / name / "runs"
-        sig = _dir_sig(runs, now_ns)
+        sig = stat_sig(runs, now_ns, size=False)
         if sig is not None and known.get(name) == sig:
             continue
         indexed = {r for (r,) in conn.execute("SELECT id FROM runs WHERE campaign = ?", (name,))}
@@ -209,7 +199,7 @@ def _needs_sync(conn: sqlite3.Connection, root: Path, now_ns: int) -> bool:
     if set(known) - set(folders):
         return True
     for name in folders:
-        sig = _dir_sig(root / name / "runs", now_ns)
+        sig = stat_sig(root / name / "runs", now_ns, size=False)
         if sig is None or known.get(name) != sig:
             return True
     return bool(_unsettled(conn)) or bool(_changed_records(conn, root, first_only=True))
