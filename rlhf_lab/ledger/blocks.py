@@ -236,6 +236,16 @@ def _next_block(data: BlockInput) -> str:
     return _render("next.md.j2", items=deduplicated_items(items), recorded=recorded)
 
 
+def _per_run_block(template: str, piece: str) -> Callable[[BlockInput], str]:
+    """A block that renders ``template`` over the training runs and each one's ``piece``."""
+
+    def block(data: BlockInput) -> str:
+        runs = _training(data.pieces)
+        return _render(template, runs=runs, pieces=[p[piece] for p in runs])
+
+    return block
+
+
 # block name -> (its heading, how its content is made)
 BLOCKS: dict[str, tuple[str, Callable[[BlockInput], str]]] = {
     "answer": (
@@ -254,27 +264,13 @@ BLOCKS: dict[str, tuple[str, Callable[[BlockInput], str]]] = {
         ),
     ),
     "runs": ("Runs", lambda d: _runs_block(d)),
-    "plots": (
-        "Plots",
-        lambda d: _render(
-            "plots.md.j2",
-            runs=_training(d.pieces),
-            pieces=[p["plots"] for p in _training(d.pieces)],
-        ),
-    ),
+    "plots": ("Plots", _per_run_block("plots.md.j2", "plots")),
     "evaluation": ("Evaluation", _evaluation_block),
     "comparison": (
         "Comparison",
         lambda d: _render("comparison.md.j2", comparisons=d.comparisons, campaign=d.campaign.id),
     ),
-    "observations-auto": (
-        "Observations",
-        lambda d: _render(
-            "observations.md.j2",
-            runs=_training(d.pieces),
-            pieces=[p["observation"] for p in _training(d.pieces)],
-        ),
-    ),
+    "observations-auto": ("Observations", _per_run_block("observations.md.j2", "observation")),
     "next": ("Next", _next_block),
 }
 
