@@ -52,7 +52,7 @@ from rlhf_lab.ledger.schema import (
 from rlhf_lab.ledger.text import _now, _one_line
 from rlhf_lab.paths import experiments_dir, find_run, today
 from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
-from rlhf_lab.results.plots import plot_reward_vs_kl, plot_run_metrics
+from rlhf_lab.results.plots import PlotResult, plot_reward_vs_kl, plot_run_metrics
 from rlhf_lab.runs import run_state
 from rlhf_lab.runs.folder import read_metric_rows, read_record
 from trainers.core.runfolder import ACTIVE_STATES
@@ -303,32 +303,36 @@ def _draw_plots(path: Path, name: str, record: RunRecord) -> None:
         record.plot = os.path.relpath(png, experiments_dir())
     else:
         rows = read_metric_rows(metrics).rows
-        try:
-            result = plot_run_metrics(
-                rows,
-                _metric_keys(record.family),
-                png,
-                title=f"{record.run_id} ({record.algorithm or record.family or 'run'})",
-            )
-            if result.path:
-                record.plot = os.path.relpath(result.path, experiments_dir())
-        except Exception as err:  # a plot must never lose the record
-            record.warnings.append(f"plot not drawn: {type(err).__name__}: {err}")
+        title = f"{record.run_id} ({record.algorithm or record.family or 'run'})"
+        keys = _metric_keys(record.family)
+        drawn = _drawn(record, "plot", lambda: plot_run_metrics(rows, keys, png, title=title))
+        record.plot = drawn or record.plot
     if _current(kl_png, metrics):
         record.reward_kl_plot = os.path.relpath(kl_png, experiments_dir())
         return
     if rows is None and not kl_png.exists():
         return  # both were drawn (or tried) after the metrics last changed: this run has none
-    try:
-        result = plot_reward_vs_kl(
+
+    def reward_vs_kl() -> PlotResult:
+        return plot_reward_vs_kl(
             read_metric_rows(metrics).rows if rows is None else rows,
             kl_png,
             title=f"{record.run_id}: proxy and gold reward against KL to the reference",
         )
-        if result.path:
-            record.reward_kl_plot = os.path.relpath(result.path, experiments_dir())
-    except Exception as err:  # a plot must never lose the record
-        record.warnings.append(f"reward-against-KL plot not drawn: {type(err).__name__}: {err}")
+
+    drawn = _drawn(record, "reward-against-KL plot", reward_vs_kl)
+    record.reward_kl_plot = drawn or record.reward_kl_plot
+
+
+def _drawn(record: RunRecord, what: str, draw: Callable[[], PlotResult]) -> str | None:
+    """The plot ``draw`` wrote, relative to experiments/ (None: nothing to draw); a failure is a
+    warning on ``record`` instead, for a plot must never lose the record."""
+    try:
+        result = draw()
+        return os.path.relpath(result.path, experiments_dir()) if result.path else None
+    except Exception as err:
+        record.warnings.append(f"{what} not drawn: {type(err).__name__}: {err}")
+        return None
 
 
 def _record_whole(name: str, record: RunRecord, note: str | None, plot: bool) -> None:
