@@ -214,20 +214,42 @@ def _comparison_items(entry: ComparisonEntry, runs: list[RunRecord], campaign: s
             spec = _family(entry.family)
             lr = _winner_lr(winner, spec)
             if winner is not None and winner.recipe and spec is not None and lr is not None:
-                key = spec.learning_rate_key
+                scaled, commands = _lr_sweep(
+                    winner,
+                    campaign,
+                    spec.learning_rate_key,
+                    lr,
+                    (0.5, 2.0),
+                    max(1, len(winner.run_ids)),
+                )
                 yield NextItem(
                     why=f"{winner.label} beats every other arm on {metric} beyond the noise",
-                    action=f"a finer sweep around it: {key} ×0.5 and ×2 (now {_fmt(lr)})",
-                    commands=[
-                        _sweep(
-                            [winner.recipe],
-                            _with(winner.overrides, **{key.replace(".", "__"): lr * f}),
-                            campaign,
-                            seeds=max(1, len(winner.run_ids)),
-                        )
-                        for f in (0.5, 2.0)
-                    ],
+                    action=f"a finer sweep around it: {scaled}",
+                    commands=commands,
                 )
+
+
+def _lr_sweep(
+    arm: ArmSummary | RunRecord,
+    campaign: str,
+    key: str,
+    lr: float,
+    factors: tuple[float, ...],
+    seeds: int | None = None,
+) -> tuple[str, list[str]]:
+    """A sweep of the arm's (or run's) recipe at ``lr`` times each factor: what it changes
+    (``key ×a and ×b (now lr)``) and its commands, one a factor."""
+    scaled = " and ".join(f"×{_fmt(f)}" for f in factors)
+    commands = [
+        _sweep(
+            [arm.recipe],
+            _with(arm.overrides, **{key.replace(".", "__"): lr * f}),
+            campaign,
+            seeds=seeds,
+        )
+        for f in factors
+    ]
+    return f"{key} {scaled} (now {_fmt(lr)})", commands
 
 
 LOWER_LR_FACTOR = 0.1
@@ -385,18 +407,13 @@ def _run_items(run: RunRecord, campaign: str):
     if "flat" in run.flags:
         lr = _setting(run, spec.learning_rate_key)
         if isinstance(lr, int | float) and lr > 0:
-            key = spec.learning_rate_key
+            scaled, commands = _lr_sweep(
+                run, campaign, spec.learning_rate_key, float(lr), (3.0, 10.0)
+            )
             yield NextItem(
                 why=f"{run.run_id}: its key metric stayed flat",
-                action=f"a learning-rate sweep: {key} ×3 and ×10 (now {_fmt(float(lr))})",
-                commands=[
-                    _sweep(
-                        [run.recipe],
-                        _with(run.overrides, **{key.replace(".", "__"): float(lr) * f}),
-                        campaign,
-                    )
-                    for f in (3.0, 10.0)
-                ],
+                action=f"a learning-rate sweep: {scaled}",
+                commands=commands,
             )
     if "noise_samples" in run.flags and run.model == "tiny" and run.family != "sft":
         yield NextItem(
