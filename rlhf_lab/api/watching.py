@@ -29,6 +29,7 @@ from rlhf_lab.results.diagnosis import (
     read_metrics,
     tail_log,
 )
+from rlhf_lab.results.metrics import evenly_per_phase, metric_names, phase_indices
 from rlhf_lab.runs import RunStatus, follow_run, run_state
 
 FINISHED_STATES: frozenset[str] = frozenset(
@@ -281,15 +282,6 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def even_indices(n: int, k: int) -> list[int]:
-    """``k`` indices spread evenly over ``range(n)``, the last always among them."""
-    if k >= n:
-        return list(range(n))
-    if k == 1:
-        return [n - 1]
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
-
-
 def _rows_size(rows: list[dict[str, Any]]) -> int:
     return len(json.dumps(rows, separators=(",", ":"), default=str))
 
@@ -309,28 +301,18 @@ def get_metrics(
         raise InvalidArgument("max_bytes must be at least 256")
     full = read_metrics(run_id, keys, phase, None)
     rows = [{k: _rounded(v) for k, v in r.items()} for r in full.rows]
-    per_phase: dict[Any, list[int]] = {}
-    for i, r in enumerate(rows):
-        per_phase.setdefault(r.get("phase"), []).append(i)
-    longest = max((len(v) for v in per_phase.values()), default=0)
-
-    def pick(points: int) -> list[dict[str, Any]]:
-        keep: list[int] = []
-        for idx in per_phase.values():
-            keep.extend(idx[j] for j in even_indices(len(idx), points))
-        return [rows[i] for i in sorted(keep)]
-
+    longest = max((len(v) for v in phase_indices(rows).values()), default=0)
     points = min(longest, max_points) if max_points else longest
-    picked = pick(points)
+    picked = evenly_per_phase(rows, points)
     if _rows_size(picked) > max_bytes:  # the largest per-phase count that fits (binary search)
         low, high = 1, points
         while low < high:
             mid = (low + high + 1) // 2
-            if _rows_size(pick(mid)) <= max_bytes:
+            if _rows_size(evenly_per_phase(rows, mid)) <= max_bytes:
                 low = mid
             else:
                 high = mid - 1
-        points, picked = low, pick(low)
+        points, picked = low, evenly_per_phase(rows, low)
         while len(picked) > 1 and _rows_size(picked) > max_bytes:  # one row per phase too big
             picked = picked[1:]
     note = None
@@ -346,15 +328,10 @@ def get_metrics(
             f"stay under {max_bytes} bytes; for more points pass keys=[...] with fewer metrics, "
             "a phase, or a larger max_bytes"
         )
-    seen: dict[str, None] = {}
-    for r in picked:
-        for k in r:
-            if k not in ("step", "phase", "time_s"):
-                seen.setdefault(k, None)
     return MetricsResult(
         run_id=run_id,
         phase=phase,
-        keys=list(seen) if picked else full.keys,
+        keys=metric_names(picked) if picked else full.keys,
         rows=picked,
         total_rows=full.total_rows,
         downsampled=len(picked) < len(rows),

@@ -25,13 +25,43 @@ class MetricSeries(BaseModel):
     downsampled: bool = False
 
 
-def _even_indices(n: int, k: int) -> list[int]:
+META_KEYS = ("step", "phase", "time_s")  # what a row holds besides its metrics
+
+
+def even_indices(n: int, k: int) -> list[int]:
     """k indices spread evenly over range(n), always including the first and the last."""
     if k >= n:
         return list(range(n))
     if k == 1:
         return [n - 1]
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def phase_indices(rows: list[dict[str, Any]]) -> dict[Any, list[int]]:
+    """The indices of ``rows`` by phase, in order."""
+    by_phase: dict[Any, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_phase.setdefault(r.get("phase"), []).append(i)
+    return by_phase
+
+
+def evenly_per_phase(rows: list[dict[str, Any]], points: int) -> list[dict[str, Any]]:
+    """At most ``points`` rows of each phase, spread evenly over it (its last row always kept),
+    in their order."""
+    keep: list[int] = []
+    for idx in phase_indices(rows).values():
+        keep.extend(idx[j] for j in even_indices(len(idx), points))
+    return [rows[i] for i in sorted(keep)]
+
+
+def metric_names(rows: list[dict[str, Any]]) -> list[str]:
+    """The metric names the rows hold, in the order they first appear."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k not in META_KEYS:
+                seen.setdefault(k, None)
+    return list(seen)
 
 
 def read_metrics(
@@ -48,35 +78,22 @@ def read_metrics(
     rows = read_metric_rows(find_run(run_id) / "metrics.jsonl").rows
     if phase is not None:
         rows = [r for r in rows if r.get("phase") == phase]
-    meta = ("step", "phase", "time_s")
     if keys:
         wanted = list(dict.fromkeys(keys))
         rows = [
-            {**{m: r[m] for m in meta if m in r}, **{k: r[k] for k in wanted if k in r}}
+            {**{m: r[m] for m in META_KEYS if m in r}, **{k: r[k] for k in wanted if k in r}}
             for r in rows
             if any(k in r for k in wanted)
         ]
     total = len(rows)
     downsampled = False
     if max_points is not None:
-        by_phase: dict[Any, list[int]] = {}
-        for i, r in enumerate(rows):
-            by_phase.setdefault(r.get("phase"), []).append(i)
-        keep: list[int] = []
-        for idx in by_phase.values():
-            picked = _even_indices(len(idx), max_points)
-            keep.extend(idx[j] for j in picked)
-            downsampled = downsampled or len(picked) < len(idx)
-        rows = [rows[i] for i in sorted(keep)]
-    seen: dict[str, None] = {}
-    for r in rows:
-        for k in r:
-            if k not in meta:
-                seen.setdefault(k, None)
+        kept = evenly_per_phase(rows, max_points)
+        downsampled, rows = len(kept) < len(rows), kept
     return MetricSeries(
         run_id=run_id,
         phase=phase,
-        keys=list(seen),
+        keys=metric_names(rows),
         rows=rows,
         total_rows=total,
         downsampled=downsampled,
