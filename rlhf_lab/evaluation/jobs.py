@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep, NotFound
+from rlhf_lab.results.best_of_n_inputs import named_run_id, resolve_scorer_refs
 
 __all__ = [
     "EVAL_FAMILY",
@@ -94,28 +95,12 @@ class EvalJob:
     after: list[str] = field(default_factory=list)
 
 
-def _run_id_of(name: str) -> str | None:
-    """The run id ``name`` names (``run:<id>`` or a bare id that exists), else None."""
-    from rlhf_lab.paths import RUN_ID_RE, find_run
-    from rlhf_lab.runs.lineage import is_ref, ref_id
-
-    if is_ref(name):
-        return ref_id(name)
-    if not RUN_ID_RE.fullmatch(name):
-        return None
-    try:
-        find_run(name)
-    except LabError:
-        return None
-    return name
-
-
 def resolve_target(name: str, role: str = "target") -> EvalTarget:
     """The run or model ``name`` names, checked (module doc); NotFound / Conflict otherwise."""
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgument(f"{role}: name a run id or a model (e.g. tiny)")
     name = name.strip()
-    run_id = _run_id_of(name)
+    run_id = named_run_id(name)
     if run_id is not None:
         return _run_target(name, run_id, role)
     from rlhf_lab.planning.validation import _resolve, model_steps
@@ -199,7 +184,7 @@ def _judge_path(judge: str) -> str:
     reward model; a folder is passed on (the job checks it before writing anything)."""
     from rlhf_lab.runs.lineage import check_ref
 
-    run_id = _run_id_of(judge)
+    run_id = named_run_id(judge)
     if run_id is None:
         if not Path(judge).expanduser().is_dir():
             raise NotFound(
@@ -383,10 +368,8 @@ def prepare_evaluation(
     dev = resolve_device(device or tgt.device or "auto")
     overrides = [str(o) for o in overrides or []]
     config = eval_config(suite, tgt, base, judge_path, overrides, dev)
-    from rlhf_lab.results.best_of_n_inputs import resolve_scorer_refs
-
     scorers = resolve_scorer_refs(config)  # best_of_n: its ORM and PRM runs -> final models
-    runs_used = [tgt.run_id, _run_id_of(baseline or ""), _run_id_of(judge or ""), *scorers]
+    runs_used = [tgt.run_id, named_run_id(baseline or ""), named_run_id(judge or ""), *scorers]
     after = list(dict.fromkeys(r for r in runs_used if r))
     if not any(_unfinished(r) for r in after):  # else the job checks when it starts
         _preflight(config, suite)

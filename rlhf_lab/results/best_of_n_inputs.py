@@ -16,28 +16,28 @@ from typing import Any
 
 from rlhf_lab.errors import InvalidArgument, NextStep
 
-__all__ = ["SCORER_KINDS", "resolve_scorer_refs"]
+__all__ = ["SCORER_KINDS", "named_run_id", "resolve_scorer_refs"]
 
 SCORER_KINDS: tuple[str, ...] = ("orm", "prm")
 SUITE = "best_of_n"
 
 
-def _run_id(value: str) -> str | None:
-    """The run id ``value`` names (``run:<id>``, or a bare id of an existing run), else None."""
+def named_run_id(name: str) -> str | None:
+    """The run id ``name`` names (``run:<id>``, or a bare id of an existing run), else None
+    (a model name or a folder). Evaluation jobs read their target, baseline and judge with it."""
     from rlhf_lab.errors import LabError
     from rlhf_lab.paths import RUN_ID_RE, find_run
     from rlhf_lab.runs.lineage import is_ref, ref_id
 
-    value = value.strip()
-    if is_ref(value):
-        return ref_id(value)
-    if not RUN_ID_RE.fullmatch(value):
+    if is_ref(name):
+        return ref_id(name)
+    if not RUN_ID_RE.fullmatch(name):
         return None
     try:
-        find_run(value)
+        find_run(name)
     except LabError:
         return None
-    return value
+    return name
 
 
 def _checked_final_model(kind: str, run_id: str) -> str:
@@ -86,13 +86,13 @@ def resolve_scorer_refs(config: dict[str, Any]) -> list[str]:
     section = config.get(SUITE) or {}
     runs = []
     drawn = section.get("samples_from")
-    drawn_id = _run_id(drawn) if isinstance(drawn, str) and drawn.strip() else None
+    drawn_id = named_run_id(drawn.strip()) if isinstance(drawn, str) and drawn.strip() else None
     if drawn_id is not None:
         section["samples_from"] = _checked_samples_job(drawn_id)
         runs.append(drawn_id)
     for kind in SCORER_KINDS:
         value = section.get(kind)
-        run_id = _run_id(value) if isinstance(value, str) and value.strip() else None
+        run_id = named_run_id(value.strip()) if isinstance(value, str) and value.strip() else None
         if run_id is None:
             continue
         section[kind] = _checked_final_model(kind, run_id)
