@@ -188,18 +188,8 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
     )
     if campaign is not None:
         algos = ", ".join(dict.fromkeys(r.algorithm or "?" for r in records))
-        entry = ComparisonEntry(
-            key=f"{family}:{','.join(sorted(ids))}",
-            title=f"{family.replace('_', ' ')}: {len(ids)} run(s) ({algos})",
-            family=family,
-            run_ids=ids,
-            markdown=markdown,
-            headline=comparison.headline,
-            higher_is_better=comparison.higher_is_better,
-            arms=arms,
-            verdicts=verdicts,
-        )
-        comparison.recorded_in = record_comparison(campaign, entry).id
+        title = f"{family.replace('_', ' ')}: {len(ids)} run(s) ({algos})"
+        comparison.recorded_in = _record(comparison, title, campaign)
         if family != "direct_alignment" or record_gold_answer(campaign, ids) is None:
             record_change_answer(campaign, family, head, arms, verdicts)
     return comparison
@@ -224,14 +214,14 @@ def _evaluations(
         notes=notes,
     )
     if campaign is not None:
-        entry = ComparisonEntry(
-            key=f"{EVAL_FAMILY}:{','.join(sorted(ids))}",
-            title=f"evaluations: {len(ids)} job(s)",
-            family=EVAL_FAMILY,
-            run_ids=ids,
-            markdown=markdown,
-            headline=comparison.headline,
-        )
-        comparison.recorded_in = record_comparison(campaign, entry).id
+        comparison.recorded_in = _record(comparison, f"evaluations: {len(ids)} job(s)", campaign)
         record_best_of_n_answer(campaign, ids)
     return comparison
+
+
+def _record(comparison: Comparison, title: str, campaign: str) -> str:
+    """Write ``comparison`` into the campaign's Comparison section under ``title`` (the same set
+    of runs compared again replaces it there); the campaign's id."""
+    key = f"{comparison.family}:{','.join(sorted(comparison.run_ids))}"
+    shared = comparison.model_dump(include=set(ComparisonEntry.model_fields))
+    return record_comparison(campaign, ComparisonEntry(key=key, title=title, **shared)).id
