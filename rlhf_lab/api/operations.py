@@ -41,7 +41,9 @@ from rlhf_lab.api import (
     SweepResult,
 )
 from rlhf_lab.api._operation import Operation
-from rlhf_lab.api.request import RunRequest, SweepRequest
+from rlhf_lab.api.request import CampaignArg, ModelArg, RecipeArg, RunRequest, SweepRequest
+from rlhf_lab.api.results import State
+from trainers.core.spec import FAMILY_NAMES
 
 __all__ = ["OPERATIONS", "LaunchRun", "operation_named"]
 
@@ -50,26 +52,13 @@ METRICS_MAX_POINTS = 2_000
 METRICS_MAX_BYTES = 40_000
 STOP_MAX_GRACE_S = 600.0
 
-Family = Literal[
-    "direct_alignment",
-    "policy_gradients",
-    "reward_models",
-    "rejection_sampling",
-    "sft",
-    "distillation",
-]
-State = Literal[
-    "queued", "starting", "running", "succeeded", "failed", "stopped", "killed", "died", "cancelled"
-]
+Family = Literal[FAMILY_NAMES]  # one of the families, in the lab's order
 Phase = Literal["train", "eval", "rollout"]
 Device = Literal["auto", "cpu", "cuda"] | Annotated[str, Field(pattern=r"^cuda:\d{1,3}$")]
 
-RecipeArg = Annotated[str, Field(description="recipe, algorithm (dpo, grpo, ...) or YAML")]
 RunIdArg = Annotated[str, Field(description="run id (see list_runs)")]
-ModelArg = Annotated[str | None, Field(description="tiny, run:<id>, a folder, .gguf or hub id")]
 OverridesArg = Annotated[list[str], Field(description="key=value, e.g. train.max_steps=20")]
 DeviceArg = Annotated[Device, Field(description="auto, cpu, cuda or cuda:N")]
-CampaignArg = Annotated[str | None, Field(description="campaign slug")]
 
 
 # ---------------------------------------------------------------------------- argument models

@@ -73,23 +73,28 @@ def _override_item(value: Any) -> Any:
 
 OverrideItem = Annotated[Override, BeforeValidator(_override_item, json_schema_input_type=str)]
 
+# the arguments a launch and a sweep (and the operations' argument models) share, described once
+OverrideItems = Annotated[
+    list[OverrideItem], Field(description="key=value, e.g. train.max_steps=20")
+]
+RecipeArg = Annotated[str, Field(description="recipe, algorithm (dpo, grpo, ...) or YAML")]
+ModelArg = Annotated[str | None, Field(description="tiny, run:<id>, a folder, .gguf or hub id")]
+CampaignArg = Annotated[str | None, Field(description="campaign slug")]
+DeviceName = Annotated[str, Field(description="auto, cpu, cuda or cuda:N")]
+
 
 class RunRequest(LabModel):
     """One launch: which recipe, with what changes, where, in which campaign, after what.
     Every surface builds one and hands it to :func:`rlhf_lab.api.launch`; the resolved config it
     leads to is written once, as the run's ``config.yaml``."""
 
-    recipe: Annotated[str, Field(description="recipe, algorithm (dpo, grpo, ...) or YAML")]
-    overrides: Annotated[
-        list[OverrideItem], Field(description="key=value, e.g. train.max_steps=20")
-    ] = []
+    recipe: RecipeArg
+    overrides: OverrideItems = []
     shrink: Annotated[bool, Field(description="false: the full recipe")] = True
-    model: Annotated[str | None, Field(description="tiny, run:<id>, a folder, .gguf or hub id")] = (
-        None
-    )
-    campaign: Annotated[str | None, Field(description="campaign slug")] = None
+    model: ModelArg = None
+    campaign: CampaignArg = None
     question: Annotated[str | None, Field(description="the question of a new campaign")] = None
-    device: Annotated[str, Field(description="auto, cpu, cuda or cuda:N")] = "auto"
+    device: DeviceName = "auto"
     queue: Annotated[bool, Field(description="wait for the device")] = False
     force: Annotated[bool, Field(description="start on a busy device")] = False
     after: Annotated[list[str], Field(description="run ids to wait for")] = []
@@ -120,15 +125,11 @@ class SweepRequest(LabModel):
     seed, with the same overrides and shrink (:func:`rlhf_lab.api.sweep`)."""
 
     recipes: Annotated[list[str], Field(description="recipes, e.g. ['dpo','ipo']")]
-    overrides: Annotated[
-        list[OverrideItem], Field(description="key=value, e.g. train.max_steps=20")
-    ] = []
+    overrides: OverrideItems = []
     shrink: Annotated[bool, Field(description="shrink each to a sanity run")] = True
-    model: Annotated[str | None, Field(description="tiny, run:<id>, a folder, .gguf or hub id")] = (
-        None
-    )
-    campaign: Annotated[str | None, Field(description="campaign slug")] = None
-    device: Annotated[str, Field(description="auto, cpu, cuda or cuda:N")] = "auto"
+    model: ModelArg = None
+    campaign: CampaignArg = None
+    device: DeviceName = "auto"
     seeds: Annotated[int, Field(description="runs per recipe")] = 1
     base_seed: Annotated[int | None, Field(description="first seed (null: the first recipe's)")] = (
         None
