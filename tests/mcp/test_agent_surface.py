@@ -12,35 +12,17 @@ import re
 from pathlib import Path
 
 import pytest
-from mcp import Client
 
 from rlhf_lab import api
 from rlhf_lab.ledger.schema import RunRecord
-from rlhf_lab.mcp_server import TOOL_NAMES, server
+from rlhf_lab.mcp_server import TOOL_NAMES
 from rlhf_lab.planning.configs import ConfigChange
 from rlhf_lab.skills import parse_skill
+from tests.mcp._fixtures import asyncio_backend, fresh_lab, in_memory_client  # noqa: F401  (pytest fixtures)
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("lab_root")]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return tmp_path
-
-
-@pytest.fixture
-async def client():
-    async with Client(server) as c:
-        yield c
 
 
 async def _error_text(client, tool: str, args: dict) -> str:

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from rlhf_lab import api, cli, mcp_server
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep
+from tests.mcp._fixtures import asyncio_backend, fresh_lab  # noqa: F401  (pytest fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = "dpo-20990101-000000-dead"
@@ -30,19 +31,7 @@ MCP_NAMES = re.compile(
     "|".join(sorted({*mcp_server.TOOL_NAMES, *mcp_server.MCP_OPERATIONS}, key=len, reverse=True))
 )
 
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return tmp_path
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("lab_root")]
 
 
 # ---------------------------------------------------------------- every NextStep in the source

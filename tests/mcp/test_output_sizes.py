@@ -23,6 +23,7 @@ from mcp import Client
 
 from rlhf_lab import api
 from rlhf_lab.mcp_server import TOOL_NAMES, server
+from tests.mcp._fixtures import asyncio_backend  # noqa: F401  (pytest fixtures)
 from trainers.core.runfolder import ExitFile, MetricRow, ProgressFile, RunFile, SummaryFile
 
 pytestmark = pytest.mark.anyio
@@ -49,11 +50,6 @@ TRAIN_KEYS = [
     "memory/peak_gb",
 ]
 EVAL_KEYS = ["eval/loss", "eval/accuracy", "eval/margins", "eval/chosen_rewards"]
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
 
 
 def _campaign(i: int) -> str:

@@ -10,7 +10,6 @@ run's on the machine's two cores.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,36 +21,11 @@ import psutil
 import pytest
 from mcp import Client, StdioServerParameters
 
+from tests.mcp._lab import QUICK, kill_runs, server_env
+
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = [
-    "data.max_samples=64",
-    "data.eval_size=16",
-    "train.batch_size=8",
-    "train.max_steps=4",
-    "eval.eval_every=2",
-    "eval.sample_every=0",
-    "checkpoint.save_final_model=false",
-]
 TERMINAL = {"succeeded", "failed", "stopped", "died"}
 RUN_TIMEOUT_S = 240
-
-
-def server_env(root: Path) -> dict[str, str]:
-    """What the stdio client passes (it inherits only HOME, PATH, ...): the lab root, offline
-    switches, one thread per trainer, and the test session's model cache."""
-    env = {
-        "RLHF_LAB_ROOT": str(root),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "WANDB_MODE": "disabled",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    for key in ("RLHF_LAB_CACHE", "HF_DATASETS_CACHE", "HF_HOME"):
-        if os.environ.get(key):
-            env[key] = os.environ[key]
-    return env
 
 
 def params(root: Path) -> StdioServerParameters:
@@ -83,15 +57,6 @@ async def wait_gone(pid: int, timeout: float = 10.0) -> None:
             return
         await anyio.sleep(0.05)
     raise AssertionError(f"server {pid} survived SIGKILL")
-
-
-def kill_runs(root: Path) -> None:
-    from rlhf_lab.runs import _process_alive
-
-    for path in root.glob("experiments/*/runs/*/run.json"):
-        record = json.loads(path.read_text())
-        if record.get("pgid") and _process_alive(record.get("pid"), record.get("create_time")):
-            os.killpg(record["pgid"], signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,28 +20,20 @@ import jsonschema
 import psutil
 import pytest
 import yaml
-from mcp import Client, MCPError
+from mcp import MCPError
 
 from rlhf_lab import api, mcp_server
-from rlhf_lab.mcp_server import TOOL_NAMES, server
+from rlhf_lab.mcp_server import TOOL_NAMES
 from rlhf_lab.planning.catalog import FAMILIES
-from rlhf_lab.runs import _process_alive
+from tests.mcp._fixtures import asyncio_backend, fresh_lab, in_memory_client  # noqa: F401  (pytest fixtures)
+from tests.mcp._lab import QUICK
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("lab_root")]
 
 CAMPAIGN = "2026-03-01-mcp-tools"
 RUN = "dpo-20260301-120000-aaaa"
 RUN2 = "ipo-20260301-120500-bbbb"
 MISSING = "dpo-20990101-000000-dead"
-QUICK = [
-    "data.max_samples=64",
-    "data.eval_size=16",
-    "train.batch_size=8",
-    "train.max_steps=4",
-    "eval.eval_every=2",
-    "eval.sample_every=0",
-    "checkpoint.save_final_model=false",
-]
 READ_ONLY = {
     "list_recipes",
     "plan_experiment",
@@ -57,28 +47,6 @@ READ_ONLY = {
     "list_campaigns",
     "query_runs",
 }
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    yield tmp_path
-    for path in tmp_path.glob("experiments/*/runs/*/run.json"):  # never leave a trainer behind
-        record = json.loads(path.read_text())
-        if record.get("pgid") and _process_alive(record.get("pid"), record.get("create_time")):
-            os.killpg(record["pgid"], signal.SIGKILL)
-
-
-@pytest.fixture
-async def client():
-    async with Client(server) as c:
-        yield c
 
 
 @pytest.fixture
