@@ -73,12 +73,14 @@ class RunRequest(LabModel):
     pipeline: SkipJsonSchema[str | None] = Field(default=None, description="its pipeline")
     stage: SkipJsonSchema[str | None] = Field(default=None, description="its pipeline stage")
 
+    def override_pairs(self) -> list[Override]:
+        """The overrides as pairs, the seed last."""
+        seed = [] if self.seed is None else [Override.of("seed", self.seed)]
+        return [*self.overrides, *seed]
+
     def override_texts(self) -> list[str]:
         """The overrides as ``key=value`` items (as written), the seed last."""
-        texts = [o.text for o in self.overrides]
-        if self.seed is not None:
-            texts.append(Override.of("seed", self.seed).text)
-        return texts
+        return [o.text for o in self.override_pairs()]
 
 
 class SweepRequest(LabModel):

@@ -134,9 +134,10 @@ def offline_data_rules(
                 "downloads it, and fails where the hub cannot be reached"
             )
             continue
-        offline = builtin_equivalent(family, algorithm, rules.data, key)
+        data = rules.base.to_data()
+        offline = builtin_equivalent(family, algorithm, data, key)
         if offline == "":
-            raise _no_equivalent(family, algorithm, rules.data, key, value)
+            raise _no_equivalent(family, algorithm, data, key, value)
         rules.set(key, offline)
         shown = "null (fresh built-in questions)" if offline is None else offline
         notes.append(
