@@ -7,7 +7,7 @@ family, the values (read by dotted key with :meth:`TrainerConfig.get`), the fami
 pydantic model (:attr:`TrainerConfig.model`, validated on first use when the view was built from
 data the lab validated before), and gives the plain data only to write it out
 (:meth:`TrainerConfig.to_data`, :meth:`TrainerConfig.to_yaml`). Nothing reads or changes the
-values it holds but through it. Torch-free.
+values it holds but through it (the view does not copy the data it is built on). Torch-free.
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ class TrainerConfig:
 
     def __init__(self, family: str, data: Mapping[str, Any], model: BaseModel | None = None):
         self.family = family
-        self._data: dict[str, Any] = copy.deepcopy(dict(data))
+        # a view: the data is not copied (a run's whole config, read per run by the index);
+        # whoever builds one hands the data over and reads it only through the view from then on
+        self._data: dict[str, Any] = data if isinstance(data, dict) else dict(data)
         self._model = model
 
     @classmethod
