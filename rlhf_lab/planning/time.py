@@ -508,15 +508,24 @@ def evaluation_from_calibration(
         "start": startup_seconds(cal, models=max(policies, 1)),
         "generation": policies * per_policy,
     }
+    what = f"{policies} model(s) × {prompts} prompts × {n} samples"
+    return _job_estimate(cal, parts, prompts, per_policy, what)
+
+
+def _job_estimate(
+    cal: dict[str, Any], parts: dict[str, float], prompts: int, work_s: float, what: str
+) -> TimeEstimate:
+    """An evaluation job's estimate: its ``parts`` summed, ``work_s`` (the sampling and scoring
+    of one pass over the prompts) per prompt, and ``what`` it does in the text."""
     total = sum(parts.values())
     return TimeEstimate(
         calibrated=True,
         total_s=round(total, 1),
-        per_step_s=round(per_policy / max(prompts, 1), 3),
+        per_step_s=round(work_s / max(prompts, 1), 3),
         steps=prompts,
         step_unit="prompts",
         parts={k: round(v, 1) for k, v in parts.items()},
-        text=f"~{format_duration(total)} ({policies} model(s) × {prompts} prompts × {n} samples)",
+        text=f"~{format_duration(total)} ({what})",
         device=str(cal.get("device")),
         threads=cal.get("threads"),
     )
@@ -546,18 +555,7 @@ def best_of_n_from_calibration(cal: dict[str, Any], eval_config: ConfigArg) -> T
         "generation": generation,
         "scoring": 2 * one_scorer,
     }
-    total = sum(parts.values())
-    return TimeEstimate(
-        calibrated=True,
-        total_s=round(total, 1),
-        per_step_s=round((generation + 2 * one_scorer) / max(prompts, 1), 3),
-        steps=prompts,
-        step_unit="prompts",
-        parts={k: round(v, 1) for k, v in parts.items()},
-        text=f"~{format_duration(total)} ({what})",
-        device=str(cal.get("device")),
-        threads=cal.get("threads"),
-    )
+    return _job_estimate(cal, parts, prompts, generation + 2 * one_scorer, what)
 
 
 def predict_evaluation(

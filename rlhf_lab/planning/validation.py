@@ -225,32 +225,37 @@ def _check_teacher(data: dict[str, Any]) -> None:
         )
 
 
+def _length_refusal(message: str, key: str, fixed: int, note: str) -> InvalidArgument:
+    """A length the model's context cannot hold, with the shrink that sets ``key`` to ``fixed``."""
+    return InvalidArgument(
+        message,
+        next=NextStep("shrink_config", {"overrides": [f"{key}={fixed}"]}, note=note),
+    )
+
+
 def _check_lengths(data: dict[str, Any], context: int, model: str) -> None:
     """Refuse a length the model's context cannot hold (the first one found)."""
+    where = (
+        f"the context of model {model} ({context} tokens, max_position_embeddings of its config)"
+    )
     for key, value in _leaves(data):
         if isinstance(value, bool) or not isinstance(value, int):
             continue
         leaf = key.rsplit(".", 1)[-1]
         if leaf in _SEQUENCE_LEAVES and value > context:
-            raise InvalidArgument(
-                f"{key}={value} is above the context of model {model} ({context} tokens, "
-                f"max_position_embeddings of its config): use at most {key}={context}",
-                next=NextStep(
-                    "shrink_config",
-                    {"overrides": [f"{key}={min(context, 512)}"]},
-                    note=f"a length within the model's {context}-token context",
-                ),
+            raise _length_refusal(
+                f"{key}={value} is above {where}: use at most {key}={context}",
+                key,
+                min(context, 512),
+                f"a length within the model's {context}-token context",
             )
         if leaf.endswith(_GENERATION_SUFFIX) and value >= context:
-            raise InvalidArgument(
-                f"{key}={value} new tokens leave no room for a prompt in the context of model "
-                f"{model} ({context} tokens, max_position_embeddings of its config): prompt + "
+            raise _length_refusal(
+                f"{key}={value} new tokens leave no room for a prompt in {where}: prompt + "
                 f"completion must fit, so use well below {context}",
-                next=NextStep(
-                    "shrink_config",
-                    {"overrides": [f"{key}={min(context // 2, 512)}"]},
-                    note=f"a completion length that leaves room for the prompt in {context}",
-                ),
+                key,
+                min(context // 2, 512),
+                f"a completion length that leaves room for the prompt in {context}",
             )
 
 
