@@ -674,7 +674,7 @@ def shrink_config(
             ),
         ) from None
     # models that resolve, lengths within the model's context, plausible learning rates
-    notes.extend(check_config(recipe.family, final.data).warnings)
+    notes.extend(check_config(recipe.family, final.config).warnings)
     steps = estimate_steps(recipe.family, final.config)
     name = final.config.get("model.name")
     if not model and not preset:

@@ -9,7 +9,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.planning.trainer_config import ConfigArg, find_key, trainer_config
+from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, find_key, trainer_config
 
 __all__ = ["StepsEstimate", "estimate_steps", "expected_optimizer_steps", "find_key"]
 
@@ -26,10 +26,9 @@ class StepsEstimate(BaseModel):
     detail: str
 
 
-def estimate_steps(family: str, config: ConfigArg) -> StepsEstimate:
-    """Optimizer steps a run of ``config`` should take, and the total progress.json will show
+def estimate_steps(family: str, view: TrainerConfig) -> StepsEstimate:
+    """Optimizer steps a run of ``view`` should take, and the total progress.json will show
     (rollout steps for policy gradients, optimizer steps elsewhere)."""
-    view = trainer_config(family, config)
     steps, detail = expected_optimizer_steps(family, view)
     if family == "policy_gradients":
         max_steps = view.get("train.max_steps")

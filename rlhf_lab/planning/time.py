@@ -497,11 +497,7 @@ def evaluation_from_calibration(
     eval_config = trainer_config(EVALUATION, eval_config)
     if eval_config.get("suite") == "best_of_n":
         return best_of_n_from_calibration(cal, eval_config)
-    g = eval_config.get
-    prompts = int(g("prompts.size", 64))
-    n = int(g("sampling.n", 1))
-    new = int(g("sampling.max_new_tokens", 128))
-    batch = int(g("sampling.batch_size", 16))
+    prompts, n, new, batch = _job_sampling(eval_config, n=1, batch=16)
     prompt = typical_length(cal, "prompt", None)
     per_policy = batched_generation_seconds(cal, prompts, batch, n, prompt, new)
     parts = {
@@ -510,6 +506,18 @@ def evaluation_from_calibration(
     }
     what = f"{policies} model(s) × {prompts} prompts × {n} samples"
     return _job_estimate(cal, parts, prompts, per_policy, what)
+
+
+def _job_sampling(config: TrainerConfig, n: int, batch: int) -> tuple[int, int, int, int]:
+    """(prompts, samples per prompt, new tokens, prompts per batch) of an evaluation job; ``n``
+    and ``batch``: the suite's defaults."""
+    g = config.get
+    return (
+        int(g("prompts.size", 64)),
+        int(g("sampling.n", n)),
+        int(g("sampling.max_new_tokens", 128)),
+        int(g("sampling.batch_size", batch)),
+    )
 
 
 def _job_estimate(
@@ -537,11 +545,9 @@ def best_of_n_from_calibration(cal: dict[str, Any], eval_config: ConfigArg) -> T
     the ORM and the PRM each score every completion once (a no-grad pass over the prompt and
     the completion, ``best_of_n.score_batch_size`` rows a pass); three models loaded. With
     ``best_of_n.samples_from`` nothing is sampled."""
-    g = trainer_config(EVALUATION, eval_config).get
-    prompts = int(g("prompts.size", 64))
-    n = int(g("sampling.n", 16))
-    new = int(g("sampling.max_new_tokens", 128))
-    batch = int(g("sampling.batch_size", 4))
+    config = trainer_config(EVALUATION, eval_config)
+    g = config.get
+    prompts, n, new, batch = _job_sampling(config, n=16, batch=4)
     score_batch = int(g("best_of_n.score_batch_size", 16))
     prompt = typical_length(cal, "prompt", None)
     generation = batched_generation_seconds(cal, prompts, batch, n, prompt, new)

@@ -52,6 +52,17 @@ def find_key(data: Mapping[str, Any], leaf: str, prefix: str = "") -> str | None
     return None
 
 
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.extend(_leaves(value, f"{dotted}."))
+        else:
+            out.append((dotted, value))
+    return out
+
+
 def config_leaf(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
     """A value stored under ``key`` anywhere in the config (families whose layout varies): this
     level first, then each section depth-first; a null counts as absent."""
@@ -105,6 +116,10 @@ class TrainerConfig:
         (:func:`config_leaf`)."""
         value = config_leaf(self._data, key, default)
         return copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+
+    def leaves(self) -> list[tuple[str, Any]]:
+        """(dotted key, value) of every value that is not a section, in order."""
+        return _leaves(self._data)
 
     def has(self, key: str) -> bool:
         """Whether the config holds dotted ``key`` (its value may be None)."""
