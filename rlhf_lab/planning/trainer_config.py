@@ -63,12 +63,12 @@ def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def config_leaf(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    """A value stored under ``key`` anywhere in the config (families whose layout varies): this
+def config_leaf(data: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """A value stored under ``key`` anywhere in the data (families whose layout varies): this
     level first, then each section depth-first; a null counts as absent."""
-    if key in config and not isinstance(config[key], dict):
-        return config[key] if config[key] is not None else default
-    for value in config.values():
+    if key in data and not isinstance(data[key], dict):
+        return data[key] if data[key] is not None else default
+    for value in data.values():
         if isinstance(value, dict):
             found = config_leaf(value, key, None)
             if found is not None:
