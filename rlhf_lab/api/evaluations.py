@@ -104,7 +104,7 @@ def evaluate_model(
         run = NewRun(
             family=EVAL_FAMILY,
             algorithm=job.suite,
-            config=job.config,
+            config=job.config.to_data(),
             campaign=name,
             source=f"trainers/evaluation/configs/{job.suite}.yaml",
             overrides=job.overrides,

@@ -55,7 +55,7 @@ def _resolve(request: RunRequest) -> Resolved:
     from rlhf_lab.planning.shrink import shrink_config as shrink_rules
 
     find_known_recipe(request.recipe)
-    overrides = request.override_texts()
+    overrides = request.override_pairs()
     try:
         if request.shrink or request.model:
             policy = None if request.calibrate else default_policy(False)  # None: the current
@@ -68,7 +68,8 @@ def _resolve(request: RunRequest) -> Resolved:
             )
         resolved = resolve_config(request.recipe, overrides)
         source = resolved.recipe.config_path
-        return Resolved(resolved.family, resolved.algorithm, resolved.data, overrides, source, None)
+        applied = request.override_texts()
+        return Resolved(resolved.family, resolved.algorithm, resolved.data, applied, source, None)
     except LabError as err:
         raise err.with_next(FIX_OVERRIDES) from None
 
@@ -376,7 +377,7 @@ def _sweep_base_seed(recipe: str, seeds: list[Override], base_seed: int | None) 
     from rlhf_lab.planning.configs import resolve_config
 
     try:
-        data = resolve_config(recipe, [o.text for o in seeds]).data
+        data = resolve_config(recipe, seeds).data
     except LabError as err:
         raise err.with_next(NextStep("list_recipes")) from None
     seed = data.get("seed")
@@ -418,7 +419,7 @@ def sweep(request: SweepRequest) -> SweepResult:
     given = [o for o in request.overrides if o.key == "seed"]
     first = _sweep_base_seed(recipes[0], given, request.base_seed)
     seed_list = [first + i for i in range(request.seeds)]
-    rest = [o.text for o in request.overrides if o.key != "seed"]
+    rest = [o for o in request.overrides if o.key != "seed"]
     seeds_text = f"seed {first}" if len(seed_list) == 1 else f"seeds {first}-{seed_list[-1]}"
     question = f"How do {', '.join(names)} compare with matched settings ({seeds_text})?"
     # policy-gradient arms get one rollout shape and the same prompts (the plan's rule)

@@ -23,6 +23,7 @@ from rlhf_lab.planning.catalog import (
 from rlhf_lab.planning.catalog import list_recipes as catalog_recipes
 from rlhf_lab.planning.memory import MemoryEstimate, fits
 from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
+from rlhf_lab.planning.overrides import Override
 from rlhf_lab.planning.shrink import ShrinkResult
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs import active_runs, resolve_device
@@ -116,7 +117,7 @@ def shrink_config(
 
     find_known_recipe(recipe)
     try:
-        return shrink(recipe, overrides, model=model)
+        return shrink(recipe, [Override.parse(o) for o in overrides or []], model=model)
     except LabError as err:
         raise err.with_next(FIX_OVERRIDES) from None
 

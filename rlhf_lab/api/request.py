@@ -1,8 +1,8 @@
 """What a launch asks for: :class:`RunRequest`, built once by a surface (the CLI's ``launch``, the
 MCP tool ``launch_run``, a sweep, a pipeline stage, the demo), validated once when it is built,
-and handed to :func:`rlhf_lab.api.launch`. Its overrides are typed pairs (:class:`Override`,
-parsed from ``key=value`` the way the trainer's ``--set`` parses them) until the resolved config
-is built. Building one with a malformed field raises a :class:`~rlhf_lab.errors.LabError`, never
+and handed to :func:`rlhf_lab.api.launch`. Its overrides are typed pairs
+(:class:`~rlhf_lab.planning.overrides.Override`, parsed from ``key=value`` the way the trainer's
+``--set`` parses them), handed as such to planning's resolve and shrink. Building one with a malformed field raises a :class:`~rlhf_lab.errors.LabError`, never
 a raw pydantic error (:class:`LabModel`). Torch-free.
 """
 
@@ -10,17 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from rlhf_lab.api._operation import lab_error
-from rlhf_lab.errors import InvalidArgument, NextStep
+from rlhf_lab.planning.overrides import FIX_OVERRIDES, Override
 
-__all__ = ["LabModel", "Override", "RunRequest", "SweepRequest"]
-
-FIX_OVERRIDES = NextStep(
-    "shrink_config", note="fix the dotted key or value in overrides that the message names"
-)
+__all__ = ["FIX_OVERRIDES", "LabModel", "Override", "RunRequest", "SweepRequest"]
 
 
 class LabModel(BaseModel):
@@ -33,36 +29,6 @@ class LabModel(BaseModel):
         except ValidationError as err:
             properties = type(self).model_json_schema().get("properties", {})
             raise lab_error(err.errors(include_url=False), properties) from None
-
-
-class Override(BaseModel):
-    """One config override: a dotted key and its value (YAML-parsed, as the trainer's ``--set``
-    parses it), and the ``key=value`` text it was written as (kept for the run's record)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    key: str = Field(description="dotted key, e.g. train.max_steps")
-    value: Any = Field(description="the value, parsed as YAML")
-    text: str = Field(description="key=value as written")
-
-    @classmethod
-    def parse(cls, text: str) -> Override:
-        """``"train.max_steps=20"`` -> key ``train.max_steps``, value 20; a malformed item is an
-        InvalidArgument pointing at fixing it."""
-        from trainers.core.config import ConfigError, parse_override
-
-        try:
-            parts, value = parse_override(text)
-        except ConfigError as err:
-            raise InvalidArgument(str(err), next=FIX_OVERRIDES) from None
-        return cls(key=".".join(parts), value=value, text=text)
-
-    @classmethod
-    def of(cls, key: str, value: Any) -> Override:
-        """An override set from code (``seed`` of a sweep arm), written as ``--set`` reads it."""
-        from rlhf_lab.planning.configs import format_override
-
-        return cls(key=key, value=value, text=format_override(key, value))
 
 
 def _override_item(value: Any) -> Any:
@@ -112,12 +78,14 @@ class RunRequest(LabModel):
     pipeline: SkipJsonSchema[str | None] = Field(default=None, description="its pipeline")
     stage: SkipJsonSchema[str | None] = Field(default=None, description="its pipeline stage")
 
+    def override_pairs(self) -> list[Override]:
+        """The overrides as pairs, the seed last."""
+        seed = [] if self.seed is None else [Override.of("seed", self.seed)]
+        return [*self.overrides, *seed]
+
     def override_texts(self) -> list[str]:
         """The overrides as ``key=value`` items (as written), the seed last."""
-        texts = [o.text for o in self.overrides]
-        if self.seed is not None:
-            texts.append(Override.of("seed", self.seed).text)
-        return texts
+        return [o.text for o in self.override_pairs()]
 
 
 class SweepRequest(LabModel):

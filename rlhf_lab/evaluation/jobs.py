@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep, NotFound
+from rlhf_lab.planning.trainer_config import EVALUATION, TrainerConfig
 from rlhf_lab.results.best_of_n_inputs import named_run_id, resolve_scorer_refs
 
 __all__ = [
@@ -89,7 +90,7 @@ class EvalJob:
 
     suite: str
     target: EvalTarget
-    config: dict[str, Any]
+    config: TrainerConfig  # the job's validated config (EvalConfig), scorer runs resolved
     overrides: list[str]
     device: str
     after: list[str] = field(default_factory=list)
@@ -292,15 +293,15 @@ def eval_config(
         ) from None
 
 
-def _preflight(config: dict[str, Any], suite: str) -> None:
+def _preflight(config: TrainerConfig, suite: str) -> None:
     """The job's own checks before anything is written (tasks, data files, tokenizers, the
     kind of run), in this process: torch-free, but it imports reasoning-gym (seconds)."""
     from trainers.core.config import ConfigError
-    from trainers.evaluation.config import EvalConfig
     from trainers.evaluation.run import preflight
 
+    model = config.model  # EvalConfig
     try:
-        preflight(EvalConfig.model_validate(config))
+        preflight(model)
     except ConfigError as err:
         message = re.sub(r"-{2}set[ =]", "the override ", str(err))
         raise InvalidArgument(
@@ -367,8 +368,9 @@ def prepare_evaluation(
     judge_path = _judge_path(judge) if judge else None
     dev = resolve_device(device or tgt.device or "auto")
     overrides = [str(o) for o in overrides or []]
-    config = eval_config(suite, tgt, base, judge_path, overrides, dev)
-    scorers = resolve_scorer_refs(config)  # best_of_n: its ORM and PRM runs -> final models
+    data = eval_config(suite, tgt, base, judge_path, overrides, dev)
+    scorers = resolve_scorer_refs(data)  # best_of_n: its ORM and PRM runs -> final models
+    config = TrainerConfig(EVALUATION, data)
     runs_used = [tgt.run_id, named_run_id(baseline or ""), named_run_id(judge or ""), *scorers]
     after = list(dict.fromkeys(r for r in runs_used if r))
     if not any(_unfinished(r) for r in after):  # else the job checks when it starts

@@ -17,7 +17,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlhf_lab.planning.trainer_config import ConfigArg
 
 __all__ = [
     "IndexedRun",
@@ -182,7 +185,9 @@ def _finite(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _headline(family: str | None, algorithm: str | None, config: dict | None, scan: MetricScan):
+def _headline(
+    family: str | None, algorithm: str | None, config: ConfigArg | None, scan: MetricScan
+):
     """(metric, higher is better, final, final step, best, best step) of the run's own headline."""
     from rlhf_lab.results.headline import headline_for
 

@@ -38,10 +38,17 @@ from rlhf_lab.ledger.schema import (
 from rlhf_lab.ledger.text import _clip, _first, _now, _one_line, load_yaml
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
-from rlhf_lab.planning.catalog import get_dotted, source_root
+from rlhf_lab.planning.catalog import source_root
 from rlhf_lab.planning.time import predicted_total_s
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.diagnosis import run_flags, run_notes
-from rlhf_lab.results.headline import headline_for, heldout_items, noise_interval, start_value
+from rlhf_lab.results.headline import (
+    headline_for,
+    heldout_items,
+    noise_interval,
+    run_config,
+    start_value,
+)
 from rlhf_lab.results.overoptimisation import overoptimisation
 from rlhf_lab.results.plots import as_float
 from rlhf_lab.runs.folder import (
@@ -70,11 +77,13 @@ _CONFIG_CLASSES: dict[str, tuple[str, str]] = {
 }
 
 
-def _dataset_of(cfg: dict | None) -> str | None:
-    if get_dotted(cfg, "data.source") == "preference":  # a PG run on a preference set's prompts
-        value = get_dotted(cfg, "data.dataset")
+def _dataset_of(cfg: TrainerConfig | None) -> str | None:
+    if cfg is None:
+        return None
+    if cfg.get("data.source") == "preference":  # a PG run on a preference set's prompts
+        value = cfg.get("data.dataset")
         return None if value is None else _one_line(f"{value} (preference prompts)", 200)
-    specs = get_dotted(cfg, "data.specs")
+    specs = cfg.get("data.specs")
     if isinstance(specs, list) and specs:
         names = [str(s.get("name")) for s in specs if isinstance(s, dict) and s.get("name")]
         if names:
@@ -306,7 +315,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     warnings += [warning] if warning else []
     progress, warning = read_progress(path)
     warnings += [warning] if warning else []
-    cfg = _read_config(path, warnings)
+    data = _read_config(path, warnings)
     metric_lines = read_metrics_file(path / "metrics.jsonl")
     rows = metric_lines.rows
     warnings += [metric_lines.warning] if metric_lines.warning else []
@@ -319,6 +328,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         warnings.append(f"run.json campaign {meta.get('campaign')!r} differs from the folder's")
 
     family = meta.get("family") if isinstance(meta.get("family"), str) else None
+    cfg = run_config(family, data)
     algorithm = meta.get("algorithm") or _first(
         cfg, ("algorithm", "loss", "kind", "selection.strategy", "strategy")
     )
@@ -332,7 +342,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     overrides = meta.get("overrides") if isinstance(meta.get("overrides"), list) else []
     source = meta.get("config_source") if isinstance(meta.get("config_source"), str) else None
     cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
-    changes = _config_changes(family, source, cwd, cfg, warnings)
+    changes = _config_changes(family, source, cwd, data, warnings)
     lineage = _lineage(meta)
     if lineage is not None:  # a referenced model is shown as the run it came from, not a path
         refs = lineage.references
@@ -451,7 +461,7 @@ def _headline(
     algorithm: str | None,
     metrics: list[MetricSummary],
     rows: list[dict],
-    cfg: dict | None,
+    cfg: TrainerConfig | None,
 ) -> HeadlineValue | None:
     """The run's held-out headline (:func:`rlhf_lab.results.headline.headline_for` with its config and
     rows: the gold reward for a run optimising a learned reward model): final value, items it
@@ -489,7 +499,7 @@ def read_metric_rows(run_id: str) -> list[dict]:
     return read_metrics_file(find_run(run_id) / "metrics.jsonl").rows
 
 
-def _settings(family: str | None, cfg: dict | None) -> dict[str, Any]:
+def _settings(family: str | None, cfg: TrainerConfig | None) -> dict[str, Any]:
     """The config values the Next section's follow-ups change (learning rate, steps, KL)."""
     if cfg is None or family not in CATALOG_FAMILIES:
         return {}
@@ -499,4 +509,4 @@ def _settings(family: str | None, cfg: dict | None) -> dict[str, Any]:
         return {}
     spec = family_spec(family)
     keys = [spec.learning_rate_key, spec.steps_key, spec.kl_key, "loss.kl_estimator"]
-    return {k: get_dotted(cfg, k) for k in keys if k and get_dotted(cfg, k) is not None}
+    return {k: cfg.get(k) for k in keys if k and cfg.get(k) is not None}

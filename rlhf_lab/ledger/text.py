@@ -12,6 +12,7 @@ import yaml
 
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = ["load_yaml"]
 
@@ -38,9 +39,11 @@ def load_yaml(path: Path) -> dict:
     return data
 
 
-def _first(data: dict | None, keys: Sequence[str]) -> Any:
+def _first(data: dict | TrainerConfig | None, keys: Sequence[str]) -> Any:
+    """The first value of ``keys`` (dotted) that is set: not None, "" or []."""
+    get = data.get if isinstance(data, TrainerConfig) else lambda key: get_dotted(data, key)
     for key in keys:
-        value = get_dotted(data, key)
+        value = get(key)
         if value not in (None, "", []):
             return value
     return None

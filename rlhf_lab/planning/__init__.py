@@ -1,6 +1,7 @@
 """Planning: everything the lab decides before a run starts. The catalog of families and their
 shipped recipes (``catalog``, ``families``, ``config_models``), a config as the trainer will see
-it (``configs``) and the checks its own model cannot make (``validation``), the shrink to a quick
+it (``configs``; overrides as typed pairs, ``overrides``; the resolved config as one read-only
+view, ``trainer_config``) and the checks its own model cannot make (``validation``), the shrink to a quick
 sanity run (``shrink``; for a pretrained model ``real_model`` and ``offline_data``), the models
 this machine has or can pull (``models``), the difficulty calibration of runs that learn from
 their own samples (``calibration``, ``calibration_apply``, ``candidates``), the predicted wall

@@ -6,7 +6,7 @@ Torch-free."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
@@ -16,13 +16,14 @@ from rlhf_lab.planning.catalog import (
     Recipe,
     algorithm_spec,
     find_recipe,
-    get_dotted,
     list_recipes,
     matched_controls,
     recipe_for_algorithm,
 )
 from rlhf_lab.planning.configs import ConfigChange, resolve_config
-from rlhf_lab.planning.shrink import format_override, shrink_config
+from rlhf_lab.planning.overrides import Override, format_override
+from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 # Matched random controls of the reward-selected rejection-sampling strategies (from the specs).
 MATCHED_CONTROL: dict[str, str] = matched_controls()
@@ -62,7 +63,7 @@ class Arm(BaseModel):
 
     recipe: Recipe
     name: str
-    matched: list[str] = Field(default_factory=list)
+    matched: list[Override] = Field(default_factory=list)
     after: list[str] = Field(default_factory=list)
     model: str | None = Field(default=None, description="its model swap (None: the plan's)")
     starts_from_run: bool = Field(
@@ -78,7 +79,7 @@ def needs_groups(algorithm: str) -> bool:
 
 
 def match_policy_gradients(
-    arms: list[Arm], model: str | None, overrides: list[str]
+    arms: list[Arm], model: str | None, overrides: list[Override]
 ) -> tuple[list[str], list[str]]:
     """Give the policy-gradient arms the settings of one reference arm (the first that needs
     groups of rollouts, else the first): the same rollout shape, prompts, generation and steps.
@@ -88,17 +89,17 @@ def match_policy_gradients(
         return [], []
     shrunk = {a.name: shrink_config(a.recipe, overrides, model=model) for a in pg}
     ref = next((a for a in pg if needs_groups(shrunk[a.name].algorithm)), pg[0])
-    ref_config = shrunk[ref.name].config
-    values = {k: get_dotted(ref_config, k, _MISSING) for k in PG_MATCHED_KEYS}
+    ref_config = shrunk[ref.name].trainer_config
+    values = {k: ref_config.get(k, _MISSING) for k in PG_MATCHED_KEYS}
     values = {k: v for k, v in values.items() if v is not _MISSING}
     for arm in pg:
         if arm is ref:
             continue
-        config = shrunk[arm.name].config
+        config = shrunk[arm.name].trainer_config
         arm.matched += [  # after the arm's own (a tool arm's env.name)
-            format_override(key, value)
+            Override.of(key, value)
             for key, value in values.items()
-            if get_dotted(config, key, _MISSING) != value
+            if config.get(key, _MISSING) != value
         ]
     prompts = values.get("rollout.prompts_per_step")
     rollouts = values.get("rollout.num_rollouts")
@@ -118,26 +119,25 @@ def match_policy_gradients(
 
 
 def matched_overrides(
-    recipes: list[str], model: str | None = None, overrides: list[str] | None = None
-) -> dict[str, list[str]]:
+    recipes: list[str], model: str | None = None, overrides: Iterable[Override] = ()
+) -> dict[str, list[Override]]:
     """The overrides that match several recipes to each other (policy gradients: one rollout
     shape, the same prompts and step settings; other families: none), by recipe as given; the
     caller's ``overrides`` go after them. For launching matched runs without a plan (a sweep)."""
     arms = [Arm(recipe=find_recipe(r), name=f"{i}") for i, r in enumerate(recipes)]
-    match_policy_gradients(arms, model, list(overrides or []))
+    match_policy_gradients(arms, model, list(overrides))
     return {r: arm.matched for r, arm in zip(recipes, arms, strict=True)}
 
 
-def pending_changes(pending: list[str], config: dict[str, Any]) -> list[ConfigChange]:
-    """The diff entries of overrides that wait for an upstream run (see :func:`_plan_run`)."""
+def pending_changes(pending: list[Override], config: TrainerConfig) -> list[ConfigChange]:
+    """The diff entries of overrides that wait for an upstream run (see :func:`_plan_run`): the
+    value as written, beside the config's."""
     changes = []
     for item in pending:
-        key, _, value = item.partition("=")
-        node: Any = config
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
+        node = config.get(item.key)
         shipped = node if isinstance(node, str | int | float | bool) else None
-        changes.append(ConfigChange(key=key, shipped=shipped, used=value))
+        used = item.text.partition("=")[2]
+        changes.append(ConfigChange(key=item.key, shipped=shipped, used=used))
     return changes
 
 
@@ -160,7 +160,7 @@ def scorer_arms(recipes: list[Recipe], dated: str, preset: bool) -> tuple[list[A
     for rm in rms:
         matched = []
         if preset and rm.algorithm == "orm":  # score the task the prompts come from
-            matched = ["data.dataset=builtin:reasoning-outcomes:chain_sum"]
+            matched = [Override.of("data.dataset", "builtin:reasoning-outcomes:chain_sum")]
         arms.append(Arm(recipe=rm, name=rm.algorithm, matched=matched))
     for strategy in selected:
         for rm in rms:
@@ -168,7 +168,7 @@ def scorer_arms(recipes: list[Recipe], dated: str, preset: bool) -> tuple[list[A
                 Arm(
                     recipe=strategy,
                     name=f"{strategy.algorithm}[{rm.algorithm}]",
-                    matched=[f"scorer.name=run:{placeholder(rm.algorithm)}"],
+                    matched=[Override.of("scorer.name", f"run:{placeholder(rm.algorithm)}")],
                     after=[rm.algorithm],
                 )
             )
@@ -205,7 +205,7 @@ def _shipped_pg(name: str) -> Recipe | None:
 
 def recipe_env(recipe: Recipe) -> str | None:
     """The environment a recipe's file sets (``env.name``; None: single-turn)."""
-    return get_dotted(resolve_config(recipe, []).data, "env.name")
+    return resolve_config(recipe, []).config.get("env.name")
 
 
 def _tool_arm(recipe: Recipe, env: str | None) -> tuple[Arm, str | None]:
@@ -228,7 +228,7 @@ def _tool_arm(recipe: Recipe, env: str | None) -> tuple[Arm, str | None]:
             f"{name}: no {stem}{TOOLS_SUFFIX} recipe ships, so {chosen.name} runs with "
             f"env.name={env} and the environment's default turns and reply budget"
         )
-    return Arm(recipe=chosen, name=name, matched=[format_override("env.name", env)]), note
+    return Arm(recipe=chosen, name=name, matched=[Override.of("env.name", env)]), note
 
 
 def tool_arms(recipes: list[Recipe], envs: list[str | None]) -> tuple[list[Arm], list[str]]:

@@ -29,7 +29,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rlhf_lab.planning.candidates import CANDIDATE_SETS, Candidate, as_candidate, candidates_for
-from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.overrides import Override, format_override
+from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
 
 __all__ = [
     "CANDIDATE_SETS",
@@ -240,11 +241,11 @@ def generation_limit(p90: int, cap: int, clipped: float = 0.0) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _spec(task: str, config: dict | None) -> dict[str, Any]:
-    """A reasoning-gym spec of ``task``: its settings, else the lab's easy ones."""
+def _spec(task: str, settings: dict | None) -> dict[str, Any]:
+    """A reasoning-gym spec of ``task``: its ``settings``, else the lab's easy ones."""
     from trainers.core.builtin_data import task_settings
 
-    conf = dict(config) if config else task_settings(task)
+    conf = dict(settings) if settings else task_settings(task)
     return {"name": task, "weight": 1.0, "config": conf}
 
 
@@ -258,15 +259,15 @@ class Target:
     eval_max_key: str | None
     specs_style: str  # "specs" (data.specs) | "builtin:<prefix>" (data.dataset + task configs)
 
-    def specs_of(self, config: dict[str, Any]) -> list[dict] | None:
+    def specs_of(self, config: TrainerConfig) -> list[dict] | None:
         """The configured reasoning-gym specs, or None when the run's prompts are not a
         reasoning-gym task the verifier scores."""
         if self.specs_style == "specs":
-            if (get_dotted(config, "data.source", "reasoning_gym") or "") != "reasoning_gym":
+            if (config.get("data.source", "reasoning_gym") or "") != "reasoning_gym":
                 return None
-            return [dict(s) for s in get_dotted(config, "data.specs", None) or []] or None
+            return [dict(s) for s in config.get("data.specs", None) or []] or None
         prefix = self.specs_style.partition(":")[2]
-        dataset = str(get_dotted(config, "data.dataset", "") or "")
+        dataset = str(config.get("data.dataset", "") or "")
         if not dataset.startswith(prefix):
             return None
         tasks = [t.strip() for t in dataset[len(prefix) :].lstrip(":").split(",") if t.strip()]
@@ -274,7 +275,7 @@ class Target:
             from trainers.core.builtin_data import DEFAULT_BUILTIN_TASKS
 
             tasks = list(DEFAULT_BUILTIN_TASKS)
-        confs = get_dotted(config, "data.builtin_task_configs", None) or {}
+        confs = config.get("data.builtin_task_configs", None) or {}
         return [_spec(t, confs.get(t)) for t in tasks]
 
     def spec_keys(self) -> tuple[str, ...]:
@@ -323,11 +324,11 @@ def target_for(family: str, algorithm: str) -> Target | None:
     return TARGETS.get(family) if family != "direct_alignment" else None
 
 
-def _format_weight(family: str, config: dict[str, Any]) -> float:
+def _format_weight(config: TrainerConfig) -> float:
     """The weight of the tag format in the run's reward (policy gradients only)."""
-    if family != "policy_gradients":
+    if config.family != "policy_gradients":
         return 0.0
-    return float(get_dotted(config, "reward.format_weight", 0.5) or 0.0)
+    return float(config.get("reward.format_weight", 0.5) or 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,23 +361,24 @@ class ProbeSettings(BaseModel):
 PROBE_SEED = 42
 
 
-def probe_settings(target: Target, family: str, config: dict[str, Any]) -> ProbeSettings:
+def probe_settings(target: Target, family: str, config: ConfigArg) -> ProbeSettings:
     """The run's own sampling settings and reward weights; its group size capped at
     MAX_PROBE_SAMPLES (at least 2); its generation limit capped at PROBE_MAX_NEW_TOKENS."""
-    s = target.sampling
-    group = int(get_dotted(config, target.group_key, 2) or 2)
-    run_max = int(get_dotted(config, target.max_key, 128) or 128)
+    config = trainer_config(family, config)
+    s, g = target.sampling, config.get
+    group = int(g(target.group_key, 2) or 2)
+    run_max = int(g(target.max_key, 128) or 128)
     return ProbeSettings(
         samples=max(2, min(group, MAX_PROBE_SAMPLES)),
         max_new_tokens=min(run_max, PROBE_MAX_NEW_TOKENS),
-        temperature=float(get_dotted(config, f"{s}.temperature", 1.0) or 1.0),
-        top_p=float(get_dotted(config, f"{s}.top_p", 1.0) or 1.0),
-        top_k=int(get_dotted(config, f"{s}.top_k", 0) or 0),
-        min_p=float(get_dotted(config, f"{s}.min_p", 0.0) or 0.0),
-        format_weight=_format_weight(family, config),
+        temperature=float(g(f"{s}.temperature", 1.0) or 1.0),
+        top_p=float(g(f"{s}.top_p", 1.0) or 1.0),
+        top_k=int(g(f"{s}.top_k", 0) or 0),
+        min_p=float(g(f"{s}.min_p", 0.0) or 0.0),
+        format_weight=_format_weight(config),
         seed=PROBE_SEED,
-        environment=get_dotted(config, "env.name", None) if family == "policy_gradients" else None,
-        max_turns=int(get_dotted(config, "env.max_turns", 3) or 3),
+        environment=g("env.name", None) if family == "policy_gradients" else None,
+        max_turns=int(g("env.max_turns", 3) or 3),
     )
 
 
@@ -512,8 +514,13 @@ def calibration_enabled(flag: bool = True) -> bool:
     return flag and env not in {"0", "false", "no", "off"}
 
 
-def _override_keys(overrides: list[str]) -> set[str]:
-    return {o.partition("=")[0].strip() for o in overrides if "=" in o}
+def _override_keys(overrides: Iterable[Override | str]) -> set[str]:
+    """The keys ``overrides`` set (a string that is no ``key=value`` sets none)."""
+    return {
+        o.key if isinstance(o, Override) else o.partition("=")[0].strip()
+        for o in overrides
+        if isinstance(o, Override) or "=" in o
+    }
 
 
 def _random_init_preset(model: str) -> bool:
@@ -547,29 +554,27 @@ def _fingerprint(model: str) -> str | None:
 
 
 def _overrides(
-    target: Target, config: dict[str, Any], cal: Calibration, user_keys: set[str]
+    target: Target, config: TrainerConfig, cal: Calibration, user_keys: set[str]
 ) -> list[str]:
-    from rlhf_lab.planning.configs import format_override
-
     values: dict[str, Any] = {}
     if cal.choice and cal.choice.chosen and not cal.choice.requested and cal.chosen_specs:
         values.update(target.task_overrides(cal.chosen_specs))
     if cal.generation_limit is not None:
         values[target.max_key] = cal.generation_limit
-        if target.eval_max_key and get_dotted(config, target.eval_max_key, None) is not None:
+        if target.eval_max_key and config.get(target.eval_max_key, None) is not None:
             values[target.eval_max_key] = cal.generation_limit
     return [
         format_override(k, v)
         for k, v in values.items()
-        if k not in user_keys and get_dotted(config, k, None) != v
+        if k not in user_keys and config.get(k, None) != v
     ]
 
 
 def calibrate(
     family: str,
     algorithm: str,
-    config: dict[str, Any],
-    requested_overrides: list[str],
+    config: ConfigArg,
+    requested_overrides: Iterable[Override | str],
     *,
     probe: ProbeFn = run_probe,
     cache_dir: Path | None | str = "default",
@@ -582,7 +587,8 @@ def calibrate(
     concern (another family, prompts without a verifier, or no model). ``probe`` runs the probe
     (the subprocess by default; tests pass a stub); ``cache_dir`` None: no cache."""
     target = target_for(family, algorithm)
-    model = get_dotted(config, "model.name", None)
+    config = trainer_config(family, config)
+    model = config.get("model.name", None)
     configured = target.specs_of(config) if target else None
     if target is None or configured is None or not isinstance(model, str):
         return None
@@ -618,7 +624,7 @@ def calibrate(
 def _decide(
     cal: Calibration,
     target: Target,
-    config: dict[str, Any],
+    config: TrainerConfig,
     requested: list[dict] | None,
     user_keys: set[str],
 ) -> Calibration:
@@ -631,7 +637,7 @@ def _decide(
         configured = as_candidate(target.specs_of(config) or []).id
         row = next((r for r in cal.rows if r.id == configured), None)
     cal.chosen_specs = row.specs if row is not None else None
-    cap = int(get_dotted(config, target.max_key, 128) or 128)
+    cap = int(config.get(target.max_key, 128) or 128)
     if row is not None:
         cal.generation_limit = generation_limit(row.length_p90, cap, row.clipped)
         if row.clipped > 0.1:

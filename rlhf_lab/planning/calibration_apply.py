@@ -6,7 +6,7 @@ calibration's overrides between the shrink rules and the user's, the run folder'
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ from rlhf_lab.planning.calibration import (
     calibration_enabled,
     run_probe,
 )
+from rlhf_lab.planning.overrides import Override, as_overrides
 
 # ---------------------------------------------------------------------------------------------
 # Rendering
@@ -112,7 +113,7 @@ def current_policy() -> CalibrationPolicy:
 def shrink_calibrated(
     shrink_config: Callable[..., Any],
     recipe: Any,
-    overrides: list[str],
+    overrides: Iterable[Override | str],
     model: str | None,
     policy: CalibrationPolicy | None = None,
 ) -> tuple[Any, Calibration | None]:
@@ -121,22 +122,24 @@ def shrink_calibrated(
     run, whose overrides go after the shrink rules and before ``overrides`` (which win); the run
     shrunk again with them. Returns (the shrink result, the calibration or None)."""
     policy = policy or current_policy()
+    overrides = as_overrides(overrides)
     shrunk = shrink_config(recipe, overrides, model=model)
     if not policy.enabled:
         return shrunk, None
     # a task the shrink rules chose on purpose (a warm start's trained task, read from its
     # lineage) counts as requested, as the user's own does
-    chosen_by_rules = [o for o in shrunk.shrink_overrides if o.partition("=")[0] in TASK_KEYS]
+    chosen_by_rules = [o for o in shrunk.shrink_rules if o.key in TASK_KEYS]
     cal = calibrate(
         shrunk.family,
         shrunk.algorithm,
-        shrunk.config,
+        shrunk.trainer_config,
         [*chosen_by_rules, *overrides],
         probe=policy.probe,
         cache_dir=policy.cache_dir,
     )
     if cal is not None and cal.overrides:
-        shrunk = shrink_config(recipe, overrides, model=model, calibration=cal.overrides)
+        measured = as_overrides(cal.overrides)
+        shrunk = shrink_config(recipe, overrides, model=model, calibration=measured)
     return shrunk, cal
 
 

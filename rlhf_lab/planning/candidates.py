@@ -15,8 +15,9 @@ class Candidate(BaseModel):
     specs: list[dict[str, Any]] = Field(description="reasoning-gym specs, as data.specs takes")
 
 
-def _one(cid: str, task: str, config: dict[str, Any]) -> Candidate:
-    return Candidate(id=cid, specs=[{"name": task, "weight": 1.0, "config": config}])
+def _one(cid: str, task: str, settings: dict[str, Any]) -> Candidate:
+    """A candidate of one reasoning-gym ``task`` with its ``settings``."""
+    return Candidate(id=cid, specs=[{"name": task, "weight": 1.0, "config": settings}])
 
 
 def _sums(terms: tuple[int, int], digits: tuple[int, int]) -> dict[str, Any]:

@@ -8,22 +8,23 @@ template's text around it), up to ``env.max_turns`` turns, or ``env.max_total_to
 The replies are context the model attends to (and holds in its KV cache) though they carry loss
 mask 0, so the memory, time and shrink rules size sequences by this length, the one the
 trainer's ``PolicyGradientConfig.max_completion_tokens`` gives; this module computes it the same
-way from the dicts the lab works on (the trainer's defaults for the ``env`` keys a dict leaves
-out, and its bound on the chat template's text around a reply).
+way from the resolved config the lab works on (:class:`~rlhf_lab.planning.trainer_config.TrainerConfig`:
+the trainer's defaults for the ``env`` keys it leaves out, and its bound on the chat template's
+text around a reply).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
 
 __all__ = ["completion_tokens", "env_value", "is_multi_turn", "trajectory_bound"]
 
 
-def is_multi_turn(config: dict[str, Any]) -> bool:
+def is_multi_turn(config: ConfigArg) -> bool:
     """Whether the config's rollouts are trajectories with an environment (``env.name`` set)."""
-    return get_dotted(config, "env.name") is not None
+    return trainer_config("policy_gradients", config).get("env.name") is not None
 
 
 def env_value(key: str, value: Any) -> int:
@@ -42,16 +43,14 @@ def trajectory_bound(turns: int, per_turn: int, observation: int) -> int:
     return turns * (per_turn + observation + REPLY_WRAPPER_TOKENS)
 
 
-def _config_bound(config: dict[str, Any], per_turn: int) -> int:
-    turns = env_value("max_turns", get_dotted(config, "env.max_turns"))
-    observation = env_value(
-        "max_observation_tokens", get_dotted(config, "env.max_observation_tokens")
-    )
+def _config_bound(config: TrainerConfig, per_turn: int) -> int:
+    turns = env_value("max_turns", config.get("env.max_turns"))
+    observation = env_value("max_observation_tokens", config.get("env.max_observation_tokens"))
     return trajectory_bound(turns, per_turn, observation)
 
 
 def completion_tokens(
-    config: dict[str, Any], per_turn: int | None = None, default_new_tokens: int = 512
+    config: ConfigArg, per_turn: int | None = None, default_new_tokens: int = 512
 ) -> int:
     """The most tokens after the prompt one sequence of the config holds.
 
@@ -62,10 +61,11 @@ def completion_tokens(
     :func:`trajectory_bound` with ``per_turn`` (the trainer bounds every trajectory, held-out ones
     included, by the rollout's total). The trainer's ``max_completion_tokens`` for the rollout;
     less only where ``env.max_total_tokens`` is more than ``max_turns`` turns can fill."""
-    rollout_new = int(get_dotted(config, "rollout.max_new_tokens") or default_new_tokens)
+    config = trainer_config("policy_gradients", config)
+    rollout_new = int(config.get("rollout.max_new_tokens") or default_new_tokens)
     turn = rollout_new if per_turn is None else int(per_turn)
     if not is_multi_turn(config):
         return turn
-    total = get_dotted(config, "env.max_total_tokens")
+    total = config.get("env.max_total_tokens")
     cap = int(total) if total is not None else _config_bound(config, rollout_new)
     return min(cap, _config_bound(config, turn))

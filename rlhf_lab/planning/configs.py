@@ -9,12 +9,12 @@ the trainer's own :class:`ConfigError` message (the same text the trainer would 
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.paths import LabError
@@ -26,6 +26,8 @@ from rlhf_lab.planning.catalog import (
     list_recipes,
 )
 from rlhf_lab.planning.config_models import config_model, dump, families_accepting, validate_data
+from rlhf_lab.planning.overrides import Override, as_overrides, format_override, texts
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from trainers.core.config import (
     ConfigError,
     apply_overrides,
@@ -40,6 +42,7 @@ __all__ = [
     "config_model",
     "diff_configs",
     "families_accepting",
+    "format_override",
     "resolve_config",
     "shipped_default",
     "validate_data",
@@ -71,6 +74,12 @@ class ResolvedConfig(BaseModel):
     default: dict[str, Any] = Field(description="the shipped default it is compared with")
     default_source: str = Field(description="where `default` comes from")
     diff: list[ConfigChange] = Field(default_factory=list)
+    _validated: BaseModel | None = PrivateAttr(default=None)
+
+    @property
+    def config(self) -> TrainerConfig:
+        """The config as the read-only view the lab's planning functions take."""
+        return TrainerConfig(self.family, self.data, self._validated)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.data, sort_keys=False)
@@ -116,25 +125,30 @@ def diff_configs(default: dict[str, Any], data: dict[str, Any]) -> list[ConfigCh
     ]
 
 
-def _apply(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply(data: dict[str, Any], overrides: Iterable[Override]) -> dict[str, Any]:
+    """A copy of ``data`` with ``overrides`` applied in order (a key under a value is refused
+    with the trainer's message)."""
     try:
-        return apply_overrides(data, overrides)
+        return apply_overrides(data, texts(overrides))
     except ConfigError as err:
         raise InvalidArgument(str(err)) from None
 
 
 def resolve_config(
-    recipe_or_file: str | Path | Recipe, overrides: list[str] | None = None
+    recipe_or_file: str | Path | Recipe, overrides: Iterable[Override | str] | None = None
 ) -> ResolvedConfig:
-    """Load a recipe (name, ``family/name``, algorithm or YAML path), apply dotted ``key=value``
-    ``overrides``, validate with the family's model and diff against the shipped default."""
+    """Load a recipe (name, ``family/name``, algorithm or YAML path), apply the ``overrides``
+    (pairs; a ``key=value`` string is parsed first, for the callers that still hold strings),
+    validate with the family's model and diff against the shipped default."""
     recipe = find_recipe(recipe_or_file)
-    overrides = list(overrides or [])
-    raw = _apply(_load_yaml(recipe.path()), overrides)
+    pairs = as_overrides(overrides)
+    written = texts(pairs)
+    raw = apply(_load_yaml(recipe.path()), pairs)
     source = recipe.config_path
-    if overrides:
-        source += " with overrides " + ", ".join(overrides)
-    data = dump(validate_data(recipe.family, raw, source))
+    if written:
+        source += " with overrides " + ", ".join(written)
+    validated = validate_data(recipe.family, raw, source)
+    data = dump(validated)
     default, default_source = shipped_default(recipe)
     info = family_info(recipe.family)
     algorithm = recipe.algorithm
@@ -142,29 +156,16 @@ def resolve_config(
         value = get_dotted(data, info.algorithm_field)
         if isinstance(value, str):
             algorithm = value
-    return ResolvedConfig(
+    resolved = ResolvedConfig(
         family=recipe.family,
         algorithm=algorithm,
         recipe=recipe,
         source=recipe.config_path,
-        overrides=overrides,
+        overrides=written,
         data=data,
         default=default,
         default_source=default_source,
         diff=diff_configs(default, data),
     )
-
-
-def format_override(key: str, value: Any) -> str:
-    """``key=value`` in the form ``--set`` parses back to the same value."""
-    if value is None:
-        text = "null"
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, float):
-        text = repr(value)
-    elif isinstance(value, (list, dict)):
-        text = json.dumps(value)
-    else:
-        text = str(value)
-    return f"{key}={text}"
+    resolved._validated = validated
+    return resolved

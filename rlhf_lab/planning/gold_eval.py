@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rlhf_lab.planning.overrides import Override
+
 __all__ = ["GOLD_EVAL_POINTS", "GOLD_NEW_TOKENS", "GOLD_PROMPTS", "gold_eval_rules"]
 
 GOLD_PROMPTS = 32
@@ -34,22 +36,23 @@ _BUILTIN = "builtin:reasoning-preferences"
 _ONLINE = "online_dpo"  # samples its own pairs and scores greedy answers already
 
 
-def _steps(r: Any, user: list[str]) -> int | None:
+def _steps(r: Any, user: list[Override]) -> int | None:
     """Optimizer steps of the config as the shrink leaves it, the user's overrides applied."""
     from rlhf_lab.planning.steps import expected_optimizer_steps
-    from trainers.core.config import apply_overrides
 
     try:
-        config = apply_overrides(r.data, [*r.overrides(), *user])
+        config = r.preview(*user)
     except (ValueError, KeyError):
         return None
     return expected_optimizer_steps("direct_alignment", config)[0]
 
 
-def gold_eval_rules(r: Any, family: str, algorithm: str, user: list[str], notes: list[str]) -> None:
+def gold_eval_rules(
+    r: Any, family: str, algorithm: str, user: list[Override], notes: list[str]
+) -> None:
     """Gold evaluation on for an offline direct-alignment run on the built-in reasoning
     preferences (module doc); nothing for any other run or when the user set it."""
-    keys = {str(o).split("=", 1)[0].strip() for o in user}
+    keys = {o.key for o in user}
     if family != "direct_alignment" or algorithm == _ONLINE or "eval.gold_prompts" in keys:
         return
     if r.get("eval.gold_prompts") is None or not str(r.get("data.dataset") or "").startswith(
@@ -66,7 +69,7 @@ def gold_eval_rules(r: Any, family: str, algorithm: str, user: list[str], notes:
     if every and "eval.eval_every" not in keys:
         r.set("eval.eval_every", every)
     if "eval.eval_every" in keys:  # the user's own schedule, not the rule's
-        every = next(o.split("=", 1)[1].strip() for o in user if o.startswith("eval.eval_every"))
+        every = next(o.text.split("=", 1)[1].strip() for o in user if o.key == "eval.eval_every")
     when = f"every {every} steps and at step 0" if every else "at every evaluation"
     notes.append(
         f"gold evaluation on: the verifier scores greedy answers ({GOLD_NEW_TOKENS} new tokens) "

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlhf_lab.errors import InvalidArgument, NextStep, NotFound
-from rlhf_lab.planning.catalog import family_info, get_dotted
+from rlhf_lab.planning.catalog import family_info
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "DATA_KEYS",
@@ -85,25 +86,26 @@ def hub_dataset_cached(hub_id: str) -> bool:
     return _non_empty(prepared) or _non_empty(snapshot)
 
 
-def builtin_equivalent(family: str, algorithm: str, data: dict[str, Any], key: str) -> Any:
+def builtin_equivalent(config: TrainerConfig, algorithm: str, key: str) -> Any:
     """The offline value to use for ``key`` instead of an uncached hub dataset: the family's
     built-in set (per algorithm where it has several), ``builtin`` for preference prompts, null
     for a separate held-out file (fresh built-in questions); ``""`` when there is none."""
     if key == "data.test_dataset":
         return None
-    table = family_info(family).builtin_datasets
+    table = family_info(config.family).builtin_datasets
     found = table.get(algorithm) or table.get("*")
     if found:
         return found
-    if get_dotted(data, "data.source") == "preference":
+    if config.get("data.source") == "preference":
         return BUILTIN_PROMPTS
     return ""
 
 
-def _no_equivalent(family: str, algorithm: str, data: dict[str, Any], key: str, value: str):
+def _no_equivalent(config: TrainerConfig, algorithm: str, key: str, value: str):
     """The refusal of an uncached hub dataset the family has no offline set for, naming the
     override to use instead."""
-    if get_dotted(data, "data.source") is not None:  # a family that also reads reasoning-gym
+    family = config.family
+    if config.get("data.source") is not None:  # a family that also reads reasoning-gym
         override = ["data.source=reasoning_gym", f"{key}=null"]
         what = "reasoning-gym questions generated offline"
     else:
@@ -134,9 +136,9 @@ def offline_data_rules(
                 "downloads it, and fails where the hub cannot be reached"
             )
             continue
-        offline = builtin_equivalent(family, algorithm, rules.data, key)
+        offline = builtin_equivalent(rules.base, algorithm, key)
         if offline == "":
-            raise _no_equivalent(family, algorithm, rules.data, key, value)
+            raise _no_equivalent(rules.base, algorithm, key, value)
         rules.set(key, offline)
         shown = "null (fresh built-in questions)" if offline is None else offline
         notes.append(
@@ -152,18 +154,18 @@ def _missing_path(value: str) -> Path | None:
     return None if path.exists() else path
 
 
-def check_data_files(family: str, data: dict[str, Any]) -> None:
+def check_data_files(config: TrainerConfig) -> None:
     """Refuse (NotFound) a config whose local data file or folder does not exist, naming the key,
     the path as resolved and the offline set to use instead. Built-in sets, hub ids and
     ``run:<id>`` values are not checked here."""
     for key in DATA_KEYS:
-        value = get_dotted(data, key)
+        value = config.get(key)
         if dataset_kind(value) != "local":
             continue
         missing = _missing_path(value)
         if missing is None:
             continue
-        offline = builtin_equivalent(family, _algorithm_of(family, data), data, key)
+        offline = builtin_equivalent(config, _algorithm_of(config), key)
         instead = f"{key}={'null' if offline is None else offline}" if offline != "" else None
         hint = f", or the built-in offline set: the override {instead}" if instead else ""
         raise NotFound(
@@ -177,13 +179,13 @@ def check_data_files(family: str, data: dict[str, Any]) -> None:
         )
 
 
-def _algorithm_of(family: str, data: dict[str, Any]) -> str:
-    """The algorithm a validated config of ``family`` names where its spec's algorithm field is
-    a plain value (reward models' ``kind``); "" otherwise (the family's ``*`` set applies)."""
+def _algorithm_of(config: TrainerConfig) -> str:
+    """The algorithm a validated config names where its family's spec's algorithm field is a
+    plain value (reward models' ``kind``); "" otherwise (the family's ``*`` set applies)."""
     from trainers.core.spec import FAMILY_NAMES, family_spec
 
-    if family not in FAMILY_NAMES:
+    if config.family not in FAMILY_NAMES:
         return ""
-    field_name = family_spec(family).algorithm_field
-    value = get_dotted(data, field_name) if field_name else None
+    field_name = family_spec(config.family).algorithm_field
+    value = config.get(field_name) if field_name else None
     return value if isinstance(value, str) else ""

@@ -70,6 +70,7 @@ from rlhf_lab.planning.memory import (
     fits,
     model_facts,
 )
+from rlhf_lab.planning.overrides import Override, as_overrides, texts
 from rlhf_lab.planning.plan_models import Criteria, DeviceFit, MemoryBrief, Plan, PlannedRun
 from rlhf_lab.planning.request import (
     ParsedRequest,
@@ -80,6 +81,7 @@ from rlhf_lab.planning.request import (
 )
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.time import plan_time_total, predict_planned_run
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.runs.resources import Resources, check_resources
 
 __all__ = [
@@ -146,7 +148,7 @@ def _model_warnings(name: str | None) -> tuple[Any, list[str], bool]:
 
 
 def _devices(
-    res: Resources, memory: dict[str, MemoryEstimate], config: dict[str, Any]
+    res: Resources, memory: dict[str, MemoryEstimate], config: TrainerConfig
 ) -> tuple[list[DeviceFit], str | None, list[str]]:
     out: list[DeviceFit] = []
     warnings: list[str] = []
@@ -177,7 +179,7 @@ def _devices(
             held_by=[r.run_id for r in res.lab_runs if r.alive and not r.gpu_indices],
         )
     )
-    wanted = str((config.get("model") or {}).get("device") or "auto")
+    wanted = str(config.get("model.device") or "auto")
     gpus = [d for d in out if d.device.startswith("cuda")]
     cpu = out[-1]
     choice: str | None = None
@@ -230,7 +232,7 @@ def _memory_brief(estimate: MemoryEstimate) -> MemoryBrief:
 def _plan_run(
     arm: Arm,
     model: str | None,
-    overrides: list[str],
+    overrides: list[Override],
     slug: str,
     dated: str,
     res: Resources,
@@ -240,7 +242,7 @@ def _plan_run(
     recipe = arm.recipe
     # ``run:<orm-run-id>`` names a run of this plan: it is checked as that run (lineage's
     # pending runs); any other value naming a run id still unknown is carried as written
-    pending = [o for o in arm.matched if "-run-id>" in o and "=run:<" not in o]
+    pending = [o for o in arm.matched if "-run-id>" in o.text and "=run:<" not in o.text]
     ready = [o for o in arm.matched if o not in pending]
     shrink, calibration = shrink_calibrated(shrink_config, recipe, ready + overrides, model)
     family, algorithm = shrink.family, shrink.algorithm
@@ -248,7 +250,7 @@ def _plan_run(
     if calibration is not None:
         warnings.extend(calibration.warnings)
 
-    config = shrink.config
+    config = shrink.trainer_config
     memory: dict[str, MemoryEstimate] = {}
     if facts is not None:
         for device in ("cuda", "cpu"):
@@ -258,7 +260,7 @@ def _plan_run(
                 )
             except LabError as err:
                 warnings.append(f"memory estimate ({device}) failed: {err}")
-    devices, choice, dev_warnings = _devices(res, memory, shrink.config)
+    devices, choice, dev_warnings = _devices(res, memory, config)
     warnings.extend(dev_warnings)
     env: dict[str, str] = {}
     if choice and choice.startswith("cuda:"):
@@ -267,7 +269,7 @@ def _plan_run(
     launch = ["uv", "run", "rlhf-lab", "launch", _recipe_ref(recipe), "--shrink"]
     if shrink.model_swap and model:
         launch += ["--model", model]
-    for item in [*ready, *overrides, *pending]:  # launch --shrink calibrates again (cached)
+    for item in texts([*ready, *overrides, *pending]):  # launch --shrink calibrates again (cached)
         launch += ["--set", item]
     if choice and choice.startswith("cuda:") and choice != "cuda:0":
         launch += ["--device", choice]  # the launcher's `auto` would take cuda:0
@@ -278,7 +280,7 @@ def _plan_run(
     info = family_info(family)
     trainer = ["uv", "run", "python", "-m", info.trainer_module, "--config", recipe.config_path]
     trainer += ["--run-dir", f"experiments/{dated}/runs/<run-id>"]
-    for item in [*shrink.overrides, *pending]:
+    for item in [*shrink.overrides, *texts(pending)]:
         trainer += ["--set", item]
     env_prefix = " ".join(f"{k}={v}" for k, v in env.items())
     trainer_command = (env_prefix + " " if env_prefix else "") + shlex.join(trainer)
@@ -290,7 +292,7 @@ def _plan_run(
         family=family,
         algorithm=algorithm,
         model=shrink.model,
-        changes=[*shrink.diff, *pending_changes(pending, shrink.config)],
+        changes=[*shrink.diff, *pending_changes(pending, config)],
         expected_optimizer_steps=shrink.expected_optimizer_steps,
         memory={k: _memory_brief(v) for k, v in memory.items()},
         devices=devices,
@@ -314,7 +316,7 @@ def _plan_run(
 def _plan_runs(
     arms: list[Arm],
     model: str | None,
-    overrides: list[str],
+    overrides: list[Override],
     slug: str,
     dated: str,
     res: Resources,
@@ -401,7 +403,6 @@ def _plan_experiment(
             return _plan_pipeline(wanted, request, model or parsed.model, campaign, overrides)
     recipes = _recipes_named(parsed, algorithm, request)
     chosen_model = model or parsed.model
-    user = list(overrides or [])
     families = {r.family for r in recipes}
     scorer_question = {"reward_models", "rejection_sampling"} <= families
     # "with a calculator", "with vs without a calculator": an arm per recipe and environment
@@ -415,6 +416,7 @@ def _plan_experiment(
     slug = _campaign_slug(campaign, recipes, intent, scorer_question)
     dated = campaign_name(slug)
 
+    user = as_overrides(overrides)  # the user's key=value items, parsed once
     matched: list[str] = []
     if scorer_question:
         from trainers.core.tiny import PRESETS
@@ -582,7 +584,7 @@ def _plan_pipeline(
         Arm(
             recipe=find_recipe(s.recipe),
             name=s.name,
-            matched=with_run_ids(s.overrides, ids),
+            matched=as_overrides(with_run_ids(s.overrides, ids)),
             after=s.after,
             model=s.model,
             starts_from_run="model.name" in s.refs,

@@ -31,6 +31,7 @@ from typing import Any
 
 from rlhf_lab.errors import LabError
 from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.overrides import Override
 
 __all__ = [
     "LORA_LR_CEILING",
@@ -229,7 +230,7 @@ def lora_rules(r: Any, family: str, facts: Any, user_keys: set[str], notes: list
 
     if any(k.startswith("model.lora.") for k in user_keys) or r.get("model.lora.enabled"):
         return
-    if get_dotted(r.data, "model.lora.enabled", None) is None:
+    if r.base.get("model.lora.enabled", None) is None:
         return  # a config without a LoRA section
     params = facts.params
     if params.total < LORA_MIN_PARAMS:
@@ -257,11 +258,8 @@ def lora_rules(r: Any, family: str, facts: Any, user_keys: set[str], notes: list
 
 def _estimate_gb(r: Any, family: str, algorithm: str, checkpointing: bool, cpu: bool) -> float:
     from rlhf_lab.planning.memory import estimate_memory
-    from trainers.core.config import apply_overrides
 
-    config = apply_overrides(
-        r.data, [*r.overrides(), f"model.gradient_checkpointing={str(checkpointing).lower()}"]
-    )
+    config = r.preview(Override.of("model.gradient_checkpointing", checkpointing))
     device = "cpu" if cpu else "cuda"
     return estimate_memory(family, algorithm, config, device=device).total_gb
 
@@ -301,7 +299,7 @@ def pretrained_rules(
 ) -> None:
     """Every rule of this module for a pretrained model whose size is ``facts``
     (:class:`rlhf_lab.planning.memory.ModelFacts`; None when unknown here)."""
-    cpu = runs_on_cpu(r.data)
+    cpu = runs_on_cpu(r.base.to_data())
     if cpu:
         cpu_size_rules(r, family, algorithm, notes)
         if facts is not None:
@@ -310,13 +308,8 @@ def pretrained_rules(
         checkpointing_rule(r, family, algorithm, cpu, notes)
 
 
-def _user_keys(overrides: list[str]) -> set[str]:
-    """The dotted keys the user's overrides set."""
-    return {str(o).split("=", 1)[0].strip() for o in overrides}
-
-
 def pretrained_model_rules(
-    r: Any, family: str, algorithm: str, user: list[str], notes: list[str]
+    r: Any, family: str, algorithm: str, user: list[Override], notes: list[str]
 ) -> None:
     """What ``rlhf_lab.planning.shrink`` applies to a pretrained model after the family's rules: offline
     data (:mod:`rlhf_lab.planning.offline_data`), then :func:`pretrained_rules` with the model's
@@ -326,7 +319,7 @@ def pretrained_model_rules(
     from rlhf_lab.planning.memory import model_facts
     from rlhf_lab.planning.offline_data import offline_data_rules
 
-    keys = _user_keys(user)
+    keys = {o.key for o in user}  # the dotted keys the user's overrides set
     offline_data_rules(r, family, algorithm, keys, notes)
     name = r.get("model.name")
     try:

@@ -44,33 +44,32 @@ always win.
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.paths import LabError
-from rlhf_lab.planning.catalog import Recipe, family_info, find_recipe, get_dotted
+from rlhf_lab.planning.catalog import Recipe, family_info, find_recipe
 from rlhf_lab.planning.configs import (
     ConfigChange,
     ResolvedConfig,
+    apply,
     config_model,
-    format_override,
     resolve_config,
 )
+from rlhf_lab.planning.overrides import Override, as_overrides, format_override, texts
 from rlhf_lab.planning.real_model import pretrained_model_rules
 from rlhf_lab.planning.steps import (
     StepsEstimate,
     estimate_steps,
     expected_optimizer_steps,
 )
-from rlhf_lab.planning.steps import (
-    find_key as _find_key,
-)
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.planning.validation import check_config
-from trainers.core.config import ConfigError, apply_overrides, parse_override
+from trainers.core.config import apply_overrides
 from trainers.core.spec import spec_for
 
 __all__ = [
@@ -106,6 +105,17 @@ class ShrinkResult(BaseModel):
     progress_unit: str = Field(description="what progress.json counts for this family")
     steps_detail: str
     notes: list[str] = Field(default_factory=list)
+    _rules: list[Override] = PrivateAttr(default_factory=list)
+
+    @property
+    def shrink_rules(self) -> list[Override]:
+        """The shrink's own overrides (``shrink_overrides``) as pairs."""
+        return list(self._rules)
+
+    @property
+    def trainer_config(self) -> TrainerConfig:
+        """The shrunk config as the view memory, time and the checks read."""
+        return TrainerConfig(self.family, self.config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,32 +142,38 @@ def _is_preset(model: str | None) -> bool:
 
 
 class _Rules:
-    """Collects ``key -> value`` rules against the current config, keeping only keys the config
-    has and values that change something."""
+    """Collects ``key -> value`` rules against the config they shrink (``base``), keeping only
+    keys the config has and values that change something."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
+    def __init__(self, base: TrainerConfig) -> None:
+        self.base = base
         self.items: dict[str, Any] = {}
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.items.get(key, get_dotted(self.data, key, default))
+        return self.items.get(key, self.base.get(key, default))
 
     def set(self, key: str | None, value: Any) -> None:
-        if key is None or get_dotted(self.data, key, _MISSING) is _MISSING:
+        if key is None or not self.base.has(key):
             return
         self.items[key] = value
 
     def cap(self, key: str | None, limit: int) -> None:
         if key is None:
             return
-        self.set(key, _cap(get_dotted(self.data, key), limit))
+        self.set(key, _cap(self.base.get(key), limit))
 
-    def overrides(self) -> list[str]:
-        return [
-            format_override(k, v)
-            for k, v in self.items.items()
-            if get_dotted(self.data, k, _MISSING) != v
-        ]
+    def cap_all(self, limits: dict[str, int]) -> None:
+        for key, limit in limits.items():
+            self.cap(key, limit)
+
+    def overrides(self) -> list[Override]:
+        return [Override.of(k, v) for k, v in self.items.items() if self.base.get(k, _MISSING) != v]
+
+    def preview(self, *extra: Override) -> TrainerConfig:
+        """The config with the rules so far and ``extra`` applied (unvalidated: a rule's
+        estimate; a ConfigError where an override lands under a value)."""
+        data = apply_overrides(self.base.to_data(), texts([*self.overrides(), *extra]))
+        return TrainerConfig(self.base.family, data)
 
 
 def _common_quiet(r: _Rules, big_model: bool) -> None:
@@ -172,7 +188,7 @@ def _swap_model(r: _Rules, model: str, preset: bool) -> None:
     r.set("model.ref_name", None)  # the reference is the starting model (an SFT run's output)
     if preset:
         r.set("model.gradient_checkpointing", False)
-        if get_dotted(r.data, "model.chat_template_source") is not None:
+        if r.base.get("model.chat_template_source") is not None:
             r.set("model.chat_template_source", None)  # presets ship a chat template
 
 
@@ -181,11 +197,16 @@ def _swap_model(r: _Rules, model: str, preset: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _direct_alignment(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+def _supervised_schedule(r: _Rules) -> None:
+    """One epoch, an evaluation every 10 steps and two samples every 20 (direct alignment, SFT)."""
     r.set("train.num_epochs", 1)
     r.set("eval.eval_every", 10)
     r.set("eval.sample_every", 20)
     r.cap("eval.num_samples", 2)
+
+
+def _direct_alignment(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
+    _supervised_schedule(r)
     if preset:
         # the tested recipe of rlhf_lab/demo.py (DPO_SANITY_OVERRIDES)
         r.set("data.dataset", family_info("direct_alignment").builtin_datasets["*"])
@@ -202,12 +223,16 @@ def _direct_alignment(r: _Rules, algorithm: str, preset: bool, notes: list[str])
                 "may want a different learning rate"
             )
     else:
-        r.cap("data.max_samples", 640)
-        r.cap("data.eval_size", 64)
-        r.cap("data.max_length", 512)
-        r.cap("train.batch_size", 4)
-        r.cap("train.gradient_accumulation_steps", 4)
-        r.cap("eval.sample_max_new_tokens", 128)
+        r.cap_all(
+            {
+                "data.max_samples": 640,
+                "data.eval_size": 64,
+                "data.max_length": 512,
+                "train.batch_size": 4,
+                "train.gradient_accumulation_steps": 4,
+                "eval.sample_max_new_tokens": 128,
+            }
+        )
     _common_quiet(r, big_model=not preset)
 
 
@@ -215,10 +240,7 @@ _TOOL_SFT = "builtin:tool-sft"  # trainers.sft.config.TOOL_DATASET
 
 
 def _sft(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
-    r.set("train.num_epochs", 1)
-    r.set("eval.eval_every", 10)
-    r.set("eval.sample_every", 20)
-    r.cap("eval.num_samples", 2)
+    _supervised_schedule(r)
     if preset:
         # the values of the tiny warm-start recipe (trainers.sft.train.warm_start_overrides)
         tools = str(r.get("data.dataset") or "").startswith(_TOOL_SFT)
@@ -233,11 +255,15 @@ def _sft(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
         r.set("train.warmup_ratio", 0.05)
         r.set("eval.sample_max_new_tokens", 64)
     else:
-        r.cap("data.max_samples", 640)
-        r.cap("data.eval_size", 64)
-        r.cap("data.max_length", 1024)
-        r.cap("train.gradient_accumulation_steps", 4)
-        r.cap("eval.sample_max_new_tokens", 128)
+        r.cap_all(
+            {
+                "data.max_samples": 640,
+                "data.eval_size": 64,
+                "data.max_length": 1024,
+                "train.gradient_accumulation_steps": 4,
+                "eval.sample_max_new_tokens": 128,
+            }
+        )
     _common_quiet(r, big_model=not preset)
 
 
@@ -378,15 +404,15 @@ def _reward_models(r: _Rules, algorithm: str, preset: bool, notes: list[str]) ->
 
 
 def _rejection_sampling(r: _Rules, algorithm: str, preset: bool, notes: list[str]) -> None:
-    data = r.data
-    r.cap(_find_key(data, "max_train_samples"), 64)
-    r.cap(_find_key(data, "max_test_samples"), 32)
-    r.cap(_find_key(data, "num_completions_per_prompt"), 4)
-    r.cap(_find_key(data, "top_k"), 64)
-    r.set(_find_key(data, "num_epochs"), 1)
+    find = r.base.find_key
+    r.cap(find("max_train_samples"), 64)
+    r.cap(find("max_test_samples"), 32)
+    r.cap(find("num_completions_per_prompt"), 4)
+    r.cap(find("top_k"), 64)
+    r.set(find("num_epochs"), 1)
     if preset:
-        r.cap(_find_key(data, "max_new_tokens"), 64)
-        r.cap(_find_key(data, "eval_max_new_tokens"), 64)
+        r.cap(find("max_new_tokens"), 64)
+        r.cap(find("eval_max_new_tokens"), 64)
         r.set("data.dataset", family_info("rejection_sampling").builtin_datasets["*"])
         if not _from_run(r.get("model.name")):
             notes.append(
@@ -441,10 +467,8 @@ def _task_of_lineage_as_pairs(r: _Rules, notes: list[str]) -> None:
 def _warm_start_specs() -> list[dict[str, Any]]:
     """The reasoning-gym tasks and settings of the tiny SFT warm start, read from its shipped
     recipe (its ``data.builtin_task_configs``), as a distillation ``data.specs`` list."""
-    from rlhf_lab.planning.configs import resolve_config
-
-    data = resolve_config(find_recipe("sft_tiny_warmstart"), []).data
-    tasks = get_dotted(data, "data.builtin_task_configs") or {}
+    config = resolve_config(find_recipe("sft_tiny_warmstart"), []).config
+    tasks = config.get("data.builtin_task_configs") or {}
     return [{"name": name, "config": conf} for name, conf in tasks.items()]
 
 
@@ -541,15 +565,12 @@ _RULES = {
 # ---------------------------------------------------------------------------------------------
 
 
-def _user_model(overrides: list[str]) -> str | None:
+def _user_model(overrides: list[Override]) -> str | None:
+    """The last ``model.name`` the overrides set to a name (None: none)."""
     model = None
-    for text in overrides:
-        try:
-            parts, value = parse_override(text)
-        except Exception:
-            continue
-        if parts == ["model", "name"] and isinstance(value, str):
-            model = value
+    for o in overrides:
+        if o.key == "model.name" and isinstance(o.value, str):
+            model = o.value
     return model
 
 
@@ -562,7 +583,9 @@ def _keep_final_model(rules: _Rules, family: str) -> None:
         rules.set("checkpoint.save_final_model", True)
 
 
-def _pre_shrink_base(recipe: Recipe, user: list[str]) -> tuple[ResolvedConfig, LabError | None]:
+def _pre_shrink_base(
+    recipe: Recipe, user: list[Override]
+) -> tuple[ResolvedConfig, LabError | None]:
     """The config the shrink rules read: the recipe with the user's values. A value valid only
     beside what the shrink changes (``data.builtin_task_configs`` needs the offline set the shrink
     picks for a hub dataset this machine does not have) is refused by the recipe alone; then the
@@ -574,24 +597,27 @@ def _pre_shrink_base(recipe: Recipe, user: list[str]) -> tuple[ResolvedConfig, L
         refused = err
     try:
         plain = resolve_config(recipe, [])
-        data = apply_overrides(copy.deepcopy(plain.data), user)
-    except (LabError, ConfigError):
+        data = apply(plain.data, user)
+    except LabError:
         raise refused from None
-    return plain.model_copy(update={"data": data, "overrides": user}), refused
+    unchecked = plain.model_copy(update={"data": data, "overrides": texts(user)})
+    unchecked._validated = None  # the user's values are laid over it unchecked
+    return unchecked, refused
 
 
 def shrink_config(
     recipe_or_file: str | Path | Recipe,
-    overrides: list[str] | None = None,
+    overrides: Iterable[Override | str] | None = None,
     model: str | None = None,
     *,
-    calibration: list[str] | None = None,
+    calibration: Iterable[Override] | None = None,
 ) -> ShrinkResult:
     """Shrink a recipe into a quick sanity run.
 
     ``model``: swap the model (None keeps the recipe's; a preset such as ``tiny`` also switches
     to the offline data sets and tiny-model sizes). ``overrides``: the user's ``--set`` items,
-    applied last. Raises :class:`LabError` for an unknown recipe, a family whose config model
+    applied last (pairs; a ``key=value`` string is parsed first, for the callers that still hold
+    strings). Raises :class:`LabError` for an unknown recipe, a family whose config model
     does not exist yet, a shrunk config that does not validate, a model that cannot be resolved
     or a length above the model's context (:func:`rlhf_lab.planning.validation.check_config`); an
     implausible learning rate is a note. ``calibration``: overrides measured on the base model
@@ -599,14 +625,14 @@ def shrink_config(
     and before the user's.
     """
     recipe = find_recipe(recipe_or_file)
-    user = list(overrides or [])
+    user = as_overrides(overrides)
     config_model(recipe.family)  # a clear LabError when the family has no config model yet
     base, refused = _pre_shrink_base(recipe, user)  # the rules see the user's values
     swap = model or _user_model(user)
     preset = _is_preset(swap)  # a run's output trained from a preset counts as that preset
 
     notes: list[str] = []
-    rules = _Rules(base.data)
+    rules = _Rules(base.config)
     if model:
         _swap_model(rules, model, preset)
     elif preset:  # model.name=<preset> came with --set: treat it as the swap
@@ -630,6 +656,7 @@ def shrink_config(
         pretrained_model_rules(rules, recipe.family, base.algorithm, user, notes)
     _keep_final_model(rules, recipe.family)
     shrink = rules.overrides() + list(calibration or [])
+    shrink_texts, user_texts = texts(shrink), texts(user)
 
     try:
         final = resolve_config(recipe, shrink + user)
@@ -638,29 +665,29 @@ def shrink_config(
             raise refused from None
         raise InvalidArgument(
             f"the shrunk {recipe.id} config does not validate: {err.message}\n(shrink "
-            f"overrides: {' '.join(shrink) or 'none'}; yours: {' '.join(user) or 'none'}). "
-            "Adjust the overrides.",
+            f"overrides: {' '.join(shrink_texts) or 'none'}; yours: "
+            f"{' '.join(user_texts) or 'none'}). Adjust the overrides.",
             next=NextStep(
                 "shrink_config",
-                {"recipe": recipe.id, "overrides": user},
+                {"recipe": recipe.id, "overrides": user_texts},
                 note="with overrides that fix the values named above",
             ),
         ) from None
     # models that resolve, lengths within the model's context, plausible learning rates
-    notes.extend(check_config(recipe.family, final.data).warnings)
-    steps = estimate_steps(recipe.family, final.data)
-    name = get_dotted(final.data, "model.name")
+    notes.extend(check_config(recipe.family, final.config).warnings)
+    steps = estimate_steps(recipe.family, final.config)
+    name = final.config.get("model.name")
     if not model and not preset:
         swap = None  # a non-preset model.name given with --set is an ordinary override
-    return ShrinkResult(
+    result = ShrinkResult(
         family=recipe.family,
         algorithm=final.algorithm,
         recipe=recipe,
         model=name if isinstance(name, str) else None,
         model_swap=swap,
-        overrides=shrink + user,
-        shrink_overrides=shrink,
-        user_overrides=user,
+        overrides=shrink_texts + user_texts,
+        shrink_overrides=shrink_texts,
+        user_overrides=user_texts,
         config=final.data,
         diff=final.diff,
         expected_optimizer_steps=steps.optimizer_steps,
@@ -669,3 +696,5 @@ def shrink_config(
         steps_detail=steps.detail,
         notes=notes,
     )
+    result._rules = shrink
+    return result

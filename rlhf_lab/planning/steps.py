@@ -1,32 +1,17 @@
 """How many optimizer steps a resolved config takes, and what ``progress.json`` will count
 (rollout steps for policy gradients, optimizer steps elsewhere): the arithmetic of batch,
 accumulation, epochs and data sizes per family, read by the shrink's report, the plan and the
-time estimate. Pure functions of a config dict."""
+time estimate. Pure functions of a config (:class:`~rlhf_lab.planning.trainer_config.TrainerConfig`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, find_key, trainer_config
 
 __all__ = ["StepsEstimate", "estimate_steps", "expected_optimizer_steps", "find_key"]
-
-
-def find_key(data: dict[str, Any], leaf: str, prefix: str = "") -> str | None:
-    """Dotted path of the first leaf named ``leaf`` (for families whose layout varies)."""
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if key == leaf and not isinstance(value, dict):
-            return dotted
-    for key, value in data.items():
-        if isinstance(value, dict):
-            found = find_key(value, leaf, f"{prefix}{key}.")
-            if found:
-                return found
-    return None
 
 
 def _epochs_steps(n: int, per_step: int, epochs: int, max_steps: int | None) -> int:
@@ -41,18 +26,18 @@ class StepsEstimate(BaseModel):
     detail: str
 
 
-def estimate_steps(family: str, config: dict[str, Any]) -> StepsEstimate:
-    """Optimizer steps a run of ``config`` should take, and the total progress.json will show
+def estimate_steps(family: str, view: TrainerConfig) -> StepsEstimate:
+    """Optimizer steps a run of ``view`` should take, and the total progress.json will show
     (rollout steps for policy gradients, optimizer steps elsewhere)."""
-    steps, detail = expected_optimizer_steps(family, config)
+    steps, detail = expected_optimizer_steps(family, view)
     if family == "policy_gradients":
-        max_steps = get_dotted(config, "train.max_steps")
+        max_steps = view.get("train.max_steps")
         if max_steps:
             rollout = int(max_steps)
         else:
-            epochs = int(get_dotted(config, "train.num_epochs", 1) or 1)
-            size = int(get_dotted(config, "data.size", 0) or 0)
-            prompts = int(get_dotted(config, "rollout.prompts_per_step", 1) or 1)
+            epochs = int(view.get("train.num_epochs", 1) or 1)
+            size = int(view.get("data.size", 0) or 0)
+            prompts = int(view.get("rollout.prompts_per_step", 1) or 1)
             rollout = max(1, epochs * (size // prompts))
         return StepsEstimate(
             optimizer_steps=steps,
@@ -65,10 +50,11 @@ def estimate_steps(family: str, config: dict[str, Any]) -> StepsEstimate:
     )
 
 
-def expected_optimizer_steps(family: str, config: dict[str, Any]) -> tuple[int | None, str]:
+def expected_optimizer_steps(family: str, config: ConfigArg) -> tuple[int | None, str]:
     """(optimizer steps a run of ``config`` should take, how it was computed). None when it
     depends on a data set size the config does not fix."""
-    g = lambda key, default=None: get_dotted(config, key, default)  # noqa: E731
+    view = trainer_config(family, config)
+    g = view.get
     batch = int(g("train.batch_size", 1) or 1)
     accum = int(g("train.gradient_accumulation_steps", 1) or 1)
     epochs = int(g("train.num_epochs", 1) or 1)
@@ -128,22 +114,22 @@ def expected_optimizer_steps(family: str, config: dict[str, Any]) -> tuple[int |
         return steps, detail
 
     if family == "rejection_sampling":
-        m = get_dotted(config, find_key(config, "max_train_samples") or "", None)
+        m = g(view.find_key("max_train_samples") or "", None)
         if m is None:
             return None, "depends on the number of training prompts"
-        strategy = str(get_dotted(config, find_key(config, "strategy") or "", "") or "")
+        strategy = str(g(view.find_key("strategy") or "", "") or "")
         n = int(m)
         if strategy.endswith("k_overall"):
-            k = get_dotted(config, find_key(config, "top_k") or "", None)
-            c = get_dotted(config, find_key(config, "num_completions_per_prompt") or "", 1)
+            k = g(view.find_key("top_k") or "", None)
+            c = g(view.find_key("num_completions_per_prompt") or "", 1)
             if k is not None:
                 n = min(int(k), n * int(c or 1))
-        bkey = find_key(config, "batch_size") or find_key(config, "train_batch_size")
-        akey = find_key(config, "gradient_accumulation_steps") or find_key(config, "batch_acc")
-        ekey = find_key(config, "num_epochs")
-        b = int(get_dotted(config, bkey or "", 1) or 1)
-        a = int(get_dotted(config, akey or "", 1) or 1)
-        e = int(get_dotted(config, ekey or "", 1) or 1)
+        bkey = view.find_key("batch_size") or view.find_key("train_batch_size")
+        akey = view.find_key("gradient_accumulation_steps") or view.find_key("batch_acc")
+        ekey = view.find_key("num_epochs")
+        b = int(g(bkey or "", 1) or 1)
+        a = int(g(akey or "", 1) or 1)
+        e = int(g(ekey or "", 1) or 1)
         steps = math.ceil(n / (b * a)) * e
         return steps, f"SFT on {n} selected completions: ceil({n} / ({b} × {a})) × {e} epoch(s)"
 

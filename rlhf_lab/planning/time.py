@@ -35,8 +35,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.completion_length import completion_tokens
+from rlhf_lab.planning.trainer_config import (
+    EVALUATION,
+    ConfigArg,
+    TrainerConfig,
+    trainer_config,
+)
 
 __all__ = [
     "campaign_time_line",
@@ -239,20 +244,20 @@ def typical_length(cal: dict[str, Any], kind: str, cap: int | None) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def _g(config: dict[str, Any], key: str, default: Any = None) -> Any:
-    value = get_dotted(config, key, default)
+def _g(config: TrainerConfig, key: str, default: Any = None) -> Any:
+    value = config.get(key, default)
     return default if value is None else value
 
 
-def _lora(config: dict[str, Any]) -> bool:
+def _lora(config: TrainerConfig) -> bool:
     return bool(_g(config, "model.lora.enabled", False))
 
 
-def _gc(config: dict[str, Any]) -> bool:
+def _gc(config: TrainerConfig) -> bool:
     return bool(_g(config, "model.gradient_checkpointing", False))
 
 
-def _sample_seconds(cal: dict[str, Any], config: dict[str, Any], steps: int) -> float:
+def _sample_seconds(cal: dict[str, Any], config: TrainerConfig, steps: int) -> float:
     """The few samples an SFT / direct-alignment run writes every ``sample_every`` steps."""
     n = int(_g(config, "eval.num_samples", 0))
     new = int(_g(config, "eval.sample_max_new_tokens", 0))
@@ -262,7 +267,7 @@ def _sample_seconds(cal: dict[str, Any], config: dict[str, Any], steps: int) -> 
 
 
 def _supervised(
-    cal: dict[str, Any], config: dict[str, Any], steps: int, shape: tuple[float, float, int]
+    cal: dict[str, Any], config: TrainerConfig, steps: int, shape: tuple[float, float, int]
 ) -> tuple[float, dict[str, float]]:
     """(seconds per step, parts) shared by SFT, direct alignment and reward models; ``shape``:
     (tokens per row, of them through the LM head, rows per example)."""
@@ -284,7 +289,7 @@ def _supervised(
     return per_step, parts
 
 
-def _sft(cal: dict[str, Any], config: dict[str, Any], steps: int):
+def _sft(cal: dict[str, Any], config: TrainerConfig, steps: int):
     cap = int(_g(config, "data.max_length", 0)) or None
     dataset = str(_g(config, "data.dataset", ""))
     length = typical_length(cal, "demonstration", cap) if dataset.startswith(_SFT_BUILTIN) else cap
@@ -294,7 +299,7 @@ def _sft(cal: dict[str, Any], config: dict[str, Any], steps: int):
     return per_step, parts, 1
 
 
-def _pair_length(cal: dict[str, Any], config: dict[str, Any], packed: bool) -> float:
+def _pair_length(cal: dict[str, Any], config: TrainerConfig, packed: bool) -> float:
     """A preference row: prompt + chosen + rejected packed in one row, or prompt + one response."""
     cap = int(_g(config, "data.max_length", 0)) or None
     dataset = str(_g(config, "data.dataset", ""))
@@ -306,7 +311,7 @@ def _pair_length(cal: dict[str, Any], config: dict[str, Any], packed: bool) -> f
     return min(length, float(cap)) if cap else length
 
 
-def _direct_alignment(cal: dict[str, Any], config: dict[str, Any], steps: int):
+def _direct_alignment(cal: dict[str, Any], config: TrainerConfig, steps: int):
     length = _pair_length(cal, config, packed=True)
     responses = typical_length(cal, "chosen", None) + typical_length(cal, "rejected", None)
     head = min(responses, length) or length  # log-probs of both responses
@@ -320,7 +325,7 @@ def _direct_alignment(cal: dict[str, Any], config: dict[str, Any], steps: int):
     return per_step, parts, models
 
 
-def _gold_seconds(cal: dict[str, Any], config: dict[str, Any], steps: int) -> float:
+def _gold_seconds(cal: dict[str, Any], config: TrainerConfig, steps: int) -> float:
     """The gold evaluation (``eval.gold_prompts`` > 0) at every evaluation: a greedy and a
     sampled decode of all its prompts in one batch (rows to the limit: an upper bound), then the
     sampled answers through the policy and the reference, ``eval_batch_size`` rows a pass
@@ -336,14 +341,14 @@ def _gold_seconds(cal: dict[str, Any], config: dict[str, Any], steps: int) -> fl
     return evals_in_run(steps, int(_g(config, "eval.eval_every", 0))) * (decode + scoring)
 
 
-def _reward_models(cal: dict[str, Any], config: dict[str, Any], steps: int):
+def _reward_models(cal: dict[str, Any], config: TrainerConfig, steps: int):
     length = _pair_length(cal, config, packed=False)
     rows = 2 if str(_g(config, "kind", "preference")) == "preference" else 1
     per_step, parts = _supervised(cal, config, steps, (length, 0.0, rows))  # a scalar head
     return per_step, parts, 1
 
 
-def _pg_rollout_seconds(cal: dict[str, Any], config: dict[str, Any], algorithm: str) -> float:
+def _pg_rollout_seconds(cal: dict[str, Any], config: TrainerConfig, algorithm: str) -> float:
     """One rollout step of a policy-gradient run: sampling, no-grad passes, updates."""
     from rlhf_lab.planning.catalog import algorithm_spec
 
@@ -367,7 +372,7 @@ def _pg_rollout_seconds(cal: dict[str, Any], config: dict[str, Any], algorithm: 
     return seconds + updates * per_update
 
 
-def _policy_gradients(cal: dict[str, Any], config: dict[str, Any], algorithm: str, steps: int):
+def _policy_gradients(cal: dict[str, Any], config: TrainerConfig, algorithm: str, steps: int):
     per_step = _pg_rollout_seconds(cal, config, algorithm)
     held_out = int(_g(config, "data.eval_size", 0))
     per_turn = _g(config, "eval.max_new_tokens", 0) or None
@@ -381,7 +386,7 @@ def _policy_gradients(cal: dict[str, Any], config: dict[str, Any], algorithm: st
     return per_step, {"steps": steps * per_step, "eval": evals * one_eval}, models
 
 
-def _rollout_steps(config: dict[str, Any]) -> int:
+def _rollout_steps(config: TrainerConfig) -> int:
     max_steps = _g(config, "train.max_steps")
     if max_steps:
         return int(max_steps)
@@ -391,12 +396,13 @@ def _rollout_steps(config: dict[str, Any]) -> int:
 
 
 def predict_from_calibration(
-    cal: dict[str, Any], family: str, algorithm: str, config: dict[str, Any]
+    cal: dict[str, Any], family: str, algorithm: str, config: ConfigArg
 ) -> TimeEstimate:
     """The prediction for a resolved ``config`` from a calibration (pure: no cache, no
     subprocess). ``calibrated`` is false for a family without a work model."""
     from rlhf_lab.planning.steps import expected_optimizer_steps
 
+    config = trainer_config(family, config)
     unit = "optimizer steps"
     if family == "policy_gradients":
         steps = _rollout_steps(config)
@@ -457,7 +463,7 @@ def _noted(estimate: TimeEstimate, result: Any) -> TimeEstimate:
 def predict_run(
     family: str,
     algorithm: str,
-    config: dict[str, Any],
+    config: ConfigArg,
     *,
     device: str = "cpu",
     threads: int | None = None,
@@ -467,7 +473,8 @@ def predict_run(
     :func:`rlhf_lab.planning.throughput_cache.calibration_mode`); never raises."""
     from rlhf_lab.runs.lineage import stand_in
 
-    model = get_dotted(config, "model.name")
+    config = trainer_config(family, config)
+    model = config.get("model.name")
     try:
         name = stand_in(model) if isinstance(model, str) else None
     except Exception:  # noqa: BLE001 - a pending upstream run: its base model's speed
@@ -483,66 +490,46 @@ def predict_run(
 
 
 def evaluation_from_calibration(
-    cal: dict[str, Any], eval_config: dict[str, Any], policies: int
+    cal: dict[str, Any], eval_config: ConfigArg, policies: int
 ) -> TimeEstimate:
     """An evaluation job (pure): ``prompts × n × max_new_tokens`` per policy, in batches of
     ``sampling.batch_size`` prompts, each policy loaded once."""
+    eval_config = trainer_config(EVALUATION, eval_config)
     if eval_config.get("suite") == "best_of_n":
         return best_of_n_from_calibration(cal, eval_config)
-    sampling = eval_config.get("sampling") or {}
-    prompts = int((eval_config.get("prompts") or {}).get("size", 64))
-    n = int(sampling.get("n", 1))
-    new = int(sampling.get("max_new_tokens", 128))
-    batch = int(sampling.get("batch_size", 16))
+    prompts, n, new, batch = _job_sampling(eval_config, n=1, batch=16)
     prompt = typical_length(cal, "prompt", None)
     per_policy = batched_generation_seconds(cal, prompts, batch, n, prompt, new)
     parts = {
         "start": startup_seconds(cal, models=max(policies, 1)),
         "generation": policies * per_policy,
     }
-    total = sum(parts.values())
-    return TimeEstimate(
-        calibrated=True,
-        total_s=round(total, 1),
-        per_step_s=round(per_policy / max(prompts, 1), 3),
-        steps=prompts,
-        step_unit="prompts",
-        parts={k: round(v, 1) for k, v in parts.items()},
-        text=f"~{format_duration(total)} ({policies} model(s) × {prompts} prompts × {n} samples)",
-        device=str(cal.get("device")),
-        threads=cal.get("threads"),
+    what = f"{policies} model(s) × {prompts} prompts × {n} samples"
+    return _job_estimate(cal, parts, prompts, per_policy, what)
+
+
+def _job_sampling(config: TrainerConfig, n: int, batch: int) -> tuple[int, int, int, int]:
+    """(prompts, samples per prompt, new tokens, prompts per batch) of an evaluation job; ``n``
+    and ``batch``: the suite's defaults."""
+    g = config.get
+    return (
+        int(g("prompts.size", 64)),
+        int(g("sampling.n", n)),
+        int(g("sampling.max_new_tokens", 128)),
+        int(g("sampling.batch_size", batch)),
     )
 
 
-def best_of_n_from_calibration(cal: dict[str, Any], eval_config: dict[str, Any]) -> TimeEstimate:
-    """A best_of_n job (pure): the policy samples ``n`` (n_max) completions of each prompt,
-    ``batch_size`` prompts at a time (every row to ``max_new_tokens``: an upper bound), then
-    the ORM and the PRM each score every completion once (a no-grad pass over the prompt and
-    the completion, ``best_of_n.score_batch_size`` rows a pass); three models loaded. With
-    ``best_of_n.samples_from`` nothing is sampled."""
-    sampling = eval_config.get("sampling") or {}
-    prompts = int((eval_config.get("prompts") or {}).get("size", 64))
-    n = int(sampling.get("n", 16))
-    new = int(sampling.get("max_new_tokens", 128))
-    batch = int(sampling.get("batch_size", 4))
-    score_batch = int((eval_config.get("best_of_n") or {}).get("score_batch_size", 16))
-    prompt = typical_length(cal, "prompt", None)
-    generation = batched_generation_seconds(cal, prompts, batch, n, prompt, new)
-    what = f"{prompts} prompts × {n} samples, then ORM and PRM scoring"
-    if (eval_config.get("best_of_n") or {}).get("samples_from"):
-        generation = 0.0  # an earlier job's completions are scored again
-        what = f"ORM and PRM scoring of {prompts} prompts × {n} earlier samples"
-    one_scorer = forward_seconds(cal, prompts * n, score_batch, prompt + new)
-    parts = {
-        "start": startup_seconds(cal, models=3),
-        "generation": generation,
-        "scoring": 2 * one_scorer,
-    }
+def _job_estimate(
+    cal: dict[str, Any], parts: dict[str, float], prompts: int, work_s: float, what: str
+) -> TimeEstimate:
+    """An evaluation job's estimate: its ``parts`` summed, ``work_s`` (the sampling and scoring
+    of one pass over the prompts) per prompt, and ``what`` it does in the text."""
     total = sum(parts.values())
     return TimeEstimate(
         calibrated=True,
         total_s=round(total, 1),
-        per_step_s=round((generation + 2 * one_scorer) / max(prompts, 1), 3),
+        per_step_s=round(work_s / max(prompts, 1), 3),
         steps=prompts,
         step_unit="prompts",
         parts={k: round(v, 1) for k, v in parts.items()},
@@ -552,9 +539,34 @@ def best_of_n_from_calibration(cal: dict[str, Any], eval_config: dict[str, Any])
     )
 
 
+def best_of_n_from_calibration(cal: dict[str, Any], eval_config: ConfigArg) -> TimeEstimate:
+    """A best_of_n job (pure): the policy samples ``n`` (n_max) completions of each prompt,
+    ``batch_size`` prompts at a time (every row to ``max_new_tokens``: an upper bound), then
+    the ORM and the PRM each score every completion once (a no-grad pass over the prompt and
+    the completion, ``best_of_n.score_batch_size`` rows a pass); three models loaded. With
+    ``best_of_n.samples_from`` nothing is sampled."""
+    config = trainer_config(EVALUATION, eval_config)
+    g = config.get
+    prompts, n, new, batch = _job_sampling(config, n=16, batch=4)
+    score_batch = int(g("best_of_n.score_batch_size", 16))
+    prompt = typical_length(cal, "prompt", None)
+    generation = batched_generation_seconds(cal, prompts, batch, n, prompt, new)
+    what = f"{prompts} prompts × {n} samples, then ORM and PRM scoring"
+    if g("best_of_n.samples_from"):
+        generation = 0.0  # an earlier job's completions are scored again
+        what = f"ORM and PRM scoring of {prompts} prompts × {n} earlier samples"
+    one_scorer = forward_seconds(cal, prompts * n, score_batch, prompt + new)
+    parts = {
+        "start": startup_seconds(cal, models=3),
+        "generation": generation,
+        "scoring": 2 * one_scorer,
+    }
+    return _job_estimate(cal, parts, prompts, generation + 2 * one_scorer, what)
+
+
 def predict_evaluation(
     model: str | None,
-    eval_config: dict[str, Any],
+    eval_config: ConfigArg,
     *,
     policies: int = 2,
     device: str = "cpu",
@@ -576,7 +588,7 @@ def predict_evaluation(
 
 
 def predict_planned_run(
-    family: str, algorithm: str, config: dict[str, Any], device: str | None
+    family: str, algorithm: str, config: TrainerConfig, device: str | None
 ) -> TimeEstimate:
     """A planned run's time on its recommended device (the CPU when none is recommended)."""
     kind = "cpu" if not device or device.startswith("cpu") else device.split(":")[0]
@@ -603,13 +615,14 @@ def plan_time_total(runs: list[Any], notes: list[str]) -> dict[str, Any]:
 
 
 def launch_prediction(
-    family: str, algorithm: str, config: dict[str, Any], device: str
+    family: str, algorithm: str, config: ConfigArg, device: str
 ) -> dict[str, Any] | None:
     """What a launch writes into run.json (``predicted_time``): the prediction from the cached
     calibration only (a launch never measures), None when there is none or anything fails."""
     kind = "cpu" if device.startswith("cpu") else device.split(":")[0]
     if kind not in ("cpu", "cuda"):
         return None  # a Slurm job runs elsewhere: this machine's throughput says nothing
+    config = trainer_config(family, config)
     try:
         if family == "evaluation":
             policies = 1 + int(bool(config.get("baseline")))

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound, Unavailable
-from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.offline_data import check_data_files
+from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
 
 __all__ = [
     "LR_CEILING_PRESET",
@@ -91,22 +91,11 @@ def model_steps(name: str | None = None) -> list[NextStep]:
     ]
 
 
-def _leaves(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.extend(_leaves(value, f"{dotted}."))
-        else:
-            out.append((dotted, value))
-    return out
-
-
-def _model_names(data: dict[str, Any]) -> list[tuple[str, str]]:
+def _model_names(config: TrainerConfig) -> list[tuple[str, str]]:
     """(dotted key, name) of every model the config loads (scorer folders apart)."""
     out = []
     for key in ("model.name", "model.ref_name", "teacher.name"):
-        value = get_dotted(data, key)
+        value = config.get(key)
         if isinstance(value, str):
             out.append((key, value))
     return out
@@ -165,12 +154,12 @@ def model_context(name: str) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def _check_scorer(family: str, data: dict[str, Any]) -> None:
+def _check_scorer(config: TrainerConfig) -> None:
     from rlhf_lab.runs.lineage import is_ref
 
-    if family != "rejection_sampling":
+    if config.family != "rejection_sampling":
         return
-    name = get_dotted(data, "scorer.name")
+    name = config.get("scorer.name")
     if not isinstance(name, str) or name == _VERIFIER or is_ref(name):
         return
     from pathlib import Path
@@ -196,14 +185,14 @@ def _vocab_size(name: str) -> int | None:
     return arch.vocab_size if arch is not None else None
 
 
-def _check_teacher(data: dict[str, Any]) -> None:
+def _check_teacher(config: TrainerConfig) -> None:
     """Distillation: the teacher scores the student's tokens, so both need the same tokenizer
     and output vocabulary. Two presets (or runs trained from them) must be the same preset;
     other models must declare the same vocabulary size (the trainer compares the tokenizers)."""
     from rlhf_lab.runs.lineage import base_model
     from trainers.core.tiny import PRESETS
 
-    teacher, student = get_dotted(data, "teacher.name"), get_dotted(data, "model.name")
+    teacher, student = config.get("teacher.name"), config.get("model.name")
     if not isinstance(teacher, str) or not isinstance(student, str):
         return
     t_base, s_base = base_model(teacher), base_model(student)
@@ -225,47 +214,52 @@ def _check_teacher(data: dict[str, Any]) -> None:
         )
 
 
-def _check_lengths(data: dict[str, Any], context: int, model: str) -> None:
+def _length_refusal(message: str, key: str, fixed: int, note: str) -> InvalidArgument:
+    """A length the model's context cannot hold, with the shrink that sets ``key`` to ``fixed``."""
+    return InvalidArgument(
+        message,
+        next=NextStep("shrink_config", {"overrides": [f"{key}={fixed}"]}, note=note),
+    )
+
+
+def _check_lengths(config: TrainerConfig, context: int, model: str) -> None:
     """Refuse a length the model's context cannot hold (the first one found)."""
-    for key, value in _leaves(data):
+    where = (
+        f"the context of model {model} ({context} tokens, max_position_embeddings of its config)"
+    )
+    for key, value in config.leaves():
         if isinstance(value, bool) or not isinstance(value, int):
             continue
         leaf = key.rsplit(".", 1)[-1]
         if leaf in _SEQUENCE_LEAVES and value > context:
-            raise InvalidArgument(
-                f"{key}={value} is above the context of model {model} ({context} tokens, "
-                f"max_position_embeddings of its config): use at most {key}={context}",
-                next=NextStep(
-                    "shrink_config",
-                    {"overrides": [f"{key}={min(context, 512)}"]},
-                    note=f"a length within the model's {context}-token context",
-                ),
+            raise _length_refusal(
+                f"{key}={value} is above {where}: use at most {key}={context}",
+                key,
+                min(context, 512),
+                f"a length within the model's {context}-token context",
             )
         if leaf.endswith(_GENERATION_SUFFIX) and value >= context:
-            raise InvalidArgument(
-                f"{key}={value} new tokens leave no room for a prompt in the context of model "
-                f"{model} ({context} tokens, max_position_embeddings of its config): prompt + "
+            raise _length_refusal(
+                f"{key}={value} new tokens leave no room for a prompt in {where}: prompt + "
                 f"completion must fit, so use well below {context}",
-                next=NextStep(
-                    "shrink_config",
-                    {"overrides": [f"{key}={min(context // 2, 512)}"]},
-                    note=f"a completion length that leaves room for the prompt in {context}",
-                ),
+                key,
+                min(context // 2, 512),
+                f"a completion length that leaves room for the prompt in {context}",
             )
 
 
-def _check_trajectory(family: str, data: dict[str, Any], context: int, model: str) -> None:
+def _check_trajectory(config: TrainerConfig, context: int, model: str) -> None:
     """Refuse a multi-turn trajectory (model turns and tool replies,
     :mod:`rlhf_lab.planning.completion_length`) that leaves no room for a prompt in the context."""
     from rlhf_lab.planning.completion_length import completion_tokens, is_multi_turn
 
-    if family != "policy_gradients" or not is_multi_turn(data):
+    if config.family != "policy_gradients" or not is_multi_turn(config):
         return
-    length = completion_tokens(data)
+    length = completion_tokens(config)
     if length < context:
         return
     raise InvalidArgument(
-        f"env.name={get_dotted(data, 'env.name')}: a trajectory of up to {length} tokens (model "
+        f"env.name={config.get('env.name')}: a trajectory of up to {length} tokens (model "
         "turns and tool replies: env.max_total_tokens, else env.max_turns × (rollout."
         "max_new_tokens + env.max_observation_tokens + the reply's template)) leaves no room "
         f"for a prompt in the context of model {model} ({context} tokens)",
@@ -277,11 +271,11 @@ def _check_trajectory(family: str, data: dict[str, Any], context: int, model: st
     )
 
 
-def _lr_warnings(data: dict[str, Any], preset: bool) -> list[str]:
+def _lr_warnings(config: TrainerConfig, preset: bool) -> list[str]:
     ceiling = LR_CEILING_PRESET if preset else LR_CEILING_PRETRAINED
     kind = "a random-init built-in preset" if preset else "full fine-tuning of a pretrained model"
     out = []
-    for key, value in _leaves(data):
+    for key, value in config.leaves():
         if key.rsplit(".", 1)[-1] != "learning_rate":
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -299,7 +293,7 @@ def _lr_warnings(data: dict[str, Any], preset: bool) -> list[str]:
     return out
 
 
-def check_config(family: str, data: dict[str, Any], *, launching: bool = False) -> ConfigChecks:
+def check_config(family: str, config: ConfigArg, *, launching: bool = False) -> ConfigChecks:
     """Check a resolved (validated) config before anything is written.
 
     Raises a :class:`~rlhf_lab.errors.LabError` for a model that cannot be resolved (or, when
@@ -309,10 +303,11 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
     from rlhf_lab.runs.lineage import base_model, check_ref, find_refs, is_ref, stand_in
     from trainers.core.tiny import PRESETS
 
+    config = trainer_config(family, config)
     out = ConfigChecks()
-    for key, run_id in find_refs(data).items():
+    for key, run_id in find_refs(config.to_data()).items():
         check_ref(key, run_id)
-    names = [(k, n) for k, n in _model_names(data) if not is_ref(n)]
+    names = [(k, n) for k, n in _model_names(config) if not is_ref(n)]
     for key, name in names:
         source = _resolve(key, name)
         why = _hub_unavailable(source)
@@ -321,32 +316,32 @@ def check_config(family: str, data: dict[str, Any], *, launching: bool = False) 
                 f"{key}={name!r} cannot be loaded here: {why} (no download was attempted)",
                 next=model_steps(name),
             )
-    _check_scorer(family, data)
-    _check_teacher(data)
-    check_data_files(family, data)
-    policy = get_dotted(data, "model.name")
+    _check_scorer(config)
+    _check_teacher(config)
+    check_data_files(config)
+    policy = config.get("model.name")
     if isinstance(policy, str):
         out.context = model_context(stand_in(policy))
         if out.context is not None:
-            _check_lengths(data, out.context, policy)
-            _check_trajectory(family, data, out.context, policy)
+            _check_lengths(config, out.context, policy)
+            _check_trajectory(config, out.context, policy)
         else:
             out.warnings.append(
                 f"the context length of model {policy} is unknown here (its config.json is not "
                 "available), so the sequence lengths were not checked against it"
             )
-        _check_lora_targets(data, stand_in(policy), policy)
+        _check_lora_targets(config, stand_in(policy), policy)
     base = base_model(policy) if isinstance(policy, str) else None
-    out.warnings.extend(_lr_warnings(data, preset=base in PRESETS))
+    out.warnings.extend(_lr_warnings(config, preset=base in PRESETS))
     return out
 
 
-def _check_lora_targets(data: dict[str, Any], name: str, shown: str) -> None:
+def _check_lora_targets(config: TrainerConfig, name: str, shown: str) -> None:
     """Refuse LoRA target modules that are not linear layers of the policy, for the
     architectures whose layers the trainers know (``trainers.core.lora.DEFAULT_TARGETS``); the
     trainer checks any other model itself before it writes anything."""
-    targets = get_dotted(data, "model.lora.target_modules")
-    if not get_dotted(data, "model.lora.enabled") or not isinstance(targets, list):
+    targets = config.get("model.lora.target_modules")
+    if not config.get("model.lora.enabled") or not isinstance(targets, list):
         return
     from rlhf_lab.planning.memory import model_facts
     from trainers.core.lora import DEFAULT_TARGETS, missing_targets

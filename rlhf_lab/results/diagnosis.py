@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.paths import find_run
 from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.trainer_config import ConfigArg
 from rlhf_lab.results.divergence import (
     divergence_hint,
     kl_blowup,
@@ -506,7 +507,7 @@ def run_flags(
     algorithm: str | None,
     rows: list[dict],
     samples: list[dict] | None = None,
-    config: dict | None = None,
+    config: ConfigArg | None = None,
 ) -> dict[str, str]:
     """The findings a ledger row and the Next section act on, flag -> one-line note:
     ``heldout_regression`` (:func:`heldout_regression`), ``noise_samples``

@@ -29,12 +29,13 @@ eval-size config key (``data.eval_size``, ``data.max_test_samples``) in the run'
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlhf_lab.planning.catalog import get_dotted, metric_direction
+from rlhf_lab.planning.catalog import metric_direction
+from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
 from rlhf_lab.results.stats import Interval, wilson_interval
 from trainers.core.spec import FAMILY_NAMES, FamilySpec, family_spec
 
@@ -108,26 +109,35 @@ def _spec_headline(spec: FamilySpec, algorithm: str | None) -> Headline:
     )
 
 
-def rewarded_by_model(config: dict | None, rows: Sequence[dict] = ()) -> bool:
+def run_config(family: str | None, config: ConfigArg | None) -> TrainerConfig | None:
+    """A run's config as the view (None for none, or for what is not a mapping: a config.yaml
+    that is damaged)."""
+    if isinstance(config, TrainerConfig):
+        return config
+    return trainer_config(family or "", config) if isinstance(config, Mapping) else None
+
+
+def rewarded_by_model(config: ConfigArg | None, rows: Sequence[dict] = ()) -> bool:
     """Whether a run optimises a learned reward model: ``reward.model`` in its config, or rows
     that log the proxy reward."""
-    if isinstance(config, dict) and get_dotted(config, "reward.model"):
+    view = run_config(None, config)
+    if view is not None and view.get("reward.model"):
         return True
     return any(key in row for row in rows for key in _RM_ROW_KEYS)
 
 
-def _verifier_prompts(config: dict | None) -> bool | None:
+def _verifier_prompts(config: TrainerConfig | None) -> bool | None:
     """Whether the run's prompts come with a verifier (reasoning-gym); None when unknown."""
-    if not isinstance(config, dict):
+    if config is None:
         return None
-    return get_dotted(config, "data.source") in (None, "reasoning_gym")
+    return config.get("data.source") in (None, "reasoning_gym")
 
 
-def _gold_expected(config: dict | None) -> bool | None:
+def _gold_expected(config: TrainerConfig | None) -> bool | None:
     """Whether the run has a gold signal (a gold reward model, or verifier prompts)."""
-    if not isinstance(config, dict):
+    if config is None:
         return None
-    return bool(get_dotted(config, "reward.gold_model")) or bool(_verifier_prompts(config))
+    return bool(config.get("reward.gold_model")) or bool(_verifier_prompts(config))
 
 
 def _logged(rows: Sequence[dict], name: str) -> bool:
@@ -152,11 +162,11 @@ def _rising_twins(spec: FamilySpec) -> list[str]:
     ]
 
 
-def _reward_headline(spec: FamilySpec, metric: str, config: dict | None) -> Headline:
+def _reward_headline(spec: FamilySpec, metric: str, config: TrainerConfig | None) -> Headline:
     """The headline for the gold or proxy reward (or a fallback metric) of ``spec``'s run."""
     if metric == GOLD_HEADLINE:
         # a verifier's score on held-out prompts is a share of them; a gold model's is not
-        share = not (isinstance(config, dict) and get_dotted(config, "reward.gold_model")) and bool(
+        share = not (config is not None and config.get("reward.gold_model")) and bool(
             _verifier_prompts(config)
         )
         label = "held-out gold reward (a judge the policy is not optimised against)"
@@ -183,7 +193,9 @@ def _reward_headline(spec: FamilySpec, metric: str, config: dict | None) -> Head
     )
 
 
-def _resolve(spec: FamilySpec, metric: str, config: dict | None, rows: Sequence[dict]) -> str:
+def _resolve(
+    spec: FamilySpec, metric: str, config: TrainerConfig | None, rows: Sequence[dict]
+) -> str:
     """The rule of the module docstring: which held-out metric a run is judged on."""
     rm = rewarded_by_model(config, rows)
     if rm:
@@ -213,7 +225,7 @@ def _resolve(spec: FamilySpec, metric: str, config: dict | None, rows: Sequence[
 def headline_for(
     family: str | None,
     algorithm: str | None = None,
-    config: dict | None = None,
+    config: ConfigArg | None = None,
     rows: Sequence[dict] = (),
 ) -> Headline | None:
     """The headline of a run of ``family`` (and ``algorithm``); None for an unknown family.
@@ -225,8 +237,9 @@ def headline_for(
     head = _spec_headline(spec, algorithm)
     if config is None and not rows:
         return head
-    metric = _resolve(spec, head.metric, config, rows)
-    return head if metric == head.metric else _reward_headline(spec, metric, config)
+    view = run_config(family, config)
+    metric = _resolve(spec, head.metric, view, rows)
+    return head if metric == head.metric else _reward_headline(spec, metric, view)
 
 
 def _as_float(value: Any) -> float | None:
@@ -235,7 +248,9 @@ def _as_float(value: Any) -> float | None:
     return float(value)
 
 
-def heldout_items(family: str | None, config: dict | None, rows: Sequence[dict] = ()) -> ItemCount:
+def heldout_items(
+    family: str | None, config: ConfigArg | None, rows: Sequence[dict] = ()
+) -> ItemCount:
     """The number of held-out items behind the headline: a count metric the trainer logged, else
     the family's eval-size key in the run's config."""
     for row in reversed(rows):
@@ -243,10 +258,10 @@ def heldout_items(family: str | None, config: dict | None, rows: Sequence[dict] 
             value = _as_float(row.get(name))
             if value is not None and value >= 1 and value.is_integer():
                 return ItemCount(int(value), f"{name} logged")
-    spec = _spec(family)
-    if spec is not None and isinstance(config, dict):
+    spec, view = _spec(family), run_config(family, config)
+    if spec is not None and view is not None:
         for key in spec.eval_size_keys:
-            value = get_dotted(config, key)
+            value = view.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return ItemCount(value, f"{key} in its config; the trainer logs no count")
     return ItemCount(None, "unknown (no eval size in the config)")
@@ -314,7 +329,7 @@ def headline_line(
     algorithm: str | None,
     last_eval: dict,
     last_train: dict,
-    config: dict | None = None,
+    config: ConfigArg | None = None,
     rows: Sequence[dict] = (),
     eval_rows: Sequence[dict] = (),
 ) -> str | None:

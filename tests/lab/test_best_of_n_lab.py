@@ -108,12 +108,12 @@ def test_evaluate_resolves_the_orm_and_prm_runs_and_waits_for_them(lab_root):
         overrides=["best_of_n.orm=run:orm-bbbb", "best_of_n.prm=prm-cccc", "prompts.size=8"],
         device="cpu",
     )
-    assert job.config["best_of_n"]["orm"] == str(runs["orm"] / "final_model")
-    assert job.config["best_of_n"]["prm"] == str(runs["prm"] / "final_model")
-    assert job.config["sampling"]["n"] == 16 and job.config["suite"] == "best_of_n"
+    assert job.config.get("best_of_n.orm") == str(runs["orm"] / "final_model")
+    assert job.config.get("best_of_n.prm") == str(runs["prm"] / "final_model")
+    assert job.config.get("sampling.n") == 16 and job.config.get("suite") == "best_of_n"
     assert {"orm-bbbb", "prm-cccc"} <= set(job.after)
-    assert job.config["baseline"] is None  # a run's default baseline (auto) does not apply
-    assert job.config["best_of_n"]["samples_from"] is None
+    assert job.config.get("baseline") is None  # a run's default baseline (auto) does not apply
+    assert job.config.get("best_of_n.samples_from") is None
     reuse = prepare_evaluation(
         "sft-aaaa",
         "best_of_n",
@@ -123,7 +123,7 @@ def test_evaluate_resolves_the_orm_and_prm_runs_and_waits_for_them(lab_root):
             "best_of_n.samples_from=run:bon-eeee",
         ],
     )
-    assert reuse.config["best_of_n"]["samples_from"] == str(runs["bon"])
+    assert reuse.config.get("best_of_n.samples_from") == str(runs["bon"])
     assert "bon-eeee" in reuse.after
     with pytest.raises(InvalidArgument, match="no baseline"):
         prepare_evaluation(

@@ -317,10 +317,12 @@ def test_rejection_sampling_reads_and_writes_its_own_task_keys():
 
 def test_a_warm_starts_trained_task_counts_as_requested():
     from rlhf_lab.planning.calibration import TARGETS
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
     spec = [{"name": "chain_sum", "weight": 1.0, "config": {"min_terms": 2}}]
     config = {"model": {"name": "tiny"}, "data": {"source": "reasoning_gym", "specs": spec}}
-    assert TARGETS["policy_gradients"].specs_of(config) == spec
+    view = TrainerConfig("policy_gradients", config)
+    assert TARGETS["policy_gradients"].specs_of(view) == spec
     cal = calibrate("policy_gradients", "grpo", config, ['data.specs=[{"name": "chain_sum"}]'],
                     probe=StubProbe(RATES), cache_dir=None)  # fmt: skip
     assert cal.choice.requested == "chain_sum[min_terms=2]"

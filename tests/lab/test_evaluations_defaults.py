@@ -51,7 +51,7 @@ def test_a_plain_model_is_evaluated_on_the_builtin_mix():
     assert {p.meta["task"] for p in prompts} == set(DEFAULT_BUILTIN_TASKS)
     # the lab's own check (what `rlhf-lab eval tiny` runs first) accepts it
     job = prepare_evaluation("tiny", "reasoning", baseline="none")
-    assert job.config["prompts"]["tasks"] == []
+    assert job.config.get("prompts.tasks") == []
 
 
 def test_a_run_is_evaluated_on_its_own_tasks_else_the_builtin_mix(lab_root):

@@ -22,18 +22,21 @@ from rlhf_lab.planning.memory import (
     kv_cache_bytes_per_token,
     layer_activation_bytes,
 )
-from rlhf_lab.planning.memory.families import config_leaf
+from rlhf_lab.planning.trainer_config import TrainerConfig, config_leaf
 
 # h=4, q = 2 heads × 2 = 4, kv = 1 head × 2 = 2, gated MLP of width 8, 2 layers, vocab 10
 SHAPE = {"vocab_size": 10, "hidden_size": 4, "num_layers": 2, "intermediate_size": 8}
 HEADS = {"num_heads": 2, "num_kv_heads": 1, "head_dim": 2}
 ARCH = ModelArch(model_type="llama", tie_word_embeddings=True, **SHAPE, **HEADS)
 # EstimateInputs for 1000 parameters without an architecture: bf16, no checkpointing, eager off
-BASE = EstimateInputs({}, None, None, None, 1000, 2, False, False, False, False, 128)
+BASE = EstimateInputs(
+    TrainerConfig("sft", {}), None, None, None, 1000, 2, False, False, False, False, 128
+)
 
 
 def _inputs(config: dict, algorithm: str | None, **changes) -> EstimateInputs:
-    return dataclasses.replace(BASE, config=config, algorithm=algorithm, **changes)
+    view = TrainerConfig("sft", config)  # the estimators read the view, never the family
+    return dataclasses.replace(BASE, config=view, algorithm=algorithm, **changes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from rlhf_lab.errors import LabError
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import GIB, arch_from_config, estimate_memory
 from rlhf_lab.planning.memory.lora import LoraPlan, adapter_params, lora_plan
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 LLAMA2_7B = {
     "model_type": "llama",
@@ -64,9 +65,12 @@ def test_adapter_parameters_hand_computed():
 
 
 def test_lora_plan_reads_the_config_and_full_fine_tuning_has_none():
-    assert lora_plan({"model": {"name": "tiny"}}) is None
-    assert lora_plan({"model": {"lora": {**LORA, "enabled": False}}}) is None
-    plan = lora_plan({"model": {"lora": {**LORA, "target_modules": "all-linear"}}})
+    def view(data: dict) -> TrainerConfig:
+        return TrainerConfig("direct_alignment", data)
+
+    assert lora_plan(view({"model": {"name": "tiny"}})) is None
+    assert lora_plan(view({"model": {"lora": {**LORA, "enabled": False}}})) is None
+    plan = lora_plan(view({"model": {"lora": {**LORA, "target_modules": "all-linear"}}}))
     assert plan == LoraPlan(rank=16, dropout=0.05, targets=("all-linear",))
 
 

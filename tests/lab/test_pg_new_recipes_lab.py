@@ -81,7 +81,5 @@ def test_matched_overrides_give_the_group_shape_to_the_single_rollout_recipes():
     matched = matched_overrides(["grpo", "reinforce_pp", "remax", "gmpo"], model="tiny")
     assert matched["grpo"] == [] and matched["gmpo"] == []
     for name in ("reinforce_pp", "remax"):  # shipped with one rollout per prompt
-        assert (
-            "rollout.num_rollouts=8" in matched[name]
-            and "rollout.prompts_per_step=4" in (matched[name])
-        )
+        written = [o.text for o in matched[name]]
+        assert "rollout.num_rollouts=8" in written and "rollout.prompts_per_step=4" in written

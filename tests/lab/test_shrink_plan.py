@@ -483,7 +483,7 @@ def test_matched_overrides_for_launching_without_a_plan():
     from rlhf_lab.planning.plan import matched_overrides
 
     matched = matched_overrides(["ppo", "grpo"], model="tiny")
-    assert matched["grpo"] == [] and "rollout.num_rollouts=8" in matched["ppo"]
+    assert matched["grpo"] == [] and "rollout.num_rollouts=8" in [o.text for o in matched["ppo"]]
     assert matched_overrides(["dpo", "ipo"], model="tiny") == {"dpo": [], "ipo": []}
 
 

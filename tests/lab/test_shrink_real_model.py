@@ -18,6 +18,7 @@ import yaml
 from rlhf_lab import api, runs
 from rlhf_lab.errors import Conflict, InvalidArgument, NotFound
 from rlhf_lab.planning import offline_data, real_model
+from rlhf_lab.planning.overrides import Override
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.runs.identical import identical_runs
 from trainers.core.lora import DEFAULT_TARGETS
@@ -177,11 +178,12 @@ def test_cpu_sizes_for_a_135m_model(smol):
 
 
 def test_calibration_overrides_come_after_the_rules_and_before_the_users(smol):
-    res = shrink_config("grpo", model=smol, calibration=["rollout.max_new_tokens=72"])
+    measured = [Override.of("rollout.max_new_tokens", 72)]
+    res = shrink_config("grpo", model=smol, calibration=measured)
     assert res.config["rollout"]["max_new_tokens"] == 72
     assert "rollout.max_new_tokens=72" in res.shrink_overrides
     mine = shrink_config(
-        "grpo", ["rollout.max_new_tokens=40"], model=smol, calibration=["rollout.max_new_tokens=72"]
+        "grpo", [Override.parse("rollout.max_new_tokens=40")], model=smol, calibration=measured
     )
     assert mine.config["rollout"]["max_new_tokens"] == 40
 

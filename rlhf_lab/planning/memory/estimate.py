@@ -10,12 +10,11 @@ on top of the largest phase. The total is that largest phase.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import InvalidArgument, NextStep
-from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.memory import blocks
 from rlhf_lab.planning.memory.architecture import (
     ModelArch,
@@ -28,6 +27,7 @@ from rlhf_lab.planning.memory.architecture import (
 from rlhf_lab.planning.memory.blocks import EstimateBuilder, MemoryComponent
 from rlhf_lab.planning.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS, EstimateInputs
 from rlhf_lab.planning.memory.sharding import shard_components
+from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
 
 ModelArg = int | ParamCount | ModelArch | str | None
 
@@ -64,11 +64,11 @@ class MemoryEstimate(BaseModel):
 
 
 def _resolve_model_arg(
-    model: ModelArg, config: dict[str, Any]
+    model: ModelArg, config: TrainerConfig
 ) -> tuple[ParamCount | None, int, str | None, list[str]]:
     """(param count with arch if known, total params, model name, notes)."""
     notes: list[str] = []
-    name = get_dotted(config, "model.name")
+    name = config.get("model.name")
     if isinstance(model, bool):
         raise InvalidArgument(
             "model must be a parameter count, a ParamCount, a ModelArch or a name",
@@ -96,10 +96,10 @@ def _resolve_model_arg(
     return facts.params, facts.params.total, name, notes
 
 
-def _pick_device(device: str | None, config: dict[str, Any]) -> Literal["cuda", "cpu"]:
+def _pick_device(device: str | None, config: TrainerConfig) -> Literal["cuda", "cpu"]:
     """The device to estimate for: ``device``, else the config's ``model.device``; ``auto``
     counts as a GPU (the accelerator a real run would use)."""
-    choice = (device or get_dotted(config, "model.device") or "auto").lower()
+    choice = (device or config.get("model.device") or "auto").lower()
     if choice.startswith("cuda"):
         return "cuda"
     if choice == "cpu":
@@ -107,10 +107,10 @@ def _pick_device(device: str | None, config: dict[str, Any]) -> Literal["cuda", 
     return "cuda"
 
 
-def _training_dtype(config: dict[str, Any], dev: Literal["cuda", "cpu"]) -> str:
+def _training_dtype(config: TrainerConfig, dev: Literal["cuda", "cpu"]) -> str:
     """The config's ``model.dtype``; ``auto`` is bf16 on a GPU and fp32 on the CPU, as the
     trainers pick it."""
-    preference = str(get_dotted(config, "model.dtype") or "auto")
+    preference = str(config.get("model.dtype") or "auto")
     if preference == "auto":
         return "bf16" if dev == "cuda" else "fp32"
     return preference
@@ -156,15 +156,16 @@ def _estimator(family: str, algorithm: str | None):
 def estimate_memory(
     family: str,
     algorithm: str | None,
-    config: dict[str, Any],
+    config: ConfigArg,
     model: ModelArg = None,
     *,
     device: Literal["cuda", "cpu"] | None = None,
     world_size: int = 1,
     assume: Assumptions = Assumptions(),
 ) -> MemoryEstimate:
-    """Peak memory of one run of ``family``/``algorithm`` with ``config`` (a validated config
-    dict, e.g. ``ShrinkResult.config``), per component, in GiB.
+    """Peak memory of one run of ``family``/``algorithm`` with ``config`` (the resolved config's
+    view, e.g. ``ShrinkResult.trainer_config``, or the data of a config the lab validated), per
+    component, in GiB.
 
     ``model``: a parameter count, :class:`ParamCount`, :class:`ModelArch` or model name; None
     reads ``model.name`` from the config. ``device``: what to estimate for (None: the config's
@@ -177,11 +178,12 @@ def estimate_memory(
 
     if family not in FAMILIES or _estimator(family, None) is None:
         raise _unknown_family(family)
+    config = trainer_config(family, config)
     pc, params, model_name, notes = _resolve_model_arg(model, config)
     dev = _pick_device(device, config)
     dtype = _training_dtype(config, dev)
-    ckpt = bool(get_dotted(config, "model.gradient_checkpointing", False))
-    eager = get_dotted(config, "model.attn_implementation") == "eager"
+    ckpt = bool(config.get("model.gradient_checkpointing", False))
+    eager = config.get("model.attn_implementation") == "eager"
     b = dtype_bytes(dtype)
     # EstimateInputs' fields in order: what is estimated, then the precision and switches
     subject = (config, algorithm, model_name, pc, params)

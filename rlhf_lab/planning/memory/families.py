@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_lab.errors import LabError
-from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.completion_length import completion_tokens, is_multi_turn
 from rlhf_lab.planning.memory.architecture import ModelArch, ParamCount, model_facts
 from rlhf_lab.planning.memory.blocks import (
@@ -36,26 +35,15 @@ from rlhf_lab.planning.memory.blocks import (
     per_row_positions,
 )
 from rlhf_lab.planning.memory.lora import add_lora_trained, lora_plan, reference_is_base
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from trainers.core.spec import AlgorithmSpec, family_spec
-
-
-def config_leaf(config: dict[str, Any], key: str, default: Any = None) -> Any:
-    """A value stored under ``key`` anywhere in the config (families whose layout varies)."""
-    if key in config and not isinstance(config[key], dict):
-        return config[key] if config[key] is not None else default
-    for value in config.values():
-        if isinstance(value, dict):
-            found = config_leaf(value, key, None)
-            if found is not None:
-                return found
-    return default
 
 
 @dataclass(frozen=True)
 class EstimateInputs:
     """Everything a family estimator reads, resolved once by ``estimate_memory``."""
 
-    config: dict[str, Any]
+    config: TrainerConfig
     algorithm: str | None
     model_name: str | None
     counts: ParamCount | None  # None when only a parameter count was given
@@ -74,13 +62,13 @@ class EstimateInputs:
 
     def setting(self, key: str, default: Any = None) -> Any:
         """The config's value at dotted ``key``; ``default`` when it is absent or null."""
-        value = get_dotted(self.config, key)
+        value = self.config.get(key)
         return default if value is None else value
 
     def accumulates(self, key: str = "train.gradient_accumulation_steps") -> bool:
         """Several micro-batches per optimizer step (an absent setting counts as yes: the
         larger estimate). A key without a dot is looked up anywhere in the config."""
-        value = get_dotted(self.config, key) if "." in key else config_leaf(self.config, key)
+        value = self.config.get(key) if "." in key else self.config.leaf(key)
         return value is None or int(value) > 1
 
     def precision(self) -> Precision:
@@ -384,15 +372,15 @@ def estimate_reward_models(inputs: EstimateInputs, bld: EstimateBuilder) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _scorer_model(config: dict[str, Any]) -> str | None:
+def _scorer_model(config: TrainerConfig) -> str | None:
     """The reward model that scores completions, if any (a ``verifier`` scorer needs none)."""
-    name = get_dotted(config, "scorer.name")
+    name = config.get("scorer.name")
     scorer = name if isinstance(name, str) and name != "verifier" else None
     return (
         scorer
-        or get_dotted(config, "reward_model.name")
-        or config_leaf(config, "reward_model_name")
-        or config_leaf(config, "reward_model")
+        or config.get("reward_model.name")
+        or config.leaf("reward_model_name")
+        or config.leaf("reward_model")
     )
 
 
@@ -403,7 +391,7 @@ def _add_reward_model(inputs: EstimateInputs, bld: EstimateBuilder, name: str, s
         rm = model_facts(name).params
         bld.frozen("reward model", rm.total, inputs.b, ["score"])
         if rm.arch is not None:
-            batch = int(config_leaf(inputs.config, "score_batch_size", 2))
+            batch = int(inputs.config.leaf("score_batch_size", 2))
             fwd = forward_gb(rm.arch, inputs.b, batch, seq, inputs.eager)
             bld.add("reward model forward (no grad)", fwd, ["score"])
     except LabError as err:
@@ -414,9 +402,9 @@ def estimate_rejection_sampling(inputs: EstimateInputs, bld: EstimateBuilder) ->
     """Three stages one after another: the policy generates (weights + KV cache), a reward
     model or a verifier scores, then the policy is fine-tuned on the selection (SFT)."""
     config, arch = inputs.config, inputs.arch
-    new_tokens = int(config_leaf(config, "max_new_tokens", 512))
-    n = int(config_leaf(config, "num_completions_per_prompt", 8))
-    gen_prompts = int(config_leaf(config, "rollout_batch_size", 8))
+    new_tokens = int(config.leaf("max_new_tokens", 512))
+    n = int(config.leaf("num_completions_per_prompt", 8))
+    gen_prompts = int(config.leaf("rollout_batch_size", 8))
     bld.frozen("policy (generation)", inputs.params, inputs.b, ["generate"])
     if arch is not None:
         length = inputs.prompt_tokens + new_tokens
@@ -427,8 +415,8 @@ def estimate_rejection_sampling(inputs: EstimateInputs, bld: EstimateBuilder) ->
         _add_reward_model(inputs, bld, rm_name, inputs.prompt_tokens + new_tokens)
     else:
         bld.notes.append("scored by a verifier: no reward model")
-    rows = int(config_leaf(config, "batch_size", 1))
-    seq = int(config_leaf(config, "max_seq_length", 0) or config_leaf(config, "max_length", 1024))
+    rows = int(config.leaf("batch_size", 1))
+    seq = int(config.leaf("max_seq_length", 0) or config.leaf("max_length", 1024))
     trainable = _trained(
         inputs,
         bld,

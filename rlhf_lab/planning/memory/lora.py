@@ -21,9 +21,7 @@ projection.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.memory.architecture import ModelArch
 from rlhf_lab.planning.memory.blocks import (
     GIB,
@@ -33,6 +31,7 @@ from rlhf_lab.planning.memory.blocks import (
     activations_gb,
     logits_gb,
 )
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 ADAPTER_BYTES = 4  # peft keeps adapter weights in fp32
 # trainers.core.lora.DEFAULT_TARGETS, for the architectures the estimate knows
@@ -49,16 +48,16 @@ class LoraPlan:
     targets: tuple[str, ...] | None  # None: the architecture's default; ("all-linear",)
 
 
-def lora_plan(config: dict[str, Any]) -> LoraPlan | None:
+def lora_plan(config: TrainerConfig) -> LoraPlan | None:
     """The config's LoRA settings, or None for full fine-tuning."""
-    if not get_dotted(config, "model.lora.enabled", False):
+    if not config.get("model.lora.enabled", False):
         return None
-    targets = get_dotted(config, "model.lora.target_modules")
+    targets = config.get("model.lora.target_modules")
     if isinstance(targets, str):
         targets = [targets]
     return LoraPlan(
-        rank=int(get_dotted(config, "model.lora.rank", 16) or 16),
-        dropout=float(get_dotted(config, "model.lora.dropout", 0.05) or 0.0),
+        rank=int(config.get("model.lora.rank", 16) or 16),
+        dropout=float(config.get("model.lora.dropout", 0.05) or 0.0),
         targets=tuple(targets) if targets else None,
     )
 
@@ -162,9 +161,9 @@ def add_lora_trained(
     return adapters
 
 
-def reference_is_base(config: dict[str, Any], model_name: str | None) -> bool:
+def reference_is_base(config: TrainerConfig, model_name: str | None) -> bool:
     """Whether the reference is the adapted model's base with the adapters off (no copy)."""
-    ref = get_dotted(config, "model.ref_name")
+    ref = config.get("model.ref_name")
     return lora_plan(config) is not None and ref in (None, model_name)
 
 
