@@ -24,11 +24,13 @@ writes outcome ``stopped`` with a detail saying what was saved.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -393,24 +395,42 @@ def another_rank_failed(run: RunDir) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class TrainerMain:
+    """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
+    (the command's description is the first line of ``doc``, the module docstring).
+
+    :meth:`with_options` gives the same command with keyword arguments for ``train`` that no
+    config holds: the functions a run is built from, such as the verifier that scores the
+    policy-gradient samples (``pg_train.main.with_options(verifier=my_rewards)``)."""
+
+    doc: str
+    config_model: type[BaseModel]
+    preflight: Callable[[Any], None]
+    train: Callable[..., SummaryFile | dict[str, Any]]
+    planned_steps: Callable[[Any], int | None] | None = None
+
+    def __call__(self, argv: list[str] | None = None) -> int:
+        return run_trainer(
+            argv,
+            description=self.doc.splitlines()[0],
+            config_model=self.config_model,
+            preflight=self.preflight,
+            train=self.train,
+            planned_steps=self.planned_steps,
+        )
+
+    def with_options(self, **options: Any) -> TrainerMain:
+        """This command, its ``train`` called with ``options`` as keyword arguments."""
+        return replace(self, train=functools.partial(self.train, **options))
+
+
 def trainer_main(
     doc: str,
     config_model: type[C],
     preflight: Callable[[C], None],
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
-) -> Callable[[list[str] | None], int]:
-    """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
-    (the command's description is the first line of ``doc``, the module docstring)."""
-
-    def main(argv: list[str] | None = None) -> int:
-        return run_trainer(
-            argv,
-            description=doc.splitlines()[0],
-            config_model=config_model,
-            preflight=preflight,
-            train=train,
-            planned_steps=planned_steps,
-        )
-
-    return main
+) -> TrainerMain:
+    """A family's ``main`` (:class:`TrainerMain`) from its pieces."""
+    return TrainerMain(doc, config_model, preflight, train, planned_steps)

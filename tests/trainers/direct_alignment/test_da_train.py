@@ -88,22 +88,18 @@ def test_every_loss_runs_and_writes_a_complete_run_dir(tmp_path, loss):
     assert read_jsonl(tmp_path / "run" / "samples.jsonl")[0]["completion"] is not None
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 steps straight == 2 steps, stop (the SIGTERM path: checkpoint + 'stopped'), resume, 2."""
     common = [*QUICK, "train.max_steps=4", "eval.sample_every=1"]
     assert run("dpo", tmp_path / "straight", common) == 0
 
     half = tmp_path / "half"
 
-    def stop_after_two_steps() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 2
-
-    monkeypatch.setattr(da_train, "stop_requested", stop_after_two_steps)
+    sigterm_at("step_end:2")  # a real SIGTERM at the end of step 2
     assert run("dpo", half, common) == 143
     assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
     assert [r["step"] for r in read_jsonl(half / "metrics.jsonl")][-1] == 2
-    monkeypatch.undo()
+    sigterm_at(None)
     assert run("dpo", half, common, resume=True) == 0
     assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
 

@@ -4,7 +4,6 @@ written (no way to rank, a ranker that is not a reward model)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -176,22 +175,17 @@ def test_a_reward_model_ranks_prompts_the_verifier_cannot_score(tmp_path):
     assert row["score_chosen"] > row["score_rejected"] and "correctness" not in row
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """Sampling is seeded by (seed, step): 3 steps straight == 1 step, stop, resume, 2 more
     (same sampled pairs, same losses)."""
-    from trainers.direct_alignment import online
 
     common = [*QUICK, "train.max_steps=3", "eval.eval_every=0", "eval.sample_every=0"]
     assert run(tmp_path / "straight", common) == 0
     half = tmp_path / "half"
 
-    def stop_after_one_step() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 1
-
-    monkeypatch.setattr(online, "stop_requested", stop_after_one_step)
+    sigterm_at("step_end:1")  # a real SIGTERM at the end of step 1
     assert run(half, common) == 143
-    monkeypatch.undo()
+    sigterm_at(None)
     assert run(half, common, resume=True) == 0
     straight = [r for r in read_jsonl(tmp_path / "straight" / "metrics.jsonl")]
     resumed = [r for r in read_jsonl(half / "metrics.jsonl")]

@@ -55,19 +55,15 @@ def test_two_steps_write_a_complete_run_dir(tmp_path):
     assert {"eval/avg_correctness", "eval/teacher_avg_correctness"} <= set(evals[-1])
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """Student samples are seeded by (seed, step): 3 steps straight == 1, stop, resume, 2."""
     common = [*QUICK, "train.max_steps=3", "eval.eval_every=0"]
     assert run(tmp_path / "straight", common) == 0
     half = tmp_path / "half"
 
-    def stop_after_one_step() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 1
-
-    monkeypatch.setattr(distill_train, "stop_requested", stop_after_one_step)
+    sigterm_at("step_end:1")  # a real SIGTERM at the end of step 1
     assert run(half, common) == 143
-    monkeypatch.undo()
+    sigterm_at(None)
     assert run(half, common, resume=True) == 0
     straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
     resumed = read_jsonl(half / "metrics.jsonl")

@@ -32,6 +32,12 @@ import torch
 from trainers.core import verifier as rewards_mod  # the verifier moved to core (issue 27)
 from trainers.core.spec import spec_for
 from trainers.core.tasks import TASK_CONFIGS, format_response, import_reasoning_gym
+from trainers.core.verifier import (
+    compute_rewards,
+    correctness_score,
+    format_score,
+    overlong_penalty,
+)
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     drgrpo_advantages,
@@ -53,13 +59,7 @@ from trainers.policy_gradients.losses import (
     masked_mean,
     value_loss,
 )
-from trainers.policy_gradients.rewards import (
-    compute_rewards,
-    correctness_score,
-    dapo_keep_groups,
-    format_score,
-    overlong_penalty,
-)
+from trainers.policy_gradients.rewards import dapo_keep_groups
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 # each algorithm's default aggregation, as its spec declares it

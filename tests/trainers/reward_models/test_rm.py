@@ -589,7 +589,7 @@ def test_each_kind_writes_a_complete_run_dir_from_its_real_schema_fixture(
     assert all(isinstance(s, float) and math.isfinite(s) for s in scores)
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 ORM steps straight == 2 steps, stop (the SIGTERM path), resume, 2 more."""
     common = [
         *QUICK,
@@ -605,14 +605,10 @@ def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
     assert run("orm", tmp_path / "straight", common) == 0
     half = tmp_path / "half"
 
-    def stop_after_two_steps() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 2
-
-    monkeypatch.setattr(rm_train, "stop_requested", stop_after_two_steps)
+    sigterm_at("step_end:2")  # a real SIGTERM at the end of step 2
     assert run("orm", half, common) == 143
     assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
-    monkeypatch.undo()
+    sigterm_at(None)
     assert run("orm", half, common, resume=True) == 0
     assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
     straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
