@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_complete_run_dir, trainer_argv
 
+from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import LOSS_NAMES
@@ -194,10 +195,7 @@ def test_existing_run_dir_is_not_overwritten(tmp_path, capsys):
 
 
 def test_failure_inside_training_writes_failed_summary(tmp_path, monkeypatch):
-    def boom(*args, **kwargs):
-        raise RuntimeError("injected failure")
-
-    monkeypatch.setattr(da_train, "micro_batch_loss", boom)
+    monkeypatch.setenv(FAULT_ENV, "1")  # the trainer's fault injection: raise at step 1's end
     assert run("dpo", tmp_path / "run", [*QUICK, "train.max_steps=1"]) == 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["outcome"] == "failed" and "injected failure" in summary["error"]
+    assert summary["outcome"] == "failed" and "injected fault at step 1" in summary["error"]

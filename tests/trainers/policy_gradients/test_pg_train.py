@@ -17,7 +17,6 @@ import pytest
 import torch
 from conftest import assert_complete_run_dir, assert_same_gradients, torch_threads, trainer_argv
 
-from trainers.core import logprobs as core_logprobs
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
 from trainers.core.verifier import Verifier, compute_rewards
@@ -317,7 +316,7 @@ def _grads(model) -> torch.Tensor:
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama"])
 def test_shared_prompt_forward_equals_full_rows_with_gradients(
-    preset, monkeypatch, record_forward_shapes
+    preset, record_forward_shapes
 ):
     """A group's prompt runs once (KV cache gathered per row): log-probs, entropies, values and
     every gradient equal one forward of the full rows; the prompt really runs once."""
@@ -339,7 +338,9 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(
     # 3 distinct prompts x width_p, then 7 rows x (completion width - 1)
     assert forwards == [(3, width_p), (7, cmask.shape[1] - 1)]
 
-    monkeypatch.setattr(core_logprobs, "_checkpointing", lambda decoder: True)  # the full-row path
+    # gradient checkpointing (training) cannot keep a KV cache: the full-row path
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model.training
     forwards.clear()
     full, full_ent = completion_token_stats(model, ids, attn, width_p, True)
     (full * cmask).sum().backward()
@@ -355,7 +356,7 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(
     value = ValueModel(model)
     torch.nn.init.normal_(value.head.weight)
     v_full = value(ids, attn, width_p)
-    monkeypatch.setattr(core_logprobs, "_checkpointing", lambda decoder: False)
+    model.gradient_checkpointing_disable()
     v_shared = value(ids, attn, width_p)
     assert torch.allclose(v_shared[m], v_full[m], atol=1e-5)
 
