@@ -23,8 +23,9 @@ with the same global batch:
   ``writer=False`` elsewhere); every rank's lines reach ``train.log`` prefixed ``[rank r]``.
 
 The one place that asks the machine about CUDA is :func:`query_cuda`; device choice, dtype,
-attention implementation and the backend all go through it, so tests replace that one function
-to reach the CUDA branches on a CPU-only machine.
+attention implementation and the backend all go through it, and each of those functions takes
+the answer as a ``cuda`` parameter instead (:class:`CudaInfo`), which is how tests reach the
+CUDA branches on a CPU-only machine; :func:`world_as` sets the world for a block.
 
 Not supported: tensor or pipeline parallelism, several nodes without torchrun's rendezvous,
 resuming a sharded checkpoint on a different world size.

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir, assert_same_gradients, torch_threads, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
@@ -315,9 +316,7 @@ def _grads(model) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama"])
-def test_shared_prompt_forward_equals_full_rows_with_gradients(
-    preset, record_forward_shapes
-):
+def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, record_forward_shapes):
     """A group's prompt runs once (KV cache gathered per row): log-probs, entropies, values and
     every gradient equal one forward of the full rows; the prompt really runs once."""
     from trainers.core.models import load_causal_lm
@@ -378,28 +377,15 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at, algorithm):
     if algorithm == "ppo":
         common += ["rollout.prompts_per_step=4", "rollout.num_rollouts=1"]
     assert run(algorithm, tmp_path / "straight", common, verifier=graded_rewards) == 0
-
     half = tmp_path / "half"
 
-    sigterm_at("step_end:2")  # a real SIGTERM at the end of step 2
-    assert run(algorithm, half, common, verifier=graded_rewards) == 143
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
-    assert read_jsonl(half / "metrics.jsonl")[-1]["step"] == 2
-    sigterm_at(None)
-    assert run(algorithm, half, common, resume=True, verifier=graded_rewards) == 0
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
+    def run_half(run_dir: Path, resume: bool) -> int:
+        return run(algorithm, run_dir, common, resume=resume, verifier=graded_rewards)
 
-    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
-    resumed = read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
+    stop_at_step_then_resume(run_half, half, sigterm_at, 2)
     keys = ("loss", "grad_norm", "entropy", "avg_total", "response_length/mean", "value_loss")
-    for a, b in zip(straight, resumed, strict=True):
-        for key in (*keys, "explained_variance", "eval/avg_format"):
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    samples_a = read_jsonl(tmp_path / "straight" / "samples.jsonl")
-    samples_b = read_jsonl(half / "samples.jsonl")
-    assert [s["completion"] for s in samples_a] == [s["completion"] for s in samples_b]
+    keys += ("explained_variance", "eval/avg_format")
+    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, assert_same_gradients, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from trainers.core.config import load_config
 from trainers.core.reward_model import RewardModelError, build_reward_model, save_reward_model
@@ -604,24 +605,9 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     ]
     assert run("orm", tmp_path / "straight", common) == 0
     half = tmp_path / "half"
-
-    sigterm_at("step_end:2")  # a real SIGTERM at the end of step 2
-    assert run("orm", half, common) == 143
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
-    sigterm_at(None)
-    assert run("orm", half, common, resume=True) == 0
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
-    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
-    resumed = read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
+    stop_at_step_then_resume(lambda d, resume: run("orm", d, common, resume), half, sigterm_at, 2)
     keys = ("loss", "accuracy", "grad_norm", "learning_rate", "eval/loss", "eval/auroc")
-    for a, b in zip(straight, resumed, strict=True):
-        for key in keys:
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    samples_a = read_jsonl(tmp_path / "straight" / "samples.jsonl")
-    samples_b = read_jsonl(half / "samples.jsonl")
-    assert [s["step"] for s in samples_a] == [s["step"] for s in samples_b]
+    assert_same_history(tmp_path / "straight", half, keys, sample_field="step")
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_phases, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from trainers.core.config import load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -367,25 +368,9 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     common = [*QUICK, "train.max_steps=4", "eval.sample_every=1"]
     assert run(tmp_path / "straight", common) == 0
     half = tmp_path / "half"
-
-    sigterm_at("step_end:2")  # a real SIGTERM at the end of step 2
-    assert run(half, common) == 143
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
-    assert [r["step"] for r in read_jsonl(half / "metrics.jsonl")][-1] == 2
-    sigterm_at(None)
-    assert run(half, common, resume=True) == 0
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
-
-    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
-    resumed = read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
-    for a, b in zip(straight, resumed, strict=True):
-        for key in ("loss", "mean_token_accuracy", "grad_norm", "learning_rate", "eval/loss"):
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    samples_a = read_jsonl(tmp_path / "straight" / "samples.jsonl")
-    samples_b = read_jsonl(half / "samples.jsonl")
-    assert [s["completion"] for s in samples_a] == [s["completion"] for s in samples_b]
+    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 2)
+    keys = ("loss", "mean_token_accuracy", "grad_norm", "learning_rate", "eval/loss")
+    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
     progress = json.loads((half / "progress.json").read_text())
     assert (
         progress["tokens_seen"]
