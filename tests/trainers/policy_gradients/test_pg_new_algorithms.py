@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import trainer_argv
+from conftest import torch_threads, trainer_argv
 from pydantic import ValidationError
 
 from trainers.core.rundir import read_jsonl
@@ -270,10 +270,8 @@ def alternating_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=Non
 
 @pytest.fixture
 def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def test_remax_subtracts_the_scored_greedy_completion(tmp_path, one_thread):

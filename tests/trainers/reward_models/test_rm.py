@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
-from conftest import assert_phases, assert_same_gradients, trainer_argv
+from conftest import assert_phases, assert_same_gradients, torch_threads, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from trainers.core.config import load_config
@@ -62,10 +62,8 @@ def one_cpu_thread():
     """The tiny model's matrices are too small to gain from a second thread, and with two
     threads on a busy 2-core machine every op waits on the other thread (a fwd+bwd step took
     6 s instead of 0.07 s here). Restored afterwards for other test modules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def softplus(x: float) -> float:
