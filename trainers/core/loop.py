@@ -446,16 +446,21 @@ class TrainingRun:
             flush=True,
         )
 
-    def checkpoint_or_stop(self, save: Callable[[], Any] | None = None) -> None:
+    def checkpoint_or_stop(
+        self, save: Callable[[], Any] | None = None, *, stopping: bool | None = None
+    ) -> None:
         """The end of every step (the stop point ``step_end``): save (``save()``, or what
         :meth:`checkpoint_with` named) every ``save_every`` steps, at the last step and when
-        SIGTERM asked to stop; then raise StopRequested when stopping (see the harness).
-        Otherwise the step is the new safe point a later stop falls back to."""
+        stopping; then raise StopRequested when stopping (see the harness). Otherwise the step
+        is the new safe point a later stop falls back to. ``stopping``: whether SIGTERM asked
+        to stop (:func:`~trainers.core.harness.stop_requested`) unless the caller decides."""
         from trainers.core.distributed import any_rank
         from trainers.core.training import rng_state
 
-        sigterm_self_at("step_end")
-        stopping = any_rank(stop_requested())  # every rank stops at the same step (harness)
+        if stopping is None:
+            sigterm_self_at("step_end")
+            stopping = stop_requested()
+        stopping = any_rank(stopping)  # every rank stops at the same step (harness)
         snapshot = save if save is not None else self._snapshot()
         saved: list[bool] = []
 
