@@ -299,14 +299,16 @@ def run_trainer(
     preflight: Callable[[C], None],
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
+    run_folder: Callable[..., RunDir] = RunDir,
 ) -> int:
     """Validate, create the run directory, call ``train(cfg, run, resume)``, record the outcome.
 
     ``train`` returns the summary of a successful run (a ``SummaryFile``, or its fields) and
     writes progress/metrics itself. ``planned_steps(cfg)``: the total steps when the config
     alone tells them (for the first progress.json). Under torchrun, a run its family's spec
-    keeps on one process is refused first (:func:`refuse_one_process_runs`). Returns the exit
-    code.
+    keeps on one process is refused first (:func:`refuse_one_process_runs`). ``run_folder``:
+    what writes the run folder (:class:`RunDir`, or a subclass that also records). Returns the
+    exit code.
     """
     args = parse_args(argv, description)
     run_dir = Path(args.run_dir)
@@ -340,7 +342,7 @@ def run_trainer(
     _stop_flag.update(set=False, anywhere=True, handler=None)
     reset_sigterm_hook()
     previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
-    run = RunDir(run_dir, writer=ranks.is_main)  # rank 0 alone writes the run folder
+    run = run_folder(run_dir, writer=ranks.is_main)  # rank 0 alone writes the run folder
     try:
         init_from_env(getattr(getattr(cfg, "model", None), "device", "auto"))
         run.write_config(dump_config(cfg))
