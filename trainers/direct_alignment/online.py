@@ -325,19 +325,9 @@ def load_models(cfg: DirectAlignmentConfig, device, dtype, attn) -> tuple[Any, A
     return model, ref_model
 
 
-def train_online(
-    cfg: DirectAlignmentConfig, run: RunDir, resume: bool, *, verifier: Verifier = compute_rewards
-) -> SummaryFile:
-    """Online DPO; see the module doc. ``verifier`` scores the samples for the ranker when
-    ``reward.verifier`` asks for it."""
-    seed_everything(cfg.seed)
-    device, dtype, attn = pick_runtime(cfg.model)
-    tokenizer = load_tokenizer(cfg.model.name)
-    pad_id = tokenizer.pad_token_id
-
-    run.update_phase("tokenizing")
-    train_prompts, eval_prompts, eval_pairs = load_prompt_sets(cfg, tokenizer)
-    info: dict[str, Any] = {
+def run_info(cfg: DirectAlignmentConfig, train_prompts, eval_prompts, eval_pairs) -> dict:
+    """What the summary records about the data and the ranker."""
+    return {
         "data": {
             "n_train_prompts": len(train_prompts),
             "n_eval_prompts": len(eval_prompts),
@@ -345,6 +335,20 @@ def train_online(
         },
         "ranker": {"reward_model": cfg.reward.model, "verifier": cfg.ranks_with_verifier},
     }
+
+
+def train_online(
+    cfg: DirectAlignmentConfig, run: RunDir, resume: bool, *, verifier: Verifier = compute_rewards
+) -> SummaryFile:
+    """Online DPO; see the module doc. ``verifier``: the ranker's, with ``reward.verifier``."""
+    seed_everything(cfg.seed)
+    device, dtype, attn = pick_runtime(cfg.model)
+    tokenizer = load_tokenizer(cfg.model.name)
+    pad_id = tokenizer.pad_token_id
+
+    run.update_phase("tokenizing")
+    train_prompts, eval_prompts, eval_pairs = load_prompt_sets(cfg, tokenizer)
+    info = run_info(cfg, train_prompts, eval_prompts, eval_pairs)
     print(f"data: {info['data']}; ranker: {info['ranker']}", flush=True)
     total_steps = epoch_total_steps(len(train_prompts), cfg.train)
     loop = TrainingRun(run, cfg.checkpoint, total_steps)
