@@ -126,8 +126,8 @@ def phase_progress(done: int, total: int) -> None:
 
 
 def set_active_run(run: RunDir | None) -> None:
-    """Make ``run`` the run folder :func:`phase_progress` reports to (a new :class:`RunDir` is
-    made it); None: none (the harness, when its trainer is done)."""
+    """Make ``run`` the run folder :func:`phase_progress` reports to (each new :class:`RunDir`
+    makes itself that folder); None: no folder, so counts go nowhere."""
     global _ACTIVE
     _ACTIVE = run
 
