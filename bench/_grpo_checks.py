@@ -34,30 +34,27 @@ from trainers.core.decoding import (
     sample_tokens,
 )
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
+from trainers.core.logprobs import position_ids_of
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.prompts import Prompt
 from trainers.core.tasks import format_response
+from trainers.core.verifier import compute_rewards
 from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.advantages import (
     drgrpo_advantages,
     grpo_advantages,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
+from trainers.policy_gradients.experience import assemble
+from trainers.policy_gradients.generation import generate_group_batch
 from trainers.policy_gradients.losses import (
     POLICY_LOSSES,
     PolicyLossInputs,
     PolicyLossParams,
     aggregate,
 )
-from trainers.policy_gradients.rewards import compute_rewards
-from trainers.policy_gradients.rollout import (
-    assemble,
-    completion_token_stats,
-    generate_group_batch,
-    position_ids_of,
-    prepare_update,
-    trim,
-)
+from trainers.policy_gradients.rollout import prepare_update
+from trainers.policy_gradients.token_passes import completion_token_stats, trim
 
 # ---------------------------------------------------------------------------------------------
 # First-step loss agreement: one fixed batch through our loss and TRL's _compute_loss

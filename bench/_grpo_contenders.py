@@ -31,10 +31,10 @@ from trainers.core.generation import end_of_turn_ids  # noqa: E402
 from trainers.core.models import load_causal_lm, load_tokenizer  # noqa: E402
 from trainers.core.prompts import Prompt, PromptStream  # noqa: E402
 from trainers.core.prompts import composite_prompts as load_prompts  # noqa: E402
+from trainers.core.verifier import compute_rewards  # noqa: E402
 from trainers.policy_gradients import rollout as pg_rollout  # noqa: E402
 from trainers.policy_gradients import train as pg_train  # noqa: E402
 from trainers.policy_gradients.config import PolicyGradientConfig  # noqa: E402
-from trainers.policy_gradients.rewards import compute_rewards  # noqa: E402
 
 TARGET_RATIO = 2.0
 CONFIG = ROOT / "trainers" / "policy_gradients" / "configs" / "grpo.yaml"

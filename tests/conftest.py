@@ -57,22 +57,24 @@ import pytest  # noqa: E402  (after the environment above is set)
 
 
 @pytest.fixture
-def record_forward_shapes(monkeypatch):
-    """``record(module) -> list``: from then on, the ``input_ids`` shape of every call of
-    ``module.forward`` is appended to the returned list (the call itself runs unchanged)."""
+def record_forward_shapes():
+    """``record(module) -> list``: from then on (until the test ends), the ``input_ids`` shape
+    of every call of ``module`` is appended to the returned list, by a forward pre-hook (the
+    call itself runs unchanged)."""
+    hooks = []
 
     def record(module) -> list[tuple[int, ...]]:
         shapes: list[tuple[int, ...]] = []
-        original = module.forward
 
-        def recording(*args, **kwargs):
+        def note_shape(_module, _args, kwargs) -> None:
             shapes.append(tuple(kwargs["input_ids"].shape))
-            return original(*args, **kwargs)
 
-        monkeypatch.setattr(module, "forward", recording)
+        hooks.append(module.register_forward_pre_hook(note_shape, with_kwargs=True))
         return shapes
 
-    return record
+    yield record
+    for hook in hooks:
+        hook.remove()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,3 +190,25 @@ def empty_hub_cache():
 
     with hub_cache_lookup(lambda hub_id, filename: None):
         yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainer seams (issue 27 item 5): a real stop, not a patched flag
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sigterm_at(monkeypatch):
+    """``sigterm_at("step_end:2")``: a trainer run in this process sends itself a real SIGTERM
+    the 2nd time it reaches the stop point ``step_end`` (the end of an optimizer step; any point
+    of ``RLHF_LAB_SIGTERM_AT`` works, see ``trainers.core.rundir.sigterm_self_at``);
+    ``sigterm_at(None)``: no more."""
+    from trainers.core.rundir import SIGTERM_ENV
+
+    def arm(point: str | None) -> None:
+        if point is None:
+            monkeypatch.delenv(SIGTERM_ENV, raising=False)
+        else:
+            monkeypatch.setenv(SIGTERM_ENV, point)
+
+    return arm

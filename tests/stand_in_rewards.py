@@ -1,7 +1,8 @@
 """A stand-in verifier for learning tests on a random or barely trained tiny model, where the
 real tasks' rewards are almost always 0: correctness = the share of vowel characters in the
 completion text, a dense signal any sampler can climb. Same signature and result keys as
-``trainers.core.verifier.compute_rewards``, so a test swaps it in with monkeypatch."""
+``trainers.core.verifier.compute_rewards``: a test passes it as the trainer's verifier
+(``pg_train.main.with_options(verifier=vowel_share_rewards)``)."""
 
 from __future__ import annotations
 

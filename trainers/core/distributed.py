@@ -23,8 +23,9 @@ with the same global batch:
   ``writer=False`` elsewhere); every rank's lines reach ``train.log`` prefixed ``[rank r]``.
 
 The one place that asks the machine about CUDA is :func:`query_cuda`; device choice, dtype,
-attention implementation and the backend all go through it, so tests replace that one function
-to reach the CUDA branches on a CPU-only machine.
+attention implementation and the backend all go through it, and each of those functions takes
+the answer as a ``cuda`` parameter instead (:class:`CudaInfo`), which is how tests reach the
+CUDA branches on a CPU-only machine; :func:`world_as` sets the world for a block.
 
 Not supported: tensor or pipeline parallelism, several nodes without torchrun's rendezvous,
 resuming a sharded checkpoint on a different world size.
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
     import torch
 
 # ---------------------------------------------------------------------------------------------
-# The device query (the one function tests replace)
+# The device query (the one place that asks torch; the functions that read it take a
+# ``cuda`` answer instead, for a machine other than this one)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -103,6 +105,19 @@ def world() -> World:
     return _world
 
 
+@contextlib.contextmanager
+def world_as(place: World) -> Iterator[World]:
+    """The world is ``place`` for the block (what :func:`world` and the functions here read),
+    the previous one afterwards: code that runs as a rank of a larger run without joining a
+    process group (a check that refuses what torchrun cannot run, a test of it)."""
+    global _world
+    before, _world = _world, place
+    try:
+        yield place
+    finally:
+        _world = before
+
+
 class WorldError(ValueError):
     """The torchrun environment is inconsistent (a launcher bug, not a config mistake)."""
 
@@ -120,11 +135,12 @@ def world_from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> World
     return World(rank=rank, size=size, local_rank=local)
 
 
-def wants_cuda(device_pref: str) -> bool:
-    """Whether a ``model.device`` setting trains on CUDA on this machine."""
+def wants_cuda(device_pref: str, cuda: CudaInfo | None = None) -> bool:
+    """Whether a ``model.device`` setting trains on CUDA on this machine (``cuda``: what the
+    machine offers; by default :func:`query_cuda`)."""
     pref = str(device_pref).lower()
     if pref == "auto":
-        return query_cuda().count > 0
+        return (cuda or query_cuda()).count > 0
     return pref.startswith("cuda")
 
 
@@ -165,13 +181,14 @@ def shutdown() -> None:
     _world = World()
 
 
-def rank_device(device: torch.device) -> torch.device:
+def rank_device(device: torch.device, cuda: CudaInfo | None = None) -> torch.device:
     """The device of this rank: ``cuda:<local rank>`` for a CUDA run under torchrun (each rank
-    its own GPU, the ones torchrun's ``CUDA_VISIBLE_DEVICES`` leaves visible), else ``device``."""
+    its own GPU, the ones torchrun's ``CUDA_VISIBLE_DEVICES`` leaves visible), else ``device``
+    (``cuda``: what the machine offers; by default :func:`query_cuda`)."""
     import torch
 
     if _world.distributed and device.type == "cuda":
-        count = query_cuda().count
+        count = (cuda or query_cuda()).count
         if _world.local_rank >= count:
             raise WorldError(
                 f"local rank {_world.local_rank} has no GPU: {count} CUDA device(s) visible; "

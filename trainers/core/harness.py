@@ -24,11 +24,13 @@ writes outcome ``stopped`` with a detail saying what was saved.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -297,14 +299,16 @@ def run_trainer(
     preflight: Callable[[C], None],
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
+    run_folder: Callable[..., RunDir] = RunDir,
 ) -> int:
     """Validate, create the run directory, call ``train(cfg, run, resume)``, record the outcome.
 
     ``train`` returns the summary of a successful run (a ``SummaryFile``, or its fields) and
     writes progress/metrics itself. ``planned_steps(cfg)``: the total steps when the config
     alone tells them (for the first progress.json). Under torchrun, a run its family's spec
-    keeps on one process is refused first (:func:`refuse_one_process_runs`). Returns the exit
-    code.
+    keeps on one process is refused first (:func:`refuse_one_process_runs`). ``run_folder``:
+    what writes the run folder (:class:`RunDir`, or a subclass that also records). Returns the
+    exit code.
     """
     args = parse_args(argv, description)
     run_dir = Path(args.run_dir)
@@ -338,7 +342,7 @@ def run_trainer(
     _stop_flag.update(set=False, anywhere=True, handler=None)
     reset_sigterm_hook()
     previous_handler = signal.signal(signal.SIGTERM, _on_sigterm)
-    run = RunDir(run_dir, writer=ranks.is_main)  # rank 0 alone writes the run folder
+    run = run_folder(run_dir, writer=ranks.is_main)  # rank 0 alone writes the run folder
     try:
         init_from_env(getattr(getattr(cfg, "model", None), "device", "auto"))
         run.write_config(dump_config(cfg))
@@ -393,24 +397,42 @@ def another_rank_failed(run: RunDir) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class TrainerMain:
+    """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
+    (the command's description is the first line of ``doc``, the module docstring).
+
+    :meth:`with_options` gives the same command with keyword arguments for ``train`` that no
+    config holds: the functions a run is built from, such as the verifier that scores the
+    policy-gradient samples (``pg_train.main.with_options(verifier=my_rewards)``)."""
+
+    doc: str
+    config_model: type[BaseModel]
+    preflight: Callable[[Any], None]
+    train: Callable[..., SummaryFile | dict[str, Any]]
+    planned_steps: Callable[[Any], int | None] | None = None
+
+    def __call__(self, argv: list[str] | None = None) -> int:
+        return run_trainer(
+            argv,
+            description=self.doc.splitlines()[0],
+            config_model=self.config_model,
+            preflight=self.preflight,
+            train=self.train,
+            planned_steps=self.planned_steps,
+        )
+
+    def with_options(self, **options: Any) -> TrainerMain:
+        """This command, its ``train`` called with ``options`` as keyword arguments."""
+        return replace(self, train=functools.partial(self.train, **options))
+
+
 def trainer_main(
     doc: str,
     config_model: type[C],
     preflight: Callable[[C], None],
     train: Callable[[C, RunDir, bool], SummaryFile | dict[str, Any]],
     planned_steps: Callable[[C], int | None] | None = None,
-) -> Callable[[list[str] | None], int]:
-    """A family's ``main(argv) -> exit code``: :func:`run_trainer` with the family's pieces
-    (the command's description is the first line of ``doc``, the module docstring)."""
-
-    def main(argv: list[str] | None = None) -> int:
-        return run_trainer(
-            argv,
-            description=doc.splitlines()[0],
-            config_model=config_model,
-            preflight=preflight,
-            train=train,
-            planned_steps=planned_steps,
-        )
-
-    return main
+) -> TrainerMain:
+    """A family's ``main`` (:class:`TrainerMain`) from its pieces."""
+    return TrainerMain(doc, config_model, preflight, train, planned_steps)

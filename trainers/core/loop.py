@@ -19,7 +19,7 @@ the bookkeeping each loop shares::
         loop.step_done(train_row, step_tokens, cfg.logging.log_every)
         after_step()                                          # evaluation, samples when due
         loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop(stopping=stop_requested())
+        loop.checkpoint_or_stop()                             # SIGTERM: checkpoint, stop
     loop.save_final_model(model, tokenizer)
     loop.finish()
     return loop.summary(algorithm, best, device, **family_fields)
@@ -34,8 +34,10 @@ run it again. Anywhere else it is the step before: the partial step is dropped (
 never applied) and the random state of the end of that step is restored before saving, so the
 resumed run takes the same steps as an uninterrupted one.
 
-``stop_requested`` stays a name the family module looks up itself, so tests can replace it on
-the family's module.
+At the end of a step :meth:`TrainingRun.checkpoint_or_stop` reads SIGTERM's flag itself
+(:func:`~trainers.core.harness.stop_requested`); it is also the stop point ``step_end`` of
+``RLHF_LAB_SIGTERM_AT`` (:func:`~trainers.core.rundir.sigterm_self_at`), which the tests use to
+stop a run after a given step with a real SIGTERM.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ from trainers.core.harness import (
     Tracker,
     set_stop_handler,
     stop_anywhere,
+    stop_requested,
 )
 from trainers.core.harness import checkpoint_or_stop as _checkpoint_or_stop
-from trainers.core.rundir import RunDir
+from trainers.core.rundir import RunDir, sigterm_self_at
 from trainers.core.runfolder import Phase, SummaryFile
 
 # ---------------------------------------------------------------------------------------------
@@ -443,14 +446,20 @@ class TrainingRun:
             flush=True,
         )
 
-    def checkpoint_or_stop(self, save: Callable[[], Any] | None = None, *, stopping: bool) -> None:
-        """The end of every step: save (``save()``, or what :meth:`checkpoint_with` named)
-        every ``save_every`` steps, at the last step and when stopping; then raise
-        StopRequested when stopping (see the harness). Otherwise the step is the new safe point
-        a later stop falls back to."""
+    def checkpoint_or_stop(
+        self, save: Callable[[], Any] | None = None, *, stopping: bool | None = None
+    ) -> None:
+        """The end of every step (the stop point ``step_end``): save (``save()``, or what
+        :meth:`checkpoint_with` named) every ``save_every`` steps, at the last step and when
+        stopping; then raise StopRequested when stopping (see the harness). Otherwise the step
+        is the new safe point a later stop falls back to. ``stopping``: whether SIGTERM asked
+        to stop (:func:`~trainers.core.harness.stop_requested`) unless the caller decides."""
         from trainers.core.distributed import any_rank
         from trainers.core.training import rng_state
 
+        if stopping is None:
+            sigterm_self_at("step_end")
+            stopping = stop_requested()
         stopping = any_rank(stopping)  # every rank stops at the same step (harness)
         snapshot = save if save is not None else self._snapshot()
         saved: list[bool] = []

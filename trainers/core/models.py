@@ -41,6 +41,8 @@ from trainers.core.tiny import (
 if TYPE_CHECKING:
     import torch
 
+    from trainers.core.distributed import CudaInfo
+
 ModelKind = Literal["preset", "local", "gguf", "hub"]
 
 PULL_HINT = "rlhf-lab models pull smollm2-135m-instruct"
@@ -358,9 +360,9 @@ def count_parameters(model, *, trainable_only: bool = False) -> int:
 # device, dtype, attention
 
 
-def pick_device(pref: str | torch.device = "auto") -> torch.device:
-    """``auto`` (CUDA if available, else CPU), ``cuda``/``cuda:N``, ``cpu`` or ``mps``. CUDA is
-    asked about through :func:`trainers.core.distributed.query_cuda` (tests replace it)."""
+def pick_device(pref: str | torch.device = "auto", cuda: CudaInfo | None = None) -> torch.device:
+    """``auto`` (CUDA if available, else CPU), ``cuda``/``cuda:N``, ``cpu`` or ``mps``. ``cuda``:
+    what the machine offers (by default :func:`trainers.core.distributed.query_cuda`)."""
     import torch
 
     from trainers.core.distributed import query_cuda
@@ -368,7 +370,7 @@ def pick_device(pref: str | torch.device = "auto") -> torch.device:
     if isinstance(pref, torch.device):
         pref = str(pref)
     choice = (pref or "auto").strip().lower()
-    cuda = query_cuda()
+    cuda = cuda or query_cuda()
     if choice == "auto":
         return torch.device("cuda" if cuda.count else "cpu")
     if choice == "cpu":
@@ -406,19 +408,22 @@ _DTYPE_NAMES = {
 
 
 def pick_dtype(
-    pref: str | torch.dtype = "auto", device: str | torch.device | None = None
+    pref: str | torch.dtype = "auto",
+    device: str | torch.device | None = None,
+    cuda: CudaInfo | None = None,
 ) -> torch.dtype:
-    """``auto``: bf16 on a CUDA device that supports it, else fp32; or bf16/fp16/fp32."""
+    """``auto``: bf16 on a CUDA device that supports it, else fp32; or bf16/fp16/fp32.
+    ``cuda``: what the machine offers (by default :func:`trainers.core.distributed.query_cuda`)."""
     import torch
 
     if isinstance(pref, torch.dtype):
         return pref
     choice = (pref or "auto").strip().lower()
     if choice == "auto":
-        dev = torch.device(device) if device is not None else pick_device("auto")
+        dev = torch.device(device) if device is not None else pick_device("auto", cuda)
         from trainers.core.distributed import query_cuda
 
-        if dev.type == "cuda" and query_cuda().bf16:
+        if dev.type == "cuda" and (cuda or query_cuda()).bf16:
             return torch.bfloat16
         return torch.float32
     if choice in _DTYPE_NAMES:
@@ -434,18 +439,21 @@ def pick_attn_implementation(
     pref: str = "auto",
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    cuda: CudaInfo | None = None,
+    flash_attn: bool | None = None,
 ) -> str:
-    """``auto``: ``flash_attention_2`` when flash-attn is installed, the device is CUDA and the
-    dtype is half precision; else ``sdpa``. Any other value is passed through unchanged."""
+    """``auto``: ``flash_attention_2`` when flash-attn is installed (``flash_attn``; by default
+    :func:`flash_attn_available`), the device is CUDA and the dtype is half precision; else
+    ``sdpa``. Any other value is passed through unchanged. ``cuda``: as :func:`pick_dtype`."""
     import torch
 
     choice = (pref or "auto").strip()
     if choice.lower() != "auto":
         return choice
-    dev = torch.device(device) if device is not None else pick_device("auto")
-    torch_dtype = pick_dtype(dtype if dtype is not None else "auto", dev)
+    dev = torch.device(device) if device is not None else pick_device("auto", cuda)
+    torch_dtype = pick_dtype(dtype if dtype is not None else "auto", dev, cuda)
     if dev.type == "cuda" and torch_dtype in (torch.bfloat16, torch.float16):
-        if flash_attn_available():
+        if flash_attn_available() if flash_attn is None else flash_attn:
             return "flash_attention_2"
     return "sdpa"
 

@@ -14,6 +14,7 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,8 @@ def sigterm_self_at(point: str) -> None:
     ``RLHF_LAB_SIGTERM_AT=<point>[:<n>]`` the trainer sends itself SIGTERM the ``n``-th time
     (default: the first) it reaches ``point``: a phase it enters (``loading_model``,
     ``tokenizing``, ``reference_logprobs``, ``evaluating``, ``generating``, ``training`` ...) or a
-    stop check (``micro_batch``, ``eval_batch``, ``token``, ``reference_batch``)."""
+    stop check (``micro_batch``, ``eval_batch``, ``token``, ``reference_batch``, and
+    ``step_end``: the end of an optimizer step, where the loop checkpoints and stops)."""
     spec = os.environ.get(SIGTERM_ENV)
     if not spec:
         return
@@ -123,26 +125,43 @@ def phase_progress(done: int, total: int) -> None:
         _ACTIVE.phase_count(done, total)
 
 
+def set_active_run(run: RunDir | None) -> None:
+    """Make ``run`` the run folder :func:`phase_progress` reports to (each new :class:`RunDir`
+    makes itself that folder); None: no folder, so counts go nowhere."""
+    global _ACTIVE
+    _ACTIVE = run
+
+
 class RunDir:
     """Writer for one run directory. Create it once per process; it never deletes anything.
 
     ``writer=False`` (ranks other than 0 under torchrun): the same calls, nothing written; the
-    rows a step logged are still counted, so every rank agrees on them."""
+    rows a step logged are still counted, so every rank agrees on them. ``clock``: what every
+    time it writes is read from (seconds since the epoch); ``count_every_s``: how often a long
+    phase's item count may be written (:meth:`phase_count`)."""
 
-    def __init__(self, path: str | Path, *, writer: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        writer: bool = True,
+        clock: Callable[[], float] = time.time,
+        count_every_s: float = PHASE_COUNT_EVERY_S,
+    ) -> None:
         self.path = Path(path)
         self.writer = writer
+        self.clock = clock
+        self.count_every_s = count_every_s
         if writer:
             self.path.mkdir(parents=True, exist_ok=True)
             self.samples_path.touch()  # present even when a run samples nothing
-        self.start_time = time.time()
+        self.start_time = self.clock()
         self.phase: str | None = None  # the phase progress.json shows (last written)
         self._rows_logged: dict[int, tuple[int, int]] = {}  # step -> (metrics, samples) rows
         self._progress: dict[str, Any] = {}  # the last progress.json payload written
         self._phase_started_at = self.start_time
         self._count_written_at = 0.0
-        global _ACTIVE
-        _ACTIVE = self  # phase_progress() reports through the process's run folder
+        set_active_run(self)  # phase_progress() reports through the process's run folder
 
     # paths -----------------------------------------------------------------------------------
     @property
@@ -163,7 +182,7 @@ class RunDir:
             atomic_write_text(self.path / "config.yaml", yaml_text)
 
     def elapsed(self) -> float:
-        return time.time() - self.start_time
+        return self.clock() - self.start_time
 
     def log_metrics(self, step: int, phase: str, metrics: dict[str, Any]) -> dict[str, Any]:
         """Append one row (``MetricRow``: step, time_s, phase, then the metrics)."""
@@ -191,10 +210,10 @@ class RunDir:
         if phase is not None:
             payload["phase"] = phase
             if phase != self.phase:
-                self._phase_started_at = time.time()
+                self._phase_started_at = self.clock()
         payload.update(
             elapsed_s=round(self.elapsed(), 3),
-            updated_at=time.time(),
+            updated_at=self.clock(),
             started_at=round(self.start_time, 3),
             phase_started_at=round(self._phase_started_at, 3),
             **extra,
@@ -209,10 +228,10 @@ class RunDir:
 
     def phase_count(self, done: int, total: int) -> None:
         """Show ``done`` of ``total`` items of the current phase in progress.json (``phase_done``
-        / ``phase_total``), at most every :data:`PHASE_COUNT_EVERY_S` seconds and always at the
+        / ``phase_total``), at most every ``count_every_s`` seconds and always at the
         phase's last item, keeping everything else progress.json shows."""
-        now = time.time()
-        if done < total and now - self._count_written_at < PHASE_COUNT_EVERY_S:
+        now = self.clock()
+        if done < total and now - self._count_written_at < self.count_every_s:
             return
         self._count_written_at = now
         payload = {

@@ -7,6 +7,7 @@ DAPO's soft overlong penalty, and the tag-format check of a whole response.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -14,6 +15,11 @@ from torch import Tensor
 from trainers.core.tasks import extract_answer, score_fn
 
 FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+
+Verifier = Callable[..., dict[str, Tensor]]
+"""What scores verifier prompts: ``(texts, metas, lengths, *, format_weight, penalty)`` -> the
+reward parts of :func:`compute_rewards` (which is the trainers' verifier; a learning test may
+pass a stand-in with the same signature and keys)."""
 
 
 def format_score(text: str) -> float:

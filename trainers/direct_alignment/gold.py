@@ -33,6 +33,7 @@ readers keep the last line per step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,17 +114,18 @@ class GoldEval:
     batch_size: int
     seed: int
     out_path: Path | None  # eval_gold.jsonl, None: not written (not the writing rank)
+    sample: Callable[..., list[list[int]]] = sample_policy  # draws the completions
 
     def run(self, model, step: int) -> dict[str, float]:
         """One event: decode every prompt in one batch (a decode step at 32 rows costs a third
         of four steps at 8 on a CPU), score the sampled answers ``batch_size`` rows a pass."""
         ids = [p.ids for p in self.prompts]
-        greedy = sample_policy(
+        greedy = self.sample(
             model, self.tokenizer, ids, max_new_tokens=self.max_new_tokens, sampling=GREEDY
         )
         parts = self.ranker.score(self.prompts, greedy)
         device = next(model.parameters()).device
-        sampled = sample_policy(
+        sampled = self.sample(
             model,
             self.tokenizer,
             ids,

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from trainers.core.decoding import GREEDY, Sampling
 from trainers.core.generation import end_of_turn_ids
-from trainers.core.harness import raise_if_stopping, stop_requested
+from trainers.core.harness import raise_if_stopping
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
@@ -62,7 +62,7 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
-from trainers.core.verifier import compute_rewards
+from trainers.core.verifier import Verifier, compute_rewards
 from trainers.direct_alignment.config import DirectAlignmentConfig
 from trainers.direct_alignment.losses import LOSSES, LossInputs
 from trainers.direct_alignment.pairs import (
@@ -148,14 +148,24 @@ def body_text(tokenizer: Any, tokens: list[int], stop_ids: set[int]) -> str:
 
 class Ranker:
     """Scores completions: the reward model's score (``reward.model``) plus, with the verifier,
-    correctness + ``format_weight``·format. ``score`` returns the parts and their sum."""
+    correctness + ``format_weight``·format (``verify``: by default
+    :func:`trainers.core.verifier.compute_rewards`). ``score`` returns the parts and their sum."""
 
-    def __init__(self, cfg: DirectAlignmentConfig, tokenizer: Any, device, dtype, attn):
+    def __init__(
+        self,
+        cfg: DirectAlignmentConfig,
+        tokenizer: Any,
+        device,
+        dtype,
+        attn,
+        verify: Verifier = compute_rewards,
+    ):
         from trainers.core.reward_scorer import RewardScorer, inspect_reward_model
 
         self.tokenizer = tokenizer
         self.stop_ids = set(end_of_turn_ids(tokenizer))
         self.verifier = cfg.ranks_with_verifier
+        self.verify = verify
         self.format_weight = cfg.reward.format_weight
         self.model = None
         if cfg.reward.model:
@@ -185,7 +195,7 @@ class Ranker:
             )
             total = total + parts["model"]
         if self.verifier:
-            r = compute_rewards(
+            r = self.verify(
                 texts,
                 [p.meta for p in prompts],
                 [len(c) for c in completions],
@@ -315,16 +325,9 @@ def load_models(cfg: DirectAlignmentConfig, device, dtype, attn) -> tuple[Any, A
     return model, ref_model
 
 
-def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
-    """Online DPO; see the module doc."""
-    seed_everything(cfg.seed)
-    device, dtype, attn = pick_runtime(cfg.model)
-    tokenizer = load_tokenizer(cfg.model.name)
-    pad_id = tokenizer.pad_token_id
-
-    run.update_phase("tokenizing")
-    train_prompts, eval_prompts, eval_pairs = load_prompt_sets(cfg, tokenizer)
-    info: dict[str, Any] = {
+def run_info(cfg: DirectAlignmentConfig, train_prompts, eval_prompts, eval_pairs) -> dict:
+    """What the summary records about the data and the ranker."""
+    return {
         "data": {
             "n_train_prompts": len(train_prompts),
             "n_eval_prompts": len(eval_prompts),
@@ -332,12 +335,26 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
         },
         "ranker": {"reward_model": cfg.reward.model, "verifier": cfg.ranks_with_verifier},
     }
+
+
+def train_online(
+    cfg: DirectAlignmentConfig, run: RunDir, resume: bool, *, verifier: Verifier = compute_rewards
+) -> SummaryFile:
+    """Online DPO; see the module doc. ``verifier``: the ranker's, with ``reward.verifier``."""
+    seed_everything(cfg.seed)
+    device, dtype, attn = pick_runtime(cfg.model)
+    tokenizer = load_tokenizer(cfg.model.name)
+    pad_id = tokenizer.pad_token_id
+
+    run.update_phase("tokenizing")
+    train_prompts, eval_prompts, eval_pairs = load_prompt_sets(cfg, tokenizer)
+    info = run_info(cfg, train_prompts, eval_prompts, eval_pairs)
     print(f"data: {info['data']}; ranker: {info['ranker']}", flush=True)
     total_steps = epoch_total_steps(len(train_prompts), cfg.train)
     loop = TrainingRun(run, cfg.checkpoint, total_steps)
 
     run.update_phase("loading_model", total_steps)
-    ranker = Ranker(cfg, tokenizer, device, dtype, attn)
+    ranker = Ranker(cfg, tokenizer, device, dtype, attn, verifier)
     model, ref_model = load_models(cfg, device, dtype, attn)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
     loop.checkpoint_with(model, optimizer, scheduler)
@@ -430,7 +447,7 @@ def train_online(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> Summa
             print(f"step {loop.step}/{total_steps}: every pair tied, no update", flush=True)
         after_step()
         loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop(stopping=stop_requested())
+        loop.checkpoint_or_stop()
 
     loop.save_final_model(model, tokenizer)
     loop.finish()

@@ -35,7 +35,7 @@ from trainers.core.distributed import (
     world,
 )
 from trainers.core.generation import generate_completions
-from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
+from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
@@ -58,6 +58,7 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
+from trainers.core.verifier import Verifier, compute_rewards
 from trainers.direct_alignment.config import BUILTIN_DATASET, ONLINE, DirectAlignmentConfig
 from trainers.direct_alignment.data import fingerprint_examples
 from trainers.direct_alignment.pairs import (
@@ -199,12 +200,15 @@ def gold_evaluation(cfg: DirectAlignmentConfig, run: RunDir, tokenizer, eval_rec
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
-    """Tokenise, cache the reference log-probs, then the DPO-family loop; see the module doc."""
+def train(
+    cfg: DirectAlignmentConfig, run: RunDir, resume: bool, *, verifier: Verifier = compute_rewards
+) -> SummaryFile:
+    """Tokenise, cache the reference log-probs, then the DPO-family loop; see the module doc.
+    ``verifier``: online DPO's ranker's verifier (``reward.verifier``)."""
     if cfg.loss == ONLINE:  # pairs sampled from the policy each step: its own loop
         from trainers.direct_alignment.online import train_online
 
-        return train_online(cfg, run, resume)
+        return train_online(cfg, run, resume, verifier=verifier)
     seed_everything(cfg.seed)
     device, dtype, attn = pick_runtime(cfg.model)
     tokenizer = load_tokenizer(cfg.model.name)
@@ -298,7 +302,7 @@ def train(cfg: DirectAlignmentConfig, run: RunDir, resume: bool) -> SummaryFile:
         loop.print_step(row, "accuracy")
         after_step()
         loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop(stopping=stop_requested())
+        loop.checkpoint_or_stop()
 
     loop.save_final_model(model, tokenizer)
     loop.finish()

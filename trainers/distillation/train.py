@@ -29,7 +29,7 @@ import torch
 from trainers.core.config import ConfigError
 from trainers.core.decoding import Sampling
 from trainers.core.generation import chat_prompt_ids
-from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
+from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.logprobs import forward_left_padded, split_rows
 from trainers.core.loop import (
     BestMetric,
@@ -317,7 +317,7 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
         loop.print_step(row)
         after_step()
         loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop(stopping=stop_requested())
+        loop.checkpoint_or_stop()
 
     loop.save_final_model(student, tokenizer)
     loop.finish()

@@ -8,15 +8,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trainers.core.verifier import (  # noqa: F401  (the verifier's rewards, read here by the tests)
-    FORMAT_TAGS,
-    compute_rewards,
-    correctness_score,
-    format_score,
-    overlong_penalty,
-    text_rewards,
-)
-
 
 def dapo_keep_groups(
     correctness: Tensor, G: int, min_reward: float = 0.0, max_reward: float = 1.0

@@ -27,8 +27,8 @@ over every rank, and DAPO's kept groups are re-dealt so that every rank updates 
 
 The result is an :class:`~.experience.Experience` that lives on the CPU between phases. The
 building blocks live in one module per job: :mod:`.experience` (the batch and its layout),
-:mod:`.generation` (sampling) and :mod:`.token_passes` (log-probs, values); every name is
-re-exported here.
+:mod:`.generation` (sampling) and :mod:`.token_passes` (log-probs, values); import each name
+from the module that defines it.
 """
 
 from __future__ import annotations
@@ -42,11 +42,10 @@ import torch
 from torch import Tensor, nn
 
 from trainers.core.distributed import global_moments, world
-from trainers.core.logprobs import position_ids_of
 from trainers.core.lora import reference_view
-from trainers.core.onpolicy import cut_at_first_stop, greedy_completions, greedy_rollouts
+from trainers.core.onpolicy import greedy_rollouts
 from trainers.core.prompts import Prompt, PromptStream
-from trainers.core.verifier import compute_rewards, text_rewards
+from trainers.core.verifier import Verifier, compute_rewards, text_rewards
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     TOKEN_ADVANTAGES,
@@ -55,7 +54,7 @@ from trainers.policy_gradients.advantages import (
     sequence_reward_to_tokens,
 )
 from trainers.policy_gradients.config import PolicyGradientConfig
-from trainers.policy_gradients.experience import Experience, assemble, concat_experiences
+from trainers.policy_gradients.experience import Experience, concat_experiences
 from trainers.policy_gradients.generation import generate_group_batch
 from trainers.policy_gradients.losses import kl_estimate
 from trainers.policy_gradients.ranks import (
@@ -68,41 +67,11 @@ from trainers.policy_gradients.ranks import (
 from trainers.policy_gradients.rewards import RunningMoments, dapo_keep_groups, shaped_total
 from trainers.policy_gradients.token_passes import (
     ValueModel,
-    completion_token_stats,
     explained_variance,
-    load_value_model,
     masked_mean_rows,
+    per_token_pass,
     sequence_logps,
-    trim,
 )
-from trainers.policy_gradients.token_passes import per_token_pass as _per_token_pass
-
-__all__ = [
-    "DynamicSamplingError",
-    "Experience",
-    "RewardModels",
-    "RolloutInfo",
-    "ValueModel",
-    "assemble",
-    "completion_token_stats",
-    "concat_experiences",
-    "cut_at_first_stop",
-    "draw_groups",
-    "explained_variance",
-    "generate_group_batch",
-    "greedy_completions",
-    "greedy_rollouts",
-    "load_value_model",
-    "masked_mean_rows",
-    "position_ids_of",
-    "prepare_update",
-    "rollout_step",
-    "score",
-    "score_texts",
-    "sequence_kl",
-    "sequence_logps",
-    "trim",
-]
 
 
 class DynamicSamplingError(RuntimeError):
@@ -118,6 +87,8 @@ class RewardModels:
     gold: Any = None  # core.reward_scorer.RewardScorer: the held-out gold reward model
     moments: RunningMoments = field(default_factory=RunningMoments)
     stop_ids: set[int] = field(default_factory=set)
+    # scores the verifier prompts: (texts, metas, lengths, *, format_weight, penalty) -> parts
+    verifier: Verifier = compute_rewards
 
 
 def score_texts(
@@ -132,7 +103,6 @@ def score_texts(
     completion_ids: list[list[int]] | None = None,
     update_moments: bool = True,
     penalty: tuple[int, int] | None = None,
-    verifier: Any = None,
     env_rewards: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The reward parts of N completions and their weighted ``total`` (float32, (N,) each):
@@ -140,18 +110,18 @@ def score_texts(
     reward model's raw score) and ``model_norm`` (after ``reward.normalize``), ``gold`` (the
     gold reward model's score). ``update_moments=False`` (evaluation) whitens the proxy's score
     with neither the batch nor the running statistics: ``model_norm`` is the raw score.
-    ``verifier``: the function that scores verifier prompts (default
+    Verifier prompts are scored by ``models.verifier`` (by default
     :func:`trainers.core.verifier.compute_rewards`). ``env_rewards`` (multi-turn): each
     trajectory's summed per-turn environment rewards, the ``env`` part."""
     rw = cfg.reward
     metas = [p.meta for p in prompts]
+    models = models or RewardModels()
     if cfg.data.has_verifier:
-        verify = verifier or compute_rewards
+        verify = models.verifier
         parts = dict(verify(texts, metas, lengths, format_weight=rw.format_weight, penalty=penalty))
         parts.pop("total", None)
     else:
         parts = text_rewards(texts, lengths, penalty=penalty)
-    models = models or RewardModels()
     messages = [p.messages for p in prompts]
     ids = dict(prompt_ids=prompt_ids, completion_ids=completion_ids, stop_ids=models.stop_ids)
     if models.proxy is not None:
@@ -247,7 +217,7 @@ def prepare_update(
     if spec.needs_value_model:  # a token-level estimator on the critic's values (PPO: GAE)
         was_training = value_model.training
         value_model.eval()
-        exp.values = _per_token_pass(value_model, exp, bs, device)
+        exp.values = per_token_pass(value_model, exp, bs, device)
         value_model.train(was_training)
         token_rewards = sequence_reward_to_tokens(total, mask)
         if shift is not None:

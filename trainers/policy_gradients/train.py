@@ -50,7 +50,7 @@ from trainers.core.distributed import (
     world_from_env,
 )
 from trainers.core.generation import end_of_turn_ids
-from trainers.core.harness import stop_requested, trainer_main
+from trainers.core.harness import trainer_main
 from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
 from trainers.core.lora import (
     add_adapters,
@@ -71,19 +71,19 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
-from trainers.core.verifier import compute_rewards
+from trainers.core.verifier import Verifier, compute_rewards
 from trainers.policy_gradients.advantages import frac_zero_std
 from trainers.policy_gradients.config import PolicyGradientConfig
+from trainers.policy_gradients.experience import Experience
 from trainers.policy_gradients.generation import generate_trajectory_batch
 from trainers.policy_gradients.rewards import RunningMoments
 from trainers.policy_gradients.rollout import (
-    Experience,
     RewardModels,
-    load_value_model,
     prepare_update,
     rollout_step,
     score_texts,
 )
+from trainers.policy_gradients.token_passes import load_value_model
 from trainers.policy_gradients.update import optimizer_steps_per_update, update
 
 # ---------------------------------------------------------------------------------------------
@@ -233,7 +233,6 @@ def evaluate(
         prompt_ids=out["prompt_ids"],
         completion_ids=out["completion_ids"],
         update_moments=False,
-        verifier=compute_rewards,
         env_rewards=out.get("env_rewards"),
     )
     out, r = held_out_share(block, out, r, len(held_out))
@@ -413,11 +412,14 @@ def load_models(cfg: PolicyGradientConfig, device, dtype, attn) -> Models:
     return Models(policy, ref_model, value_model, params)
 
 
-def load_reward_models(cfg: PolicyGradientConfig, tokenizer, runtime, info: dict) -> RewardModels:
+def load_reward_models(
+    cfg: PolicyGradientConfig, tokenizer, runtime, info: dict, verifier: Verifier
+) -> RewardModels:
     """The optimised reward model (``reward.model``) and the held-out gold one, each scoring
-    the policy's own token ids when it shares the policy's tokenizer."""
+    the policy's own token ids when it shares the policy's tokenizer; ``verifier`` scores the
+    verifier prompts."""
     device, dtype, attn = runtime
-    models = RewardModels(stop_ids=set(end_of_turn_ids(tokenizer)))
+    models = RewardModels(stop_ids=set(end_of_turn_ids(tokenizer)), verifier=verifier)
     for key, name in cfg.reward_model_names():
         scorer = RewardScorer.load(
             inspect_reward_model(name, key),
@@ -509,8 +511,13 @@ def step_line(step: int, total: int, rollout: dict, loss: float, generate_s, tra
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
-    """Load prompts and models, then the rollout-score-update loop; see the module doc."""
+def train(
+    cfg: PolicyGradientConfig, run: RunDir, resume: bool, *, verifier: Verifier = compute_rewards
+) -> SummaryFile:
+    """Load prompts and models, then the rollout-score-update loop; see the module doc.
+    ``verifier`` scores the completions of verifier prompts, in the rollouts and the held-out
+    evaluation (reasoning-gym's answer check and the tag format; a test may pass a stand-in,
+    ``main.with_options(verifier=...)``)."""
     seed_everything(cfg.seed)
     device, dtype, attn = pick_runtime(cfg.model)
     notes = cfg.notes()
@@ -529,7 +536,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
     m = load_models(cfg, device, dtype, attn)
     policy, value_model = m.policy, m.value_model
     seed_the_ranks(cfg, info)
-    models = load_reward_models(cfg, tokenizer, (device, dtype, attn), info)
+    models = load_reward_models(cfg, tokenizer, (device, dtype, attn), info, verifier)
 
     opt_steps = total_steps * cfg.loss.updates_per_rollout
     opt_steps *= optimizer_steps_per_update(cfg, world().size)
@@ -612,7 +619,7 @@ def train(cfg: PolicyGradientConfig, run: RunDir, resume: bool) -> SummaryFile:
         if loop.every(cfg.eval.eval_every):
             run_eval()
         loop.progress("training", data=stream.state())
-        loop.checkpoint_or_stop(stopping=stop_requested())
+        loop.checkpoint_or_stop()
 
     loop.save_final_model(policy, tokenizer)
     loop.finish(data=stream.state())

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from trainers.core.config import ConfigError
 from trainers.core.distributed import plan_precision, rank_device, shard_model
-from trainers.core.harness import raise_if_stopping, stop_requested, trainer_main
+from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
@@ -536,7 +536,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         if loop.every(cfg.eval.eval_every) and kind.held_out:
             run_eval()
         loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop(stopping=stop_requested())
+        loop.checkpoint_or_stop()
 
     final_model = loop.save_final_model(model, tokenizer, save=save_reward_model)
     if final_model is not None:

@@ -32,7 +32,6 @@ from trainers.core.generation import generate_completions
 from trainers.core.harness import (
     MetricsTracker,
     raise_if_stopping,
-    stop_requested,
     trainer_main,
 )
 from trainers.core.logprobs import DEFAULT_CHUNK, hidden_to_logps, selective_log_softmax
@@ -565,7 +564,7 @@ def train(
         loop.print_step(row, "mean_token_accuracy")
         eval_and_samples(at_start=False)
         loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop(stopping=stop_requested())
+        loop.checkpoint_or_stop()
 
     final_model = loop.save_final_model(model, tokenizer)
     loop.finish()

@@ -99,7 +99,8 @@ def fixed_update(algorithm: str, out_path: str | None = None) -> dict:
     from trainers.core.models import load_causal_lm
     from trainers.core.training import build_optimizer, seed_everything
     from trainers.policy_gradients import train as pg_train
-    from trainers.policy_gradients.rollout import load_value_model, prepare_update
+    from trainers.policy_gradients.rollout import prepare_update
+    from trainers.policy_gradients.token_passes import load_value_model
 
     D.init_from_env("cpu")
     w = D.world()
@@ -344,16 +345,10 @@ def pg_run(
     algorithm: str, run_dir: str, world_size: int = 2, extra: list[str] = (), resume: bool = False
 ) -> int:
     """pg_train.main on ``algorithm``'s config with :func:`upper_rewards` as the verifier."""
-    from trainers.policy_gradients import rollout as pg_rollout
     from trainers.policy_gradients import train as pg_train
 
     argv = ["--config", str(CONFIGS / f"{algorithm}.yaml"), "--run-dir", run_dir]
     argv += ["--resume"] if resume else []
     for item in [*learn_overrides(world_size), *extra]:
         argv += ["--set", item]
-    saved = pg_rollout.compute_rewards
-    pg_rollout.compute_rewards = upper_rewards
-    try:
-        return pg_train.main(argv)
-    finally:
-        pg_rollout.compute_rewards = saved
+    return pg_train.main.with_options(verifier=upper_rewards)(argv)

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from trainers.core.config import (
     ConfigError,
@@ -181,12 +182,24 @@ def test_completion_logps_masks_prompt_and_padding():
     assert counts.tolist() == [6.0, 2.0]
 
 
-def test_completion_logps_projects_only_completion_positions(monkeypatch):
+class HeadRows(TorchFunctionMode):
+    """Within the block, the number of positions of every ``F.linear`` through ``weight`` (the
+    LM head) is appended to ``rows``."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight, self.rows = weight, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear and args[1] is self.weight:
+            self.rows.append(args[0].shape[:-1].numel())
+        return func(*args, **(kwargs or {}))
+
+
+def test_completion_logps_projects_only_completion_positions():
     """The LM head sees exactly the positions that predict a completion token, and the sums and
     gradients still equal the full-logits computation; a batch with no completion token gives
     zeros that backward accepts."""
-    import trainers.core.logprobs as logprobs
-
     model = _tiny_qwen().train()
     ids = torch.randint(1, 64, (3, 12))
     attn = torch.ones_like(ids)
@@ -196,18 +209,11 @@ def test_completion_logps_projects_only_completion_positions(monkeypatch):
     loss_mask[1, 10:] = 1
     loss_mask[2, 4:9] = 1
 
-    seen = []
-    original = logprobs._head_chunk_stats
-
-    def counting(hidden, weight, bias, labels, with_entropy):
-        seen.append(hidden.shape[:-1].numel())
-        return original(hidden, weight, bias, labels, with_entropy)
-
-    monkeypatch.setattr(logprobs, "_head_chunk_stats", counting)
-    sums, counts = completion_logps(model, ids, attn, loss_mask, chunk_size=4)
+    with HeadRows(model.lm_head.weight) as head:
+        sums, counts = completion_logps(model, ids, attn, loss_mask, chunk_size=4)
     scored = int(loss_mask[:, 1:].sum())
     assert counts.tolist() == [6.0, 2.0, 5.0]
-    assert sum(seen) == scored  # forward only; no prompt or padding position reached the head
+    assert head.rows and sum(head.rows) == scored  # no prompt or padding position reached it
     grads = torch.autograd.grad(sums.sum(), [model.lm_head.weight, model.model.embed_tokens.weight])
 
     logits = model(input_ids=ids, attention_mask=attn).logits.float()
@@ -235,7 +241,7 @@ def test_split_rows_layout():
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_split_completion_logps_share_prompts_and_equal_naive_full_rows(
-    monkeypatch, record_forward_shapes, checkpointing
+    record_forward_shapes, checkpointing
 ):
     """Chosen / rejected / KL-style rows of three prompts (two repeated): each distinct prompt
     runs through the decoder once, and the sums and gradients equal the naive full-logits
@@ -248,7 +254,6 @@ def test_split_completion_logps_share_prompts_and_equal_naive_full_rows(
     decoder = model.get_decoder()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    original = decoder.forward
     forwards = record_forward_shapes(decoder)
     sums, counts = split_completion_logps(model, ids, attn, width_p, cmask, chunk_size=2)
     if checkpointing:  # a cache cannot live through recomputation: full rows
@@ -263,7 +268,6 @@ def test_split_completion_logps_share_prompts_and_equal_naive_full_rows(
     ]
     grads = torch.autograd.grad(sums.sum(), params)
 
-    monkeypatch.setattr(decoder, "forward", original)
     rows = [p + r for p, r in zip(prompts, responses, strict=True)]
     width = max(len(r) for r in rows)
     full = torch.zeros((len(rows), width), dtype=torch.long)
@@ -297,7 +301,7 @@ def _effective_masks(masks: list) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_no_query_row_is_fully_masked_in_a_left_padded_forward(monkeypatch, shared):
+def test_no_query_row_is_fully_masked_in_a_left_padded_forward(shared):
     """A left-padding position with no key to attend to gave NaN gradients under sdpa's cuDNN
     kernel on an H100 (bench/gpu/padding_nan.py: 301 of 310 parameter gradients NaN); every
     decoder pass over left-padded rows must give each query at least one key, with the real
@@ -310,15 +314,16 @@ def test_no_query_row_is_fully_masked_in_a_left_padded_forward(monkeypatch, shar
     responses = [[20, 21, 22], [23], [24, 25], [26, 27, 28]]
     ids, attn, cmask, width_p = split_rows(prompts, responses, pad_id=0)
     decoder = model.get_decoder()
-    original = decoder.forward
     calls: list = []
 
-    def recording(*args, **kwargs):
+    def recording(_module, _args, kwargs) -> None:
         calls.append((kwargs["input_ids"], kwargs["attention_mask"]))
-        return original(*args, **kwargs)
 
-    monkeypatch.setattr(decoder, "forward", recording)
-    split_completion_logps(model, ids, attn, width_p, cmask)
+    hook = decoder.register_forward_pre_hook(recording, with_kwargs=True)
+    try:
+        split_completion_logps(model, ids, attn, width_p, cmask)
+    finally:
+        hook.remove()
     first_ids, first_mask = calls[0]  # the pass whose queries include the left padding
     seen = _effective_masks([first_mask])[0]
     assert bool(seen.any(-1).all()), "a query row sees no key"

@@ -404,37 +404,35 @@ def test_rank_prefix_on_every_line():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def two_gpus(monkeypatch):
-    monkeypatch.setattr(dist_mod, "query_cuda", lambda: CudaInfo(count=2, bf16=True))
-    monkeypatch.setattr(dist_mod, "_world", World(rank=1, size=2, local_rank=1))
-    return dist_mod
+TWO_GPUS = CudaInfo(count=2, bf16=True)
 
 
-def test_with_gpus_the_backend_is_nccl_and_each_rank_takes_its_own_gpu(two_gpus):
+def test_with_gpus_the_backend_is_nccl_and_each_rank_takes_its_own_gpu():
     from trainers.core.models import pick_attn_implementation, pick_device, pick_dtype
 
-    assert two_gpus.wants_cuda("auto") and two_gpus.backend_for("cuda") == "nccl"
-    device = two_gpus.rank_device(pick_device("auto"))
-    assert device == torch.device("cuda", 1)
-    dtype = pick_dtype("auto", device)
-    assert dtype == torch.bfloat16
-    assert pick_attn_implementation("auto", device, dtype) in ("flash_attention_2", "sdpa")
-    # FSDP on CUDA keeps fp32 parameters and computes in bf16
-    assert two_gpus.plan_precision(device, dtype) == torch.float32
-    assert two_gpus.world().mixed_precision == torch.bfloat16
-    assert two_gpus.describe()["mixed_precision"] == "bf16 params, fp32 reductions"
+    with dist_mod.world_as(World(rank=1, size=2, local_rank=1)) as rank_1:
+        assert dist_mod.wants_cuda("auto", TWO_GPUS) and dist_mod.backend_for("cuda") == "nccl"
+        device = dist_mod.rank_device(pick_device("auto", TWO_GPUS), TWO_GPUS)
+        assert device == torch.device("cuda", 1)
+        dtype = pick_dtype("auto", device, TWO_GPUS)
+        assert dtype == torch.bfloat16
+        attn = pick_attn_implementation("auto", device, dtype, TWO_GPUS)
+        assert attn in ("flash_attention_2", "sdpa")
+        # FSDP on CUDA keeps fp32 parameters and computes in bf16
+        assert dist_mod.plan_precision(device, dtype) == torch.float32
+        assert rank_1.mixed_precision == torch.bfloat16
+        assert dist_mod.describe()["mixed_precision"] == "bf16 params, fp32 reductions"
+    assert dist_mod.world() != rank_1  # the block's world is gone
 
 
-def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch, two_gpus):
-    monkeypatch.setattr(dist_mod, "_world", World(rank=2, size=3, local_rank=2))
-    with pytest.raises(dist_mod.WorldError, match="local rank 2 has no GPU: 2 CUDA device"):
-        two_gpus.rank_device(torch.device("cuda"))
+def test_more_ranks_than_gpus_is_one_clear_error():
+    with dist_mod.world_as(World(rank=2, size=3, local_rank=2)):
+        with pytest.raises(dist_mod.WorldError, match="local rank 2 has no GPU: 2 CUDA device"):
+            dist_mod.rank_device(torch.device("cuda"), TWO_GPUS)
 
 
-def test_without_gpus_auto_means_cpu_and_gloo(monkeypatch):
+def test_without_gpus_auto_means_cpu_and_gloo():
     from trainers.core.models import pick_device
 
-    monkeypatch.setattr(dist_mod, "query_cuda", lambda: CudaInfo())
-    assert pick_device("auto") == torch.device("cpu")
-    assert not dist_mod.wants_cuda("auto") and dist_mod.backend_for("cpu") == "gloo"
+    assert pick_device("auto", CudaInfo()) == torch.device("cpu")
+    assert not dist_mod.wants_cuda("auto", CudaInfo()) and dist_mod.backend_for("cpu") == "gloo"

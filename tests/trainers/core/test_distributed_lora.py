@@ -192,14 +192,14 @@ def test_merged_state_equals_peft_merge_and_unload():
         torch.testing.assert_close(mine[k], theirs[k], rtol=0, atol=1e-6, msg=k)
 
 
-def test_sixteen_bit_weights_with_lora_under_torchrun_are_one_clear_error(monkeypatch):
+def test_sixteen_bit_weights_with_lora_under_torchrun_are_one_clear_error():
     from trainers.core import distributed as dist_mod
     from trainers.core.config import ConfigError
 
     model = load_causal_lm("tiny", device="cpu", dtype="bf16")
-    monkeypatch.setattr(dist_mod, "_world", dist_mod.World(rank=0, size=2))
-    with pytest.raises(ConfigError, match="model.dtype=fp32"):
-        lora.add_adapters(model, LoraSection(enabled=True, rank=4, alpha=8.0))
+    with dist_mod.world_as(dist_mod.World(rank=0, size=2)):  # rank 0 of 2, no group joined
+        with pytest.raises(ConfigError, match="model.dtype=fp32"):
+            lora.add_adapters(model, LoraSection(enabled=True, rank=4, alpha=8.0))
 
 
 @pytest.mark.parametrize(

@@ -275,13 +275,14 @@ def _run_fake(tmp_path: Path, monkeypatch, run_dir: Path, resume: bool = False) 
     config = tmp_path / "fake.yaml"
     config.write_text("steps: 3\n")
     writes: list[dict] = []
-    original = RunDir.write_progress
 
-    def spy(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        writes.append(json.loads((self.path / "progress.json").read_text()))
+    class RecordingRunDir(RunDir):
+        """The run folder, keeping every progress.json as written."""
 
-    monkeypatch.setattr(RunDir, "write_progress", spy)
+        def write_progress(self, *args, **kwargs) -> None:
+            super().write_progress(*args, **kwargs)
+            writes.append(json.loads((self.path / "progress.json").read_text()))
+
     argv = ["--config", str(config), "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     code = run_trainer(
         argv,
@@ -290,6 +291,7 @@ def _run_fake(tmp_path: Path, monkeypatch, run_dir: Path, resume: bool = False) 
         preflight=lambda cfg: None,
         train=fake_train,
         planned_steps=lambda cfg: cfg.steps,
+        run_folder=RecordingRunDir,
     )
     assert code == 0
     return writes

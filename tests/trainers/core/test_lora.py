@@ -5,7 +5,6 @@ modules fail before anything is written."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -209,7 +208,7 @@ def test_merged_final_model_loads_as_a_plain_model_with_base_plus_adapter_logits
 
 
 def test_lora_dpo_resume_equals_an_uninterrupted_run_and_checkpoints_hold_the_adapter(
-    tmp_path, monkeypatch
+    tmp_path, sigterm_at
 ):
     common = [*DPO_QUICK, *LORA, "train.max_steps=4", "checkpoint.save_final_model=true"]
     argv = lambda d, resume=False: trainer_argv(  # noqa: E731
@@ -218,17 +217,13 @@ def test_lora_dpo_resume_equals_an_uninterrupted_run_and_checkpoints_hold_the_ad
     straight, half = tmp_path / "straight", tmp_path / "half"
     assert da_train.main(argv(straight)) == 0
 
-    def stop_after_two_steps() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 2
-
-    monkeypatch.setattr(da_train, "stop_requested", stop_after_two_steps)
+    sigterm_at("step_end:2")  # a real SIGTERM at the end of step 2
     assert da_train.main(argv(half)) == 143
     checkpoint = torch.load(
         next((half / "checkpoints").glob("step-*")) / "model.pt", weights_only=True
     )
     assert checkpoint and all("lora_" in name for name in checkpoint)  # the adapter only
-    monkeypatch.undo()
+    sigterm_at(None)
     assert da_train.main(argv(half, resume=True)) == 0
 
     a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(half / "metrics.jsonl")

@@ -198,13 +198,12 @@ def test_missing_local_file_is_clear():
         assert BUILTIN_DATASET in str(info.value)
 
 
-def test_hub_offline_is_clear(monkeypatch):
+def test_hub_offline_is_clear():
     import datasets
     import huggingface_hub.constants
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    # the suite runs offline (tests/conftest.py sets HF_HUB_OFFLINE=1 before any import)
+    assert datasets.config.HF_HUB_OFFLINE and huggingface_hub.constants.HF_HUB_OFFLINE
     with pytest.raises(DatasetNotFoundError) as info:
         load_preference_records("no-such-org/no-such-preferences-xyz")
     msg = str(info.value)

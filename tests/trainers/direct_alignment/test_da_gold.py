@@ -6,6 +6,7 @@ LoRA), and the config refusals."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from trainers.core.lora import add_adapters
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import read_jsonl
 from trainers.core.tasks import extract_answer
-from trainers.direct_alignment import gold as gold_mod
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig, EvalSection
 from trainers.direct_alignment.gold import build_gold_eval, sampled_kl
@@ -124,7 +124,7 @@ def by_hand(text: str, meta: dict) -> float:
     return float(reasoning_gym.get_score_answer_fn(meta["task"])(answer, meta["entry"]))
 
 
-def test_gold_correctness_equals_the_verifier_by_hand(tmp_path, monkeypatch):
+def test_gold_correctness_equals_the_verifier_by_hand(tmp_path):
     """The greedy "completions" are the records' chosen answers (right) for even prompts and
     their rejected ones for odd prompts: gold correctness = the share the verifier, applied by
     hand to the logged texts, scores 1.0."""
@@ -141,10 +141,10 @@ def test_gold_correctness_equals_the_verifier_by_hand(tmp_path, monkeypatch):
     def fake_sample(model, tokenizer, ids, *, sampling, **kw):
         return scripted[: len(ids)] if not sampling.do_sample else [s[:3] for s in scripted]
 
-    monkeypatch.setattr(gold_mod, "sample_policy", fake_sample)
     model = load_causal_lm("tiny", device="cpu", dtype="fp32", trainable=False)
     out = tmp_path / "eval_gold.jsonl"
     ev = build_gold_eval(cfg, tok, records, model, out, ("cpu", torch.float32, "eager"))
+    ev = dataclasses.replace(ev, sample=fake_sample)  # the scripted "completions"
     metrics = ev.run(model, step=0)
     line = read_jsonl(out)[0]
     metas = [r.meta for r in records]

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_complete_run_dir, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import LOSS_NAMES
@@ -88,35 +90,14 @@ def test_every_loss_runs_and_writes_a_complete_run_dir(tmp_path, loss):
     assert read_jsonl(tmp_path / "run" / "samples.jsonl")[0]["completion"] is not None
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 steps straight == 2 steps, stop (the SIGTERM path: checkpoint + 'stopped'), resume, 2."""
     common = [*QUICK, "train.max_steps=4", "eval.sample_every=1"]
     assert run("dpo", tmp_path / "straight", common) == 0
-
     half = tmp_path / "half"
-
-    def stop_after_two_steps() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 2
-
-    monkeypatch.setattr(da_train, "stop_requested", stop_after_two_steps)
-    assert run("dpo", half, common) == 143
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
-    assert [r["step"] for r in read_jsonl(half / "metrics.jsonl")][-1] == 2
-    monkeypatch.undo()
-    assert run("dpo", half, common, resume=True) == 0
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
-
-    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
-    resumed = read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
-    for a, b in zip(straight, resumed, strict=True):
-        for key in ("loss", "accuracy", "margins", "grad_norm", "learning_rate", "eval/loss"):
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    samples_a = read_jsonl(tmp_path / "straight" / "samples.jsonl")
-    samples_b = read_jsonl(half / "samples.jsonl")
-    assert [s["completion"] for s in samples_a] == [s["completion"] for s in samples_b]
+    stop_at_step_then_resume(lambda d, resume: run("dpo", d, common, resume), half, sigterm_at, 2)
+    keys = ("loss", "accuracy", "margins", "grad_norm", "learning_rate", "eval/loss")
+    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
 
 
 def test_reference_cache_is_reused_and_reference_free_losses_load_no_reference(
@@ -198,10 +179,7 @@ def test_existing_run_dir_is_not_overwritten(tmp_path, capsys):
 
 
 def test_failure_inside_training_writes_failed_summary(tmp_path, monkeypatch):
-    def boom(*args, **kwargs):
-        raise RuntimeError("injected failure")
-
-    monkeypatch.setattr(da_train, "micro_batch_loss", boom)
+    monkeypatch.setenv(FAULT_ENV, "1")  # the trainer's fault injection: raise at step 1's end
     assert run("dpo", tmp_path / "run", [*QUICK, "train.max_steps=1"]) == 1
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["outcome"] == "failed" and "injected failure" in summary["error"]
+    assert summary["outcome"] == "failed" and "injected fault at step 1" in summary["error"]

@@ -4,12 +4,12 @@ written (no way to rank, a ranker that is not a reward model)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import assert_complete_run_dir, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
@@ -176,30 +176,16 @@ def test_a_reward_model_ranks_prompts_the_verifier_cannot_score(tmp_path):
     assert row["score_chosen"] > row["score_rejected"] and "correctness" not in row
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """Sampling is seeded by (seed, step): 3 steps straight == 1 step, stop, resume, 2 more
     (same sampled pairs, same losses)."""
-    from trainers.direct_alignment import online
 
     common = [*QUICK, "train.max_steps=3", "eval.eval_every=0", "eval.sample_every=0"]
     assert run(tmp_path / "straight", common) == 0
     half = tmp_path / "half"
-
-    def stop_after_one_step() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 1
-
-    monkeypatch.setattr(online, "stop_requested", stop_after_one_step)
-    assert run(half, common) == 143
-    monkeypatch.undo()
-    assert run(half, common, resume=True) == 0
-    straight = [r for r in read_jsonl(tmp_path / "straight" / "metrics.jsonl")]
-    resumed = [r for r in read_jsonl(half / "metrics.jsonl")]
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
-    for a, b in zip(straight, resumed, strict=True):
-        for key in ("loss", "tie_frac", "score_chosen", "completion_length", "eval/score"):
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 1)
+    keys = ("loss", "tie_frac", "score_chosen", "completion_length", "eval/score")
+    assert_same_history(tmp_path / "straight", half, keys)
 
 
 # ---- bad input --------------------------------------------------------------------------------

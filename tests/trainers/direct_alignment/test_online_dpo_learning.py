@@ -24,12 +24,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import trainer_argv
+from conftest import torch_threads, trainer_argv
 from stand_in_rewards import vowel_share_rewards
 
 from trainers.core.rundir import read_jsonl
-from trainers.direct_alignment import online as da_online
 from trainers.direct_alignment import train as da_train
 
 CONFIG = Path(__file__).resolve().parents[3] / "trainers" / "direct_alignment" / "configs"
@@ -65,15 +63,11 @@ OVERRIDES = [
 
 
 @pytest.mark.slow
-def test_online_dpo_raises_its_rankers_score_on_held_out_prompts(tmp_path, monkeypatch):
-    monkeypatch.setattr(da_online, "compute_rewards", vowel_share_rewards)  # the ranker's
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 1M-parameter model gains nothing from OpenMP workers
-    try:
+def test_online_dpo_raises_its_rankers_score_on_held_out_prompts(tmp_path):
+    with torch_threads(1):  # a 1M-parameter model gains nothing from OpenMP workers
         argv = trainer_argv(CONFIG / "online_dpo.yaml", tmp_path / "run", OVERRIDES)
-        assert da_train.main(argv) == 0
-    finally:
-        torch.set_num_threads(before)
+        # the stand-in is the ranker's verifier
+        assert da_train.main.with_options(verifier=vowel_share_rewards)(argv) == 0
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     train_rows = [r for r in rows if r["phase"] == "train"]
     evals = [r["eval/score"] for r in rows if r["phase"] == "eval"]

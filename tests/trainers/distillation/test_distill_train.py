@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_complete_run_dir, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
@@ -55,27 +56,14 @@ def test_two_steps_write_a_complete_run_dir(tmp_path):
     assert {"eval/avg_correctness", "eval/teacher_avg_correctness"} <= set(evals[-1])
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """Student samples are seeded by (seed, step): 3 steps straight == 1, stop, resume, 2."""
     common = [*QUICK, "train.max_steps=3", "eval.eval_every=0"]
     assert run(tmp_path / "straight", common) == 0
     half = tmp_path / "half"
-
-    def stop_after_one_step() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 1
-
-    monkeypatch.setattr(distill_train, "stop_requested", stop_after_one_step)
-    assert run(half, common) == 143
-    monkeypatch.undo()
-    assert run(half, common, resume=True) == 0
-    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
-    resumed = read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
-    for a, b in zip(straight, resumed, strict=True):
-        for key in ("loss", "teacher_logp", "completion_length", "grad_norm"):
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 1)
+    keys = ("loss", "teacher_logp", "completion_length", "grad_norm")
+    assert_same_history(tmp_path / "straight", half, keys)
 
 
 @pytest.mark.parametrize(

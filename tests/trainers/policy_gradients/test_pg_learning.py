@@ -25,11 +25,11 @@ import pytest
 from tests.conftest import torch_threads
 from trainers.core.config import DatasetSpecSection
 from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.onpolicy import greedy_completions
 from trainers.core.prompts import composite_prompts as load_prompts
 from trainers.core.rundir import read_jsonl
+from trainers.core.verifier import compute_rewards
 from trainers.policy_gradients import train as pg_train
-from trainers.policy_gradients.rewards import compute_rewards
-from trainers.policy_gradients.rollout import greedy_completions
 from trainers.sft import train as sft_train
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -24,14 +24,20 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from trainers.core import verifier as rewards_mod  # the verifier moved to core (issue 27)
 from trainers.core.spec import spec_for
 from trainers.core.tasks import TASK_CONFIGS, format_response, import_reasoning_gym
+from trainers.core.verifier import (
+    compute_rewards,
+    correctness_score,
+    format_score,
+    overlong_penalty,
+)
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
     drgrpo_advantages,
@@ -53,13 +59,7 @@ from trainers.policy_gradients.losses import (
     masked_mean,
     value_loss,
 )
-from trainers.policy_gradients.rewards import (
-    compute_rewards,
-    correctness_score,
-    dapo_keep_groups,
-    format_score,
-    overlong_penalty,
-)
+from trainers.policy_gradients.rewards import dapo_keep_groups
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 # each algorithm's default aggregation, as its spec declares it
@@ -67,6 +67,30 @@ DEFAULT_LOSS_AGG = {spec.name: spec.loss_agg for spec in PG_FAMILY.algorithms}
 
 ALGOS = ["reinforce", "rloo", "ppo", "grpo", "drgrpo", "gspo", "cispo", "sapo", "dapo", "maxrl"]
 CLIPPED_SURROGATE = ["ppo", "grpo", "drgrpo", "dapo"]
+
+
+def register_graded_task(graded: float) -> str:
+    """The name of a reasoning-gym task, registered in reasoning-gym's own registry (which the
+    verifier reads), whose scorer gives every answer ``graded``."""
+    from reasoning_gym.dataset import ProceduralDataset
+    from reasoning_gym.factory import DATASETS, register_dataset
+
+    name = f"test_graded_{graded}".replace(".", "_")
+    if name not in DATASETS:
+
+        @dataclass
+        class Config:
+            score: float = graded
+
+        class Graded(ProceduralDataset):
+            def __getitem__(self, idx: int) -> dict:
+                return {"question": "", "answer": "", "metadata": {}}
+
+            def score_answer(self, answer, entry) -> float:
+                return self.config.score
+
+        register_dataset(name, Graded, Config)
+    return name
 
 
 def t(x, **kw):
@@ -586,9 +610,9 @@ class TestRewards:
         assert all(v.dtype == torch.float32 for v in out.values())
         assert set(out) == {"total", "correctness", "format", "penalty", "binary"}
 
-    def test_binary_with_a_small_graded_score(self, monkeypatch):
-        monkeypatch.setattr(rewards_mod, "score_fn", lambda task: lambda answer, entry: 0.05)
-        out = compute_rewards([format_response("r", "x")], [{"task": "any", "entry": {}}], [3])
+    def test_binary_with_a_small_graded_score(self):
+        task = register_graded_task(0.05)  # a reasoning-gym task whose scorer answers 0.05
+        out = compute_rewards([format_response("r", "x")], [{"task": task, "entry": {}}], [3])
         assert out["correctness"].item() == pytest.approx(0.05)
         assert out["binary"].item() == 0.0
 

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import trainer_argv
+from conftest import torch_threads, trainer_argv
 from pydantic import ValidationError
 
 from trainers.core.rundir import read_jsonl
 from trainers.core.spec import spec_for
-from trainers.policy_gradients import rollout as pg_rollout
 from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.advantages import (
     TOKEN_REWARD_ADVANTAGES,
@@ -271,17 +270,14 @@ def alternating_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=Non
 
 @pytest.fixture
 def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
-def test_remax_subtracts_the_scored_greedy_completion(tmp_path, monkeypatch, one_thread):
-    monkeypatch.setattr(pg_rollout, "compute_rewards", alternating_rewards)
+def test_remax_subtracts_the_scored_greedy_completion(tmp_path, one_thread):
     run_dir = tmp_path / "remax"
     argv = trainer_argv(CONFIGS / "remax.yaml", run_dir, SMALL)
-    assert pg_train.main(argv) == 0
+    assert pg_train.main.with_options(verifier=alternating_rewards)(argv) == 0
     (rollout,) = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == "rollout"]
     # greedy totals: prompt 0 → 0 + 0.25, prompt 1 → 1 + 0.25, each on its prompt's 2 rows
     assert rollout["avg_greedy"] == pytest.approx(0.75)
@@ -291,10 +287,10 @@ def test_remax_subtracts_the_scored_greedy_completion(tmp_path, monkeypatch, one
         assert s["advantage"] == pytest.approx(s["total"] - s["greedy"])
 
 
-def test_reinforce_pp_puts_its_k1_kl_in_the_reward(tmp_path, monkeypatch, one_thread):
-    monkeypatch.setattr(pg_rollout, "compute_rewards", alternating_rewards)
+def test_reinforce_pp_puts_its_k1_kl_in_the_reward(tmp_path, one_thread):
     run_dir = tmp_path / "rpp"
-    assert pg_train.main(trainer_argv(CONFIGS / "reinforce_pp.yaml", run_dir, SMALL)) == 0
+    argv = trainer_argv(CONFIGS / "reinforce_pp.yaml", run_dir, SMALL)
+    assert pg_train.main.with_options(verifier=alternating_rewards)(argv) == 0
     (rollout,) = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == "rollout"]
     # π_old is the reference at step 1: k1 = log π_old − log π_ref is exactly 0 on every token
     assert rollout["kl_reward"] == 0.0 and rollout["kl_ref"] == pytest.approx(0.0, abs=1e-6)

@@ -30,12 +30,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import trainer_argv
+from conftest import torch_threads, trainer_argv
 from stand_in_rewards import vowel_share_rewards
 
 from trainers.core.rundir import read_jsonl
-from trainers.policy_gradients import rollout as pg_rollout
 from trainers.policy_gradients import train as pg_train
 
 CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
@@ -69,16 +67,11 @@ def overrides(algorithm: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["reinforce_pp", "reinforce_pp_baseline", "gmpo"])
-def test_new_algorithm_raises_its_reward(tmp_path, monkeypatch, algorithm):
-    monkeypatch.setattr(pg_rollout, "compute_rewards", vowel_share_rewards)
-    monkeypatch.setattr(pg_train, "compute_rewards", vowel_share_rewards)  # the greedy eval
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+def test_new_algorithm_raises_its_reward(tmp_path, algorithm):
+    with torch_threads(1):
         argv = trainer_argv(CONFIGS / f"{algorithm}.yaml", tmp_path / "run", overrides(algorithm))
-        assert pg_train.main(argv) == 0
-    finally:
-        torch.set_num_threads(before)
+        # the stand-in scores the samples and the greedy held-out evaluation
+        assert pg_train.main.with_options(verifier=vowel_share_rewards)(argv) == 0
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     rows = [r["avg_total"] for r in metrics if r["phase"] == "rollout"]
     evals = [r["eval/avg_correctness"] for r in metrics if r["phase"] == "eval"]

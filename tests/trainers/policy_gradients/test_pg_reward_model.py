@@ -382,7 +382,7 @@ def test_ppo_on_builtin_prompts_whitens_with_running_statistics(tmp_path, rm_dir
     assert all(abs(s["total"]) <= 3.0 for s in samples)
 
 
-def test_running_moments_survive_a_stop_and_resume(tmp_path, rm_dirs, monkeypatch):
+def test_running_moments_survive_a_stop_and_resume(tmp_path, rm_dirs, sigterm_at):
     """The running statistics are in the checkpoint: 3 rollout steps straight == stop after
     step 1, resume, 2 more (same reward statistics at every step)."""
     overrides = [
@@ -398,13 +398,9 @@ def test_running_moments_survive_a_stop_and_resume(tmp_path, rm_dirs, monkeypatc
     straight, half = tmp_path / "straight", tmp_path / "half"
     assert pg_train.main(argv(straight)) == 0
 
-    def stop_after_one_step() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 1
-
-    monkeypatch.setattr(pg_train, "stop_requested", stop_after_one_step)
+    sigterm_at("step_end:1")  # a real SIGTERM at the end of step 1
     assert pg_train.main(argv(half)) == 143
-    monkeypatch.setattr(pg_train, "stop_requested", lambda: False)
+    sigterm_at(None)
     assert pg_train.main(argv(half, resume=True)) == 0
     a, b = rows_of(straight, "rollout"), rows_of(half, "rollout")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]

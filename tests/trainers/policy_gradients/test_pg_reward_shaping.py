@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from trainers.core.config import ConfigError, load_config, validate_config
+from trainers.core.verifier import text_rewards
 from trainers.policy_gradients.config import PolicyGradientConfig
 from trainers.policy_gradients.rewards import (
     RunningMoments,
@@ -20,7 +21,6 @@ from trainers.policy_gradients.rewards import (
     eos_penalty,
     normalize_scores,
     shaped_total,
-    text_rewards,
 )
 from trainers.policy_gradients.rollout import sequence_kl
 

@@ -14,7 +14,6 @@ from tests.conftest import torch_threads, trainer_argv
 from trainers.core.environments import StepResult, register_environment
 from trainers.core.multiturn import MODEL, TOOL, Segment, Trajectory
 from trainers.core.rundir import read_jsonl
-from trainers.policy_gradients import rollout as pg_rollout
 from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.advantages import (
     gae,
@@ -207,12 +206,13 @@ def graded_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=None):
     }
 
 
-def test_a_run_without_tool_calls_is_the_single_turn_run(tmp_path, monkeypatch):
+def test_a_run_without_tool_calls_is_the_single_turn_run(tmp_path):
     """Same prompts (an environment that offers no tool): every logged number of the multi-turn
     run equals the single-turn run's, with updates that are not zero."""
-    monkeypatch.setattr(pg_rollout, "compute_rewards", graded_rewards)
-    assert run("grpo", tmp_path / "single", TINY) == 0
-    assert run("grpo", tmp_path / "multi", [*TINY, "env.name=no_tool_for_tests"]) == 0
+    graded = pg_train.main.with_options(verifier=graded_rewards)
+    assert graded(trainer_argv(CONFIGS / "grpo.yaml", tmp_path / "single", TINY)) == 0
+    multi = [*TINY, "env.name=no_tool_for_tests"]
+    assert graded(trainer_argv(CONFIGS / "grpo.yaml", tmp_path / "multi", multi)) == 0
     single = read_jsonl(tmp_path / "single" / "metrics.jsonl")
     multi = read_jsonl(tmp_path / "multi" / "metrics.jsonl")
     assert [(r["step"], r["phase"]) for r in single] == [(r["step"], r["phase"]) for r in multi]

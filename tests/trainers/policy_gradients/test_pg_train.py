@@ -2,9 +2,9 @@
 several updates per rollout, PPO's critic, resume, the π_old shortcut, and bad input that must
 fail before anything is written.
 
-A randomly initialised ``tiny`` model never earns a reward, so most tests swap the reward
-function for one with guaranteed contrast inside each group (``contrast_rewards``): the update
-then has non-zero advantages and real gradients. The learning test (tests/trainers/policy_gradients/test_pg_learning.py)
+A randomly initialised ``tiny`` model never earns a reward, so most tests run the trainer with a
+stand-in verifier that guarantees contrast inside each group (``graded_rewards``, passed as the
+trainer's ``verifier``): the update then has non-zero advantages and real gradients. The learning test (tests/trainers/policy_gradients/test_pg_learning.py)
 uses the real rewards on an SFT warm start.
 """
 
@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir, assert_same_gradients, torch_threads, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
-from trainers.core import logprobs as core_logprobs
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
+from trainers.core.verifier import Verifier, compute_rewards
 from trainers.policy_gradients import rollout as pg_rollout
 from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.config import ALGORITHMS, PolicyGradientConfig, algorithm_spec
+from trainers.policy_gradients.experience import assemble
+from trainers.policy_gradients.token_passes import ValueModel, completion_token_stats
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
@@ -47,6 +50,8 @@ TINY = [
     "checkpoint.save_every=null",
     "checkpoint.save_final_model=false",
 ]
+# no held-out prompts: a scripted verifier is called by the rollouts alone
+NO_EVAL = [*TINY, "data.eval_size=0"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,12 +62,20 @@ def one_torch_thread():
         yield
 
 
-def run(algorithm: str, run_dir: Path, overrides: list[str], resume: bool = False) -> int:
-    return pg_train.main(trainer_argv(CONFIGS / f"{algorithm}.yaml", run_dir, overrides, resume))
+def run(
+    algorithm: str,
+    run_dir: Path,
+    overrides: list[str],
+    resume: bool = False,
+    verifier: Verifier = compute_rewards,
+) -> int:
+    """The trainer on ``algorithm``'s shipped config, ``verifier`` scoring the completions."""
+    main = pg_train.main.with_options(verifier=verifier)
+    return main(trainer_argv(CONFIGS / f"{algorithm}.yaml", run_dir, overrides, resume))
 
 
 def graded_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=None):
-    """Stand-in for rewards.compute_rewards: rollout j of each group of G gets correctness
+    """Stand-in for core.verifier.compute_rewards: rollout j of each group of G gets correctness
     j/(G−1) (so every group has contrast, and rollout G−1 is fully right)."""
     n = len(texts)
     correct = torch.tensor([(i % G) / (G - 1) for i in range(n)])
@@ -76,11 +89,6 @@ def graded_rewards(texts, metas, lengths, *, format_weight=0.5, penalty=None):
         "binary": binary,
         "total": correct + format_weight * fmt + pen,
     }
-
-
-@pytest.fixture
-def contrast_rewards(monkeypatch):
-    monkeypatch.setattr(pg_rollout, "compute_rewards", graded_rewards)
 
 
 def rows_of(path: Path, phase: str) -> list[dict]:
@@ -116,14 +124,14 @@ TRAIN_KEYS = (
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_every_algorithm_runs_two_rollout_steps(tmp_path, contrast_rewards, algorithm):
+def test_every_algorithm_runs_two_rollout_steps(tmp_path, algorithm):
     extra = []
     if algorithm in ("reinforce", "ppo"):  # one rollout per prompt, as their configs
         extra = ["rollout.prompts_per_step=4", "rollout.num_rollouts=1"]
     if algorithm == "ppo":
         extra.append("checkpoint.save_final_model=true")
     run_dir = tmp_path / "run"
-    assert run(algorithm, run_dir, [*TINY, *extra]) == 0
+    assert run(algorithm, run_dir, [*TINY, *extra], verifier=graded_rewards) == 0
     summary = assert_complete_run_dir(run_dir)
     assert summary["steps"] == 2 and summary["algorithm"] == algorithm
 
@@ -199,13 +207,12 @@ class ScriptedCorrectness:
         }
 
 
-def test_dapo_drops_uniform_groups_and_refills(tmp_path, monkeypatch):
+def test_dapo_drops_uniform_groups_and_refills(tmp_path):
     # step 1: draw 1 keeps group 1 only, draw 2 keeps its group 0 -> 2 of 4 groups kept
     # step 2: draw 1 keeps both
     scripted = ScriptedCorrectness(["0m", "m1", "mm"], default="mm")
-    monkeypatch.setattr(pg_rollout, "compute_rewards", scripted)
     run_dir = tmp_path / "run"
-    assert run("dapo", run_dir, [*TINY, "loss.max_draw_factor=3"]) == 0
+    assert run("dapo", run_dir, [*NO_EVAL, "loss.max_draw_factor=3"], verifier=scripted) == 0
     assert scripted.calls == 3
     rows = rows_of(run_dir, "rollout")
     assert rows[0]["dynamic_sampling/kept_frac"] == 0.5
@@ -217,11 +224,10 @@ def test_dapo_drops_uniform_groups_and_refills(tmp_path, monkeypatch):
     assert progress["data"] == {"epoch": 0, "index": 6}  # 4 + 2 prompts consumed
 
 
-def test_dapo_gives_up_after_the_draw_bound(tmp_path, monkeypatch):
+def test_dapo_gives_up_after_the_draw_bound(tmp_path):
     scripted = ScriptedCorrectness([], default="00")  # no group ever shows contrast
-    monkeypatch.setattr(pg_rollout, "compute_rewards", scripted)
     run_dir = tmp_path / "run"
-    assert run("dapo", run_dir, [*TINY, "loss.max_draw_factor=3"]) == 1
+    assert run("dapo", run_dir, [*NO_EVAL, "loss.max_draw_factor=3"], verifier=scripted) == 1
     assert scripted.calls == 3  # 3 × prompts_per_step prompts drawn, then the error
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "failed"
@@ -235,10 +241,10 @@ def test_dapo_gives_up_after_the_draw_bound(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_two_updates_per_rollout_reuse_the_batch_off_policy(tmp_path, contrast_rewards):
+def test_two_updates_per_rollout_reuse_the_batch_off_policy(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*TINY, "loss.updates_per_rollout=2", "train.gradient_accumulation_steps=2"]
-    assert run("grpo", run_dir, overrides) == 0
+    assert run("grpo", run_dir, overrides, verifier=graded_rewards) == 0
     rows = rows_of(run_dir, "train")
     assert [r["optimizer_steps"] for r in rows] == [2, 2]  # 1 optimizer step per pass, 2 passes
     # the second pass sees a policy that moved: the ratio left 1 (it is exactly 1 in pass one)
@@ -252,7 +258,7 @@ def _final_weights(run_dir: Path) -> dict:
     return torch.load(list_checkpoints(run_dir / "checkpoints")[-1] / "model.pt")
 
 
-def test_skipping_the_old_logp_forward_changes_nothing(tmp_path, contrast_rewards, monkeypatch):
+def test_skipping_the_old_logp_forward_changes_nothing(tmp_path, monkeypatch):
     """One optimizer step per rollout: π = π_old during the update, so logπ.detach() replaces
     the extra rollout-time forward. Forcing that forward must give the same run."""
     one_step = [*TINY, "train.gradient_accumulation_steps=2"]  # 8 sequences = 2 × 4 = 1 step
@@ -272,10 +278,10 @@ def test_skipping_the_old_logp_forward_changes_nothing(tmp_path, contrast_reward
         return real(*args, **kwargs)
 
     monkeypatch.setattr(pg_rollout, "sequence_logps", counting)
-    assert run("grpo", tmp_path / "skip", one_step) == 0
+    assert run("grpo", tmp_path / "skip", one_step, verifier=graded_rewards) == 0
     assert calls == []  # no extra forward
     monkeypatch.setattr(PolicyGradientConfig, "needs_old_logps", property(lambda self: True))
-    assert run("grpo", tmp_path / "forced", one_step) == 0
+    assert run("grpo", tmp_path / "forced", one_step, verifier=graded_rewards) == 0
     assert len(calls) == 2  # one per rollout step
 
     skip, forced = rows_of(tmp_path / "skip", "train"), rows_of(tmp_path / "forced", "train")
@@ -295,13 +301,11 @@ def test_left_padding_does_not_change_log_probs():
     model = load_causal_lm("tiny", device="cpu", dtype="fp32", trainable=False)
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]
     completions = [[20, 21, 22], [23, 24, 25, 26]]
-    ids, attn, lens, cmask = pg_rollout.assemble(prompts, completions, pad_id=0)
-    together, _ = pg_rollout.completion_token_stats(model, ids, attn, ids.shape[1] - 4)
+    ids, attn, lens, cmask = assemble(prompts, completions, pad_id=0)
+    together, _ = completion_token_stats(model, ids, attn, ids.shape[1] - 4)
     for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         alone_ids = torch.tensor([p + c])
-        alone, _ = pg_rollout.completion_token_stats(
-            model, alone_ids, torch.ones_like(alone_ids), len(p)
-        )
+        alone, _ = completion_token_stats(model, alone_ids, torch.ones_like(alone_ids), len(p))
         assert torch.allclose(together[row, : len(c)], alone[0], atol=1e-5)
 
 
@@ -312,9 +316,7 @@ def _grads(model) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama"])
-def test_shared_prompt_forward_equals_full_rows_with_gradients(
-    preset, monkeypatch, record_forward_shapes
-):
+def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, record_forward_shapes):
     """A group's prompt runs once (KV cache gathered per row): log-probs, entropies, values and
     every gradient equal one forward of the full rows; the prompt really runs once."""
     from trainers.core.models import load_causal_lm
@@ -325,19 +327,21 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [5, 6, 7, 8, 9, 10], [11, 12, 13]]
     prompts += [[30, 31, 32, 33], [11, 12, 13], [5, 6, 7, 8, 9, 10]]
     completions = [[20, 21, 22], [23, 24, 25, 26], [27], [20, 21], [40, 41, 42, 43], [44], [9, 8]]
-    ids, attn, lens, cmask = pg_rollout.assemble(prompts, completions, pad_id=0)
+    ids, attn, lens, cmask = assemble(prompts, completions, pad_id=0)
     width_p = ids.shape[1] - cmask.shape[1]
     decoder = model.get_decoder()
     forwards = record_forward_shapes(decoder)
-    shared, shared_ent = pg_rollout.completion_token_stats(model, ids, attn, width_p, True)
+    shared, shared_ent = completion_token_stats(model, ids, attn, width_p, True)
     (shared * cmask).sum().backward()
     shared_grads = _grads(model)
     # 3 distinct prompts x width_p, then 7 rows x (completion width - 1)
     assert forwards == [(3, width_p), (7, cmask.shape[1] - 1)]
 
-    monkeypatch.setattr(core_logprobs, "_checkpointing", lambda decoder: True)  # the full-row path
+    # gradient checkpointing (training) cannot keep a KV cache: the full-row path
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model.training
     forwards.clear()
-    full, full_ent = pg_rollout.completion_token_stats(model, ids, attn, width_p, True)
+    full, full_ent = completion_token_stats(model, ids, attn, width_p, True)
     (full * cmask).sum().backward()
     full_grads = _grads(model)
     assert forwards == [(7, ids.shape[1] - 1)]  # the last token predicts nothing
@@ -348,14 +352,14 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(
     assert_same_gradients(shared_grads, full_grads)
     assert full_grads.abs().sum() > 0
 
-    value = pg_rollout.ValueModel(model)
+    value = ValueModel(model)
     torch.nn.init.normal_(value.head.weight)
     v_full = value(ids, attn, width_p)
-    monkeypatch.setattr(core_logprobs, "_checkpointing", lambda decoder: False)
+    model.gradient_checkpointing_disable()
     v_shared = value(ids, attn, width_p)
     assert torch.allclose(v_shared[m], v_full[m], atol=1e-5)
 
-    one_token = pg_rollout.completion_token_stats(
+    one_token = completion_token_stats(
         model, ids[:, : width_p + 1], attn[:, : width_p + 1], width_p
     )[0]
     assert torch.allclose(one_token[:, 0], full[:, 0], atol=1e-5)
@@ -367,38 +371,21 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_stop_then_resume_equals_straight_run(tmp_path, contrast_rewards, monkeypatch, algorithm):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at, algorithm):
     """4 rollout steps straight == 2, stop (the SIGTERM path), resume, 2 more."""
     common = [*TINY, "train.max_steps=4", "eval.eval_every=2"]
     if algorithm == "ppo":
         common += ["rollout.prompts_per_step=4", "rollout.num_rollouts=1"]
-    assert run(algorithm, tmp_path / "straight", common) == 0
-
+    assert run(algorithm, tmp_path / "straight", common, verifier=graded_rewards) == 0
     half = tmp_path / "half"
 
-    def stop_after_two_steps() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 2
+    def run_half(run_dir: Path, resume: bool) -> int:
+        return run(algorithm, run_dir, common, resume=resume, verifier=graded_rewards)
 
-    monkeypatch.setattr(pg_train, "stop_requested", stop_after_two_steps)
-    assert run(algorithm, half, common) == 143
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
-    assert read_jsonl(half / "metrics.jsonl")[-1]["step"] == 2
-    monkeypatch.setattr(pg_train, "stop_requested", lambda: False)
-    assert run(algorithm, half, common, resume=True) == 0
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
-
-    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
-    resumed = read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
+    stop_at_step_then_resume(run_half, half, sigterm_at, 2)
     keys = ("loss", "grad_norm", "entropy", "avg_total", "response_length/mean", "value_loss")
-    for a, b in zip(straight, resumed, strict=True):
-        for key in (*keys, "explained_variance", "eval/avg_format"):
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    samples_a = read_jsonl(tmp_path / "straight" / "samples.jsonl")
-    samples_b = read_jsonl(half / "samples.jsonl")
-    assert [s["completion"] for s in samples_a] == [s["completion"] for s in samples_b]
+    keys += ("explained_variance", "eval/avg_format")
+    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
 
 
 # ---------------------------------------------------------------------------------------------

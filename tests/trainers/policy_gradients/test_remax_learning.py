@@ -31,12 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import trainer_argv
+from conftest import torch_threads, trainer_argv
 from stand_in_rewards import vowel_share_rewards
 
 from trainers.core.rundir import read_jsonl
-from trainers.policy_gradients import rollout as pg_rollout
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
 
@@ -73,17 +71,12 @@ def overrides(warm_start: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_remax_from_the_warm_start_raises_its_reward(tmp_path, monkeypatch):
+def test_remax_from_the_warm_start_raises_its_reward(tmp_path):
     warm_start = sft_train.warm_start_model()
-    monkeypatch.setattr(pg_rollout, "compute_rewards", vowel_share_rewards)  # samples + greedy
-    monkeypatch.setattr(pg_train, "compute_rewards", vowel_share_rewards)  # the held-out eval
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         argv = trainer_argv(CONFIGS / "remax.yaml", tmp_path / "run", overrides(warm_start))
-        assert pg_train.main(argv) == 0
-    finally:
-        torch.set_num_threads(before)
+        # the stand-in scores the samples, the greedy baselines and the held-out evaluation
+        assert pg_train.main.with_options(verifier=vowel_share_rewards)(argv) == 0
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     rows = [r for r in metrics if r["phase"] == "rollout"]
     evals = [r["eval/avg_correctness"] for r in metrics if r["phase"] == "eval"]

@@ -570,20 +570,15 @@ def test_gsm8k_fixture_scored_by_a_reward_model(tmp_path):
     assert eval_samples[0]["gold"] in {"45", "3950"}
 
 
-def test_stop_during_sft_then_resume_keeps_one_history(tmp_path, monkeypatch):
-    from trainers.sft import train as sft_train
+def test_stop_during_sft_then_resume_keeps_one_history(tmp_path, sigterm_at):
 
     overrides = [*GSM8K_QUICK, "sft.num_epochs=2", "eval.baseline=true"]
     run_dir = tmp_path / "run"
 
-    def stop_after_one_step() -> bool:
-        rows = read_jsonl(run_dir / "metrics.jsonl")
-        return any(r["phase"] == "train" and r["step"] >= 1 for r in rows)
-
-    monkeypatch.setattr(sft_train, "stop_requested", stop_after_one_step)
+    sigterm_at("step_end:1")  # a real SIGTERM at the end of step 1
     assert run("top_per_prompt", run_dir, overrides) == 143
     assert json.loads((run_dir / "summary.json").read_text())["outcome"] == "stopped"
-    monkeypatch.undo()
+    sigterm_at(None)
     assert run("top_per_prompt", run_dir, overrides, resume=True) == 0
     summary = assert_complete_run_dir(run_dir)
     assert summary["steps"] == 6  # 6 prompts / batch 2 × 2 epochs

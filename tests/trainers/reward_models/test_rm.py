@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
-from conftest import assert_phases, assert_same_gradients, trainer_argv
+from conftest import assert_phases, assert_same_gradients, torch_threads, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from trainers.core.config import load_config
 from trainers.core.reward_model import RewardModelError, build_reward_model, save_reward_model
@@ -61,10 +62,8 @@ def one_cpu_thread():
     """The tiny model's matrices are too small to gain from a second thread, and with two
     threads on a busy 2-core machine every op waits on the other thread (a fwd+bwd step took
     6 s instead of 0.07 s here). Restored afterwards for other test modules."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def softplus(x: float) -> float:
@@ -589,7 +588,7 @@ def test_each_kind_writes_a_complete_run_dir_from_its_real_schema_fixture(
     assert all(isinstance(s, float) and math.isfinite(s) for s in scores)
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 ORM steps straight == 2 steps, stop (the SIGTERM path), resume, 2 more."""
     common = [
         *QUICK,
@@ -604,28 +603,9 @@ def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
     ]
     assert run("orm", tmp_path / "straight", common) == 0
     half = tmp_path / "half"
-
-    def stop_after_two_steps() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 2
-
-    monkeypatch.setattr(rm_train, "stop_requested", stop_after_two_steps)
-    assert run("orm", half, common) == 143
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
-    monkeypatch.undo()
-    assert run("orm", half, common, resume=True) == 0
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
-    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
-    resumed = read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
+    stop_at_step_then_resume(lambda d, resume: run("orm", d, common, resume), half, sigterm_at, 2)
     keys = ("loss", "accuracy", "grad_norm", "learning_rate", "eval/loss", "eval/auroc")
-    for a, b in zip(straight, resumed, strict=True):
-        for key in keys:
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    samples_a = read_jsonl(tmp_path / "straight" / "samples.jsonl")
-    samples_b = read_jsonl(half / "samples.jsonl")
-    assert [s["step"] for s in samples_a] == [s["step"] for s in samples_b]
+    assert_same_history(tmp_path / "straight", half, keys, sample_field="step")
 
 
 @pytest.mark.parametrize(

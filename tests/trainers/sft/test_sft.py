@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_phases, trainer_argv
+from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from trainers.core.config import load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -362,34 +363,14 @@ def test_short_run_writes_a_complete_run_dir_and_a_loadable_final_model(
     assert summary["final_model"] == str(run_dir / "final_model")
 
 
-def test_stop_then_resume_equals_straight_run(tmp_path, monkeypatch):
+def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 steps straight == 2 steps, stop (the SIGTERM path: checkpoint + 'stopped'), resume, 2."""
     common = [*QUICK, "train.max_steps=4", "eval.sample_every=1"]
     assert run(tmp_path / "straight", common) == 0
     half = tmp_path / "half"
-
-    def stop_after_two_steps() -> bool:
-        progress = half / "progress.json"
-        return progress.exists() and json.loads(progress.read_text())["step"] >= 2
-
-    monkeypatch.setattr(sft_train, "stop_requested", stop_after_two_steps)
-    assert run(half, common) == 143
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "stopped"
-    assert [r["step"] for r in read_jsonl(half / "metrics.jsonl")][-1] == 2
-    monkeypatch.undo()
-    assert run(half, common, resume=True) == 0
-    assert json.loads((half / "summary.json").read_text())["outcome"] == "succeeded"
-
-    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
-    resumed = read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in straight] == [(r["step"], r["phase"]) for r in resumed]
-    for a, b in zip(straight, resumed, strict=True):
-        for key in ("loss", "mean_token_accuracy", "grad_norm", "learning_rate", "eval/loss"):
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
-    samples_a = read_jsonl(tmp_path / "straight" / "samples.jsonl")
-    samples_b = read_jsonl(half / "samples.jsonl")
-    assert [s["completion"] for s in samples_a] == [s["completion"] for s in samples_b]
+    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 2)
+    keys = ("loss", "mean_token_accuracy", "grad_norm", "learning_rate", "eval/loss")
+    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
     progress = json.loads((half / "progress.json").read_text())
     assert (
         progress["tokens_seen"]
