@@ -188,3 +188,72 @@ def empty_hub_cache():
 
     with hub_cache_lookup(lambda hub_id, filename: None):
         yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine seams
+# ---------------------------------------------------------------------------------------------
+
+
+def fake_gpus(free_gb, total_gb: float = 48.0, name: str = "Fake GPU 48GB") -> list:
+    """GPUs (``GpuInfo``, NVML order) with ``free_gb[i]`` GiB free of ``total_gb`` each, UUIDs
+    ``GPU-fake-<i>``."""
+    from rlhf_lab.runs.resources import GpuInfo
+
+    return [
+        GpuInfo(
+            index=i,
+            name=name,
+            uuid=f"GPU-fake-{i}",
+            total_gb=total_gb,
+            used_gb=total_gb - free,
+            free_gb=free,
+        )
+        for i, free in enumerate(free_gb)
+    ]
+
+
+def _gpu_query(gpus):
+    """The Machine's GPU query for ``gpus``: a list of free GiB (:func:`fake_gpus`) or of
+    ``GpuInfo``, fresh copies on every call (the report writes into what it gets)."""
+    if callable(gpus):
+        return gpus
+    numbers = all(isinstance(g, int | float) for g in gpus)
+    inventory = fake_gpus(gpus) if numbers else list(gpus)
+    return lambda: ([g.model_copy(deep=True) for g in inventory], "fake", [])
+
+
+def _as_fact(value):
+    return value if callable(value) else (lambda: value)
+
+
+@pytest.fixture
+def machine():
+    """``machine(gpus=..., cores=..., free_ram_gb=..., total_ram_gb=...)``: until the test ends,
+    the whole lab (every thread) sees a machine with these facts (``rlhf_lab/runs/machine.py``,
+    the one seam for what the machine has). ``gpus``: a list of free GiB per GPU (fake 48 GiB
+    GPUs), of ``GpuInfo``, or a query function; the others a number or a function asked at each
+    read. Facts not named keep their value (this machine's, until a call names them); a later
+    call changes the machine again. Returns the machine set."""
+    from dataclasses import replace
+
+    from rlhf_lab.runs.machine import this_machine, using_machine
+
+    names = {"gpus": "gpu_query", "cores": "cpu_cores"}
+    with contextlib.ExitStack() as stack:
+
+        def set_machine(**facts):
+            changes = {
+                names.get(k, k): _gpu_query(v) if k == "gpus" else _as_fact(v)
+                for k, v in facts.items()
+            }
+            return stack.enter_context(using_machine(replace(this_machine(), **changes)))
+
+        yield set_machine
+
+
+@pytest.fixture
+def cpu_box(machine):
+    """A machine with no GPU and 20 GiB of its 32 GiB of RAM free: what the pretrained-model
+    shrink tests pin, whatever machine runs them."""
+    return machine(gpus=[], free_ram_gb=20.0, total_ram_gb=32.0)

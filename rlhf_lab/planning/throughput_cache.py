@@ -102,10 +102,9 @@ def default_threads() -> int:
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    from rlhf_lab.runs.machine import this_machine
+
+    return this_machine().cpu_cores()
 
 
 def _torch_version() -> str:

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from rlhf_lab.runs import resources
-from rlhf_lab.runs.resources import GIB, active_lab_runs, check_resources, gpu_index
+from rlhf_lab.runs.machine import check_resources
+from rlhf_lab.runs.resources import GIB, active_lab_runs, gpu_index
 
 
 @pytest.fixture(autouse=True)
