@@ -195,22 +195,25 @@ def empty_hub_cache():
 # ---------------------------------------------------------------------------------------------
 
 
-def fake_gpus(free_gb, total_gb: float = 48.0, name: str = "Fake GPU 48GB") -> list:
-    """GPUs (``GpuInfo``, NVML order) with ``free_gb[i]`` GiB free of ``total_gb`` each, UUIDs
-    ``GPU-fake-<i>``."""
+def fake_gpus(free_gb, total_gb: float = 48.0, name: str = "Fake GPU") -> list:
+    """GPUs (``GpuInfo``, NVML order, UUIDs ``GPU-fake-<i>``) with ``free_gb[i]`` GiB free of
+    ``total_gb`` each (of the free memory where that is more)."""
     from rlhf_lab.runs.resources import GpuInfo
 
-    return [
-        GpuInfo(
-            index=i,
-            name=name,
-            uuid=f"GPU-fake-{i}",
-            total_gb=total_gb,
-            used_gb=total_gb - free,
-            free_gb=free,
+    gpus = []
+    for i, free in enumerate(free_gb):
+        total = max(total_gb, free)
+        gpus.append(
+            GpuInfo(
+                index=i,
+                name=name,
+                uuid=f"GPU-fake-{i}",
+                total_gb=total,
+                used_gb=total - free,
+                free_gb=free,
+            )
         )
-        for i, free in enumerate(free_gb)
-    ]
+    return gpus
 
 
 def _gpu_query(gpus):
@@ -257,3 +260,14 @@ def cpu_box(machine):
     """A machine with no GPU and 20 GiB of its 32 GiB of RAM free: what the pretrained-model
     shrink tests pin, whatever machine runs them."""
     return machine(gpus=[], free_ram_gb=20.0, total_ram_gb=32.0)
+
+
+@pytest.fixture
+def offline_lab(tmp_path, monkeypatch):
+    """A lab rooted in ``tmp_path``, offline, whose Hugging Face caches (datasets, hub) are
+    empty folders there: no test reads this machine's caches. Returns the root."""
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    return tmp_path

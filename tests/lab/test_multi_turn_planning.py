@@ -28,12 +28,9 @@ from .test_time_predictor import STUB
 
 
 @pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: True)
-    monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 20.0)
-    return tmp_path
+def lab_root(offline_lab, cpu_box, monkeypatch):
+    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
+    return offline_lab
 
 
 @pytest.fixture

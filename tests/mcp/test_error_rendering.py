@@ -185,7 +185,7 @@ def test_with_next_keeps_an_errors_own_steps_and_kind():
 # --------------------------------------------------------------------------- real errors
 
 
-def _busy_cpu(lab_root: Path, monkeypatch) -> subprocess.Popen:
+def _busy_cpu(lab_root: Path, machine) -> subprocess.Popen:
     """A run that holds the CPU now (a live process), and no room beside it."""
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     api.create_campaign("busy-holder", "Who holds the CPU?")
@@ -204,7 +204,7 @@ def _busy_cpu(lab_root: Path, monkeypatch) -> subprocess.Popen:
         "create_time": psutil.Process(holder.pid).create_time(),
     }
     (run_dir / "run.json").write_text(json.dumps(record))
-    monkeypatch.setattr(api, "_device_free_gb", lambda device: 0.001)
+    machine(free_ram_gb=0.001)
     return holder
 
 
@@ -231,8 +231,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_cli_errors_name_no_mcp_tool(case, lab_root, monkeypatch):
-    holder = _busy_cpu(lab_root, monkeypatch) if case == "busy device" else None
+def test_cli_errors_name_no_mcp_tool(case, lab_root, machine):
+    holder = _busy_cpu(lab_root, machine) if case == "busy device" else None
     try:
         result = CliRunner().invoke(cli.app, CASES[case][0])
     finally:
@@ -252,8 +252,8 @@ def test_cli_errors_name_no_mcp_tool(case, lab_root, monkeypatch):
     "case",
     sorted(CASES),
 )
-async def test_mcp_errors_name_no_cli_flag_or_command(case, lab_root, monkeypatch):
-    holder = _busy_cpu(lab_root, monkeypatch) if case == "busy device" else None
+async def test_mcp_errors_name_no_cli_flag_or_command(case, lab_root, machine):
+    holder = _busy_cpu(lab_root, machine) if case == "busy device" else None
     tool, args = CASES[case][1]
     try:
         async with Client(mcp_server.server) as client:
@@ -269,8 +269,8 @@ async def test_mcp_errors_name_no_cli_flag_or_command(case, lab_root, monkeypatc
         assert "launch_run(queue=true)" in text and f'run_status(run_id="{HOLDER}")' in text
 
 
-def test_the_refused_busy_launch_is_a_typed_conflict(lab_root, monkeypatch):
-    holder = _busy_cpu(lab_root, monkeypatch)
+def test_the_refused_busy_launch_is_a_typed_conflict(lab_root, machine):
+    holder = _busy_cpu(lab_root, machine)
     try:
         with pytest.raises(Conflict) as err:
             api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="cpu"))

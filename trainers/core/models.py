@@ -434,9 +434,11 @@ def pick_attn_implementation(
     pref: str = "auto",
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    flash_attn: bool | None = None,
 ) -> str:
-    """``auto``: ``flash_attention_2`` when flash-attn is installed, the device is CUDA and the
-    dtype is half precision; else ``sdpa``. Any other value is passed through unchanged."""
+    """``auto``: ``flash_attention_2`` when flash-attn is installed (``flash_attn``; None: ask
+    :func:`flash_attn_available`), the device is CUDA and the dtype is half precision; else
+    ``sdpa``. Any other value is passed through unchanged."""
     import torch
 
     choice = (pref or "auto").strip()
@@ -445,7 +447,7 @@ def pick_attn_implementation(
     dev = torch.device(device) if device is not None else pick_device("auto")
     torch_dtype = pick_dtype(dtype if dtype is not None else "auto", dev)
     if dev.type == "cuda" and torch_dtype in (torch.bfloat16, torch.float16):
-        if flash_attn_available():
+        if flash_attn_available() if flash_attn is None else flash_attn:
             return "flash_attention_2"
     return "sdpa"
 

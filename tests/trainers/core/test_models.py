@@ -455,15 +455,21 @@ def test_pick_device_dtype_attn_on_cpu(monkeypatch):
         load_causal_lm("tiny", device="cuda")
 
 
-def test_pick_attn_auto_rules(monkeypatch):
+def test_pick_attn_auto_rules():
     cuda = torch.device("cuda")
-    monkeypatch.setattr(models, "flash_attn_available", lambda: True)
-    assert pick_attn_implementation("auto", cuda, torch.bfloat16) == "flash_attention_2"
-    assert pick_attn_implementation("auto", cuda, "fp16") == "flash_attention_2"
-    assert pick_attn_implementation("auto", cuda, torch.float32) == "sdpa"
-    assert pick_attn_implementation("auto", torch.device("cpu"), torch.bfloat16) == "sdpa"
-    monkeypatch.setattr(models, "flash_attn_available", lambda: False)
-    assert pick_attn_implementation("auto", cuda, torch.bfloat16) == "sdpa"
+    installed = {"flash_attn": True}
+    assert (
+        pick_attn_implementation("auto", cuda, torch.bfloat16, **installed) == "flash_attention_2"
+    )
+    assert pick_attn_implementation("auto", cuda, "fp16", **installed) == "flash_attention_2"
+    assert pick_attn_implementation("auto", cuda, torch.float32, **installed) == "sdpa"
+    assert (
+        pick_attn_implementation("auto", torch.device("cpu"), torch.bfloat16, **installed) == "sdpa"
+    )
+    assert pick_attn_implementation("auto", cuda, torch.bfloat16, flash_attn=False) == "sdpa"
+    # not said: whether flash-attn is installed here
+    here = "flash_attention_2" if models.flash_attn_available() else "sdpa"
+    assert pick_attn_implementation("auto", cuda, torch.bfloat16) == here
 
 
 def test_models_module_imports_no_torch():
