@@ -271,3 +271,30 @@ def offline_lab(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     return tmp_path
+
+
+def live_run_on(run_dir, device: str):
+    """A lab run that trains on ``device`` now, so the device is busy: a live process (the
+    caller kills it) behind ``run_dir``'s run.json in state running, as the launcher records
+    one (pid, process group, create time)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "id": run_dir.name,
+        "family": "direct_alignment",
+        "algorithm": "dpo",
+        "campaign": run_dir.parent.parent.name,
+        "device": device,
+        "state": "running",
+        "created_at": "2026-03-01T11:00:00.000+00:00",
+        "pid": holder.pid,
+        "pgid": holder.pid,
+        "create_time": psutil.Process(holder.pid).create_time(),
+    }
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return holder

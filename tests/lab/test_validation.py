@@ -19,7 +19,6 @@ import time
 import types
 from pathlib import Path
 
-import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -32,6 +31,7 @@ from rlhf_lab.planning.validation import (
     LR_FLOOR,
     model_context,
 )
+from tests.conftest import live_run_on
 from trainers.core.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,23 +331,7 @@ def free_memory_on(machine, device: str, gb: float) -> None:
 
 def _holder_run(lab_root: Path, device: str) -> subprocess.Popen:
     """A run that trains on ``device`` now (a live process behind its run.json)."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    run_dir = lab_root / "experiments" / "2026-03-01-busy" / "runs" / HOLDER
-    run_dir.mkdir(parents=True)
-    record = {
-        "id": HOLDER,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": "2026-03-01-busy",
-        "device": device,
-        "state": "running",
-        "created_at": "2026-03-01T11:00:00.000+00:00",
-        "pid": holder.pid,
-        "pgid": holder.pid,
-        "create_time": psutil.Process(holder.pid).create_time(),
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
-    return holder
+    return live_run_on(lab_root / "experiments" / "2026-03-01-busy" / "runs" / HOLDER, device)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda:0"])

@@ -5,19 +5,17 @@ tool, the MCP server never a CLI flag or command), checked on real errors."""
 from __future__ import annotations
 
 import ast
-import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-import psutil
 import pytest
 from mcp import Client
 from typer.testing import CliRunner
 
 from rlhf_lab import api, cli, mcp_server
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep
+from tests.conftest import live_run_on
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = "dpo-20990101-000000-dead"
@@ -187,23 +185,9 @@ def test_with_next_keeps_an_errors_own_steps_and_kind():
 
 def _busy_cpu(lab_root: Path, machine) -> subprocess.Popen:
     """A run that holds the CPU now (a live process), and no room beside it."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     api.create_campaign("busy-holder", "Who holds the CPU?")
-    run_dir = api.experiments_dir() / api.campaign_name("busy-holder") / "runs" / HOLDER
-    run_dir.mkdir(parents=True)
-    record = {
-        "id": HOLDER,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": api.campaign_name("busy-holder"),
-        "device": "cpu",
-        "state": "running",
-        "created_at": "2026-03-01T11:00:00.000+00:00",
-        "pid": holder.pid,
-        "pgid": holder.pid,
-        "create_time": psutil.Process(holder.pid).create_time(),
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
+    campaign = api.experiments_dir() / api.campaign_name("busy-holder")
+    holder = live_run_on(campaign / "runs" / HOLDER, "cpu")
     machine(free_ram_gb=0.001)
     return holder
 
