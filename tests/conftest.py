@@ -298,3 +298,41 @@ def live_run_on(run_dir, device: str):
     }
     (run_dir / "run.json").write_text(json.dumps(record))
     return holder
+
+
+# A pretrained model the lab reads without loading it: a folder holding SmolLM2-135M-Instruct's
+# config.json (a Llama of 134.5M parameters), which is all the shrink and the estimates read.
+SMOLLM2_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 9,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": True,
+    "vocab_size": 49152,
+}
+
+
+def model_folder(root, name: str, **changes) -> str:
+    """A SmolLM2-135M-Instruct stand-in folder ``root/name`` (its config.json, ``changes``
+    applied)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, **changes}))
+    return str(folder)
+
+
+@pytest.fixture
+def smol(tmp_path) -> str:
+    """The SmolLM2-135M-Instruct stand-in (:func:`model_folder`) as a model name."""
+    return model_folder(tmp_path, "smol-135m")

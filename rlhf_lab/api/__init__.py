@@ -13,7 +13,8 @@ lives where:
   :class:`~rlhf_lab.api.request.RunRequest` (built once by a surface); ``sweep`` (a
   ``SweepRequest``: one request per arm) and ``resume_run``; their result models in
   :mod:`rlhf_lab.api.results`; the device checks a launch makes are this module's (they
-  read the machine from :mod:`rlhf_lab.runs.machine`), the config checks :mod:`rlhf_lab.planning.validation`'s;
+  read the machine from :mod:`rlhf_lab.runs.machine`), the config checks
+  :mod:`rlhf_lab.planning.validation`'s;
 - :mod:`rlhf_lab.api.operations`: the operation table, one row per operation a surface offers
   (name, description, argument model, result model, read-only / destructive flags); the MCP
   server registers a tool per row;

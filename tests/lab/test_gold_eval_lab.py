@@ -15,7 +15,6 @@ from rlhf_lab.planning import time as pt
 from rlhf_lab.planning.gold_eval import GOLD_EVAL_POINTS, GOLD_NEW_TOKENS, GOLD_PROMPTS
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.steps import expected_optimizer_steps
-from tests.lab.test_shrink_real_model import model_folder
 from tests.lab.test_time_predictor import STUB
 
 
@@ -23,11 +22,6 @@ from tests.lab.test_time_predictor import STUB
 def lab_root(offline_lab, cpu_box, monkeypatch):
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
     return offline_lab
-
-
-@pytest.fixture
-def smol(tmp_path) -> str:
-    return model_folder(tmp_path, "smol-135m")
 
 
 @pytest.mark.parametrize("recipe", ["dpo", "simpo", "ipo"])

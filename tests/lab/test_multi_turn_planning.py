@@ -23,7 +23,6 @@ from rlhf_lab.planning.memory import Assumptions, estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
 from trainers.policy_gradients.config import REPLY_WRAPPER_TOKENS, PolicyGradientConfig
 
-from .test_shrink_real_model import SMOLLM2_CONFIG
 from .test_time_predictor import STUB
 
 
@@ -31,14 +30,6 @@ from .test_time_predictor import STUB
 def lab_root(offline_lab, cpu_box, monkeypatch):
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
     return offline_lab
-
-
-@pytest.fixture
-def smol(tmp_path) -> str:
-    folder = tmp_path / "smol-135m"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
-    return str(folder)
 
 
 def tools_config(*overrides: str) -> dict:

@@ -27,7 +27,7 @@ from rlhf_lab.evaluation.cost import suites_for_family
 from rlhf_lab.ledger.campaigns import _load_data
 from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, Verdict
-from tests.lab.test_shrink_real_model import SMOLLM2_CONFIG
+from tests.conftest import SMOLLM2_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ["uv", "run", "rlhf-lab"]

@@ -21,47 +21,17 @@ from rlhf_lab.errors import Conflict, InvalidArgument, NotFound
 from rlhf_lab.planning import offline_data, real_model
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.runs.identical import identical_runs
+from tests.conftest import model_folder
 from trainers.core.lora import DEFAULT_TARGETS
 
-SMOLLM2_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "attention_bias": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "head_dim": 64,
-    "hidden_act": "silu",
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "max_position_embeddings": 8192,
-    "mlp_bias": False,
-    "model_type": "llama",
-    "num_attention_heads": 9,
-    "num_hidden_layers": 30,
-    "num_key_value_heads": 3,
-    "rms_norm_eps": 1e-05,
-    "tie_word_embeddings": True,
-    "vocab_size": 49152,
-}
 PULLED_NAME = "smollm2-135m-instruct"
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def model_folder(root: Path, name: str, **changes) -> str:
-    folder = root / name
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, **changes}))
-    return str(folder)
 
 
 @pytest.fixture(autouse=True)
 def lab_root(offline_lab, cpu_box, monkeypatch):
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
     return offline_lab
-
-
-@pytest.fixture
-def smol(tmp_path) -> str:
-    return model_folder(tmp_path, "smol-135m")
 
 
 def nothing_written(root: Path) -> None:
