@@ -212,3 +212,151 @@ def sigterm_at(monkeypatch):
             monkeypatch.setenv(SIGTERM_ENV, point)
 
     return arm
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine seams
+# ---------------------------------------------------------------------------------------------
+
+
+def fake_gpus(free_gb, total_gb: float = 48.0, name: str = "Fake GPU") -> list:
+    """GPUs (``GpuInfo``, NVML order, UUIDs ``GPU-fake-<i>``) with ``free_gb[i]`` GiB free of
+    ``total_gb`` each (of the free memory where that is more)."""
+    from rlhf_lab.runs.resources import GpuInfo
+
+    gpus = []
+    for i, free in enumerate(free_gb):
+        total = max(total_gb, free)
+        gpus.append(
+            GpuInfo(
+                index=i,
+                name=name,
+                uuid=f"GPU-fake-{i}",
+                total_gb=total,
+                used_gb=total - free,
+                free_gb=free,
+            )
+        )
+    return gpus
+
+
+def _gpu_query(gpus):
+    """The Machine's GPU query for ``gpus``: a list of free GiB (:func:`fake_gpus`) or of
+    ``GpuInfo``, fresh copies on every call (the report writes into what it gets)."""
+    if callable(gpus):
+        return gpus
+    numbers = all(isinstance(g, int | float) for g in gpus)
+    inventory = fake_gpus(gpus) if numbers else list(gpus)
+    return lambda: ([g.model_copy(deep=True) for g in inventory], "fake", [])
+
+
+def _as_fact(value):
+    return value if callable(value) else (lambda: value)
+
+
+@pytest.fixture
+def machine():
+    """``machine(gpus=..., cores=..., free_ram_gb=..., total_ram_gb=...)``: until the test ends,
+    the whole lab (every thread) sees a machine with these facts (``rlhf_lab/runs/machine.py``,
+    the one seam for what the machine has). ``gpus``: a list of free GiB per GPU (fake 48 GiB
+    GPUs), of ``GpuInfo``, or a query function; the others a number or a function asked at each
+    read. Facts not named keep their value (this machine's, until a call names them); a later
+    call changes the machine again. Returns the machine set."""
+    from dataclasses import replace
+
+    from rlhf_lab.runs.machine import this_machine, using_machine
+
+    names = {"gpus": "gpu_query", "cores": "cpu_cores"}
+    with contextlib.ExitStack() as stack:
+
+        def set_machine(**facts):
+            changes = {
+                names.get(k, k): _gpu_query(v) if k == "gpus" else _as_fact(v)
+                for k, v in facts.items()
+            }
+            return stack.enter_context(using_machine(replace(this_machine(), **changes)))
+
+        yield set_machine
+
+
+@pytest.fixture
+def cpu_box(machine):
+    """A machine with no GPU and 20 GiB of its 32 GiB of RAM free: what the pretrained-model
+    shrink tests pin, whatever machine runs them."""
+    return machine(gpus=[], free_ram_gb=20.0, total_ram_gb=32.0)
+
+
+@pytest.fixture
+def offline_lab(tmp_path, monkeypatch):
+    """A lab rooted in ``tmp_path``, offline, whose Hugging Face caches (datasets, hub) are
+    empty folders there: no test reads this machine's caches. Returns the root."""
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    return tmp_path
+
+
+def live_run_on(run_dir, device: str):
+    """A lab run that trains on ``device`` now, so the device is busy: a live process (the
+    caller kills it) behind ``run_dir``'s run.json in state running, as the launcher records
+    one (pid, process group, create time)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "id": run_dir.name,
+        "family": "direct_alignment",
+        "algorithm": "dpo",
+        "campaign": run_dir.parent.parent.name,
+        "device": device,
+        "state": "running",
+        "created_at": "2026-03-01T11:00:00.000+00:00",
+        "pid": holder.pid,
+        "pgid": holder.pid,
+        "create_time": psutil.Process(holder.pid).create_time(),
+    }
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return holder
+
+
+# A pretrained model the lab reads without loading it: a folder holding SmolLM2-135M-Instruct's
+# config.json (a Llama of 134.5M parameters), which is all the shrink and the estimates read.
+SMOLLM2_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 9,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": True,
+    "vocab_size": 49152,
+}
+
+
+def model_folder(root, name: str, **changes) -> str:
+    """A SmolLM2-135M-Instruct stand-in folder ``root/name`` (its config.json, ``changes``
+    applied)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, **changes}))
+    return str(folder)
+
+
+@pytest.fixture
+def smol(tmp_path) -> str:
+    """The SmolLM2-135M-Instruct stand-in (:func:`model_folder`) as a model name."""
+    return model_folder(tmp_path, "smol-135m")

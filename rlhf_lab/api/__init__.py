@@ -12,8 +12,9 @@ lives where:
 - :mod:`rlhf_lab.api.launching`: ``launch``, the one way to start a run, takes a
   :class:`~rlhf_lab.api.request.RunRequest` (built once by a surface); ``sweep`` (a
   ``SweepRequest``: one request per arm) and ``resume_run``; their result models in
-  :mod:`rlhf_lab.api.results`; the device checks a launch makes are this module's (its
-  private hooks tests replace), the config checks :mod:`rlhf_lab.planning.validation`'s;
+  :mod:`rlhf_lab.api.results`; the device checks a launch makes are this module's (they
+  read the machine from :mod:`rlhf_lab.runs.machine`), the config checks
+  :mod:`rlhf_lab.planning.validation`'s;
 - :mod:`rlhf_lab.api.operations`: the operation table, one row per operation a surface offers
   (name, description, argument model, result model, read-only / destructive flags); the MCP
   server registers a tool per row;
@@ -123,7 +124,7 @@ _LAZY: dict[str, str] = {
     "compare_runs": "rlhf_lab.api.records",
     # the machine, models, skills, demo, paths
     "Resources": "rlhf_lab.runs.resources",
-    "check_resources": "rlhf_lab.runs.resources",
+    "check_resources": "rlhf_lab.runs.machine",
     "ModelEntry": "rlhf_lab.planning.models",
     "list_models": "rlhf_lab.planning.models",
     "pull_model": "rlhf_lab.planning.models",
@@ -219,33 +220,9 @@ __all__ = sorted(
 
 def visible_gpu_count() -> int:
     """How many GPUs this process may use (CUDA_VISIBLE_DEVICES respected; 0 without NVML)."""
-    from rlhf_lab.runs import _visible_gpu_count as count
+    from rlhf_lab.runs.machine import this_machine
 
-    return count()
-
-
-_visible_gpu_count = visible_gpu_count  # the hook launch checks use (tests replace it)
-
-
-def _device_free_gb(device: str) -> float | None:
-    """Memory free now on ``device`` (the hook launch checks use; tests replace it)."""
-    from rlhf_lab.api.recipes import device_free_gb
-
-    return device_free_gb(device)
-
-
-def _device_total_gb(device: str) -> float | None:
-    """All the memory of ``device`` (the hook the queued-launch check uses; tests replace it)."""
-    from rlhf_lab.api.recipes import device_total_gb
-
-    return device_total_gb(device)
-
-
-def _device_memory():
-    """The memory hooks as they are now (tests replace ``_device_free_gb``/``_total_gb``)."""
-    from rlhf_lab.api.placement import DeviceMemory
-
-    return DeviceMemory(_device_free_gb, _device_total_gb, device_busy_error)
+    return this_machine().visible_gpu_count()
 
 
 def _where(device: str) -> str:
@@ -294,11 +271,12 @@ def _check_memory(
     ``force`` skips all of it (the caller does not call this)."""
     from rlhf_lab.planning.memory import fits
     from rlhf_lab.runs import active_runs
+    from rlhf_lab.runs.machine import this_machine
 
     estimate, why = _estimate_gb(family, algorithm, data, device)
     warnings = [f"{why}: the memory fit was not checked"] if estimate is None else []
     if queue:
-        total = _device_total_gb(device) if estimate is not None else None
+        total = this_machine().device_total_gb(device) if estimate is not None else None
         if estimate is not None and total is not None and not fits(estimate, total):
             raise Conflict(
                 f"the memory estimate of this run (~{estimate:.2f} GiB) exceeds all the "
@@ -307,7 +285,7 @@ def _check_memory(
             )
         return None, warnings
     busy = active_runs(device)
-    free = _device_free_gb(device) if estimate is not None or busy else None
+    free = this_machine().device_free_gb(device) if estimate is not None or busy else None
     ok = None if estimate is None or free is None else fits(estimate, free)
     if busy:
         if ok:
@@ -327,7 +305,7 @@ def _check_gpu_present(device: str, data: dict) -> None:
     if not (device.startswith("cuda") or model.get("device") == "cuda"):
         return
     index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
-    count = _visible_gpu_count()
+    count = visible_gpu_count()
     if index < count:
         return
     asked = device if device.startswith("cuda") else "model.device=cuda"

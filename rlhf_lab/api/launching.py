@@ -6,8 +6,7 @@ submits it to Slurm). :func:`sweep` builds one request per arm; :func:`resume_ru
 run. Torch-free.
 
 The device checks (free memory, a busy device, a GPU that is not there) are
-:mod:`rlhf_lab.api`'s, looked up there at call time: tests replace its hooks
-(``_device_free_gb``, ``_visible_gpu_count`` ...).
+:mod:`rlhf_lab.api`'s; what the machine has they read from :mod:`rlhf_lab.runs.machine`.
 """
 
 from __future__ import annotations
@@ -222,7 +221,7 @@ def _memory_fit(
     family, algorithm, data = resolved.family, resolved.algorithm, resolved.config
     if placement.distributed or not placement.devices:
         return check_placement(
-            family, algorithm, data, placement, queue=queue, memory=_api()._device_memory()
+            family, algorithm, data, placement, queue=queue, busy_error=_api().device_busy_error
         )
     # refused before the campaign is written; start_or_queue re-checks the device
     return _api()._check_memory(family, algorithm, data, device, queue=queue)

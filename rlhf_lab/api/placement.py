@@ -2,37 +2,25 @@
 world size against the config's batches, and the per-rank memory estimate against EACH device's
 free memory (on the CPU the ranks share the RAM: ranks × per-rank estimate). Torch-free.
 
-The memory hooks come from the caller (:class:`DeviceMemory`: :mod:`rlhf_lab.api` passes its
-``_device_free_gb`` / ``_device_total_gb`` as they are at the call, so the tests' replacements
-reach this module too, without this module importing the API back).
+Free and total memory come from :func:`rlhf_lab.runs.machine.this_machine` at the call; the
+refusal beside a busy run comes from the caller (:func:`rlhf_lab.api.device_busy_error`, passed
+in so that this module does not import the API back).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep
 from rlhf_lab.runs.devices import Placement
 
 __all__ = [
-    "DeviceMemory",
     "check_placement",
     "per_rank_estimate_gb",
     "pick_devices",
     "slurm_options",
 ]
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    """What the memory rule asks of a device: GiB free now and in all (None: unknown), and
-    the refusal of a launch beside busy runs (:func:`rlhf_lab.api.device_busy_error`)."""
-
-    free_gb: Callable[[str], float | None]
-    total_gb: Callable[[str], float | None]
-    busy_error: Callable[..., Exception]
 
 
 def per_rank_estimate_gb(
@@ -70,14 +58,16 @@ def check_placement(
     placement: Placement,
     *,
     queue: bool,
-    memory: DeviceMemory,
+    busy_error: Callable[..., Exception],
 ) -> tuple[bool | None, list[str]]:
     """The memory and busy-device rule of :func:`rlhf_lab.api._check_memory` for a run on
     several devices or ranks: every device must fit one rank's estimate (the CPU: all ranks');
     returns (``fits_together``, warnings). A run whose GPUs are picked at start (queued) is
-    checked against the largest GPU's total memory."""
+    checked against the largest GPU's total memory. ``busy_error`` makes the refusal beside a
+    busy run (:func:`rlhf_lab.api.device_busy_error`)."""
     from rlhf_lab.planning.memory import fits
     from rlhf_lab.runs import active_runs, visible_gpus
+    from rlhf_lab.runs.machine import this_machine
 
     world = placement.nproc if placement.distributed else 1
     devices = placement.devices
@@ -96,16 +86,16 @@ def check_placement(
     together = False
     for device in dict.fromkeys(devices):
         if queue:
-            total = memory.total_gb(device)
+            total = this_machine().device_total_gb(device)
             if total is not None and not fits(need, total):
                 raise _refusal(device, label, total, "all the memory", queued=True)
             continue
         busy = active_runs(device)
-        free = memory.free_gb(device)
+        free = this_machine().device_free_gb(device)
         ok = None if free is None else fits(need, free)
         if busy:
             if not ok:
-                raise memory.busy_error(device, busy, ok, estimate_gb=need, free_gb=free)
+                raise busy_error(device, busy, ok, estimate_gb=need, free_gb=free)
             together = True
         elif ok is False:
             raise _refusal(device, label, free, "the free memory")

@@ -27,7 +27,7 @@ from rlhf_lab.planning.overrides import Override
 from rlhf_lab.planning.shrink import ShrinkResult
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs import active_runs, resolve_device
-from rlhf_lab.runs.resources import check_resources
+from rlhf_lab.runs.machine import this_machine
 
 LIST_RECIPES = NextStep("list_recipes")
 OFFLINE_MODEL = NextStep(
@@ -135,28 +135,10 @@ def acceptance_text(algorithm: str) -> str:
     )
 
 
-def _device_memory_gb(device: str, which: Literal["free", "total"]) -> float | None:
-    """RAM (available or total) for ``cpu``, the GPU's free or total memory for
-    ``cuda``/``cuda:N`` (GiB); None for a GPU this machine does not show."""
-    res = check_resources(include_runs=False)
-    if device == "cpu":
-        return res.ram_available_gb if which == "free" else res.ram_total_gb
-    for gpu in res.gpus:
-        if device in (f"cuda:{gpu.index}", "cuda"):
-            return gpu.free_gb if which == "free" else gpu.total_gb
-    return None
-
-
 def device_free_gb(device: str) -> float | None:
     """Memory free now on ``device`` (GiB): available RAM for ``cpu``, free GPU memory for
     ``cuda``/``cuda:N``; None for a GPU this machine does not show."""
-    return _device_memory_gb(device, "free")
-
-
-def device_total_gb(device: str) -> float | None:
-    """All the memory of ``device`` (GiB): total RAM for ``cpu``, the GPU's memory for
-    ``cuda``/``cuda:N``; None for a GPU this machine does not show."""
-    return _device_memory_gb(device, "total")
+    return this_machine().device_free_gb(device)
 
 
 def _verdict(need: str, target: str, free: float | None, ok: bool | None) -> str:

@@ -82,7 +82,8 @@ from rlhf_lab.planning.request import (
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.time import plan_time_total, predict_planned_run
 from rlhf_lab.planning.trainer_config import TrainerConfig
-from rlhf_lab.runs.resources import Resources, check_resources
+from rlhf_lab.runs.machine import check_resources
+from rlhf_lab.runs.resources import Resources
 
 __all__ = [
     "Criteria",

@@ -66,29 +66,26 @@ CPU_TRAJECTORY_TOKENS = 2 * CPU_NEW_TOKENS
 
 def runs_on_cpu(data: dict[str, Any]) -> bool:
     """Whether a run of ``data`` trains on the CPU here: ``model.device=cpu``, or ``auto`` on a
-    machine with no GPU the lab can see."""
+    machine with no GPU the lab can see (:func:`rlhf_lab.runs.machine.this_machine`)."""
     device = str(get_dotted(data, "model.device") or "auto")
     if device == "cpu":
         return True
     if device.startswith("cuda"):
         return False
-    from rlhf_lab.runs.resources import query_gpus
+    from rlhf_lab.runs.machine import this_machine
 
-    gpus, _, _ = query_gpus()
-    return not gpus
+    return not this_machine().gpus()
 
 
 def free_memory_gb(cpu: bool) -> float | None:
     """Free memory where the run would train: available RAM on the CPU, else the freest GPU's
     free memory; None when it cannot be read."""
+    from rlhf_lab.runs.machine import this_machine
+
+    machine = this_machine()
     if cpu:
-        import psutil
-
-        return psutil.virtual_memory().available / 2**30
-    from rlhf_lab.runs.resources import query_gpus
-
-    gpus, _, _ = query_gpus()
-    return max((g.free_gb for g in gpus), default=None)
+        return machine.free_ram_gb()
+    return max((g.free_gb for g in machine.gpus()), default=None)
 
 
 def lora_rank(hidden_size: int) -> int:

@@ -10,7 +10,8 @@ the intra-op thread count, the torch version, the host and the measurement's for
 
 Modes (``$RLHF_LAB_THROUGHPUT`` or the caller's ``mode``): ``auto`` measures when nothing is
 cached, ``cached`` only reads the cache (what a launch and the test suite use: a miss is "not
-calibrated", never a surprise measurement), ``off`` never calibrates.
+calibrated", never a surprise measurement), ``off`` never calibrates. A
+:func:`calibration_scope` sets the mode, and the measurement itself, for a block.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,19 +71,34 @@ def throughput_cache_dir() -> Path:
     return cache_root() / "throughput"
 
 
-_SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar("calibration", default=None)
+Measure = Callable[[str, str, "int | None"], dict[str, Any]]
+"""``(model, device, threads) -> the trainer-side JSON`` (raises RuntimeError)."""
+
+
+@dataclass(frozen=True)
+class _Scope:
+    mode: str | None = None
+    measure: Measure | None = None
+
+
+_SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("calibration", default=None)
+
+
+def _scope() -> _Scope:
+    return _SCOPE.get() or _Scope()
 
 
 @contextlib.contextmanager
-def calibration_scope(mode: str | None) -> Iterator[None]:
+def calibration_scope(mode: str | None, measure: Measure | None = None) -> Iterator[None]:
     """Within the block, calibrations use ``mode`` (None: unchanged), e.g. a plan asked not to
-    calibrate reads the cache only."""
-    token = _SCOPE.set(mode) if mode else None
+    calibrate reads the cache only, and measure with ``measure`` instead of the trainer-side
+    subprocess when it is given (None: unchanged; how tests stand in for a measurement)."""
+    outer = _scope()
+    token = _SCOPE.set(_Scope(mode or outer.mode, measure or outer.measure))
     try:
         yield
     finally:
-        if token is not None:
-            _SCOPE.reset(token)
+        _SCOPE.reset(token)
 
 
 def calibration_mode(mode: str | None = None) -> Mode:
@@ -89,7 +106,8 @@ def calibration_mode(mode: str | None = None) -> Mode:
     ``$RLHF_LAB_THROUGHPUT``, else ``auto``. A scope or variable can only make it stricter
     than ``auto``: ``off`` beats ``cached`` beats ``auto``."""
     order = ("auto", "cached", "off")
-    given = [m.strip().lower() for m in (mode, _SCOPE.get(), os.environ.get(CALIBRATION_ENV)) if m]
+    scoped = _scope().mode
+    given = [m.strip().lower() for m in (mode, scoped, os.environ.get(CALIBRATION_ENV)) if m]
     given = [m for m in given if m in order]
     if mode and mode in order:
         return mode  # type: ignore[return-value]
@@ -102,10 +120,9 @@ def default_threads() -> int:
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    from rlhf_lab.runs.machine import this_machine
+
+    return this_machine().cpu_cores()
 
 
 def _torch_version() -> str:
@@ -245,7 +262,7 @@ def get_calibration(
         )
     start = time.perf_counter()
     try:
-        data = _measure(model, device, threads)
+        data = (_scope().measure or _measure)(model, device, threads)
     except RuntimeError as err:
         return CalibrationResult(key=key, reason=str(err))
     write_cached(key, data)

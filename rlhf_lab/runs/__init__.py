@@ -14,17 +14,19 @@ The package is split by job:
 * :mod:`~rlhf_lab.runs.queue` the queue worker and start-when-free.
 
 Every name other modules and tests use is importable from ``rlhf_lab.runs``. The names tests
-replace here (``start_run``, ``trainer_argv``, ``ensure_queue_worker``, ``_visible_gpu_count``,
-``_cpu_cores``, ``_reap_in_background``, ``_process_alive``, ``STARTING_TIMEOUT_S``) are looked
-up through this package at call time, so a replacement here reaches every submodule.
+replace here (``start_run``, ``trainer_argv``, ``ensure_queue_worker``, ``_reap_in_background``,
+``_process_alive``, ``STARTING_TIMEOUT_S``) are looked up through this package at call time, so a
+replacement here reaches every submodule. What the machine has (GPUs, cores, RAM) is not
+replaced here: it is :mod:`~rlhf_lab.runs.machine`'s seam.
 
 Names are loaded on first use (PEP 562 ``__getattr__``), so importing one module of the package
 (``rlhf_lab.runs.folder``, the run-folder reader the index and the ledger use) does not load the
 launcher. The package also holds the run-side modules moved here from the lab's top level:
 :mod:`~rlhf_lab.runs.folder` (reading a run folder), :mod:`~rlhf_lab.runs.log` (train.log),
-:mod:`~rlhf_lab.runs.lineage` (``run:<id>`` references), :mod:`~rlhf_lab.runs.resources` (what
-the machine has free), :mod:`~rlhf_lab.runs.pipelines` (chains of runs),
-:mod:`~rlhf_lab.runs.slurm` and :mod:`~rlhf_lab.runs.slurm_runs` (cluster runs).
+:mod:`~rlhf_lab.runs.lineage` (``run:<id>`` references), :mod:`~rlhf_lab.runs.machine` (what the
+machine has, one seam) over :mod:`~rlhf_lab.runs.resources` (its real queries),
+:mod:`~rlhf_lab.runs.pipelines` (chains of runs), :mod:`~rlhf_lab.runs.slurm` and
+:mod:`~rlhf_lab.runs.slurm_runs` (cluster runs).
 """
 
 from __future__ import annotations
@@ -37,8 +39,6 @@ _LAZY: dict[str, str] = {
     "find_run": "rlhf_lab.paths",
     "DEVICE_RE": "rlhf_lab.runs.devices",
     "Placement": "rlhf_lab.runs.devices",
-    "_cpu_cores": "rlhf_lab.runs.devices",
-    "_visible_gpu_count": "rlhf_lab.runs.devices",
     "cpu_threads_beside": "rlhf_lab.runs.devices",
     "freest_gpus": "rlhf_lab.runs.devices",
     "parse_gpus": "rlhf_lab.runs.devices",

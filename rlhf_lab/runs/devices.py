@@ -7,9 +7,8 @@ by PCI bus id) when ``CUDA_VISIBLE_DEVICES`` is unset, and positions in that lis
 set (as CUDA numbers them). The trainer gets ``CUDA_VISIBLE_DEVICES`` set to the physical ids
 and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so its ``cuda:0..k-1`` are exactly the GPUs the lab chose.
 
-Every GPU fact comes from :func:`rlhf_lab.runs.resources.query_gpus` (the one device query; tests
-replace it with a fake inventory). ``_visible_gpu_count`` and ``_cpu_cores`` are called through
-the :mod:`rlhf_lab.runs` package (tests replace them there).
+Every GPU fact comes from :func:`rlhf_lab.runs.machine.this_machine` (whose real GPU inventory is
+:func:`rlhf_lab.runs.resources.query_gpus`, the one device query; tests set a fake machine).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
-from rlhf_lab.runs.records import patchable
+from rlhf_lab.runs.machine import this_machine
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlhf_lab.runs.resources import GpuInfo
@@ -52,14 +51,7 @@ def visible_gpus() -> list[GpuInfo]:
     """The GPUs the lab may use, numbered as ``cuda:N``: NVML's list in nvidia-smi order,
     narrowed and renumbered by ``CUDA_VISIBLE_DEVICES`` when it is set (entries are NVML
     indices or GPU UUIDs; ``-1`` or an empty value hides every GPU)."""
-    from rlhf_lab.runs import resources
-
-    gpus, _, _ = resources.query_gpus()
-    return resources.lab_numbered(gpus)
-
-
-def _visible_gpu_count() -> int:
-    return len(visible_gpus())
+    return this_machine().visible_gpus()
 
 
 def physical_gpu_ids(devices: list[str]) -> list[str]:
@@ -155,7 +147,7 @@ def resolve_placement(
             f"give either a device ({device}) or gpus ({gpus}), not both",
             next=NextStep("check_resources", note="lists the GPUs"),
         )
-    shown = patchable()._visible_gpu_count()
+    shown = this_machine().visible_gpu_count()
     if count is not None:
         if count > shown:
             raise _no_such_gpu(f"{count} GPU(s)", shown)
@@ -195,7 +187,7 @@ def resolve_device(device: str | None, config_data: dict | None = None) -> str:
         pinned = model.get("device") if isinstance(model, dict) else None
         if pinned == "cpu":
             return "cpu"
-        return "cuda:0" if patchable()._visible_gpu_count() > 0 else "cpu"
+        return "cuda:0" if this_machine().visible_gpu_count() > 0 else "cpu"
     if device == "cuda":
         return "cuda:0"
     if not DEVICE_RE.fullmatch(device):
@@ -204,13 +196,6 @@ def resolve_device(device: str | None, config_data: dict | None = None) -> str:
             next=NextStep("check_resources", note="lists the devices of this machine"),
         )
     return device
-
-
-def _cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def cpu_threads_beside(sharing: int, cores: int) -> int:

@@ -49,6 +49,7 @@ from rlhf_lab.runs.devices import (
     resolve_device,
     resolve_placement,
 )
+from rlhf_lab.runs.machine import this_machine
 from rlhf_lab.runs.process import _devices_hold, _run_lock
 from rlhf_lab.runs.records import (
     LaunchResult,
@@ -203,7 +204,7 @@ def _trainer_env(
     env = dict(os.environ)
     cpu_split = device == "cpu" and (sharing > 0 or nproc > 1)
     if cpu_split and "OMP_NUM_THREADS" not in os.environ:
-        share = cpu_threads_beside(sharing, patchable()._cpu_cores())
+        share = cpu_threads_beside(sharing, this_machine().cpu_cores())
         env["OMP_NUM_THREADS"] = str(max(1, share // max(nproc, 1)))
     env["PYTHONUNBUFFERED"] = "1"
     src = str(_source_dir())

@@ -1,6 +1,8 @@
-"""What this machine has free right now: GPUs through NVML (``nvidia-ml-py``, import name
-``pynvml``; no CUDA context is created and torch is not imported), CPU and RAM through psutil,
-and which lab runs hold which device.
+"""The real queries behind :mod:`rlhf_lab.runs.machine`: the GPUs through NVML
+(``nvidia-ml-py``, import name ``pynvml``; no CUDA context is created and torch is not imported),
+the report's models (:class:`Resources`), and which lab runs hold which device. The report
+itself, :func:`rlhf_lab.runs.machine.check_resources`, reads the GPUs, CPU and RAM through the
+:class:`~rlhf_lab.runs.machine.Machine` seam.
 
 "No GPU" is an answer, not a crash: without the NVML library, a driver or a device the result
 has ``gpus=[]`` and a note saying why.
@@ -14,8 +16,6 @@ GPU's process list.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,7 +31,6 @@ __all__ = [
     "GpuProcess",
     "LabRunHold",
     "Resources",
-    "check_resources",
     "gpu_index",
     "query_gpus",
 ]
@@ -181,7 +180,8 @@ def query_gpus() -> tuple[list[GpuInfo], str | None, list[str]]:
     """THE device query: every GPU NVML shows (memory, utilisation, processes) in NVML order
     (nvidia-smi's, by PCI bus id), the driver version, and notes on why there is none. Every
     other part of the lab (placement, ``--device auto``, the memory checks, ``gpu``) reads the
-    GPUs through this one function; the placement tests replace it with a fake inventory."""
+    GPUs through this one function, as the real GPU inventory of
+    :class:`rlhf_lab.runs.machine.Machine` (where tests set a fake one)."""
     notes: list[str] = []
     gpus, driver = _nvml_gpus(notes)
     return gpus, driver, notes
@@ -201,15 +201,6 @@ def lab_numbered(gpus: list[GpuInfo]) -> list[GpuInfo]:
             break
         out.append(match.model_copy(update={"index": position, "nvml_index": match.index}))
     return out
-
-
-def _query_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
-    """:func:`query_gpus`, looked up on this module at call time (tests replace it here)."""
-    import rlhf_lab.runs.resources as module
-
-    gpus, driver, found = module.query_gpus()
-    notes.extend(found)
-    return gpus, driver
 
 
 def _nvml_gpus(notes: list[str]) -> tuple[list[GpuInfo], str | None]:
@@ -297,60 +288,3 @@ def _process_name(pid: int) -> str | None:
         return psutil.Process(pid).name()
     except (psutil.Error, OSError):
         return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Everything
-# ---------------------------------------------------------------------------------------------
-
-
-def check_resources(include_runs: bool = True) -> Resources:
-    """GPUs (memory, processes), CPU count and load, RAM, and the lab runs holding devices."""
-    import psutil
-
-    notes: list[str] = []
-    gpus, driver = _query_gpus(notes)
-    runs = active_lab_runs() if include_runs else []
-
-    to_nvml = {g.index: g.nvml_index for g in lab_numbered(gpus)}
-    for run in runs:  # a run's cuda:N is the lab's number; the GPUs below are in NVML's
-        run.gpu_indices = [to_nvml.get(i, i) for i in run.gpu_indices]
-        pids = _family_pids(run.pid) if run.alive else set()
-        for gpu in gpus:
-            for proc in gpu.processes:
-                if proc.pid in pids:
-                    proc.lab_run = run.run_id
-                    if gpu.index not in run.gpu_indices:
-                        run.gpu_indices.append(gpu.index)
-        for idx in run.gpu_indices:
-            for gpu in gpus:
-                if gpu.index == idx and run.run_id not in gpu.lab_runs:
-                    gpu.lab_runs.append(run.run_id)
-        if not run.alive:
-            notes.append(
-                f"run {run.run_id} is marked {run.state} but its process is gone "
-                "(reading its status will mark it died)"
-            )
-    if gpus and os.environ.get("CUDA_VISIBLE_DEVICES"):
-        notes.append(
-            f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}: NVML lists every GPU in "
-            "nvidia-smi order; CUDA renumbers the visible ones"
-        )
-
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):
-        load = [round(psutil.cpu_percent(interval=None) / 100 * (psutil.cpu_count() or 1), 2)]
-    vm = psutil.virtual_memory()
-    return Resources(
-        host=socket.gethostname(),
-        gpus=gpus,
-        driver_version=driver,
-        cpu_count=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
-        cpu_load=load,
-        ram_total_gb=round(vm.total / GIB, 3),
-        ram_available_gb=round(vm.available / GIB, 3),
-        lab_runs=runs,
-        slurm=shutil.which("sbatch") is not None,
-        notes=notes,
-    )

@@ -72,10 +72,9 @@ def test_cost_counts_the_tokens_sampled_and_none_when_samples_are_reused():
     assert reused.generated_tokens == 0
 
 
-def test_cpu_sizing_keeps_n_max_for_best_of_n(monkeypatch):
+def test_cpu_sizing_keeps_n_max_for_best_of_n():
     from rlhf_lab.evaluation import jobs as evaluations
 
-    monkeypatch.setattr(evaluations, "_pretrained", lambda model: True)
     data = yaml.safe_load((CONFIGS / "best_of_n.yaml").read_text())
     assert evaluations.cpu_sized_overrides(data, "smollm2-135m-instruct", "cpu") == []
     reasoning = yaml.safe_load((CONFIGS / "reasoning.yaml").read_text())

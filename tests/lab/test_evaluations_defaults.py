@@ -4,7 +4,6 @@ proposes after a run trained on other data are never refused for want of ``promp
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import yaml
 
 from rlhf_lab.evaluation.jobs import prepare_evaluation
 from rlhf_lab.planning.configs import resolve_config
+from tests.conftest import model_folder
 from trainers.core.builtin_data import DEFAULT_BUILTIN_TASKS
 from trainers.evaluation.config import EvalConfig
 from trainers.evaluation.prompts import reasoning_prompts, reasoning_specs, tasks_source
@@ -69,16 +69,6 @@ def test_a_run_is_evaluated_on_its_own_tasks_else_the_builtin_mix(lab_root):
 # ------------------------------------------------------------------ CPU-sized evaluation
 
 
-def smol_folder(root: Path) -> str:
-    """A pretrained 135M model as the lab sees it before loading: its config.json only."""
-    from tests.lab.test_shrink_real_model import SMOLLM2_CONFIG
-
-    folder = root / "smol-135m"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
-    return str(folder)
-
-
 def test_a_pretrained_model_on_a_cpu_is_evaluated_at_a_cpu_size(lab_root):
     from rlhf_lab.evaluation.jobs import (
         CPU_EVAL_NEW_TOKENS,
@@ -87,7 +77,7 @@ def test_a_pretrained_model_on_a_cpu_is_evaluated_at_a_cpu_size(lab_root):
         eval_config,
     )
 
-    smol = EvalTarget(given="smol", path=smol_folder(lab_root))
+    smol = EvalTarget(given="smol", path=model_folder(lab_root, "smol-135m"))
     cfg = eval_config("reasoning", smol, None, None, [], "cpu")
     # the shipped suite: 128 prompts x 8 samples x 256 tokens; here one sample of <= 128 tokens
     assert cfg["sampling"]["n"] == 1 and cfg["reasoning"]["pass_k"] == [1]
@@ -108,7 +98,7 @@ def test_a_pretrained_model_on_a_cpu_is_evaluated_at_a_cpu_size(lab_root):
 def test_the_plans_evaluation_cost_counts_the_cpu_size(lab_root):
     from rlhf_lab.evaluation.cost import estimate_evaluation
 
-    smol = smol_folder(lab_root)
+    smol = model_folder(lab_root, "smol-135m")
     on_cpu = estimate_evaluation(smol, "reasoning", device="cpu")
     on_gpu = estimate_evaluation(smol, "reasoning", device="cuda")
     assert on_gpu.generated_tokens == 128 * 8 * 256 * 2  # target and its baseline

@@ -23,25 +23,13 @@ from rlhf_lab.planning.memory import Assumptions, estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
 from trainers.policy_gradients.config import REPLY_WRAPPER_TOKENS, PolicyGradientConfig
 
-from .test_shrink_real_model import SMOLLM2_CONFIG
 from .test_time_predictor import STUB
 
 
 @pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: True)
-    monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 20.0)
-    return tmp_path
-
-
-@pytest.fixture
-def smol(tmp_path) -> str:
-    folder = tmp_path / "smol-135m"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
-    return str(folder)
+def lab_root(offline_lab, cpu_box, monkeypatch):
+    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
+    return offline_lab
 
 
 def tools_config(*overrides: str) -> dict:

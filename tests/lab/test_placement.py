@@ -1,6 +1,6 @@
-"""Devices and placement with a FAKE GPU inventory: the one device query
-(``rlhf_lab.runs.resources.query_gpus``) is replaced; everything else is real (run folders, the
-launcher, detached stand-in trainers, the queue worker's start-when-free, file locks).
+"""Devices and placement with a FAKE GPU inventory: the machine's GPUs (``rlhf_lab.runs.machine``,
+set by the ``machine`` fixture) are replaced; everything else is real (run folders, the launcher,
+detached stand-in trainers, the queue worker's start-when-free, file locks).
 
 Covers: the numbering (NVML order; CUDA_VISIBLE_DEVICES renumbers, by index or UUID), ``--gpus``
 ids / counts and their bad input, ``--device auto`` picking the freest free GPU, a run on several
@@ -20,32 +20,15 @@ import pytest
 
 import rlhf_lab.api as api
 import rlhf_lab.api.launching as launching
-import rlhf_lab.runs.resources as resources
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
 from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.runs.launcher import trainer_argv
-from rlhf_lab.runs.resources import GpuInfo
+from rlhf_lab.runs.machine import check_resources
 from rlhf_lab.runs.world import check_world_size
 
 QUICK = ["data.max_samples=32", "data.eval_size=8", "train.max_steps=2", "train.batch_size=4"]
-
-
-def fake_inventory(monkeypatch, free_gb: list[float], total_gb: float = 48.0) -> None:
-    """Replace THE device query with GPUs of ``free_gb`` free memory each (NVML order)."""
-    gpus = [
-        GpuInfo(
-            index=i,
-            name="Fake GPU 48GB",
-            uuid=f"GPU-fake-{i}",
-            total_gb=total_gb,
-            used_gb=total_gb - free,
-            free_gb=free,
-        )
-        for i, free in enumerate(free_gb)
-    ]
-    monkeypatch.setattr(resources, "query_gpus", lambda: ([g.model_copy() for g in gpus], "1", []))
 
 
 def env_writing_trainer(seconds: float = 30):
@@ -95,8 +78,8 @@ def wait_for(path: Path, timeout: float = 20) -> dict:
 # ---------------------------------------------------------------------------------- numbering
 
 
-def test_visible_gpus_follow_nvml_order_and_cuda_visible_devices(monkeypatch):
-    fake_inventory(monkeypatch, [10, 20, 30, 40])
+def test_visible_gpus_follow_nvml_order_and_cuda_visible_devices(monkeypatch, machine):
+    machine(gpus=[10, 20, 30, 40])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert [(g.index, g.nvml_index) for g in runs.visible_gpus()] == [
         (0, 0),
@@ -107,7 +90,7 @@ def test_visible_gpus_follow_nvml_order_and_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-fake-1")
     shown = runs.visible_gpus()
     assert [(g.index, g.nvml_index, g.free_gb) for g in shown] == [(0, 3, 40), (1, 1, 20)]
-    assert runs._visible_gpu_count() == 2
+    assert api.visible_gpu_count() == 2
     # the trainer of lab device cuda:1 sees the physical GPU behind it
     env = runs._trainer_env("cuda:1", devices=["cuda:1", "cuda:0"])
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-fake-1,3"
@@ -115,8 +98,8 @@ def test_visible_gpus_follow_nvml_order_and_cuda_visible_devices(monkeypatch):
     assert runs.visible_gpus() == []
 
 
-def test_gpus_argument_ids_counts_and_bad_input(monkeypatch):
-    fake_inventory(monkeypatch, [10, 20, 30, 40])
+def test_gpus_argument_ids_counts_and_bad_input(machine):
+    machine(gpus=[10, 20, 30, 40])
     ids = runs.resolve_placement("auto", "0,1,2,3")
     assert ids.devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"] and ids.nproc == 4
     assert ids.distributed
@@ -138,8 +121,8 @@ def test_gpus_argument_ids_counts_and_bad_input(monkeypatch):
     assert runs.resolve_placement("auto").gpus_wanted == 1  # the lab picks the GPU
 
 
-def test_device_auto_launch_takes_the_freest_gpu_no_run_holds(lab, monkeypatch):
-    fake_inventory(monkeypatch, [10, 40, 30, 5])
+def test_device_auto_launch_takes_the_freest_gpu_no_run_holds(lab, machine):
+    machine(gpus=[10, 40, 30, 5])
     assert runs.freest_gpus(2, set()) == ["cuda:1", "cuda:2"]
     first = api.launch(
         api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="place")
@@ -158,8 +141,8 @@ def test_device_auto_launch_takes_the_freest_gpu_no_run_holds(lab, monkeypatch):
     assert list(held) == [first.run.id]
 
 
-def test_run_on_several_gpus_holds_each_and_starts_under_torchrun(lab, monkeypatch):
-    fake_inventory(monkeypatch, [40, 40, 40, 40])
+def test_run_on_several_gpus_holds_each_and_starts_under_torchrun(lab, machine):
+    machine(gpus=[40, 40, 40, 40])
     argv = trainer_argv("sft", Path("/runs/x"), nproc=2)
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     assert argv[argv.index("--nproc-per-node") + 1] == "2" and "--standalone" in argv
@@ -182,18 +165,18 @@ def test_run_on_several_gpus_holds_each_and_starts_under_torchrun(lab, monkeypat
     for device in ("cuda:1", "cuda:3"):  # held by the run on each
         assert [r.id for r in runs.active_runs(device)] == [result.run.id]
     assert runs.active_runs("cuda:0") == []
-    monkeypatch.setattr(api, "_device_free_gb", lambda device: 0.01 if device == "cuda:3" else 40)
+    machine(gpus=[40, 40, 40, 0.01])
     other = [*QUICK, "seed=2"]  # the same config again would be refused as a repeat
     with pytest.raises(LabError, match="cuda:3 is busy"):  # both do not fit there
         api.launch(
             api.RunRequest(recipe="sft", overrides=other, model="tiny", campaign="multi", gpus="3,")
         )
-    monkeypatch.setattr(api, "_device_free_gb", lambda device: 40.0)
+    machine(gpus=[40, 40, 40, 40])
     beside = api.launch(
         api.RunRequest(recipe="sft", overrides=other, model="tiny", campaign="multi", gpus="3,")
     )
     assert beside.sharing_device_with == [result.run.id]  # both fit: started beside it
-    held = resources.check_resources()
+    held = check_resources()
     hold = next(h for h in held.lab_runs if h.run_id == result.run.id)
     assert hold.gpu_indices == [1, 3]
     # two runs started within one second: their ids order by the random suffix, not by start
@@ -205,8 +188,8 @@ def test_run_on_several_gpus_holds_each_and_starts_under_torchrun(lab, monkeypat
     ]
 
 
-def test_lab_numbers_under_cuda_visible_devices_map_to_the_physical_gpu(lab, monkeypatch):
-    fake_inventory(monkeypatch, [40, 40, 40, 40])
+def test_lab_numbers_under_cuda_visible_devices_map_to_the_physical_gpu(lab, monkeypatch, machine):
+    machine(gpus=[40, 40, 40, 40])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     with pytest.raises(Unavailable, match=r"GPU 2 was asked for .* shows 2 GPU\(s\)"):
         api.launch(
@@ -217,12 +200,12 @@ def test_lab_numbers_under_cuda_visible_devices_map_to_the_physical_gpu(lab, mon
     )
     assert result.devices == ["cuda:1"]
     assert wait_for(Path(result.run.run_dir) / "env.json")["CUDA_VISIBLE_DEVICES"] == "3"
-    shown = resources.check_resources()
+    shown = check_resources()
     assert [g.lab_runs for g in shown.gpus] == [[], [], [], [result.run.id]]
 
 
-def test_sweep_of_four_arms_runs_on_four_gpus_at_once(lab, monkeypatch):
-    fake_inventory(monkeypatch, [40, 40, 40, 40])
+def test_sweep_of_four_arms_runs_on_four_gpus_at_once(lab, machine):
+    machine(gpus=[40, 40, 40, 40])
     swept = api.sweep(
         api.SweepRequest(
             recipes=["dpo", "ipo", "simpo", "orpo"], overrides=QUICK, model="tiny", campaign="four"
@@ -275,10 +258,8 @@ def test_per_rank_estimate_shards_model_states_and_keeps_activations():
     assert four.total_gb < one.total_gb
 
 
-def test_memory_is_checked_on_each_device(lab, monkeypatch):
-    fake_inventory(monkeypatch, [40, 40, 40, 40])
-    free = {"cuda:0": 40.0, "cuda:1": 40.0, "cuda:2": 0.01, "cuda:3": 40.0}
-    monkeypatch.setattr(api, "_device_free_gb", lambda device: free.get(device))
+def test_memory_is_checked_on_each_device(lab, machine):
+    machine(gpus=[40, 40, 0.01, 40])
     with pytest.raises(LabError, match=r"per rank.*memory of cuda:2"):
         api.launch(
             api.RunRequest(
@@ -292,10 +273,10 @@ def test_memory_is_checked_on_each_device(lab, monkeypatch):
     assert ok.devices == ["cuda:0", "cuda:1"]
 
 
-def test_estimate_memory_takes_gpus_and_nproc_like_a_launch(lab, monkeypatch):
+def test_estimate_memory_takes_gpus_and_nproc_like_a_launch(lab, machine):
     """The API/MCP estimate with ``gpus`` / ``nproc``: one rank's estimate, checked against
     the GPU with the least free memory (CPU: all ranks in one RAM); bad input as a launch."""
-    fake_inventory(monkeypatch, [40, 40, 0.001, 40])
+    machine(gpus=[40, 40, 0.001, 40])
     one = api.estimate_memory("sft", model="tiny", overrides=QUICK)
     four = api.estimate_memory("sft", model="tiny", overrides=QUICK, gpus="0,1,2,3")
     assert four.estimate.world_size == 4 and one.estimate.world_size == 1

@@ -14,17 +14,17 @@ import rlhf_lab.api.launching as launching
 from rlhf_lab import runs
 from rlhf_lab.errors import LabError
 
-from .test_placement import QUICK, env_writing_trainer, fake_inventory
+from .test_placement import QUICK, env_writing_trainer
 
 
 @pytest.fixture
-def one_gpu_lab(tmp_path, monkeypatch):
+def one_gpu_lab(tmp_path, monkeypatch, machine):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(runs, "trainer_argv", env_writing_trainer())
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
     monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
-    fake_inventory(monkeypatch, [40.0])
+    machine(gpus=[40.0])
     yield
     for run in runs.active_runs():
         runs.stop_run(run.id, grace_s=2)

@@ -27,8 +27,7 @@ from rlhf_lab.evaluation.cost import suites_for_family
 from rlhf_lab.ledger.campaigns import _load_data
 from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.ledger.schema import ArmSummary, ComparisonEntry, Verdict
-from rlhf_lab.planning import real_model
-from tests.lab.test_shrink_real_model import SMOLLM2_CONFIG
+from tests.conftest import SMOLLM2_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ["uv", "run", "rlhf-lab"]
@@ -63,16 +62,9 @@ def stand_in(tmp_path_factory) -> str:
 
 
 @pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: True)
-    monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 20.0)
-    monkeypatch.setattr(api, "_device_free_gb", lambda device: 64.0)
-    monkeypatch.setattr(api, "_device_total_gb", lambda device: 64.0)
-    return tmp_path
+def lab_root(offline_lab, cpu_box, monkeypatch):
+    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
+    return offline_lab
 
 
 def fake_trainer(monkeypatch, source: Path) -> None:

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from rlhf_lab.runs import resources
-from rlhf_lab.runs.resources import GIB, active_lab_runs, check_resources, gpu_index
+from rlhf_lab.runs.machine import check_resources
+from rlhf_lab.runs.resources import GIB, active_lab_runs, gpu_index
 
 
 @pytest.fixture(autouse=True)
@@ -230,3 +231,44 @@ def test_gpu_index(device, index):
 
 def test_module_does_not_import_pynvml_at_import_time():
     assert "pynvml" not in vars(resources)
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine seam
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_machine_set_for_a_block_is_read_by_every_thread_and_undone_after():
+    import threading
+
+    from rlhf_lab.runs.machine import Machine, this_machine, using_machine
+
+    real = this_machine()
+    three = Machine(cpu_cores=lambda: 3)
+    with using_machine(three):
+        seen: list[int] = []
+        reader = threading.Thread(target=lambda: seen.append(this_machine().cpu_cores()))
+        reader.start()
+        reader.join()
+        assert seen == [3]
+        with using_machine(Machine(cpu_cores=lambda: 5)):
+            assert this_machine().cpu_cores() == 5
+        assert this_machine() is three
+    assert this_machine() is real
+
+
+def test_the_report_and_the_device_memory_read_the_machine(machine):
+    machine(gpus=[10.0, 30.0], free_ram_gb=3.0, total_ram_gb=4.0)
+    res = check_resources()
+    assert [(g.index, g.free_gb) for g in res.gpus] == [(0, 10.0), (1, 30.0)]
+    assert (res.ram_available_gb, res.ram_total_gb) == (3.0, 4.0) and res.notes == []
+    from rlhf_lab.runs.machine import this_machine
+
+    here = this_machine()
+    assert [here.device_free_gb(d) for d in ("cpu", "cuda", "cuda:1", "cuda:2")] == [
+        3.0,
+        10.0,
+        30.0,
+        None,
+    ]
+    assert here.device_total_gb("cpu") == 4.0 and here.device_total_gb("cuda:1") == 48.0

@@ -511,11 +511,13 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
     assert runs.active_runs() == []
 
 
-def test_cpu_runs_started_beside_others_get_their_share_of_the_cores(tmp_path, monkeypatch):
+def test_cpu_runs_started_beside_others_get_their_share_of_the_cores(
+    tmp_path, monkeypatch, machine
+):
     assert [runs.cpu_threads_beside(n, 4) for n in range(5)] == [4, 2, 1, 1, 1]
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(runs, "_cpu_cores", lambda: 4)
+    machine(cores=4)
 
     def writes_its_threads(family, run_dir, resume=False):  # noqa: ARG001
         code = (

@@ -13,12 +13,11 @@ import pytest
 
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
-from rlhf_lab.planning import plan as plan_mod
 from rlhf_lab.planning.catalog import FAMILIES, Recipe, get_dotted, list_recipes
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.plan import parse_request, plan_experiment
 from rlhf_lab.planning.shrink import format_override, shrink_config
-from rlhf_lab.runs.resources import GpuInfo, Resources
+from tests.conftest import fake_gpus
 from trainers.core.config import parse_override
 from trainers.core.tiny import PRESETS
 
@@ -43,12 +42,9 @@ def _lab_root(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def no_gpu(monkeypatch):
-    res = Resources(
-        host="test", cpu_count=2, cpu_load=[0.1], ram_total_gb=32.0, ram_available_gb=30.0
-    )
-    monkeypatch.setattr(plan_mod, "check_resources", lambda: res)
-    return res
+def no_gpu(machine):
+    """A machine with no GPU and 30 of its 32 GiB of RAM free."""
+    return machine(gpus=[], free_ram_gb=30.0, total_ram_gb=32.0)
 
 
 def _shrink_or_skip(recipe: Recipe, **kw):
@@ -127,13 +123,10 @@ def test_tiny_dpo_shrink_is_the_tested_demo_recipe():
     assert res.progress_unit == "optimizer steps"
 
 
-def test_keep_model_dpo_shrink_follows_the_book_habits(monkeypatch):
+def test_keep_model_dpo_shrink_follows_the_book_habits(machine):
     """On a GPU the pretrained model keeps the book's sizes (a CPU gets its own:
     tests/lab/test_shrink_real_model.py); the hub data is not cached here, so it is swapped."""
-    from rlhf_lab.planning import real_model
-
-    monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: False)
-    monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 80.0)
+    machine(gpus=[80.0])
     res = shrink_config("dpo")
     d, t = res.config["data"], res.config["train"]
     assert res.model == "allenai/OLMo-2-0425-1B-SFT"
@@ -543,27 +536,10 @@ def test_best_of_n_prm_vs_orm_is_one_campaign_with_scorers_and_a_control(no_gpu)
 # ---------------------------------------------------------------------------------------------
 
 
-def _gpu(index: int, free: float, runs: list[str] | None = None) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        name="NVIDIA H100",
-        total_gb=80.0,
-        used_gb=80.0 - free,
-        free_gb=free,
-        lab_runs=runs or [],
-    )
-
-
-def test_plan_picks_a_free_gpu_that_fits(monkeypatch, empty_hub_cache):
-    res = Resources(
-        host="gpu-box",
-        gpus=[_gpu(0, 79.0, ["dpo-20260101-000000-aaaa"]), _gpu(1, 3.0), _gpu(2, 60.0)],
-        cpu_count=16,
-        cpu_load=[0.5],
-        ram_total_gb=128.0,
-        ram_available_gb=100.0,
-    )
-    monkeypatch.setattr(plan_mod, "check_resources", lambda: res)
+def test_plan_picks_a_free_gpu_that_fits(machine, empty_hub_cache):
+    h100s = fake_gpus([79.0, 3.0, 60.0], total_gb=80.0, name="NVIDIA H100")
+    h100s[0].lab_runs.append("dpo-20260101-000000-aaaa")  # held by a lab run
+    machine(gpus=h100s, free_ram_gb=100.0, total_ram_gb=128.0)
     plan = plan_experiment("dpo sanity check")
     run = plan.runs[0]
     est = run.memory["cuda"].total_gb
@@ -582,16 +558,8 @@ def test_plan_picks_a_free_gpu_that_fits(monkeypatch, empty_hub_cache):
     assert run.trainer_command.startswith("CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=2 ")
 
 
-def test_plan_warns_when_nothing_fits(monkeypatch, empty_hub_cache):
-    res = Resources(
-        host="small-gpu",
-        gpus=[_gpu(0, 2.0)],
-        cpu_count=4,
-        cpu_load=[0.0],
-        ram_total_gb=8.0,
-        ram_available_gb=4.0,
-    )
-    monkeypatch.setattr(plan_mod, "check_resources", lambda: res)
+def test_plan_warns_when_nothing_fits(machine, empty_hub_cache):
+    machine(gpus=fake_gpus([2.0], total_gb=80.0), free_ram_gb=4.0, total_ram_gb=8.0)
     plan = plan_experiment("dpo sanity check")
     assert plan.runs[0].recommended_device is None
     assert any("does not fit in the free memory of any GPU" in w for w in plan.warnings)

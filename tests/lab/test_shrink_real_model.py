@@ -3,8 +3,9 @@ launch (``--queue`` included) and the refusal of an identical launch (item 7).
 
 The pretrained model is a stand-in: a folder holding SmolLM2-135M-Instruct's config.json (a
 Llama of 134.5M parameters), which is all the shrink reads. The machine facts the rules read are
-pinned: the run trains on the CPU and 20 GiB of RAM are free (a test names it when it changes
-them). The slow test runs one LoRA SFT step of the pulled SmolLM2 through the lab."""
+pinned (the ``cpu_box`` machine of tests/conftest.py): no GPU, so the run trains on the CPU, and
+20 GiB of RAM free (a test names it when it changes them). The slow test runs one LoRA SFT step
+of the pulled SmolLM2 through the lab."""
 
 from __future__ import annotations
 
@@ -21,53 +22,17 @@ from rlhf_lab.planning import offline_data, real_model
 from rlhf_lab.planning.overrides import Override
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.runs.identical import identical_runs
+from tests.conftest import model_folder
 from trainers.core.lora import DEFAULT_TARGETS
 
-SMOLLM2_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "attention_bias": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "head_dim": 64,
-    "hidden_act": "silu",
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "max_position_embeddings": 8192,
-    "mlp_bias": False,
-    "model_type": "llama",
-    "num_attention_heads": 9,
-    "num_hidden_layers": 30,
-    "num_key_value_heads": 3,
-    "rms_norm_eps": 1e-05,
-    "tie_word_embeddings": True,
-    "vocab_size": 49152,
-}
 PULLED_NAME = "smollm2-135m-instruct"
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def model_folder(root: Path, name: str, **changes) -> str:
-    folder = root / name
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, **changes}))
-    return str(folder)
-
-
 @pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+def lab_root(offline_lab, cpu_box, monkeypatch):
     monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
-    monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: True)
-    monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 20.0)
-    return tmp_path
-
-
-@pytest.fixture
-def smol(tmp_path) -> str:
-    return model_folder(tmp_path, "smol-135m")
+    return offline_lab
 
 
 def nothing_written(root: Path) -> None:
@@ -112,15 +77,16 @@ def test_a_cached_hub_dataset_and_a_users_choice_are_kept(smol, lab_root):
     assert any("someone/else (yours) is not in the local" in n for n in mine.notes)
 
 
-def test_no_builtin_equivalent_is_refused_with_the_override_to_use(smol, monkeypatch):
-    monkeypatch.setattr(offline_data, "builtin_equivalent", lambda *args: "")
-    with pytest.raises(InvalidArgument) as err:
-        shrink_config("sft", model=smol)
-    assert "has no built-in offline equivalent" in err.value.message
-    assert "override data.dataset=/path/to/data.jsonl" in err.value.message
+def test_no_builtin_equivalent_is_refused_with_the_override_to_use(smol):
+    # policy gradients have no built-in set of their own: only the preference source's prompts
     with pytest.raises(InvalidArgument) as pg:
-        shrink_config("grpo_rm", model=smol)  # a family that also reads reasoning-gym
+        shrink_config("grpo_rm", ["data.source=reasoning_gym"], model=smol)
+    assert "has no built-in offline equivalent" in pg.value.message
     assert "overrides data.source=reasoning_gym data.dataset=null" in pg.value.message
+    # a family that reads data files only (every such family has a set today) names a file
+    err = offline_data._no_equivalent("sft", "sft", {}, "data.dataset", "org/hub-set")
+    assert "has no built-in offline equivalent" in err.message
+    assert "override data.dataset=/path/to/data.jsonl" in err.message
 
 
 # ------------------------------------------------------------------------------ LoRA, sizes
@@ -153,11 +119,11 @@ def test_full_fine_tuning_on_request_and_user_lora_settings_win(smol):
     assert mine.config["model"]["lora"]["enabled"] is True
 
 
-def test_no_lora_below_50m_parameters_or_off_the_cpu(tmp_path, smol, monkeypatch):
+def test_no_lora_below_50m_parameters_or_off_the_cpu(tmp_path, smol, machine):
     small = model_folder(tmp_path, "smol-small", num_hidden_layers=2, hidden_size=256)
     res = shrink_config("sft", model=small)
     assert res.config["model"]["lora"]["enabled"] is False
-    monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: False)
+    machine(gpus=[20.0])  # model.device=auto trains on it
     gpu = shrink_config("sft", model=smol)
     assert gpu.config["model"]["lora"]["enabled"] is False
     assert gpu.config["data"]["max_length"] == 1024  # the GPU rules: the book's habits
@@ -191,11 +157,11 @@ def test_calibration_overrides_come_after_the_rules_and_before_the_users(smol):
 # ------------------------------------------------------------------- checkpointing, final model
 
 
-def test_gradient_checkpointing_only_when_the_estimate_needs_it(smol, monkeypatch):
+def test_gradient_checkpointing_only_when_the_estimate_needs_it(smol, machine):
     res = shrink_config("grpo", model=smol)  # grpo.yaml turns it on
     assert res.config["model"]["gradient_checkpointing"] is False
     assert any(n.startswith("gradient checkpointing off") for n in res.notes)
-    monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 1.0)
+    machine(free_ram_gb=1.0)
     tight = shrink_config("grpo", model=smol)
     assert tight.config["model"]["gradient_checkpointing"] is True
     assert any(n.startswith("gradient checkpointing on") for n in tight.notes)
@@ -344,8 +310,7 @@ def test_one_lora_sft_step_of_smollm2_through_the_lab(lab_root, monkeypatch):
     assert (run_dir / "final_adapter").is_dir() and (run_dir / "final_model").is_dir()
 
 
-def test_the_device_and_rank_rules_read_the_config_and_the_width(monkeypatch):
-    monkeypatch.undo()  # the real runs_on_cpu, not the pinned one
+def test_the_device_and_rank_rules_read_the_config_and_the_width():
     assert real_model.runs_on_cpu({"model": {"device": "cpu"}}) is True
     assert real_model.runs_on_cpu({"model": {"device": "cuda:1"}}) is False
     assert [real_model.lora_rank(w) for w in (256, 576, 2048, 4096)] == [8, 16, 16, 32]

@@ -123,15 +123,11 @@ def test_a_recipe_file_flagged_cpu_sized_is_kept_whole_onto_a_preset(tmp_path: P
     assert shrunk.config["train"]["num_epochs"] == 1 and shrunk.expected_optimizer_steps < 100
 
 
-def test_the_plan_explains_the_warm_start_shrink(monkeypatch):
+def test_the_plan_explains_the_warm_start_shrink(machine):
     """The plan of a sweep from the warm start carries the shrink's explanation (its notes)."""
     from rlhf_lab.planning import plan as plan_mod
-    from rlhf_lab.runs.resources import Resources
 
-    res = Resources(
-        host="test", cpu_count=2, cpu_load=[0.1], ram_total_gb=32.0, ram_available_gb=30.0
-    )
-    monkeypatch.setattr(plan_mod, "check_resources", lambda: res)  # the one device query
+    machine(gpus=[], free_ram_gb=30.0, total_ram_gb=32.0)
     warm = _run_of("sft_tiny_warmstart")
     plan = plan_mod.plan_experiment(algorithm="reinforce_pp", model=f"run:{warm}")
     text = " ".join([*plan.notes, *plan.warnings])

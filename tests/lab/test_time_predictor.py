@@ -230,66 +230,68 @@ def test_cache_key_changes_with_each_part():
     assert base not in others and len(others) == 5
 
 
-def test_cached_mode_reads_and_a_new_fingerprint_misses(cache, monkeypatch):
-    import trainers.core.models as models
-
+def test_cached_mode_reads_and_a_new_fingerprint_misses(cache, tmp_path):
     first = tc.get_calibration("tiny", "cpu", 1, mode="cached")
     assert not first.ok and first.key and "no calibration cached" in first.reason
     tc.write_cached(first.key, STUB)
     hit = tc.get_calibration("tiny", "cpu", 1, mode="cached")
     assert hit.ok and hit.data["train"] == STUB["train"] and not hit.measured_now
     assert tc.get_calibration("tiny", "cpu", 2, mode="cached").ok is False  # threads: a key
-    # a preset built by another builder version is a new fingerprint: the old figures no longer apply
-    monkeypatch.setattr(models, "model_fingerprint", lambda name: "f" * 16)
-    assert tc.get_calibration("tiny", "cpu", 1, mode="cached").ok is False
+    # a model of another shape is a new fingerprint: the old figures no longer apply
+    folder = tmp_path / "local-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    tc.write_cached(tc.get_calibration(str(folder), "cpu", 1, mode="cached").key, STUB)
+    assert tc.get_calibration(str(folder), "cpu", 1, mode="cached").ok
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 128}))
+    assert tc.get_calibration(str(folder), "cpu", 1, mode="cached").ok is False
     # a file of another format version is ignored
-    monkeypatch.undo()
     stale = dict(STUB, format_version=0)
     tc.write_cached(first.key, stale)
     assert tc.read_cached(first.key) is None
 
 
-def test_auto_measures_once_then_reads_the_cache(cache, monkeypatch):
+def test_auto_measures_once_then_reads_the_cache(cache):
     calls = []
 
     def measure(model, device, threads):
         calls.append((model, device, threads))
         return dict(STUB)
 
-    monkeypatch.setattr(tc, "_measure", measure)
-    first = tc.get_calibration("tiny", "cpu", None, mode="auto")
-    assert first.ok and first.measured_now and first.seconds is not None
-    assert calls == [("tiny", "cpu", 1)]  # OMP_NUM_THREADS
-    second = tc.get_calibration("tiny", "cpu", None, mode="auto")
+    with tc.calibration_scope(None, measure=measure):
+        first = tc.get_calibration("tiny", "cpu", None, mode="auto")
+        assert first.ok and first.measured_now and first.seconds is not None
+        assert calls == [("tiny", "cpu", 1)]  # OMP_NUM_THREADS
+        second = tc.get_calibration("tiny", "cpu", None, mode="auto")
     assert second.ok and not second.measured_now and len(calls) == 1
     assert (cache / f"{first.key}.json").is_file()
     off = tc.get_calibration("tiny", "cpu", None, mode="off")
     assert not off.ok and off.reason == "calibration switched off"
 
 
-def test_a_plan_says_when_a_calibration_ran_for_it_and_its_cost(cache, monkeypatch):
-    monkeypatch.setattr(tc, "_measure", lambda *a: dict(STUB, load_avg_1m=0.5))
-    ran = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
+def test_a_plan_says_when_a_calibration_ran_for_it_and_its_cost(cache):
+    with tc.calibration_scope(None, measure=lambda *a: dict(STUB, load_avg_1m=0.5)):
+        ran = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
+        again = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
     assert ran.calibrated and ran.note.startswith("time calibration of tiny on cpu (1 thread(s))")
     assert " s, cached (machine load 0.5 while measuring)" in ran.note
-    again = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
     assert again.note is None and again.total_s == ran.total_s
     update = pt.plan_time_total([type("R", (), {"time": ran, "name": "sft"})()], ["n"])
     assert update["notes"] == ["n", ran.note] and update["time_total"] == "~82 s (1 run)"
 
 
-def test_unresolvable_model_and_failed_measurement_are_not_calibrated(cache, monkeypatch):
-    monkeypatch.setattr(tc, "_measure", lambda *a: pytest.fail("nothing to measure"))
-    missing = tc.get_calibration("no/such-model-here", "cpu", 1, mode="auto")
+def test_unresolvable_model_and_failed_measurement_are_not_calibrated(cache):
+    with tc.calibration_scope(None, measure=lambda *a: pytest.fail("nothing to measure")):
+        missing = tc.get_calibration("no/such-model-here", "cpu", 1, mode="auto")
+        bad_path = tc.get_calibration("./no/such/folder", "cpu", 1, mode="auto")
     assert not missing.ok and "cannot be loaded here" in missing.reason
-    bad_path = tc.get_calibration("./no/such/folder", "cpu", 1, mode="auto")
     assert not bad_path.ok and "not resolvable" in bad_path.reason
 
     def fail(model, device, threads):
         raise RuntimeError("the calibration failed: out of memory")
 
-    monkeypatch.setattr(tc, "_measure", fail)
-    est = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", threads=1, mode="auto")
+    with tc.calibration_scope(None, measure=fail):
+        est = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", threads=1, mode="auto")
     assert (
         not est.calibrated
         and est.text == "time: not calibrated (the calibration failed: out of memory)"
@@ -329,9 +331,9 @@ def test_plan_carries_each_runs_time_and_the_total(cache, tmp_path, monkeypatch)
     assert "time" in plan.model_dump(mode="json")["runs"][0]
 
 
-def test_launch_prediction_uses_the_cache_only(cache, monkeypatch):
-    monkeypatch.setattr(tc, "_measure", lambda *a: pytest.fail("a launch never measures"))
-    assert pt.launch_prediction("sft", "sft", SFT_CONFIG, "cpu") is None
+def test_launch_prediction_uses_the_cache_only(cache):
+    with tc.calibration_scope(None, measure=lambda *a: pytest.fail("a launch never measures")):
+        assert pt.launch_prediction("sft", "sft", SFT_CONFIG, "cpu") is None
     tc.write_cached(tc.get_calibration("tiny", "cpu", 1, mode="cached").key, STUB)
     written = pt.launch_prediction("sft", "sft", SFT_CONFIG, "cpu")
     assert written["total_s"] == pytest.approx(82.0, abs=0.5) and written["steps"] == 36

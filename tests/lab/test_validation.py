@@ -5,8 +5,9 @@ CLI; plus the same ledger recording for direct and queued launches and `rlhf-lab
 "no GPU" line.
 
 No trainer is started: queued runs stay queued (the queue worker is not spawned) and direct
-launches run a one-line fake trainer (the pattern of tests/lab/test_runs.py). The only device
-facts replaced are the free/total memory and GPU-count hooks of rlhf_lab.api.
+launches run a one-line fake trainer (the pattern of tests/lab/test_runs.py). The machine's
+facts a test names (free/total RAM, a GPU and its free memory) are set with the ``machine``
+fixture (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import time
 import types
 from pathlib import Path
 
-import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -31,6 +31,7 @@ from rlhf_lab.planning.validation import (
     LR_FLOOR,
     model_context,
 )
+from tests.conftest import live_run_on
 from trainers.core.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -291,9 +292,9 @@ def test_a_scorer_that_is_no_reward_model_is_refused(lab_root, tmp_path):
 
 
 def test_launch_refuses_a_run_that_does_not_fit_free_memory_unless_forced(
-    lab_root, monkeypatch, fake_trainer
+    lab_root, machine, fake_trainer
 ):
-    monkeypatch.setattr(api, "_device_free_gb", lambda device: 0.001)
+    machine(free_ram_gb=0.001)
     with pytest.raises(Conflict, match=r"does not fit the free RAM \(0.00 GiB free on cpu") as err:
         api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="cpu"))
     assert "memory estimate of this run (~" in err.value.message
@@ -304,7 +305,7 @@ def test_launch_refuses_a_run_that_does_not_fit_free_memory_unless_forced(
     assert code == 2 and "does not fit the free RAM" in out and "--force" in out, out
     nothing_written(lab_root)
     # a queued run is refused only when it could never fit the device
-    monkeypatch.setattr(api, "_device_total_gb", lambda device: 0.001)
+    machine(total_ram_gb=0.001)
     with pytest.raises(Conflict, match="queued, it could never start"):
         api.launch(
             api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="cpu", queue=True)
@@ -323,40 +324,26 @@ def test_launch_refuses_a_run_that_does_not_fit_free_memory_unless_forced(
     assert forced.state == "running"
 
 
+def free_memory_on(machine, device: str, gb: float) -> None:
+    """The machine has ``gb`` GiB free on ``device``: its RAM, or its one GPU."""
+    machine(**({"free_ram_gb": gb} if device == "cpu" else {"gpus": [gb]}))
+
+
 def _holder_run(lab_root: Path, device: str) -> subprocess.Popen:
     """A run that trains on ``device`` now (a live process behind its run.json)."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    run_dir = lab_root / "experiments" / "2026-03-01-busy" / "runs" / HOLDER
-    run_dir.mkdir(parents=True)
-    record = {
-        "id": HOLDER,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": "2026-03-01-busy",
-        "device": device,
-        "state": "running",
-        "created_at": "2026-03-01T11:00:00.000+00:00",
-        "pid": holder.pid,
-        "pgid": holder.pid,
-        "create_time": psutil.Process(holder.pid).create_time(),
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
-    return holder
+    return live_run_on(lab_root / "experiments" / "2026-03-01-busy" / "runs" / HOLDER, device)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda:0"])
 def test_a_busy_device_takes_a_second_run_only_when_its_estimate_fits(
-    lab_root, monkeypatch, fake_trainer, device
+    lab_root, machine, fake_trainer, device
 ):
     """The same rule on the CPU and on a GPU: beside the running job when the estimate fits the
     free memory, refused (naming the job, the estimate and the free memory) otherwise; queue
     and force are the ways past it. What the CLI help and the launch_run description say."""
-    if device.startswith("cuda"):  # this machine "shows" one GPU
-        monkeypatch.setattr(api, "_visible_gpu_count", lambda: 1)
-        monkeypatch.setattr(runs, "_visible_gpu_count", lambda: 1)
     holder = _holder_run(lab_root, device)
     try:
-        monkeypatch.setattr(api, "_device_free_gb", lambda dev: 0.001)
+        free_memory_on(machine, device, 0.001)  # on cuda:0, this machine "shows" one GPU
         with pytest.raises(Conflict, match=f"device {device} is busy: run {HOLDER}") as err:
             api.launch(
                 api.RunRequest(
@@ -376,7 +363,7 @@ def test_a_busy_device_takes_a_second_run_only_when_its_estimate_fits(
             )
         )
         assert queued.queued and HOLDER in queued.message
-        monkeypatch.setattr(api, "_device_free_gb", lambda dev: 1000.0)
+        free_memory_on(machine, device, 1000.0)
         # another seed: an identical config beside the queued one would be refused as a repeat
         again = [*QUICK, "seed=2"]
         beside = api.launch(

@@ -5,19 +5,17 @@ tool, the MCP server never a CLI flag or command), checked on real errors."""
 from __future__ import annotations
 
 import ast
-import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-import psutil
 import pytest
 from mcp import Client
 from typer.testing import CliRunner
 
 from rlhf_lab import api, cli, mcp_server
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep
+from tests.conftest import live_run_on
 from tests.mcp._fixtures import asyncio_backend, fresh_lab  # noqa: F401  (pytest fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,26 +172,12 @@ def test_with_next_keeps_an_errors_own_steps_and_kind():
 # --------------------------------------------------------------------------- real errors
 
 
-def _busy_cpu(lab_root: Path, monkeypatch) -> subprocess.Popen:
+def _busy_cpu(lab_root: Path, machine) -> subprocess.Popen:
     """A run that holds the CPU now (a live process), and no room beside it."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     api.create_campaign("busy-holder", "Who holds the CPU?")
-    run_dir = api.experiments_dir() / api.campaign_name("busy-holder") / "runs" / HOLDER
-    run_dir.mkdir(parents=True)
-    record = {
-        "id": HOLDER,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": api.campaign_name("busy-holder"),
-        "device": "cpu",
-        "state": "running",
-        "created_at": "2026-03-01T11:00:00.000+00:00",
-        "pid": holder.pid,
-        "pgid": holder.pid,
-        "create_time": psutil.Process(holder.pid).create_time(),
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
-    monkeypatch.setattr(api, "_device_free_gb", lambda device: 0.001)
+    campaign = api.experiments_dir() / api.campaign_name("busy-holder")
+    holder = live_run_on(campaign / "runs" / HOLDER, "cpu")
+    machine(free_ram_gb=0.001)
     return holder
 
 
@@ -220,8 +204,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_cli_errors_name_no_mcp_tool(case, lab_root, monkeypatch):
-    holder = _busy_cpu(lab_root, monkeypatch) if case == "busy device" else None
+def test_cli_errors_name_no_mcp_tool(case, lab_root, machine):
+    holder = _busy_cpu(lab_root, machine) if case == "busy device" else None
     try:
         result = CliRunner().invoke(cli.app, CASES[case][0])
     finally:
@@ -241,8 +225,8 @@ def test_cli_errors_name_no_mcp_tool(case, lab_root, monkeypatch):
     "case",
     sorted(CASES),
 )
-async def test_mcp_errors_name_no_cli_flag_or_command(case, lab_root, monkeypatch):
-    holder = _busy_cpu(lab_root, monkeypatch) if case == "busy device" else None
+async def test_mcp_errors_name_no_cli_flag_or_command(case, lab_root, machine):
+    holder = _busy_cpu(lab_root, machine) if case == "busy device" else None
     tool, args = CASES[case][1]
     try:
         async with Client(mcp_server.server) as client:
@@ -258,8 +242,8 @@ async def test_mcp_errors_name_no_cli_flag_or_command(case, lab_root, monkeypatc
         assert "launch_run(queue=true)" in text and f'run_status(run_id="{HOLDER}")' in text
 
 
-def test_the_refused_busy_launch_is_a_typed_conflict(lab_root, monkeypatch):
-    holder = _busy_cpu(lab_root, monkeypatch)
+def test_the_refused_busy_launch_is_a_typed_conflict(lab_root, machine):
+    holder = _busy_cpu(lab_root, machine)
     try:
         with pytest.raises(Conflict) as err:
             api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="cpu"))

@@ -297,7 +297,7 @@ async def test_launch_run_returns_at_once_and_stop_run_stops_it(client, schemas)
     assert stopped["id"] == run_id and stopped["state"] == "stopped" and not stopped["alive"]
 
 
-async def test_launch_run_failures(client, monkeypatch, lab_root):
+async def test_launch_run_failures(client, machine, lab_root):
     await fails(client, "launch_run", {"recipe": "dpoo"}, "unknown recipe", "list_recipes")
     await fails(
         client,
@@ -319,7 +319,7 @@ async def test_launch_run_failures(client, monkeypatch, lab_root):
         )
         (busy / "run.json").write_text(json.dumps(record))
         (busy / "summary.json").unlink()
-        monkeypatch.setattr(api, "_device_free_gb", lambda device: 0.001)
+        machine(free_ram_gb=0.001)
         await fails(
             client,
             "launch_run",

@@ -678,9 +678,8 @@ def test_unknown_algorithm_names_the_close_ones(lab_root):
     assert not (lab_root / "experiments").exists()
 
 
-def test_cuda_without_a_gpu_is_refused_at_launch(lab_root, no_trainer, monkeypatch):
-    monkeypatch.setattr(api, "_visible_gpu_count", lambda: 0)  # the same answer on a GPU box
-    monkeypatch.setattr(runs, "_visible_gpu_count", lambda: 0)
+def test_cuda_without_a_gpu_is_refused_at_launch(lab_root, no_trainer, machine):
+    machine(gpus=[])  # the same answer on a GPU box
     for device, extra, needle in [
         ("cuda", [], "cuda:0 was asked for but this machine shows 0 GPU(s)"),
         ("cuda:1", [], "cuda:1 was asked for"),
@@ -705,9 +704,8 @@ def test_cuda_without_a_gpu_is_refused_at_launch(lab_root, no_trainer, monkeypat
     assert "was asked for but this machine shows 0 GPU(s)" in result.output
     assert "`rlhf-lab launch ... --device cpu`" in result.output
     # plan writes nothing and starts nothing: it warns instead
-    if not api.check_resources(include_runs=False).gpus:
-        plan = api.plan_experiment(algorithm="dpo", model="tiny", overrides=["model.device=cuda"])
-        assert "the config asks for model.device=cuda but this machine has no GPU" in plan.warnings
+    plan = api.plan_experiment(algorithm="dpo", model="tiny", overrides=["model.device=cuda"])
+    assert "the config asks for model.device=cuda but this machine has no GPU" in plan.warnings
 
 
 @pytest.mark.parametrize(

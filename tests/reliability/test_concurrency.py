@@ -311,13 +311,11 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
-    lab_root, monkeypatch
+    lab_root, monkeypatch, machine
 ):
     # Whatever the order, the memory check must not let the second job share the CPU: the free
     # RAM holds one run (an idle CPU passes the launch's fit check) but not two.
-    monkeypatch.setattr(
-        api, "_device_free_gb", lambda device: 0.001 if api.active_runs(device) else 1000.0
-    )
+    machine(free_ram_gb=lambda: 0.001 if api.active_runs("cpu") else 1000.0)
     # Both threads pass the campaign and memory checks, then enter the runs layer together (the
     # campaign's file lock would otherwise stagger them by its polling interval).
     at_launch = threading.Barrier(2)

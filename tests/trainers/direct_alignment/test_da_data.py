@@ -208,17 +208,22 @@ def test_hub_offline_is_clear():
         load_preference_records("no-such-org/no-such-preferences-xyz")
     msg = str(info.value)
     assert "no-such-org/no-such-preferences-xyz" in msg and BUILTIN_DATASET in msg
+    assert "HF_HUB_OFFLINE is set" in msg
 
 
-def test_hub_connection_error_is_clear(monkeypatch):
-    import datasets
+def test_hub_connection_error_is_clear():
+    """An unreachable hub is the same clear error as offline mode (the path of a hub id to it is
+    the test above), naming the built-in preference set."""
+    from trainers.core.datasets import hub_dataset_error, is_hub_error
+    from trainers.core.preferences import _builtin_hint
 
-    def unreachable(*args, **kwargs):
-        raise ConnectionError("network is unreachable")
-
-    monkeypatch.setattr(datasets, "load_dataset", unreachable)
-    with pytest.raises(DatasetNotFoundError, match="builtin:reasoning-preferences"):
-        load_preference_records("argilla/ultrafeedback-binarized-preferences-cleaned")
+    failure = ConnectionError("network is unreachable")
+    assert is_hub_error(failure) and not is_hub_error(KeyError("chosen"))
+    err = hub_dataset_error(
+        "argilla/ultrafeedback-binarized-preferences-cleaned", failure, _builtin_hint()
+    )
+    assert isinstance(err, DatasetNotFoundError)
+    assert "network is unreachable" in str(err) and "builtin:reasoning-preferences" in str(err)
 
 
 def test_parquet_csv_and_folder(tmp_path):
