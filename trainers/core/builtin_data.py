@@ -52,7 +52,6 @@ __all__ = [
     "TOOL_SFT_DATASET",
     "builtin_demonstrations",
     "default_demonstration_tasks",
-    "demonstration_set",
     "builtin_outcome_records",
     "builtin_preference_records",
     "builtin_step_records",
@@ -269,26 +268,6 @@ def default_demonstration_tasks(dataset: str) -> tuple[str, ...]:
     if split_builtin_name(dataset)[0] == TOOL_SFT_DATASET:
         return TOOL_DEMONSTRATION_TASKS
     return DEMONSTRATION_TASKS
-
-
-def demonstration_set(
-    dataset: str,
-    split: str,
-    max_samples: int | None,
-    seed: int,
-    tasks: Sequence[str] | None = None,
-    task_configs: dict[str, dict] | None = None,
-) -> list[SFTRecord]:
-    """The demonstrations ``builtin:reasoning-sft[:task_a,task_b]`` stands for in an SFT run (and
-    in an evaluation that holds that run's questions out): the tasks of the name, else
-    ``tasks``, else :data:`DEMONSTRATION_TASKS`; a split other than ``train`` draws from a
-    far-away seed so its questions differ."""
-    from trainers.core.splits import split_seed
-
-    n = DEMONSTRATION_SET_SIZE if max_samples is None else max_samples
-    named = split_builtin_name(dataset)[1]
-    chosen = list(named or tasks or DEMONSTRATION_TASKS)
-    return builtin_demonstrations(n, split_seed(seed, split), chosen, task_configs)
 
 
 # --------------------------------------------------------------------------------------------

@@ -220,11 +220,8 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
-    config_module="trainers.policy_gradients.config",
     config_class="PolicyGradientConfig",
     algorithm_field="algorithm",
-    trainer_module="trainers.policy_gradients.train",
-    configs_dir="trainers/policy_gradients/configs",
     default_algorithm="grpo",
     algorithms=ALGORITHMS,
     key_metrics=(
