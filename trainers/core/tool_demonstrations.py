@@ -42,7 +42,6 @@ from trainers.core.builtin_data import (
     entry_meta,
     split_builtin_name,
     task_datasets,
-    task_settings,
     worked_response,
 )
 from trainers.core.environments.builtin import ToolEnvironment, with_tool_in_system
@@ -188,9 +187,7 @@ def builtin_tool_demonstrations(
 def check_tool_tasks(tasks: Sequence[str], task_configs: dict[str, dict] | None = None) -> None:
     """ValueError naming the first of ``tasks`` whose entries carry no expression for the
     calculator (checked on one generated entry per task)."""
-    sources = task_datasets(
-        list(tasks), [0] * len(tasks), 1, lambda name: task_settings(name, task_configs)
-    )
+    sources = task_datasets(list(tasks), [0] * len(tasks), 1, task_configs)
     for name, ds in sources.items():
         _expression(name, ds[0])
 

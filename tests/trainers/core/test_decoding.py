@@ -1,7 +1,8 @@
 """The sampling loop (trainers/core/decoding.py), checked against transformers as the independent
 source: its logits warpers for the filters, ``model.generate`` for greedy decoding; and the
-rollout engine under it checked against the loop it replaced (kept below as the oracle: the same
-draws from the same generator) and against a prefill of the concatenation (``append``)."""
+rollout engine under it checked against the loop it replaced (the oracle in
+trainers/core/previous_decoding.py: the same draws from the same generator) and against a
+prefill of the concatenation (``append``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from transformers.generation.logits_process import (
 )
 
 from trainers.core.decoding import (
-    DROP_STOPPED_SHARE,
     GREEDY,
     NonFiniteLogitsError,
     RolloutEngine,
@@ -34,6 +34,7 @@ from trainers.core.decoding import (
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, generate_completions
 from trainers.core.logprobs import position_ids_of
 from trainers.core.models import load_causal_lm, load_tokenizer
+from trainers.core.previous_decoding import previous_sample_tokens
 
 QUESTIONS = [
     "What is 3 + 4?",
@@ -315,60 +316,6 @@ def test_nan_logits_stop_sampling_with_one_clear_error_not_an_out_of_range_token
 
 # ---------------------------------------------------------------------------------------------
 # The rollout engine against the loop it replaced
-
-
-@torch.no_grad()
-def previous_sample_tokens(
-    model, prompts, *, max_new_tokens, stop_ids, pad_id, sampling=GREEDY, repeats=1, generator=None
-):
-    """``sample_tokens`` as it was before the rollout engine (a2bb8bb): transformers'
-    DynamicCache grown by ``torch.cat``, the 2-D mask grown per token, stopped rows dropped once
-    they are a quarter of the batch. The oracle for the engine's greedy and sampled tokens."""
-    ids, mask = left_pad(prompts, pad_id)
-    positions = position_ids_of(mask)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=True,
-        **_last_logits_only(model),
-    )
-    cache, logits = out.past_key_values, out.logits[:, -1].float()
-    if repeats > 1:
-        cache.batch_repeat_interleave(repeats)
-        logits = logits.repeat_interleave(repeats, dim=0)
-        mask = mask.repeat_interleave(repeats, dim=0)
-        positions = positions.repeat_interleave(repeats, dim=0)
-    rows = logits.shape[0]
-    stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
-    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long)
-    live = torch.arange(rows)
-    finished = torch.zeros(rows, dtype=torch.bool)
-    next_position = positions[:, -1:] + 1
-    for step in range(max_new_tokens):
-        token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
-        tokens[live, step] = token
-        finished |= torch.isin(token, stops)
-        done = int(finished.sum())
-        if step == max_new_tokens - 1 or done == len(live):
-            break
-        if done and done >= DROP_STOPPED_SHARE * len(live):
-            keep = (~finished).nonzero().squeeze(-1)
-            live, token, mask = live[keep], token[keep], mask[keep]
-            next_position, finished = next_position[keep], finished[keep]
-            cache.batch_select_indices(keep)
-        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=mask,
-            position_ids=next_position,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
-        next_position = next_position + 1
-    stop_set = set(int(s) for s in stop_ids)
-    return [cut_after_first_stop(row, stop_set) for row in tokens.tolist()]
 
 
 def staggered_stops(rows: list[list[int]]) -> list[int]:
