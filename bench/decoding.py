@@ -8,7 +8,7 @@ Three contenders decode the same left-padded chat prompts, greedy, in fp32 on th
 
 - ``engine``: ``sample_tokens`` as it is now (preallocated KV cache written in place, a 4-D
   mask that is a view of the rows' valid keys, stopped rows out of the batch);
-- ``previous``: the loop ``sample_tokens`` ran before (trainers/core/previous_decoding.py):
+- ``previous``: the loop ``sample_tokens`` ran before (trainers/core/decoding_oracles.py):
   transformers' ``DynamicCache`` grown by ``torch.cat`` per layer per token, the 2-D mask grown
   per token;
 - ``generate``: ``model.generate`` (greedy, same stop tokens).
@@ -70,28 +70,6 @@ def chat_prompts(tok, rows: int) -> list[list[int]]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-
-
-def greedy_generate(model, prompts, pad_id, stop_ids, max_new_tokens):
-    import torch
-
-    from trainers.core.decoding import cut_after_first_stop, left_pad
-
-    ids, mask = left_pad(prompts, pad_id)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_id,
-            eos_token_id=sorted(stop_ids) or None,
-        )
-    stops = set(stop_ids)
-    return [cut_after_first_stop(r, stops) for r in out[:, ids.shape[1] :].tolist()]
-
-
 def timed(fn) -> tuple[Any, dict]:
     start, cpu = time.perf_counter(), time.process_time()
     out = fn()
@@ -110,9 +88,9 @@ def decode_case(model_name: str, rows: int, new: int, rounds: int, stop: bool) -
     import torch
 
     from trainers.core.decoding import sample_tokens
+    from trainers.core.decoding_oracles import generate_greedy, previous_sample_tokens
     from trainers.core.generation import end_of_turn_ids
     from trainers.core.models import load_causal_lm, load_tokenizer
-    from trainers.core.previous_decoding import previous_sample_tokens
 
     tok = load_tokenizer(model_name)
     model = load_causal_lm(model_name, device="cpu", dtype="fp32", trainable=False)
@@ -142,7 +120,7 @@ def decode_case(model_name: str, rows: int, new: int, rounds: int, stop: bool) -
                 model, prompts, max_new_tokens=new, stop_ids=stops, pad_id=pad_id
             ),
         ),
-        "generate": run("generate", lambda: greedy_generate(model, prompts, pad_id, stops, new)),
+        "generate": run("generate", lambda: generate_greedy(model, prompts, pad_id, stops, new)),
     }
     with torch.no_grad():
         sample_tokens(model, prompts[:2], max_new_tokens=4, stop_ids=stops, pad_id=pad_id)

@@ -154,7 +154,7 @@ class FamilySpec:
     training_signal: str | None = None
     """The training-time metric that mirrors the headline (a rollout or training-batch number,
     shown as secondary); None: the headline's bare twin (``eval/accuracy`` -> ``accuracy``)."""
-    eval_size_keys: tuple[str, ...] = ()
+    eval_size_keys: tuple[str, ...] = ("data.eval_size",)
     """Dotted config keys holding the number of held-out items behind the headline (the first
     one present wins); the trainers do not log the count."""
     heldout_keys: tuple[str, ...] = ()

@@ -172,7 +172,6 @@ FAMILY = FamilySpec(
     ),
     builtin_datasets={"*": BUILTIN_DATASET},
     headline_label="held-out preference accuracy",
-    eval_size_keys=("data.eval_size",),
     heldout_keys=("data.dataset", "data.eval_size", "data.max_samples", "data.builtin_tasks"),
     algorithm_knobs=(
         "loss",

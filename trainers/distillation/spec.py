@@ -63,7 +63,6 @@ FAMILY = FamilySpec(
     ),
     headline_label="greedy held-out correctness",
     training_signal="reverse_kl",
-    eval_size_keys=("data.eval_size",),
     heldout_keys=("data.specs", "data.dataset", "data.eval_size"),
     algorithm_knobs=("algorithm", "loss."),
 )

@@ -263,7 +263,6 @@ FAMILY = FamilySpec(
         "avg_correctness_change",
     ),
     headline_label="greedy held-out correctness",
-    eval_size_keys=("data.eval_size",),
     heldout_keys=("data.specs", "data.eval_size"),
     algorithm_knobs=("algorithm", "loss."),
     kl_key="loss.beta",

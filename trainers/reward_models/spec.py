@@ -114,7 +114,6 @@ FAMILY = FamilySpec(
     builtin_datasets={spec.name: spec.builtin_dataset or "" for spec in ALGORITHMS},
     replace_key_metrics=True,
     headline_label="held-out accuracy",
-    eval_size_keys=("data.eval_size",),
     heldout_keys=("data.dataset", "data.eval_size", "data.max_samples"),
     algorithm_knobs=("kind", "orm_loss_tokens"),
 )

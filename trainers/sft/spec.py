@@ -57,6 +57,5 @@ FAMILY = FamilySpec(
     builtin_datasets={"*": BUILTIN_DATASET},
     headline_label="held-out loss (lower is better)",
     headline_is_share=False,
-    eval_size_keys=("data.eval_size",),
     heldout_keys=("data.dataset", "data.eval_size", "data.max_samples", "data.builtin_tasks"),
 )

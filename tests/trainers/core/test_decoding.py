@@ -1,7 +1,7 @@
 """The sampling loop (trainers/core/decoding.py), checked against transformers as the independent
 source: its logits warpers for the filters, ``model.generate`` for greedy decoding; and the
 rollout engine under it checked against the loop it replaced (the oracle in
-trainers/core/previous_decoding.py: the same draws from the same generator) and against a
+trainers/core/decoding_oracles.py: the same draws from the same generator) and against a
 prefill of the concatenation (``append``)."""
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from trainers.core.decoding import (
     pick_by_inverse_cdf,
     sample_tokens,
 )
+from trainers.core.decoding_oracles import generate_greedy, previous_sample_tokens
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, generate_completions
 from trainers.core.logprobs import position_ids_of
 from trainers.core.models import load_causal_lm, load_tokenizer
-from trainers.core.previous_decoding import previous_sample_tokens
 
 QUESTIONS = [
     "What is 3 + 4?",
@@ -149,31 +149,18 @@ def lm(request):
     return model, tok, prompts
 
 
-def hf_greedy(model, prompts, pad_id, stop_ids, max_new_tokens):
-    ids, mask = left_pad(prompts, pad_id)
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=pad_id,
-        eos_token_id=sorted(stop_ids),
-    )
-    return [cut_after_first_stop(r, set(stop_ids)) for r in out[:, ids.shape[1] :].tolist()]
-
-
 def test_greedy_tokens_equal_transformers_generate_on_left_padded_rows(lm):
     model, tok, prompts = lm
     pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
     ours = sample_tokens(model, prompts, max_new_tokens=20, stop_ids=stops, pad_id=pad_id)
-    assert ours == hf_greedy(model, prompts, pad_id, stops, 20)
+    assert ours == generate_greedy(model, prompts, pad_id, stops, 20)
     assert [len(r) for r in ours] == [20, 20, 20]
 
     # Make a token the greedy rows produce a stop token: rows end at different steps, a finished
     # row stops growing, and the loop ends when every row has stopped.
     stop = {ours[0][5], *stops}
     cut = sample_tokens(model, prompts, max_new_tokens=20, stop_ids=stop, pad_id=pad_id)
-    assert cut == hf_greedy(model, prompts, pad_id, stop, 20)
+    assert cut == generate_greedy(model, prompts, pad_id, stop, 20)
     assert cut[0] == ours[0][: ours[0].index(ours[0][5]) + 1]
     assert all(r == cut_after_first_stop(o, stop) for r, o in zip(cut, ours, strict=True))
 
@@ -411,7 +398,7 @@ def test_lora_model_decodes_with_its_adapters(lm):
     kw = dict(max_new_tokens=12, stop_ids=stops, pad_id=pad_id)
     ours = sample_tokens(adapted, prompts, **kw)
     assert ours == previous_sample_tokens(adapted, prompts, **kw)
-    assert ours == hf_greedy(adapted, prompts, pad_id, stops, 12)
+    assert ours == generate_greedy(adapted, prompts, pad_id, stops, 12)
     assert ours != sample_tokens(model, prompts, **kw), "the adapters changed nothing"
 
 
@@ -558,5 +545,5 @@ def test_smollm2_greedy_equals_generate_and_the_previous_loop():
     pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
     kw = dict(max_new_tokens=24, stop_ids=stops, pad_id=pad_id)
     ours = sample_tokens(model, prompts, **kw)
-    assert ours == hf_greedy(model, prompts, pad_id, stops, 24)
+    assert ours == generate_greedy(model, prompts, pad_id, stops, 24)
     assert ours == previous_sample_tokens(model, prompts, **kw)

@@ -1,12 +1,14 @@
-"""The sampling loop the rollout engine replaced (``sample_tokens`` in decoding.py at a2bb8bb),
-kept as an oracle: the tests check that the engine draws the same tokens from the same
-generator (tests/trainers/core/test_decoding.py) and bench/decoding.py times the engine
-against it. No trainer runs it.
+"""What the rollout engine (trainers/core/decoding.py) is checked against: the sampling loop it
+replaced and transformers' ``generate``. The tests check that the engine gives the same tokens
+(tests/trainers/core/test_decoding.py) and bench/decoding.py times the engine against both. No
+trainer runs them.
 
-It grows transformers' ``DynamicCache`` by ``torch.cat`` and the 2-D attention mask by one
-column per token, and drops stopped rows from the batch and the cache once they are a quarter
-of it (:data:`~trainers.core.decoding.DROP_STOPPED_SHARE`); it has no stop-signal check and a
-short error for non-finite logits.
+:func:`previous_sample_tokens` is ``sample_tokens`` as it was at a2bb8bb, before the engine: it
+grows transformers' ``DynamicCache`` by ``torch.cat`` and the 2-D attention mask by one column
+per token, and drops stopped rows from the batch and the cache once they are a quarter of it
+(:data:`~trainers.core.decoding.DROP_STOPPED_SHARE`); it has no stop-signal check and a short
+error for non-finite logits. :func:`generate_greedy` is ``model.generate`` greedy with the same
+stop tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from trainers.core.decoding import (
 )
 from trainers.core.logprobs import position_ids_of
 
-__all__ = ["previous_sample_tokens"]
+__all__ = ["generate_greedy", "previous_sample_tokens"]
 
 
 @torch.no_grad()
@@ -93,3 +95,21 @@ def previous_sample_tokens(
         raise NonFiniteLogitsError("non-finite logits")
     stop_set = set(int(s) for s in stop_ids)
     return [cut_after_first_stop(row, stop_set) for row in tokens.tolist()]
+
+
+def generate_greedy(
+    model, prompts: list[list[int]], pad_id: int, stop_ids, max_new_tokens: int
+) -> list[list[int]]:
+    """transformers' greedy ``generate`` of each prompt (left-padded), stopping at ``stop_ids``,
+    cut after the first stop token as the engine cuts."""
+    ids, mask = left_pad(prompts, pad_id)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        eos_token_id=sorted(stop_ids) or None,
+    )
+    stops = set(stop_ids)
+    return [cut_after_first_stop(r, stops) for r in out[:, ids.shape[1] :].tolist()]
