@@ -8,8 +8,9 @@ Three contenders decode the same left-padded chat prompts, greedy, in fp32 on th
 
 - ``engine``: ``sample_tokens`` as it is now (preallocated KV cache written in place, a 4-D
   mask that is a view of the rows' valid keys, stopped rows out of the batch);
-- ``previous``: the loop ``sample_tokens`` ran before (copied below): transformers'
-  ``DynamicCache`` grown by ``torch.cat`` per layer per token, the 2-D mask grown per token;
+- ``previous``: the loop ``sample_tokens`` ran before (trainers/core/decoding_oracles.py):
+  transformers' ``DynamicCache`` grown by ``torch.cat`` per layer per token, the 2-D mask grown
+  per token;
 - ``generate``: ``model.generate`` (greedy, same stop tokens).
 
 Each round runs the three once, in alternating order; the figure is the median over rounds of
@@ -69,113 +70,6 @@ def chat_prompts(tok, rows: int) -> list[list[int]]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# "previous": sample_tokens's loop before the rollout engine (trainers/core/decoding.py at
-# a2bb8bb), without the SIGTERM check and with a short error message.
-
-
-def _last_logits_only(model) -> dict:
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    for name in ("logits_to_keep", "num_logits_to_keep"):
-        if name in params:
-            return {name: 1}
-    return {}
-
-
-def previous_loop(
-    model, prompts, max_new_tokens, stop_ids, pad_id, sampling, repeats, generator
-) -> list[list[int]]:
-    import torch
-
-    from trainers.core.decoding import (
-        DROP_STOPPED_SHARE,
-        NonFiniteLogitsError,
-        choose_next,
-        cut_after_first_stop,
-        left_pad,
-    )
-    from trainers.core.logprobs import position_ids_of
-
-    device = next(model.parameters()).device
-    ids, mask = left_pad(prompts, pad_id)
-    ids, mask = ids.to(device), mask.to(device)
-    positions = position_ids_of(mask)
-
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=True,
-        **_last_logits_only(model),
-    )
-    cache, logits = out.past_key_values, out.logits[:, -1].float()
-    if repeats > 1:
-        cache.batch_repeat_interleave(repeats)  # transformers Cache: each row `repeats` times
-        logits = logits.repeat_interleave(repeats, dim=0)
-        mask = mask.repeat_interleave(repeats, dim=0)
-        positions = positions.repeat_interleave(repeats, dim=0)
-
-    rows = logits.shape[0]
-    stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
-    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    live = torch.arange(rows, device=device)  # the original row of each row still decoding
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    next_position = positions[:, -1:] + 1
-    non_finite = torch.zeros((), dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        non_finite |= ~torch.isfinite(logits.sum())  # one reduction: NaN and ±inf survive it
-        token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
-        tokens[live, step] = token
-        finished |= torch.isin(token, stops)
-        done = int(finished.sum())
-        if step == max_new_tokens - 1 or done == len(live):
-            break
-        if done and done >= DROP_STOPPED_SHARE * len(live):  # drop them from batch and cache
-            keep = (~finished).nonzero().squeeze(-1)
-            live, token, mask = live[keep], token[keep], mask[keep]
-            next_position, finished = next_position[keep], finished[keep]
-            cache.batch_select_indices(keep)
-        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=mask,
-            position_ids=next_position,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
-        next_position = next_position + 1
-    if bool(non_finite):
-        raise NonFiniteLogitsError("non-finite logits")
-    tokens = tokens.tolist()
-    stop_set = set(int(s) for s in stop_ids)
-    return [cut_after_first_stop(row, stop_set) for row in tokens]
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def greedy_generate(model, prompts, pad_id, stop_ids, max_new_tokens):
-    import torch
-
-    from trainers.core.decoding import cut_after_first_stop, left_pad
-
-    ids, mask = left_pad(prompts, pad_id)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_id,
-            eos_token_id=sorted(stop_ids) or None,
-        )
-    stops = set(stop_ids)
-    return [cut_after_first_stop(r, stops) for r in out[:, ids.shape[1] :].tolist()]
-
-
 def timed(fn) -> tuple[Any, dict]:
     start, cpu = time.perf_counter(), time.process_time()
     out = fn()
@@ -193,7 +87,8 @@ def timed(fn) -> tuple[Any, dict]:
 def decode_case(model_name: str, rows: int, new: int, rounds: int, stop: bool) -> dict:
     import torch
 
-    from trainers.core.decoding import GREEDY, sample_tokens
+    from trainers.core.decoding import sample_tokens
+    from trainers.core.decoding_oracles import generate_greedy, previous_sample_tokens
     from trainers.core.generation import end_of_turn_ids
     from trainers.core.models import load_causal_lm, load_tokenizer
 
@@ -220,9 +115,12 @@ def decode_case(model_name: str, rows: int, new: int, rounds: int, stop: bool) -
             ),
         ),
         "previous": run(
-            "previous", lambda: previous_loop(model, prompts, new, stops, pad_id, GREEDY, 1, None)
+            "previous",
+            lambda: previous_sample_tokens(
+                model, prompts, max_new_tokens=new, stop_ids=stops, pad_id=pad_id
+            ),
         ),
-        "generate": run("generate", lambda: greedy_generate(model, prompts, pad_id, stops, new)),
+        "generate": run("generate", lambda: generate_greedy(model, prompts, pad_id, stops, new)),
     }
     with torch.no_grad():
         sample_tokens(model, prompts[:2], max_new_tokens=4, stop_ids=stops, pad_id=pad_id)

@@ -52,12 +52,12 @@ __all__ = [
     "TOOL_SFT_DATASET",
     "builtin_demonstrations",
     "default_demonstration_tasks",
-    "demonstration_set",
     "builtin_outcome_records",
     "builtin_preference_records",
     "builtin_step_records",
     "next_demonstration",
     "split_builtin_name",
+    "task_seeds",
     "task_settings",
     "worked_response",
 ]
@@ -92,16 +92,27 @@ def per_task_share(n: int, n_tasks: int) -> int:
     return -(-n // n_tasks) if n else 0
 
 
+def task_seeds(seed: int, n_tasks: int) -> list[int]:
+    """A seed per task, far apart (``seed + 100_003·i`` for task ``i``), so that the tasks'
+    entries do not follow one another."""
+    return [seed + 100_003 * t_idx for t_idx in range(n_tasks)]
+
+
 def task_datasets(
-    tasks: Sequence[str], seeds: Sequence[int], size: int, settings: Callable[[str], dict]
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    size: int,
+    task_configs: dict[str, dict] | None = None,
 ) -> dict[str, Any]:
-    """One reasoning-gym dataset per task (``seeds[i]`` for ``tasks[i]``); a task that cannot
-    be built raises ValueError naming it."""
+    """One reasoning-gym dataset per task (``seeds[i]`` for ``tasks[i]``), built with the task's
+    settings (:func:`task_settings`); a task that cannot be built raises ValueError naming it."""
     rg = import_reasoning_gym()
     out = {}
     for name, seed in zip(tasks, seeds, strict=True):
         try:
-            out[name] = rg.create_dataset(name, seed=seed, size=size, **settings(name))
+            out[name] = rg.create_dataset(
+                name, seed=seed, size=size, **task_settings(name, task_configs)
+            )
         except Exception as err:  # unknown task name or config
             raise ValueError(f"cannot build reasoning-gym task {name!r}: {err}") from err
     return out
@@ -201,10 +212,7 @@ def draw_demonstrations(
     tasks = list(tasks)
     per_task = per_task_share(n, len(tasks))
     sources = task_datasets(
-        tasks,
-        [seed + 100_003 * t_idx for t_idx in range(len(tasks))],
-        max(4 * per_task + 64, 64),
-        lambda name: task_settings(name, task_configs),
+        tasks, task_seeds(seed, len(tasks)), max(4 * per_task + 64, 64), task_configs
     )
     cursors = dict.fromkeys(tasks, 0)
     seen: set[str] = set()
@@ -269,26 +277,6 @@ def default_demonstration_tasks(dataset: str) -> tuple[str, ...]:
     if split_builtin_name(dataset)[0] == TOOL_SFT_DATASET:
         return TOOL_DEMONSTRATION_TASKS
     return DEMONSTRATION_TASKS
-
-
-def demonstration_set(
-    dataset: str,
-    split: str,
-    max_samples: int | None,
-    seed: int,
-    tasks: Sequence[str] | None = None,
-    task_configs: dict[str, dict] | None = None,
-) -> list[SFTRecord]:
-    """The demonstrations ``builtin:reasoning-sft[:task_a,task_b]`` stands for in an SFT run (and
-    in an evaluation that holds that run's questions out): the tasks of the name, else
-    ``tasks``, else :data:`DEMONSTRATION_TASKS`; a split other than ``train`` draws from a
-    far-away seed so its questions differ."""
-    from trainers.core.splits import split_seed
-
-    n = DEMONSTRATION_SET_SIZE if max_samples is None else max_samples
-    named = split_builtin_name(dataset)[1]
-    chosen = list(named or tasks or DEMONSTRATION_TASKS)
-    return builtin_demonstrations(n, split_seed(seed, split), chosen, task_configs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,10 +347,7 @@ def builtin_preference_records(
     rng = random.Random(seed)
     per_task = per_task_share(n, len(tasks))
     sources = task_datasets(
-        tasks,
-        [seed + 100_003 * t_idx for t_idx in range(len(tasks))],
-        max(2 * per_task + 16, 16),
-        lambda name: task_settings(name, settings),
+        tasks, task_seeds(seed, len(tasks)), max(2 * per_task + 16, 16), settings
     )
     cursors = dict.fromkeys(tasks, 0)
     records: list[PreferenceRecord] = []
@@ -480,12 +465,8 @@ def builtin_outcome_records(
     tasks = list(tasks) if tasks else list(DEFAULT_BUILTIN_TASKS)
     rng = random.Random(seed)
     per_task = per_task_share(n, len(tasks))
-    sources = task_datasets(
-        tasks,
-        [seed + 7919 * (t_idx + 1) for t_idx in range(len(tasks))],
-        max(2 * per_task + 16, 16),
-        lambda name: task_settings(name, settings),
-    )
+    seeds = [seed + 7919 * (t_idx + 1) for t_idx in range(len(tasks))]
+    sources = task_datasets(tasks, seeds, max(2 * per_task + 16, 16), settings)
     cursors = dict.fromkeys(tasks, 0)
     records = []
     for i in range(n):

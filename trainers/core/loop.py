@@ -4,10 +4,11 @@ A family's ``train()`` keeps its algorithm's lines (forward, loss, backward) and
 the bookkeeping each loop shares::
 
     loop = TrainingRun(run, cfg.checkpoint, epoch_total_steps(n_examples, cfg.train))
-    ...                                                       # load the model, the optimizer
-    loop.checkpoint_with(model, optimizer, scheduler)         # what a checkpoint holds
+    ...                                                       # load the model
+    optimizer, scheduler, state = loop.optimizer_and_resume(  # what a checkpoint holds;
+        model, model.parameters(), cfg.train, resume          # restored when resuming
+    )
     loop.start_tracker(cfg.logging, config, name)             # W&B, optional
-    state = loop.resume(model, optimizer, scheduler) if resume else None
     if loop.redo_events:                                      # stopped during them: again
         after_step()
     position = state["data_position"] if state else None
@@ -417,6 +418,21 @@ class TrainingRun:
         from trainers.core.lora import checkpointable  # LoRA: the adapters only
 
         self._checkpointer = (checkpointable(model), optimizer, scheduler, position, extra)
+
+    def optimizer_and_resume(
+        self, model: Any, params: Any, train: OptimSection, resume: bool
+    ) -> tuple[Any, Any, dict[str, Any] | None]:
+        """AdamW and its schedule over ``params`` for this run's steps
+        (:func:`~trainers.core.training.build_optimizer`), registered with ``model`` as what a
+        checkpoint holds (:meth:`checkpoint_with`); with ``resume``, the last checkpoint restored
+        into the three (:meth:`resume`). Returns (optimizer, scheduler, the resumed state or
+        None)."""
+        from trainers.core.training import build_optimizer
+
+        optimizer, scheduler = build_optimizer(params, train, self.total_steps)
+        self.checkpoint_with(model, optimizer, scheduler)
+        state = self.resume(model, optimizer, scheduler) if resume else None
+        return optimizer, scheduler, state
 
     def _snapshot(self) -> Callable[..., Path]:
         """A save of the checkpoint as things stand now (data position and family state read

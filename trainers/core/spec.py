@@ -132,11 +132,8 @@ class FamilySpec:
     """One algorithm family: where its code lives, how its runs are judged, its algorithms."""
 
     name: str
-    config_module: str
     config_class: str
     algorithm_field: str | None
-    trainer_module: str
-    configs_dir: str
     default_algorithm: str
     algorithms: tuple[AlgorithmSpec, ...]
     key_metrics: tuple[MetricSpec, ...]
@@ -157,7 +154,7 @@ class FamilySpec:
     training_signal: str | None = None
     """The training-time metric that mirrors the headline (a rollout or training-batch number,
     shown as secondary); None: the headline's bare twin (``eval/accuracy`` -> ``accuracy``)."""
-    eval_size_keys: tuple[str, ...] = ()
+    eval_size_keys: tuple[str, ...] = ("data.eval_size",)
     """Dotted config keys holding the number of held-out items behind the headline (the first
     one present wins); the trainers do not log the count."""
     heldout_keys: tuple[str, ...] = ()
@@ -173,6 +170,22 @@ class FamilySpec:
     """Its trainer runs under torchrun (False: one process only in this version)."""
     lora_multi_process: bool = False
     """Its LoRA runs were checked under torchrun too (else a LoRA run stays on one process)."""
+
+    @property
+    def config_module(self) -> str:
+        """The torch-free module holding its pydantic config model: ``trainers.<name>.config``."""
+        return f"trainers.{self.name}.config"
+
+    @property
+    def trainer_module(self) -> str:
+        """The module run as ``python -m <trainer_module> --config ...``:
+        ``trainers.<name>.train``."""
+        return f"trainers.{self.name}.train"
+
+    @property
+    def configs_dir(self) -> str:
+        """Its shipped recipes, relative to the source root: ``trainers/<name>/configs``."""
+        return f"trainers/{self.name}/configs"
 
     @property
     def algorithm_names(self) -> tuple[str, ...]:

@@ -85,6 +85,17 @@ def _batch(torch, vocab: int, rows: int, length: int, device):
     return ids, torch.ones_like(ids)
 
 
+def _timed_shapes(torch, vocab, device, run, min_time, max_reps) -> list[tuple[int, float]]:
+    """(tokens, median seconds) of ``run(ids, mask)`` on a random batch of each of
+    :data:`TRAIN_SHAPES`."""
+    points = []
+    for rows, length in TRAIN_SHAPES:
+        ids, mask = _batch(torch, vocab, rows, length, device)
+        seconds = _timed(lambda ids=ids, mask=mask: run(ids, mask), min_time, max_reps)
+        points.append((rows * length, seconds))
+    return points
+
+
 def _decoder(model):
     """The transformer body without the LM head (what the trainers run; only the positions a
     loss needs go through the head, :func:`_head`)."""
@@ -93,16 +104,13 @@ def _decoder(model):
 
 def _train_pass(torch, model, vocab, device, min_time, max_reps) -> dict[str, Any]:
     """Forward + backward of the body at each shape, then one optimizer step over what trains."""
-    points = []
     decoder = _decoder(model)
-    for rows, length in TRAIN_SHAPES:
-        ids, mask = _batch(torch, vocab, rows, length, device)
 
-        def step(ids=ids, mask=mask):
-            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
-            hidden.float().square().mean().backward()
+    def step(ids, mask):
+        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden.float().square().mean().backward()
 
-        points.append((rows * length, _timed(step, min_time, max_reps)))
+    points = _timed_shapes(torch, vocab, device, step, min_time, max_reps)
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type in ("cpu", "cuda")
     optimizer = torch.optim.AdamW(params, lr=1e-6, fused=fused)
@@ -122,16 +130,13 @@ def _train_pass(torch, model, vocab, device, min_time, max_reps) -> dict[str, An
 
 
 def _forward_pass(torch, model, vocab, device, min_time, max_reps) -> dict[str, Any]:
-    points = []
     decoder = _decoder(model)
-    for rows, length in TRAIN_SHAPES:
-        ids, mask = _batch(torch, vocab, rows, length, device)
 
-        def fwd(ids=ids, mask=mask):
-            with torch.no_grad():
-                decoder(input_ids=ids, attention_mask=mask)
+    def fwd(ids, mask):
+        with torch.no_grad():
+            decoder(input_ids=ids, attention_mask=mask)
 
-        points.append((rows * length, _timed(fwd, min_time, max_reps)))
+    points = _timed_shapes(torch, vocab, device, fwd, min_time, max_reps)
     return {**linear_fit(points), "points": [{"tokens": t, "seconds": s} for t, s in points]}
 
 

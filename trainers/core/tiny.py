@@ -24,7 +24,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from trainers.core.tasks import SYSTEM_PROMPT, import_reasoning_gym
@@ -153,27 +153,25 @@ class TinySpec:
         return self.hidden_size // self.num_heads
 
 
+_TINY = TinySpec(
+    name="tiny",
+    architecture="qwen2",
+    vocab_size=2048,
+    hidden_size=128,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=384,
+    description="~1M-parameter Qwen2 decoder, random init; for fast CPU tests and sanity runs",
+)
+
 PRESETS: dict[str, TinySpec] = {
-    "tiny": TinySpec(
-        name="tiny",
-        architecture="qwen2",
-        vocab_size=2048,
-        hidden_size=128,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=384,
-        description="~1M-parameter Qwen2 decoder, random init; for fast CPU tests and sanity runs",
-    ),
-    "tiny-llama": TinySpec(
+    "tiny": _TINY,
+    # tiny's sizes and tokenizer recipe in the Llama architecture
+    "tiny-llama": replace(
+        _TINY,
         name="tiny-llama",
         architecture="llama",
-        vocab_size=2048,
-        hidden_size=128,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=384,
         description="~1M-parameter Llama decoder, random init; same tokenizer recipe as tiny",
     ),
     "small": TinySpec(

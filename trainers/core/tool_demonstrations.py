@@ -36,13 +36,12 @@ from trainers.core.builtin_data import (
     DEMONSTRATION_SET_SIZE,
     TOOL_DEMONSTRATION_TASKS,
     TOOL_SFT_DATASET,
+    builtin_demonstrations,
     default_demonstration_tasks,
-    demonstration_set,
     draw_demonstrations,
     entry_meta,
     split_builtin_name,
     task_datasets,
-    task_settings,
     worked_response,
 )
 from trainers.core.environments.builtin import ToolEnvironment, with_tool_in_system
@@ -63,7 +62,6 @@ __all__ = [
     "demonstration_question",
     "sft_demonstration_set",
     "tool_call_turn",
-    "tool_demonstration_set",
 ]
 
 TOOL = "calc"
@@ -189,27 +187,9 @@ def builtin_tool_demonstrations(
 def check_tool_tasks(tasks: Sequence[str], task_configs: dict[str, dict] | None = None) -> None:
     """ValueError naming the first of ``tasks`` whose entries carry no expression for the
     calculator (checked on one generated entry per task)."""
-    sources = task_datasets(
-        list(tasks), [0] * len(tasks), 1, lambda name: task_settings(name, task_configs)
-    )
+    sources = task_datasets(list(tasks), [0] * len(tasks), 1, task_configs)
     for name, ds in sources.items():
         _expression(name, ds[0])
-
-
-def tool_demonstration_set(
-    dataset: str,
-    split: str,
-    max_samples: int | None,
-    seed: int,
-    tasks: Sequence[str] | None = None,
-    task_configs: dict[str, dict] | None = None,
-) -> list[SFTRecord]:
-    """The demonstrations ``builtin:tool-sft[:task_a,task_b]`` stands for in an SFT run: the
-    tasks of the name, else ``tasks``, else :data:`TOOL_DEMONSTRATION_TASKS`; sizes and split
-    seeds as :func:`~trainers.core.builtin_data.demonstration_set`."""
-    n = DEMONSTRATION_SET_SIZE if max_samples is None else max_samples
-    chosen = list(split_builtin_name(dataset)[1] or tasks or TOOL_DEMONSTRATION_TASKS)
-    return builtin_tool_demonstrations(n, split_seed(seed, split), chosen, task_configs)
 
 
 def sft_demonstration_set(
@@ -220,12 +200,17 @@ def sft_demonstration_set(
     tasks: Sequence[str] | None = None,
     task_configs: dict[str, dict] | None = None,
 ) -> list[SFTRecord]:
-    """The records of a built-in SFT set by name: ``builtin:tool-sft`` here, any other name
-    ``builtin:reasoning-sft``'s (checking the name is the caller's job)."""
-    pick = tool_demonstration_set
-    if split_builtin_name(dataset)[0] != TOOL_SFT_DATASET:
-        pick = demonstration_set
-    return pick(dataset, split, max_samples, seed, tasks, task_configs)
+    """The demonstrations a built-in SFT set name stands for in an SFT run (and in an evaluation
+    that holds that run's questions out): ``builtin:tool-sft[:task_a,task_b]`` the calculator
+    demonstrations here, any other name ``builtin:reasoning-sft[:task_a,task_b]``'s (checking
+    the name is the caller's job). The tasks are those of the name, else ``tasks``, else the
+    set's own (:func:`~trainers.core.builtin_data.default_demonstration_tasks`); a split other
+    than ``train`` draws from a far-away seed so its questions differ."""
+    name, named = split_builtin_name(dataset)
+    n = DEMONSTRATION_SET_SIZE if max_samples is None else max_samples
+    chosen = list(named or tasks or default_demonstration_tasks(dataset))
+    build = builtin_tool_demonstrations if name == TOOL_SFT_DATASET else builtin_demonstrations
+    return build(n, split_seed(seed, split), chosen, task_configs)
 
 
 def demonstration_question(record: SFTRecord) -> str:

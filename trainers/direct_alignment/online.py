@@ -57,7 +57,6 @@ from trainers.core.splits import split_train_eval
 from trainers.core.tokenization import chat_template_ids
 from trainers.core.training import (
     StepMetrics,
-    build_optimizer,
     optimizer_step,
     seed_everything,
     use_gradient_checkpointing,
@@ -356,9 +355,9 @@ def train_online(
     run.update_phase("loading_model", total_steps)
     ranker = Ranker(cfg, tokenizer, device, dtype, attn, verifier)
     model, ref_model = load_models(cfg, device, dtype, attn)
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
-    loop.checkpoint_with(model, optimizer, scheduler)
-    state = loop.resume(model, optimizer, scheduler) if resume else None
+    optimizer, scheduler, state = loop.optimizer_and_resume(
+        model, model.parameters(), cfg.train, resume
+    )
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
     best = BestMetric("eval/accuracy")
 

@@ -135,11 +135,8 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
     lora_multi_process=True,
-    config_module="trainers.direct_alignment.config",
     config_class="DirectAlignmentConfig",
     algorithm_field="loss",
-    trainer_module="trainers.direct_alignment.train",
-    configs_dir="trainers/direct_alignment/configs",
     default_algorithm="dpo",
     algorithms=ALGORITHMS,
     key_metrics=(
@@ -175,7 +172,6 @@ FAMILY = FamilySpec(
     ),
     builtin_datasets={"*": BUILTIN_DATASET},
     headline_label="held-out preference accuracy",
-    eval_size_keys=("data.eval_size",),
     heldout_keys=("data.dataset", "data.eval_size", "data.max_samples", "data.builtin_tasks"),
     algorithm_knobs=(
         "loss",

@@ -53,7 +53,6 @@ from trainers.core.runfolder import SummaryFile
 from trainers.core.tiny import cache_root
 from trainers.core.training import (
     StepMetrics,
-    build_optimizer,
     optimizer_step,
     seed_everything,
     use_gradient_checkpointing,
@@ -248,9 +247,9 @@ def train(
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     shard_model(model)  # FSDP2 under torchrun; nothing on one process
     model.train()
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
-    loop.checkpoint_with(model, optimizer, scheduler)
-    state = loop.resume(model, optimizer, scheduler) if resume else None
+    optimizer, scheduler, state = loop.optimizer_and_resume(
+        model, model.parameters(), cfg.train, resume
+    )
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
     best = BestMetric("eval/accuracy")
     gold = gold_evaluation(cfg, run, tokenizer, eval_records, (device, dtype, attn))

@@ -29,11 +29,8 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
     multi_process=False,  # the student's sampling and the teacher are not split across ranks yet
-    config_module="trainers.distillation.config",
     config_class="DistillationConfig",
     algorithm_field="algorithm",
-    trainer_module="trainers.distillation.train",
-    configs_dir="trainers/distillation/configs",
     default_algorithm="distill",
     algorithms=ALGORITHMS,
     key_metrics=(
@@ -66,7 +63,6 @@ FAMILY = FamilySpec(
     ),
     headline_label="greedy held-out correctness",
     training_signal="reverse_kl",
-    eval_size_keys=("data.eval_size",),
     heldout_keys=("data.specs", "data.dataset", "data.eval_size"),
     algorithm_knobs=("algorithm", "loss."),
 )

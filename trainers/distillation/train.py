@@ -54,7 +54,6 @@ from trainers.core.runfolder import SummaryFile
 from trainers.core.tokenization import same_tokenizer
 from trainers.core.training import (
     StepMetrics,
-    build_optimizer,
     optimizer_step,
     seed_everything,
     use_gradient_checkpointing,
@@ -235,9 +234,9 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     )
     use_gradient_checkpointing(student, cfg.model.gradient_checkpointing)
     student.train()
-    optimizer, scheduler = build_optimizer(student.parameters(), cfg.train, total_steps)
-    loop.checkpoint_with(student, optimizer, scheduler)
-    state = loop.resume(student, optimizer, scheduler) if resume else None
+    optimizer, scheduler, state = loop.optimizer_and_resume(
+        student, student.parameters(), cfg.train, resume
+    )
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"distill-{run.path.name}")
     best = BestMetric("eval/avg_correctness")
 

@@ -349,27 +349,30 @@ def generation_suite(job: Job) -> SuiteResult:
     with_kl = cfg.generation.kl and job.baseline is not None
     job.plan(job.batches(P) * len(job.models()) + (2 * lp_batches if with_kl else 0))
 
-    def target_logps(model, tokenizer, samples):
-        if not with_kl:
-            return None
-        job.enter("evaluating", "target log-probs of its samples")
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        return sequence_logps(model, samples, pad, cfg.generation.logprob_batch_size, job.advance)
+    def logps_of(what: str, scored=None):
+        """A ``sample_with`` hook: the loaded model's log-probs of ``scored`` (default: the
+        samples it has just drawn); None when no KL is asked for."""
 
-    t, t_lp = job.sample_with("target", job.target, prompts, target_logps)
+        def logps(model, tokenizer, samples):
+            if not with_kl:
+                return None
+            job.enter("evaluating", what)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            rows = samples if scored is None else scored
+            return sequence_logps(model, rows, pad, cfg.generation.logprob_batch_size, job.advance)
+
+        return logps
+
+    t, t_lp = job.sample_with(
+        "target", job.target, prompts, logps_of("target log-probs of its samples")
+    )
     metrics, t_per = _health(job, t, P)
     details: dict[str, Any] = {"prompts": info}
     out = SuiteResult(metrics, details=details, prompt_set=prompt_set_fingerprint(prompts))
     if job.baseline is None:
         return out
 
-    def baseline_logps(model, tokenizer, samples):
-        if not with_kl:
-            return None
-        job.enter("evaluating", "baseline log-probs of the target's samples")
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        return sequence_logps(model, t, pad, cfg.generation.logprob_batch_size, job.advance)
-
+    baseline_logps = logps_of("baseline log-probs of the target's samples", scored=t)
     b, b_lp = job.sample_with("baseline", job.baseline, prompts, baseline_logps)
     out.baseline_metrics, b_per = _health(job, b, P)
     for name in t_per:

@@ -175,6 +175,16 @@ def _clip_active(ratio: Tensor, adv: Tensor, params: PolicyLossParams) -> Tensor
     return (high | low).float()
 
 
+def _clipped_surrogate(ratio: Tensor, inp: PolicyLossInputs, params: PolicyLossParams):
+    """ℓ_t = −min(ρ_t·A_t, clip(ρ_t, 1 − ε_lo, 1 + ε_hi)·A_t) for the ratio ``ratio`` (per token
+    for PPO, per sequence for GSPO), finished by :func:`_finish`."""
+    adv = _adv(inp)
+    clipped_ratio = ratio.clamp(1 - params.clip_eps_lo, 1 + params.clip_eps_hi)
+    pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
+    stats = {"ratio": ratio, "clipped": _clip_active(ratio, adv, params)}
+    return _finish(pg, inp, params, stats)
+
+
 @POLICY_LOSS_FUNCTIONS.register("reinforce")
 def reinforce_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, Stats]:
     """REINFORCE (Williams 1992), also RLOO (Ahmadian et al. 2024) and MaxRL: ℓ_t = −logπ_t·A_t.
@@ -196,12 +206,7 @@ def clipped_surrogate_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> t
 
     The algorithms differ in advantage and aggregation, not in this term.
     """
-    adv = _adv(inp)
-    ratio = torch.exp(_log_ratio(inp))
-    clipped_ratio = ratio.clamp(1 - params.clip_eps_lo, 1 + params.clip_eps_hi)
-    pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
-    stats = {"ratio": ratio, "clipped": _clip_active(ratio, adv, params)}
-    return _finish(pg, inp, params, stats)
+    return _clipped_surrogate(torch.exp(_log_ratio(inp)), inp, params)
 
 
 @POLICY_LOSS_FUNCTIONS.register("gspo")
@@ -213,14 +218,9 @@ def gspo_loss(inp: PolicyLossInputs, params: PolicyLossParams) -> tuple[Tensor, 
     the same value on every token of the sequence; the gradient flows through s. The paper's
     clip range is tiny (ε ≈ 3e-4 / 4e-4); that default lives in the configs, not here.
     """
-    on = _on(inp)
-    adv = _adv(inp)
-    n = on.float().sum(dim=1, keepdim=True).clamp(min=1.0)
+    n = _on(inp).float().sum(dim=1, keepdim=True).clamp(min=1.0)
     seq_ratio = torch.exp(_log_ratio(inp).sum(dim=1, keepdim=True) / n).expand_as(inp.logp)
-    clipped_ratio = seq_ratio.clamp(1 - params.clip_eps_lo, 1 + params.clip_eps_hi)
-    pg = -torch.minimum(seq_ratio * adv, clipped_ratio * adv)
-    stats = {"ratio": seq_ratio, "clipped": _clip_active(seq_ratio, adv, params)}
-    return _finish(pg, inp, params, stats)
+    return _clipped_surrogate(seq_ratio, inp, params)
 
 
 @POLICY_LOSS_FUNCTIONS.register("gmpo")

@@ -220,11 +220,8 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
-    config_module="trainers.policy_gradients.config",
     config_class="PolicyGradientConfig",
     algorithm_field="algorithm",
-    trainer_module="trainers.policy_gradients.train",
-    configs_dir="trainers/policy_gradients/configs",
     default_algorithm="grpo",
     algorithms=ALGORITHMS,
     key_metrics=(
@@ -266,7 +263,6 @@ FAMILY = FamilySpec(
         "avg_correctness_change",
     ),
     headline_label="greedy held-out correctness",
-    eval_size_keys=("data.eval_size",),
     heldout_keys=("data.specs", "data.eval_size"),
     algorithm_knobs=("algorithm", "loss."),
     kl_key="loss.beta",

@@ -60,11 +60,8 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 FAMILY = FamilySpec(
     name=FAMILY_NAME,
-    config_module="trainers.rejection_sampling.config",
     config_class="RejectionSamplingConfig",
     algorithm_field="strategy",
-    trainer_module="trainers.rejection_sampling.train",
-    configs_dir="trainers/rejection_sampling/configs",
     default_algorithm="top_per_prompt",
     algorithms=ALGORITHMS,
     key_metrics=(

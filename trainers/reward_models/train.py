@@ -46,7 +46,6 @@ from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.training import (
     StepMetrics,
-    build_optimizer,
     optimizer_step,
     seed_everything,
     use_gradient_checkpointing,
@@ -115,6 +114,17 @@ def _decode(tokenizer, ids) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def _held_out_split(records: list, cfg: RewardModelConfig, unit: str) -> tuple[list, list]:
+    """The training and held-out records (``data.eval_size`` held out, drawn with ``seed``); a
+    ConfigError when that would leave no training record (``unit`` names the records)."""
+    eval_size = cfg.data.eval_size
+    if eval_size >= len(records):
+        raise ConfigError(
+            f"data.eval_size ({eval_size}) must be smaller than the {len(records)} {unit}"
+        )
+    return split_train_eval(records, eval_size=eval_size, seed=cfg.seed)
+
+
 class PreferenceKind:
     """Bradley–Terry on (prompt, chosen, rejected) pairs; score = head at the last token."""
 
@@ -132,11 +142,7 @@ class PreferenceKind:
                 "kind preference needs paired data (chosen and rejected); this dataset is "
                 "unpaired (prompt, completion, label)"
             )
-        if d.eval_size >= len(records):
-            raise ConfigError(
-                f"data.eval_size ({d.eval_size}) must be smaller than the {len(records)} pairs"
-            )
-        train_r, eval_r = split_train_eval(records, eval_size=d.eval_size, seed=cfg.seed)
+        train_r, eval_r = _held_out_split(records, cfg, "pairs")
         self.train, train_stats = tokenize_records(train_r, tokenizer, d.max_length)
         self.held_out, eval_stats = tokenize_records(eval_r, tokenizer, d.max_length)
         self.stats = {
@@ -216,11 +222,7 @@ class OutcomeKind:
             stats=load_stats,
             task_configs=d.builtin_task_configs,
         )
-        if d.eval_size >= len(records):
-            raise ConfigError(
-                f"data.eval_size ({d.eval_size}) must be smaller than the {len(records)} prompts"
-            )
-        train_r, eval_r = split_train_eval(records, eval_size=d.eval_size, seed=cfg.seed)
+        train_r, eval_r = _held_out_split(records, cfg, "prompts")
         self.train, train_stats = tokenize_outcomes(train_r, tokenizer, d.max_length)
         self.held_out, eval_stats = tokenize_outcomes(eval_r, tokenizer, d.max_length)
         self.stats = {
@@ -325,11 +327,7 @@ class StepKind:
             stats=load_stats,
             task_configs=d.builtin_task_configs,
         )
-        if d.eval_size >= len(records):
-            raise ConfigError(
-                f"data.eval_size ({d.eval_size}) must be smaller than the {len(records)} solutions"
-            )
-        train_r, eval_r = split_train_eval(records, eval_size=d.eval_size, seed=cfg.seed)
+        train_r, eval_r = _held_out_split(records, cfg, "solutions")
         args = (tokenizer, d.max_length, d.step_separator, d.num_labels)
         self.train, train_stats = tokenize_steps(train_r, *args)
         self.held_out, eval_stats = tokenize_steps(eval_r, *args)
@@ -483,9 +481,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     info["trainable_parameters"] = sum(p.numel() for p in trainable)
-    optimizer, scheduler = build_optimizer(trainable, cfg.train, total_steps)
-    loop.checkpoint_with(model, optimizer, scheduler)
-    state = loop.resume(model, optimizer, scheduler) if resume else None
+    optimizer, scheduler, state = loop.optimizer_and_resume(model, trainable, cfg.train, resume)
     name = f"{cfg.algorithm}-{run.path.name}"
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), name)
     best = BestMetric(KEY_METRIC[cfg.kind])

@@ -59,7 +59,6 @@ from trainers.core.tiny import BUILDER_VERSION, cache_root
 from trainers.core.tool_demonstrations import check_tool_tasks, default_demonstration_tasks
 from trainers.core.training import (
     StepMetrics,
-    build_optimizer,
     optimizer_step,
     seed_everything,
     use_gradient_checkpointing,
@@ -246,14 +245,7 @@ def check_tool_demonstrations(cfg: SFTConfig, tasks) -> None:
         check_tool_format(tokenizer)
     except ValueError as err:
         raise ConfigError(f"model.name: {err}; {d.dataset} needs both") from None
-    records = load_sft_records(
-        d.dataset,
-        d.split,
-        d.max_samples,
-        seed=cfg.seed,
-        builtin_tasks=d.builtin_tasks,
-        builtin_task_configs=d.builtin_task_configs,
-    )
+    records = load_run_records(cfg)
     longest = longest_tool_demonstration(records, tokenizer)
     if longest > d.max_length:
         raise ConfigError(
@@ -283,21 +275,28 @@ def load_tokenizer_with_template(cfg: SFTConfig) -> Any:
     return tokenizer
 
 
+def load_run_records(cfg: SFTConfig, stats: dict | None = None) -> list[SFTRecord]:
+    """The demonstrations ``data`` names (dataset, split, size, built-in tasks), drawn with the
+    run's seed; ``stats`` is filled with how they were loaded."""
+    d = cfg.data
+    return load_sft_records(
+        d.dataset,
+        d.split,
+        d.max_samples,
+        seed=cfg.seed,
+        builtin_tasks=d.builtin_tasks,
+        builtin_task_configs=d.builtin_task_configs,
+        stats=stats,
+    )
+
+
 def prepare_examples(
     cfg: SFTConfig, tokenizer: Any
 ) -> tuple[list[TokenizedSFT], list[TokenizedSFT], list[SFTRecord], dict[str, Any]]:
     d = cfg.data
     load_stats: dict = {}
     try:
-        records = load_sft_records(
-            d.dataset,
-            d.split,
-            d.max_samples,
-            seed=cfg.seed,
-            builtin_tasks=d.builtin_tasks,
-            builtin_task_configs=d.builtin_task_configs,
-            stats=load_stats,
-        )
+        records = load_run_records(cfg, stats=load_stats)
     except DatasetNotFoundError as err:
         raise ConfigError(str(err)) from None
     if len(records) <= d.eval_size:
@@ -508,9 +507,9 @@ def train(
     use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
     shard_model(model)  # FSDP2 under torchrun; nothing on one process
     model.train()
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total_steps)
-    loop.checkpoint_with(model, optimizer, scheduler)
-    state = loop.resume(model, optimizer, scheduler) if resume else None
+    optimizer, scheduler, state = loop.optimizer_and_resume(
+        model, model.parameters(), cfg.train, resume
+    )
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"sft-{run.path.name}")
     best = BestMetric("eval/loss", higher=False)
 

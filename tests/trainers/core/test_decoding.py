@@ -1,7 +1,8 @@
 """The sampling loop (trainers/core/decoding.py), checked against transformers as the independent
 source: its logits warpers for the filters, ``model.generate`` for greedy decoding; and the
-rollout engine under it checked against the loop it replaced (kept below as the oracle: the same
-draws from the same generator) and against a prefill of the concatenation (``append``)."""
+rollout engine under it checked against the loop it replaced (the oracle in
+trainers/core/decoding_oracles.py: the same draws from the same generator) and against a
+prefill of the concatenation (``append``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from transformers.generation.logits_process import (
 )
 
 from trainers.core.decoding import (
-    DROP_STOPPED_SHARE,
     GREEDY,
     NonFiniteLogitsError,
     RolloutEngine,
@@ -31,6 +31,7 @@ from trainers.core.decoding import (
     pick_by_inverse_cdf,
     sample_tokens,
 )
+from trainers.core.decoding_oracles import generate_greedy, previous_sample_tokens
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, generate_completions
 from trainers.core.logprobs import position_ids_of
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -148,31 +149,18 @@ def lm(request):
     return model, tok, prompts
 
 
-def hf_greedy(model, prompts, pad_id, stop_ids, max_new_tokens):
-    ids, mask = left_pad(prompts, pad_id)
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=pad_id,
-        eos_token_id=sorted(stop_ids),
-    )
-    return [cut_after_first_stop(r, set(stop_ids)) for r in out[:, ids.shape[1] :].tolist()]
-
-
 def test_greedy_tokens_equal_transformers_generate_on_left_padded_rows(lm):
     model, tok, prompts = lm
     pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
     ours = sample_tokens(model, prompts, max_new_tokens=20, stop_ids=stops, pad_id=pad_id)
-    assert ours == hf_greedy(model, prompts, pad_id, stops, 20)
+    assert ours == generate_greedy(model, prompts, pad_id, stops, 20)
     assert [len(r) for r in ours] == [20, 20, 20]
 
     # Make a token the greedy rows produce a stop token: rows end at different steps, a finished
     # row stops growing, and the loop ends when every row has stopped.
     stop = {ours[0][5], *stops}
     cut = sample_tokens(model, prompts, max_new_tokens=20, stop_ids=stop, pad_id=pad_id)
-    assert cut == hf_greedy(model, prompts, pad_id, stop, 20)
+    assert cut == generate_greedy(model, prompts, pad_id, stop, 20)
     assert cut[0] == ours[0][: ours[0].index(ours[0][5]) + 1]
     assert all(r == cut_after_first_stop(o, stop) for r, o in zip(cut, ours, strict=True))
 
@@ -317,60 +305,6 @@ def test_nan_logits_stop_sampling_with_one_clear_error_not_an_out_of_range_token
 # The rollout engine against the loop it replaced
 
 
-@torch.no_grad()
-def previous_sample_tokens(
-    model, prompts, *, max_new_tokens, stop_ids, pad_id, sampling=GREEDY, repeats=1, generator=None
-):
-    """``sample_tokens`` as it was before the rollout engine (a2bb8bb): transformers'
-    DynamicCache grown by ``torch.cat``, the 2-D mask grown per token, stopped rows dropped once
-    they are a quarter of the batch. The oracle for the engine's greedy and sampled tokens."""
-    ids, mask = left_pad(prompts, pad_id)
-    positions = position_ids_of(mask)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=True,
-        **_last_logits_only(model),
-    )
-    cache, logits = out.past_key_values, out.logits[:, -1].float()
-    if repeats > 1:
-        cache.batch_repeat_interleave(repeats)
-        logits = logits.repeat_interleave(repeats, dim=0)
-        mask = mask.repeat_interleave(repeats, dim=0)
-        positions = positions.repeat_interleave(repeats, dim=0)
-    rows = logits.shape[0]
-    stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
-    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long)
-    live = torch.arange(rows)
-    finished = torch.zeros(rows, dtype=torch.bool)
-    next_position = positions[:, -1:] + 1
-    for step in range(max_new_tokens):
-        token = choose_next(logits, sampling, generator).masked_fill(finished, pad_id)
-        tokens[live, step] = token
-        finished |= torch.isin(token, stops)
-        done = int(finished.sum())
-        if step == max_new_tokens - 1 or done == len(live):
-            break
-        if done and done >= DROP_STOPPED_SHARE * len(live):
-            keep = (~finished).nonzero().squeeze(-1)
-            live, token, mask = live[keep], token[keep], mask[keep]
-            next_position, finished = next_position[keep], finished[keep]
-            cache.batch_select_indices(keep)
-        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=mask,
-            position_ids=next_position,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
-        next_position = next_position + 1
-    stop_set = set(int(s) for s in stop_ids)
-    return [cut_after_first_stop(row, stop_set) for row in tokens.tolist()]
-
-
 def staggered_stops(rows: list[list[int]]) -> list[int]:
     """Stop tokens taken from the rows at different steps (row i's token at step 2 + 3i), so
     that rows end at different steps when decoded again."""
@@ -464,7 +398,7 @@ def test_lora_model_decodes_with_its_adapters(lm):
     kw = dict(max_new_tokens=12, stop_ids=stops, pad_id=pad_id)
     ours = sample_tokens(adapted, prompts, **kw)
     assert ours == previous_sample_tokens(adapted, prompts, **kw)
-    assert ours == hf_greedy(adapted, prompts, pad_id, stops, 12)
+    assert ours == generate_greedy(adapted, prompts, pad_id, stops, 12)
     assert ours != sample_tokens(model, prompts, **kw), "the adapters changed nothing"
 
 
@@ -611,5 +545,5 @@ def test_smollm2_greedy_equals_generate_and_the_previous_loop():
     pad_id, stops = tok.pad_token_id, set(end_of_turn_ids(tok))
     kw = dict(max_new_tokens=24, stop_ids=stops, pad_id=pad_id)
     ours = sample_tokens(model, prompts, **kw)
-    assert ours == hf_greedy(model, prompts, pad_id, stops, 24)
+    assert ours == generate_greedy(model, prompts, pad_id, stops, 24)
     assert ours == previous_sample_tokens(model, prompts, **kw)
