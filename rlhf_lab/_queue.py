@@ -108,7 +108,7 @@ def settle_dependents(run_id: str) -> None:
 
 def run_one(run_id: str) -> None:
     from rlhf_lab.paths import LabError
-    from rlhf_lab.runs import _start_when_free
+    from rlhf_lab.runs.launcher import _start_when_free
 
     try:
         info = _start_when_free(run_id, poll_s=POLL_S)

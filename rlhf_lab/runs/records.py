@@ -2,9 +2,9 @@
 states, timestamps, atomic writes of run.json, and the run's record as the lab reads it.
 Torch-free.
 
-``patchable()`` is the :mod:`rlhf_lab.runs` package itself: the few names tests replace there
-(``start_run``, ``trainer_argv``, ``_visible_gpu_count`` ...) are looked up through it at call
-time, so replacing ``rlhf_lab.runs.X`` changes what every submodule calls.
+``patchable()`` is the :mod:`rlhf_lab.runs` package itself: the device query
+(``_visible_gpu_count``, ``_cpu_cores``) is looked up through it at call time. The run
+supervisor's seams are :mod:`rlhf_lab.runs.supervisor`'s.
 """
 
 from __future__ import annotations

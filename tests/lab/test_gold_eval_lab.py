@@ -10,7 +10,6 @@ import math
 
 import pytest
 
-from rlhf_lab import runs
 from rlhf_lab.planning import real_model
 from rlhf_lab.planning import time as pt
 from rlhf_lab.planning.gold_eval import GOLD_EVAL_POINTS, GOLD_NEW_TOKENS, GOLD_PROMPTS
@@ -21,12 +20,11 @@ from tests.lab.test_time_predictor import STUB
 
 
 @pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
+def lab_root(tmp_path, monkeypatch, no_queue_worker):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
     monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: True)
     monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 20.0)
     return tmp_path

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab import api, runs
+from rlhf_lab import api
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.planning import real_model
 from rlhf_lab.planning import time as pt
@@ -28,9 +28,8 @@ from .test_time_predictor import STUB
 
 
 @pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
+def lab_root(tmp_path, monkeypatch, no_queue_worker):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
     monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: True)
     monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 20.0)
     return tmp_path

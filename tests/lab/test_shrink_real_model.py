@@ -53,12 +53,11 @@ def model_folder(root: Path, name: str, **changes) -> str:
 
 
 @pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
+def lab_root(tmp_path, monkeypatch, no_queue_worker):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
     monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: True)
     monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 20.0)
     return tmp_path

@@ -79,15 +79,14 @@ def lab_root(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def no_trainer(monkeypatch):
+def no_trainer(supervise, no_queue_worker):
     """Launches get as far as starting the trainer, which is refused instead (and the queue
     worker is never spawned): fuzzing must not start training jobs."""
 
     def refuse(run_id: str):
         raise LabError(f"not started: trainers are disabled in this test ({run_id})")
 
-    monkeypatch.setattr(runs, "start_run", refuse)
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
+    supervise(start_run=refuse)
 
 
 def tree(root: Path) -> dict[str, tuple[int, int] | None]:

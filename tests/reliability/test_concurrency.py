@@ -311,7 +311,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
-    lab_root, monkeypatch
+    lab_root, monkeypatch, supervise
 ):
     # Whatever the order, the memory check must not let the second job share the CPU: the free
     # RAM holds one run (an idle CPU passes the launch's fit check) but not two.
@@ -327,7 +327,7 @@ def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
         at_launch.wait(timeout=60)
         return real_start(*args, **kwargs)
 
-    monkeypatch.setattr(runs_launch, "start_or_queue", launch_together)
+    supervise(start_or_queue=launch_together)
     barrier = threading.Barrier(2)
     started, refused = [], []
 

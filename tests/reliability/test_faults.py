@@ -338,6 +338,7 @@ LAUNCHER = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     from rlhf_lab import api, runs
+    from rlhf_lab.runs.supervisor import supervised_by
 
     point, seconds = sys.argv[1], sys.argv[2]
     cfg = api.resolve_config("dpo", [])
@@ -354,10 +355,9 @@ LAUNCHER = textwrap.dedent(
     def stand_in(family, run_dir, resume=False):
         return [sys.executable, "-c", f"import time; time.sleep({seconds})", str(run_dir)]
 
-    runs.trainer_argv = stand_in
-    # start_run hands the wrapper to this right after starting it, before run.json has its pid
-    runs._reap_in_background = lambda proc: die(proc.args[3])
-    runs.start_or_queue(run)
+    # start_run hands the wrapper to `reap` right after starting it, before run.json has its pid
+    with supervised_by(trainer_argv=stand_in, reap=lambda proc: die(proc.args[3])):
+        runs.start_or_queue(run)
     """
 )
 
@@ -376,13 +376,13 @@ def killed_launcher(point: str, seconds: float = 0.0) -> tuple[str, Path]:
     return run_id, runs.find_run(run_id)
 
 
-def test_launcher_killed_before_starting_the_process_is_starting_then_died(monkeypatch):
+def test_launcher_killed_before_starting_the_process_is_starting_then_died(supervise):
     run_id, run_dir = killed_launcher("before-start")
     listed = {s.id: s for s in api.list_runs()}
     assert listed[run_id].state == "starting" and not listed[run_id].alive
     assert api.run_status(run_id).status.state == "starting"
 
-    monkeypatch.setattr(runs, "STARTING_TIMEOUT_S", 0.5)
+    supervise(starting_timeout_s=0.5)
     time.sleep(0.6)
     view = api.run_status(run_id)
     status = view.status
@@ -397,9 +397,9 @@ def test_launcher_killed_before_starting_the_process_is_starting_then_died(monke
     assert "[died]" in shown.output and "launcher exited before it started" in shown.output
 
 
-def test_launcher_killed_after_starting_the_wrapper_still_tracks_the_run(monkeypatch):
+def test_launcher_killed_after_starting_the_wrapper_still_tracks_the_run(supervise):
     """run.json never got the wrapper's pid; the wrapper's process.json must carry the run."""
-    monkeypatch.setattr(runs, "STARTING_TIMEOUT_S", 0.5)  # what counts is the live process
+    supervise(starting_timeout_s=0.5)  # what counts is the live process
 
     # (a) looked at while it runs: running, and `stop` ends it
     run_id, run_dir = killed_launcher("after-start", seconds=60)
