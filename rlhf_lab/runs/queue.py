@@ -1,14 +1,15 @@
-"""The run queue: queued runs start in creation order, each once its device (or set of devices)
-is free; a run whose GPU the lab picks starts on whichever GPU frees up, so with several GPUs
-several queued runs train at once. Torch-free.
+"""Starting the queue's detached processes. Queued runs start in creation order, each once its
+device (or set of devices) is free; a run whose GPU the lab picks starts on whichever GPU frees
+up, so with several GPUs several queued runs train at once. Torch-free.
 
 ``launch(queue=True)`` writes the run as ``queued`` and calls :func:`ensure_queue_worker`, which
 starts the detached worker (``python -m rlhf_lab._queue``, a thin entry point) unless one runs.
 The worker holds ``experiments/.lab/queue.lock`` while it works and calls
-:func:`rlhf_lab.runs.launcher._start_when_free` for each queued run; when a run it started ends it records the run in
-its campaign ledger. A run started at once (not queued) gets the same recording from
-:func:`record_when_ended`: a small detached process (``python -m rlhf_lab._queue --record ID``)
-that waits for the run's end and calls the same ledger hook.
+:func:`rlhf_lab.runs.launcher._start_when_free` for each queued run; when a run it started ends
+it records the run in its campaign ledger. A run started at once (not queued) gets the same
+recording from :func:`record_when_ended`: a small detached process
+(``python -m rlhf_lab._queue --record ID``) that waits for the run's end and calls the same
+ledger hook. Both are the run supervisor's to replace (:mod:`rlhf_lab.runs.supervisor`).
 """
 
 from __future__ import annotations

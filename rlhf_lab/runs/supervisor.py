@@ -15,6 +15,9 @@ A field left ``None`` is the lab's own function, named in the field's comment: t
 read the seam hold those functions themselves, so this module imports none of them (no import
 cycle). The replacement is held module-wide, not per context: threads a test starts (racing
 launches, a queue worker thread) see it too. Blocks nest; the innermost wins.
+
+Not to be confused with :mod:`rlhf_lab._wrapper`, the process that watches one trainer: this is
+the lab-side choice of how such processes are started and watched.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from rlhf_lab import _queue, runs
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
 from rlhf_lab.results.diagnosis import diagnose
+from tests._lab_processes import kill_live_runs, wait_until
 from trainers.core.config import load_config
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
@@ -75,29 +76,8 @@ def launch(
     return runs.start_or_queue(run, queue=queue, force=force, fits_together=fits_together)
 
 
-def wait_until(predicate, timeout: float, what: str, poll: float = 0.25):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
-
-
-def kill_leftovers(root: Path) -> None:
-    """Never leave a test's processes behind (only groups whose identity still matches)."""
-    for path in root.glob("experiments/*/runs/*/run.json"):
-        record = read_json(path)
-        if runs._process_alive(record.get("pid"), record.get("create_time")):
-            try:
-                os.killpg(record["pgid"], signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, KeyError):
-                pass
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +88,7 @@ def lab_root(tmp_path_factory):
     mp.setenv("OMP_NUM_THREADS", "1")  # several trainers share two cores
     mp.setenv("MKL_NUM_THREADS", "1")
     yield root
-    kill_leftovers(root)
+    kill_live_runs(root)  # never leave a test's processes behind
     mp.undo()
 
 
@@ -189,16 +169,16 @@ def test_unknown_run_and_bad_inputs_create_nothing(tmp_path, monkeypatch):
     with pytest.raises(LabError, match="no run"):
         runs.find_run("dpo-20260101-000000-abcd")
     cfg = config(QUICK)
-    bad_inputs = [
-        ("campaign slug", {"campaign": "../evil"}),
-        ("unknown family", {"family": "../trainers"}),
-        ("algorithm", {"algorithm": "dpo/../x"}),
-        ("device", {"device": "tpu"}),
-        ("mapping", {"config": {}}),
+    bad_inputs = [  # (the error, the campaign, the run's other fields that differ)
+        ("campaign slug", "../evil", {}),
+        ("unknown family", "ok", {"family": "../trainers"}),
+        ("algorithm", "ok", {"algorithm": "dpo/../x"}),
+        ("device", "ok", {"device": "tpu"}),
+        ("mapping", "ok", {"config": {}}),
     ]
-    for error, bad in bad_inputs:
+    for error, campaign, bad in bad_inputs:
         with pytest.raises(LabError, match=error):
-            runs.prepare_run(new_run(cfg, "ok", **bad))
+            runs.prepare_run(new_run(cfg, campaign, **bad))
     assert list(tmp_path.glob("experiments/*/runs/*")) == []
 
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import signal
 import typing
 from pathlib import Path
 
@@ -42,6 +40,7 @@ from rlhf_lab.mcp_server import check_bind_host, server
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import FAMILIES
 from rlhf_lab.planning.configs import config_model, validate_data
+from tests._lab_processes import kill_live_runs
 from trainers.core.config import ConfigError
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
@@ -72,10 +71,7 @@ def lab_root(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(root))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield root
-    for path in root.glob("experiments/*/runs/*/run.json"):
-        record = json.loads(path.read_text())
-        if record.get("pgid") and runs._process_alive(record.get("pid"), record.get("create_time")):
-            os.killpg(record["pgid"], signal.SIGKILL)
+    kill_live_runs(root)
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ from rlhf_lab import api, runs
 from rlhf_lab.cli import app
 from rlhf_lab.paths import LabError
 from rlhf_lab.runs import wait_for_end
+from tests._lab_processes import wait_until as poll_until
 
 RUN_TIMEOUT_S = 300.0
 POLL_S = 0.05
@@ -113,14 +114,8 @@ def lab_root(tmp_path, monkeypatch):
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str):
-    """Poll ``predicate`` until it returns something truthy (returned) or fail naming ``what``."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(POLL_S)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    """Poll ``predicate`` every POLL_S until it returns something truthy (returned)."""
+    return poll_until(predicate, timeout_s, what, poll=POLL_S)
 
 
 def launch(recipe: str, overrides: list[str], campaign: str) -> runs.RunInfo:
