@@ -10,24 +10,12 @@ import math
 
 import pytest
 
-from rlhf_lab.planning import real_model
 from rlhf_lab.planning import time as pt
 from rlhf_lab.planning.gold_eval import GOLD_EVAL_POINTS, GOLD_NEW_TOKENS, GOLD_PROMPTS
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.steps import expected_optimizer_steps
-from tests.lab.test_shrink_real_model import model_folder
+from tests.lab.test_shrink_real_model import lab_root, model_folder  # noqa: F401 (lab_root: autouse)
 from tests.lab.test_time_predictor import STUB
-
-
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch, no_queue_worker):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr(real_model, "runs_on_cpu", lambda data: True)
-    monkeypatch.setattr(real_model, "free_memory_gb", lambda cpu: 20.0)
-    return tmp_path
 
 
 @pytest.fixture
