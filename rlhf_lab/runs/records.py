@@ -51,7 +51,7 @@ UNFINISHED_STATES: frozenset[str] = _QUEUED_OR_LIVE
 
 
 def patchable() -> ModuleType:
-    """The ``rlhf_lab.runs`` package, where tests replace functions and constants."""
+    """The ``rlhf_lab.runs`` package, where tests replace the device query functions."""
     return sys.modules["rlhf_lab.runs"]
 
 
