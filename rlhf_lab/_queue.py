@@ -4,17 +4,17 @@ several GPUs, several at once).
     python -m rlhf_lab._queue                 # the worker
     python -m rlhf_lab._queue --record RUN_ID # the recorder of one run started at once
 
-The recorder (started detached by :func:`rlhf_lab.runs.record_when_ended` when a run is launched
-or resumed without the queue) waits for that run's end and calls the same ledger hook as the
-worker, so every run is recorded the same way whichever path started it.
+The recorder (started detached by :func:`rlhf_lab.runs.queue.record_when_ended` when a run is
+launched or resumed without the queue) waits for that run's end and calls the same ledger hook as
+the worker, so every run is recorded the same way whichever path started it.
 
 A queued run launched ``after`` other runs (:mod:`rlhf_lab.runs.deps`) is started only once
 they have all succeeded; while it waits the worker keeps looking (it starts other queued runs
 meanwhile), and when one of them ends any other way the run is ``cancelled`` and recorded. Both
 the worker and the recorder cancel a run's queued dependents as soon as it ends unsuccessfully.
 
-The worker is started detached by :func:`rlhf_lab.runs.ensure_queue_worker`. Only one worker runs at a time:
-it holds ``experiments/.lab/queue.lock`` for its whole life (a second worker finds the lock taken
+The worker is started detached by :func:`rlhf_lab.runs.queue.ensure_queue_worker`. Only one
+worker runs at a time: it holds ``experiments/.lab/queue.lock`` for its whole life (a second worker finds the lock taken
 and exits at once). For each queued run it waits until the run's devices have no active job (or
 enough GPUs are free, for a run whose GPU the lab picks), starts it, and goes on to the next;
 a thread per started run waits for its end and calls the ledger hook
@@ -108,7 +108,7 @@ def settle_dependents(run_id: str) -> None:
 
 def run_one(run_id: str) -> None:
     from rlhf_lab.paths import LabError
-    from rlhf_lab.runs import _start_when_free
+    from rlhf_lab.runs.launcher import _start_when_free
 
     try:
         info = _start_when_free(run_id, poll_s=POLL_S)

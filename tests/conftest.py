@@ -360,3 +360,93 @@ def model_folder(root, name: str, **changes) -> str:
 def smol(tmp_path) -> str:
     """The SmolLM2-135M-Instruct stand-in (:func:`model_folder`) as a model name."""
     return model_folder(tmp_path, "smol-135m")
+
+
+# Lab supervisor seams
+#
+# The runs layer builds the trainer's command line, starts runs, the queue worker and a run's
+# recorder, checks processes for life and reads its clock through one seam object,
+# rlhf_lab.runs.supervisor.Supervisor. These fixtures set its fields for one test.
+
+
+@pytest.fixture
+def supervise():
+    """``supervise(field=value, ...)`` runs the rest of the test under the run supervisor with
+    those fields replaced (see :class:`rlhf_lab.runs.supervisor.Supervisor`); a later call wins;
+    everything is undone when the test ends."""
+    from rlhf_lab.runs.supervisor import supervised_by
+
+    with contextlib.ExitStack() as blocks:
+        yield lambda **changes: blocks.enter_context(supervised_by(**changes))
+
+
+@pytest.fixture
+def no_queue_worker(supervise):
+    """No detached queue worker is started: queued runs stay queued."""
+    supervise(ensure_queue_worker=lambda: None)
+
+
+@pytest.fixture
+def no_recorder(supervise):
+    """A run started at once gets no detached recorder process (its ledger row is not refreshed
+    when it ends)."""
+    supervise(record_when_ended=lambda run_id: 0)
+
+
+def stand_in_argv(code: str, *extra: str):
+    """A trainer command line builder that starts ``python -c CODE RUN_DIR EXTRA...`` (plus
+    ``--resume`` / ``--nproc N`` when the lab asks for them) instead of the family's trainer:
+    a real detached process that knows its run folder (``sys.argv[1]``)."""
+    import sys
+
+    def argv(family, run_dir, resume=False, nproc=None):  # noqa: ARG001
+        tail = [*(["--resume"] if resume else []), *(["--nproc", str(nproc)] if nproc else [])]
+        return [sys.executable, "-c", code, str(run_dir), *extra, *tail]
+
+    return argv
+
+
+@pytest.fixture
+def stand_in_trainer(supervise):
+    """``stand_in_trainer(code, *extra)``: the runs this test starts run ``code`` as their
+    trainer (:func:`stand_in_argv`); a later call changes it for the runs started after."""
+
+    def use(code: str, *extra: str) -> None:
+        supervise(trainer_argv=stand_in_argv(code, *extra))
+
+    return use
+
+
+_OPENED: list[list[str]] = []  # the lists of the run_json_reads fixtures in force
+_HOOKED: list[bool] = []  # the audit hook is installed (it cannot be removed)
+
+
+def _note_run_json_reads(event: str, args: tuple) -> None:
+    """Audit hook: an ``open`` of a run.json for reading, noted as its run folder's name."""
+    if event != "open" or not _OPENED or not isinstance(args[0], str):
+        return
+    path, mode, flags = args
+    if mode is None:  # os.open
+        reading = flags & os.O_ACCMODE == os.O_RDONLY
+    else:
+        reading = mode.startswith("r") and "+" not in mode
+    if reading and path.endswith(f"{os.sep}run.json"):
+        _OPENED[-1].append(os.path.basename(os.path.dirname(path)))
+
+
+@pytest.fixture
+def run_json_reads():
+    """The names of the run folders whose run.json this process opened for reading during the
+    test (in order, repeats kept): what the lab really read, seen by an audit hook (installed
+    once; it records only while such a fixture is in force)."""
+    import sys
+
+    if not _HOOKED:
+        sys.addaudithook(_note_run_json_reads)
+        _HOOKED.append(True)
+    seen: list[str] = []
+    _OPENED.append(seen)
+    try:
+        yield seen
+    finally:
+        _OPENED.remove(seen)

@@ -69,8 +69,12 @@ def evaluate_model(
     ``eval-<suite>``), recorded in its Evaluation section when it ends. ``baseline``: ``auto``
     (default for a run: its starting model, same prompts and seed), ``none``, a run id or a
     model. Everything is checked before anything is written."""
-    import rlhf_lab.runs.launcher as runs_launch
-    from rlhf_lab.api.launching import record_now, record_when_ended, with_predicted_time
+    from rlhf_lab.api.launching import (
+        record_now,
+        record_when_ended,
+        start_or_queue,
+        with_predicted_time,
+    )
     from rlhf_lab.evaluation.jobs import EVAL_FAMILY, prepare_evaluation
     from rlhf_lab.ledger import create_campaign
     from rlhf_lab.paths import campaign_name
@@ -111,7 +115,7 @@ def evaluate_model(
             device=job.device,
             after=job.after,
         )
-        result = runs_launch.start_or_queue(with_predicted_time(run), queue=i > 0 or busy)
+        result = start_or_queue(with_predicted_time(run), queue=i > 0 or busy)
         warnings = record_now(result.run.id)
         cost = _cost_text(job)
         if not result.queued:

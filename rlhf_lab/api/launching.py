@@ -93,6 +93,15 @@ def _keep_calibration(run_dir: str, calibration: Any) -> list[str]:
     return list(calibration.warnings)
 
 
+def start_or_queue(run: NewRun, **how: Any) -> LaunchResult:
+    """Hand a new run to the runs layer the supervisor's way
+    (:func:`rlhf_lab.runs.launcher.start_or_queue` unless replaced)."""
+    import rlhf_lab.runs.launcher as runs_launch
+    from rlhf_lab.runs.supervisor import supervisor
+
+    return (supervisor().start_or_queue or runs_launch.start_or_queue)(run, **how)
+
+
 def record_now(run_id: str) -> list[str]:
     """The run's row in its campaign ledger, written at launch (queued or started); a ledger
     failure never undoes a launch: it becomes a warning."""
@@ -108,10 +117,11 @@ def record_now(run_id: str) -> list[str]:
 def record_when_ended(run_id: str) -> list[str]:
     """Start the recorder that writes the run's final row when it ends (what the queue worker
     does for the runs it starts)."""
-    from rlhf_lab.runs import record_when_ended as recorder
+    from rlhf_lab.runs.queue import record_when_ended as recorder
+    from rlhf_lab.runs.supervisor import supervisor
 
     try:
-        recorder(run_id)
+        (supervisor().record_when_ended or recorder)(run_id)
     except Exception as err:  # noqa: BLE001
         return [f"{run_id} will not be recorded when it ends ({err}): call record_results then"]
     return []
@@ -324,7 +334,6 @@ def launch(request: RunRequest) -> LaunchResult:
     implausible learning rate is a warning in the result. The launched run gets its ledger row
     at once and again when it ends (queued runs by the queue worker, others by a recorder
     process)."""
-    import rlhf_lab.runs.launcher as runs_launch
     from rlhf_lab.paths import campaign_name
     from rlhf_lab.runs.deps import check_after
 
@@ -341,7 +350,7 @@ def launch(request: RunRequest) -> LaunchResult:
     _open_campaign(request, resolved, slug, full=True)
     warnings = checked.warnings + _save_final_models(checked.forced)
     run = with_predicted_time(checked.run)
-    result = runs_launch.start_or_queue(
+    result = start_or_queue(
         run, force=request.force, queue=request.queue, fits_together=checked.fits_together
     )
     warnings += _keep_calibration(result.run.run_dir, resolved.calibration)

@@ -11,13 +11,15 @@ The package is split by job:
 * :mod:`~rlhf_lab.runs.launcher` a new run (:class:`NewRun`): checks, argv, environment, prepare /
   start / start-or-queue; :mod:`~rlhf_lab.runs.resume` resuming a run;
 * :mod:`~rlhf_lab.runs.state` derived state, status, listing, stop, waiting, following;
-* :mod:`~rlhf_lab.runs.queue` the queue worker and start-when-free.
+* :mod:`~rlhf_lab.runs.queue` starting the detached queue worker and a run's recorder;
+* :mod:`~rlhf_lab.runs.supervisor` the run supervisor: how a trainer's command line is built,
+  how runs, the queue worker and the recorder are started, how a process is checked for life
+  and reaped, the start timeout and the clock of the run state; read at call time, replaced for
+  a block with :func:`~rlhf_lab.runs.supervisor.supervised_by`.
 
-Every name other modules and tests use is importable from ``rlhf_lab.runs``. The names tests
-replace here (``start_run``, ``trainer_argv``, ``ensure_queue_worker``, ``_reap_in_background``,
-``_process_alive``, ``STARTING_TIMEOUT_S``) are looked up through this package at call time, so a
-replacement here reaches every submodule. What the machine has (GPUs, cores, RAM) is not
-replaced here: it is :mod:`~rlhf_lab.runs.machine`'s seam.
+Every name other modules and tests use is importable from ``rlhf_lab.runs``. Nothing is replaced
+here: the lab's two seams are :mod:`~rlhf_lab.runs.supervisor` (how runs are started and
+watched) and :mod:`~rlhf_lab.runs.machine` (what the machine has: GPUs, cores, RAM).
 
 Names are loaded on first use (PEP 562 ``__getattr__``), so importing one module of the package
 (``rlhf_lab.runs.folder``, the run-folder reader the index and the ledger use) does not load the
@@ -57,7 +59,6 @@ _LAZY: dict[str, str] = {
     "start_or_queue": "rlhf_lab.runs.launcher",
     "start_run": "rlhf_lab.runs.launcher",
     "torchrun_args": "rlhf_lab.runs.launcher",
-    "trainer_argv": "rlhf_lab.runs.launcher",
     "_ATTEMPT_FILES": "rlhf_lab.runs.resume",
     "RESUMABLE_STATES": "rlhf_lab.runs.resume",
     "_checkpoint_steps": "rlhf_lab.runs.resume",
@@ -67,12 +68,9 @@ _LAZY: dict[str, str] = {
     "_devices_hold": "rlhf_lab.runs.process",
     "_marker": "rlhf_lab.runs.process",
     "_process_alive": "rlhf_lab.runs.process",
-    "_reap_in_background": "rlhf_lab.runs.process",
     "_run_lock": "rlhf_lab.runs.process",
     "_signal_run": "rlhf_lab.runs.process",
-    "_start_when_free": "rlhf_lab.runs.queue",
-    "ensure_queue_worker": "rlhf_lab.runs.queue",
-    "record_when_ended": "rlhf_lab.runs.queue",
+    "_start_when_free": "rlhf_lab.runs.launcher",
     "ACTIVE_STATES": "rlhf_lab.runs.records",
     "LIVE_STATES": "rlhf_lab.runs.records",
     "STATES": "rlhf_lab.runs.records",
@@ -90,7 +88,6 @@ _LAZY: dict[str, str] = {
     "_parse_time": "rlhf_lab.runs.records",
     "_read_record": "rlhf_lab.runs.records",
     "_source_dir": "rlhf_lab.runs.records",
-    "STARTING_TIMEOUT_S": "rlhf_lab.runs.state",
     "STOP_GRACE_S": "rlhf_lab.runs.stopping",
     "StopResult": "rlhf_lab.runs.stopping",
     "_all_run_dirs": "rlhf_lab.runs.state",

@@ -19,11 +19,11 @@ Device exclusivity: :func:`start_or_queue` allows one training job per device (`
 ``force=True``. The check and the start happen under one lab-wide lock
 (``process._devices_hold``: launches, the queue worker and resumes all take it), so two racing
 starts never both get a device. ``queue=True`` writes the run as ``queued`` and makes sure the
-queue worker runs.
+queue worker runs; the worker starts each queued run with :func:`_start_when_free`.
 
-Functions that tests replace (``start_run``, ``trainer_argv``, ``ensure_queue_worker``,
-``_visible_gpu_count``, ``_cpu_cores``, ``_reap_in_background``) are called through the package
-(:func:`patchable`).
+The trainer's command line, the start of a run, the queue worker and the reaping of a started
+process are the run supervisor's (:mod:`rlhf_lab.runs.supervisor`), read at call time, so a
+caller can run the launcher with a stand-in trainer or without a queue worker.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,7 +51,8 @@ from rlhf_lab.runs.devices import (
     resolve_placement,
 )
 from rlhf_lab.runs.machine import this_machine
-from rlhf_lab.runs.process import _devices_hold, _run_lock
+from rlhf_lab.runs.process import _devices_hold, _reap_in_background, _run_lock
+from rlhf_lab.runs.queue import ensure_queue_worker
 from rlhf_lab.runs.records import (
     LaunchResult,
     RunInfo,
@@ -61,9 +63,9 @@ from rlhf_lab.runs.records import (
     _read_record,
     _read_run_json,
     _source_dir,
-    patchable,
 )
-from rlhf_lab.runs.state import _describe, active_runs, held_devices, queued_runs
+from rlhf_lab.runs.state import _describe, active_runs, held_devices, queued_runs, run_state
+from rlhf_lab.runs.supervisor import supervisor
 
 __all__ = [
     "FAMILIES",
@@ -325,10 +327,21 @@ def prepare_run(run: NewRun, state: Literal["queued", "starting"] = "starting") 
 
 
 def _argv(family: str, run_dir: Path, nproc: int | None, resume: bool = False) -> list[str]:
-    """:func:`trainer_argv` through the package (tests replace it), under torchrun with
-    ``nproc`` ranks when given."""
+    """The supervisor's trainer command line (:func:`trainer_argv` unless replaced), under
+    torchrun with ``nproc`` ranks when given."""
     extra = {"nproc": nproc} if nproc is not None else {}
-    return patchable().trainer_argv(family, run_dir, resume=resume, **extra)
+    build = supervisor().trainer_argv or trainer_argv
+    return build(family, run_dir, resume=resume, **extra)
+
+
+def _start(run_id: str) -> RunInfo:
+    """Start the run the supervisor's way (:func:`start_run` unless replaced)."""
+    return (supervisor().start_run or start_run)(run_id)
+
+
+def _ensure_queue_worker() -> None:
+    """Make sure the supervisor's queue worker runs (a detached one unless replaced)."""
+    (supervisor().ensure_queue_worker or ensure_queue_worker)()
 
 
 def _held_devices(exclude: str | None = None) -> set[str]:
@@ -382,7 +395,6 @@ def _identity(pid: int) -> tuple[float | None, int]:
 
 def start_run(run_id: str) -> RunInfo:
     """Start a queued or starting run detached and return at once (state ``running``)."""
-    lab = patchable()
     run_dir = find_run(run_id)
     # other CPU runs, read before taking this run's lock (reading a status may take its lock)
     cpu_runs = [s.id for s in active_runs("cpu") if s.id != run_id]
@@ -435,7 +447,7 @@ def start_run(run_id: str) -> RunInfo:
             log.flush()
             proc = _spawn(wrapper, cwd, env, log)
         create_time, pgid = _identity(proc.pid)
-        lab._reap_in_background(proc)
+        (supervisor().reap or _reap_in_background)(proc)
         record.update(
             pid=proc.pid,
             pgid=pgid,
@@ -494,7 +506,7 @@ def _queue(run: NewRun, placement: Placement, upstream: list[str]) -> LaunchResu
     info = prepare_run(run, state="queued")
     ahead = [s.id for s in queued_runs()]
     position = ahead.index(info.id) + 1 if info.id in ahead else None
-    patchable().ensure_queue_worker()
+    _ensure_queue_worker()
     where = _where(placement)
     busy = sorted({s.id for d in placement.devices for s in active_runs(d)} - set(upstream))
     msg = f"queued {info.id} on {where} (position {position})"
@@ -551,7 +563,7 @@ def start_or_queue(
             raise _busy_error(_where(placement), busy, why)
         info = prepare_run(run.model_copy(update={"placement": placement}))
         try:
-            info = patchable().start_run(info.id)
+            info = _start(info.id)
         except Exception as err:
             _mark_failed(Path(info.run_dir), f"could not start: {err}")
             raise
@@ -586,3 +598,25 @@ def _busy_on(devices: list[str], exclude: str | None = None) -> list:
             if status.id != exclude:
                 seen.setdefault(status.id, status)
     return list(seen.values())
+
+
+def _start_when_free(run_id: str, poll_s: float = 1.0) -> RunInfo | None:
+    """Queue worker: start ``run_id`` once every device it names is free, or, when the lab picks
+    its GPUs, once enough GPUs are free (it gets the freest). None if it left the queue."""
+    while True:
+        status = run_state(run_id)
+        if status.state != "queued":
+            return None
+        record = _read_run_json(find_run(run_id)) or {}
+        devices = held_devices(record)
+        with _devices_hold():
+            if devices:
+                free = not _busy_on(devices)
+            else:
+                wanted = int(record.get("gpus_wanted") or 1)
+                free = freest_gpus(wanted, _held_devices(exclude=run_id)) is not None
+            if free:
+                if run_state(run_id).state != "queued":
+                    return None
+                return _start(run_id)
+        time.sleep(poll_s)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlhf_lab.runs.records import _lab_dir, patchable
+from rlhf_lab.runs.records import _lab_dir
+from rlhf_lab.runs.supervisor import supervisor
 from trainers.core.runfolder import ProcessFile
 
 
@@ -73,6 +74,11 @@ def _reap_in_background(proc: subprocess.Popen) -> None:
     threading.Thread(target=proc.wait, daemon=True, name=f"reap-{proc.pid}").start()
 
 
+def _liveness() -> Callable[..., bool]:
+    """The supervisor's liveness check (:func:`_process_alive` unless replaced)."""
+    return supervisor().process_alive or _process_alive
+
+
 def _marker(run_dir: Path) -> str:
     """What a run's process carries in its command line: the run folder's path."""
     return str(run_dir)
@@ -81,7 +87,7 @@ def _marker(run_dir: Path) -> str:
 def _alive(run_dir: Path, record: dict, proc_info: ProcessFile | None) -> bool:
     """The run's wrapper (run.json) or trainer (process.json) is the live process it was."""
     marker = _marker(run_dir)
-    alive = patchable()._process_alive
+    alive = _liveness()
     if alive(record.get("pid"), record.get("create_time"), marker):
         return True
     if proc_info and alive(proc_info.trainer_pid, proc_info.trainer_create_time, marker):
@@ -92,7 +98,7 @@ def _alive(run_dir: Path, record: dict, proc_info: ProcessFile | None) -> bool:
 def _signal_run(run_dir: Path, record: dict, proc_info: ProcessFile | None, sig: int) -> None:
     """Send ``sig`` to the run's process group, only to processes whose identity matches."""
     marker = _marker(run_dir)
-    alive = patchable()._process_alive
+    alive = _liveness()
     pgid = record.get("pgid") or record.get("pid")
     if alive(record.get("pid"), record.get("create_time"), marker) and pgid:
         try:

@@ -1,18 +1,12 @@
 """What the runs modules share: the run models (RunInfo, RunStatus, LaunchResult), the run
 states, timestamps, atomic writes of run.json, and the run's record as the lab reads it.
 Torch-free.
-
-``patchable()`` is the :mod:`rlhf_lab.runs` package itself: the few names tests replace there
-(``start_run``, ``trainer_argv``, ``_visible_gpu_count`` ...) are looked up through it at call
-time, so replacing ``rlhf_lab.runs.X`` changes what every submodule calls.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,11 +42,6 @@ STATES: tuple[str, ...] = RUN_STATES
 # contract calls them live (its ACTIVE_STATES adds queued, see UNFINISHED_STATES).
 ACTIVE_STATES: frozenset[str] = LIVE_STATES
 UNFINISHED_STATES: frozenset[str] = _QUEUED_OR_LIVE
-
-
-def patchable() -> ModuleType:
-    """The ``rlhf_lab.runs`` package, where tests replace functions and constants."""
-    return sys.modules["rlhf_lab.runs"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,13 @@ from pathlib import Path
 from rlhf_lab.errors import Conflict, NextStep, NotFound, NotReady
 from rlhf_lab.paths import find_run
 from rlhf_lab.runs.devices import resolve_device
-from rlhf_lab.runs.launcher import _busy_error, _busy_on, _mark_failed
+from rlhf_lab.runs.launcher import (
+    _busy_error,
+    _busy_on,
+    _ensure_queue_worker,
+    _mark_failed,
+    _start,
+)
 from rlhf_lab.runs.process import _devices_hold, _run_lock
 from rlhf_lab.runs.records import (
     LaunchResult,
@@ -21,7 +27,6 @@ from rlhf_lab.runs.records import (
     _info,
     _now,
     _read_record,
-    patchable,
 )
 from rlhf_lab.runs.state import _status, held_devices
 
@@ -125,7 +130,7 @@ def _rearm_cancelled(run_id: str, run_dir: Path, dev: str) -> LaunchResult:
             f"run {run_id} is no longer cancelled; not re-armed",
             next=NextStep("run_status", {"run_id": run_id}),
         )
-    patchable().ensure_queue_worker()
+    _ensure_queue_worker()
     info = _info(run_dir, _read_record(run_dir))
     return LaunchResult(
         run=info,
@@ -151,7 +156,6 @@ def resume_run(
     (``resumes``) and its exit/process/summary files are moved to ``attempts/<n>/``.
     The device rule of :func:`launch` applies.
     """
-    lab = patchable()
     run_dir = find_run(run_id)
     status = _status(run_dir)
     if status.state == "cancelled":
@@ -180,7 +184,7 @@ def resume_run(
                 )
             _archive_attempt(run_dir, record, steps[-1], devices)
         try:
-            info = lab.start_run(run_id)
+            info = _start(run_id)
         except Exception as err:
             _mark_failed(run_dir, f"could not start: {err}")
             raise
@@ -189,7 +193,7 @@ def resume_run(
 
     rearmed = rearm_dependents(run_id)
     if rearmed:
-        lab.ensure_queue_worker()
+        _ensure_queue_worker()
         msg += f"; its dependents {', '.join(rearmed)} are queued again and wait for it"
     return LaunchResult(
         run=info,

@@ -51,8 +51,8 @@ from rlhf_lab.runs.records import (
     _parse_time,
     _read_record,
     _read_run_json,
-    patchable,
 )
+from rlhf_lab.runs.supervisor import supervisor
 from trainers.core.runfolder import ExitFile, ProcessFile, ProgressFile, SummaryFile
 
 __all__ = [
@@ -64,11 +64,6 @@ __all__ = [
     "unfinished_runs",
     "wait_for_end",
 ]
-
-# A run stuck in "starting" with no process this long after creation lost its launcher.
-# (Read through the package at call time: tests shorten it there.)
-STARTING_TIMEOUT_S = 120.0
-
 
 KILLED_ERROR = (
     "the trainer did not end within the stop's grace period after SIGTERM and was killed "
@@ -118,8 +113,8 @@ def _derive_state(
         return "running", None
     if state == "starting" and not record.get("pid") and proc_info is None and exit_info is None:
         created = _parse_time(record.get("starting_at") or record.get("created_at"))
-        timeout = patchable().STARTING_TIMEOUT_S
-        if created is not None and time.time() - created > timeout:
+        watch = supervisor()  # its start timeout and clock
+        if created is not None and watch.clock() - created > watch.starting_timeout_s:
             return "died", "the launcher exited before it started the process"
         return "starting", None
 
@@ -287,7 +282,7 @@ def _live_times(
     """(elapsed, ETA, its basis) of a live run at read time: the elapsed time from the
     trainer's start; the step ETA when steps have been timed, else (before the first step)
     the counted phase's time left."""
-    clock = live_clock(progress, time.time())
+    clock = live_clock(progress, supervisor().clock())
     if step_eta is not None:
         return clock.elapsed_s, step_eta, "steps"
     if clock.phase_eta_s is not None:

@@ -327,12 +327,11 @@ def test_plan_proposes_an_evaluation_after_each_training_run_with_its_cost():
     assert bigger.memory_gb > cost.memory_gb
 
 
-def test_a_run_still_queued_is_evaluated_after_it(lab_root, monkeypatch):
+def test_a_run_still_queued_is_evaluated_after_it(lab_root, no_queue_worker):
     """The job waits for its target like any dependent run (nothing trains here: the queue
     worker is not started)."""
     from rlhf_lab import runs
 
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
     queued = write_run(lab_root, "grpo-20260101-000000-0001", "policy_gradients", "grpo")
     record = json.loads((queued / "run.json").read_text())
     (queued / "run.json").write_text(json.dumps({**record, "state": "queued"}))

@@ -10,7 +10,6 @@ import math
 
 import pytest
 
-from rlhf_lab import runs
 from rlhf_lab.planning import time as pt
 from rlhf_lab.planning.gold_eval import GOLD_EVAL_POINTS, GOLD_NEW_TOKENS, GOLD_PROMPTS
 from rlhf_lab.planning.shrink import shrink_config
@@ -19,8 +18,7 @@ from tests.lab.test_time_predictor import STUB
 
 
 @pytest.fixture(autouse=True)
-def lab_root(offline_lab, cpu_box, monkeypatch):
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
+def lab_root(offline_lab, cpu_box, no_queue_worker):
     return offline_lab
 
 

@@ -37,8 +37,8 @@ def test_phase_count_text():
     assert phase_count_text("training", None, None) is None
 
 
-def test_live_times_prefer_the_step_eta_then_the_phase_eta(monkeypatch):
-    monkeypatch.setattr(state.time, "time", lambda: 1130.0)
+def test_live_times_prefer_the_step_eta_then_the_phase_eta(supervise):
+    supervise(clock=lambda: 1130.0)  # "now" for the run state
     p = ProgressFile(
         step=3,
         total_steps=10,
@@ -66,19 +66,10 @@ def test_run_status_of_a_live_run_in_a_long_phase(tmp_path, monkeypatch):
     import psutil
 
     from rlhf_lab import runs
-    from tests.lab.test_runs import QUICK, config
+    from tests.lab.test_runs import QUICK, config, new_run
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    info = runs.prepare_run(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=config(QUICK),
-            campaign="live",
-            source="x",
-            overrides=[],
-        )
-    )
+    info = runs.prepare_run(new_run(config(QUICK), "live"))
     run_dir = tmp_path / "experiments" / info.run_dir.split("/experiments/", 1)[1]
     record = json.loads((run_dir / "run.json").read_text())
     record.update(state="running", pid=os.getpid(), create_time=psutil.Process().create_time())

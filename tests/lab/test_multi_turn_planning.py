@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_lab import api, runs
+from rlhf_lab import api
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.planning import real_model
 from rlhf_lab.planning import time as pt
@@ -27,8 +27,7 @@ from .test_time_predictor import STUB
 
 
 @pytest.fixture(autouse=True)
-def lab_root(offline_lab, cpu_box, monkeypatch):
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
+def lab_root(offline_lab, cpu_box, no_queue_worker):
     return offline_lab
 
 

@@ -51,12 +51,6 @@ def lab_root(tmp_path, monkeypatch):
         runs.stop_run(status.id, grace_s=5)
 
 
-@pytest.fixture
-def no_worker(monkeypatch):
-    """Queued runs stay queued: the queue worker is not started (nothing trains)."""
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-
-
 def _tiny_config_json() -> dict:
     from rlhf_lab.planning.memory.architecture import _preset_config
 
@@ -287,7 +281,9 @@ def test_shipped_pipelines_name_their_stages_references_and_order():
         assert asked.pipeline == "rlhf" and [r.name for r in asked.runs] == ["sft", "rm", "ppo"]
 
 
-def test_a_pipeline_queues_its_stages_after_the_stages_they_take_a_model_from(lab_root, no_worker):
+def test_a_pipeline_queues_its_stages_after_the_stages_they_take_a_model_from(
+    lab_root, no_queue_worker
+):
     chain = lab_root / "chain.yaml"
     chain.write_text(CHAIN)
     result = api.run_pipeline(str(chain), model="tiny", overrides=["ppo.train.max_steps=2"])
@@ -347,7 +343,7 @@ def _rm_succeeded(run_dir: Path, accuracy: float, n_eval: int = 64) -> None:
     _set_state(run_dir, "succeeded")
 
 
-def test_the_rl_stage_does_not_start_on_a_reward_model_at_chance(lab_root, no_worker):
+def test_the_rl_stage_does_not_start_on_a_reward_model_at_chance(lab_root, no_queue_worker):
     """The rlhf pipeline gates ppo on the reward model's held-out accuracy: the lower end of its
     95% Wilson interval must be above 0.5. 0.56 on 64 pairs (lower end 0.44) cancels ppo with
     the reason, never started; 0.84 on 64 pairs (0.73) lets it start."""
@@ -378,7 +374,7 @@ def test_the_rl_stage_does_not_start_on_a_reward_model_at_chance(lab_root, no_wo
     assert "logged no held-out eval/accuracy" in record(dirs["ppo"])["error"]
 
 
-def test_an_output_another_run_takes_is_always_saved(lab_root, no_worker):
+def test_an_output_another_run_takes_is_always_saved(lab_root, no_queue_worker):
     """The shrink turns final models off for large models (and a user may too): a queued
     upstream is made to save it when a run that takes its model is launched; one that already
     ran without saving it is refused. A plain ``after`` is replayed in the ledger's command."""
@@ -410,7 +406,7 @@ def test_an_output_another_run_takes_is_always_saved(lab_root, no_worker):
     assert out.exit_code == 2 and "cannot run after nope: there is no run" in out.output
 
 
-def test_runs_waiting_for_each_other_are_cancelled_not_left_waiting(lab_root, no_worker):
+def test_runs_waiting_for_each_other_are_cancelled_not_left_waiting(lab_root, no_queue_worker):
     """Only a hand-edited run.json can make two queued runs wait for each other; the queue
     worker then cancels both instead of polling forever."""
     a = api.launch(api.RunRequest(recipe="dpo", overrides=[], model="tiny", queue=True)).run

@@ -12,14 +12,12 @@ estimate checked on each device, and the world-size checks.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import rlhf_lab.api as api
-import rlhf_lab.api.launching as launching
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
 from rlhf_lab.planning.memory import estimate_memory
@@ -31,35 +29,22 @@ from rlhf_lab.runs.world import check_world_size
 QUICK = ["data.max_samples=32", "data.eval_size=8", "train.max_steps=2", "train.batch_size=4"]
 
 
-def env_writing_trainer(seconds: float = 30):
-    """A stand-in trainer (a real detached process) that writes the CUDA/OMP variables it sees
-    into its run folder, then sleeps."""
-
-    def argv(family, run_dir, resume=False, nproc=None):  # noqa: ARG001
-        keys = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS")
-        code = (
-            "import json, os, sys, time; "
-            "open(sys.argv[1] + '/env.json', 'w').write(json.dumps("
-            f"{{k: os.environ.get(k) for k in {keys!r}}})); time.sleep({seconds})"
-        )
-        return [
-            sys.executable,
-            "-c",
-            code,
-            str(run_dir),
-            *(["--nproc", str(nproc)] if nproc else []),
-        ]
-
-    return argv
+# A stand-in trainer (a real detached process) that writes the CUDA/OMP variables it sees into
+# its run folder, then sleeps.
+_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS")
+WRITES_ITS_ENV = (
+    "import json, os, sys, time; open(sys.argv[1] + '/env.json', 'w').write(json.dumps("
+    f"{{k: os.environ.get(k) for k in {_ENV_KEYS!r}}})); time.sleep(30)"
+)
 
 
 @pytest.fixture
-def lab(tmp_path, monkeypatch):
+def lab(tmp_path, monkeypatch, stand_in_trainer, no_queue_worker, no_recorder):
+    """Launches start the env-writing stand-in, queued runs stay queued, no recorder starts; the
+    runs still live are stopped afterwards."""
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(runs, "trainer_argv", env_writing_trainer())
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
+    stand_in_trainer(WRITES_ITS_ENV)
     started: list[str] = []
     yield started
     for run in runs.active_runs():
@@ -327,9 +312,8 @@ REAL_NPROC = 2
 
 
 @pytest.mark.slow
-def test_real_cpu_run_under_torchrun_succeeds(tmp_path, monkeypatch):
+def test_real_cpu_run_under_torchrun_succeeds(tmp_path, monkeypatch, no_recorder):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
     quick = [
         *QUICK,
         "eval.eval_every=2",

@@ -10,24 +10,16 @@ import threading
 import pytest
 
 import rlhf_lab.api as api
-import rlhf_lab.api.launching as launching
 from rlhf_lab import runs
 from rlhf_lab.errors import LabError
 
-from .test_placement import QUICK, env_writing_trainer
+from .test_placement import QUICK, lab  # noqa: F401 (lab: a fixture)
 
 
 @pytest.fixture
-def one_gpu_lab(tmp_path, monkeypatch, machine):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(runs, "trainer_argv", env_writing_trainer())
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
-    monkeypatch.setattr(launching, "record_when_ended", lambda run_id: [])
+def one_gpu_lab(lab, machine):  # noqa: F811 - the lab fixture of test_placement
+    """test_placement's lab with one GPU of 40 GB."""
     machine(gpus=[40.0])
-    yield
-    for run in runs.active_runs():
-        runs.stop_run(run.id, grace_s=2)
 
 
 def race(*starts) -> tuple[list, list[threading.Thread]]:

@@ -62,18 +62,17 @@ def stand_in(tmp_path_factory) -> str:
 
 
 @pytest.fixture(autouse=True)
-def lab_root(offline_lab, cpu_box, monkeypatch):
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
+def lab_root(offline_lab, cpu_box, no_queue_worker):
     return offline_lab
 
 
-def fake_trainer(monkeypatch, source: Path) -> None:
+def fake_trainer(supervise, source: Path) -> None:
     def argv(family, run_dir, resume=False, nproc=None):  # noqa: ARG001
         if family == "evaluation":
             return [sys.executable, "-c", "pass"]
         return [sys.executable, "-c", FAKE_TRAINER, str(run_dir), str(source)]
 
-    monkeypatch.setattr(runs, "trainer_argv", argv)
+    supervise(trainer_argv=argv)
 
 
 def cli(command: str | list[str]) -> str:
@@ -112,9 +111,9 @@ def model_name(kind: str, stand_in: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tiny", "pretrained"])
 @pytest.mark.parametrize("request_", ["sft sanity check", "compare dpo and simpo", "grpo"])
-def test_plan_and_next_proposals_are_accepted(kind, request_, stand_in, monkeypatch):
+def test_plan_and_next_proposals_are_accepted(kind, request_, stand_in, supervise):
     model = model_name(kind, stand_in)
-    fake_trainer(monkeypatch, tiny_folder() if kind == "tiny" else Path(stand_in))
+    fake_trainer(supervise, tiny_folder() if kind == "tiny" else Path(stand_in))
     plan = api.plan_experiment(request_, model=model)
     launched: dict[str, str] = {}
     for run in plan.runs:

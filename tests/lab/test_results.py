@@ -14,7 +14,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rlhf_lab import api, cli, ledger, runs
+from rlhf_lab import api, cli, ledger
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.results.compare import compare_runs
@@ -582,8 +582,7 @@ def test_next_items_are_empty_without_findings():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_sweep_queues_matched_seeds_for_every_arm(monkeypatch):
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # nothing starts
+def test_sweep_queues_matched_seeds_for_every_arm(no_queue_worker):  # nothing starts
     result = api.sweep(
         api.SweepRequest(
             recipes=["preference_rm", "orm"], model="tiny", campaign="rm-seeds", seeds=2
@@ -605,9 +604,9 @@ def test_sweep_queues_matched_seeds_for_every_arm(monkeypatch):
         api.sweep(api.SweepRequest(recipes=["dpo"], seeds=0))
 
 
-def test_a_policy_gradient_sweep_trains_every_arm_on_the_same_rollout_shape(monkeypatch):
-    """ppo ships 16 prompts x 1 rollout and grpo 4 x 8: a sweep gives both the same budget."""
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # nothing starts
+def test_a_policy_gradient_sweep_trains_every_arm_on_the_same_rollout_shape(no_queue_worker):
+    """ppo ships 16 prompts x 1 rollout and grpo 4 x 8: a sweep gives both the same budget
+    (nothing starts)."""
     result = api.sweep(
         api.SweepRequest(recipes=["ppo", "grpo"], model="tiny", campaign="pg-matched")
     )

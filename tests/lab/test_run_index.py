@@ -411,10 +411,10 @@ def test_a_kept_snapshot_of_signatures_never_hides_an_edit(lab, extracts):
     assert sync_module._SNAPSHOT["entries"] is not entries  # the index was written: read again
 
 
-def test_the_lab_finds_its_unfinished_runs_in_the_index(lab, monkeypatch):
+def test_the_lab_finds_its_unfinished_runs_in_the_index(lab, run_json_reads):
     """queued_runs / active_runs / unfinished_runs (the queue worker, device checks) take the
     unfinished runs from the index instead of reading every run.json."""
-    from rlhf_lab.runs import queued_runs, state, unfinished_runs
+    from rlhf_lab.runs import queued_runs, unfinished_runs
 
     exp, _ = lab
     queued = write_run(
@@ -425,14 +425,8 @@ def test_the_lab_finds_its_unfinished_runs_in_the_index(lab, monkeypatch):
         created="2026-01-03T00:00:00.000+00:00",
     )
     index.page_runs()  # the index knows every run
-    read: list[str] = []
-    original = state._read_run_json
-
-    def spy(run_dir):
-        read.append(Path(run_dir).name)
-        return original(run_dir)
-
-    monkeypatch.setattr(state, "_read_run_json", spy)
+    read = run_json_reads  # the run folders whose run.json this process opened
+    read.clear()  # what the listings below open counts
     assert [s.id for s in queued_runs()] == [queued.name]
     assert [s.id for s in unfinished_runs()] == [queued.name]
     assert set(read) <= {queued.name}, "no finished run's run.json was read"

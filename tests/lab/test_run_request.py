@@ -83,8 +83,7 @@ def test_launching_has_one_name():
         assert not callable(getattr(runs, old, None)), old  # runs.launch is the module
 
 
-def test_a_queued_launch_writes_the_request_once_as_the_runs_config(lab_root, monkeypatch):
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
+def test_a_queued_launch_writes_the_request_once_as_the_runs_config(lab_root, no_queue_worker):
     quick = ["train.max_steps=2", "data.max_samples=16", "data.eval_size=8"]
     request = api.RunRequest(recipe="dpo", model="tiny", overrides=quick, seed=3, queue=True)
     result = api.launch(request)

@@ -25,6 +25,7 @@ from rlhf_lab import _queue, runs
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
 from rlhf_lab.results.diagnosis import diagnose
+from tests._lab_processes import kill_live_runs, wait_until
 from trainers.core.config import load_config
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
@@ -42,6 +43,8 @@ QUICK = DPO_SANITY_OVERRIDES + [
     "eval.sample_max_new_tokens=8",
     "checkpoint.save_final_model=false",
 ]
+# A stand-in trainer (tests/conftest.py: stand_in_trainer) that lives until it is stopped.
+SLEEPS = "import time; time.sleep(30)"
 # Runs until it is stopped or killed (thousands of steps).
 LONG = QUICK + ["train.num_epochs=1000", "train.max_steps=3000", "model.device=cpu"]
 # The queued pair runs on its own device label so it need not wait for the other real runs;
@@ -54,16 +57,10 @@ def config(overrides: list[str]) -> dict:
 
 
 def new_run(cfg: dict, campaign: str, source: str = "x", overrides=(), **kw) -> runs.NewRun:
-    """A DPO run to create, as the API hands it to the runs layer."""
-    return runs.NewRun(
-        family="direct_alignment",
-        algorithm="dpo",
-        config=cfg,
-        campaign=campaign,
-        source=source,
-        overrides=list(overrides),
-        **kw,
-    )
+    """A DPO run to create, as the API hands it to the runs layer (``kw`` wins over these)."""
+    fields = {"family": "direct_alignment", "algorithm": "dpo", "config": cfg}
+    fields.update(campaign=campaign, source=source, overrides=list(overrides))
+    return runs.NewRun(**{**fields, **kw})
 
 
 def launch(
@@ -79,29 +76,8 @@ def launch(
     return runs.start_or_queue(run, queue=queue, force=force, fits_together=fits_together)
 
 
-def wait_until(predicate, timeout: float, what: str, poll: float = 0.25):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
-
-
-def kill_leftovers(root: Path) -> None:
-    """Never leave a test's processes behind (only groups whose identity still matches)."""
-    for path in root.glob("experiments/*/runs/*/run.json"):
-        record = read_json(path)
-        if runs._process_alive(record.get("pid"), record.get("create_time")):
-            try:
-                os.killpg(record["pgid"], signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, KeyError):
-                pass
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +88,7 @@ def lab_root(tmp_path_factory):
     mp.setenv("OMP_NUM_THREADS", "1")  # several trainers share two cores
     mp.setenv("MKL_NUM_THREADS", "1")
     yield root
-    kill_leftovers(root)
+    kill_live_runs(root)  # never leave a test's processes behind
     mp.undo()
 
 
@@ -193,80 +169,23 @@ def test_unknown_run_and_bad_inputs_create_nothing(tmp_path, monkeypatch):
     with pytest.raises(LabError, match="no run"):
         runs.find_run("dpo-20260101-000000-abcd")
     cfg = config(QUICK)
-    with pytest.raises(LabError, match="campaign slug"):
-        runs.prepare_run(
-            runs.NewRun(
-                family="direct_alignment",
-                algorithm="dpo",
-                config=cfg,
-                campaign="../evil",
-                source="x",
-                overrides=[],
-            )
-        )
-    with pytest.raises(LabError, match="unknown family"):
-        runs.prepare_run(
-            runs.NewRun(
-                family="../trainers",
-                algorithm="dpo",
-                config=cfg,
-                campaign="ok",
-                source="x",
-                overrides=[],
-            )
-        )
-    with pytest.raises(LabError, match="algorithm"):
-        runs.prepare_run(
-            runs.NewRun(
-                family="direct_alignment",
-                algorithm="dpo/../x",
-                config=cfg,
-                campaign="ok",
-                source="x",
-                overrides=[],
-            )
-        )
-    with pytest.raises(LabError, match="device"):
-        runs.prepare_run(
-            runs.NewRun(
-                family="direct_alignment",
-                algorithm="dpo",
-                config=cfg,
-                campaign="ok",
-                source="x",
-                overrides=[],
-                device="tpu",
-            )
-        )
-    with pytest.raises(LabError, match="mapping"):
-        runs.prepare_run(
-            runs.NewRun(
-                family="direct_alignment",
-                algorithm="dpo",
-                config={},
-                campaign="ok",
-                source="x",
-                overrides=[],
-            )
-        )
+    bad_inputs = [  # (the error, the campaign, the run's other fields that differ)
+        ("campaign slug", "../evil", {}),
+        ("unknown family", "ok", {"family": "../trainers"}),
+        ("algorithm", "ok", {"algorithm": "dpo/../x"}),
+        ("device", "ok", {"device": "tpu"}),
+        ("mapping", "ok", {"config": {}}),
+    ]
+    for error, campaign, bad in bad_inputs:
+        with pytest.raises(LabError, match=error):
+            runs.prepare_run(new_run(cfg, campaign, **bad))
     assert list(tmp_path.glob("experiments/*/runs/*")) == []
 
 
 def test_prepare_run_writes_config_and_run_json(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     cfg = config(QUICK)
-    info = runs.prepare_run(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=cfg,
-            campaign="prep",
-            source=str(RECIPE),
-            overrides=QUICK,
-            device="cpu",
-        ),
-        state="queued",
-    )
+    info = runs.prepare_run(new_run(cfg, "prep", str(RECIPE), QUICK, device="cpu"), state="queued")
     run_dir = Path(info.run_dir)
     assert run_dir.parent.parent.name.endswith("-prep") and run_dir.name == info.id
     assert runs.find_run(info.id) == run_dir
@@ -287,16 +206,7 @@ def test_prepare_run_writes_config_and_run_json(tmp_path, monkeypatch):
 def test_reused_pid_is_not_reported_as_running(tmp_path, monkeypatch):
     """run.json names this very test process's pid but a different create time."""
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    info = runs.prepare_run(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=config(QUICK),
-            campaign="reuse",
-            source="x",
-            overrides=[],
-        )
-    )
+    info = runs.prepare_run(new_run(config(QUICK), "reuse"))
     path = Path(info.run_dir) / "run.json"
     record = read_json(path)
     me = psutil.Process()
@@ -308,16 +218,7 @@ def test_reused_pid_is_not_reported_as_running(tmp_path, monkeypatch):
     assert read_json(path)["state"] == "died"  # run.json updated
     assert runs.active_runs() == []
     # the same pid with the right create time *is* alive
-    info2 = runs.prepare_run(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=config(QUICK),
-            campaign="reuse",
-            source="x",
-            overrides=[],
-        )
-    )
+    info2 = runs.prepare_run(new_run(config(QUICK), "reuse"))
     path2 = Path(info2.run_dir) / "run.json"
     record2 = {**read_json(path2), "state": "running", "pid": os.getpid()}
     record2["create_time"] = me.create_time()
@@ -328,16 +229,7 @@ def test_reused_pid_is_not_reported_as_running(tmp_path, monkeypatch):
 
 def test_status_reads_progress_metrics_summary_and_stale_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    info = runs.prepare_run(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=config(QUICK),
-            campaign="status",
-            source="x",
-            overrides=[],
-        )
-    )
+    info = runs.prepare_run(new_run(config(QUICK), "status"))
     run_dir = Path(info.run_dir)
     record = {**read_json(run_dir / "run.json"), "state": "running", "pid": os.getpid()}
     record["create_time"] = psutil.Process().create_time()  # "alive": this test process
@@ -373,16 +265,7 @@ def test_status_reads_progress_metrics_summary_and_stale_starts(tmp_path, monkey
     assert runs.stop_run(info.id).state == "succeeded"  # stopping a finished run changes nothing
 
     # a run left in "starting" by a launcher that died before starting the process
-    stale = runs.prepare_run(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=config(QUICK),
-            campaign="status",
-            source="x",
-            overrides=[],
-        )
-    )
+    stale = runs.prepare_run(new_run(config(QUICK), "status"))
     path = Path(stale.run_dir) / "run.json"
     assert runs.run_state(stale.id).state == "starting"
     path.write_text(json.dumps({**read_json(path), "created_at": "2020-01-01T00:00:00+00:00"}))
@@ -390,26 +273,12 @@ def test_status_reads_progress_metrics_summary_and_stale_starts(tmp_path, monkey
     assert status.state == "died" and "launcher" in status.error
 
 
-def fake_trainer(code: str):
-    def argv(family, run_dir, resume=False):  # noqa: ARG001
-        return [sys.executable, "-c", code, *(["--resume"] if resume else [])]
-
-    return argv
-
-
-def test_resume_restarts_a_died_run_with_resume_and_keeps_the_attempt(tmp_path, monkeypatch):
+def test_resume_restarts_a_died_run_with_resume_and_keeps_the_attempt(
+    tmp_path, monkeypatch, stand_in_trainer
+):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
-    info = runs.start_or_queue(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=config(QUICK),
-            campaign="resume",
-            source="x",
-            overrides=[],
-        )
-    ).run
+    stand_in_trainer(SLEEPS)
+    info = runs.start_or_queue(new_run(config(QUICK), "resume")).run
     run_dir = Path(info.run_dir)
     with pytest.raises(LabError, match="stop it first"):
         runs.resume_run(info.id)  # still running
@@ -443,9 +312,9 @@ def test_resume_restarts_a_died_run_with_resume_and_keeps_the_attempt(tmp_path, 
     assert (run_dir / "attempts" / "2").is_dir()
 
 
-def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
+def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch, stand_in_trainer):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
+    stand_in_trainer(SLEEPS)
     cfg = config(QUICK)
     results, errors, extra = [], [], []
     barrier = threading.Barrier(4)
@@ -453,18 +322,7 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
     def go():
         barrier.wait()
         try:
-            results.append(
-                runs.start_or_queue(
-                    runs.NewRun(
-                        family="direct_alignment",
-                        algorithm="dpo",
-                        config=cfg,
-                        campaign="race",
-                        source="x",
-                        overrides=[],
-                    )
-                )
-            )
+            results.append(runs.start_or_queue(new_run(cfg, "race")))
         except LabError as err:
             errors.append(str(err))
 
@@ -480,14 +338,7 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
         assert len(list(tmp_path.glob("experiments/*/runs/*"))) == 1  # losers wrote nothing
         # fits_together (the caller's memory check) lets a second job share the device
         shared = runs.start_or_queue(
-            runs.NewRun(
-                family="direct_alignment",
-                algorithm="dpo",
-                config=cfg,
-                campaign="race",
-                source="x",
-                overrides=[],
-            ),
+            new_run(cfg, "race"),
             fits_together=True,
         )
         extra.append(shared.run)
@@ -495,14 +346,7 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
         assert {s.id for s in runs.active_runs("cpu")} == {winner.id, shared.run.id}
         with pytest.raises(LabError, match="both do not fit"):
             runs.start_or_queue(
-                runs.NewRun(
-                    family="direct_alignment",
-                    algorithm="dpo",
-                    config=cfg,
-                    campaign="race",
-                    source="x",
-                    overrides=[],
-                ),
+                new_run(cfg, "race"),
                 fits_together=False,
             )
     finally:
@@ -512,22 +356,18 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch):
 
 
 def test_cpu_runs_started_beside_others_get_their_share_of_the_cores(
-    tmp_path, monkeypatch, machine
+    tmp_path, monkeypatch, machine, stand_in_trainer
 ):
     assert [runs.cpu_threads_beside(n, 4) for n in range(5)] == [4, 2, 1, 1, 1]
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     machine(cores=4)
 
-    def writes_its_threads(family, run_dir, resume=False):  # noqa: ARG001
-        code = (
-            "import os, sys, time; from pathlib import Path; "
-            "Path(sys.argv[1], 'omp.txt').write_text(os.environ.get('OMP_NUM_THREADS', 'unset'));"
-            " time.sleep(30)"
-        )
-        return [sys.executable, "-c", code, str(run_dir)]
-
-    monkeypatch.setattr(runs, "trainer_argv", writes_its_threads)
+    stand_in_trainer(
+        "import os, sys, time; from pathlib import Path; "
+        "Path(sys.argv[1], 'omp.txt').write_text(os.environ.get('OMP_NUM_THREADS', 'unset'));"
+        " time.sleep(30)"
+    )
     cfg = config(QUICK + ["model.device=cpu"])
     started = []
     try:
@@ -546,14 +386,7 @@ def test_cpu_runs_started_beside_others_get_their_share_of_the_cores(
         # a thread count the user set is left alone
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
         mine = runs.start_or_queue(
-            runs.NewRun(
-                family="direct_alignment",
-                algorithm="dpo",
-                config=cfg,
-                campaign="cores",
-                source="x",
-                overrides=[],
-            ),
+            new_run(cfg, "cores"),
             force=True,
         ).run
         started.append(mine)
@@ -565,20 +398,13 @@ def test_cpu_runs_started_beside_others_get_their_share_of_the_cores(
     assert runs.active_runs() == []
 
 
-def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp_path, monkeypatch):
+def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(
+    tmp_path, monkeypatch, stand_in_trainer
+):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(runs, "trainer_argv", fake_trainer("import time; time.sleep(30)"))
+    stand_in_trainer(SLEEPS)
     cfg = config(QUICK)
-    info = runs.start_or_queue(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=cfg,
-            campaign="kill",
-            source="x",
-            overrides=[],
-        )
-    ).run
+    info = runs.start_or_queue(new_run(cfg, "kill")).run
     assert runs.run_state(info.id).state == "running"
     os.killpg(info.pgid, signal.SIGKILL)  # wrapper and trainer both gone: no exit.json
     status = wait_until(
@@ -589,24 +415,11 @@ def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp
 
     # A trainer that ignores SIGTERM is killed after the grace period; the run is "killed"
     # (tests/reliability/test_stop.py checks what the stop then says was lost).
-    monkeypatch.setattr(
-        runs,
-        "trainer_argv",
-        fake_trainer(
-            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('ready', flush=True); time.sleep(30)"
-        ),
+    stand_in_trainer(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(30)"
     )
-    info = runs.start_or_queue(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=cfg,
-            campaign="kill",
-            source="x",
-            overrides=[],
-        )
-    ).run
+    info = runs.start_or_queue(new_run(cfg, "kill")).run
     # the line the trainer prints (the log's header names the command, 'ready' included)
     wait_until(lambda: "\nready\n" in (Path(info.run_dir) / "train.log").read_text(), 20, "ready")
     t0 = time.time()
@@ -615,21 +428,10 @@ def test_wrapper_killed_with_its_group_is_died_and_ignored_sigterm_escalates(tmp
     assert time.time() - t0 < 8
 
 
-def test_exit_code_is_recorded_by_the_wrapper(tmp_path, monkeypatch):
+def test_exit_code_is_recorded_by_the_wrapper(tmp_path, monkeypatch, stand_in_trainer):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(
-        runs, "trainer_argv", fake_trainer("import sys; print('boom', flush=True); sys.exit(3)")
-    )
-    info = runs.start_or_queue(
-        runs.NewRun(
-            family="direct_alignment",
-            algorithm="dpo",
-            config=config(QUICK),
-            campaign="exit",
-            source="x",
-            overrides=[],
-        )
-    ).run
+    stand_in_trainer("import sys; print('boom', flush=True); sys.exit(3)")
+    info = runs.start_or_queue(new_run(config(QUICK), "exit")).run
     status = wait_until(lambda: (s := runs.run_state(info.id)).terminal and s, 20, "end")
     assert status.state == "failed" and status.exit_code == 3 and status.signal is None
     assert read_json(Path(info.run_dir) / "exit.json")["exit_code"] == 3

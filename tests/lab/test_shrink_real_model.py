@@ -30,8 +30,7 @@ LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 
 
 @pytest.fixture(autouse=True)
-def lab_root(offline_lab, cpu_box, monkeypatch):
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
+def lab_root(offline_lab, cpu_box, no_queue_worker):
     return offline_lab
 
 

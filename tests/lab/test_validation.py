@@ -41,21 +41,16 @@ HOLDER = "dpo-20260301-110000-cccc"
 
 
 @pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
+def lab_root(tmp_path, monkeypatch, no_queue_worker):  # queued runs stay queued
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)  # queued runs stay queued
     return tmp_path
 
 
 @pytest.fixture
-def fake_trainer(monkeypatch):
+def fake_trainer(stand_in_trainer):
     """Direct launches start this instead of a trainer: it exits 0 at once."""
-
-    def argv(family, run_dir, resume=False):  # noqa: ARG001
-        return [sys.executable, "-c", "print('fake trainer', flush=True)"]
-
-    monkeypatch.setattr(runs, "trainer_argv", argv)
+    stand_in_trainer("print('fake trainer', flush=True)")
 
 
 def nothing_written(root: Path) -> None:

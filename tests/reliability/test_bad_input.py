@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import signal
 import typing
 from pathlib import Path
 
@@ -42,6 +40,7 @@ from rlhf_lab.mcp_server import check_bind_host, server
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import FAMILIES
 from rlhf_lab.planning.configs import config_model, validate_data
+from tests._lab_processes import kill_live_runs
 from trainers.core.config import ConfigError
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
@@ -72,22 +71,18 @@ def lab_root(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(root))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield root
-    for path in root.glob("experiments/*/runs/*/run.json"):
-        record = json.loads(path.read_text())
-        if record.get("pgid") and runs._process_alive(record.get("pid"), record.get("create_time")):
-            os.killpg(record["pgid"], signal.SIGKILL)
+    kill_live_runs(root)
 
 
 @pytest.fixture
-def no_trainer(monkeypatch):
+def no_trainer(supervise, no_queue_worker):
     """Launches get as far as starting the trainer, which is refused instead (and the queue
     worker is never spawned): fuzzing must not start training jobs."""
 
     def refuse(run_id: str):
         raise LabError(f"not started: trainers are disabled in this test ({run_id})")
 
-    monkeypatch.setattr(runs, "start_run", refuse)
-    monkeypatch.setattr(runs, "ensure_queue_worker", lambda: None)
+    supervise(start_run=refuse)
 
 
 def tree(root: Path) -> dict[str, tuple[int, int] | None]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -30,8 +29,9 @@ import pytest
 import yaml
 
 import rlhf_lab.runs.launcher as runs_launch
-from rlhf_lab import api, ledger, runs
+from rlhf_lab import api, ledger
 from rlhf_lab.paths import LabError
+from tests._lab_processes import kill_live_runs, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER_RE = re.compile(r"<!-- rlhf-lab:(begin|end) ([a-z-]+) -->")
@@ -64,29 +64,7 @@ def lab_root(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield tmp_path
-    _kill_leftovers(tmp_path)
-
-
-def _kill_leftovers(root: Path) -> None:
-    """Never leave a trainer (or the queue worker's run) behind: only groups whose recorded
-    identity still matches are killed."""
-    for path in root.glob("experiments/*/runs/*/run.json"):
-        record = json.loads(path.read_text())
-        if record.get("pgid") and runs._process_alive(record.get("pid"), record.get("create_time")):
-            try:
-                os.killpg(record["pgid"], signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def wait_until(predicate, timeout: float, what: str, poll: float = 0.25):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    kill_live_runs(tmp_path)  # never leave a trainer (or the queue worker's run) behind
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +289,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
-    lab_root, monkeypatch, machine
+    lab_root, monkeypatch, machine, supervise
 ):
     # Whatever the order, the memory check must not let the second job share the CPU: the free
     # RAM holds one run (an idle CPU passes the launch's fit check) but not two.
@@ -325,7 +303,7 @@ def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
         at_launch.wait(timeout=60)
         return real_start(*args, **kwargs)
 
-    monkeypatch.setattr(runs_launch, "start_or_queue", launch_together)
+    supervise(start_or_queue=launch_together)
     barrier = threading.Barrier(2)
     started, refused = [], []
 

@@ -37,6 +37,7 @@ from rlhf_lab import api, runs
 from rlhf_lab.cli import app
 from rlhf_lab.paths import LabError
 from rlhf_lab.runs import wait_for_end
+from tests._lab_processes import wait_until as poll_until
 
 RUN_TIMEOUT_S = 300.0
 POLL_S = 0.05
@@ -113,14 +114,8 @@ def lab_root(tmp_path, monkeypatch):
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str):
-    """Poll ``predicate`` until it returns something truthy (returned) or fail naming ``what``."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(POLL_S)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    """Poll ``predicate`` every POLL_S until it returns something truthy (returned)."""
+    return poll_until(predicate, timeout_s, what, poll=POLL_S)
 
 
 def launch(recipe: str, overrides: list[str], campaign: str) -> runs.RunInfo:
@@ -338,6 +333,7 @@ LAUNCHER = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     from rlhf_lab import api, runs
+    from rlhf_lab.runs.supervisor import supervised_by
 
     point, seconds = sys.argv[1], sys.argv[2]
     cfg = api.resolve_config("dpo", [])
@@ -354,10 +350,9 @@ LAUNCHER = textwrap.dedent(
     def stand_in(family, run_dir, resume=False):
         return [sys.executable, "-c", f"import time; time.sleep({seconds})", str(run_dir)]
 
-    runs.trainer_argv = stand_in
-    # start_run hands the wrapper to this right after starting it, before run.json has its pid
-    runs._reap_in_background = lambda proc: die(proc.args[3])
-    runs.start_or_queue(run)
+    # start_run hands the wrapper to `reap` right after starting it, before run.json has its pid
+    with supervised_by(trainer_argv=stand_in, reap=lambda proc: die(proc.args[3])):
+        runs.start_or_queue(run)
     """
 )
 
@@ -376,13 +371,13 @@ def killed_launcher(point: str, seconds: float = 0.0) -> tuple[str, Path]:
     return run_id, runs.find_run(run_id)
 
 
-def test_launcher_killed_before_starting_the_process_is_starting_then_died(monkeypatch):
+def test_launcher_killed_before_starting_the_process_is_starting_then_died(supervise):
     run_id, run_dir = killed_launcher("before-start")
     listed = {s.id: s for s in api.list_runs()}
     assert listed[run_id].state == "starting" and not listed[run_id].alive
     assert api.run_status(run_id).status.state == "starting"
 
-    monkeypatch.setattr(runs, "STARTING_TIMEOUT_S", 0.5)
+    supervise(starting_timeout_s=0.5)
     time.sleep(0.6)
     view = api.run_status(run_id)
     status = view.status
@@ -397,9 +392,9 @@ def test_launcher_killed_before_starting_the_process_is_starting_then_died(monke
     assert "[died]" in shown.output and "launcher exited before it started" in shown.output
 
 
-def test_launcher_killed_after_starting_the_wrapper_still_tracks_the_run(monkeypatch):
+def test_launcher_killed_after_starting_the_wrapper_still_tracks_the_run(supervise):
     """run.json never got the wrapper's pid; the wrapper's process.json must carry the run."""
-    monkeypatch.setattr(runs, "STARTING_TIMEOUT_S", 0.5)  # what counts is the live process
+    supervise(starting_timeout_s=0.5)  # what counts is the live process
 
     # (a) looked at while it runs: running, and `stop` ends it
     run_id, run_dir = killed_launcher("after-start", seconds=60)

@@ -202,14 +202,16 @@ def test_the_wrapper_writes_progress_before_the_trainer_starts(tmp_path):
     assert resumed["epoch"] == 1
 
 
-def test_status_shows_the_phase_and_total_while_no_step_is_done(tmp_path, monkeypatch):
+def test_status_shows_the_phase_and_total_while_no_step_is_done(
+    tmp_path, monkeypatch, stand_in_trainer
+):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     writes_progress = (
         "import json, pathlib, sys, time; p = pathlib.Path(sys.argv[1], 'progress.json'); "
         "p.write_text(json.dumps({'step': 0, 'total_steps': 32, 'phase': 'tokenizing'})); "
         "time.sleep(60)"
     )
-    monkeypatch.setattr(runs, "trainer_argv", fake_trainer(writes_progress))
+    stand_in_trainer(writes_progress)
     run = api.launch(
         api.RunRequest(recipe="dpo", overrides=[], model="tiny", campaign="blind", force=True)
     ).run
@@ -304,13 +306,6 @@ def test_a_stop_during_a_policy_gradient_rollout(tmp_path, monkeypatch, straight
 # ---------------------------------------------------------------------------------------------
 
 
-def fake_trainer(code: str):
-    def argv(family, run_dir, resume=False):
-        return [sys.executable, "-c", code, str(run_dir)]
-
-    return argv
-
-
 IGNORES_SIGTERM = (
     "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "d = os.path.join(sys.argv[1], 'checkpoints', 'step-0000004'); os.makedirs(d); "
@@ -318,9 +313,11 @@ IGNORES_SIGTERM = (
 )
 
 
-def test_a_trainer_that_ignores_sigterm_is_killed_and_reported_so(tmp_path, monkeypatch):
+def test_a_trainer_that_ignores_sigterm_is_killed_and_reported_so(
+    tmp_path, monkeypatch, stand_in_trainer
+):
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(runs, "trainer_argv", fake_trainer(IGNORES_SIGTERM))
+    stand_in_trainer(IGNORES_SIGTERM)
     run = api.launch(
         api.RunRequest(recipe="dpo", overrides=[], model="tiny", campaign="kill", force=True)
     ).run
@@ -338,7 +335,7 @@ def test_a_trainer_that_ignores_sigterm_is_killed_and_reported_so(tmp_path, monk
     assert [s.id for s in api.list_runs(state="killed")] == [run.id]
     shown = CliRunner().invoke(app, ["stop", run.id])
     assert shown.exit_code == 0 and "already ended (killed)" in shown.output
-    monkeypatch.setattr(runs, "trainer_argv", fake_trainer("pass"))  # this attempt succeeds
+    stand_in_trainer("pass")  # this attempt succeeds
     resumed = api.resume_run(run.id, force=True)  # a killed run resumes from its checkpoint
     assert "from checkpoint step 4" in resumed.message
     final = runs.wait_for_end(run.id, poll_s=0.1, timeout_s=60)
