@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlhf_lab import api, runs
+from rlhf_lab import api
 from rlhf_lab.cli import app
 from rlhf_lab.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from rlhf_lab.planning.validation import (
