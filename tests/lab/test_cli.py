@@ -11,15 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from rlhf_lab.cli import app
+from tests._helpers.algorithms import DIRECT_ALIGNMENT_LOSSES
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 @pytest.mark.parametrize(
@@ -54,17 +52,7 @@ def test_recipes_json_lists_every_shipped_direct_alignment_config():
     result = runner.invoke(app, ["recipes", "--family", "direct_alignment", "--json"])
     assert result.exit_code == 0, result.output
     names = {r["name"] for r in json.loads(result.output)}
-    assert {
-        "dpo",
-        "cdpo",
-        "dpo_norm",
-        "ipo",
-        "simpo",
-        "orpo",
-        "kto",
-        "apo_zero",
-        "apo_down",
-    } <= names
+    assert DIRECT_ALIGNMENT_LOSSES <= names
 
 
 def test_shrink_json_reports_diff_and_steps():

@@ -29,10 +29,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MARKER_RE = re.compile(r"<!-- rlhf-lab:(begin|end) ([a-z-]+) -->")
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,71 +13,19 @@ from rlhf_lab.planning import memory
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import (
     GIB,
+    KNOWN_ARCHITECTURES,
     arch_from_config,
     count_parameters,
     estimate_memory,
     model_facts,
 )
 from rlhf_lab.planning.shrink import shrink_config
+from tests._helpers.model_configs import GPT2, LLAMA2_7B, QWEN25_05B
 
-# config.json of real models (the fields that matter), written out here on purpose.
-QWEN25_05B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "vocab_size": 151936,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": True,
-    "rms_norm_eps": 1e-06,
-}
-LLAMA2_7B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 32000,
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-    "rms_norm_eps": 1e-05,
-}
-GPT2 = {
-    "architectures": ["GPT2LMHeadModel"],
-    "model_type": "gpt2",
-    "vocab_size": 50257,
-    "n_embd": 768,
-    "n_layer": 12,
-    "n_head": 12,
-    "n_positions": 1024,
-    "n_inner": None,
-}
-QWEN3_06B = {
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": True,
-}
-OLMO2_1B = {
-    "model_type": "olmo2",
-    "vocab_size": 100352,
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 16,
-    "tie_word_embeddings": False,
-}
+# Models the shipped recipes name: their facts from the lab's table
+# (rlhf_lab/planning/memory/architecture.py), checked below against hand-computed counts.
+QWEN3_06B = KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"]
+OLMO2_1B = KNOWN_ARCHITECTURES["allenai/OLMo-2-0425-1B"]
 
 
 # ---------------------------------------------------------------------------------------------
