@@ -38,6 +38,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests._helpers.server_env import server_env
+
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = ROOT / "tests" / "e2e" / "inspector.py"
 
@@ -73,24 +75,6 @@ def lab_command() -> list[str]:
     """``rlhf-lab mcp`` from this environment (what ``uv run rlhf-lab mcp`` runs)."""
     exe = Path(sys.executable).with_name("rlhf-lab")
     return [str(exe), "mcp"] if exe.exists() else [sys.executable, "-m", "rlhf_lab.cli", "mcp"]
-
-
-def server_env(root: Path) -> dict[str, str]:
-    """What the server needs (a stdio client passes only HOME, PATH, ... plus its ``-e``
-    pairs): the lab root, offline switches, one math thread, the session's model cache."""
-    env = {
-        "RLHF_LAB_ROOT": str(root),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "WANDB_MODE": "disabled",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    for key in ("RLHF_LAB_CACHE", "HF_DATASETS_CACHE", "HF_HOME"):
-        if os.environ.get(key):
-            env[key] = os.environ[key]
-    return env
 
 
 @dataclass
