@@ -49,6 +49,7 @@ import pytest
 import torch
 
 from tests._helpers.algorithms import DIRECT_ALIGNMENT_LOSSES
+from tests._helpers.trl_reference import trl_fixture  # noqa: F401  (the ``trl`` fixture)
 from trainers.direct_alignment.losses import (
     DEFAULT_BETA,
     LOSSES,
@@ -492,14 +493,6 @@ def test_kto_reference_point_is_detached():
 
 
 # --------------------------------------------------------------------------- 3. against trl==1.16.0
-
-
-@pytest.fixture(scope="module")
-def trl():
-    trl = pytest.importorskip("trl")
-    if trl.__version__ != "1.16.0":
-        pytest.skip(f"comparisons are written against trl==1.16.0, found {trl.__version__}")
-    return trl
 
 
 class _FakeLM:
