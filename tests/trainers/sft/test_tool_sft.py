@@ -11,6 +11,7 @@ import pytest
 import yaml
 from conftest import trainer_argv
 
+from tests._helpers.quick_runs import SFT_ON_TINY
 from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.config import load_config
 from trainers.core.generation import chat_prompt_ids
@@ -27,24 +28,13 @@ CONFIGS = ROOT / "trainers" / "sft" / "configs"
 SMOLLM2_DIR = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / "smollm2-135m-instruct"
 
 QUICK = [
-    "model.name=tiny",
-    "model.chat_template_source=null",
-    "model.gradient_checkpointing=false",
+    *SFT_ON_TINY,
     "data.dataset=builtin:tool-sft",
     "data.train_on=all_assistant",
     "data.max_samples=24",
     "data.eval_size=4",
     "data.max_length=288",
-    "train.batch_size=4",
     "train.gradient_accumulation_steps=1",
-    "train.learning_rate=1.0e-3",
-    "train.num_epochs=1",
-    "eval.eval_every=2",
-    "eval.sample_every=2",
-    "eval.num_samples=2",
-    "eval.sample_max_new_tokens=8",
-    "logging.log_every=1",
-    "checkpoint.save_every=null",
 ]
 
 
