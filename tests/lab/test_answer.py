@@ -27,10 +27,7 @@ from tests.lab.test_overoptimisation import CAMP, PNG_MAGIC, make_run
 PLAIN = ("model.name=tiny", "train.max_steps=12")
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def pg_rows(start: float, end: float, *, fmt=(0.5, 0.9), contrast=0.6, steps=12, n=32):

@@ -22,12 +22,7 @@ RM = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    yield tmp_path
-    for status in [*runs.queued_runs(), *runs.active_runs()]:
-        runs.stop_run(status.id, grace_s=5)
+pytestmark = pytest.mark.usefixtures("lab_root", "stop_leftover_runs")
 
 
 @pytest.mark.slow  # builds the SFT warm start when no earlier test of the session has

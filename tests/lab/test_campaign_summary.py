@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,9 +21,9 @@ from rlhf_lab import api, index
 from rlhf_lab.cli import fast
 from rlhf_lab.index import campaign_summary as plain
 from rlhf_lab.index.campaign_summary import plain_summary
+from tests._helpers.imports import cli_import_trace, within
 from tests.lab.test_cli_fast import HEAVY
 
-ROOT = Path(__file__).resolve().parents[2]
 OLD = time.time() - 120  # a file changed within two seconds is never cached
 
 
@@ -237,21 +235,8 @@ def test_a_cold_listing_without_summaries_imports_no_heavy_module(big_lab):
     _typer(["campaign", "list"])
     _forget_summaries()
     env = {**os.environ, "RLHF_LAB_ROOT": str(big_lab.parent), "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "rlhf_lab.cli", "campaign", "list", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    imported = {
-        line.split("|")[-1].strip()
-        for line in done.stderr.splitlines()
-        if line.startswith("import time:")
-    }
-    heavy = sorted(m for m in imported if any(m == h or m.startswith(h + ".") for h in HEAVY))
+    done, imported = cli_import_trace(["campaign", "list", "--json"], env)
+    heavy = within(imported, HEAVY)
     assert "rlhf_lab.index.campaign_summary" in imported and heavy == []
     listed = json.loads(done.stdout)
     assert len(listed) == 22 and {c["runs"] for c in listed} == {0, 500}

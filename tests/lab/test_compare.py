@@ -14,11 +14,7 @@ from rlhf_lab import ledger
 from rlhf_lab.paths import LabError
 from rlhf_lab.results.compare import compare_runs
 
-
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 CAMPAIGN = "2026-03-01-cmp"

@@ -33,10 +33,7 @@ PPO_RM = (
 )
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def ppo_run(run_id: str, rows: list[dict], overrides: tuple[str, ...] = PPO_RM):

@@ -18,11 +18,7 @@ from trainers.evaluation.config import EvalConfig
 from trainers.evaluation.prompts import reasoning_prompts, reasoning_specs, tasks_source
 from trainers.evaluation.targets import resolve_ref
 
-
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def trained_run(root: Path, recipe: str, overrides: list[str]) -> str:

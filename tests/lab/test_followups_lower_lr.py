@@ -20,10 +20,7 @@ CAMP = "2026-03-01-warm-pg"
 PG = ("model.name=tiny", "data.eval_size=64", "train.max_steps=20", "train.learning_rate=0.001")
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def healthy_rows() -> list[dict]:

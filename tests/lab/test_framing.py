@@ -21,10 +21,7 @@ from trainers.core.config import read_yaml
 VERIFIER = ("model.name=tiny", "data.eval_size=32", "train.max_steps=20")
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def stuck_rows(formats=(0.1, 0.3, 0.5)) -> list[dict]:

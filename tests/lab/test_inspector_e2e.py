@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.mcp._lab import server_env
+from tests._helpers.server_env import server_env
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = ROOT / "tests" / "e2e" / "inspector.py"

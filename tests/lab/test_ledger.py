@@ -7,7 +7,6 @@ import json
 import multiprocessing
 import os
 import re
-import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ import yaml
 from rlhf_lab import ledger
 from rlhf_lab.paths import LabError
 from rlhf_lab.results.compare import compare_runs
+from tests._helpers.imports import modules_left_imported
 from trainers.core.config import read_yaml
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
@@ -29,10 +29,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MARKER_RE = re.compile(r"<!-- rlhf-lab:(begin|end) ([a-z-]+) -->")
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,13 +652,8 @@ def test_run_in_a_campaign_without_ledger_creates_it():
 
 
 def test_lab_modules_import_neither_torch_nor_matplotlib():
-    code = (
-        "import sys, rlhf_lab.ledger, rlhf_lab.results.compare, rlhf_lab.results.plots; "
-        "bad = [m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]; "
-        "sys.exit(f'imported {bad}' if bad else 0)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0, done.stderr + done.stdout
+    code = "import rlhf_lab.ledger, rlhf_lab.results.compare, rlhf_lab.results.plots"
+    assert modules_left_imported(code, ("torch", "transformers", "matplotlib")) == []
 
 
 def test_performance_summary_skips_warm_up_and_reaches_the_markdown():

@@ -13,71 +13,19 @@ from rlhf_lab.planning import memory
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import (
     GIB,
+    KNOWN_ARCHITECTURES,
     arch_from_config,
     count_parameters,
     estimate_memory,
     model_facts,
 )
 from rlhf_lab.planning.shrink import shrink_config
+from tests._helpers.model_configs import GPT2, LLAMA2_7B, QWEN25_05B
 
-# config.json of real models (the fields that matter), written out here on purpose.
-QWEN25_05B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "vocab_size": 151936,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": True,
-    "rms_norm_eps": 1e-06,
-}
-LLAMA2_7B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 32000,
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-    "rms_norm_eps": 1e-05,
-}
-GPT2 = {
-    "architectures": ["GPT2LMHeadModel"],
-    "model_type": "gpt2",
-    "vocab_size": 50257,
-    "n_embd": 768,
-    "n_layer": 12,
-    "n_head": 12,
-    "n_positions": 1024,
-    "n_inner": None,
-}
-QWEN3_06B = {
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": True,
-}
-OLMO2_1B = {
-    "model_type": "olmo2",
-    "vocab_size": 100352,
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 16,
-    "tie_word_embeddings": False,
-}
+# Models the shipped recipes name: their facts from the lab's table
+# (rlhf_lab/planning/memory/architecture.py), checked below against hand-computed counts.
+QWEN3_06B = KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"]
+OLMO2_1B = KNOWN_ARCHITECTURES["allenai/OLMo-2-0425-1B"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,35 +180,35 @@ def _dpo_config(**changes) -> dict:
     return resolve_config("dpo", overrides).data
 
 
+def _dpo_estimate(arch, config: dict | None = None, *, device: str = "cuda", **assume):
+    """The DPO estimate on ``arch`` with ``config`` (the shipped one by default) on ``device``,
+    under the given :class:`memory.Assumptions`."""
+    config = _dpo_config() if config is None else config
+    return estimate_memory(
+        "direct_alignment", "dpo", config, arch, device=device, assume=memory.Assumptions(**assume)
+    )
+
+
 def test_trained_model_states_by_precision():
     p = 494_032_768
     arch = count_parameters(QWEN25_05B)
-    gpu = _by_name(estimate_memory("direct_alignment", "dpo", _dpo_config(), arch, device="cuda"))
+    gpu = _by_name(_dpo_estimate(arch))
     assert gpu["policy weights"] == pytest.approx(p * 2 / GIB, abs=1e-3)  # bf16 on a GPU
     assert gpu["policy gradients"] == pytest.approx(p * 2 / GIB, abs=1e-3)
     assert gpu["policy optimizer (AdamW)"] == pytest.approx(2 * p * 2 / GIB, abs=1e-3)
-    cpu = _by_name(estimate_memory("direct_alignment", "dpo", _dpo_config(), arch, device="cpu"))
+    cpu = _by_name(_dpo_estimate(arch, device="cpu"))
     assert cpu["policy weights"] == pytest.approx(p * 4 / GIB, abs=1e-3)  # fp32 on the CPU
     assert cpu["policy optimizer (AdamW)"] == pytest.approx(2 * p * 4 / GIB, abs=1e-3)
     assert "CUDA context" in gpu and "process baseline" in cpu
 
-    mixed = _by_name(
-        estimate_memory(
-            "direct_alignment",
-            "dpo",
-            _dpo_config(),
-            arch,
-            device="cuda",
-            assume=memory.Assumptions(master_weights=True),
-        )
-    )
+    mixed = _by_name(_dpo_estimate(arch, master_weights=True))
     states = mixed["policy weights"] + mixed["policy gradients"] + mixed["policy optimizer (AdamW)"]
     assert states == pytest.approx(p * 18 / GIB, abs=1e-3)  # 6 + 4 + 8 bytes per parameter
 
 
 def test_reference_model_only_when_needed():
     arch = count_parameters(QWEN25_05B)
-    dpo = estimate_memory("direct_alignment", "dpo", _dpo_config(), arch, device="cuda")
+    dpo = _dpo_estimate(arch)
     names = _by_name(dpo)
     assert "reference weights (frozen)" in names
     # the reference pass runs before the policy is loaded: it has its own phase
@@ -269,14 +217,7 @@ def test_reference_model_only_when_needed():
     assert set(dpo.phases) >= {"train", "reference"}
     assert dpo.total_gb == max(dpo.phases.values())
 
-    cached = estimate_memory(
-        "direct_alignment",
-        "dpo",
-        _dpo_config(),
-        arch,
-        device="cuda",
-        assume=memory.Assumptions(reference_cached=True),
-    )
+    cached = _dpo_estimate(arch, reference_cached=True)
     assert "reference weights (frozen)" not in _by_name(cached)
     for loss in ("simpo", "orpo"):
         est = estimate_memory("direct_alignment", loss, _dpo_config(loss=loss), arch, device="cuda")
@@ -289,9 +230,7 @@ def test_gradient_checkpointing_and_batch_shape():
 
     def act(**kw) -> float:
         cfg = _dpo_config(**kw)
-        return _by_name(estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda"))[
-            "policy activations"
-        ]
+        return _by_name(_dpo_estimate(arch, cfg))["policy activations"]
 
     full = act(**{"model.gradient_checkpointing": "false"})
     ckpt = act(**{"model.gradient_checkpointing": "true"})
@@ -310,13 +249,13 @@ def test_gradient_checkpointing_and_batch_shape():
     h, q, kv, i = 896, 896, 128, 4864
     per_token = 25 * (2 * (4 * h + 2 * q + 2 * kv + 4 * i) + 2 * 2 * h)
     expected = 2 * 2048 * per_token / GIB  # chosen + rejected rows × max_length tokens
-    got = _by_name(estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda"))
+    got = _by_name(_dpo_estimate(arch, cfg))
     assert got["policy activations"] == pytest.approx(expected, abs=1e-3)
 
 
 def test_kto_carries_a_third_sequence():
     arch = count_parameters(QWEN25_05B)
-    dpo = _by_name(estimate_memory("direct_alignment", "dpo", _dpo_config(), arch, device="cuda"))
+    dpo = _by_name(_dpo_estimate(arch))
     kto = _by_name(
         estimate_memory("direct_alignment", "kto", _dpo_config(loss="kto"), arch, device="cuda")
     )
@@ -329,13 +268,13 @@ def test_logits_are_chunked():
     LM head (trainers.core.logprobs.completion_logps): one 256-position chunk is alive."""
     arch = count_parameters(QWEN25_05B)
     cfg = _dpo_config(**{"train.batch_size": 2, "data.max_length": 4096})
-    got = _by_name(estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda"))
+    got = _by_name(_dpo_estimate(arch, cfg))
     # 256 positions × vocab × (2·2 + 12) bytes, independent of the 4 rows and the 4096 length
     expected = 256 * 151936 * 16 / GIB
     assert got["policy logits (chunked log-probs)"] == pytest.approx(expected, abs=1e-3)
     # fewer tokens than a chunk: 1 pair = 2 rows × 64 tokens = 128 positions
     cfg = _dpo_config(**{"train.batch_size": 1, "data.max_length": 64})
-    got = _by_name(estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda"))
+    got = _by_name(_dpo_estimate(arch, cfg))
     assert got["policy logits (chunked log-probs)"] == pytest.approx(
         128 * 151936 * 16 / GIB, abs=1e-4
     )
@@ -392,7 +331,7 @@ def test_gradients_without_accumulation_fill_in_as_activations_are_freed():
     def grads_gb(**changes) -> float:
         base = {"model.gradient_checkpointing": "false", "train.gradient_accumulation_steps": 1}
         cfg = _dpo_config(**{**base, **changes})
-        est = estimate_memory("direct_alignment", "dpo", cfg, arch, device="cuda")
+        est = _dpo_estimate(arch, cfg)
         return _by_name(est)["policy gradients"]
 
     # 1 pair × 64 tokens: activations 128 tokens, logits 128 positions; the gradients exceed them

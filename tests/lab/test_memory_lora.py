@@ -11,18 +11,8 @@ from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import GIB, arch_from_config, estimate_memory
 from rlhf_lab.planning.memory.lora import LoraPlan, adapter_params, lora_plan
 from rlhf_lab.planning.trainer_config import TrainerConfig
+from tests._helpers.model_configs import GPT2, LLAMA2_7B
 
-LLAMA2_7B = {
-    "model_type": "llama",
-    "vocab_size": 32000,
-    "hidden_size": 4096,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,
-    "tie_word_embeddings": False,
-}
-GPT2 = {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12}
 LORA = {"enabled": True, "rank": 16, "alpha": 32, "dropout": 0.05, "target_modules": None}
 
 

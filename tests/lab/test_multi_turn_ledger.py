@@ -28,10 +28,7 @@ TRAJECTORY = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def pg_rows(tools: bool) -> list[dict]:

@@ -8,22 +8,17 @@ import pytest
 
 from rlhf_lab.planning.catalog import find_recipe, list_recipes
 from rlhf_lab.planning.configs import resolve_config
-from rlhf_lab.planning.memory import GIB, count_parameters, estimate_memory
+from rlhf_lab.planning.memory import (
+    GIB,
+    KNOWN_ARCHITECTURES,
+    count_parameters,
+    estimate_memory,
+)
 from rlhf_lab.planning.plan import matched_overrides
 from rlhf_lab.planning.shrink import shrink_config
 
 NEW = ("reinforce_pp", "reinforce_pp_baseline", "remax", "gmpo")
-QWEN3_06B = {
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": True,
-}
+QWEN3_06B = KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"]  # the model the recipes ship
 
 
 def _components(est) -> dict[str, float]:

@@ -21,6 +21,7 @@ from rlhf_lab.errors import Conflict, InvalidArgument, NotFound
 from rlhf_lab.planning import offline_data, real_model
 from rlhf_lab.planning.overrides import Override
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.runs.identical import identical_runs
 from tests.conftest import model_folder
 from trainers.core.lora import DEFAULT_TARGETS
@@ -83,7 +84,9 @@ def test_no_builtin_equivalent_is_refused_with_the_override_to_use(smol):
     assert "has no built-in offline equivalent" in pg.value.message
     assert "overrides data.source=reasoning_gym data.dataset=null" in pg.value.message
     # a family that reads data files only (every such family has a set today) names a file
-    err = offline_data._no_equivalent("sft", "sft", {}, "data.dataset", "org/hub-set")
+    err = offline_data._no_equivalent(
+        TrainerConfig("sft", {}), "sft", "data.dataset", "org/hub-set"
+    )
     assert "has no built-in offline equivalent" in err.message
     assert "override data.dataset=/path/to/data.jsonl" in err.message
 

@@ -21,25 +21,6 @@ QUICK = [
 ]
 
 
-def server_env(root: Path) -> dict[str, str]:
-    """What a server subprocess needs (a stdio client passes only HOME, PATH, ... plus what it
-    is given): the lab root, offline switches, one math thread per trainer, and the test
-    session's model cache."""
-    env = {
-        "RLHF_LAB_ROOT": str(root),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "WANDB_MODE": "disabled",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    for key in ("RLHF_LAB_CACHE", "HF_DATASETS_CACHE", "HF_HOME"):
-        if os.environ.get(key):
-            env[key] = os.environ[key]
-    return env
-
-
 def kill_runs(root: Path) -> None:
     """SIGKILL the process group of every run under ``root`` whose trainer is still alive."""
     from rlhf_lab.runs import _process_alive

@@ -21,7 +21,8 @@ import psutil
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.mcp._lab import QUICK, kill_runs, server_env
+from tests._helpers.server_env import server_env
+from tests.mcp._lab import QUICK, kill_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "stopped", "died"}

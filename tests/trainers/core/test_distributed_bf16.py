@@ -36,6 +36,15 @@ ONE_STEP = [
     "checkpoint.save_every=null",
     "checkpoint.save_final_model=false",
 ]
+# The families that train on a fixed data set (no sampling): a dozen short examples, one batch of 4.
+FIXED_DATA_STEP = [
+    "data.max_samples=12",
+    "data.eval_size=2",
+    "data.max_length=96",
+    "train.batch_size=4",
+    "train.gradient_accumulation_steps=1",
+    "eval.eval_every=0",
+]
 FAMILIES = {
     "sft": (
         "trainers.sft.train",
@@ -44,12 +53,7 @@ FAMILIES = {
             *ONE_STEP,
             "model.chat_template_source=null",
             "data.dataset=builtin:reasoning-sft",
-            "data.max_samples=12",
-            "data.eval_size=2",
-            "data.max_length=96",
-            "train.batch_size=4",
-            "train.gradient_accumulation_steps=1",
-            "eval.eval_every=0",
+            *FIXED_DATA_STEP,
             "eval.sample_every=0",
         ],
         True,
@@ -60,12 +64,7 @@ FAMILIES = {
         [
             *ONE_STEP,
             "data.dataset=builtin:reasoning-preferences",
-            "data.max_samples=12",
-            "data.eval_size=2",
-            "data.max_length=96",
-            "train.batch_size=4",
-            "train.gradient_accumulation_steps=1",
-            "eval.eval_every=0",
+            *FIXED_DATA_STEP,
             "eval.sample_every=0",
         ],
         True,
@@ -76,12 +75,7 @@ FAMILIES = {
         [
             *ONE_STEP,
             "data.dataset=builtin:reasoning-preferences",
-            "data.max_samples=12",
-            "data.eval_size=2",
-            "data.max_length=96",
-            "train.batch_size=4",
-            "train.gradient_accumulation_steps=1",
-            "eval.eval_every=0",
+            *FIXED_DATA_STEP,
         ],
         True,
     ),

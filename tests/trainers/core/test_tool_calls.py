@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests._helpers.tool_errors import assert_short_error
 from trainers.core.environments.tool_calls import (
     CLOSE_TAG,
     OPEN_PATTERN,
@@ -67,11 +68,7 @@ def test_the_close_tag_and_open_pattern_describe_the_same_format():
     ],
 )
 def test_every_malformed_call_is_a_short_tool_call_error(turn, fragment):
-    with pytest.raises(ToolCallError) as raised:
-        parse_tool_call(turn)
-    message = str(raised.value)
-    assert fragment in message
-    assert "\n" not in message and len(message) < 120
+    assert_short_error(ToolCallError, lambda: parse_tool_call(turn), fragment)
 
 
 def test_observation_texts_and_the_result_value_round_trip():

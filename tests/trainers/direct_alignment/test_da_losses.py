@@ -48,6 +48,8 @@ from types import MethodType, SimpleNamespace
 import pytest
 import torch
 
+from tests._helpers.algorithms import DIRECT_ALIGNMENT_LOSSES
+from tests._helpers.trl_reference import trl_fixture  # noqa: F401  (the ``trl`` fixture)
 from trainers.direct_alignment.losses import (
     DEFAULT_BETA,
     LOSSES,
@@ -117,6 +119,19 @@ def make_inputs(c=C, r=R, tc=TC, tr=TR, rc=RC, rr=RR, grad=False, **kw):
     )
 
 
+def reference_free_inputs(pc, pr, tc, tr):
+    """A batch without reference log-probs whose per-token average log-probs are ``pc`` (chosen)
+    and ``pr`` (rejected) over ``tc`` and ``tr`` tokens (the sums are average x length)."""
+    return make_inputs(
+        c=[a * n for a, n in zip(pc, tc, strict=True)],
+        r=[b * n for b, n in zip(pr, tr, strict=True)],
+        tc=tc,
+        tr=tr,
+        rc=None,
+        rr=None,
+    )
+
+
 def paired_metrics(beta, pc, pr, sc, sr, loss):
     """Expected shared metrics; sc/sr are the scores (Δ or p̄) that rewards are β times."""
     return {
@@ -142,17 +157,7 @@ def assert_metrics(metrics, expected, rel=1e-9, abs_=1e-12):
 
 
 def test_registry_and_defaults():
-    assert set(LOSSES) == {
-        "dpo",
-        "cdpo",
-        "dpo_norm",
-        "ipo",
-        "simpo",
-        "orpo",
-        "kto",
-        "apo_zero",
-        "apo_down",
-    }
+    assert set(LOSSES) == DIRECT_ALIGNMENT_LOSSES
     assert set(LOSSES) - NEEDS_REFERENCE == {"simpo", "orpo"}
     # online_dpo is a sampling loop around one of these losses, with its own default β
     assert set(DEFAULT_BETA) == set(LOSSES) | {"online_dpo"}
@@ -265,14 +270,7 @@ def test_orpo_both_log1mexp_branches_and_clamp():
     lam = 0.1
     tc, tr = [4, 2], [3, 5]
     pc, pr = [-1e-8, -0.6], [-0.7, -2.0]
-    inputs = make_inputs(
-        c=[a * n for a, n in zip(pc, tc, strict=True)],
-        r=[b * n for b, n in zip(pr, tr, strict=True)],
-        tc=tc,
-        tr=tr,
-        rc=None,
-        rr=None,
-    )
+    inputs = reference_free_inputs(pc, pr, tc, tr)
     loss, metrics = LOSSES["orpo"](inputs, LossParams(beta=lam))
     expected = orpo_expected(lam, pc, pr)
     assert math.isfinite(loss.item())
@@ -497,14 +495,6 @@ def test_kto_reference_point_is_detached():
 # --------------------------------------------------------------------------- 3. against trl==1.16.0
 
 
-@pytest.fixture(scope="module")
-def trl():
-    trl = pytest.importorskip("trl")
-    if trl.__version__ != "1.16.0":
-        pytest.skip(f"comparisons are written against trl==1.16.0, found {trl.__version__}")
-    return trl
-
-
 class _FakeLM:
     """Stands in for a causal LM called with ``fused_lm_head=True``.
 
@@ -666,14 +656,7 @@ class TestAgainstTRL:
         # Away from p̄ = 0, where we clamp and trl does not; both log1mexp branches appear.
         tc, tr = [4, 2, 5], [3, 5, 2]
         pc, pr = [-0.3, -0.6, -2.5], [-0.7, -2.0, -0.1]
-        inputs = make_inputs(
-            c=[a * n for a, n in zip(pc, tc, strict=True)],
-            r=[b * n for b, n in zip(pr, tr, strict=True)],
-            tc=tc,
-            tr=tr,
-            rc=None,
-            rr=None,
-        )
+        inputs = reference_free_inputs(pc, pr, tc, tr)
         loss, metrics = LOSSES["orpo"](inputs, LossParams(beta=lam))
         stand_in = _stand_in(None, beta=lam)
         losses, chosen_rewards, rejected_rewards, mean_logsig, mean_log_odds = (

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import torch_threads, trainer_argv
+from conftest import trainer_argv
 
 from rlhf_lab.results.stats import newcombe_difference
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
 from trainers.sft import train as sft_train
@@ -77,12 +78,6 @@ def checkpoint_as_model(final_model: Path, step: int, out: Path) -> Path:
         if item.is_file() and item.suffix != ".safetensors" and item.name != "config.json":
             shutil.copy2(item, out / item.name)
     return out
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    with torch_threads(1):
-        yield
 
 
 @pytest.mark.slow

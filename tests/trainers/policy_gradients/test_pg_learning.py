@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import torch_threads
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import DatasetSpecSection
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.onpolicy import greedy_completions
@@ -94,12 +94,6 @@ def greedy_correctness(model_dir: Path, prompts) -> float:
     texts, lengths, _ = greedy_completions(model, tokenizer, prompts, MAX_NEW, 64)
     rewards = compute_rewards(texts, [p.meta for p in prompts], lengths)
     return float(rewards["correctness"].mean())
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    with torch_threads(1):
-        yield
 
 
 @pytest.mark.slow

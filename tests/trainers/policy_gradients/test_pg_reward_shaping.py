@@ -103,26 +103,14 @@ def test_shaped_total_weights_penalises_and_clips():
         "penalty": t([0.0, -0.25, 0.0]),
     }
     truncated = torch.tensor([False, True, False])
-    total = shaped_total(
-        parts,
-        truncated,
-        model_weight=0.5,
-        verifier_weight=2.0,
-        format_weight=0.1,
-        missing_eos_penalty=1.0,
+    weights = dict(
+        model_weight=0.5, verifier_weight=2.0, format_weight=0.1, missing_eos_penalty=1.0
     )
+    total = shaped_total(parts, truncated, **weights)
     # 0.5·m + 2·c + 0.1·f + penalty − 1·truncated
     expected = [1.0 + 2.0 + 0.1, -0.5 + 0.0 + 0.05 - 0.25 - 1.0, 0.25 + 1.0 + 0.0]
     assert total.tolist() == pytest.approx(expected, rel=1e-6)
-    clipped = shaped_total(
-        parts,
-        truncated,
-        model_weight=0.5,
-        verifier_weight=2.0,
-        format_weight=0.1,
-        missing_eos_penalty=1.0,
-        clip=1.2,
-    )
+    clipped = shaped_total(parts, truncated, **weights, clip=1.2)
     assert clipped.tolist() == pytest.approx([1.2, -1.2, 1.2], rel=1e-6)
     # the verifier-only default of today: correctness + 0.5·format + penalty
     plain = shaped_total(

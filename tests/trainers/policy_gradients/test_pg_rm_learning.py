@@ -22,8 +22,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import torch_threads, trainer_argv
+from conftest import trainer_argv
 
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.reward_models import train as rm_train
@@ -48,12 +49,6 @@ RM_OVERRIDES = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    with torch_threads(1):
-        yield
-
-
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("rm") / "preference_rm"
@@ -65,6 +60,17 @@ def reward_model(tmp_path_factory) -> Path:
 
 def rows(run_dir: Path, phase: str) -> list[dict]:
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == phase]
+
+
+def train_policy(config: str, run_dir: Path, overrides: list[str]) -> tuple[list, list]:
+    """Train the policy-gradient ``config`` into ``run_dir``; its eval and rollout rows."""
+    assert pg_train.main(trainer_argv(PG_CONFIGS / config, run_dir, overrides)) == 0
+    return rows(run_dir, "eval"), rows(run_dir, "rollout")
+
+
+def first_and_last(evals: list[dict], key: str) -> tuple[float, float]:
+    """The held-out ``key`` at the first and at the last evaluation."""
+    return evals[0][key], evals[-1][key]
 
 
 def mean(values) -> float:
@@ -122,13 +128,9 @@ def test_ppo_and_grpo_raise_the_reward_models_held_out_score(tmp_path, reward_mo
             ],
         ),
     ):
-        run_dir = tmp_path / algorithm
         overrides = [*COMMON, *prompts, *extra]
-        assert (
-            pg_train.main(trainer_argv(PG_CONFIGS / f"{algorithm}.yaml", run_dir, overrides)) == 0
-        )
-        evals, rollouts = rows(run_dir, "eval"), rows(run_dir, "rollout")
-        start, end = evals[0]["eval/proxy_reward"], evals[-1]["eval/proxy_reward"]
+        evals, rollouts = train_policy(f"{algorithm}.yaml", tmp_path / algorithm, overrides)
+        start, end = first_and_last(evals, "eval/proxy_reward")
         sampled = (rollouts[0]["proxy_reward"], mean(r["proxy_reward"] for r in rollouts[-2:]))
         report.append(
             f"{algorithm}: held-out proxy {start:.2f} -> {end:.2f}; sampled "
@@ -165,10 +167,9 @@ def test_grpo_against_the_learned_reward_overoptimises_gold_correctness(tmp_path
         "loss.beta=0.02",
     ]
     run_dir = tmp_path / "grpo"
-    assert pg_train.main(trainer_argv(PG_CONFIGS / "grpo.yaml", run_dir, overrides)) == 0
-    evals, rollouts = rows(run_dir, "eval"), rows(run_dir, "rollout")
-    proxy = (evals[0]["eval/proxy_reward"], evals[-1]["eval/proxy_reward"])
-    gold = (evals[0]["eval/gold_reward"], evals[-1]["eval/gold_reward"])
+    evals, rollouts = train_policy("grpo.yaml", run_dir, overrides)
+    proxy = first_and_last(evals, "eval/proxy_reward")
+    gold = first_and_last(evals, "eval/gold_reward")
     sampled_gold = (
         mean(r["gold_reward"] for r in rollouts[:3]),
         mean(r["gold_reward"] for r in rollouts[-3:]),
@@ -252,11 +253,10 @@ def test_a_poor_reward_model_is_overoptimised_and_the_alert_fires(
         "eval.eval_every=4",
     ]
     run_dir = tmp_path / "ppo"
-    assert pg_train.main(trainer_argv(PG_CONFIGS / "ppo_rm.yaml", run_dir, overrides)) == 0
+    evals, rollouts = train_policy("ppo_rm.yaml", run_dir, overrides)
     all_rows = read_jsonl(run_dir / "metrics.jsonl")
-    evals, rollouts = rows(run_dir, "eval"), rows(run_dir, "rollout")
-    proxy = (evals[0]["eval/proxy_reward"], evals[-1]["eval/proxy_reward"])
-    gold = (evals[0]["eval/gold_reward"], evals[-1]["eval/gold_reward"])
+    proxy = first_and_last(evals, "eval/proxy_reward")
+    gold = first_and_last(evals, "eval/gold_reward")
     report = (
         f"held-out proxy {proxy[0]:.2f} -> {proxy[1]:.2f}, gold {gold[0]:.2f} -> {gold[1]:.2f}; "
         f"kl_ref {rollouts[-1]['kl_ref']:.1f}"
