@@ -72,15 +72,7 @@ MCP_ARGS: dict[str, dict] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def refusing(name: str):

@@ -24,15 +24,7 @@ CAMPAIGN = "2026-01-01-evals"
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def write_run(
