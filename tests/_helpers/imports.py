@@ -11,13 +11,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def modules_left_imported(code: str, names, *, env=None, timeout: float = 120) -> list[str]:
-    """Run ``code`` in a fresh interpreter from the repository root (it must succeed); the
-    modules of ``names`` that are in ``sys.modules`` afterwards."""
-    listed = f"[m for m in {list(names)!r} if m in sys.modules]"
-    script = f"{code}\nimport json, sys\nprint(json.dumps({listed}))"
+def python_output(code: str, *, env=None, timeout: float = 120) -> str:
+    """Run ``code`` in a fresh interpreter from the repository root (it must succeed); its
+    standard output."""
     done = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -25,7 +23,16 @@ def modules_left_imported(code: str, names, *, env=None, timeout: float = 120) -
         timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout
+
+
+def modules_left_imported(code: str, names, *, env=None, timeout: float = 120) -> list[str]:
+    """Run ``code`` in a fresh interpreter from the repository root (it must succeed); the
+    modules of ``names`` that are in ``sys.modules`` afterwards."""
+    listed = f"[m for m in {list(names)!r} if m in sys.modules]"
+    script = f"{code}\nimport json, sys\nprint(json.dumps({listed}))"
+    out = python_output(script, env=env, timeout=timeout)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def cli_import_trace(argv: list[str], env: dict) -> tuple[subprocess.CompletedProcess, set[str]]:

@@ -22,3 +22,9 @@ def stop_leftover_runs(lab_root):
 
     for status in [*runs.queued_runs(), *runs.active_runs()]:
         runs.stop_run(status.id, grace_s=5)
+
+
+@pytest.fixture
+def anyio_backend():
+    """The lab's async tests run on asyncio only."""
+    return "asyncio"

@@ -5,9 +5,6 @@ sentinel error: the sentinel must come back through the surface (so the table is
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import typer.main
@@ -16,8 +13,8 @@ from typer.testing import CliRunner
 
 from rlhf_lab import api, cli, mcp_server
 from rlhf_lab.errors import InvalidArgument
+from tests._helpers.imports import python_output
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN = "dpo-20260101-120000-ab12"
 
 # a minimal valid command line per command
@@ -72,15 +69,7 @@ MCP_ARGS: dict[str, dict] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def refusing(name: str):
@@ -157,11 +146,7 @@ def test_importing_the_api_loads_nothing_else_of_the_lab():
         "lab = sorted(m for m in sys.modules if m.startswith('rlhf_lab'))\n"
         "print(repr(lab), 'pydantic' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    listed, pydantic_loaded = out.stdout.strip().rsplit(" ", 1)
+    listed, pydantic_loaded = python_output(code).strip().rsplit(" ", 1)
     loaded = ast.literal_eval(listed)
     assert pydantic_loaded == "False", "validation is built on the first call, not at import"
     assert loaded == [

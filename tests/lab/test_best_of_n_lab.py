@@ -21,10 +21,7 @@ from trainers.evaluation import best_of_n_stats as bs
 CONFIGS = Path(__file__).resolve().parents[2] / "trainers" / "evaluation" / "configs"
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 # ---------------------------------------------------------------------------------------------

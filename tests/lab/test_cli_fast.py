@@ -9,9 +9,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +18,8 @@ from typer.testing import CliRunner
 from rlhf_lab import api
 from rlhf_lab.api.listing import RUN_STATES
 from rlhf_lab.cli import fast
+from tests._helpers.imports import cli_import_trace, within
 from tests.lab.test_run_index import OLD, write_run
-
-ROOT = Path(__file__).resolve().parents[2]
 
 READING = [
     ["runs"],
@@ -205,22 +201,9 @@ def test_cold_reading_commands_import_no_heavy_module(lab, argv):
     _typer(["runs"])  # the index built and the summaries cached, as after any listing
     _typer(["campaign", "list"])
     env = {**os.environ, "RLHF_LAB_ROOT": str(lab), "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "rlhf_lab.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    imported = {
-        line.split("|")[-1].strip()
-        for line in done.stderr.splitlines()
-        if line.startswith("import time:")
-    }
+    _done, imported = cli_import_trace(argv, env)
     assert "rlhf_lab.cli.fast" in imported
-    heavy = sorted(m for m in imported if any(m == h or m.startswith(h + ".") for h in HEAVY))
+    heavy = within(imported, HEAVY)
     assert heavy == [], f"`rlhf-lab {' '.join(argv)}` imports {heavy}"
 
 

@@ -24,15 +24,7 @@ CAMPAIGN = "2026-01-01-evals"
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def write_run(
@@ -76,15 +68,24 @@ def m(value: float, low: float, high: float, n: int = 40) -> EvalMetric:
     return EvalMetric(value=value, low=low, high=high, n=n)
 
 
+def write_job(root: Path, job_id: str, suite: str, target_run: Path, **fields) -> Path:
+    """An evaluation job's folder (``suite`` run on ``target_run``) with the eval.json the job
+    writes; ``fields`` are the rest of its EvalFile."""
+    job = write_run(root, job_id, "evaluation", suite, final_model=False)
+    ev = EvalFile(suite=suite, target=str(target_run), target_run=str(target_run), **fields)
+    (job / "eval.json").write_text(ev.model_dump_json())
+    return job
+
+
 def write_eval_job(root: Path, job_id: str, target_run: Path, acc: float, base: float) -> Path:
-    """An evaluation job's folder with the eval.json the job writes."""
-    job = write_run(root, job_id, "evaluation", "reasoning", final_model=False)
-    ev = EvalFile(
-        suite="reasoning",
+    """A reasoning evaluation job's folder with the eval.json the job writes."""
+    return write_job(
+        root,
+        job_id,
+        "reasoning",
+        target_run,
         headline="accuracy",
-        target=str(target_run),
         target_model=str(target_run / "final_model"),
-        target_run=str(target_run),
         baseline="auto (tiny)",
         baseline_model="tiny",
         settings={"seed": 0, "sampling": {"n": 4, "temperature": 0.7, "max_new_tokens": 64}},
@@ -93,8 +94,6 @@ def write_eval_job(root: Path, job_id: str, target_run: Path, acc: float, base: 
         difference={"accuracy": m(acc - base, acc - base - 0.08, acc - base + 0.08)},
         details={"prompts": {"n_prompts": 40}, "cache": {"target": "miss", "baseline": "hit"}},
     )
-    (job / "eval.json").write_text(ev.model_dump_json())
-    return job
 
 
 # ---------------------------------------------------------------------------------------------

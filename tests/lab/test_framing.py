@@ -142,22 +142,19 @@ def test_run_eval_rows_reads_the_start_and_the_end_of_a_long_file(tmp_path):
 
 
 def write_winrate_job(root, job_id: str, target_run, judge: str, win: float):
-    from tests.lab.test_evaluations import m, write_run
-    from trainers.core.runfolder import EvalFile
+    from tests.lab.test_evaluations import m, write_job
 
-    job = write_run(root, job_id, "evaluation", "winrate", final_model=False)
-    ev = EvalFile(
-        suite="winrate",
+    return write_job(
+        root,
+        job_id,
+        "winrate",
+        target_run,
         headline="win_rate",
-        target=str(target_run),
-        target_run=str(target_run),
         baseline="tiny",
         judge=judge,
         metrics={"win_rate": m(win, win - 0.1, win + 0.1)},
         details={"prompts": {"n_prompts": 40}},
     )
-    (job / "eval.json").write_text(ev.model_dump_json())
-    return job
 
 
 def test_a_win_rate_judged_by_the_policys_own_reward_model_is_a_labelled_proxy(lab_root):
@@ -278,18 +275,17 @@ def test_a_warm_start_follow_up_gives_the_sft_launch_and_the_dependent_launch():
 
 def test_an_evaluation_whose_accuracy_is_zero_for_both_models_leads_with_what_moved(lab_root):
     from rlhf_lab.evaluation.records import evaluation_notes, evaluation_rows, read_eval_summary
-    from tests.lab.test_evaluations import m, write_run
-    from trainers.core.runfolder import EvalFile
+    from tests.lab.test_evaluations import m, write_job, write_run
 
     run = write_run(lab_root, "grpo-20260101-000000-0001", "policy_gradients", "grpo")
 
     def job(job_id: str, acc: float, with_baseline: bool = True):
-        path = write_run(lab_root, job_id, "evaluation", "reasoning", final_model=False)
-        ev = EvalFile(
-            suite="reasoning",
+        return write_job(
+            lab_root,
+            job_id,
+            "reasoning",
+            run,
             headline="accuracy",
-            target=str(run),
-            target_run=str(run),
             metrics={
                 "accuracy": m(acc, 0.0, 0.1),
                 "format_rate": m(0.3, 0.2, 0.4),
@@ -302,8 +298,6 @@ def test_an_evaluation_whose_accuracy_is_zero_for_both_models_leads_with_what_mo
             if with_baseline
             else {},
         )
-        (path / "eval.json").write_text(ev.model_dump_json())
-        return path
 
     s, _ = read_eval_summary(job("reasoning-20260101-000001-0002", 0.0))
     assert s.headline == "format_rate"  # not mean_length: only compared metrics qualify

@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 
 import rlhf_lab
+from tests._helpers.imports import python_output
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = ("rlhf_lab.cli", "rlhf_lab.mcp_server")
@@ -129,11 +130,7 @@ def test_importing_any_lab_module_leaves_torch_and_transformers_out():
         "        sys.exit(f'{name} imported {heavy}')\n"
         "print('CLEAN', len(sys.modules))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "CLEAN" in out.stdout
+    assert "CLEAN" in python_output(code, timeout=300)
     assert len(modules) > 20 and "rlhf_lab.api.watching" in modules
 
 

@@ -35,10 +35,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests._helpers.server_env import server_env
+from tests._lab_processes import kill_live_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = ROOT / "tests" / "e2e" / "inspector.py"
@@ -169,19 +169,6 @@ class Inspector:
 # ---------------------------------------------------------------------------------------------
 
 
-def _kill_runs(root: Path) -> None:
-    """SIGKILL the process group of every run still alive under ``root`` (a failed test must
-    not leave a trainer behind)."""
-    for path in root.glob("experiments/*/runs/*/run.json"):
-        try:
-            record = json.loads(path.read_text())
-            proc = psutil.Process(record["pid"])
-            if abs(proc.create_time() - float(record.get("create_time") or 0)) < 1.0:
-                os.killpg(record["pgid"], signal.SIGKILL)
-        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-            continue
-
-
 @pytest.fixture(scope="module")
 def inspector(tmp_path_factory) -> Inspector:
     installer = _installer()
@@ -198,7 +185,7 @@ def inspector(tmp_path_factory) -> Inspector:
         state=tmp_path_factory.mktemp("inspector-state"),
         lab_root=lab_root,
     )
-    _kill_runs(lab_root)
+    kill_live_runs(lab_root)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from rlhf_lab.results.diagnosis import diagnose
 from rlhf_lab.results.headline import headline_for, headline_line
 from rlhf_lab.results.overoptimisation import overoptimisation, overoptimisation_advice
 from rlhf_lab.results.plots import plot_reward_vs_kl, reward_kl_points
-from trainers.core.config import parse_override, read_yaml
+from tests._helpers.shipped_configs import set_dotted, shipped_config
+from trainers.core.config import read_yaml
 from trainers.core.spec import family_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,18 +42,7 @@ RM_CONFIG = (
 )
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
-
-
-def set_dotted(cfg: dict, key: str, value) -> None:
-    node = cfg
-    *parents, leaf = key.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def make_run(
@@ -66,11 +56,7 @@ def make_run(
     """A policy-gradient run folder as the launcher and the trainer write it."""
     path = ledger.experiments_dir() / CAMP / "runs" / run_id
     path.mkdir(parents=True)
-    source = f"trainers/policy_gradients/configs/{recipe}.yaml"
-    cfg = read_yaml(REPO / source)
-    for item in overrides:
-        parts, value = parse_override(item)
-        set_dotted(cfg, ".".join(parts), value)
+    source, cfg = shipped_config("policy_gradients", recipe, overrides)
     meta = {
         "id": run_id,
         "family": "policy_gradients",

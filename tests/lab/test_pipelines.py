@@ -36,11 +36,6 @@ SFT_STEPS = ["train.max_steps=3", "data.max_samples=48", "data.eval_size=8", "ev
 SFT_STEPS += ["eval.num_samples=0"]
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(autouse=True)
 def lab_root(tmp_path, monkeypatch):
     """A fresh lab per test; runs a failed test left behind are stopped (queued ones too, so

@@ -19,28 +19,12 @@ from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.results.compare import compare_runs
 from rlhf_lab.results.diagnosis import diagnose, heldout_regression, noise_reason, noisy_samples
-from trainers.core.config import parse_override, read_yaml
+from tests._helpers.shipped_configs import shipped_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def lab_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    return tmp_path
-
-
-def shipped(family: str, recipe: str) -> tuple[str, dict]:
-    source = f"trainers/{family}/configs/{recipe}.yaml"
-    return source, read_yaml(REPO / source)
-
-
-def set_dotted(cfg: dict, key: str, value) -> None:
-    node = cfg
-    *parents, leaf = key.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
+pytestmark = pytest.mark.usefixtures("lab_root")
 
 
 def make_run(
@@ -62,10 +46,7 @@ def make_run(
     it."""
     path = ledger.experiments_dir() / campaign / "runs" / run_id
     path.mkdir(parents=True)
-    source, cfg = shipped(family, recipe)
-    for item in overrides:
-        parts, value = parse_override(item)
-        set_dotted(cfg, ".".join(parts), value)
+    source, cfg = shipped_config(family, recipe, overrides)
     meta = {
         "id": run_id,
         "family": family,

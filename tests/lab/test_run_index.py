@@ -358,11 +358,6 @@ async def test_query_runs_over_mcp(lab):
     assert "--where" not in text
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def test_scan_carries_on_from_where_it_stopped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1, "phase": "eval", "eval/accuracy": 0.4}) + "\n")

@@ -25,11 +25,6 @@ def lab_root(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 ITEMS = ["train.learning_rate=1e-5", "data.max_samples=64", "model.lora.target_modules=[q, v]"]
 
 

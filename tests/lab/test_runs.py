@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import types
 from pathlib import Path
@@ -25,6 +24,7 @@ from rlhf_lab import _queue, runs
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
 from rlhf_lab.results.diagnosis import diagnose
+from tests._helpers.races import at_once
 from tests._lab_processes import kill_live_runs, wait_until
 from trainers.core.config import load_config
 from trainers.direct_alignment.config import DirectAlignmentConfig
@@ -316,21 +316,9 @@ def test_racing_launches_on_one_device_start_only_one(tmp_path, monkeypatch, sta
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     stand_in_trainer(SLEEPS)
     cfg = config(QUICK)
-    results, errors, extra = [], [], []
-    barrier = threading.Barrier(4)
-
-    def go():
-        barrier.wait()
-        try:
-            results.append(runs.start_or_queue(new_run(cfg, "race")))
-        except LabError as err:
-            errors.append(str(err))
-
-    threads = [threading.Thread(target=go) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    extra = []
+    results, refusals = at_once(lambda: runs.start_or_queue(new_run(cfg, "race")), 4, join_s=60)
+    errors = [str(err) for err in refusals]
     try:
         assert len(results) == 1 and len(errors) == 3, (results, errors)
         winner = results[0].run

@@ -10,7 +10,7 @@ import pytest
 from mcp import Client
 
 from rlhf_lab.mcp_server import server
-from tests.mcp._lab import kill_runs
+from tests._lab_processes import kill_live_runs
 
 
 @pytest.fixture(name="anyio_backend")
@@ -26,7 +26,7 @@ def fresh_lab(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield tmp_path
-    kill_runs(tmp_path)
+    kill_live_runs(tmp_path)
 
 
 @pytest.fixture(name="client")

@@ -22,7 +22,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from tests._helpers.server_env import server_env
-from tests.mcp._lab import QUICK, kill_runs
+from tests._lab_processes import kill_live_runs
+from tests.mcp._lab import QUICK
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "stopped", "died"}
@@ -66,7 +67,7 @@ def lab_root(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("RLHF_LAB_ROOT", str(root))  # for rlhf_lab.api calls made by the tests
     yield root
-    kill_runs(root)
+    kill_live_runs(root)
     mp.undo()
 
 

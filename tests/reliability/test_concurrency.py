@@ -30,7 +30,7 @@ import yaml
 
 import rlhf_lab.runs.launcher as runs_launch
 from rlhf_lab import api, ledger
-from rlhf_lab.paths import LabError
+from tests._helpers.races import at_once
 from tests._lab_processes import kill_live_runs, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -304,27 +304,16 @@ def test_two_threads_launching_at_once_start_one_trainer_and_refuse_the_other(
         return real_start(*args, **kwargs)
 
     supervise(start_or_queue=launch_together)
-    barrier = threading.Barrier(2)
-    started, refused = [], []
 
-    def go() -> None:
-        barrier.wait()
-        try:
-            started.append(
-                api.launch(
-                    api.RunRequest(
-                        recipe="dpo", overrides=ENDLESS, model="tiny", campaign="race", device="cpu"
-                    )
-                )
+    def launch():
+        return api.launch(
+            api.RunRequest(
+                recipe="dpo", overrides=ENDLESS, model="tiny", campaign="race", device="cpu"
             )
-        except LabError as err:
-            refused.append(str(err))
+        )
 
-    threads = [threading.Thread(target=go) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    started, errors = at_once(launch, 2, join_s=120)
+    refused = [str(err) for err in errors]
     assert len(started) == 1 and len(refused) == 1, (started, refused)
     winner = started[0].run
     try:
@@ -385,32 +374,21 @@ def test_two_processes_launching_at_once_start_one_trainer_and_refuse_the_other(
 
 
 def test_two_queued_launches_at_once_run_one_at_a_time(lab_root):
-    barrier = threading.Barrier(2)
-    results, errors = [], []
-
-    def go() -> None:
-        barrier.wait()
-        try:
-            results.append(
-                api.launch(
-                    api.RunRequest(
-                        recipe="dpo",
-                        overrides=ENDLESS,
-                        model="tiny",
-                        campaign="queue-race",
-                        device="cpu",
-                        queue=True,
-                    )
-                )
+    def launch():
+        return api.launch(
+            api.RunRequest(
+                recipe="dpo",
+                overrides=ENDLESS,
+                model="tiny",
+                campaign="queue-race",
+                device="cpu",
+                queue=True,
             )
-        except Exception as err:  # any failure is reported by the assert below
-            errors.append(repr(err))
+        )
 
-    threads = [threading.Thread(target=go) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    # any failure is reported by the assert below
+    results, failures = at_once(launch, 2, join_s=120, catch=Exception)
+    errors = [repr(err) for err in failures]
     assert errors == [] and len(results) == 2
     ids = [r.run.id for r in results]
     try:
