@@ -10,6 +10,7 @@ import pytest
 from conftest import assert_complete_run_dir, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
@@ -164,9 +165,9 @@ def test_wandb_offline_run_is_written(tmp_path, monkeypatch):
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run("dpo", run_dir, [*QUICK, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run("dpo", run_dir, [*QUICK, *overrides]), run_dir, capsys, message
+    )
 
 
 def test_existing_run_dir_is_not_overwritten(tmp_path, capsys):

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import torch_threads, trainer_argv
+from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
+from tests.conftest import trainer_argv
 from trainers.core.environments import StepResult, register_environment
 from trainers.core.multiturn import MODEL, TOOL, Segment, Trajectory
 from trainers.core.rundir import read_jsonl
@@ -70,12 +72,6 @@ class NoToolEnvironment:
 register_environment("no_tool_for_tests", "the task unchanged; the first turn ends it")(
     NoToolEnvironment
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    with torch_threads(1):
-        yield
 
 
 def run(config: str, run_dir: Path, overrides: list[str]) -> int:
@@ -254,9 +250,9 @@ def test_the_tool_recipes_run_and_log_trajectories(tmp_path, config):
 )
 def test_bad_environment_settings_fail_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run("grpo", run_dir, [*TINY, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run("grpo", run_dir, [*TINY, *overrides]), run_dir, capsys, message
+    )
 
 
 def test_the_completion_budget_counts_the_replies():

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import torch_threads, trainer_argv
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
+from tests.conftest import trainer_argv
 from trainers.core.rundir import SIGTERM_ENV, read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
@@ -69,12 +70,6 @@ def grpo_overrides(warm_start: Path, steps: int) -> list[str]:
         "checkpoint.save_final_model=false",
         "seed=42",
     ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    with torch_threads(1):
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_complete_run_dir, assert_same_gradients, torch_threads, trainer_argv
+from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
 from trainers.core.verifier import Verifier, compute_rewards
@@ -52,14 +54,6 @@ TINY = [
 ]
 # no held-out prompts: a scripted verifier is called by the rollouts alone
 NO_EVAL = [*TINY, "data.eval_size=0"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The tiny model is too small to gain from intra-op threads, and on a shared 2-core machine
-    spinning OpenMP workers make every forward many times slower; restored afterwards."""
-    with torch_threads(1):
-        yield
 
 
 def run(
@@ -417,9 +411,9 @@ def test_prompt_stream_is_seeded_resumable_and_drops_the_tail():
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, algorithm, overrides, message):
     run_dir = tmp_path / "run"
-    assert run(algorithm, run_dir, [*TINY, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run(algorithm, run_dir, [*TINY, *overrides]), run_dir, capsys, message
+    )
 
 
 def test_shipped_configs_hold_the_book_defaults():

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
-from conftest import assert_phases, torch_threads, trainer_argv
+from conftest import assert_phases, trainer_argv
 
+from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
 from trainers.rejection_sampling import pipeline
@@ -92,13 +94,6 @@ GSM8K_QUICK = [
     "eval.eval_max_new_tokens=8",
     "eval.num_samples=1",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model is far faster on one thread when the machine's cores are contended."""
-    with torch_threads(1):
-        yield
 
 
 def run(strategy: str, run_dir: Path, overrides: list[str], resume: bool = False) -> int:
@@ -409,18 +404,21 @@ def test_diagnostics_cli_reads_a_cache_file(tmp_path, capsys):
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run("top_per_prompt", run_dir, [*GSM8K_QUICK, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run("top_per_prompt", run_dir, [*GSM8K_QUICK, *overrides]), run_dir, capsys, message
+    )
 
 
 def test_wrong_schema_file_fails_before_writing(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "2 + 2?", "completion": "4"}\n' * 4)
     run_dir = tmp_path / "run"
-    assert run("top_per_prompt", run_dir, [*GSM8K_QUICK, f"data.dataset={bad}"]) == 2
-    assert "GSM8K schema" in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run("top_per_prompt", run_dir, [*GSM8K_QUICK, f"data.dataset={bad}"]),
+        run_dir,
+        capsys,
+        "GSM8K schema",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

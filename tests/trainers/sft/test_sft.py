@@ -13,6 +13,7 @@ import torch
 from conftest import assert_phases, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.config import load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import read_jsonl
@@ -392,9 +393,7 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run(run_dir, [*QUICK, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(run(run_dir, [*QUICK, *overrides]), run_dir, capsys, message)
 
 
 def test_shipped_configs_validate_and_warm_start_recipe_matches_its_yaml():
