@@ -22,6 +22,7 @@ import pytest
 import torch
 from conftest import trainer_argv
 
+from tests._helpers.paths import ROOT
 from trainers.core import distributed as dist_mod
 from trainers.core.config import ConfigError
 from trainers.core.distributed import (
@@ -41,7 +42,6 @@ from trainers.core.loop import count_steps
 from trainers.core.rundir import read_jsonl
 from trainers.core.tiny import cache_root
 
-ROOT = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).resolve().parent / "dist_driver.py"
 
 COMMON = [

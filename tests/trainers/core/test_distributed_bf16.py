@@ -22,10 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import trainer_argv
 
+from tests._helpers.paths import FIXTURES, ROOT
 from trainers.core.rundir import read_jsonl
-
-ROOT = Path(__file__).resolve().parents[3]
-FIXTURES = ROOT / "tests" / "fixtures"
 
 ONE_STEP = [
     "model.name=tiny",

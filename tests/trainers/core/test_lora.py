@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import assert_complete_run_dir, torch_threads, trainer_argv
 
+from tests._helpers.paths import FIXTURES, configs_of
 from trainers.core import lora
 from trainers.core.config import ConfigError, LoraSection, ModelSection, load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -19,8 +20,6 @@ from trainers.direct_alignment import pairs as da_pairs
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
-ROOT = Path(__file__).resolve().parents[3]
-FIXTURES = ROOT / "tests" / "fixtures"
 LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
 
 DPO_QUICK = [
@@ -48,7 +47,7 @@ def one_torch_thread():
 
 
 def config_path(family: str, name: str) -> Path:
-    return ROOT / "trainers" / family / "configs" / f"{name}.yaml"
+    return configs_of(family) / f"{name}.yaml"
 
 
 def adapted_tiny(seed: int = 0, **lora_settings) -> torch.nn.Module:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import reasoning_gym
 import torch
 from conftest import trainer_argv
 
+from tests._helpers.paths import configs_of
 from trainers.core.builtin_data import builtin_preference_records
 from trainers.core.lora import add_adapters
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -24,8 +24,7 @@ from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig, EvalSection
 from trainers.direct_alignment.gold import build_gold_eval, sampled_kl
 
-ROOT = Path(__file__).resolve().parents[3]
-DPO = ROOT / "trainers" / "direct_alignment" / "configs" / "dpo.yaml"
+DPO = configs_of("direct_alignment") / "dpo.yaml"
 QUICK = [
     "model.name=tiny",
     "model.gradient_checkpointing=false",

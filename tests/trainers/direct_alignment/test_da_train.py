@@ -10,15 +10,14 @@ import pytest
 from conftest import assert_complete_run_dir, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import LOSS_NAMES
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "direct_alignment" / "configs"
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+CONFIGS = configs_of("direct_alignment")
 
 QUICK = [
     "model.name=tiny",

@@ -21,16 +21,15 @@ tied pairs 0-6 %; greedy held-out share (32 prompts) 0.0 -> 0.6. With online.num
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import torch_threads, trainer_argv
 from stand_in_rewards import vowel_share_rewards
 
+from tests._helpers.paths import configs_of
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
 
-CONFIG = Path(__file__).resolve().parents[3] / "trainers" / "direct_alignment" / "configs"
+CONFIG = configs_of("direct_alignment")
 STEPS = 12
 
 

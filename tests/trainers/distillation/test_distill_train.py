@@ -11,12 +11,12 @@ import pytest
 from conftest import assert_complete_run_dir, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import configs_of
 from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIG = ROOT / "trainers" / "distillation" / "configs" / "distill.yaml"
+CONFIG = configs_of("distillation") / "distill.yaml"
 
 QUICK = [
     "model.name=tiny",

@@ -9,13 +9,13 @@ end to end below, and the learning runs are in test_pg_new_algorithms_learning.p
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import torch_threads, trainer_argv
 from pydantic import ValidationError
 
+from tests._helpers.paths import configs_of
 from trainers.core.rundir import read_jsonl
 from trainers.core.spec import spec_for
 from trainers.policy_gradients import train as pg_train
@@ -231,7 +231,7 @@ def test_remax_refuses_a_whitened_reward_model_score():
 # End to end on tiny: ReMax's greedy baseline, REINFORCE++'s reward KL
 # ---------------------------------------------------------------------------------------------
 
-CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 SMALL = [
     "model.name=tiny",
     "model.gradient_checkpointing=false",

@@ -27,16 +27,15 @@ from the SFT warm start, where its greedy completion is a typical one (test_rema
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import torch_threads, trainer_argv
 from stand_in_rewards import vowel_share_rewards
 
+from tests._helpers.paths import configs_of
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 
-CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 STEPS = 10
 
 

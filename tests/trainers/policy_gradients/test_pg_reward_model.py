@@ -20,6 +20,7 @@ import pytest
 import torch
 from conftest import assert_complete_run_dir, trainer_argv
 
+from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import ConfigError
@@ -33,9 +34,7 @@ from trainers.core.tiny import ensure_preset
 from trainers.core.tokenization import same_tokenizer, text_ids
 from trainers.policy_gradients import train as pg_train
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
-FIXTURES = ROOT / "tests" / "fixtures"
+CONFIGS = configs_of("policy_gradients")
 
 OTHER_TEMPLATE = (
     "{%- for message in messages -%}"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._helpers.paths import configs_of
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from tests.conftest import trainer_argv
@@ -35,8 +36,7 @@ from trainers.policy_gradients.losses import (
 )
 from trainers.policy_gradients.rollout import turn_reward_shift
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 
 TINY = [
     "model.name=tiny",

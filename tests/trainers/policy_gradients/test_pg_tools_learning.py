@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from tests.conftest import trainer_argv
 from trainers.core.rundir import SIGTERM_ENV, read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
 
-ROOT = Path(__file__).resolve().parents[3]
-PG_CONFIG = ROOT / "trainers" / "policy_gradients" / "configs" / "grpo_tools.yaml"
-SFT_CONFIG = ROOT / "trainers" / "sft" / "configs" / "sft.yaml"
+PG_CONFIG = configs_of("policy_gradients") / "grpo_tools.yaml"
+SFT_CONFIG = configs_of("sft") / "sft.yaml"
 TASK = "{chain_sum: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}"
 
 SFT_OVERRIDES = [

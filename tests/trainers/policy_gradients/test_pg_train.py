@@ -18,6 +18,7 @@ import torch
 from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import configs_of
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.prompts import PromptStream
@@ -29,8 +30,7 @@ from trainers.policy_gradients.config import ALGORITHMS, PolicyGradientConfig, a
 from trainers.policy_gradients.experience import assemble
 from trainers.policy_gradients.token_passes import ValueModel, completion_token_stats
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 G = 4
 
 TINY = [

@@ -34,11 +34,12 @@ import pytest
 from conftest import torch_threads, trainer_argv
 from stand_in_rewards import vowel_share_rewards
 
+from tests._helpers.paths import configs_of
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
 
-CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 STEPS = 16
 LATE_GAIN = 0.05  # measured +0.083
 HELD_OUT_GAIN = 0.05  # measured +0.099

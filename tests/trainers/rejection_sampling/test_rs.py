@@ -15,6 +15,7 @@ import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, trainer_argv
 
+from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
@@ -45,9 +46,7 @@ from trainers.rejection_sampling.selection import (
     top_per_prompt,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "rejection_sampling" / "configs"
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+CONFIGS = configs_of("rejection_sampling")
 GSM8K_FIXTURE = FIXTURES / "gsm8k.jsonl"
 
 EASY_CHAIN_SUM = "data.builtin_task_configs={chain_sum: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}"

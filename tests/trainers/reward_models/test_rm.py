@@ -16,6 +16,7 @@ from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, assert_same_gradients, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
@@ -53,9 +54,7 @@ from trainers.reward_models.losses import (
     top1_accuracy,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "reward_models" / "configs"
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+CONFIGS = configs_of("reward_models")
 CONFIG_OF = {"preference": "preference_rm", "orm": "orm", "prm": "prm"}
 
 
