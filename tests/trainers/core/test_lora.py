@@ -12,6 +12,7 @@ import torch
 from conftest import assert_complete_run_dir, torch_threads, trainer_argv
 
 from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import DPO_ON_TINY, PG_ONE_STEP_ON_TINY
 from trainers.core import lora
 from trainers.core.config import ConfigError, LoraSection, ModelSection, load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -22,22 +23,7 @@ from trainers.direct_alignment.config import DirectAlignmentConfig
 
 LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
 
-DPO_QUICK = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "data.dataset=builtin:reasoning-preferences",
-    "data.max_samples=40",
-    "data.eval_size=8",
-    "data.max_length=128",
-    "train.batch_size=4",
-    "train.gradient_accumulation_steps=1",
-    "train.learning_rate=1.0e-3",
-    "eval.eval_every=2",
-    "eval.sample_every=0",
-    "eval.num_samples=0",
-    "logging.log_every=1",
-    "checkpoint.save_every=null",
-]
+DPO_QUICK = [*DPO_ON_TINY, "train.gradient_accumulation_steps=1"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -335,18 +321,8 @@ def test_policy_gradients_train_one_step_with_lora(tmp_path, algorithm):
         return real_load(name, **kwargs)
 
     overrides = [
-        "model.name=tiny",
-        "model.gradient_checkpointing=false",
-        "data.size=8",
-        "data.eval_size=2",
-        "rollout.prompts_per_step=2",
-        "rollout.num_rollouts=2",
-        "rollout.max_new_tokens=8",
-        "train.batch_size=4",
-        "train.max_steps=1",
+        *PG_ONE_STEP_ON_TINY,
         "loss.beta=0.05",
-        "eval.eval_every=0",
-        "eval.max_new_tokens=4",
         "eval.num_samples=0",
         "checkpoint.save_every=1",
         *LORA,
