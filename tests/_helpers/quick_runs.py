@@ -1,6 +1,8 @@
 """Overrides for short trainer runs on the tiny preset that several test files start from; each
 file adds what its tests need (a data set, sizes, saving)."""
 
+from tests._helpers.paths import FIXTURES
+
 # SFT: batches of 4 at lr 1e-3 for one epoch, evaluated and sampled every 2 steps, no saving.
 SFT_ON_TINY = [
     "model.name=tiny",
@@ -48,4 +50,49 @@ PG_ONE_STEP_ON_TINY = [
     "train.max_steps=1",
     "eval.eval_every=0",
     "eval.max_new_tokens=4",
+]
+
+# Policy gradients: two steps of 2 prompts at lr 1e-3 on 32 prompts (4 held out), no saving;
+# each file sets the rollouts and the evaluation.
+PG_TWO_STEPS_ON_TINY = [
+    "model.name=tiny",
+    "model.gradient_checkpointing=false",
+    "data.size=32",
+    "data.eval_size=4",
+    "rollout.prompts_per_step=2",
+    "train.batch_size=4",
+    "train.gradient_accumulation_steps=1",
+    "train.learning_rate=1.0e-3",
+    "train.max_steps=2",
+    "eval.max_new_tokens=8",
+    "checkpoint.save_every=null",
+    "checkpoint.save_final_model=false",
+]
+
+# Rejection sampling on the two-prompt GSM8K fixture: 2 completions of 8 tokens a prompt, the
+# top 5 kept, one SFT epoch; each file sets the dtype and the SFT batch.
+RS_ON_GSM8K_FIXTURE = [
+    "model.name=tiny",
+    f"data.dataset={FIXTURES / 'gsm8k.jsonl'}",
+    "data.max_train_samples=null",
+    "data.max_test_samples=2",
+    "generation.num_completions_per_prompt=2",
+    "generation.max_new_tokens=8",
+    "generation.rollout_batch_size=6",
+    "top_k=5",
+    "sft.gradient_accumulation_steps=1",
+    "sft.num_epochs=1",
+    "sft.max_seq_length=160",
+    "eval.eval_max_new_tokens=8",
+    "eval.num_samples=1",
+]
+
+# The learning checks on preferences (DPO, the preference reward model): 480 built-in reasoning
+# pairs, 96 held out, in batches of 16.
+PREFERENCES_TO_LEARN = [
+    "data.dataset=builtin:reasoning-preferences",
+    "data.max_samples=480",
+    "data.eval_size=96",
+    "data.max_length=160",
+    "train.batch_size=16",
 ]

@@ -44,7 +44,8 @@ from trainers.core.tiny import cache_root
 
 DRIVER = Path(__file__).resolve().parent / "dist_driver.py"
 
-COMMON = [
+LR = 1.0e-4
+COMMON = [  # every family: 28 examples, 4 held out, up to 96 tokens
     "model.name=tiny",
     "model.gradient_checkpointing=false",
     "model.device=cpu",
@@ -54,8 +55,11 @@ COMMON = [
     "logging.log_every=1",
     "checkpoint.save_every=null",
     "checkpoint.save_final_model=true",
+    "data.max_samples=28",
+    "data.eval_size=4",
+    "data.max_length=96",
+    f"train.learning_rate={LR}",
 ]
-LR = 1.0e-4
 SFT = (
     "trainers.sft.train",
     ROOT / "trainers/sft/configs/sft.yaml",
@@ -63,10 +67,6 @@ SFT = (
         *COMMON,
         "model.chat_template_source=null",
         "data.dataset=builtin:reasoning-sft",
-        "data.max_samples=28",
-        "data.eval_size=4",
-        "data.max_length=96",
-        f"train.learning_rate={LR}",
         "train.max_steps=3",
         "eval.eval_every=3",
         "eval.sample_every=3",
@@ -80,10 +80,6 @@ DPO = (
     [
         *COMMON,
         "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=28",
-        "data.eval_size=4",
-        "data.max_length=96",
-        f"train.learning_rate={LR}",
         "train.max_steps=3",
         "eval.eval_every=3",
         "eval.sample_every=0",
@@ -95,10 +91,6 @@ RM = (
     [
         *COMMON,
         "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=28",
-        "data.eval_size=4",
-        "data.max_length=96",
-        f"train.learning_rate={LR}",
         "train.max_steps=2",
         "eval.eval_every=2",
         "eval.eval_batch_size=4",

@@ -11,6 +11,7 @@ from conftest import assert_complete_run_dir, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
 from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
@@ -48,11 +49,7 @@ def test_dpo_raises_held_out_accuracy_above_chance(tmp_path):
     overrides = [
         "model.name=tiny",
         "model.gradient_checkpointing=false",
-        "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=480",
-        "data.eval_size=96",
-        "data.max_length=160",
-        "train.batch_size=16",
+        *PREFERENCES_TO_LEARN,
         "train.gradient_accumulation_steps=1",
         "train.learning_rate=3.0e-4",
         "eval.eval_every=8",

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests._helpers.paths import configs_of
+from tests._helpers.quick_runs import PG_TWO_STEPS_ON_TINY
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from tests.conftest import trainer_argv
@@ -39,23 +40,12 @@ from trainers.policy_gradients.rollout import turn_reward_shift
 CONFIGS = configs_of("policy_gradients")
 
 TINY = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "data.size=32",
-    "data.eval_size=4",
-    "rollout.prompts_per_step=2",
+    *PG_TWO_STEPS_ON_TINY,
     "rollout.num_rollouts=4",
     "rollout.max_new_tokens=12",
-    "train.batch_size=4",
-    "train.gradient_accumulation_steps=1",
-    "train.learning_rate=1.0e-3",
-    "train.max_steps=2",
     "eval.eval_every=2",
     "eval.eval_batch_size=4",
-    "eval.max_new_tokens=8",
     "eval.num_samples=2",
-    "checkpoint.save_every=null",
-    "checkpoint.save_final_model=false",
 ]
 
 

@@ -19,6 +19,7 @@ from conftest import assert_complete_run_dir, assert_same_gradients, trainer_arg
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from tests._helpers.paths import configs_of
+from tests._helpers.quick_runs import PG_TWO_STEPS_ON_TINY
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.prompts import PromptStream
@@ -34,23 +35,12 @@ CONFIGS = configs_of("policy_gradients")
 G = 4
 
 TINY = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "data.size=32",
-    "data.eval_size=4",
-    "rollout.prompts_per_step=2",
+    *PG_TWO_STEPS_ON_TINY,
     f"rollout.num_rollouts={G}",
     "rollout.max_new_tokens=16",
-    "train.batch_size=4",
-    "train.gradient_accumulation_steps=1",
-    "train.learning_rate=1.0e-3",
-    "train.max_steps=2",
     "eval.eval_every=1",
     "eval.eval_batch_size=8",
-    "eval.max_new_tokens=8",
     "eval.num_samples=1",
-    "checkpoint.save_every=null",
-    "checkpoint.save_final_model=false",
 ]
 # no held-out prompts: a scripted verifier is called by the rollouts alone
 NO_EVAL = [*TINY, "data.eval_size=0"]

@@ -16,6 +16,7 @@ from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, trainer_argv
 
 from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import RS_ON_GSM8K_FIXTURE
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
@@ -76,22 +77,10 @@ QUICK = [
 ]
 
 GSM8K_QUICK = [
-    "model.name=tiny",
+    *RS_ON_GSM8K_FIXTURE,
     "model.dtype=fp32",
-    f"data.dataset={GSM8K_FIXTURE}",
-    "data.max_train_samples=null",
-    "data.max_test_samples=2",
-    "generation.num_completions_per_prompt=2",
-    "generation.max_new_tokens=8",
-    "generation.rollout_batch_size=6",
-    "top_k=5",
     "sft.learning_rate=1.0e-4",
     "sft.batch_size=2",
-    "sft.gradient_accumulation_steps=1",
-    "sft.num_epochs=1",
-    "sft.max_seq_length=160",
-    "eval.eval_max_new_tokens=8",
-    "eval.num_samples=1",
 ]
 
 

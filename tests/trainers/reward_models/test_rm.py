@@ -17,6 +17,7 @@ from conftest import assert_phases, assert_same_gradients, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
 from tests._helpers.refusals import assert_refused_before_writing
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
@@ -646,11 +647,7 @@ def final_eval(run_dir: Path) -> dict:
 def test_preference_rm_learns_to_rank_held_out_pairs(tmp_path):
     overrides = [
         *LEARN,
-        "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=480",
-        "data.eval_size=96",
-        "data.max_length=160",
-        "train.batch_size=16",
+        *PREFERENCES_TO_LEARN,
         "train.learning_rate=1.0e-3",
         "train.num_epochs=1",
     ]
