@@ -205,6 +205,18 @@ def assert_same_params(one: Path, two: Path, steps: int | None = None) -> None:
 pytestmark = pytest.mark.slow
 
 
+def cache_without_reference_logps(where: Path) -> Path:
+    """A cache of its own under ``where``, linking every entry of the real cache but the
+    reference log-probs, so that DPO computes those here, on the ranks under test."""
+    cache = where / "cache"
+    cache.mkdir()
+    real = cache_root()
+    for entry in real.iterdir() if real.is_dir() else []:
+        if entry.name != "ref_logps":
+            (cache / entry.name).symlink_to(entry)
+    return cache
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
     where = tmp_path_factory.mktemp("two-ranks")
@@ -221,14 +233,7 @@ def two_ranks(tmp_path_factory) -> dict:
     # last (it ends the processes): a fault injected on rank 1 only
     runs["crash"] = where / "crash"
     specs.append({**spec("sft", runs["crash"]), "rank_env": {"1": {"RLHF_LAB_FAULT_AT_STEP": "1"}}})
-    # a cache of its own, so that DPO's reference log-probs are computed here, on 2 ranks
-    cache = where / "cache"
-    cache.mkdir()
-    real = cache_root()
-    for entry in real.iterdir() if real.is_dir() else []:
-        if entry.name != "ref_logps":
-            (cache / entry.name).symlink_to(entry)
-    specs[1]["env"] = {"RLHF_LAB_CACHE": str(cache)}
+    specs[1]["env"] = {"RLHF_LAB_CACHE": str(cache_without_reference_logps(where))}
     codes, output = torchrun(specs, where)
     return {"where": where, "runs": runs, "codes": codes, "output": output}
 

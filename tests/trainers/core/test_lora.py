@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir, torch_threads, trainer_argv
+from stop_resume import assert_same_history
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import DPO_ON_TINY, PG_ONE_STEP_ON_TINY
@@ -211,12 +212,9 @@ def test_lora_dpo_resume_equals_an_uninterrupted_run_and_checkpoints_hold_the_ad
     sigterm_at(None)
     assert da_train.main(argv(half, resume=True)) == 0
 
-    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in a] == [(r["step"], r["phase"]) for r in b]
-    for x, y in zip(a, b, strict=True):
-        for key in ("loss", "accuracy", "grad_norm", "eval/loss", "eval/margins"):
-            if key in x:
-                assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (x["step"], key)
+    assert_same_history(
+        straight, half, ("loss", "accuracy", "grad_norm", "eval/loss", "eval/margins")
+    )
     for run_dir in (straight, half):
         assert (run_dir / "final_adapter" / "adapter_model.safetensors").is_file()
         assert (run_dir / "final_model" / "config.json").is_file()

@@ -28,11 +28,9 @@ from the SFT warm start, where its greedy completion is a typical one (test_rema
 from __future__ import annotations
 
 import pytest
-from conftest import torch_threads, trainer_argv
-from stand_in_rewards import vowel_share_rewards
 
+from tests._helpers.learning_runs import metrics_of_a_vowel_share_run
 from tests._helpers.paths import configs_of
-from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 
 CONFIGS = configs_of("policy_gradients")
@@ -67,11 +65,11 @@ def overrides(algorithm: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["reinforce_pp", "reinforce_pp_baseline", "gmpo"])
 def test_new_algorithm_raises_its_reward(tmp_path, algorithm):
-    with torch_threads(1):
-        argv = trainer_argv(CONFIGS / f"{algorithm}.yaml", tmp_path / "run", overrides(algorithm))
-        # the stand-in scores the samples and the greedy held-out evaluation
-        assert pg_train.main.with_options(verifier=vowel_share_rewards)(argv) == 0
-    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # the stand-in scores the samples and the greedy held-out evaluation
+    config = CONFIGS / f"{algorithm}.yaml"
+    metrics = metrics_of_a_vowel_share_run(
+        pg_train.main, config, tmp_path / "run", overrides(algorithm)
+    )
     rows = [r["avg_total"] for r in metrics if r["phase"] == "rollout"]
     evals = [r["eval/avg_correctness"] for r in metrics if r["phase"] == "eval"]
     assert len(rows) == STEPS and len(evals) == 2

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
+from stop_resume import assert_same_history
 
 from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
@@ -128,15 +129,8 @@ def test_a_stop_inside_a_multi_turn_rollout_resumes_exactly(tmp_path, tool_warm_
     monkeypatch.delenv(SIGTERM_ENV)
     assert pg_train.main(trainer_argv(PG_CONFIG, half, overrides, resume=True)) == 0
 
-    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in a] == [(r["step"], r["phase"]) for r in b]
-    for x, y in zip(a, b, strict=True):
-        for key in ("loss", "grad_norm", "avg_total", "tools/called", "tools/observation_tokens"):
-            if key in x:
-                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-7), (x["step"], key)
-    turns_a = [s["turns"] for s in read_jsonl(straight / "samples.jsonl")]
-    turns_b = [s["turns"] for s in read_jsonl(half / "samples.jsonl")]
-    assert turns_a == turns_b
+    keys = ("loss", "grad_norm", "avg_total", "tools/called", "tools/observation_tokens")
+    assert_same_history(straight, half, keys, sample_field="turns", rel=1e-5, abs_tol=1e-7)
 
 
 @pytest.mark.parametrize(

@@ -31,11 +31,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import torch_threads, trainer_argv
-from stand_in_rewards import vowel_share_rewards
 
+from tests._helpers.learning_runs import metrics_of_a_vowel_share_run
 from tests._helpers.paths import configs_of
-from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
 
@@ -74,11 +72,10 @@ def overrides(warm_start: Path) -> list[str]:
 @pytest.mark.slow
 def test_remax_from_the_warm_start_raises_its_reward(tmp_path):
     warm_start = sft_train.warm_start_model()
-    with torch_threads(1):
-        argv = trainer_argv(CONFIGS / "remax.yaml", tmp_path / "run", overrides(warm_start))
-        # the stand-in scores the samples, the greedy baselines and the held-out evaluation
-        assert pg_train.main.with_options(verifier=vowel_share_rewards)(argv) == 0
-    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # the stand-in scores the samples, the greedy baselines and the held-out evaluation
+    metrics = metrics_of_a_vowel_share_run(
+        pg_train.main, CONFIGS / "remax.yaml", tmp_path / "run", overrides(warm_start)
+    )
     rows = [r for r in metrics if r["phase"] == "rollout"]
     evals = [r["eval/avg_correctness"] for r in metrics if r["phase"] == "eval"]
     assert len(rows) == STEPS and len(evals) == 2
