@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests._helpers.learning_runs import metrics_of_a_vowel_share_run
+from tests._helpers.learning_runs import metrics_of_a_vowel_share_run, stand_in_learning_settings
 from tests._helpers.paths import configs_of
 from trainers.policy_gradients import train as pg_train
 
@@ -48,17 +48,10 @@ def overrides(algorithm: str) -> list[str]:
         f"rollout.num_rollouts={4 if groups else 1}",
         "rollout.max_new_tokens=16",
         "train.batch_size=16",
-        "train.gradient_accumulation_steps=1",
         "train.learning_rate=1.0e-3",
-        f"train.max_steps={STEPS}",
-        f"eval.eval_every={STEPS}",
         "eval.eval_batch_size=16",
         "eval.max_new_tokens=16",
-        "eval.sample_every=0",
-        "reward.format_weight=0",
-        "checkpoint.save_every=null",
-        "checkpoint.save_final_model=false",
-        "seed=42",
+        *stand_in_learning_settings(STEPS),
     ]
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._helpers.learning_runs import metrics_of_a_vowel_share_run
+from tests._helpers.learning_runs import metrics_of_a_vowel_share_run, stand_in_learning_settings
 from tests._helpers.paths import configs_of
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
@@ -55,17 +55,10 @@ def overrides(warm_start: Path) -> list[str]:
         "rollout.num_rollouts=4",
         "rollout.max_new_tokens=24",
         "train.batch_size=16",
-        "train.gradient_accumulation_steps=1",
         "train.learning_rate=3.0e-3",
-        f"train.max_steps={STEPS}",
-        f"eval.eval_every={STEPS}",
         "eval.eval_batch_size=64",
         "eval.max_new_tokens=24",
-        "eval.sample_every=0",
-        "reward.format_weight=0",
-        "checkpoint.save_every=null",
-        "checkpoint.save_final_model=false",
-        "seed=42",
+        *stand_in_learning_settings(STEPS),
     ]
 
 
