@@ -33,16 +33,22 @@ def stop_at_step_then_resume(run: Run, run_dir: Path, sigterm_at, step: int) -> 
 
 
 def assert_same_history(
-    straight: Path, resumed: Path, keys: Sequence[str], sample_field: str | None = None
+    straight: Path,
+    resumed: Path,
+    keys: Sequence[str],
+    sample_field: str | None = None,
+    rel: float = 1e-4,
+    abs_tol: float = 1e-6,
 ) -> None:
     """The two runs logged the same (step, phase) rows with the same ``keys`` (where a row has
-    them) and, with ``sample_field``, samples with the same values of that field."""
+    them, within ``rel``/``abs_tol``) and, with ``sample_field``, samples with the same values of
+    that field."""
     a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(resumed / "metrics.jsonl")
     assert [(r["step"], r["phase"]) for r in a] == [(r["step"], r["phase"]) for r in b]
     for x, y in zip(a, b, strict=True):
         for key in keys:
             if key in x:
-                assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (x["step"], key)
+                assert x[key] == pytest.approx(y[key], rel=rel, abs=abs_tol), (x["step"], key)
     if sample_field is not None:
         samples_a = read_jsonl(straight / "samples.jsonl")
         samples_b = read_jsonl(resumed / "samples.jsonl")

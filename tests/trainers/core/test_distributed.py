@@ -22,6 +22,7 @@ import pytest
 import torch
 from conftest import trainer_argv
 
+from tests._helpers.paths import ROOT
 from trainers.core import distributed as dist_mod
 from trainers.core.config import ConfigError
 from trainers.core.distributed import (
@@ -41,10 +42,10 @@ from trainers.core.loop import count_steps
 from trainers.core.rundir import read_jsonl
 from trainers.core.tiny import cache_root
 
-ROOT = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).resolve().parent / "dist_driver.py"
 
-COMMON = [
+LR = 1.0e-4
+COMMON = [  # every family: 28 examples, 4 held out, up to 96 tokens
     "model.name=tiny",
     "model.gradient_checkpointing=false",
     "model.device=cpu",
@@ -54,8 +55,11 @@ COMMON = [
     "logging.log_every=1",
     "checkpoint.save_every=null",
     "checkpoint.save_final_model=true",
+    "data.max_samples=28",
+    "data.eval_size=4",
+    "data.max_length=96",
+    f"train.learning_rate={LR}",
 ]
-LR = 1.0e-4
 SFT = (
     "trainers.sft.train",
     ROOT / "trainers/sft/configs/sft.yaml",
@@ -63,10 +67,6 @@ SFT = (
         *COMMON,
         "model.chat_template_source=null",
         "data.dataset=builtin:reasoning-sft",
-        "data.max_samples=28",
-        "data.eval_size=4",
-        "data.max_length=96",
-        f"train.learning_rate={LR}",
         "train.max_steps=3",
         "eval.eval_every=3",
         "eval.sample_every=3",
@@ -80,10 +80,6 @@ DPO = (
     [
         *COMMON,
         "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=28",
-        "data.eval_size=4",
-        "data.max_length=96",
-        f"train.learning_rate={LR}",
         "train.max_steps=3",
         "eval.eval_every=3",
         "eval.sample_every=0",
@@ -95,10 +91,6 @@ RM = (
     [
         *COMMON,
         "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=28",
-        "data.eval_size=4",
-        "data.max_length=96",
-        f"train.learning_rate={LR}",
         "train.max_steps=2",
         "eval.eval_every=2",
         "eval.eval_batch_size=4",
@@ -213,6 +205,18 @@ def assert_same_params(one: Path, two: Path, steps: int | None = None) -> None:
 pytestmark = pytest.mark.slow
 
 
+def cache_without_reference_logps(where: Path) -> Path:
+    """A cache of its own under ``where``, linking every entry of the real cache but the
+    reference log-probs, so that DPO computes those here, on the ranks under test."""
+    cache = where / "cache"
+    cache.mkdir()
+    real = cache_root()
+    for entry in real.iterdir() if real.is_dir() else []:
+        if entry.name != "ref_logps":
+            (cache / entry.name).symlink_to(entry)
+    return cache
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
     where = tmp_path_factory.mktemp("two-ranks")
@@ -229,14 +233,7 @@ def two_ranks(tmp_path_factory) -> dict:
     # last (it ends the processes): a fault injected on rank 1 only
     runs["crash"] = where / "crash"
     specs.append({**spec("sft", runs["crash"]), "rank_env": {"1": {"RLHF_LAB_FAULT_AT_STEP": "1"}}})
-    # a cache of its own, so that DPO's reference log-probs are computed here, on 2 ranks
-    cache = where / "cache"
-    cache.mkdir()
-    real = cache_root()
-    for entry in real.iterdir() if real.is_dir() else []:
-        if entry.name != "ref_logps":
-            (cache / entry.name).symlink_to(entry)
-    specs[1]["env"] = {"RLHF_LAB_CACHE": str(cache)}
+    specs[1]["env"] = {"RLHF_LAB_CACHE": str(cache_without_reference_logps(where))}
     codes, output = torchrun(specs, where)
     return {"where": where, "runs": runs, "codes": codes, "output": output}
 

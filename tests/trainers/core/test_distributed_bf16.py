@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 from conftest import trainer_argv
 
+from tests._helpers.paths import ROOT
+from tests._helpers.quick_runs import RS_ON_GSM8K_FIXTURE
 from trainers.core.rundir import read_jsonl
-
-ROOT = Path(__file__).resolve().parents[3]
-FIXTURES = ROOT / "tests" / "fixtures"
 
 ONE_STEP = [
     "model.name=tiny",
@@ -98,23 +97,7 @@ FAMILIES = {
     "rejection_sampling": (
         "trainers.rejection_sampling.train",
         "trainers/rejection_sampling/configs/top_per_prompt.yaml",
-        [
-            "model.name=tiny",
-            f"data.dataset={FIXTURES / 'gsm8k.jsonl'}",
-            "data.max_train_samples=null",
-            "data.max_test_samples=2",
-            "generation.num_completions_per_prompt=2",
-            "generation.max_new_tokens=8",
-            "generation.rollout_batch_size=6",
-            "top_k=5",
-            "sft.batch_size=4",
-            "sft.gradient_accumulation_steps=1",
-            "sft.num_epochs=1",
-            "sft.max_seq_length=160",
-            "eval.eval_max_new_tokens=8",
-            "eval.eval_batch_size=8",
-            "eval.num_samples=1",
-        ],
+        [*RS_ON_GSM8K_FIXTURE, "sft.batch_size=4", "eval.eval_batch_size=8"],
         False,
     ),
 }

@@ -20,6 +20,7 @@ from test_distributed import (
     RM,
     SFT,
     assert_same_history,
+    cache_without_reference_logps,
     rows,
     torchrun,
 )
@@ -27,7 +28,6 @@ from test_distributed import (
 from trainers.core import lora
 from trainers.core.config import LoraSection
 from trainers.core.models import load_causal_lm
-from trainers.core.tiny import cache_root
 
 # dropout 0: a dropout mask is drawn per rank, so with dropout the ranks' shares would not see
 # the masks one process draws for the whole batch (the runs would differ by design)
@@ -64,13 +64,7 @@ def lora_runs(tmp_path_factory) -> dict:
     stopped = lora_spec("sft", runs["sft_stopped"])
     specs.append({**stopped, "env": {"RLHF_LAB_SIGTERM_AT": "micro_batch:2"}})
     specs.append(lora_spec("sft", runs["sft_stopped"], resume=True))
-    cache = where / "cache"  # DPO's reference log-probs computed here, on the 2 ranks
-    cache.mkdir()
-    real = cache_root()
-    for entry in real.iterdir() if real.is_dir() else []:
-        if entry.name != "ref_logps":
-            (cache / entry.name).symlink_to(entry)
-    specs[0]["env"] = {"RLHF_LAB_CACHE": str(cache)}
+    specs[0]["env"] = {"RLHF_LAB_CACHE": str(cache_without_reference_logps(where))}
     import time
 
     t0 = time.time()

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir, torch_threads, trainer_argv
+from stop_resume import assert_same_history
 
+from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import DPO_ON_TINY, PG_ONE_STEP_ON_TINY
 from trainers.core import lora
 from trainers.core.config import ConfigError, LoraSection, ModelSection, load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -19,26 +22,9 @@ from trainers.direct_alignment import pairs as da_pairs
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
-ROOT = Path(__file__).resolve().parents[3]
-FIXTURES = ROOT / "tests" / "fixtures"
 LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
 
-DPO_QUICK = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "data.dataset=builtin:reasoning-preferences",
-    "data.max_samples=40",
-    "data.eval_size=8",
-    "data.max_length=128",
-    "train.batch_size=4",
-    "train.gradient_accumulation_steps=1",
-    "train.learning_rate=1.0e-3",
-    "eval.eval_every=2",
-    "eval.sample_every=0",
-    "eval.num_samples=0",
-    "logging.log_every=1",
-    "checkpoint.save_every=null",
-]
+DPO_QUICK = [*DPO_ON_TINY, "train.gradient_accumulation_steps=1"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -48,7 +34,7 @@ def one_torch_thread():
 
 
 def config_path(family: str, name: str) -> Path:
-    return ROOT / "trainers" / family / "configs" / f"{name}.yaml"
+    return configs_of(family) / f"{name}.yaml"
 
 
 def adapted_tiny(seed: int = 0, **lora_settings) -> torch.nn.Module:
@@ -226,12 +212,9 @@ def test_lora_dpo_resume_equals_an_uninterrupted_run_and_checkpoints_hold_the_ad
     sigterm_at(None)
     assert da_train.main(argv(half, resume=True)) == 0
 
-    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in a] == [(r["step"], r["phase"]) for r in b]
-    for x, y in zip(a, b, strict=True):
-        for key in ("loss", "accuracy", "grad_norm", "eval/loss", "eval/margins"):
-            if key in x:
-                assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (x["step"], key)
+    assert_same_history(
+        straight, half, ("loss", "accuracy", "grad_norm", "eval/loss", "eval/margins")
+    )
     for run_dir in (straight, half):
         assert (run_dir / "final_adapter" / "adapter_model.safetensors").is_file()
         assert (run_dir / "final_model" / "config.json").is_file()
@@ -336,18 +319,8 @@ def test_policy_gradients_train_one_step_with_lora(tmp_path, algorithm):
         return real_load(name, **kwargs)
 
     overrides = [
-        "model.name=tiny",
-        "model.gradient_checkpointing=false",
-        "data.size=8",
-        "data.eval_size=2",
-        "rollout.prompts_per_step=2",
-        "rollout.num_rollouts=2",
-        "rollout.max_new_tokens=8",
-        "train.batch_size=4",
-        "train.max_steps=1",
+        *PG_ONE_STEP_ON_TINY,
         "loss.beta=0.05",
-        "eval.eval_every=0",
-        "eval.max_new_tokens=4",
         "eval.num_samples=0",
         "checkpoint.save_every=1",
         *LORA,

@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+from tests._helpers.paths import FIXTURES
 from trainers.direct_alignment.data import (
     BUILTIN_DATASET,
     MIN_PROMPT_TOKENS,
@@ -30,7 +31,6 @@ from trainers.direct_alignment.data import (
     tokenize_records,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 UF = FIXTURES / "ultrafeedback_cleaned.jsonl"
 HH = FIXTURES / "hh_rlhf.jsonl"
 PLAIN = FIXTURES / "plain_pairs.jsonl"

@@ -8,13 +8,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import reasoning_gym
 import torch
 from conftest import trainer_argv
 
+from tests._helpers.paths import configs_of
+from tests._helpers.quick_runs import DPO_ON_TINY
 from trainers.core.builtin_data import builtin_preference_records
 from trainers.core.lora import add_adapters
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -24,25 +25,12 @@ from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig, EvalSection
 from trainers.direct_alignment.gold import build_gold_eval, sampled_kl
 
-ROOT = Path(__file__).resolve().parents[3]
-DPO = ROOT / "trainers" / "direct_alignment" / "configs" / "dpo.yaml"
+DPO = configs_of("direct_alignment") / "dpo.yaml"
 QUICK = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "data.dataset=builtin:reasoning-preferences",
-    "data.max_samples=40",
-    "data.eval_size=8",
-    "data.max_length=128",
-    "train.batch_size=4",
+    *DPO_ON_TINY,
     "train.gradient_accumulation_steps=2",
-    "train.learning_rate=1.0e-3",
-    "eval.eval_every=2",
-    "eval.sample_every=0",
-    "eval.num_samples=0",
     "eval.gold_prompts=6",
     "eval.gold_max_new_tokens=12",
-    "logging.log_every=1",
-    "checkpoint.save_every=null",
     "checkpoint.save_final_model=false",
 ]
 

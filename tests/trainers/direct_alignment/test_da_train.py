@@ -10,14 +10,15 @@ import pytest
 from conftest import assert_complete_run_dir, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
+from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import LOSS_NAMES
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "direct_alignment" / "configs"
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+CONFIGS = configs_of("direct_alignment")
 
 QUICK = [
     "model.name=tiny",
@@ -48,11 +49,7 @@ def test_dpo_raises_held_out_accuracy_above_chance(tmp_path):
     overrides = [
         "model.name=tiny",
         "model.gradient_checkpointing=false",
-        "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=480",
-        "data.eval_size=96",
-        "data.max_length=160",
-        "train.batch_size=16",
+        *PREFERENCES_TO_LEARN,
         "train.gradient_accumulation_steps=1",
         "train.learning_rate=3.0e-4",
         "eval.eval_every=8",
@@ -164,9 +161,9 @@ def test_wandb_offline_run_is_written(tmp_path, monkeypatch):
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run("dpo", run_dir, [*QUICK, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run("dpo", run_dir, [*QUICK, *overrides]), run_dir, capsys, message
+    )
 
 
 def test_existing_run_dir_is_not_overwritten(tmp_path, capsys):

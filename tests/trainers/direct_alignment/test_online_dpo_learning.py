@@ -21,16 +21,13 @@ tied pairs 0-6 %; greedy held-out share (32 prompts) 0.0 -> 0.6. With online.num
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import torch_threads, trainer_argv
-from stand_in_rewards import vowel_share_rewards
 
-from trainers.core.rundir import read_jsonl
+from tests._helpers.learning_runs import metrics_of_a_vowel_share_run
+from tests._helpers.paths import configs_of
 from trainers.direct_alignment import train as da_train
 
-CONFIG = Path(__file__).resolve().parents[3] / "trainers" / "direct_alignment" / "configs"
+CONFIG = configs_of("direct_alignment")
 STEPS = 12
 
 
@@ -64,11 +61,9 @@ OVERRIDES = [
 
 @pytest.mark.slow
 def test_online_dpo_raises_its_rankers_score_on_held_out_prompts(tmp_path):
-    with torch_threads(1):  # a 1M-parameter model gains nothing from OpenMP workers
-        argv = trainer_argv(CONFIG / "online_dpo.yaml", tmp_path / "run", OVERRIDES)
-        # the stand-in is the ranker's verifier
-        assert da_train.main.with_options(verifier=vowel_share_rewards)(argv) == 0
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # the stand-in is the ranker's verifier
+    config = CONFIG / "online_dpo.yaml"
+    rows = metrics_of_a_vowel_share_run(da_train.main, config, tmp_path / "run", OVERRIDES)
     train_rows = [r for r in rows if r["phase"] == "train"]
     evals = [r["eval/score"] for r in rows if r["phase"] == "eval"]
     assert len(train_rows) == STEPS and len(evals) == 2

@@ -27,13 +27,13 @@ import torch
 from conftest import trainer_argv
 
 from rlhf_lab.results.stats import newcombe_difference
+from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
 from trainers.sft import train as sft_train
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIG = ROOT / "trainers" / "distillation" / "configs" / "distill.yaml"
+CONFIG = configs_of("distillation") / "distill.yaml"
 STEPS = 150
 HELD_OUT = 128
 STUDENT_STEP = 250

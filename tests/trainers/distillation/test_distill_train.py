@@ -11,11 +11,12 @@ import pytest
 from conftest import assert_complete_run_dir, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import configs_of
+from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIG = ROOT / "trainers" / "distillation" / "configs" / "distill.yaml"
+CONFIG = configs_of("distillation") / "distill.yaml"
 
 QUICK = [
     "model.name=tiny",
@@ -77,9 +78,7 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run(run_dir, [*QUICK, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(run(run_dir, [*QUICK, *overrides]), run_dir, capsys, message)
 
 
 def test_same_tokenizer_but_another_vocabulary_size_is_refused(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import DatasetSpecSection
 from trainers.core.models import load_causal_lm, load_tokenizer
@@ -32,7 +33,6 @@ from trainers.core.verifier import compute_rewards
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
 
-ROOT = Path(__file__).resolve().parents[3]
 TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 SEED = 42
 POOL = 32
@@ -99,12 +99,12 @@ def greedy_correctness(model_dir: Path, prompts) -> float:
 @pytest.mark.slow
 def test_sft_warm_start_then_grpo_raises_correctness(tmp_path):
     sft_dir = tmp_path / "sft"
-    sft_config = ROOT / "trainers" / "sft" / "configs" / "sft.yaml"
+    sft_config = configs_of("sft") / "sft.yaml"
     assert sft_train.main(argv(sft_config, sft_dir, SFT_OVERRIDES)) == 0
     warm = sft_dir / "final_model"
 
     grpo_dir = tmp_path / "grpo"
-    grpo_config = ROOT / "trainers" / "policy_gradients" / "configs" / "grpo.yaml"
+    grpo_config = configs_of("policy_gradients") / "grpo.yaml"
     assert pg_train.main(argv(grpo_config, grpo_dir, grpo_overrides(warm))) == 0
 
     rows = [r for r in read_jsonl(grpo_dir / "metrics.jsonl") if r["phase"] == "rollout"]

@@ -9,13 +9,14 @@ end to end below, and the learning runs are in test_pg_new_algorithms_learning.p
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import torch_threads, trainer_argv
 from pydantic import ValidationError
 
+from tests._helpers.paths import configs_of
+from tests._helpers.quick_runs import PG_ONE_STEP_ON_TINY
 from trainers.core.rundir import read_jsonl
 from trainers.core.spec import spec_for
 from trainers.policy_gradients import train as pg_train
@@ -231,20 +232,10 @@ def test_remax_refuses_a_whitened_reward_model_score():
 # End to end on tiny: ReMax's greedy baseline, REINFORCE++'s reward KL
 # ---------------------------------------------------------------------------------------------
 
-CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 SMALL = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "data.size=8",
-    "data.eval_size=2",
-    "rollout.prompts_per_step=2",
-    "rollout.num_rollouts=2",
-    "rollout.max_new_tokens=8",
-    "train.batch_size=4",
+    *PG_ONE_STEP_ON_TINY,
     "train.gradient_accumulation_steps=1",
-    "train.max_steps=1",
-    "eval.eval_every=0",
-    "eval.max_new_tokens=4",
     "eval.num_samples=2",
     "checkpoint.save_every=null",
     "checkpoint.save_final_model=false",

@@ -27,16 +27,13 @@ from the SFT warm start, where its greedy completion is a typical one (test_rema
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import torch_threads, trainer_argv
-from stand_in_rewards import vowel_share_rewards
 
-from trainers.core.rundir import read_jsonl
+from tests._helpers.learning_runs import metrics_of_a_vowel_share_run, stand_in_learning_settings
+from tests._helpers.paths import configs_of
 from trainers.policy_gradients import train as pg_train
 
-CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 STEPS = 10
 
 
@@ -51,28 +48,21 @@ def overrides(algorithm: str) -> list[str]:
         f"rollout.num_rollouts={4 if groups else 1}",
         "rollout.max_new_tokens=16",
         "train.batch_size=16",
-        "train.gradient_accumulation_steps=1",
         "train.learning_rate=1.0e-3",
-        f"train.max_steps={STEPS}",
-        f"eval.eval_every={STEPS}",
         "eval.eval_batch_size=16",
         "eval.max_new_tokens=16",
-        "eval.sample_every=0",
-        "reward.format_weight=0",
-        "checkpoint.save_every=null",
-        "checkpoint.save_final_model=false",
-        "seed=42",
+        *stand_in_learning_settings(STEPS),
     ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["reinforce_pp", "reinforce_pp_baseline", "gmpo"])
 def test_new_algorithm_raises_its_reward(tmp_path, algorithm):
-    with torch_threads(1):
-        argv = trainer_argv(CONFIGS / f"{algorithm}.yaml", tmp_path / "run", overrides(algorithm))
-        # the stand-in scores the samples and the greedy held-out evaluation
-        assert pg_train.main.with_options(verifier=vowel_share_rewards)(argv) == 0
-    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # the stand-in scores the samples and the greedy held-out evaluation
+    config = CONFIGS / f"{algorithm}.yaml"
+    metrics = metrics_of_a_vowel_share_run(
+        pg_train.main, config, tmp_path / "run", overrides(algorithm)
+    )
     rows = [r["avg_total"] for r in metrics if r["phase"] == "rollout"]
     evals = [r["eval/avg_correctness"] for r in metrics if r["phase"] == "eval"]
     assert len(rows) == STEPS and len(evals) == 2

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_complete_run_dir, torch_threads, trainer_argv
+from conftest import assert_complete_run_dir, trainer_argv
 
+from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import ConfigError
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
 from trainers.core.models import load_tokenizer
@@ -31,9 +34,7 @@ from trainers.core.tiny import ensure_preset
 from trainers.core.tokenization import same_tokenizer, text_ids
 from trainers.policy_gradients import train as pg_train
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
-FIXTURES = ROOT / "tests" / "fixtures"
+CONFIGS = configs_of("policy_gradients")
 
 OTHER_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -41,12 +42,6 @@ OTHER_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '### assistant:\\n' -}}{%- endif -%}"
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    with torch_threads(1):
-        yield
 
 
 def _save_rm(folder: Path, kind: str = "preference", seed: int = 0, template: str | None = None):
@@ -157,9 +152,7 @@ def test_bad_reward_model_fails_the_trainer_before_writing(tmp_path, rm_dirs, ca
         argv = trainer_argv(CONFIGS / "grpo.yaml", run_dir, [*TINY, f"{key}={name}"])
         if key == "reward.gold_model":
             argv += ["--set", f"reward.model={rm_dirs['preference']}"]
-        assert pg_train.main(argv) == 2
-        assert key in capsys.readouterr().err
-        assert not run_dir.exists()
+        assert_refused_before_writing(pg_train.main(argv), run_dir, capsys, key)
 
 
 # ---------------------------------------------------------------------------------------------

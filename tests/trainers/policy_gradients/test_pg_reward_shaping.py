@@ -11,6 +11,7 @@ import statistics
 import pytest
 import torch
 
+from tests._helpers.paths import configs_of
 from trainers.core.config import ConfigError, load_config, validate_config
 from trainers.core.verifier import text_rewards
 from trainers.policy_gradients.config import PolicyGradientConfig
@@ -224,9 +225,8 @@ def test_bad_reward_configs_are_refused_naming_the_key(sections, message):
 
 
 def test_shipped_reward_model_recipes(tmp_path):
-    from pathlib import Path
 
-    configs = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+    configs = configs_of("policy_gradients")
     for name, algorithm, normalize in (("ppo_rm", "ppo", "running"), ("grpo_rm", "grpo", "none")):
         cfg = load_config(configs / f"{name}.yaml", PolicyGradientConfig)
         assert cfg.algorithm == algorithm and cfg.data.source == "preference"

@@ -24,14 +24,14 @@ from pathlib import Path
 import pytest
 from conftest import trainer_argv
 
+from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.rundir import read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.reward_models import train as rm_train
 
-ROOT = Path(__file__).resolve().parents[3]
-PG_CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
-RM_CONFIG = ROOT / "trainers" / "reward_models" / "configs" / "preference_rm.yaml"
+PG_CONFIGS = configs_of("policy_gradients")
+RM_CONFIG = configs_of("reward_models") / "preference_rm.yaml"
 
 RM_OVERRIDES = [
     "model.name=tiny",

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import torch_threads, trainer_argv
+from tests._helpers.paths import configs_of
+from tests._helpers.quick_runs import PG_TWO_STEPS_ON_TINY
+from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
+from tests.conftest import trainer_argv
 from trainers.core.environments import StepResult, register_environment
 from trainers.core.multiturn import MODEL, TOOL, Segment, Trajectory
 from trainers.core.rundir import read_jsonl
@@ -33,27 +37,15 @@ from trainers.policy_gradients.losses import (
 )
 from trainers.policy_gradients.rollout import turn_reward_shift
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 
 TINY = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "data.size=32",
-    "data.eval_size=4",
-    "rollout.prompts_per_step=2",
+    *PG_TWO_STEPS_ON_TINY,
     "rollout.num_rollouts=4",
     "rollout.max_new_tokens=12",
-    "train.batch_size=4",
-    "train.gradient_accumulation_steps=1",
-    "train.learning_rate=1.0e-3",
-    "train.max_steps=2",
     "eval.eval_every=2",
     "eval.eval_batch_size=4",
-    "eval.max_new_tokens=8",
     "eval.num_samples=2",
-    "checkpoint.save_every=null",
-    "checkpoint.save_final_model=false",
 ]
 
 
@@ -70,12 +62,6 @@ class NoToolEnvironment:
 register_environment("no_tool_for_tests", "the task unchanged; the first turn ends it")(
     NoToolEnvironment
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    with torch_threads(1):
-        yield
 
 
 def run(config: str, run_dir: Path, overrides: list[str]) -> int:
@@ -254,9 +240,9 @@ def test_the_tool_recipes_run_and_log_trajectories(tmp_path, config):
 )
 def test_bad_environment_settings_fail_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run("grpo", run_dir, [*TINY, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run("grpo", run_dir, [*TINY, *overrides]), run_dir, capsys, message
+    )
 
 
 def test_the_completion_budget_counts_the_replies():

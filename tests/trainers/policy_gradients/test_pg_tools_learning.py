@@ -16,15 +16,17 @@ import json
 from pathlib import Path
 
 import pytest
+from stop_resume import assert_same_history
 
-from tests.conftest import torch_threads, trainer_argv
+from tests._helpers.paths import configs_of
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
+from tests.conftest import trainer_argv
 from trainers.core.rundir import SIGTERM_ENV, read_jsonl
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
 
-ROOT = Path(__file__).resolve().parents[3]
-PG_CONFIG = ROOT / "trainers" / "policy_gradients" / "configs" / "grpo_tools.yaml"
-SFT_CONFIG = ROOT / "trainers" / "sft" / "configs" / "sft.yaml"
+PG_CONFIG = configs_of("policy_gradients") / "grpo_tools.yaml"
+SFT_CONFIG = configs_of("sft") / "sft.yaml"
 TASK = "{chain_sum: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}"
 
 SFT_OVERRIDES = [
@@ -69,12 +71,6 @@ def grpo_overrides(warm_start: Path, steps: int) -> list[str]:
         "checkpoint.save_final_model=false",
         "seed=42",
     ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    with torch_threads(1):
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -133,15 +129,8 @@ def test_a_stop_inside_a_multi_turn_rollout_resumes_exactly(tmp_path, tool_warm_
     monkeypatch.delenv(SIGTERM_ENV)
     assert pg_train.main(trainer_argv(PG_CONFIG, half, overrides, resume=True)) == 0
 
-    a, b = read_jsonl(straight / "metrics.jsonl"), read_jsonl(half / "metrics.jsonl")
-    assert [(r["step"], r["phase"]) for r in a] == [(r["step"], r["phase"]) for r in b]
-    for x, y in zip(a, b, strict=True):
-        for key in ("loss", "grad_norm", "avg_total", "tools/called", "tools/observation_tokens"):
-            if key in x:
-                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-7), (x["step"], key)
-    turns_a = [s["turns"] for s in read_jsonl(straight / "samples.jsonl")]
-    turns_b = [s["turns"] for s in read_jsonl(half / "samples.jsonl")]
-    assert turns_a == turns_b
+    keys = ("loss", "grad_norm", "avg_total", "tools/called", "tools/observation_tokens")
+    assert_same_history(straight, half, keys, sample_field="turns", rel=1e-5, abs_tol=1e-7)
 
 
 @pytest.mark.parametrize(

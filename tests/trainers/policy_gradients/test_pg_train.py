@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_complete_run_dir, assert_same_gradients, torch_threads, trainer_argv
+from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import configs_of
+from tests._helpers.quick_runs import PG_TWO_STEPS_ON_TINY
+from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
 from trainers.core.verifier import Verifier, compute_rewards
@@ -27,39 +31,19 @@ from trainers.policy_gradients.config import ALGORITHMS, PolicyGradientConfig, a
 from trainers.policy_gradients.experience import assemble
 from trainers.policy_gradients.token_passes import ValueModel, completion_token_stats
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 G = 4
 
 TINY = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "data.size=32",
-    "data.eval_size=4",
-    "rollout.prompts_per_step=2",
+    *PG_TWO_STEPS_ON_TINY,
     f"rollout.num_rollouts={G}",
     "rollout.max_new_tokens=16",
-    "train.batch_size=4",
-    "train.gradient_accumulation_steps=1",
-    "train.learning_rate=1.0e-3",
-    "train.max_steps=2",
     "eval.eval_every=1",
     "eval.eval_batch_size=8",
-    "eval.max_new_tokens=8",
     "eval.num_samples=1",
-    "checkpoint.save_every=null",
-    "checkpoint.save_final_model=false",
 ]
 # no held-out prompts: a scripted verifier is called by the rollouts alone
 NO_EVAL = [*TINY, "data.eval_size=0"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The tiny model is too small to gain from intra-op threads, and on a shared 2-core machine
-    spinning OpenMP workers make every forward many times slower; restored afterwards."""
-    with torch_threads(1):
-        yield
 
 
 def run(
@@ -417,9 +401,9 @@ def test_prompt_stream_is_seeded_resumable_and_drops_the_tail():
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, algorithm, overrides, message):
     run_dir = tmp_path / "run"
-    assert run(algorithm, run_dir, [*TINY, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run(algorithm, run_dir, [*TINY, *overrides]), run_dir, capsys, message
+    )
 
 
 def test_shipped_configs_hold_the_book_defaults():

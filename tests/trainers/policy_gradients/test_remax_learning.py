@@ -31,14 +31,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import torch_threads, trainer_argv
-from stand_in_rewards import vowel_share_rewards
 
-from trainers.core.rundir import read_jsonl
+from tests._helpers.learning_runs import metrics_of_a_vowel_share_run, stand_in_learning_settings
+from tests._helpers.paths import configs_of
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
 
-CONFIGS = Path(__file__).resolve().parents[3] / "trainers" / "policy_gradients" / "configs"
+CONFIGS = configs_of("policy_gradients")
 STEPS = 16
 LATE_GAIN = 0.05  # measured +0.083
 HELD_OUT_GAIN = 0.05  # measured +0.099
@@ -56,28 +55,20 @@ def overrides(warm_start: Path) -> list[str]:
         "rollout.num_rollouts=4",
         "rollout.max_new_tokens=24",
         "train.batch_size=16",
-        "train.gradient_accumulation_steps=1",
         "train.learning_rate=3.0e-3",
-        f"train.max_steps={STEPS}",
-        f"eval.eval_every={STEPS}",
         "eval.eval_batch_size=64",
         "eval.max_new_tokens=24",
-        "eval.sample_every=0",
-        "reward.format_weight=0",
-        "checkpoint.save_every=null",
-        "checkpoint.save_final_model=false",
-        "seed=42",
+        *stand_in_learning_settings(STEPS),
     ]
 
 
 @pytest.mark.slow
 def test_remax_from_the_warm_start_raises_its_reward(tmp_path):
     warm_start = sft_train.warm_start_model()
-    with torch_threads(1):
-        argv = trainer_argv(CONFIGS / "remax.yaml", tmp_path / "run", overrides(warm_start))
-        # the stand-in scores the samples, the greedy baselines and the held-out evaluation
-        assert pg_train.main.with_options(verifier=vowel_share_rewards)(argv) == 0
-    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    # the stand-in scores the samples, the greedy baselines and the held-out evaluation
+    metrics = metrics_of_a_vowel_share_run(
+        pg_train.main, CONFIGS / "remax.yaml", tmp_path / "run", overrides(warm_start)
+    )
     rows = [r for r in metrics if r["phase"] == "rollout"]
     evals = [r["eval/avg_correctness"] for r in metrics if r["phase"] == "eval"]
     assert len(rows) == STEPS and len(evals) == 2

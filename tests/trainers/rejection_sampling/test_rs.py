@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
-from conftest import assert_phases, torch_threads, trainer_argv
+from conftest import assert_phases, trainer_argv
 
+from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import RS_ON_GSM8K_FIXTURE
+from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
 from trainers.rejection_sampling import pipeline
@@ -43,9 +47,7 @@ from trainers.rejection_sampling.selection import (
     top_per_prompt,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "rejection_sampling" / "configs"
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+CONFIGS = configs_of("rejection_sampling")
 GSM8K_FIXTURE = FIXTURES / "gsm8k.jsonl"
 
 EASY_CHAIN_SUM = "data.builtin_task_configs={chain_sum: {min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}"
@@ -75,30 +77,11 @@ QUICK = [
 ]
 
 GSM8K_QUICK = [
-    "model.name=tiny",
+    *RS_ON_GSM8K_FIXTURE,
     "model.dtype=fp32",
-    f"data.dataset={GSM8K_FIXTURE}",
-    "data.max_train_samples=null",
-    "data.max_test_samples=2",
-    "generation.num_completions_per_prompt=2",
-    "generation.max_new_tokens=8",
-    "generation.rollout_batch_size=6",
-    "top_k=5",
     "sft.learning_rate=1.0e-4",
     "sft.batch_size=2",
-    "sft.gradient_accumulation_steps=1",
-    "sft.num_epochs=1",
-    "sft.max_seq_length=160",
-    "eval.eval_max_new_tokens=8",
-    "eval.num_samples=1",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model is far faster on one thread when the machine's cores are contended."""
-    with torch_threads(1):
-        yield
 
 
 def run(strategy: str, run_dir: Path, overrides: list[str], resume: bool = False) -> int:
@@ -409,18 +392,21 @@ def test_diagnostics_cli_reads_a_cache_file(tmp_path, capsys):
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run("top_per_prompt", run_dir, [*GSM8K_QUICK, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run("top_per_prompt", run_dir, [*GSM8K_QUICK, *overrides]), run_dir, capsys, message
+    )
 
 
 def test_wrong_schema_file_fails_before_writing(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "2 + 2?", "completion": "4"}\n' * 4)
     run_dir = tmp_path / "run"
-    assert run("top_per_prompt", run_dir, [*GSM8K_QUICK, f"data.dataset={bad}"]) == 2
-    assert "GSM8K schema" in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run("top_per_prompt", run_dir, [*GSM8K_QUICK, f"data.dataset={bad}"]),
+        run_dir,
+        capsys,
+        "GSM8K schema",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,20 +10,19 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import trainer_argv
 
+from tests._helpers.paths import FIXTURES, ROOT, configs_of
 from trainers.core.rundir import read_jsonl
 from trainers.core.tiny import ensure_preset
 from trainers.rejection_sampling import train as rs_train
 
-ROOT = Path(__file__).resolve().parents[3]
 DRIVER = ROOT / "tests" / "trainers" / "core" / "dist_driver.py"
-CONFIG = ROOT / "trainers" / "rejection_sampling" / "configs" / "top_k_overall.yaml"
-FIXTURE = ROOT / "tests" / "fixtures" / "gsm8k.jsonl"
+CONFIG = configs_of("rejection_sampling") / "top_k_overall.yaml"
+FIXTURE = FIXTURES / "gsm8k.jsonl"
 
 
 def overrides(per_rank_batch: int) -> list[str]:

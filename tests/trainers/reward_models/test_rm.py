@@ -13,9 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
-from conftest import assert_phases, assert_same_gradients, torch_threads, trainer_argv
+from conftest import assert_phases, assert_same_gradients, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
+from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
 from trainers.core.reward_model import RewardModelError, build_reward_model, save_reward_model
 from trainers.core.reward_scorer import RewardScorer
@@ -51,19 +55,8 @@ from trainers.reward_models.losses import (
     top1_accuracy,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "reward_models" / "configs"
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+CONFIGS = configs_of("reward_models")
 CONFIG_OF = {"preference": "preference_rm", "orm": "orm", "prm": "prm"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_cpu_thread():
-    """The tiny model's matrices are too small to gain from a second thread, and with two
-    threads on a busy 2-core machine every op waits on the other thread (a fwd+bwd step took
-    6 s instead of 0.07 s here). Restored afterwards for other test modules."""
-    with torch_threads(1):
-        yield
 
 
 def softplus(x: float) -> float:
@@ -623,9 +616,9 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, kind, overrides, message):
     run_dir = tmp_path / "run"
-    assert run(kind, run_dir, [*QUICK, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(
+        run(kind, run_dir, [*QUICK, *overrides]), run_dir, capsys, message
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -654,11 +647,7 @@ def final_eval(run_dir: Path) -> dict:
 def test_preference_rm_learns_to_rank_held_out_pairs(tmp_path):
     overrides = [
         *LEARN,
-        "data.dataset=builtin:reasoning-preferences",
-        "data.max_samples=480",
-        "data.eval_size=96",
-        "data.max_length=160",
-        "train.batch_size=16",
+        *PREFERENCES_TO_LEARN,
         "train.learning_rate=1.0e-3",
         "train.num_epochs=1",
     ]

@@ -13,6 +13,9 @@ import torch
 from conftest import assert_phases, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
+from tests._helpers.paths import FIXTURES, configs_of
+from tests._helpers.quick_runs import SFT_ON_TINY
+from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.config import load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import read_jsonl
@@ -30,28 +33,15 @@ from trainers.sft.data import (
     tokenize_records,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "sft" / "configs"
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+CONFIGS = configs_of("sft")
 
 QUICK = [
-    "model.name=tiny",
-    "model.chat_template_source=null",
-    "model.gradient_checkpointing=false",
+    *SFT_ON_TINY,
     "data.dataset=builtin:reasoning-sft",
     "data.max_samples=48",
     "data.eval_size=8",
     "data.max_length=128",
-    "train.batch_size=4",
     "train.gradient_accumulation_steps=2",
-    "train.learning_rate=1.0e-3",
-    "train.num_epochs=1",
-    "eval.eval_every=2",
-    "eval.sample_every=2",
-    "eval.num_samples=2",
-    "eval.sample_max_new_tokens=8",
-    "logging.log_every=1",
-    "checkpoint.save_every=null",
 ]
 
 
@@ -392,9 +382,7 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
 )
 def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
     run_dir = tmp_path / "run"
-    assert run(run_dir, [*QUICK, *overrides]) == 2
-    assert message in capsys.readouterr().err
-    assert not run_dir.exists()
+    assert_refused_before_writing(run(run_dir, [*QUICK, *overrides]), run_dir, capsys, message)
 
 
 def test_shipped_configs_validate_and_warm_start_recipe_matches_its_yaml():

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from conftest import trainer_argv
 
+from tests._helpers.paths import configs_of
 from tests._helpers.quick_runs import SFT_ON_TINY
 from tests._helpers.refusals import assert_refused_before_writing
 from trainers.core.config import load_config
@@ -23,8 +24,7 @@ from trainers.sft import train as sft_train
 from trainers.sft.config import SFTConfig
 from trainers.sft.data import load_sft_records, longest_tool_demonstration, tokenize_records
 
-ROOT = Path(__file__).resolve().parents[3]
-CONFIGS = ROOT / "trainers" / "sft" / "configs"
+CONFIGS = configs_of("sft")
 SMOLLM2_DIR = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / "smollm2-135m-instruct"
 
 QUICK = [
