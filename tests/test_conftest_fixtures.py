@@ -89,3 +89,27 @@ def test_assert_same_gradients_tolerates_reordering_but_not_a_real_difference():
         assert_same_gradients(one_wrong, want)
     with pytest.raises(AssertionError, match="nothing was compared"):
         assert_same_gradients(torch.zeros(3), torch.zeros(3))
+
+
+def conftests_shadowing_the_root(tests_dir: Path) -> list[str]:
+    """The conftest.py files below ``tests_dir`` that pytest would import as the top-level module
+    ``conftest`` (their folder is not a package), so that the suite's ``from conftest import ...``
+    could get them instead of tests/conftest.py, depending on which file a worker collects first."""
+    return sorted(
+        str(path.relative_to(tests_dir))
+        for path in tests_dir.rglob("conftest.py")
+        if path.parent != tests_dir and not (path.parent / "__init__.py").is_file()
+    )
+
+
+def test_no_conftest_shadows_the_root_one(tmp_path):
+    tests_dir = Path(__file__).resolve().parent
+    assert conftests_shadowing_the_root(tests_dir) == []
+    # the check sees one: a conftest.py in a folder that is not a package
+    (tmp_path / "conftest.py").write_text("")
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "__init__.py").write_text("")
+    (tmp_path / "lab" / "conftest.py").write_text("")
+    (tmp_path / "reliability").mkdir()
+    (tmp_path / "reliability" / "conftest.py").write_text("")
+    assert conftests_shadowing_the_root(tmp_path) == ["reliability/conftest.py"]

@@ -1,19 +1,24 @@
 """What the bad-input tests (test_bad_input_*.py) share: the quick config, the fuzzing settings,
 the hostile config overrides hypothesis draws, the snapshot of every place the lab must never write, and the check that an error is one clear
-message. Their fixtures (``lab_root``, ``no_trainer``) are in this folder's conftest.py."""
+message, and their fixtures (``lab_root``, ``no_trainer``), which each file imports by name: a
+conftest.py here would be imported as the top-level module ``conftest`` and shadow
+tests/conftest.py for every ``from conftest import ...`` in the suite."""
 
 from __future__ import annotations
 
 import typing
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
+from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import FAMILIES
 from rlhf_lab.planning.configs import config_model
+from tests._lab_processes import kill_live_runs
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -169,3 +174,25 @@ override_strategy = st.one_of(
     pair_strategy,
     st.text(max_size=30),  # no '=' at all, or junk around it
 )
+
+
+@pytest.fixture
+def lab_root(tmp_path, monkeypatch):
+    """The lab writes under tmp_path/lab only; no trainer outlives the test."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(root))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield root
+    kill_live_runs(root)
+
+
+@pytest.fixture
+def no_trainer(supervise, no_queue_worker):
+    """Launches get as far as starting the trainer, which is refused instead (and the queue
+    worker is never spawned): fuzzing must not start training jobs."""
+
+    def refuse(run_id: str):
+        raise LabError(f"not started: trainers are disabled in this test ({run_id})")
+
+    supervise(start_run=refuse)

@@ -13,10 +13,11 @@ import math
 
 import pytest
 import yaml
-from _bad_input import (
+from _bad_input import (  # noqa: F401  (lab_root, no_trainer: fixtures)
     FUZZ,
     YAML_SPECIAL,
     assert_one_clear_message,
+    lab_root,
     override_strategy,
 )
 from hypothesis import given

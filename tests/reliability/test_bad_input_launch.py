@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from _bad_input import (
+from _bad_input import (  # noqa: F401  (lab_root, no_trainer: fixtures)
     QUICK,
     assert_one_clear_message,
+    lab_root,
     lab_tree,
+    no_trainer,
     runner,
 )
 

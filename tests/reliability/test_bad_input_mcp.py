@@ -17,11 +17,13 @@ import anyio.from_thread
 import jsonschema
 import pytest
 import yaml
-from _bad_input import (
+from _bad_input import (  # noqa: F401  (lab_root, no_trainer: fixtures)
     FINISHED,
     FUZZ,
     QUICK,
     assert_one_clear_message,
+    lab_root,
+    no_trainer,
     outside_experiments,
     override_strategy,
     runner,

@@ -7,11 +7,13 @@ The shared helpers are in _bad_input.py, the fixtures in conftest.py.
 from __future__ import annotations
 
 import pytest
-from _bad_input import (
+from _bad_input import (  # noqa: F401  (lab_root, no_trainer: fixtures)
     FINISHED,
     QUICK,
     assert_one_clear_message,
+    lab_root,
     lab_tree,
+    no_trainer,
     runner,
 )
 
