@@ -120,7 +120,7 @@ def resolve_target(name: str, role: str = "target") -> EvalTarget:
 def _run_target(given: str, run_id: str, role: str) -> EvalTarget:
     from rlhf_lab.paths import find_run
     from rlhf_lab.runs.folder import read_record
-    from rlhf_lab.runs.lineage import upstream
+    from rlhf_lab.runs.lineage import final_model_not_saved, upstream
 
     up = upstream(run_id)  # NotFound for an unknown id
     if up.family == EVAL_FAMILY:
@@ -144,10 +144,9 @@ def _run_target(given: str, run_id: str, role: str) -> EvalTarget:
             next=steps,
         )
     if not up.saves_final_model:
-        raise Conflict(
-            f"{role} {run_id} does not save its final model (checkpoint.save_final_model=false); "
-            "there is nothing to evaluate. Launch it again with checkpoint.save_final_model=true",
-            next=NextStep("launch_run", {"overrides": ["checkpoint.save_final_model=true"]}),
+        raise final_model_not_saved(
+            f"{role} {run_id}",
+            "; there is nothing to evaluate. Launch it again with checkpoint.save_final_model=true",
         )
     if up.state == "succeeded" and not up.has_output:
         raise NotFound(

@@ -224,6 +224,15 @@ def stand_in(name: str) -> str:
     return up.base_model or name
 
 
+def final_model_not_saved(subject: str, detail: str) -> Conflict:
+    """The error for a run that will leave no final model because its config turns saving it
+    off (``subject`` names the run, ``detail`` follows the reason), pointing at a relaunch."""
+    return Conflict(
+        f"{subject} does not save its final model (checkpoint.save_final_model=false){detail}",
+        next=NextStep("launch_run", {"overrides": ["checkpoint.save_final_model=true"]}),
+    )
+
+
 def _kind_error(key: str, run_id: str, up: Upstream, wanted: str) -> InvalidArgument:
     return InvalidArgument(
         f"{key}=run:{run_id}: that run is {up.algorithm} ({up.family}), not {wanted}",
@@ -252,11 +261,9 @@ def check_ref(key: str, run_id: str) -> Upstream:
             ],
         )
     if not up.saves_final_model and up.state != "queued":
-        raise Conflict(
-            f"{key}=run:{run_id}: that run does not save its final model "
-            f"(checkpoint.save_final_model=false) and is {up.state}; launch it again with "
-            "checkpoint.save_final_model=true",
-            next=NextStep("launch_run", {"overrides": ["checkpoint.save_final_model=true"]}),
+        raise final_model_not_saved(
+            f"{key}=run:{run_id}: that run",
+            f" and is {up.state}; launch it again with checkpoint.save_final_model=true",
         )
     if up.state == "succeeded" and not up.has_output:
         raise NotFound(

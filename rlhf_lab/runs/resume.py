@@ -77,6 +77,18 @@ def _check_resumable(run_id: str, state: str, run_dir: Path) -> list[int]:
     return steps
 
 
+def read_still_resumable(run_id: str, run_dir: Path) -> dict:
+    """run.json read again under the run's lock, or Conflict when the run left the resumable
+    states since it was checked (a resume that raced another one, or a relaunch)."""
+    record = _read_record(run_dir)
+    if record.get("state") not in RESUMABLE_STATES:
+        raise Conflict(
+            f"run {run_id} became {record.get('state')} meanwhile; not resumed",
+            next=NextStep("run_status", {"run_id": run_id}),
+        )
+    return record
+
+
 def _archive_attempt(run_dir: Path, record: dict, from_step: int, devices: list[str]) -> dict:
     """Record how the previous attempt ended (run.json ``resumes``), move its exit/process/
     summary files to ``attempts/<n>/`` and mark the run ``starting`` again. Returns the record."""
@@ -176,12 +188,7 @@ def resume_run(
         if busy and not force and not fits_together:
             raise _busy_error(dev, busy, None, resuming=run_id)
         with _run_lock(run_dir):
-            record = _read_record(run_dir)
-            if record.get("state") not in RESUMABLE_STATES:
-                raise Conflict(
-                    f"run {run_id} became {record.get('state')} meanwhile; not resumed",
-                    next=NextStep("run_status", {"run_id": run_id}),
-                )
+            record = read_still_resumable(run_id, run_dir)
             _archive_attempt(run_dir, record, steps[-1], devices)
         try:
             info = _start(run_id)

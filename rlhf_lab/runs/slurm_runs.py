@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlhf_lab.errors import Conflict, LabError, NextStep
+from rlhf_lab.errors import LabError
 from rlhf_lab.runs.records import (
     LaunchResult,
     _atomic_write_json,
@@ -71,17 +71,12 @@ def resubmit(run_id: str, from_step: int) -> LaunchResult:
     script again with ``--resume`` (a new job; run.json keeps every job id)."""
     from rlhf_lab.paths import find_run
     from rlhf_lab.runs.process import _run_lock
-    from rlhf_lab.runs.resume import RESUMABLE_STATES, _archive_attempt
+    from rlhf_lab.runs.resume import _archive_attempt, read_still_resumable
 
     run_dir = find_run(run_id)
     check_slurm_available()
     with _run_lock(run_dir):
-        record = _read_record(run_dir)
-        if record.get("state") not in RESUMABLE_STATES:
-            raise Conflict(
-                f"run {run_id} became {record.get('state')} meanwhile; not resumed",
-                next=NextStep("run_status", {"run_id": run_id}),
-            )
+        record = read_still_resumable(run_id, run_dir)
         previous = dict(record.get("slurm") or {})
         known = set(SlurmOptions.model_fields)
         options = SlurmOptions(**{k: v for k, v in previous.items() if k in known})
