@@ -20,28 +20,6 @@ class RecordResult(RunRecord):
 
 # what record_results returns over MCP: the row's identity, outcome and numbers; the rest of the
 # record (argv, settings, attempts, samples, plots...) is in the ledger it names
-RECORD_SUMMARY_FIELDS = (
-    "run_id",
-    "campaign",
-    "state",
-    "outcome",
-    "failure",
-    "model",
-    "seed",
-    "command",
-    "changes",
-    "metrics",
-    "headline",
-    "flags",
-    "diagnostics",
-    "warnings",
-    "note",
-    "run_dir",
-    "ledger_uri",
-    "ledger_path",
-)
-
-
 class RecordSummary(BaseModel):
     """A recorded row, compact: what the agent reports from; the ledger holds the rest."""
 
@@ -66,8 +44,7 @@ class RecordSummary(BaseModel):
 
     @classmethod
     def of(cls, rec: RecordResult) -> RecordSummary:
-        data = rec.model_dump()
-        return cls(**{k: data[k] for k in RECORD_SUMMARY_FIELDS})
+        return cls.model_validate(rec.model_dump(include=set(cls.model_fields)))
 
 
 class CampaignList(BaseModel):

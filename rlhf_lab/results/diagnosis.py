@@ -211,24 +211,20 @@ def _check_samples(path: Path) -> Alert | None:
     found = repetition_finding(read_json_lines(path).rows, excerpt_chars=160)
     if found is None:
         return None
-    step = found.step if isinstance(found.step, int) else None
     if found.inherited:
-        return Alert(
-            kind="repetition_inherited",
-            severity="info",
-            step=step,
-            message=found.message,
-            hint="the starting model loops already, training did not cause it: check the chat "
-            "template and the end-of-turn token, or warm-start with SFT",
+        kind, severity = "repetition_inherited", "info"
+        hint = (
+            "the starting model loops already, training did not cause it: check the chat "
+            "template and the end-of-turn token, or warm-start with SFT"
         )
-    return Alert(
-        kind="repetition",
-        severity="warning",
-        step=step,
-        message=found.message,
-        hint="lower the learning rate or raise the KL/β penalty; check the chat template and "
-        "the end-of-turn token so generation stops",
-    )
+    else:
+        kind, severity = "repetition", "warning"
+        hint = (
+            "lower the learning rate or raise the KL/β penalty; check the chat template and "
+            "the end-of-turn token so generation stops"
+        )
+    step = found.step if isinstance(found.step, int) else None
+    return Alert(kind=kind, severity=severity, step=step, message=found.message, hint=hint)
 
 
 def _check_kl_blowup(

@@ -479,21 +479,16 @@ def _busy_error(dev: str, busy: list, why: str | None, *, resuming: str | None =
     first = busy[0]
     more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
     reason = f" ({why})" if why else ""
+    steps = [NextStep("run_status", {"run_id": first.id}, note="wait for it to end")]
     if resuming is not None:
-        steps = [
-            NextStep("run_status", {"run_id": first.id}, note="wait for it to end"),
-            NextStep("resume_run", {"run_id": resuming, "force": True}, note="resume anyway"),
-        ]
-        return Conflict(
-            f"device {dev} is busy: run {_describe(first)} is training on it{more}; one training "
-            f"job per device{reason}",
-            next=steps,
+        steps.append(
+            NextStep("resume_run", {"run_id": resuming, "force": True}, note="resume anyway")
         )
-    steps = [
-        NextStep("run_status", {"run_id": first.id}, note="wait for it to end"),
-        NextStep("launch_run", {"queue": True}, note="start after it ends"),
-        NextStep("launch_run", {"force": True}, note="start anyway"),
-    ]
+    else:
+        steps += [
+            NextStep("launch_run", {"queue": True}, note="start after it ends"),
+            NextStep("launch_run", {"force": True}, note="start anyway"),
+        ]
     return Conflict(
         f"device {dev} is busy: run {_describe(first)} is training on it{more}; one training "
         f"job per device{reason}",
