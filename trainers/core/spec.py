@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "FAMILY_NAMES",
@@ -218,6 +218,13 @@ class FamilySpec:
     def algorithm_names(self) -> tuple[str, ...]:
         """Canonical algorithm names, in declaration order."""
         return tuple(a.name for a in self.algorithms)
+
+    @property
+    def algorithm_literal(self) -> Any:
+        """``Literal[<algorithm names>]``: the type of the config field that picks one (pydantic
+        accepts only these names and shows them as the field's enum). A type built at run time,
+        so a static checker cannot read it as an annotation."""
+        return Literal[self.algorithm_names]
 
     def algorithm(self, name: str) -> AlgorithmSpec:
         """The spec of one of this family's algorithms (KeyError when it has none by that name)."""
