@@ -74,9 +74,8 @@ FAMILY = FamilySpec(
     algorithms=ALGORITHMS,
     key_metrics=metrics(
         "accuracy+ reward_margin+",
-        "eval/accuracy+ eval/reward_margin+",  # preference
-        "eval/auroc+ eval/ranking_accuracy+",  # orm
-        "eval/step_accuracy+ eval/majority_baseline~",  # prm
+        "eval/accuracy+ eval/reward_margin+ eval/auroc+ eval/ranking_accuracy+",
+        "eval/step_accuracy+ eval/majority_baseline~",
     ),
     headline_metric="eval/accuracy",
     acceptance=(
