@@ -213,6 +213,27 @@ class PromptDataSection(StrictModel):
         ds = self.dataset or ""
         return ds == BUILTIN_PROMPTS or ds.startswith(f"{BUILTIN_PROMPTS}:")
 
+    # The two checks below are called from the family config's own validator, at the point of
+    # its checks where they belong, so that their errors keep the config's (root) location.
+    def check_source(self) -> None:
+        """``dataset`` goes with the preference source and only with it (ValueError)."""
+        if self.source == "preference" and not self.dataset:
+            raise ValueError(
+                "data.dataset is required with data.source=preference: a hub id, a local "
+                f".jsonl/.json/.parquet/.csv file or folder, or {BUILTIN_PROMPTS!r} (offline)"
+            )
+        if self.source == "reasoning_gym" and self.dataset is not None:
+            raise ValueError(
+                f"data.dataset={self.dataset!r} is read only with data.source=preference (the "
+                "reasoning_gym source builds its prompts from data.specs)"
+            )
+
+    def check_specs_unique(self) -> None:
+        """Each reasoning-gym task appears once in ``specs`` (ValueError)."""
+        names = [s.name for s in self.specs]
+        if len(names) != len(set(names)):
+            raise ValueError(f"data.specs names must be unique (got {names})")
+
 
 # ---------------------------------------------------------------------------------------------
 # Loading

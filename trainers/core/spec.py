@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "FAMILY_NAMES",
@@ -26,6 +26,7 @@ __all__ = [
     "all_specs",
     "family_spec",
     "family_specs",
+    "metrics",
     "spec_for",
 ]
 
@@ -61,6 +62,32 @@ class MetricSpec:
         if self.higher_is_better is None:
             return None
         return "max" if self.higher_is_better else "min"
+
+
+_DIRECTIONS: dict[str, bool | None] = {"+": True, "-": False, "~": None}
+
+
+def metrics(*declared: str, key: bool = True) -> tuple[MetricSpec, ...]:
+    """Metric specs written as short words: each word is a metric's name and a last character
+    for which way is better, ``+`` higher, ``-`` lower, ``~`` no good direction; an argument may
+    hold several words separated by spaces (as ``namedtuple``'s field names).
+
+    ``metrics("accuracy+ loss-", "rejected_rewards~")`` is the tuple of
+    ``MetricSpec("accuracy", True)``, ``MetricSpec("loss", False)`` and
+    ``MetricSpec("rejected_rewards", None)``, in that order; ``key=False`` marks them all as
+    declared (for their direction) but not shown as key metrics. A word without one of the three
+    suffixes is a declaration bug (ValueError).
+    """
+    out = []
+    for text in (word for arg in declared for word in arg.split()):
+        name, suffix = text[:-1], text[-1:]
+        if suffix not in _DIRECTIONS or not name:
+            raise ValueError(
+                f"metric {text!r} must be a name followed by + (higher is better), "
+                "- (lower is better) or ~ (no direction)"
+            )
+        out.append(MetricSpec(name, _DIRECTIONS[suffix], key=key))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -191,6 +218,13 @@ class FamilySpec:
     def algorithm_names(self) -> tuple[str, ...]:
         """Canonical algorithm names, in declaration order."""
         return tuple(a.name for a in self.algorithms)
+
+    @property
+    def algorithm_literal(self) -> Any:
+        """``Literal[<algorithm names>]``: the type of the config field that picks one (pydantic
+        accepts only these names and shows them as the field's enum). A type built at run time,
+        so a static checker cannot read it as an annotation."""
+        return Literal[self.algorithm_names]
 
     def algorithm(self, name: str) -> AlgorithmSpec:
         """The spec of one of this family's algorithms (KeyError when it has none by that name)."""

@@ -17,7 +17,7 @@ from trainers.direct_alignment.spec import BUILTIN_DATASET as DA_BUILTIN
 from trainers.direct_alignment.spec import FAMILY as DA_FAMILY
 
 LOSS_NAMES: tuple[str, ...] = DA_FAMILY.algorithm_names
-LossName = Literal[LOSS_NAMES]  # type: ignore[valid-type]  # the spec's names
+LossName = DA_FAMILY.algorithm_literal
 
 # Derived from the specs (trainers/direct_alignment/spec.py); kept for callers that import it.
 DEFAULT_BETA: dict[str, float] = {

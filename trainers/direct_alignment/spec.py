@@ -7,7 +7,7 @@ is the β a config gets when it leaves ``beta`` unset (for ORPO β plays the pap
 
 from __future__ import annotations
 
-from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
 FAMILY_NAME = "direct_alignment"
 BUILTIN_DATASET = "builtin:reasoning-preferences"
@@ -68,11 +68,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         paper="Hong et al. 2024, ORPO",
         aliases=("odds ratio preference optimization", "odds-ratio preference optimization"),
         needs_reference=False,
-        key_metrics=(
-            MetricSpec("sft_loss", higher_is_better=False),
-            MetricSpec("or_loss", higher_is_better=False),
-            MetricSpec("log_odds_ratio", higher_is_better=None),
-        ),
+        key_metrics=metrics("sft_loss- or_loss- log_odds_ratio~"),
         acceptance=(
             "margins leave 0 and or_loss is not negligible next to sft_loss (the known failure "
             "is 'stable but flat')",
@@ -85,7 +81,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         "works on paired or unpaired data.",
         paper="Ethayarajh et al. 2024, KTO",
         aliases=("kahneman-tversky optimization",),
-        key_metrics=(MetricSpec("kl", higher_is_better=None),),
+        key_metrics=metrics("kl~"),
         watch=("kl (the detached reference point z)",),
     ),
     _da(
@@ -104,12 +100,8 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         aliases=("online dpo", "online-dpo", "oaif"),
         loss="dpo",
         needs_reward_model=True,
-        key_metrics=(
-            MetricSpec("score_chosen", higher_is_better=True),
-            MetricSpec("score_margin", higher_is_better=None),
-            MetricSpec("tie_frac", higher_is_better=False),
-            MetricSpec("eval/score", higher_is_better=True),
-            MetricSpec("eval/correctness", higher_is_better=True),
+        key_metrics=metrics(
+            "score_chosen+ score_margin~ tie_frac-", "eval/score+ eval/correctness+"
         ),
         acceptance=(
             "tie_frac stays below 1: pairs whose two samples score the same teach nothing",
@@ -139,16 +131,10 @@ FAMILY = FamilySpec(
     algorithm_field="loss",
     default_algorithm="dpo",
     algorithms=ALGORITHMS,
-    key_metrics=(
-        MetricSpec("accuracy", higher_is_better=True),
-        MetricSpec("margins", higher_is_better=True),
-        MetricSpec("chosen_rewards", higher_is_better=True),
-        # Both rewards often fall while the gap widens: no direction for the rejected one.
-        MetricSpec("rejected_rewards", higher_is_better=None),
-        MetricSpec("eval/accuracy", higher_is_better=True),
-        MetricSpec("eval/margins", higher_is_better=True),
-        MetricSpec("eval/chosen_rewards", higher_is_better=True),
-        MetricSpec("eval/rejected_rewards", higher_is_better=None),
+    # Both rewards often fall while the gap widens: no direction for the rejected one.
+    key_metrics=metrics(
+        "accuracy+ margins+ chosen_rewards+ rejected_rewards~",
+        "eval/accuracy+ eval/margins+ eval/chosen_rewards+ eval/rejected_rewards~",
     ),
     headline_metric="eval/accuracy",
     acceptance=(

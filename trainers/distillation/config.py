@@ -12,7 +12,6 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trainers.core.config import (
-    BUILTIN_PROMPTS,
     CheckpointSection,
     LoggingSection,
     ModelSection,
@@ -23,7 +22,7 @@ from trainers.core.config import (
 from trainers.distillation.spec import FAMILY as DISTILL_FAMILY
 
 ALGORITHMS: tuple[str, ...] = DISTILL_FAMILY.algorithm_names
-Algorithm = Literal[ALGORITHMS]  # type: ignore[valid-type]  # the spec's names
+Algorithm = DISTILL_FAMILY.algorithm_literal
 DivergenceName = Literal["reverse_kl", "forward_kl", "jsd"]
 
 
@@ -91,23 +90,12 @@ class DistillationConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self):
         d = self.data
-        if d.source == "preference" and not d.dataset:
-            raise ValueError(
-                "data.dataset is required with data.source=preference: a hub id, a local file "
-                f"or folder, or {BUILTIN_PROMPTS!r} (offline)"
-            )
-        if d.source == "reasoning_gym" and d.dataset is not None:
-            raise ValueError(
-                f"data.dataset={d.dataset!r} is read only with data.source=preference (the "
-                "reasoning_gym source builds its prompts from data.specs)"
-            )
+        d.check_source()
         per_step = self.train.batch_size * self.train.gradient_accumulation_steps
         if d.size < per_step:
             raise ValueError(
                 f"data.size ({d.size}) must be at least train.batch_size × "
                 f"train.gradient_accumulation_steps ({per_step} prompts per step)"
             )
-        names = [s.name for s in d.specs]
-        if len(names) != len(set(names)):
-            raise ValueError(f"data.specs names must be unique (got {names})")
+        d.check_specs_unique()
         return self

@@ -6,7 +6,7 @@ config gets when it leaves ``loss.divergence`` at its default.
 
 from __future__ import annotations
 
-from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
 FAMILY_NAME = "distillation"
 
@@ -34,12 +34,8 @@ FAMILY = FamilySpec(
     default_algorithm="distill",
     algorithms=ALGORITHMS,
     key_metrics=(
-        MetricSpec("loss", higher_is_better=False),
-        MetricSpec("reverse_kl", higher_is_better=False),
-        MetricSpec("teacher_logp", higher_is_better=True),
-        MetricSpec("eval/avg_correctness", higher_is_better=True),
-        MetricSpec("eval/avg_format", higher_is_better=True),
-        MetricSpec("eval/teacher_avg_correctness", higher_is_better=None, key=False),
+        metrics("loss- reverse_kl- teacher_logp+", "eval/avg_correctness+ eval/avg_format+")
+        + metrics("eval/teacher_avg_correctness~", key=False)
     ),
     headline_metric="eval/avg_correctness",
     acceptance=(

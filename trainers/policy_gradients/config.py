@@ -30,7 +30,7 @@ from trainers.core.spec import AlgorithmSpec
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 ALGORITHMS: tuple[str, ...] = PG_FAMILY.algorithm_names
-Algorithm = Literal[ALGORITHMS]  # type: ignore[valid-type]  # the spec's names
+Algorithm = PG_FAMILY.algorithm_literal
 
 LossAgg = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]
 
@@ -303,9 +303,7 @@ class PolicyGradientConfig(StrictModel):
             )
         if loss.accuracy_min_reward >= loss.accuracy_max_reward:
             raise ValueError("loss.accuracy_min_reward must be smaller than accuracy_max_reward")
-        names = [s.name for s in self.data.specs]
-        if len(names) != len(set(names)):
-            raise ValueError(f"data.specs names must be unique (got {names})")
+        self.data.check_specs_unique()
         self._check_prompts_and_rewards()
         if self.multi_turn and self.spec.greedy_baseline:
             raise ValueError(
@@ -317,16 +315,7 @@ class PolicyGradientConfig(StrictModel):
 
     def _check_prompts_and_rewards(self) -> None:
         d, rw = self.data, self.reward
-        if d.source == "preference" and not d.dataset:
-            raise ValueError(
-                "data.dataset is required with data.source=preference: a hub id, a local "
-                f".jsonl/.json/.parquet/.csv file or folder, or {BUILTIN_PROMPTS!r} (offline)"
-            )
-        if d.source == "reasoning_gym" and d.dataset is not None:
-            raise ValueError(
-                f"data.dataset={d.dataset!r} is read only with data.source=preference (the "
-                "reasoning_gym source builds its prompts from data.specs)"
-            )
+        d.check_source()
         if rw.model is None and rw.model_weight:
             raise ValueError("reward.model_weight > 0 needs reward.model (a reward model to score)")
         if rw.model is None and rw.normalize != "none":

@@ -5,24 +5,46 @@ Each record names its advantage estimator (a key of
 ``TOKEN_REWARD_ADVANTAGES`` for a critic-free token-level one, or ``"gae"`` for PPO's
 estimator in ``TOKEN_ADVANTAGES``), its per-token loss (a key of
 ``trainers.policy_gradients.losses.POLICY_LOSS_FUNCTIONS``), where β·KL goes, and the loss
-aggregation and clip range a config gets when it leaves them unset. The reference model is
+aggregation and clip range a config gets when it leaves them unset. What a row needs follows
+from its estimator and its loss (``_pg``): groups of rollouts for a group-relative estimator, the
+old log-probs for a loss on the ratio π/π_old, a value model for GAE. The reference model is
 loaded only when ``loss.beta > 0`` for an algorithm whose ``kl`` is not ``"none"``.
 """
 
 from __future__ import annotations
 
-from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+from trainers.core.spec import AlgorithmSpec, FamilySpec, KLPlacement, metrics
 
 FAMILY_NAME = "policy_gradients"
 PAPER_DEFAULT_CLIP = (0.2, 0.2)
 
 
-def _pg(name: str, **fields) -> AlgorithmSpec:
-    """A policy-gradient spec with the family's common defaults filled in."""
+GROUP_ADVANTAGES = frozenset({"rloo", "grpo", "drgrpo", "maxrl", "reinforce_pp_baseline"})
+"""Estimators that read a rollout against the other rollouts of its prompt (groups of G >= 2)."""
+RATIO_LOSSES = frozenset({"clipped_surrogate", "gspo", "cispo", "sapo", "gmpo"})
+"""Losses on the ratio π/π_old: they need the old log-probs (``reinforce`` only reports it)."""
+CRITIC_ADVANTAGE = "gae"
+"""PPO's estimator: it reads a learned value model."""
+
+
+def _pg(name: str, *, advantage: str, loss: str, kl: KLPlacement, **fields) -> AlgorithmSpec:
+    """A policy-gradient spec. The row names its estimator, its loss and where β·KL goes; what
+    they need (groups, old log-probs, a value model) follows from them; the aggregation, clip
+    range and headline are the family's unless the row gives its own."""
     fields.setdefault("loss_agg", "seq_mean_token_mean")
     fields.setdefault("clip_eps", PAPER_DEFAULT_CLIP)
     fields.setdefault("headline_metric", "eval/avg_correctness")
-    return AlgorithmSpec(name=name, family=FAMILY_NAME, **fields)
+    return AlgorithmSpec(
+        name=name,
+        family=FAMILY_NAME,
+        advantage=advantage,
+        loss=loss,
+        kl=kl,
+        needs_groups=advantage in GROUP_ADVANTAGES,
+        needs_old_logprobs=loss in RATIO_LOSSES,
+        needs_value_model=advantage == CRITIC_ADVANTAGE,
+        **fields,
+    )
 
 
 ALGORITHMS: tuple[AlgorithmSpec, ...] = (
@@ -43,7 +65,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         advantage="rloo",
         loss="reinforce",
         kl="reward",
-        needs_groups=True,
     ),
     _pg(
         "ppo",
@@ -53,12 +74,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         advantage="gae",
         loss="clipped_surrogate",
         kl="reward",
-        needs_old_logprobs=True,
-        needs_value_model=True,
-        key_metrics=(
-            MetricSpec("value_loss", higher_is_better=False),
-            MetricSpec("explained_variance", higher_is_better=None),
-        ),
+        key_metrics=metrics("value_loss- explained_variance~"),
         acceptance=("value_loss falls and explained_variance rises above 0",),
     ),
     _pg(
@@ -70,8 +86,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         advantage="grpo",
         loss="clipped_surrogate",
         kl="loss",
-        needs_groups=True,
-        needs_old_logprobs=True,
     ),
     _pg(
         "drgrpo",
@@ -89,8 +103,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         loss="clipped_surrogate",
         kl="loss",
         loss_agg="seq_mean_token_sum_norm",
-        needs_groups=True,
-        needs_old_logprobs=True,
     ),
     _pg(
         "gspo",
@@ -102,8 +114,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         # The ratio is a per-token geometric mean, so it stays much closer to 1: the paper's
         # tiny clip range.
         clip_eps=(3e-4, 4e-4),
-        needs_groups=True,
-        needs_old_logprobs=True,
         watch=("clip_frac (GSPO's clip range is tiny by design)",),
     ),
     _pg(
@@ -117,8 +127,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         # Weight capped at ratio <= 5 with no real lower bound (TRL's / ScaleRL's epsilon_high
         # = 5) in our clip(ratio, 1 - lo, 1 + hi) form.
         clip_eps=(1.0, 4.0),
-        needs_groups=True,
-        needs_old_logprobs=True,
         watch=("clip_frac at the upper bound",),
     ),
     _pg(
@@ -128,8 +136,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         advantage="grpo",
         loss="sapo",
         kl="loss",
-        needs_groups=True,
-        needs_old_logprobs=True,
     ),
     _pg(
         "dapo",
@@ -143,9 +149,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         clip_eps=(0.2, 0.28),
         overlong_penalty=True,
         dynamic_sampling=True,
-        needs_groups=True,
-        needs_old_logprobs=True,
-        key_metrics=(MetricSpec("dynamic_sampling/kept_frac", higher_is_better=None),),
+        key_metrics=metrics("dynamic_sampling/kept_frac~"),
         acceptance=(
             "dynamic_sampling/kept_frac stays above 0 (groups with reward contrast exist)",
         ),
@@ -160,7 +164,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         loss="reinforce",
         reward_signal="binary",
         kl="none",
-        needs_groups=True,
         acceptance=("avg_binary must be above 0 in some groups: MaxRL's advantage is 0 otherwise",),
     ),
     _pg(
@@ -172,7 +175,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         advantage="reinforce_pp",
         loss="clipped_surrogate",
         kl="reward",
-        needs_old_logprobs=True,
         watch=("kl_reward: the token-level KL is part of every advantage",),
     ),
     _pg(
@@ -184,8 +186,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         advantage="reinforce_pp_baseline",
         loss="clipped_surrogate",
         kl="reward",
-        needs_groups=True,
-        needs_old_logprobs=True,
     ),
     _pg(
         "remax",
@@ -197,7 +197,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         loss="reinforce",
         kl="reward",
         greedy_baseline=True,
-        key_metrics=(MetricSpec("avg_greedy", higher_is_better=True, key=False),),
+        key_metrics=metrics("avg_greedy+", key=False),
         watch=("avg_greedy (the baseline) against avg_total: the sampled rollouts' advantage",),
     ),
     _pg(
@@ -211,8 +211,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         kl="loss",
         # log-space bounds: ratios clipped to (e^-0.4, e^0.4), the paper's range
         clip_eps=(0.4, 0.4),
-        needs_groups=True,
-        needs_old_logprobs=True,
         watch=("clip_frac (tokens whose log-ratio hit ±0.4)",),
     ),
 )
@@ -224,19 +222,17 @@ FAMILY = FamilySpec(
     algorithm_field="algorithm",
     default_algorithm="grpo",
     algorithms=ALGORITHMS,
-    key_metrics=(
-        MetricSpec("avg_correctness", higher_is_better=True),
-        MetricSpec("avg_format", higher_is_better=True),
-        MetricSpec("avg_binary", higher_is_better=True),
+    key_metrics=metrics(
+        "avg_correctness+ avg_format+ avg_binary+",
         # The policy-gradient loss hovers near 0 whatever the policy does: no direction.
-        MetricSpec("loss", higher_is_better=None),
-        MetricSpec("frac_reward_zero_std", higher_is_better=False),
-        MetricSpec("avg_total", higher_is_better=True, key=False),
+        "loss~ frac_reward_zero_std-",
+    )
+    + metrics(
+        "avg_total+",
         # reward from a reward model (README "Rewards"): the optimised score, the gold signal,
         # and the distance from the reference policy they are read against
-        MetricSpec("proxy_reward", higher_is_better=True, key=False),
-        MetricSpec("gold_reward", higher_is_better=True, key=False),
-        MetricSpec("kl_ref", higher_is_better=None, key=False),
+        "proxy_reward+ gold_reward+ kl_ref~",
+        key=False,
     ),
     headline_metric="eval/avg_correctness",
     acceptance=(

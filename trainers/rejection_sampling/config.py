@@ -29,7 +29,7 @@ from trainers.core.config import (
 from trainers.rejection_sampling.spec import FAMILY as RS_FAMILY
 
 STRATEGIES: tuple[str, ...] = RS_FAMILY.algorithm_names
-Strategy = Literal[STRATEGIES]  # type: ignore[valid-type]  # the spec's names
+Strategy = RS_FAMILY.algorithm_literal
 
 MATCHED_CONTROL: dict[str, str] = {
     a.name: a.matched_control for a in RS_FAMILY.algorithms if a.matched_control

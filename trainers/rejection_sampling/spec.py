@@ -8,7 +8,7 @@ reward-selected strategy is judged against the random strategy with the same sel
 
 from __future__ import annotations
 
-from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
 FAMILY_NAME = "rejection_sampling"
 BUILTIN_DATASET = "builtin:chain_sum"
@@ -64,13 +64,9 @@ FAMILY = FamilySpec(
     algorithm_field="strategy",
     default_algorithm="top_per_prompt",
     algorithms=ALGORITHMS,
-    key_metrics=(
-        MetricSpec("eval/exact_match", higher_is_better=True),
-        MetricSpec("diagnostics/decidable_frac", higher_is_better=None),
-        MetricSpec("loss", higher_is_better=False),
-        MetricSpec("sft/loss", higher_is_better=False),
-        MetricSpec("eval/accuracy", higher_is_better=True),
-        MetricSpec("test_accuracy", higher_is_better=True),
+    key_metrics=metrics(
+        "eval/exact_match+ diagnostics/decidable_frac~ loss- sft/loss-",
+        "eval/accuracy+ test_accuracy+",
     ),
     headline_metric="eval/exact_match",
     acceptance=(

@@ -27,7 +27,7 @@ from trainers.reward_models import spec as RM_SPEC
 from trainers.reward_models.spec import FAMILY as RM_FAMILY
 
 KINDS: tuple[str, ...] = RM_FAMILY.algorithm_names
-RMKind = Literal[KINDS]  # type: ignore[valid-type]  # the spec's names
+RMKind = RM_FAMILY.algorithm_literal
 
 # Offline sets generated from reasoning-gym (data.py); the preference one is the direct-alignment
 # family's set, reused as is.

@@ -8,7 +8,7 @@ file name).
 
 from __future__ import annotations
 
-from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
 FAMILY_NAME = "reward_models"
 BUILTIN_PREFERENCES = "builtin:reasoning-preferences"
@@ -33,10 +33,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
             "preference reward model",
         ),
         loss="bradley_terry",
-        key_metrics=(
-            MetricSpec("eval/accuracy", higher_is_better=True),
-            MetricSpec("eval/reward_margin", higher_is_better=True),
-        ),
+        key_metrics=metrics("eval/accuracy+ eval/reward_margin+"),
         headline_metric="eval/accuracy",
         acceptance=("eval/accuracy above 0.5 and eval/reward_margin growing",),
         builtin_dataset=BUILTIN_PREFERENCES,
@@ -49,11 +46,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         paper="Cobbe et al. 2021, Training Verifiers to Solve Math Word Problems",
         aliases=("outcome reward model",),
         loss="orm",
-        key_metrics=(
-            MetricSpec("eval/accuracy", higher_is_better=True),
-            MetricSpec("eval/auroc", higher_is_better=True),
-            MetricSpec("eval/ranking_accuracy", higher_is_better=True),
-        ),
+        key_metrics=metrics("eval/accuracy+ eval/auroc+ eval/ranking_accuracy+"),
         headline_metric="eval/accuracy",
         acceptance=("eval/auroc above 0.5 and eval/ranking_accuracy above 0.5",),
         builtin_dataset=BUILTIN_OUTCOMES,
@@ -65,10 +58,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         paper="Lightman et al. 2023, Let's Verify Step by Step",
         aliases=("process reward model",),
         loss="prm",
-        key_metrics=(
-            MetricSpec("eval/step_accuracy", higher_is_better=True),
-            MetricSpec("eval/majority_baseline", higher_is_better=None),
-        ),
+        key_metrics=metrics("eval/step_accuracy+ eval/majority_baseline~"),
         headline_metric="eval/step_accuracy",
         acceptance=("eval/step_accuracy above eval/majority_baseline",),
         builtin_dataset=BUILTIN_STEPS,
@@ -82,15 +72,10 @@ FAMILY = FamilySpec(
     algorithm_field="kind",
     default_algorithm="preference",
     algorithms=ALGORITHMS,
-    key_metrics=(
-        MetricSpec("accuracy", higher_is_better=True),
-        MetricSpec("reward_margin", higher_is_better=True),
-        MetricSpec("eval/accuracy", higher_is_better=True),
-        MetricSpec("eval/reward_margin", higher_is_better=True),
-        MetricSpec("eval/auroc", higher_is_better=True),
-        MetricSpec("eval/ranking_accuracy", higher_is_better=True),
-        MetricSpec("eval/step_accuracy", higher_is_better=True),
-        MetricSpec("eval/majority_baseline", higher_is_better=None),
+    key_metrics=metrics(
+        "accuracy+ reward_margin+",
+        "eval/accuracy+ eval/reward_margin+ eval/auroc+ eval/ranking_accuracy+",
+        "eval/step_accuracy+ eval/majority_baseline~",
     ),
     headline_metric="eval/accuracy",
     acceptance=(

@@ -3,7 +3,7 @@ assistant turns (``loss="token_nll"``)."""
 
 from __future__ import annotations
 
-from trainers.core.spec import AlgorithmSpec, FamilySpec, MetricSpec
+from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
 FAMILY_NAME = "sft"
 BUILTIN_DATASET = "builtin:reasoning-sft"
@@ -33,11 +33,7 @@ FAMILY = FamilySpec(
     algorithm_field=None,
     default_algorithm="sft",
     algorithms=ALGORITHMS,
-    key_metrics=(
-        MetricSpec("loss", higher_is_better=False),
-        MetricSpec("mean_token_accuracy", higher_is_better=True),
-        MetricSpec("eval/loss", higher_is_better=False),
-    ),
+    key_metrics=metrics("loss- mean_token_accuracy+ eval/loss-"),
     headline_metric="eval/loss",
     acceptance=(
         "loss and eval/loss fall (eval/loss without rising again)",

@@ -12,9 +12,11 @@ from trainers.core.spec import (
     FAMILY_NAMES,
     AlgorithmSpec,
     FamilySpec,
+    MetricSpec,
     all_specs,
     family_spec,
     family_specs,
+    metrics,
     spec_for,
 )
 
@@ -256,3 +258,43 @@ def test_one_process_runs_are_declared_once_in_the_specs():
         "lora",
         "direct_alignment, reward_models, sft",
     )
+
+
+def test_metrics_are_declared_as_words_with_a_direction_suffix() -> None:
+    assert metrics("accuracy+ eval/loss-", "rejected_rewards~") == (
+        MetricSpec("accuracy", higher_is_better=True),
+        MetricSpec("eval/loss", higher_is_better=False),
+        MetricSpec("rejected_rewards", higher_is_better=None),
+    )
+    assert metrics("  kl_ref~\n gold_reward+ ", key=False) == (
+        MetricSpec("kl_ref", higher_is_better=None, key=False),
+        MetricSpec("gold_reward", higher_is_better=True, key=False),
+    )
+    assert metrics() == () == metrics("")
+    for bad in ("accuracy", "accuracy* loss-", "+", "margins+ tie_frac"):
+        with pytest.raises(ValueError, match=r"must be a name followed by \+ \(higher is better\)"):
+            metrics(bad)
+
+
+def test_policy_gradient_needs_follow_from_the_estimator_and_the_loss() -> None:
+    """Groups, old log-probs and a value model are read off each row's estimator and loss (the
+    spec's GROUP_ADVANTAGES / RATIO_LOSSES / CRITIC_ADVANTAGE), named in the registries."""
+    from trainers.policy_gradients import spec as pg_spec
+    from trainers.policy_gradients.advantages import (
+        ADVANTAGES,
+        TOKEN_ADVANTAGES,
+        TOKEN_REWARD_ADVANTAGES,
+    )
+    from trainers.policy_gradients.losses import POLICY_LOSS_FUNCTIONS
+
+    assert pg_spec.GROUP_ADVANTAGES <= set(ADVANTAGES) | set(TOKEN_REWARD_ADVANTAGES)
+    assert pg_spec.RATIO_LOSSES <= set(POLICY_LOSS_FUNCTIONS) - {"reinforce"}
+    assert pg_spec.CRITIC_ADVANTAGE in TOKEN_ADVANTAGES
+    specs = {s.name: s for s in family_spec("policy_gradients").algorithms}
+    assert {n for n, s in specs.items() if s.needs_old_logprobs} == set(specs) - {
+        "reinforce",
+        "rloo",
+        "maxrl",
+        "remax",
+    }
+    assert {n for n, s in specs.items() if s.needs_value_model} == {"ppo"}
