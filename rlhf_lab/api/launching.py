@@ -252,15 +252,15 @@ def _check_local(
     from rlhf_lab.runs.lineage import find_refs, resolve_refs
     from rlhf_lab.runs.world import check_world_size
 
-    resolved_config = resolved.config
+    config = resolved.config
     # a bad device, GPU id or world size is refused before the campaign exists
-    placement = resolve_placement(request.device, request.gpus, request.nproc, resolved_config)
-    check_world_size(resolved.family, resolved_config, placement.nproc)
-    dev = placement.device if placement.devices else resolve_device(request.device, resolved_config)
+    placement = resolve_placement(request.device, request.gpus, request.nproc, config)
+    check_world_size(resolved.family, config, placement.nproc)
+    dev = placement.device if placement.devices else resolve_device(request.device, config)
     warnings = _config_warnings(resolved, dev)
-    refs = find_refs(resolved_config)  # checked by check_config; each one is also an upstream run
-    config = resolve_refs(resolved_config, refs)
-    check_not_identical(resolved.family, config, force=request.force)  # same config and seed
+    refs = find_refs(config)  # checked by check_config; each one is also an upstream run
+    run_config = resolve_refs(config, refs)  # each run:<id> as that run's final_model path
+    check_not_identical(resolved.family, run_config, force=request.force)  # same config and seed
     upstream = check_after([*upstream, *refs.values()])
     forced = [r for r in dict.fromkeys(refs.values()) if ensure_final_model(r, write=False)]
     waits = bool(upstream) and any(s != "succeeded" for s in _states(upstream))
@@ -275,7 +275,7 @@ def _check_local(
     run = NewRun(
         family=resolved.family,
         algorithm=resolved.algorithm,
-        config=config,
+        config=run_config,
         campaign=slug,
         source=resolved.source,
         overrides=resolved.applied,
