@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 import rlhf_lab
 from rlhf_lab import _queue, runs
@@ -200,7 +201,8 @@ def test_prepare_run_writes_config_and_run_json(tmp_path, monkeypatch):
     assert record["argv"][1:3] == ["-m", "trainers.direct_alignment.train"]
     from trainers.core.config import read_yaml
 
-    assert read_yaml(run_dir / "config.yaml") == cfg
+    assert read_yaml(run_dir / "config.yaml") == cfg.to_data()
+    assert (run_dir / "config.yaml").read_text() == yaml.safe_dump(cfg.to_data(), sort_keys=False)
     # a queued run that is stopped before it starts is simply marked stopped
     status = runs.stop_run(info.id)
     assert status.state == "stopped" and not status.alive
