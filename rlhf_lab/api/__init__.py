@@ -51,6 +51,7 @@ from rlhf_lab.errors import InvalidArgument as InvalidArgument
 LAB_VERSION: str = __version__
 
 if TYPE_CHECKING:  # pragma: no cover - for readers and type checkers only
+    from rlhf_lab.planning.trainer_config import TrainerConfig
     from rlhf_lab.runs import RunStatus
 
 # name -> module it is loaded from on first use
@@ -229,13 +230,15 @@ def _where(device: str) -> str:
     return "RAM" if device == "cpu" else f"memory of {device}"
 
 
-def _estimate_gb(family: str, algorithm: str, data: dict, device: str) -> tuple[float | None, str]:
+def _estimate_gb(
+    family: str, algorithm: str, config: TrainerConfig, device: str
+) -> tuple[float | None, str]:
     """(peak GiB of this run on ``device`` or None, why there is none)."""
     from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
 
     try:
         kind = "cpu" if device == "cpu" else "cuda"
-        return estimate_config_memory(family, algorithm, data, device=kind).total_gb, ""
+        return estimate_config_memory(family, algorithm, config, device=kind).total_gb, ""
     except LabError as err:
         return None, f"no memory estimate ({err.message})"
 
@@ -258,7 +261,7 @@ def _memory_refusal(device: str, estimate: float, free: float) -> Conflict:
 
 
 def _check_memory(
-    family: str, algorithm: str, data: dict, device: str, *, queue: bool
+    family: str, algorithm: str, config: TrainerConfig, device: str, *, queue: bool
 ) -> tuple[bool | None, list[str]]:
     """The launch's memory and busy-device rule, the same for the CPU (RAM) and a GPU; returns
     (``fits_together`` for :func:`rlhf_lab.runs.launcher.start_or_queue`, warnings).
@@ -273,7 +276,7 @@ def _check_memory(
     from rlhf_lab.runs import active_runs
     from rlhf_lab.runs.machine import this_machine
 
-    estimate, why = _estimate_gb(family, algorithm, data, device)
+    estimate, why = _estimate_gb(family, algorithm, config, device)
     warnings = [f"{why}: the memory fit was not checked"] if estimate is None else []
     if queue:
         total = this_machine().device_total_gb(device) if estimate is not None else None
@@ -297,12 +300,11 @@ def _check_memory(
     return None, warnings
 
 
-def _check_gpu_present(device: str, data: dict) -> None:
+def _check_gpu_present(device: str, config: TrainerConfig) -> None:
     """Refuse a GPU run on a machine that shows no such GPU before anything is written: the
     trainer would otherwise fail after start-up (model.device=cuda) or quietly train on the CPU
     under a cuda label (--device cuda with model.device=auto)."""
-    model = data.get("model") if isinstance(data.get("model"), dict) else {}
-    if not (device.startswith("cuda") or model.get("device") == "cuda"):
+    if not (device.startswith("cuda") or config.get("model.device") == "cuda"):
         return
     index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
     count = visible_gpu_count()

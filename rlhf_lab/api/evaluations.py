@@ -108,7 +108,7 @@ def evaluate_model(
         run = NewRun(
             family=EVAL_FAMILY,
             algorithm=job.suite,
-            config=job.config.to_data(),
+            config=job.config,
             campaign=name,
             source=f"trainers/evaluation/configs/{job.suite}.yaml",
             overrides=job.overrides,

@@ -19,6 +19,7 @@ from rlhf_lab.errors import InvalidArgument, LabError, NextStep
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlhf_lab.api.results import SweepResult
+    from rlhf_lab.planning.trainer_config import TrainerConfig
     from rlhf_lab.runs import LaunchResult
     from rlhf_lab.runs.devices import Placement
     from rlhf_lab.runs.launcher import NewRun
@@ -39,7 +40,7 @@ class Resolved(NamedTuple):
 
     family: str
     algorithm: str
-    config: dict
+    config: TrainerConfig
     applied: list[str]  # the overrides applied, as written (the shrink's own included)
     source: str
     calibration: Any  # rlhf_lab.planning.calibration's result, or None
@@ -62,13 +63,13 @@ def _resolve(request: RunRequest) -> Resolved:
                 shrink_rules, request.recipe, overrides, request.model, policy
             )
             source = shrunk.recipe.config_path
-            return Resolved(
-                shrunk.family, shrunk.algorithm, shrunk.config, shrunk.overrides, source, cal
-            )
+            config = shrunk.trainer_config
+            return Resolved(shrunk.family, shrunk.algorithm, config, shrunk.overrides, source, cal)
         resolved = resolve_config(request.recipe, overrides)
         source = resolved.recipe.config_path
         applied = request.override_texts()
-        return Resolved(resolved.family, resolved.algorithm, resolved.data, applied, source, None)
+        config = resolved.config
+        return Resolved(resolved.family, resolved.algorithm, config, applied, source, None)
     except LabError as err:
         raise err.with_next(FIX_OVERRIDES) from None
 
@@ -132,13 +133,14 @@ def _open_campaign(request: RunRequest, resolved: Resolved, slug: str, *, full: 
     seed of a local run."""
     from rlhf_lab.ledger import create_campaign
 
-    data = resolved.config
-    model = (data.get("model") or {}).get("name")
+    config = resolved.config
+    model = config.get("model.name")
     extra: dict[str, Any] = {}
     if full:
-        dataset = (data.get("data") or {}).get("dataset")
+        dataset = config.get("data.dataset")
+        seed = config.get("seed")
         extra["dataset"] = dataset if isinstance(dataset, str) else None
-        extra["seeds"] = [data["seed"]] if isinstance(data.get("seed"), int) else None
+        extra["seeds"] = [seed] if isinstance(seed, int) else None
     question = request.question or f"Does {resolved.algorithm} pass a short sanity run?"
     create_campaign(slug, question, family=resolved.family, model=model, **extra)
 
@@ -228,13 +230,13 @@ def _memory_fit(
     """(``fits_together``, warnings) of the memory and busy-device rule on the run's devices."""
     from rlhf_lab.api.placement import check_placement
 
-    family, algorithm, data = resolved.family, resolved.algorithm, resolved.config
+    family, algorithm, config = resolved.family, resolved.algorithm, resolved.config
     if placement.distributed or not placement.devices:
         return check_placement(
-            family, algorithm, data, placement, queue=queue, busy_error=_api().device_busy_error
+            family, algorithm, config, placement, queue=queue, busy_error=_api().device_busy_error
         )
     # refused before the campaign is written; start_or_queue re-checks the device
-    return _api()._check_memory(family, algorithm, data, device, queue=queue)
+    return _api()._check_memory(family, algorithm, config, device, queue=queue)
 
 
 def _check_local(
@@ -250,15 +252,15 @@ def _check_local(
     from rlhf_lab.runs.lineage import find_refs, resolve_refs
     from rlhf_lab.runs.world import check_world_size
 
-    data = resolved.config
+    config = resolved.config
     # a bad device, GPU id or world size is refused before the campaign exists
-    placement = resolve_placement(request.device, request.gpus, request.nproc, data)
-    check_world_size(resolved.family, data, placement.nproc)
-    dev = placement.device if placement.devices else resolve_device(request.device, data)
+    placement = resolve_placement(request.device, request.gpus, request.nproc, config)
+    check_world_size(resolved.family, config, placement.nproc)
+    dev = placement.device if placement.devices else resolve_device(request.device, config)
     warnings = _config_warnings(resolved, dev)
-    refs = find_refs(data)  # checked by check_config; each one is also an upstream run
-    config = resolve_refs(data, refs)
-    check_not_identical(resolved.family, config, force=request.force)  # same config and seed
+    refs = find_refs(config)  # checked by check_config; each one is also an upstream run
+    run_config = resolve_refs(config, refs)  # each run:<id> as that run's final_model path
+    check_not_identical(resolved.family, run_config, force=request.force)  # same config and seed
     upstream = check_after([*upstream, *refs.values()])
     forced = [r for r in dict.fromkeys(refs.values()) if ensure_final_model(r, write=False)]
     waits = bool(upstream) and any(s != "succeeded" for s in _states(upstream))
@@ -273,7 +275,7 @@ def _check_local(
     run = NewRun(
         family=resolved.family,
         algorithm=resolved.algorithm,
-        config=config,
+        config=run_config,
         campaign=slug,
         source=resolved.source,
         overrides=resolved.applied,
@@ -385,10 +387,10 @@ def _sweep_base_seed(recipe: str, seeds: list[Override], base_seed: int | None) 
     from rlhf_lab.planning.configs import resolve_config
 
     try:
-        data = resolve_config(recipe, seeds).data
+        config = resolve_config(recipe, seeds).config
     except LabError as err:
         raise err.with_next(NextStep("list_recipes")) from None
-    seed = data.get("seed")
+    seed = config.get("seed")
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 

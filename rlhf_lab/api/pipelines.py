@@ -8,12 +8,15 @@ ledger row and queue entry a single launch gets.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from rlhf_lab.api._operation import operation
 from rlhf_lab.errors import LabError, NextStep
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "PipelineInfo",
@@ -170,8 +173,8 @@ def run_pipeline(
     from rlhf_lab.api import _check_memory
     from rlhf_lab.runs import resolve_device
 
-    def fits(family: str, algorithm: str, data: dict) -> None:  # queued: the device's total
-        _check_memory(family, algorithm, data, resolve_device(device, data), queue=True)
+    def fits(family: str, algorithm: str, config: TrainerConfig) -> None:  # queued: the total
+        _check_memory(family, algorithm, config, resolve_device(device, config), queue=True)
 
     check_stages(stages, shrink=shrink, also=fits)  # every stage, before anything is written
     given = handoffs(stages)

@@ -10,10 +10,13 @@ in so that this module does not import the API back).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NextStep
 from rlhf_lab.runs.devices import Placement
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "check_placement",
@@ -24,7 +27,7 @@ __all__ = [
 
 
 def per_rank_estimate_gb(
-    family: str, algorithm: str, data: dict, device: str, world_size: int
+    family: str, algorithm: str, config: TrainerConfig, device: str, world_size: int
 ) -> tuple[float | None, str]:
     """(peak GiB of ONE rank on ``device`` or None, why there is none): the FSDP2 estimate of
     :func:`rlhf_lab.planning.memory.estimate_memory` with ``world_size``."""
@@ -32,7 +35,7 @@ def per_rank_estimate_gb(
 
     try:
         kind = "cpu" if device == "cpu" else "cuda"
-        est = estimate_memory(family, algorithm, data, device=kind, world_size=world_size)
+        est = estimate_memory(family, algorithm, config, device=kind, world_size=world_size)
         return est.total_gb, ""
     except LabError as err:
         return None, f"no memory estimate ({err.message})"
@@ -54,7 +57,7 @@ def pick_devices(placement: Placement) -> Placement:
 def check_placement(
     family: str,
     algorithm: str,
-    data: dict,
+    config: TrainerConfig,
     placement: Placement,
     *,
     queue: bool,
@@ -76,7 +79,7 @@ def check_placement(
         devices = [f"cuda:{gpus[0].index}"] if gpus else ["cpu"]
         queue = True
     kind = devices[0]
-    estimate, why = per_rank_estimate_gb(family, algorithm, data, kind, world)
+    estimate, why = per_rank_estimate_gb(family, algorithm, config, kind, world)
     warnings = [f"{why}: the memory fit was not checked"] if estimate is None else []
     if estimate is None:
         return None, warnings

@@ -6,7 +6,7 @@ Lab API functions behind the CLI's ``recipes`` and the MCP tools ``list_recipes`
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
@@ -23,11 +23,14 @@ from rlhf_lab.planning.catalog import (
 from rlhf_lab.planning.catalog import list_recipes as catalog_recipes
 from rlhf_lab.planning.memory import MemoryEstimate, fits
 from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
-from rlhf_lab.planning.overrides import Override
+from rlhf_lab.planning.overrides import Override, as_overrides
 from rlhf_lab.planning.shrink import ShrinkResult
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs import active_runs, resolve_device
 from rlhf_lab.runs.machine import this_machine
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 LIST_RECIPES = NextStep("list_recipes")
 OFFLINE_MODEL = NextStep(
@@ -156,17 +159,17 @@ def _verdict(need: str, target: str, free: float | None, ok: bool | None) -> str
 
 def _resolved(
     recipe: str, model: str | None, overrides: list[str], shrink: bool
-) -> tuple[str, str, dict, str]:
+) -> tuple[str, str, TrainerConfig, str]:
     """(family, algorithm, config, recipe id) of a recipe, shrunk or as shipped."""
     from rlhf_lab.planning.configs import resolve_config
 
     if shrink:
         shrunk = shrink_config(recipe, overrides, model=model)
-        return shrunk.family, shrunk.algorithm, shrunk.config, shrunk.recipe.id
+        return shrunk.family, shrunk.algorithm, shrunk.trainer_config, shrunk.recipe.id
     extra = [f"model.name={model}"] if model else []
-    resolved = resolve_config(recipe, overrides + extra)
-    check_config(resolved.family, resolved.data)  # the checks shrink_config makes
-    return resolved.family, resolved.algorithm, resolved.data, resolved.recipe.id
+    resolved = resolve_config(find_recipe(recipe), as_overrides(overrides + extra))
+    check_config(resolved.family, resolved.config)  # the checks shrink_config makes
+    return resolved.family, resolved.algorithm, resolved.config, resolved.recipe.id
 
 
 @operation
@@ -222,7 +225,7 @@ def estimate_memory(
 
 
 def _world_targets(
-    family: str, config: dict, device: str, gpus: str | int | None, nproc: int | None
+    family: str, config: TrainerConfig, device: str, gpus: str | int | None, nproc: int | None
 ) -> tuple[int, list[str]]:
     """(world size, the devices the ranks would use) of a launch with ``gpus`` / ``nproc``:
     refused as the launch refuses them (a GPU this machine does not show, more ranks than the

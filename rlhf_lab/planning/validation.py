@@ -305,7 +305,7 @@ def check_config(family: str, config: ConfigArg, *, launching: bool = False) -> 
 
     config = trainer_config(family, config)
     out = ConfigChecks()
-    for key, run_id in find_refs(config.to_data()).items():
+    for key, run_id in find_refs(config).items():
         check_ref(key, run_id)
     names = [(k, n) for k, n in _model_names(config) if not is_ref(n)]
     for key, name in names:

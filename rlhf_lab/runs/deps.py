@@ -18,7 +18,7 @@ run.json makes wait for each other are cancelled by the worker (:func:`queued_cy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rlhf_lab.errors import Conflict, NextStep, NotFound
 from rlhf_lab.paths import check_run_id, find_run
@@ -32,6 +32,9 @@ from rlhf_lab.runs.records import (
     _read_run_json,
 )
 from rlhf_lab.runs.state import _all_run_dirs, _status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "FAILED_UPSTREAM_STATES",
@@ -239,19 +242,18 @@ def rearm(run_dir: Path) -> bool:
     return True
 
 
-def _saves_final_model(config: dict) -> bool:
-    checkpoint = config.get("checkpoint") if isinstance(config.get("checkpoint"), dict) else {}
-    return checkpoint.get("save_final_model", True) is not False
+def _saves_final_model(config: TrainerConfig) -> bool:
+    return config.get("checkpoint.save_final_model", True) is not False
 
 
-def _read_config(run_dir: Path) -> dict:
-    import yaml
+def _stored_config(run_dir: Path) -> TrainerConfig:
+    """The run's ``config.yaml`` as a view of the family its run.json names (empty when the file
+    is missing or unreadable)."""
+    from rlhf_lab.planning.trainer_config import TrainerConfig
+    from rlhf_lab.runs.folder import read_config, read_record
 
-    try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    family = str((read_record(run_dir).data or {}).get("family") or "")
+    return read_config(run_dir, family) or TrainerConfig(family, {})
 
 
 def ensure_final_model(run_id: str, *, write: bool) -> bool:
@@ -262,7 +264,7 @@ def ensure_final_model(run_id: str, *, write: bool) -> bool:
     ``checkpoint.save_final_model: true`` and run.json's overrides say so (True). A run that
     already started, or ended, without saving one: a typed error (nothing written)."""
     run_dir = find_run(run_id)
-    if (run_dir / "config.yaml").is_file() and _saves_final_model(_read_config(run_dir)):
+    if (run_dir / "config.yaml").is_file() and _saves_final_model(_stored_config(run_dir)):
         return False
     record = _read_record(run_dir)
     if record.get("state") != "queued" or not (run_dir / "config.yaml").is_file():
@@ -274,7 +276,7 @@ def ensure_final_model(run_id: str, *, write: bool) -> bool:
         )
     if not write:
         return True
-    import yaml
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
     with _run_lock(run_dir):
         record = _read_record(run_dir)
@@ -284,9 +286,10 @@ def ensure_final_model(run_id: str, *, write: bool) -> bool:
                 "again with checkpoint.save_final_model=true",
                 next=NextStep("run_status", {"run_id": run_id}),
             )
-        config = _read_config(run_dir)
-        config.setdefault("checkpoint", {})["save_final_model"] = True
-        _atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+        config = _stored_config(run_dir)
+        data = config.to_data()
+        data.setdefault("checkpoint", {})["save_final_model"] = True
+        _atomic_write_text(run_dir / "config.yaml", TrainerConfig(config.family, data).to_yaml())
         overrides = [
             o
             for o in record.get("overrides", [])

@@ -23,6 +23,7 @@ from rlhf_lab.errors import InvalidArgument, NextStep, Unavailable
 from rlhf_lab.runs.machine import this_machine
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.planning.trainer_config import TrainerConfig
     from rlhf_lab.runs.resources import GpuInfo
 
 __all__ = [
@@ -118,7 +119,7 @@ def resolve_placement(
     device: str | None,
     gpus: str | int | None = None,
     nproc: int | None = None,
-    config_data: dict | None = None,
+    config: TrainerConfig | None = None,
 ) -> Placement:
     """The devices and ranks of a run from ``device`` (auto, cpu, cuda, cuda:N), ``gpus``
     (ids or a count: one rank per GPU, under torchrun) and ``nproc`` (ranks on the CPU, under
@@ -137,11 +138,11 @@ def resolve_placement(
             return Placement(devices=["cpu"], nproc=int(nproc), distributed=True)
         dev = (device or "auto").strip().lower()
         if dev in ("auto", "cuda"):
-            resolved = resolve_device(dev, config_data)
+            resolved = resolve_device(dev, config)
             if resolved == "cpu":
                 return Placement(devices=["cpu"])
             return Placement(gpus_wanted=1)
-        return Placement(devices=[resolve_device(dev, config_data)])
+        return Placement(devices=[resolve_device(dev, config)])
     if device not in (None, "auto", "cuda"):
         raise InvalidArgument(
             f"give either a device ({device}) or gpus ({gpus}), not both",
@@ -177,15 +178,13 @@ def freest_gpus(count: int, held: set[str]) -> list[str] | None:
     return sorted((f"cuda:{g.index}" for g in free[:count]), key=lambda d: int(d.split(":")[1]))
 
 
-def resolve_device(device: str | None, config_data: dict | None = None) -> str:
+def resolve_device(device: str | None, config: TrainerConfig | None = None) -> str:
     """``auto`` -> ``cpu`` when the config pins the CPU or no GPU is visible, else ``cuda:0``;
     ``cuda`` -> ``cuda:0``. Returns ``cpu`` or ``cuda:N``. (Which GPU a new run gets is
     :func:`resolve_placement`'s choice: the freest free one.)"""
     device = (device or "auto").strip().lower()
     if device == "auto":
-        model = (config_data or {}).get("model") if isinstance(config_data, dict) else None
-        pinned = model.get("device") if isinstance(model, dict) else None
-        if pinned == "cpu":
+        if config is not None and config.get("model.device") == "cpu":
             return "cpu"
         return "cuda:0" if this_machine().visible_gpu_count() > 0 else "cpu"
     if device == "cuda":

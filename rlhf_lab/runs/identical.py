@@ -6,50 +6,44 @@ Torch-free; only the unfinished runs' ``config.yaml`` files are read."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlhf_lab.errors import Conflict, NextStep
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = ["check_not_identical", "identical_runs"]
 
 
-def _stored_config(run_dir: Path) -> dict | None:
-    """A run's resolved ``config.yaml`` (None when it is missing or unreadable)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def identical_runs(family: str, config_data: dict) -> list[tuple[str, str]]:
+def identical_runs(family: str, config: TrainerConfig) -> list[tuple[str, str]]:
     """(id, state) of the queued, starting or running runs of ``family`` whose resolved config
-    (the seed included) equals ``config_data``, oldest first. Only unfinished runs are read
+    (the seed included) equals ``config``, oldest first. Only unfinished runs are read
     (:func:`rlhf_lab.runs.state.unfinished_runs`)."""
+    from rlhf_lab.runs.folder import read_config
     from rlhf_lab.runs.state import unfinished_runs
 
     out = []
     for status in unfinished_runs():
         if status.family != family:
             continue
-        if _stored_config(Path(status.run_dir)) == config_data:
+        if read_config(Path(status.run_dir), config.family) == config:
             out.append((status.id, status.state))
     return out
 
 
-def check_not_identical(family: str, config_data: dict, *, force: bool = False) -> None:
+def check_not_identical(family: str, config: TrainerConfig, *, force: bool = False) -> None:
     """Refuse (Conflict) a launch whose resolved config and seed equal those of a queued or
     running run: it would repeat that run's work, not add a seed. ``force`` launches it
     anyway."""
     if force:
         return
-    same = identical_runs(family, config_data)
+    same = identical_runs(family, config)
     if not same:
         return
     run_id, state = same[0]
     more = f" (and {len(same) - 1} more)" if len(same) > 1 else ""
-    seed = config_data.get("seed")
+    seed = config.get("seed")
     raise Conflict(
         f"run {run_id} is {state} with the same resolved config and seed ({seed}){more}: an "
         "identical launch repeats its work; change the seed for another sample, or force it",

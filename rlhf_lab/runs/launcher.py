@@ -37,11 +37,12 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotReady, Unavailable
 from rlhf_lab.paths import LabError, campaign_name, experiments_dir, find_run, new_run_id
 from rlhf_lab.planning.families import FAMILIES as CATALOG_FAMILIES
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.runs.devices import (
     Placement,
     cpu_threads_beside,
@@ -225,14 +226,14 @@ def _trainer_env(
 # ---------------------------------------------------------------------------------------------
 
 
-def _config_text(config_data: dict) -> str:
+def _config_text(config: TrainerConfig) -> str:
     """The resolved config as YAML, or a typed error when it cannot be one."""
-    if not isinstance(config_data, dict) or not config_data:
+    if not config.to_data():  # an empty config
         raise InvalidArgument("config_data must be the resolved config as a non-empty mapping")
     import yaml
 
     try:
-        return yaml.safe_dump(config_data, sort_keys=False)
+        return config.to_yaml()
     except yaml.YAMLError as err:
         raise InvalidArgument(f"the config cannot be written as YAML: {err}") from None
 
@@ -241,9 +242,11 @@ class NewRun(BaseModel):
     """A run to create: the resolved config the trainer runs and where the run goes. What
     :func:`prepare_run` writes, once, as the run's ``config.yaml`` and ``run.json``."""
 
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
     family: str
     algorithm: str
-    config: dict[str, Any] = Field(description="the resolved config (config.yaml)")
+    config: TrainerConfig = Field(description="the resolved config (config.yaml)")
     campaign: str
     source: str = Field(description="the YAML file the config starts from")
     overrides: list[str] = Field(default_factory=list, description="the overrides applied")

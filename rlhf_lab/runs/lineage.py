@@ -30,7 +30,6 @@ them under placeholder ids for the checks (their family, algorithm and base mode
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from typing import Any
 
 from rlhf_lab.errors import Conflict, InvalidArgument, NextStep, NotFound
 from rlhf_lab.paths import LabError, find_run
-from rlhf_lab.planning.catalog import get_dotted
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "POLICY_KEYS",
@@ -111,19 +110,11 @@ def ref_id(value: str) -> str:
     return value[len(RUN_REF) :].strip()
 
 
-def _leaves(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in data.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
-
-
-def find_refs(data: dict[str, Any]) -> dict[str, str]:
+def find_refs(config: TrainerConfig) -> dict[str, str]:
     """Config key -> upstream run id of every ``run:<id>`` value; a typed error for one in a key
     that takes no model."""
     out: dict[str, str] = {}
-    for key, value in _leaves(data):
+    for key, value in config.leaves():
         if not is_ref(value):
             continue
         if key not in REF_KEYS:
@@ -147,14 +138,13 @@ def run_of_path(name: Any) -> str | None:
     return path.parent.name if (path.parent / "run.json").is_file() else None
 
 
-def _read_yaml(path: Path) -> dict:
-    import yaml
+def _stored_config(run_dir: Path, record: dict[str, Any]) -> TrainerConfig:
+    """A run's ``config.yaml`` as a view of the family its run.json names (empty when the file
+    is missing or unreadable)."""
+    from rlhf_lab.runs.folder import read_config
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    family = str(record.get("family") or "")
+    return read_config(run_dir, family) or TrainerConfig(family, {})
 
 
 def upstream(run_id: str) -> Upstream:
@@ -178,17 +168,17 @@ def upstream(run_id: str) -> Upstream:
         state = run_state(run_id).state
     except LabError:
         state = str(record.get("state") or "died")
-    config = _read_yaml(run_dir / "config.yaml")
+    config = _stored_config(run_dir, record)
     refs = record.get("references") if isinstance(record.get("references"), dict) else {}
     source = refs.get("model.name")
-    model = f"{RUN_REF}{source}" if source else get_dotted(config, "model.name")
+    model = f"{RUN_REF}{source}" if source else config.get("model.name")
     return Upstream(
         run_id=run_id,
         family=record.get("family"),
         algorithm=record.get("algorithm"),
         state=state,
         base_model=base_model(model) if isinstance(model, str) else None,
-        saves_final_model=get_dotted(config, "checkpoint.save_final_model", True) is not False,
+        saves_final_model=config.get("checkpoint.save_final_model", True) is not False,
         final_model=run_dir / "final_model",
     )
 
@@ -273,16 +263,19 @@ def check_ref(key: str, run_id: str) -> Upstream:
     return up
 
 
-def resolve_refs(data: dict[str, Any], refs: dict[str, str]) -> dict[str, Any]:
-    """A copy of ``data`` with each referenced key set to the upstream's final_model path."""
-    out = copy.deepcopy(data)
+def resolve_refs(config: TrainerConfig, refs: dict[str, str]) -> TrainerConfig:
+    """``config`` with each referenced key set to the upstream's final_model path (a new view;
+    ``config`` itself when there is no reference)."""
+    if not refs:
+        return config
+    out = config.to_data()
     for key, run_id in refs.items():
         node = out
         parts = key.split(".")
         for part in parts[:-1]:
             node = node[part]
         node[parts[-1]] = str(find_run(run_id) / "final_model")
-    return out
+    return TrainerConfig(config.family, out)
 
 
 def describe_ref(run_id: str) -> str:
@@ -294,7 +287,7 @@ def describe_ref(run_id: str) -> str:
     return f"{RUN_REF}{run_id}" + (f" ({algorithm})" if algorithm else "")
 
 
-def _own_task_specs(family: str | None, config: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _own_task_specs(config: TrainerConfig) -> list[dict[str, Any]] | None:
     """The reasoning-gym tasks one run's own data came from (``data.specs`` form), or None when
     its data is not a reasoning-gym set (a hub data set, preference prompts, a file)."""
     from trainers.core.builtin_data import (
@@ -303,7 +296,9 @@ def _own_task_specs(family: str | None, config: dict[str, Any]) -> list[dict[str
         task_settings,
     )
 
-    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    family = config.family
+    section = config.get("data")
+    data = section if isinstance(section, dict) else {}
     if family in ("policy_gradients", "distillation"):
         specs = data.get("specs")
         if data.get("source", "reasoning_gym") != "reasoning_gym" or not specs:
@@ -335,11 +330,11 @@ def trained_task_specs(name: Any, _depth: int = 0) -> list[dict[str, Any]] | Non
     from rlhf_lab.runs.folder import read_record
 
     record = read_record(run_dir).data or {}
-    config = _read_yaml(run_dir / "config.yaml")
-    own = _own_task_specs(record.get("family"), config)
+    config = _stored_config(run_dir, record)
+    own = _own_task_specs(config)
     if own is not None:
         return own
     refs = record.get("references") if isinstance(record.get("references"), dict) else {}
     source = refs.get("model.name")
-    parent = f"{RUN_REF}{source}" if source else get_dotted(config, "model.name")
+    parent = f"{RUN_REF}{source}" if source else config.get("model.name")
     return trained_task_specs(parent, _depth + 1)

@@ -24,12 +24,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound
 from rlhf_lab.results.gates import GateDef
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "PIPELINE_DIR",
@@ -282,43 +285,46 @@ def check_stages(
     *,
     shrink: bool = True,
     launching: bool = True,
-    also: Callable[[str, str, dict], Any] | None = None,
-) -> dict:
+    also: Callable[[str, str, TrainerConfig], Any] | None = None,
+) -> dict[str, tuple[str, str, TrainerConfig]]:
     """Check every stage as its launch will, before anything is written: each is shrunk (or
     resolved) and validated with the runs of earlier stages standing in under placeholder ids;
     ``also(family, algorithm, config)`` runs more checks in the same context (the memory fit).
     Returns stage -> (family, algorithm, config)."""
     from rlhf_lab.planning.configs import resolve_config
+    from rlhf_lab.planning.overrides import as_overrides
     from rlhf_lab.planning.shrink import shrink_config
     from rlhf_lab.planning.validation import check_config
     from rlhf_lab.runs.lineage import Upstream, base_model, pending_runs
 
     ids = {s.name: placeholder(s.name) for s in stages}
     known: dict[str, Upstream] = {}
-    out: dict[str, tuple[str, str, dict]] = {}
+    out: dict[str, tuple[str, str, TrainerConfig]] = {}
     for s in stages:
         overrides = with_run_ids(s.overrides, ids)
         with pending_runs(known):
             try:
+                pairs = as_overrides(overrides)  # a stage's key=value items, parsed once here
                 if shrink or s.model:
-                    result = shrink_config(s.recipe, overrides, model=s.model)
-                    family, algorithm, data = result.family, result.algorithm, result.config
+                    result = shrink_config(s.recipe, pairs, model=s.model)
+                    family, algorithm = result.family, result.algorithm
+                    config = result.trainer_config
                 else:
-                    resolved = resolve_config(s.recipe, overrides)
-                    family, algorithm, data = resolved.family, resolved.algorithm, resolved.data
-                check_config(family, data, launching=launching)
+                    resolved = resolve_config(s.recipe, pairs)
+                    family, algorithm, config = resolved.family, resolved.algorithm, resolved.config
+                check_config(family, config, launching=launching)
                 if also is not None:
-                    also(family, algorithm, data)
+                    also(family, algorithm, config)
             except LabError as err:
                 raise type(err)(
                     f"pipeline stage {s.name} ({s.recipe}): {err.message}",
                     next=list(err.next_steps),
                     kind=err.kind,
                 ) from None
-            model = (data.get("model") or {}).get("name")
+            model = config.get("model.name")
             base = base_model(model) if isinstance(model, str) else None
         known[ids[s.name]] = Upstream(
             run_id=ids[s.name], family=family, algorithm=algorithm, state="queued", base_model=base
         )
-        out[s.name] = (family, algorithm, data)
+        out[s.name] = (family, algorithm, config)
     return out

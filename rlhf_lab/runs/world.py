@@ -11,10 +11,12 @@ global batch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlhf_lab.errors import InvalidArgument, NextStep
-from rlhf_lab.planning.catalog import get_dotted
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = ["check_world_size", "global_batch"]
 
@@ -25,10 +27,10 @@ SPLIT_BATCHES: dict[str, tuple[str, str]] = {
 }
 
 
-def global_batch(config: dict[str, Any], world_size: int) -> int:
+def global_batch(config: TrainerConfig, world_size: int) -> int:
     """Examples per optimizer step over all ranks: micro-batch × accumulation × world size."""
-    micro = int(get_dotted(config, "train.batch_size", 1) or 1)
-    accum = int(get_dotted(config, "train.gradient_accumulation_steps", 1) or 1)
+    micro = int(config.get("train.batch_size", 1) or 1)
+    accum = int(config.get("train.gradient_accumulation_steps", 1) or 1)
     return micro * accum * world_size
 
 
@@ -39,11 +41,11 @@ def _fewer_ranks(key: str, value: int, world_size: int) -> list[NextStep]:
     ]
 
 
-def _check_rank_micro_batch(config: dict[str, Any], prompts_per_rank: int) -> None:
+def _check_rank_micro_batch(config: TrainerConfig, prompts_per_rank: int) -> None:
     """A rank's rollouts (its prompts × ``rollout.num_rollouts``) split into whole
     micro-batches of ``train.batch_size`` (the trainer refuses otherwise)."""
-    groups = get_dotted(config, "rollout.num_rollouts")
-    micro = get_dotted(config, "train.batch_size")
+    groups = config.get("rollout.num_rollouts")
+    micro = config.get("train.batch_size")
     if not (isinstance(groups, int) and isinstance(micro, int)) or micro < 1:
         return
     sequences = prompts_per_rank * groups
@@ -55,7 +57,7 @@ def _check_rank_micro_batch(config: dict[str, Any], prompts_per_rank: int) -> No
         )
 
 
-def _check_runs_sharded(family: str, config: dict[str, Any], world_size: int) -> None:
+def _check_runs_sharded(family: str, config: TrainerConfig, world_size: int) -> None:
     """What the trainer would refuse under torchrun (``trainers.core.spec.one_process_only``,
     the same answer its harness acts on), refused before anything is written."""
     from trainers.core.spec import family_spec, one_process_only
@@ -63,8 +65,8 @@ def _check_runs_sharded(family: str, config: dict[str, Any], world_size: int) ->
     field_name = family_spec(family).algorithm_field
     why = one_process_only(
         family,
-        get_dotted(config, field_name) if field_name else None,
-        get_dotted(config, "model.lora.enabled") is True,
+        config.get(field_name) if field_name else None,
+        config.get("model.lora.enabled") is True,
     )
     if why is None:
         return
@@ -85,7 +87,7 @@ def _check_runs_sharded(family: str, config: dict[str, Any], world_size: int) ->
     )
 
 
-def check_world_size(family: str, config: dict[str, Any], world_size: int) -> None:
+def check_world_size(family: str, config: TrainerConfig, world_size: int) -> None:
     """Refuse (InvalidArgument) a world size the config's batches cannot be split over: more
     ranks than a split batch has items, a split batch not divisible by the world size, or
     fewer training examples than one global batch."""
@@ -95,7 +97,7 @@ def check_world_size(family: str, config: dict[str, Any], world_size: int) -> No
     split = SPLIT_BATCHES.get(family)
     if split is not None:
         key, what = split
-        value = get_dotted(config, key)
+        value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             if value < world_size:
                 raise InvalidArgument(
@@ -112,9 +114,9 @@ def check_world_size(family: str, config: dict[str, Any], world_size: int) -> No
             if family == "policy_gradients":
                 _check_rank_micro_batch(config, value // world_size)
         return
-    samples = get_dotted(config, "data.max_samples")
+    samples = config.get("data.max_samples")
     if isinstance(samples, int) and not isinstance(samples, bool) and samples > 0:
-        eval_size = get_dotted(config, "data.eval_size", 0)
+        eval_size = config.get("data.eval_size", 0)
         train = samples - (eval_size if isinstance(eval_size, int) else 0)
         needed = global_batch(config, world_size)
         if train < needed:

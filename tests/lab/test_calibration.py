@@ -425,7 +425,7 @@ def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monke
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     found = find_recipe("sft")
-    config = resolve_config(found, ["model.name=tiny"]).data
+    config = resolve_config(found, ["model.name=tiny"]).config
     run = NewRun(
         family=found.family,
         algorithm=found.algorithm,

@@ -12,6 +12,7 @@ from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.planning.catalog import find_recipe
 from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import trainer_config
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs.lineage import REF_KEYS, find_refs
 
@@ -105,7 +106,8 @@ def test_a_teacher_of_another_preset_is_refused_before_anything_is_written(tmp_p
 
 def test_teacher_name_takes_a_run_reference():
     assert "teacher.name" in REF_KEYS
-    assert find_refs({"teacher": {"name": "run:abc"}}) == {"teacher.name": "abc"}
+    config = trainer_config("distillation", {"teacher": {"name": "run:abc"}})
+    assert find_refs(config) == {"teacher.name": "abc"}
 
 
 def test_distillation_recipe_file_is_found():

@@ -259,9 +259,9 @@ def test_shipped_pipelines_name_their_stages_references_and_order():
         ("grpo", "grpo", ["sft"]),
     ]
     checked = check_stages(r1)  # the real recipes validate, the SFT run standing in for itself
-    assert checked["grpo"][2]["model"]["name"] == "run:<sft-run-id>"
+    assert checked["grpo"][2].get("model.name") == "run:<sft-run-id>"
     # shrunk as a trained run of tiny
-    assert checked["grpo"][2]["train"]["learning_rate"] == WARM_START_PG_LR
+    assert checked["grpo"][2].get("train.learning_rate") == WARM_START_PG_LR
     listed = cli("pipeline", "list")
     assert listed.exit_code == 0 and "rlhf:" in listed.output and "r1-zero:" in listed.output
 

@@ -22,6 +22,7 @@ from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
 from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import trainer_config
 from rlhf_lab.runs.launcher import trainer_argv
 from rlhf_lab.runs.machine import check_resources
 from rlhf_lab.runs.world import check_world_size
@@ -280,14 +281,18 @@ def test_estimate_memory_takes_gpus_and_nproc_like_a_launch(lab, machine):
 
 
 def test_world_size_against_the_batches():
-    pg = {"rollout": {"prompts_per_step": 4}, "train": {"batch_size": 2}}
+    pg = trainer_config(
+        "policy_gradients", {"rollout": {"prompts_per_step": 4}, "train": {"batch_size": 2}}
+    )
     check_world_size("policy_gradients", pg, 2)
     check_world_size("policy_gradients", pg, 4)
     with pytest.raises(InvalidArgument, match="not divisible by the world size 3"):
         check_world_size("policy_gradients", pg, 3)
     with pytest.raises(InvalidArgument, match="8 ranks are more than the global batch allows"):
         check_world_size("policy_gradients", pg, 8)
-    sft = {"data": {"max_samples": 32, "eval_size": 8}, "train": {"batch_size": 4}}
+    sft = trainer_config(
+        "sft", {"data": {"max_samples": 32, "eval_size": 8}, "train": {"batch_size": 4}}
+    )
     check_world_size("sft", sft, 6)  # 24 examples, one step of 4 × 6
     with pytest.raises(InvalidArgument, match="takes 28 examples .* 24 training examples"):
         check_world_size("sft", sft, 7)

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 import rlhf_lab
 from rlhf_lab import _queue, runs
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
+from rlhf_lab.planning.trainer_config import TrainerConfig, trainer_config
 from rlhf_lab.results.diagnosis import diagnose
 from tests._helpers.races import at_once
 from tests._lab_processes import kill_live_runs, wait_until
@@ -52,11 +54,14 @@ LONG = QUICK + ["train.num_epochs=1000", "train.max_steps=3000", "model.device=c
 QUEUE_DEVICE = "cuda:7"
 
 
-def config(overrides: list[str]) -> dict:
-    return load_config(RECIPE, DirectAlignmentConfig, overrides).model_dump(mode="json")
+def config(overrides: list[str]) -> TrainerConfig:
+    data = load_config(RECIPE, DirectAlignmentConfig, overrides).model_dump(mode="json")
+    return trainer_config("direct_alignment", data)
 
 
-def new_run(cfg: dict, campaign: str, source: str = "x", overrides=(), **kw) -> runs.NewRun:
+def new_run(
+    cfg: TrainerConfig, campaign: str, source: str = "x", overrides=(), **kw
+) -> runs.NewRun:
     """A DPO run to create, as the API hands it to the runs layer (``kw`` wins over these)."""
     fields = {"family": "direct_alignment", "algorithm": "dpo", "config": cfg}
     fields.update(campaign=campaign, source=source, overrides=list(overrides))
@@ -95,10 +100,12 @@ def lab_root(tmp_path_factory):
 LAUNCHER = """
 import sys
 from rlhf_lab import runs
+from rlhf_lab.planning.trainer_config import trainer_config
 from trainers.core.config import load_config
 from trainers.direct_alignment.config import DirectAlignmentConfig
 overrides = sys.argv[2:]
-cfg = load_config(sys.argv[1], DirectAlignmentConfig, overrides).model_dump(mode="json")
+data = load_config(sys.argv[1], DirectAlignmentConfig, overrides).model_dump(mode="json")
+cfg = trainer_config("direct_alignment", data)
 run = runs.NewRun(family="direct_alignment", algorithm="dpo", config=cfg,
                   campaign="orphan-test", source=sys.argv[1], overrides=overrides, device="cpu")
 result = runs.start_or_queue(run)
@@ -174,7 +181,7 @@ def test_unknown_run_and_bad_inputs_create_nothing(tmp_path, monkeypatch):
         ("unknown family", "ok", {"family": "../trainers"}),
         ("algorithm", "ok", {"algorithm": "dpo/../x"}),
         ("device", "ok", {"device": "tpu"}),
-        ("mapping", "ok", {"config": {}}),
+        ("mapping", "ok", {"config": trainer_config("direct_alignment", {})}),
     ]
     for error, campaign, bad in bad_inputs:
         with pytest.raises(LabError, match=error):
@@ -194,7 +201,8 @@ def test_prepare_run_writes_config_and_run_json(tmp_path, monkeypatch):
     assert record["argv"][1:3] == ["-m", "trainers.direct_alignment.train"]
     from trainers.core.config import read_yaml
 
-    assert read_yaml(run_dir / "config.yaml") == cfg
+    assert read_yaml(run_dir / "config.yaml") == cfg.to_data()
+    assert (run_dir / "config.yaml").read_text() == yaml.safe_dump(cfg.to_data(), sort_keys=False)
     # a queued run that is stopped before it starts is simply marked stopped
     status = runs.stop_run(info.id)
     assert status.state == "stopped" and not status.alive

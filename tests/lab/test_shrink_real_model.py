@@ -21,7 +21,7 @@ from rlhf_lab.errors import Conflict, InvalidArgument, NotFound
 from rlhf_lab.planning import offline_data, real_model
 from rlhf_lab.planning.overrides import Override
 from rlhf_lab.planning.shrink import shrink_config
-from rlhf_lab.planning.trainer_config import TrainerConfig
+from rlhf_lab.planning.trainer_config import TrainerConfig, trainer_config
 from rlhf_lab.runs.identical import identical_runs
 from tests.conftest import model_folder
 from trainers.core.lora import DEFAULT_TARGETS
@@ -273,7 +273,9 @@ def test_an_identical_config_of_a_finished_run_is_not_refused(lab_root):
     again = api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True))
     assert again.run.id != first.run.id
     stored = yaml.safe_load((Path(again.run.run_dir) / "config.yaml").read_text())
-    assert identical_runs("direct_alignment", stored) == [(again.run.id, "queued")]
+    assert identical_runs("direct_alignment", trainer_config("direct_alignment", stored)) == [
+        (again.run.id, "queued")
+    ]
 
 
 # ------------------------------------------------------------------------------ the real model

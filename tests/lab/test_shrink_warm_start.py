@@ -26,7 +26,7 @@ def _lab_root(tmp_path, monkeypatch):
 def _run_of(recipe: str, overrides: list[str] | None = None) -> str:
     """A queued run of ``recipe`` in the lab (its run folder, config.yaml and run.json)."""
     found = find_recipe(recipe)
-    config = resolve_config(found, overrides or []).data
+    config = resolve_config(found, overrides or []).config
     run = NewRun(
         family=found.family,
         algorithm=found.algorithm,

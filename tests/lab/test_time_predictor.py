@@ -399,6 +399,7 @@ def test_cli_plan_prints_each_runs_time_and_the_total(cache, tmp_path, monkeypat
 
 def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypatch):
     from rlhf_lab.api.launching import with_predicted_time
+    from rlhf_lab.planning.trainer_config import trainer_config
     from rlhf_lab.runs.launcher import NewRun, prepare_run
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
@@ -406,7 +407,7 @@ def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypat
     run = NewRun(
         family="sft",
         algorithm="sft",
-        config=SFT_CONFIG,
+        config=trainer_config("sft", SFT_CONFIG),
         campaign="timing",
         source="x.yaml",
         device="cpu",

@@ -6,11 +6,15 @@ from __future__ import annotations
 import pytest
 
 from rlhf_lab.errors import InvalidArgument
+from rlhf_lab.planning.trainer_config import trainer_config
 from rlhf_lab.runs.world import check_world_size
 
 
 def test_each_ranks_rollouts_must_fill_whole_micro_batches():
-    pg = {"rollout": {"prompts_per_step": 4, "num_rollouts": 2}, "train": {"batch_size": 4}}
+    pg = trainer_config(
+        "policy_gradients",
+        {"rollout": {"prompts_per_step": 4, "num_rollouts": 2}, "train": {"batch_size": 4}},
+    )
     check_world_size("policy_gradients", pg, 1)  # 8 sequences, 2 micro-batches
     check_world_size("policy_gradients", pg, 2)  # 4 a rank: one micro-batch
     with pytest.raises(InvalidArgument, match=r"1 prompts × 2 rollouts = 2 sequences.*=4"):
@@ -30,6 +34,7 @@ def test_each_ranks_rollouts_must_fill_whole_micro_batches():
     ],
 )
 def test_what_the_trainers_refuse_under_torchrun_is_refused_before_launch(family, config, message):
+    config = trainer_config(family, config)
     check_world_size(family, config, 1)  # one process: fine
     with pytest.raises(InvalidArgument, match=message) as caught:
         check_world_size(family, config, 2)
@@ -37,4 +42,5 @@ def test_what_the_trainers_refuse_under_torchrun_is_refused_before_launch(family
 
 
 def test_lora_in_a_family_that_shards_it_passes():
-    check_world_size("direct_alignment", {"model": {"lora": {"enabled": True}}}, 2)
+    lora = trainer_config("direct_alignment", {"model": {"lora": {"enabled": True}}})
+    check_world_size("direct_alignment", lora, 2)

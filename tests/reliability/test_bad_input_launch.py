@@ -201,7 +201,7 @@ def test_a_model_that_cannot_load_is_one_message_before_launch_and_in_run_status
         (s.operation, dict(s.args)) for s in err.value.next_steps
     ]
     assert not (lab_root / "experiments").exists(), "a refused launch wrote something"
-    config = api.resolve_config("dpo", QUICK + [f"model.name={model}"]).data
+    config = api.resolve_config("dpo", QUICK + [f"model.name={model}"]).config
     launched = runs.start_or_queue(
         runs.NewRun(
             family="direct_alignment",

@@ -337,7 +337,7 @@ LAUNCHER = textwrap.dedent(
 
     point, seconds = sys.argv[1], sys.argv[2]
     cfg = api.resolve_config("dpo", [])
-    run = runs.NewRun(family=cfg.family, algorithm=cfg.algorithm, config=cfg.data,
+    run = runs.NewRun(family=cfg.family, algorithm=cfg.algorithm, config=cfg.config,
                       campaign="half-launch", source=str(cfg.recipe.config_path), device="cpu")
 
     def die(run_dir):
