@@ -43,10 +43,10 @@ from rlhf_lab.planning.time import predicted_total_s
 from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.diagnosis import run_flags, run_notes
 from rlhf_lab.results.headline import (
+    config_from_yaml,
     headline_for,
     heldout_items,
     noise_interval,
-    run_config,
     start_value,
 )
 from rlhf_lab.results.overoptimisation import overoptimisation
@@ -328,7 +328,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
         warnings.append(f"run.json campaign {meta.get('campaign')!r} differs from the folder's")
 
     family = meta.get("family") if isinstance(meta.get("family"), str) else None
-    cfg = run_config(family, data)
+    cfg = config_from_yaml(family, data)
     algorithm = meta.get("algorithm") or _first(
         cfg, ("algorithm", "loss", "kind", "selection.strategy", "strategy")
     )

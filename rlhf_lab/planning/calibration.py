@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.planning.candidates import CANDIDATE_SETS, Candidate, as_candidate, candidates_for
 from rlhf_lab.planning.overrides import Override, format_override
-from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "CANDIDATE_SETS",
@@ -361,10 +361,9 @@ class ProbeSettings(BaseModel):
 PROBE_SEED = 42
 
 
-def probe_settings(target: Target, family: str, config: ConfigArg) -> ProbeSettings:
+def probe_settings(target: Target, family: str, config: TrainerConfig) -> ProbeSettings:
     """The run's own sampling settings and reward weights; its group size capped at
     MAX_PROBE_SAMPLES (at least 2); its generation limit capped at PROBE_MAX_NEW_TOKENS."""
-    config = trainer_config(family, config)
     s, g = target.sampling, config.get
     group = int(g(target.group_key, 2) or 2)
     run_max = int(g(target.max_key, 128) or 128)
@@ -573,7 +572,7 @@ def _overrides(
 def calibrate(
     family: str,
     algorithm: str,
-    config: ConfigArg,
+    config: TrainerConfig,
     requested_overrides: Iterable[Override | str],
     *,
     probe: ProbeFn = run_probe,
@@ -587,7 +586,6 @@ def calibrate(
     concern (another family, prompts without a verifier, or no model). ``probe`` runs the probe
     (the subprocess by default; tests pass a stub); ``cache_dir`` None: no cache."""
     target = target_for(family, algorithm)
-    config = trainer_config(family, config)
     model = config.get("model.name", None)
     configured = target.specs_of(config) if target else None
     if target is None or configured is None or not isinstance(model, str):
