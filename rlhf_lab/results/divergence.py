@@ -259,9 +259,7 @@ def _unset(key: str) -> Any:
     return None
 
 
-def divergence_hint(
-    family: str | None, algorithm: str | None, config: TrainerConfig | None
-) -> str:
+def divergence_hint(family: str | None, algorithm: str | None, config: TrainerConfig | None) -> str:
     """The alert's one actionable line: the overrides of :func:`divergence_advice` for the run's
     ``config`` (none known: the defaults)."""
     advice = divergence_advice(family, algorithm, config.get if config is not None else _unset)

@@ -49,7 +49,6 @@ __all__ = [
     "headline_line",
     "heldout_items",
     "last_value",
-    "config_from_yaml",
     "read_run_config",
     "rewarded_by_model",
     "start_text",
@@ -108,12 +107,6 @@ def _spec_headline(spec: FamilySpec, algorithm: str | None) -> Headline:
         training_signal=signal,
         training_higher_is_better=None if signal_direction is None else signal_direction == "max",
     )
-
-
-def config_from_yaml(family: str | None, data: object) -> TrainerConfig | None:
-    """The view of a run's config.yaml as parsed from disk (None for none, or for what is not a
-    mapping: a config.yaml that is damaged)."""
-    return written_config(family or "", data) if isinstance(data, dict) else None
 
 
 def rewarded_by_model(config: TrainerConfig | None, rows: Sequence[dict] = ()) -> bool:
@@ -307,15 +300,15 @@ def noise_interval(headline: Headline, value: float, n: int | None) -> Interval 
 
 
 def read_run_config(run_dir: Path, family: str | None = None) -> TrainerConfig | None:
-    """A run's resolved config.yaml as the view (None when missing or unreadable): where the
-    results code reads a run's config from disk."""
+    """A run's resolved config.yaml as the view (None when missing, unreadable or not a
+    mapping): where the results code reads one run's config from disk."""
     import yaml
 
     try:
         data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(errors="replace"))
     except (OSError, yaml.YAMLError):
         return None
-    return config_from_yaml(family, data)
+    return written_config(family or "", data) if isinstance(data, dict) else None
 
 
 def _num(value: float) -> str:

@@ -41,7 +41,9 @@ _IGNORED_PREFIXES = ("logging.", "checkpoint.", "model.device", "seed")
 class _Arm:
     """Runs of one setting (internal; becomes an :class:`ArmSummary`)."""
 
-    def __init__(self, key: tuple, records: list[RunRecord], configs: dict[str, TrainerConfig | None]):
+    def __init__(
+        self, key: tuple, records: list[RunRecord], configs: dict[str, TrainerConfig | None]
+    ):
         self.key = key
         self.records = records
         self.configs = configs
