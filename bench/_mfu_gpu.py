@@ -130,7 +130,7 @@ def lab_estimate(phase: str, overrides: list[str], device: str) -> dict[str, Any
     from rlhf_lab.planning.memory import estimate_memory
 
     resolved = resolve_config(RECIPES[phase], overrides)
-    est = estimate_memory(resolved.family, resolved.algorithm, resolved.data, device=device)
+    est = estimate_memory(resolved.family, resolved.algorithm, resolved.config, device=device)
     return {
         "estimate_gib": est.total_gb,
         "peak_phase": est.peak_phase,

@@ -209,7 +209,7 @@ def resolve(case: Case, device: str):
         *case.overrides,
     ]
     resolved = resolve_config(case.recipe, overrides)
-    estimate = estimate_memory(resolved.family, resolved.algorithm, resolved.data, device=device)
+    estimate = estimate_memory(resolved.family, resolved.algorithm, resolved.config, device=device)
     return resolved, estimate
 
 

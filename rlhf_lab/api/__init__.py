@@ -232,10 +232,12 @@ def _where(device: str) -> str:
 def _estimate_gb(family: str, algorithm: str, data: dict, device: str) -> tuple[float | None, str]:
     """(peak GiB of this run on ``device`` or None, why there is none)."""
     from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
     try:
         kind = "cpu" if device == "cpu" else "cuda"
-        return estimate_config_memory(family, algorithm, data, device=kind).total_gb, ""
+        config = TrainerConfig(family, data)
+        return estimate_config_memory(family, algorithm, config, device=kind).total_gb, ""
     except LabError as err:
         return None, f"no memory estimate ({err.message})"
 

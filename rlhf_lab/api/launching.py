@@ -77,9 +77,11 @@ def with_predicted_time(run: NewRun) -> NewRun:
     """``run`` with its wall-time prediction from the cached throughput calibration (kept in
     run.json; none when nothing is cached)."""
     from rlhf_lab.planning.time import launch_prediction
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
     device = str(run.device or "cpu")
-    predicted = launch_prediction(run.family, run.algorithm, run.config, device)
+    config = TrainerConfig(run.family, run.config)
+    predicted = launch_prediction(run.family, run.algorithm, config, device)
     return run.model_copy(update={"predicted_time": predicted})
 
 
@@ -164,6 +166,7 @@ def _submit_to_slurm(request: RunRequest, resolved: Resolved, slug: str) -> Laun
     """Submit a checked run as a Slurm job: every check (config, world size, Slurm present)
     comes before the campaign or run folder is written."""
     from rlhf_lab.api.placement import slurm_options
+    from rlhf_lab.planning.trainer_config import TrainerConfig
     from rlhf_lab.planning.validation import check_config
     from rlhf_lab.runs.launcher import NewRun
     from rlhf_lab.runs.slurm import check_slurm_available, refuse_local_only
@@ -175,7 +178,8 @@ def _submit_to_slurm(request: RunRequest, resolved: Resolved, slug: str) -> Laun
     if request.after:
         raise refuse_local_only("waiting for other runs (after)")
     check_world_size(resolved.family, resolved.config, options.world_size)
-    warnings = list(check_config(resolved.family, resolved.config, launching=True).warnings)
+    view = TrainerConfig(resolved.family, resolved.config)
+    warnings = list(check_config(resolved.family, view, launching=True).warnings)
     check_slurm_available()
     _open_campaign(request, resolved, slug, full=False)
     run = NewRun(
@@ -212,10 +216,12 @@ def _states(run_ids: list[str]) -> list[str]:
 
 def _config_warnings(resolved: Resolved, device: str) -> list[str]:
     """The config's launch checks (models, lengths, learning rate) and a GPU that is not here."""
+    from rlhf_lab.planning.trainer_config import TrainerConfig
     from rlhf_lab.planning.validation import check_config
 
     try:
-        warnings = list(check_config(resolved.family, resolved.config, launching=True).warnings)
+        view = TrainerConfig(resolved.family, resolved.config)
+        warnings = list(check_config(resolved.family, view, launching=True).warnings)
     except LabError as err:
         raise err.with_next(FIX_OVERRIDES) from None
     _api()._check_gpu_present(device, resolved.config)

@@ -29,10 +29,12 @@ def per_rank_estimate_gb(
     """(peak GiB of ONE rank on ``device`` or None, why there is none): the FSDP2 estimate of
     :func:`rlhf_lab.planning.memory.estimate_memory` with ``world_size``."""
     from rlhf_lab.planning.memory import estimate_memory
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
     try:
         kind = "cpu" if device == "cpu" else "cuda"
-        est = estimate_memory(family, algorithm, data, device=kind, world_size=world_size)
+        config = TrainerConfig(family, data)
+        est = estimate_memory(family, algorithm, config, device=kind, world_size=world_size)
         return est.total_gb, ""
     except LabError as err:
         return None, f"no memory estimate ({err.message})"

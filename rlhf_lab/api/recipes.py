@@ -25,6 +25,7 @@ from rlhf_lab.planning.memory import MemoryEstimate, fits
 from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
 from rlhf_lab.planning.overrides import Override
 from rlhf_lab.planning.shrink import ShrinkResult
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs import active_runs, resolve_device
 from rlhf_lab.runs.machine import this_machine
@@ -165,7 +166,7 @@ def _resolved(
         return shrunk.family, shrunk.algorithm, shrunk.config, shrunk.recipe.id
     extra = [f"model.name={model}"] if model else []
     resolved = resolve_config(recipe, overrides + extra)
-    check_config(resolved.family, resolved.data)  # the checks shrink_config makes
+    check_config(resolved.family, resolved.config)  # the checks shrink_config makes
     return resolved.family, resolved.algorithm, resolved.data, resolved.recipe.id
 
 
@@ -189,7 +190,8 @@ def estimate_memory(
         world, targets = _world_targets(family, config, device, gpus, nproc)
     kind: Literal["cuda", "cpu"] = "cpu" if targets[0] == "cpu" else "cuda"
     try:
-        est = estimate_config_memory(family, algorithm, config, device=kind, world_size=world)
+        view = TrainerConfig(family, config)
+        est = estimate_config_memory(family, algorithm, view, device=kind, world_size=world)
     except LabError as err:
         raise err.with_next(OFFLINE_MODEL) from None
     ranks_here = world if kind == "cpu" else 1  # CPU ranks share one RAM

@@ -290,6 +290,7 @@ def check_stages(
     Returns stage -> (family, algorithm, config)."""
     from rlhf_lab.planning.configs import resolve_config
     from rlhf_lab.planning.shrink import shrink_config
+    from rlhf_lab.planning.trainer_config import TrainerConfig
     from rlhf_lab.planning.validation import check_config
     from rlhf_lab.runs.lineage import Upstream, base_model, pending_runs
 
@@ -306,7 +307,7 @@ def check_stages(
                 else:
                     resolved = resolve_config(s.recipe, overrides)
                     family, algorithm, data = resolved.family, resolved.algorithm, resolved.data
-                check_config(family, data, launching=launching)
+                check_config(family, TrainerConfig(family, data), launching=launching)
                 if also is not None:
                     also(family, algorithm, data)
             except LabError as err:

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.planning import time as pt
@@ -17,9 +16,6 @@ from rlhf_lab.results.best_of_n import analyse_best_of_n, verdict_text
 from tests.lab.test_evaluations import write_run
 from tests.lab.test_time_predictor import STUB
 from trainers.evaluation import best_of_n_stats as bs
-
-CONFIGS = Path(__file__).resolve().parents[2] / "trainers" / "evaluation" / "configs"
-
 
 pytestmark = pytest.mark.usefixtures("lab_root")
 
@@ -72,9 +68,9 @@ def test_cost_counts_the_tokens_sampled_and_none_when_samples_are_reused():
 def test_cpu_sizing_keeps_n_max_for_best_of_n():
     from rlhf_lab.evaluation import jobs as evaluations
 
-    data = yaml.safe_load((CONFIGS / "best_of_n.yaml").read_text())
+    data = evaluations.shipped_suite("best_of_n")
     assert evaluations.cpu_sized_overrides(data, "smollm2-135m-instruct", "cpu") == []
-    reasoning = yaml.safe_load((CONFIGS / "reasoning.yaml").read_text())
+    reasoning = evaluations.shipped_suite("reasoning")
     assert "sampling.n=1" in evaluations.cpu_sized_overrides(reasoning, "smollm2", "cpu")
 
 

@@ -313,6 +313,6 @@ def test_one_lora_sft_step_of_smollm2_through_the_lab(lab_root, monkeypatch):
 
 
 def test_the_device_and_rank_rules_read_the_config_and_the_width():
-    assert real_model.runs_on_cpu({"model": {"device": "cpu"}}) is True
-    assert real_model.runs_on_cpu({"model": {"device": "cuda:1"}}) is False
+    assert real_model.runs_on_cpu(TrainerConfig("sft", {"model": {"device": "cpu"}})) is True
+    assert real_model.runs_on_cpu(TrainerConfig("sft", {"model": {"device": "cuda:1"}})) is False
     assert [real_model.lora_rank(w) for w in (256, 576, 2048, 4096)] == [8, 16, 16, 32]
