@@ -83,12 +83,13 @@ def child_env(workdir: Path, threads: int) -> dict[str, str]:
 
 def shrunk(case: str, model: str) -> tuple[str, str, TrainerConfig]:
     """(family, algorithm, resolved config) of a case as the lab shrinks it."""
+    from rlhf_lab.planning.overrides import as_overrides
     from rlhf_lab.planning.shrink import shrink_config
 
     overrides = []
     if model == SMOLLM2:
         overrides = SMOLLM2_OVERRIDES["*"] + SMOLLM2_OVERRIDES.get(case, [])
-    result = shrink_config(case, overrides, model=model)
+    result = shrink_config(case, as_overrides(overrides), model=model)
     return result.family, result.algorithm, result.trainer_config
 
 

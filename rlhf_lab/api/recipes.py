@@ -23,7 +23,7 @@ from rlhf_lab.planning.catalog import (
 from rlhf_lab.planning.catalog import list_recipes as catalog_recipes
 from rlhf_lab.planning.memory import MemoryEstimate, fits
 from rlhf_lab.planning.memory import estimate_memory as estimate_config_memory
-from rlhf_lab.planning.overrides import Override
+from rlhf_lab.planning.overrides import Override, as_overrides
 from rlhf_lab.planning.shrink import ShrinkResult
 from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.planning.validation import check_config
@@ -162,10 +162,10 @@ def _resolved(
     from rlhf_lab.planning.configs import resolve_config
 
     if shrink:
-        shrunk = shrink_config(recipe, overrides, model=model)
+        shrunk = shrink_config(recipe, as_overrides(overrides), model=model)
         return shrunk.family, shrunk.algorithm, shrunk.config, shrunk.recipe.id
     extra = [f"model.name={model}"] if model else []
-    resolved = resolve_config(recipe, overrides + extra)
+    resolved = resolve_config(recipe, as_overrides(overrides + extra))
     check_config(resolved.family, resolved.config)  # the checks shrink_config makes
     return resolved.family, resolved.algorithm, resolved.data, resolved.recipe.id
 

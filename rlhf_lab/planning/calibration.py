@@ -29,7 +29,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -513,13 +513,9 @@ def calibration_enabled(flag: bool = True) -> bool:
     return flag and env not in {"0", "false", "no", "off"}
 
 
-def _override_keys(overrides: Iterable[Override | str]) -> set[str]:
-    """The keys ``overrides`` set (a string that is no ``key=value`` sets none)."""
-    return {
-        o.key if isinstance(o, Override) else o.partition("=")[0].strip()
-        for o in overrides
-        if isinstance(o, Override) or "=" in o
-    }
+def _override_keys(overrides: Iterable[Override]) -> set[str]:
+    """The keys ``overrides`` set."""
+    return {o.key for o in overrides}
 
 
 def _random_init_preset(model: str) -> bool:
@@ -573,7 +569,7 @@ def calibrate(
     family: str,
     algorithm: str,
     config: TrainerConfig,
-    requested_overrides: Iterable[Override | str],
+    requested_overrides: Sequence[Override],
     *,
     probe: ProbeFn = run_probe,
     cache_dir: Path | None | str = "default",

@@ -289,6 +289,7 @@ def check_stages(
     ``also(family, algorithm, config)`` runs more checks in the same context (the memory fit).
     Returns stage -> (family, algorithm, config)."""
     from rlhf_lab.planning.configs import resolve_config
+    from rlhf_lab.planning.overrides import as_overrides
     from rlhf_lab.planning.shrink import shrink_config
     from rlhf_lab.planning.trainer_config import TrainerConfig
     from rlhf_lab.planning.validation import check_config
@@ -302,10 +303,10 @@ def check_stages(
         with pending_runs(known):
             try:
                 if shrink or s.model:
-                    result = shrink_config(s.recipe, overrides, model=s.model)
+                    result = shrink_config(s.recipe, as_overrides(overrides), model=s.model)
                     family, algorithm, data = result.family, result.algorithm, result.config
                 else:
-                    resolved = resolve_config(s.recipe, overrides)
+                    resolved = resolve_config(s.recipe, as_overrides(overrides))
                     family, algorithm, data = resolved.family, resolved.algorithm, resolved.data
                 check_config(family, TrainerConfig(family, data), launching=launching)
                 if also is not None:
