@@ -12,6 +12,7 @@ import pytest
 
 from rlhf_lab.planning import time as pt
 from rlhf_lab.planning.gold_eval import GOLD_EVAL_POINTS, GOLD_NEW_TOKENS, GOLD_PROMPTS
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.steps import expected_optimizer_steps
 from rlhf_lab.planning.trainer_config import TrainerConfig
@@ -39,21 +40,23 @@ def test_the_shrink_turns_gold_on_with_six_evaluations_along_training(smol, reci
 
 
 def test_the_eval_interval_follows_the_users_data_size_and_user_values_win(smol):
-    longer = shrink_config("dpo", ["data.max_samples=512"], model=smol).trainer_config
+    longer = shrink_config("dpo", as_overrides(["data.max_samples=512"]), model=smol).trainer_config
     steps = expected_optimizer_steps("direct_alignment", longer)[0]
     assert steps == 60 and longer.get("eval.eval_every") == 10  # (512 − 32) / 8
     # the recipe's own data set is resolved before the shrink swaps it: a user's gold setting
     # comes with the built-in data set
     builtin = "data.dataset=builtin:reasoning-preferences"
     mine = shrink_config(
-        "dpo", [builtin, "eval.eval_every=4", "eval.gold_prompts=8"], model=smol
+        "dpo", as_overrides([builtin, "eval.eval_every=4", "eval.gold_prompts=8"]), model=smol
     ).config
     assert mine["eval"]["eval_every"] == 4 and mine["eval"]["gold_prompts"] == 8
     # the note tells the schedule the run will have (it told the rule's every 4 steps before)
-    own = shrink_config("dpo", ["data.max_samples=224", "eval.eval_every=6"], model=smol)
+    own = shrink_config(
+        "dpo", as_overrides(["data.max_samples=224", "eval.eval_every=6"]), model=smol
+    )
     assert own.config["eval"]["eval_every"] == 6
     assert any("every 6 steps and at step 0" in n for n in own.notes)
-    off = shrink_config("dpo", ["eval.gold_prompts=0"], model=smol)
+    off = shrink_config("dpo", as_overrides(["eval.gold_prompts=0"]), model=smol)
     assert off.config["eval"]["gold_prompts"] == 0
     assert not any("gold evaluation on" in n for n in off.notes)
 
@@ -62,7 +65,7 @@ def test_no_gold_on_a_preset_or_data_the_verifier_cannot_score(smol, tmp_path):
     assert shrink_config("dpo", model="tiny").config["eval"]["gold_prompts"] == 0
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
-    own = shrink_config("dpo", [f"data.dataset={pairs}"], model=smol)
+    own = shrink_config("dpo", as_overrides([f"data.dataset={pairs}"]), model=smol)
     assert own.config["eval"]["gold_prompts"] == 0
 
 

@@ -20,6 +20,7 @@ from rlhf_lab.planning.catalog import find_recipe
 from rlhf_lab.planning.completion_length import completion_tokens, is_multi_turn
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import Assumptions, estimate_memory
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
 from trainers.policy_gradients.config import REPLY_WRAPPER_TOKENS, PolicyGradientConfig
 
@@ -33,7 +34,7 @@ def lab_root(offline_lab, cpu_box, no_queue_worker):
 
 def tools_config(*overrides: str) -> dict:
     """The shipped grpo_tools recipe, resolved with ``overrides``."""
-    return resolve_config(find_recipe("grpo_tools"), list(overrides)).data
+    return resolve_config(find_recipe("grpo_tools"), as_overrides(list(overrides))).data
 
 
 def without_env(config: dict, **rollout) -> dict:
@@ -140,10 +141,10 @@ def test_the_shrink_onto_a_real_model_keeps_the_environment_and_sizes_the_trajec
     assert PolicyGradientConfig.model_validate(res.config).max_completion_tokens == 256
     assert any("trajectories of at most 3 model turns and 256 tokens" in n for n in res.notes)
     # one turn fills at most 128 + 32 + wrapper: the bound is that, not the CPU cap
-    one = shrink_config("grpo_tools", ["env.max_turns=1"], model=smol).config["env"]
+    one = shrink_config("grpo_tools", as_overrides(["env.max_turns=1"]), model=smol).config["env"]
     assert one["max_total_tokens"] == 128 + 32 + REPLY_WRAPPER_TOKENS
     # the user's value wins over the rule
-    mine = shrink_config("grpo_tools", ["env.max_total_tokens=400"], model=smol)
+    mine = shrink_config("grpo_tools", as_overrides(["env.max_total_tokens=400"]), model=smol)
     assert mine.config["env"]["max_total_tokens"] == 400
 
 
@@ -224,11 +225,11 @@ def test_the_cli_refuses_a_bad_environment_with_one_clear_line(argv, lab_root):
 def test_a_trajectory_longer_than_the_context_is_refused(lab_root):
     # tiny's context is 2048 tokens: 20 turns of 64 + 32 + wrapper reach 2240
     with pytest.raises(InvalidArgument) as err:
-        shrink_config("grpo_tools", ["env.max_turns=20"], model="tiny")
+        shrink_config("grpo_tools", as_overrides(["env.max_turns=20"]), model="tiny")
     assert "a trajectory of up to 2240 tokens" in err.value.message
     assert "context of model tiny (2048 tokens)" in err.value.message
     # a total above what the turns can fill is no longer than the turns: accepted
-    ok = shrink_config("grpo_tools", ["env.max_total_tokens=9000"], model="tiny")
+    ok = shrink_config("grpo_tools", as_overrides(["env.max_total_tokens=9000"]), model="tiny")
     assert completion_tokens(ok.config) == 3 * (64 + 32 + REPLY_WRAPPER_TOKENS)
     nothing_written(lab_root)
 

@@ -11,6 +11,7 @@ from rlhf_lab.api import list_recipes
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.planning.catalog import find_recipe
 from rlhf_lab.planning.memory import estimate_memory
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs.lineage import REF_KEYS, find_refs
@@ -38,7 +39,7 @@ def test_shrink_distill_on_tiny_uses_the_warm_start_task_and_a_teacher_of_that_p
 
 
 def test_shrink_distill_keeps_a_teacher_that_is_a_run(tmp_path):
-    res = shrink_config("distill", model="tiny", overrides=["teacher.name=tiny"])
+    res = shrink_config("distill", model="tiny", overrides=as_overrides(["teacher.name=tiny"]))
     assert res.config["teacher"]["name"] == "tiny"
 
 
@@ -99,7 +100,7 @@ def test_a_teacher_of_another_preset_is_refused_before_anything_is_written(tmp_p
     with pytest.raises(InvalidArgument, match="cannot teach model.name='tiny'"):
         check_config("distillation", bad)
     with pytest.raises(InvalidArgument, match="cannot teach"):
-        shrink_config("distill", model="tiny", overrides=["teacher.name=tiny-llama"])
+        shrink_config("distill", model="tiny", overrides=as_overrides(["teacher.name=tiny-llama"]))
     assert not any(tmp_path.iterdir())
 
 

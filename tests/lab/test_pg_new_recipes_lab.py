@@ -14,6 +14,7 @@ from rlhf_lab.planning.memory import (
     count_parameters,
     estimate_memory,
 )
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.plan import matched_overrides
 from rlhf_lab.planning.shrink import shrink_config
 
@@ -44,14 +45,14 @@ def test_memory_reads_the_reference_and_the_greedy_baseline_from_the_spec():
     )
     assert "reference weights (frozen)" in _components(rpp)
     # DAPO's spec has no KL term: β > 0 loads nothing
-    dapo_cfg = resolve_config("dapo", ["loss.beta=0.04"]).data
+    dapo_cfg = resolve_config("dapo", as_overrides(["loss.beta=0.04"])).data
     dapo = estimate_memory("policy_gradients", "dapo", dapo_cfg, arch, device="cuda")
     assert "reference weights (frozen)" not in _components(dapo)
 
     remax = estimate_memory(
         "policy_gradients",
         "remax",
-        resolve_config("remax", ["eval.eval_batch_size=4"]).data,
+        resolve_config("remax", as_overrides(["eval.eval_batch_size=4"])).data,
         arch,
         device="cuda",
     )

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from rlhf_lab import api
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.configs import validate_data
+from rlhf_lab.planning.overrides import as_overrides
 from trainers.core.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("lab_root")
@@ -121,7 +122,7 @@ def test_override_values_yaml_or_python_cannot_hold_are_config_errors(override, 
     """Found by the fuzzer: these used to escape as ValueError / RecursionError or were accepted
     as inf / nan learning rates."""
     with pytest.raises(LabError) as err:
-        api.resolve_config("dpo", [override])
+        api.resolve_config("dpo", as_overrides([override]))
     text = str(err.value)
     assert needle in text and len(text) < 6000 + len(override), text[:500]
     assert_one_clear_message(text)
