@@ -162,7 +162,7 @@ def _resolved(
     from rlhf_lab.planning.configs import resolve_config
 
     if shrink:
-        shrunk = shrink_config(recipe, as_overrides(overrides), model=model)
+        shrunk = shrink_config(recipe, overrides, model=model)
         return shrunk.family, shrunk.algorithm, shrunk.config, shrunk.recipe.id
     extra = [f"model.name={model}"] if model else []
     resolved = resolve_config(recipe, as_overrides(overrides + extra))

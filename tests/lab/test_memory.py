@@ -394,10 +394,12 @@ def test_reward_model_body_and_frozen_backbone():
 
 def test_shrunk_tiny_run_is_small_and_param_count_only_is_accepted():
     shrunk = shrink_config("dpo", model="tiny")
-    est = estimate_memory("direct_alignment", "dpo", shrunk.config, device="cpu")
+    est = estimate_memory("direct_alignment", "dpo", shrunk.trainer_config, device="cpu")
     assert est.model == "tiny" and est.param_count == model_facts("tiny").params.total
     assert 0.8 < est.total_gb < 2.0  # dominated by the process baseline
-    only_count = estimate_memory("direct_alignment", "dpo", shrunk.config, 1_000_000, device="cpu")
+    only_count = estimate_memory(
+        "direct_alignment", "dpo", shrunk.trainer_config, 1_000_000, device="cpu"
+    )
     assert not any("activations" in c.name for c in only_count.components)
     assert any("only a parameter count" in n for n in only_count.notes)
 
