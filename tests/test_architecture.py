@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,91 @@ def test_the_readme_layout_names_folders_that_exist():
     assert not missing, f"README.md's Layout names what the tree lacks: {missing}"
     rooms = {p.split("/")[1] for p in paths if p.startswith("rlhf_lab/")}
     assert {"planning", "runs", "results", "evaluation", "ledger", "index", "api"} <= rooms
+
+
+# ------------------------------------------------------------------ a config travels typed
+
+PLANNING_CONFIG_ROOMS = ("planning", "results", "index", "ledger", "evaluation")
+"""The lab's rooms that plan runs and read their results: their functions take a trainer config
+only as the typed view (:class:`rlhf_lab.planning.trainer_config.TrainerConfig`), built where a
+config is resolved or read off disk, never as a plain mapping."""
+DICT_CONFIG_ALLOWED: dict[str, str] = {
+    "rlhf_lab/planning/config_models.py::validate_data(data)": "the validation boundary: raw "
+    "YAML or user data, validated into the family's pydantic model",
+    "rlhf_lab/planning/trainer_config.py::__init__(data)": "the view's constructor: the data "
+    "it wraps",
+    "rlhf_lab/planning/trainer_config.py::_validate(data)": "the view validating the data it holds",
+    "rlhf_lab/planning/trainer_config.py::written_config(data)": "where a config the lab wrote "
+    "and reads back off disk becomes the view",
+    "rlhf_lab/planning/memory/architecture.py::arch_from_config(cfg)": "a model's Hugging Face "
+    "config.json, not a trainer config",
+    "rlhf_lab/planning/memory/architecture.py::_int(cfg)": "a model's Hugging Face config.json",
+}
+"""``path::function(param)`` -> why that parameter is a true boundary where a config arrives
+as plain data."""
+_CONFIG_NAME = re.compile(r"(^|_)(config|cfg|conf)(_|$)|^config_?data$")
+_MAPPING_TYPE = re.compile(r"\b(dict|Dict|Mapping|MutableMapping|ConfigArg)\b")
+
+
+def _annotation_text(node: ast.expr | None) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value  # a quoted annotation
+    return ast.unparse(node) if node is not None else ""
+
+
+def _is_config_param(arg: ast.arg, names: set[str]) -> bool:
+    """Named like a config (``config``, ``cfg``, ``base_config``, ``config_data``), or ``data``
+    beside a ``family`` (a config's values passed with the family they belong to)."""
+    return bool(_CONFIG_NAME.search(arg.arg)) or (arg.arg == "data" and "family" in names)
+
+
+def dict_config_params(paths: Iterable[Path]) -> list[str]:
+    """``path::function(param: annotation)`` of every parameter in ``paths`` that takes a
+    config as a ``dict`` / ``Mapping`` / ``ConfigArg`` (nested functions and methods
+    included; :data:`DICT_CONFIG_ALLOWED` left out)."""
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            names = {a.arg for a in args}
+            for arg in args:
+                shown = _annotation_text(arg.annotation)
+                if not (_is_config_param(arg, names) and _MAPPING_TYPE.search(shown)):
+                    continue
+                where = f"{_rel(path) if path.is_relative_to(ROOT) else path.name}::{node.name}"
+                if f"{where}({arg.arg})" not in DICT_CONFIG_ALLOWED:
+                    out.append(f"{where}({arg.arg}: {shown})")
+    return out
+
+
+def test_dict_config_params_finds_a_config_passed_as_a_mapping(tmp_path):
+    source = tmp_path / "example.py"
+    source.write_text(
+        "def check(family: str, data: dict, device: str): ...\n"
+        "def run(config: 'Mapping[str, Any]' = None): ...\n"
+        "def arm(base_config: ConfigArg | None): ...\n"
+        "def typed(family: str, config: TrainerConfig, refs: dict[str, str]): ...\n"
+        "def record(run_dir: Path, data: dict[str, Any]): ...\n"
+        "class A:\n"
+        "    def method(self, *, cfg: dict | None = None):\n"
+        "        def inner(config_data: dict): ...\n"
+    )
+    assert dict_config_params([source]) == [
+        "example.py::check(data: dict)",
+        "example.py::run(config: Mapping[str, Any])",
+        "example.py::arm(base_config: ConfigArg | None)",
+        "example.py::method(cfg: dict | None)",
+        "example.py::inner(config_data: dict)",
+    ]
+
+
+def test_planning_and_results_take_configs_typed():
+    rooms = PLANNING_CONFIG_ROOMS
+    found = dict_config_params(
+        p for room in rooms for p in (ROOT / "rlhf_lab" / room).rglob("*.py")
+    )
+    assert not found, "a config as a plain mapping (take a TrainerConfig):\n" + "\n".join(found)
+    allowed = {key.split("::")[0] for key in DICT_CONFIG_ALLOWED}
+    assert all((ROOT / path).is_file() for path in allowed), "an allowed entry names no file"
