@@ -22,9 +22,15 @@ from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import Assumptions, estimate_memory
 from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from trainers.policy_gradients.config import REPLY_WRAPPER_TOKENS, PolicyGradientConfig
 
 from .test_time_predictor import STUB
+
+
+def pg(data: dict) -> TrainerConfig:
+    """A policy-gradient config's data as the view planning reads."""
+    return TrainerConfig("policy_gradients", data)
 
 
 @pytest.fixture(autouse=True)
@@ -61,23 +67,23 @@ def without_env(config: dict, **rollout) -> dict:
 def test_the_lab_reads_the_completion_length_as_the_trainer_computes_it(overrides):
     data = tools_config(*overrides)
     trainer = PolicyGradientConfig.model_validate(data).max_completion_tokens
-    assert completion_tokens(data) == trainer
+    assert completion_tokens(pg(data)) == trainer
 
 
 def test_a_trajectory_holds_its_turns_and_tool_replies():
     data = tools_config("rollout.max_new_tokens=100")  # 3 turns, replies of 32 tokens
-    assert is_multi_turn(data)
-    assert completion_tokens(data) == 3 * (100 + 32 + REPLY_WRAPPER_TOKENS)
+    assert is_multi_turn(pg(data))
+    assert completion_tokens(pg(data)) == 3 * (100 + 32 + REPLY_WRAPPER_TOKENS)
     # held-out turns of 20 tokens: bounded by their own turns, never above the rollout's total
-    assert completion_tokens(data, per_turn=20) == 3 * (20 + 32 + REPLY_WRAPPER_TOKENS)
+    assert completion_tokens(pg(data), per_turn=20) == 3 * (20 + 32 + REPLY_WRAPPER_TOKENS)
     capped = tools_config("rollout.max_new_tokens=100", "env.max_total_tokens=200")
-    assert completion_tokens(capped) == 200
-    assert completion_tokens(capped, per_turn=500) == 200
+    assert completion_tokens(pg(capped)) == 200
+    assert completion_tokens(pg(capped), per_turn=500) == 200
     # a dict that leaves env keys out takes the trainer's defaults (4 turns, 64-token replies)
     assert completion_tokens(
-        {"env": {"name": "calculator"}, "rollout": {"max_new_tokens": 10}}
+        pg({"env": {"name": "calculator"}, "rollout": {"max_new_tokens": 10}})
     ) == (4 * (10 + 64 + REPLY_WRAPPER_TOKENS))
-    assert completion_tokens({"rollout": {"max_new_tokens": 10}}) == 10
+    assert completion_tokens(pg({"rollout": {"max_new_tokens": 10}})) == 10
 
 
 # ----------------------------------------------------------------------------------- memory
@@ -87,8 +93,8 @@ def test_memory_of_grpo_tools_counts_the_tool_replies(smol):
     tools = tools_config(f"model.name={smol}", "rollout.max_new_tokens=64")
     plain = without_env(tools)
     assert tools["rollout"] == plain["rollout"]  # the same settings but for the environment
-    multi = estimate_memory("policy_gradients", "grpo", tools, device="cuda")
-    single = estimate_memory("policy_gradients", "grpo", plain, device="cuda")
+    multi = estimate_memory("policy_gradients", "grpo", pg(tools), device="cuda")
+    single = estimate_memory("policy_gradients", "grpo", pg(plain), device="cuda")
     assert multi.total_gb > single.total_gb
 
     def kv(est) -> str:
@@ -101,7 +107,7 @@ def test_memory_of_grpo_tools_counts_the_tool_replies(smol):
     assert f"seqs × {prompt + 64} tokens" in kv(single)
     # by exactly the observation tokens: a single-turn run of the trajectory's length costs the same
     as_long = estimate_memory(
-        "policy_gradients", "grpo", without_env(tools, max_new_tokens=trajectory), device="cuda"
+        "policy_gradients", "grpo", pg(without_env(tools, max_new_tokens=trajectory)), device="cuda"
     )
     assert multi.total_gb == pytest.approx(as_long.total_gb)
     assert any("multi-turn (env.name=calculator)" in n for n in multi.notes)
@@ -114,14 +120,14 @@ def test_memory_of_grpo_tools_counts_the_tool_replies(smol):
 def test_time_of_grpo_tools_counts_the_tool_replies():
     tools = tools_config("model.name=tiny", "rollout.max_new_tokens=64", "train.max_steps=10")
     tools["data"]["eval_size"] = 16
-    multi = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", tools)
-    single = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", without_env(tools))
+    multi = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", pg(tools))
+    single = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", pg(without_env(tools)))
     assert multi.per_step_s > single.per_step_s
     assert multi.parts["eval"] > single.parts["eval"]
-    trajectory = completion_tokens(tools)
+    trajectory = completion_tokens(pg(tools))
     assert trajectory == 3 * (64 + 32 + REPLY_WRAPPER_TOKENS)
     as_long = pt.predict_from_calibration(
-        STUB, "policy_gradients", "grpo", without_env(tools, max_new_tokens=trajectory)
+        STUB, "policy_gradients", "grpo", pg(without_env(tools, max_new_tokens=trajectory))
     )
     assert multi.per_step_s == pytest.approx(as_long.per_step_s)
     assert multi.parts["eval"] == pytest.approx(as_long.parts["eval"])
@@ -230,7 +236,7 @@ def test_a_trajectory_longer_than_the_context_is_refused(lab_root):
     assert "context of model tiny (2048 tokens)" in err.value.message
     # a total above what the turns can fill is no longer than the turns: accepted
     ok = shrink_config("grpo_tools", as_overrides(["env.max_total_tokens=9000"]), model="tiny")
-    assert completion_tokens(ok.config) == 3 * (64 + 32 + REPLY_WRAPPER_TOKENS)
+    assert completion_tokens(ok.trainer_config) == 3 * (64 + 32 + REPLY_WRAPPER_TOKENS)
     nothing_written(lab_root)
 
 

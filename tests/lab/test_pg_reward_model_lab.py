@@ -13,6 +13,7 @@ from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 # a small Llama-shaped reward model's config.json (what the estimate reads; no weights needed)
 RM_CONFIG = {
@@ -54,9 +55,13 @@ def test_memory_estimate_counts_the_reward_model_and_the_gold(tmp_path):
     with_gold = resolve_config(
         "grpo", as_overrides([*base, f"reward.model={rm}", f"reward.gold_model={rm}"])
     )
-    e0 = estimate_memory("policy_gradients", "grpo", plain, device="cpu")
-    e1 = estimate_memory("policy_gradients", "grpo", with_rm, device="cpu")
-    e2 = estimate_memory("policy_gradients", "grpo", with_gold.data, device="cpu")
+    e0 = estimate_memory(
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", plain), device="cpu"
+    )
+    e1 = estimate_memory(
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", with_rm), device="cpu"
+    )
+    e2 = estimate_memory("policy_gradients", "grpo", with_gold.config, device="cpu")
     assert e0.total_gb < e1.total_gb < e2.total_gb
     c1 = _components(e1)
     # 4096·256 embeddings + 4 layers·(4·256² attention + 3·256·512 MLP + norms) + head ≈ 4.2M
@@ -71,7 +76,9 @@ def test_memory_estimate_notes_a_reward_model_it_cannot_size(tmp_path):
     data = resolve_config(
         "grpo", as_overrides(["model.name=tiny", f"reward.model={tmp_path / 'gone'}"])
     ).data
-    est = estimate_memory("policy_gradients", "grpo", data, device="cpu")
+    est = estimate_memory(
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", data), device="cpu"
+    )
     assert any(n.startswith("reward model ") and "not counted" in n for n in est.notes)
 
 
