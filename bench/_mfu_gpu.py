@@ -128,9 +128,10 @@ def lab_estimate(phase: str, overrides: list[str], device: str) -> dict[str, Any
     from the recipe with the same overrides the trainer ran with."""
     from rlhf_lab.planning.configs import resolve_config
     from rlhf_lab.planning.memory import estimate_memory
+    from rlhf_lab.planning.overrides import as_overrides
 
-    resolved = resolve_config(RECIPES[phase], overrides)
-    est = estimate_memory(resolved.family, resolved.algorithm, resolved.data, device=device)
+    resolved = resolve_config(RECIPES[phase], as_overrides(overrides))
+    est = estimate_memory(resolved.family, resolved.algorithm, resolved.config, device=device)
     return {
         "estimate_gib": est.total_gb,
         "peak_phase": est.peak_phase,

@@ -200,16 +200,17 @@ def resolve(case: Case, device: str):
     """(resolved config, memory estimate) through the lab, torch-free."""
     from rlhf_lab.planning.configs import resolve_config
     from rlhf_lab.planning.memory import estimate_memory
+    from rlhf_lab.planning.overrides import as_overrides
 
-    resolved = resolve_config(case.recipe, [f"model.name={case.model}"])
+    resolved = resolve_config(case.recipe, as_overrides([f"model.name={case.model}"]))
     overrides = [
         f"model.name={case.model}",
         *(o.format(device=device) for o in COMMON),
         *FAMILY_QUICK[resolved.family],
         *case.overrides,
     ]
-    resolved = resolve_config(case.recipe, overrides)
-    estimate = estimate_memory(resolved.family, resolved.algorithm, resolved.data, device=device)
+    resolved = resolve_config(case.recipe, as_overrides(overrides))
+    estimate = estimate_memory(resolved.family, resolved.algorithm, resolved.config, device=device)
     return resolved, estimate
 
 

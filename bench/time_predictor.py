@@ -28,6 +28,8 @@ from pathlib import Path
 
 from _common import ROOT, machine_info, print_table, write_results
 
+from rlhf_lab.planning.trainer_config import EVALUATION, TrainerConfig
+
 sys.path.insert(0, str(ROOT))
 
 TARGET = 0.30
@@ -79,23 +81,24 @@ def child_env(workdir: Path, threads: int) -> dict[str, str]:
     }
 
 
-def shrunk(case: str, model: str) -> tuple[str, str, dict]:
+def shrunk(case: str, model: str) -> tuple[str, str, TrainerConfig]:
     """(family, algorithm, resolved config) of a case as the lab shrinks it."""
+    from rlhf_lab.planning.overrides import as_overrides
     from rlhf_lab.planning.shrink import shrink_config
 
     overrides = []
     if model == SMOLLM2:
         overrides = SMOLLM2_OVERRIDES["*"] + SMOLLM2_OVERRIDES.get(case, [])
-    result = shrink_config(case, overrides, model=model)
-    return result.family, result.algorithm, result.config
+    result = shrink_config(case, as_overrides(overrides), model=model)
+    return result.family, result.algorithm, result.trainer_config
 
 
-def eval_config(model: str) -> dict:
+def eval_config(model: str) -> TrainerConfig:
     from rlhf_lab.evaluation.cost import _config
 
-    cfg = _config("reasoning", EVAL_OVERRIDES)
+    cfg = _config("reasoning", EVAL_OVERRIDES).to_data()
     cfg["target"] = model
-    return cfg
+    return TrainerConfig(EVALUATION, cfg)
 
 
 def run_process(argv: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
@@ -106,8 +109,6 @@ def run_process(argv: list[str], env: dict[str, str], log: Path) -> tuple[float,
 
 
 def measure(case: str, model: str, threads: int, workdir: Path) -> dict:
-    import yaml
-
     from rlhf_lab.planning.time import predict_evaluation, predict_run
 
     run_dir = workdir / f"{model}-{case}"
@@ -121,7 +122,7 @@ def measure(case: str, model: str, threads: int, workdir: Path) -> dict:
         estimate = predict_run(family, algorithm, cfg, threads=threads, mode="auto")
         module = f"trainers.{family}.train"
     config = workdir / f"{model}-{case}.yaml"
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    config.write_text(cfg.to_yaml())
     argv = [sys.executable, "-m", module, "--config", str(config), "--run-dir", str(run_dir)]
     actual, code = run_process(argv, env, workdir / f"{model}-{case}.log")
     ratio = estimate.total_s / actual if estimate.total_s and code == 0 else None

@@ -17,8 +17,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rlhf_lab.errors import LabError
-from rlhf_lab.evaluation.jobs import cpu_sized_overrides
+from rlhf_lab.evaluation.jobs import cpu_sized_overrides, shipped_suite
 from rlhf_lab.planning.memory import blocks
+from rlhf_lab.planning.trainer_config import EVALUATION, TrainerConfig
 
 __all__ = [
     "EvalCost",
@@ -51,14 +52,12 @@ def suites_for_family(family: str | None) -> tuple[str, ...]:
     return _FAMILY_SUITES.get(family or "", ())
 
 
-def _config(suite: str, overrides: list[str]) -> dict[str, Any]:
-    import yaml
-
-    from rlhf_lab.evaluation.jobs import _configs_dir
+def _config(suite: str, overrides: list[str]) -> TrainerConfig:
+    """A suite's shipped config with ``overrides`` applied (not validated: no models set)."""
     from trainers.core.config import apply_overrides
 
-    data = yaml.safe_load((_configs_dir() / f"{suite}.yaml").read_text()) or {}
-    return apply_overrides(data, overrides)
+    data = apply_overrides(shipped_suite(suite).to_data(), overrides)
+    return TrainerConfig(EVALUATION, data)
 
 
 def estimate_evaluation(
@@ -76,16 +75,15 @@ def estimate_evaluation(
     from rlhf_lab.runs.lineage import stand_in
 
     dev = "cpu" if device == "cpu" else "cuda"
-    shipped = _config(suite, [])
+    shipped = shipped_suite(suite)
     cfg = _config(suite, [*cpu_sized_overrides(shipped, model, dev), *(overrides or [])])
-    sampling = cfg.get("sampling") or {}
-    prompts = int((cfg.get("prompts") or {}).get("size", 64))
-    n = int(sampling.get("n", 1))
-    new = int(sampling.get("max_new_tokens", 128))
-    batch = int(sampling.get("batch_size", 16))
+    prompts = int(cfg.get("prompts.size", 64))
+    n = int(cfg.get("sampling.n", 1))
+    new = int(cfg.get("sampling.max_new_tokens", 128))
+    batch = int(cfg.get("sampling.batch_size", 16))
     policies = 1 + int(baseline) if suite != "pair_accuracy" else 0
     tokens = prompts * n * new * policies
-    if suite == "best_of_n" and (cfg.get("best_of_n") or {}).get("samples_from"):
+    if suite == "best_of_n" and cfg.get("best_of_n.samples_from"):
         tokens = 0  # an earlier job's completions are scored again
     memory, note = None, ""
     try:
@@ -135,8 +133,7 @@ def _predicted_time(model: str | None, suite: str, cost: EvalCost) -> str:
         return ""
     from rlhf_lab.planning.time import predict_evaluation
 
-    shipped = _config(suite, [])
-    cfg = _config(suite, cpu_sized_overrides(shipped, model, cost.device))
+    cfg = _config(suite, cpu_sized_overrides(shipped_suite(suite), model, cost.device))
     try:
         estimate = predict_evaluation(
             model, cfg, policies=cost.policies, device=cost.device, mode="cached"

@@ -210,21 +210,30 @@ CPU_EVAL_PROMPTS = 128
 CPU_EVAL_NEW_TOKENS = 128
 
 
-def cpu_sized_overrides(data: dict[str, Any], model: str | None, device: str) -> list[str]:
-    """The overrides that size a sampling suite's shipped config ``data`` for a pretrained model
-    on a CPU (none on a GPU, for a built-in preset or its runs, or where the suite already asks
-    for less); the caller applies its own overrides after these, so they win."""
+def shipped_suite(suite: str) -> TrainerConfig:
+    """A suite's shipped config (``trainers/evaluation/configs/<suite>.yaml``) as read off disk,
+    before the job's models and overrides are set."""
+    import yaml
+
+    data = yaml.safe_load((_configs_dir() / f"{suite}.yaml").read_text()) or {}
+    return TrainerConfig(EVALUATION, data)
+
+
+def cpu_sized_overrides(shipped: TrainerConfig, model: str | None, device: str) -> list[str]:
+    """The overrides that size a sampling suite's ``shipped`` config for a pretrained model on a
+    CPU (none on a GPU, for a built-in preset or its runs, or where the suite already asks for
+    less); the caller applies its own overrides after these, so they win."""
     if device != "cpu" or not model or not _pretrained(model):
         return []
-    sampling, prompts = data.get("sampling") or {}, data.get("prompts") or {}
+    g = shipped.get
     out = []
-    if int(sampling.get("n", 1) or 1) > 1 and data.get("suite") != "best_of_n":  # n is n_max
+    if int(g("sampling.n", 1) or 1) > 1 and g("suite") != "best_of_n":  # n is n_max
         out.append("sampling.n=1")
-        if "pass_k" in (data.get("reasoning") or {}):
+        if shipped.has("reasoning.pass_k"):
             out.append("reasoning.pass_k=[1]")
-    if int(sampling.get("max_new_tokens", 0) or 0) > CPU_EVAL_NEW_TOKENS:
+    if int(g("sampling.max_new_tokens", 0) or 0) > CPU_EVAL_NEW_TOKENS:
         out.append(f"sampling.max_new_tokens={CPU_EVAL_NEW_TOKENS}")
-    if int(prompts.get("size", 0) or 0) > CPU_EVAL_PROMPTS:
+    if int(g("prompts.size", 0) or 0) > CPU_EVAL_PROMPTS:
         out.append(f"prompts.size={CPU_EVAL_PROMPTS}")
     return out
 
@@ -256,12 +265,10 @@ def eval_config(
 ) -> dict[str, Any]:
     """The job's resolved config: the suite's shipped YAML, the models, the device, the cache
     folder and the overrides, validated by ``EvalConfig``; InvalidArgument otherwise."""
-    import yaml
-
     from trainers.core.config import ConfigError, apply_overrides
     from trainers.evaluation.config import EvalConfig
 
-    data = yaml.safe_load((_configs_dir() / f"{suite}.yaml").read_text()) or {}
+    shipped = shipped_suite(suite)
     fixed = {"target", "baseline", "judge", "suite", "cache_dir"}
     clash = sorted({o.split("=", 1)[0].strip() for o in overrides} & fixed)
     if clash:
@@ -271,9 +278,9 @@ def eval_config(
             next=NextStep("evaluate_model", {"overrides": []}),
         )
     dev = "cpu" if device == "cpu" else "cuda"
-    sized = cpu_sized_overrides(data, target.path, dev)  # yours come after: they win
+    sized = cpu_sized_overrides(shipped, target.path, dev)  # yours come after: they win
     try:
-        data = apply_overrides(data, [*sized, *overrides])
+        data = apply_overrides(shipped.to_data(), [*sized, *overrides])
     except ConfigError as err:
         raise InvalidArgument(f"overrides: {err}") from None
     data.update(

@@ -146,8 +146,7 @@ def _trained_reward_model(target_run: str | None) -> str | None:
     from rlhf_lab.results.headline import read_run_config
 
     cfg = read_run_config(Path(target_run))
-    reward = cfg.get("reward") if isinstance(cfg, dict) else None
-    return reward.get("model") if isinstance(reward, dict) else None
+    return cfg.get("reward.model") if cfg is not None else None
 
 
 def judged_by_own_reward_model(judge: str | None, target_run: str | None) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlhf_lab.planning.trainer_config import ConfigArg
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "IndexedRun",
@@ -167,15 +167,19 @@ class IndexedRun:
     metrics: dict[str, tuple[str, float, int | None]]
 
 
-def _config(run_dir: Path) -> dict | None:
+def _config(run_dir: Path, family: str | None) -> TrainerConfig | None:
+    """The run's config.yaml as the view (libyaml's loader when present; None when missing,
+    unreadable or not a mapping)."""
     import yaml
+
+    from rlhf_lab.planning.trainer_config import written_config
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         data = yaml.load((run_dir / "config.yaml").read_text(errors="replace"), Loader=loader)
     except (OSError, yaml.YAMLError):
         return None
-    return data if isinstance(data, dict) else None
+    return written_config(family or "", data) if isinstance(data, dict) else None
 
 
 def _finite(value: Any) -> float | None:
@@ -186,7 +190,7 @@ def _finite(value: Any) -> float | None:
 
 
 def _headline(
-    family: str | None, algorithm: str | None, config: ConfigArg | None, scan: MetricScan
+    family: str | None, algorithm: str | None, config: TrainerConfig | None, scan: MetricScan
 ):
     """(metric, higher is better, final, final step, best, best step) of the run's own headline."""
     from rlhf_lab.results.headline import headline_for
@@ -228,14 +232,13 @@ def extract_run(run_dir: Path, previous_scan: str | None, now_ns: int) -> Indexe
         status = _status(run_dir)
     except LabError as err:
         status = _unreadable_run(run_dir, str(err))
-    config = _config(run_dir)
+    config = _config(run_dir, status.family)
     scan = scan_metrics(run_dir / "metrics.jsonl", MetricScan.from_json(previous_scan))
     metric, higher, final, final_step, best, best_step = _headline(
         status.family, status.algorithm, config, scan
     )
-    model = (config or {}).get("model")
-    model_name = model.get("name") if isinstance(model, dict) else None
-    seed = (config or {}).get("seed")
+    model_name = config.get("model.name") if config is not None else None
+    seed = config.get("seed") if config is not None else None
     campaign = run_dir.parent.parent.name
     row = {
         "id": run_dir.name,  # the folder is the run's identity (find_run looks it up so)

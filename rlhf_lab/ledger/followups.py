@@ -391,7 +391,7 @@ def _run_items(run: RunRecord, campaign: str):
         )
     diverged = [f for f in ("kl_blowup", "repetition") if f in run.flags]
     if diverged:
-        advice = divergence_advice(run.family, run.algorithm, run.settings)
+        advice = divergence_advice(run.family, run.algorithm, run.settings.get)
         what = " and ".join(
             "its KL to the reference blew up" if f == "kl_blowup" else "its samples degenerated"
             for f in diverged

@@ -35,18 +35,17 @@ from rlhf_lab.ledger.schema import (
     SampleExcerpt,
     SampleTurn,
 )
-from rlhf_lab.ledger.text import _clip, _first, _now, _one_line, load_yaml
+from rlhf_lab.ledger.text import _clip, _first, _first_in_row, _now, _one_line, load_yaml
 from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.catalog import source_root
 from rlhf_lab.planning.time import predicted_total_s
-from rlhf_lab.planning.trainer_config import TrainerConfig
+from rlhf_lab.planning.trainer_config import TrainerConfig, written_config
 from rlhf_lab.results.diagnosis import run_flags, run_notes
 from rlhf_lab.results.headline import (
     headline_for,
     heldout_items,
     noise_interval,
-    run_config,
     start_value,
 )
 from rlhf_lab.results.overoptimisation import overoptimisation
@@ -128,7 +127,11 @@ def _config_model(family: str | None) -> type[BaseModel] | None:
 
 
 def _config_changes(
-    family: str | None, source: str | None, cwd: str | None, used: dict | None, warnings: list[str]
+    family: str | None,
+    source: str | None,
+    cwd: str | None,
+    used: TrainerConfig | None,
+    warnings: list[str],
 ) -> list[ConfigChange]:
     if used is None or not source:
         return []
@@ -150,7 +153,7 @@ def _config_changes(
                 f"shipped config {source} does not validate as {model.__name__}; "
                 "changed values compare the raw YAML"
             )
-    diff = config_diff(shipped, used)
+    diff = config_diff(shipped, used.to_data())
     return [ConfigChange(key=k, shipped=a, used=b) for k, (a, b) in diff.items()]
 
 
@@ -197,7 +200,7 @@ def _sample_excerpts(rows: list[dict]) -> list[SampleExcerpt]:
     out = []
     for row in picked:
         prompt = _prompt_text(row)
-        completion = _first(row, ("completion", "response", "text", "output")) or ""
+        completion = _first_in_row(row, ("completion", "response", "text", "output")) or ""
         scores = {}
         for key, value in row.items():
             if key in ("step", "completion", *_PROMPT_KEYS) or isinstance(value, bool):
@@ -273,13 +276,14 @@ def _state_of(
     return state
 
 
-def _read_config(path: Path, warnings: list[str]) -> dict | None:
-    """The run's resolved config.yaml (None, with a warning, when missing or unreadable)."""
+def _read_config(path: Path, family: str | None, warnings: list[str]) -> TrainerConfig | None:
+    """The run's resolved config.yaml as the view (None, with a warning, when missing or
+    unreadable)."""
     if not (path / "config.yaml").exists():
         warnings.append("config.yaml is missing")
         return None
     try:
-        return load_yaml(path / "config.yaml")
+        return written_config(family or "", load_yaml(path / "config.yaml"))
     except LabError as err:
         warnings.append(f"config.yaml unreadable: {err}")
         return None
@@ -315,7 +319,8 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     warnings += [warning] if warning else []
     progress, warning = read_progress(path)
     warnings += [warning] if warning else []
-    data = _read_config(path, warnings)
+    family = meta.get("family") if isinstance(meta.get("family"), str) else None
+    cfg = _read_config(path, family, warnings)
     metric_lines = read_metrics_file(path / "metrics.jsonl")
     rows = metric_lines.rows
     warnings += [metric_lines.warning] if metric_lines.warning else []
@@ -327,8 +332,6 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     if meta.get("campaign") not in (None, campaign):
         warnings.append(f"run.json campaign {meta.get('campaign')!r} differs from the folder's")
 
-    family = meta.get("family") if isinstance(meta.get("family"), str) else None
-    cfg = run_config(family, data)
     algorithm = meta.get("algorithm") or _first(
         cfg, ("algorithm", "loss", "kind", "selection.strategy", "strategy")
     )
@@ -342,7 +345,7 @@ def _build_record(path: Path, run_id: str) -> RunRecord:
     overrides = meta.get("overrides") if isinstance(meta.get("overrides"), list) else []
     source = meta.get("config_source") if isinstance(meta.get("config_source"), str) else None
     cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) else None
-    changes = _config_changes(family, source, cwd, data, warnings)
+    changes = _config_changes(family, source, cwd, cfg, warnings)
     lineage = _lineage(meta)
     if lineage is not None:  # a referenced model is shown as the run it came from, not a path
         refs = lineage.references

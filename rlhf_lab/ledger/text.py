@@ -1,17 +1,16 @@
-"""Small plain-text and YAML helpers of the ledger: one-line text, clipping, dotted look-ups in
-a config, and a tolerant YAML loader. Torch-free."""
+"""Small plain-text and YAML helpers of the ledger: one-line text, clipping, the first set value
+of a run's config or of a row, and a tolerant YAML loader. Torch-free."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rlhf_lab.errors import InvalidArgument
-from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = ["load_yaml"]
@@ -39,14 +38,23 @@ def load_yaml(path: Path) -> dict:
     return data
 
 
-def _first(data: dict | TrainerConfig | None, keys: Sequence[str]) -> Any:
-    """The first value of ``keys`` (dotted) that is set: not None, "" or []."""
-    get = data.get if isinstance(data, TrainerConfig) else lambda key: get_dotted(data, key)
+def _first_set(get: Callable[[str], Any], keys: Sequence[str]) -> Any:
+    """The first value ``get`` gives for ``keys`` that is set: not None, "" or []."""
     for key in keys:
         value = get(key)
         if value not in (None, "", []):
             return value
     return None
+
+
+def _first(config: TrainerConfig | None, keys: Sequence[str]) -> Any:
+    """The first value of dotted ``keys`` set in a run's config (None without a config)."""
+    return _first_set(config.get, keys) if config is not None else None
+
+
+def _first_in_row(row: dict[str, Any], keys: Sequence[str]) -> Any:
+    """The first value of ``keys`` set in a row of a run's JSON lines (e.g. a sample)."""
+    return _first_set(row.get, keys)
 
 
 def _one_line(value: Any, limit: int = 400) -> str:

@@ -29,7 +29,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from pydantic import BaseModel, Field
 
 from rlhf_lab.planning.candidates import CANDIDATE_SETS, Candidate, as_candidate, candidates_for
 from rlhf_lab.planning.overrides import Override, format_override
-from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "CANDIDATE_SETS",
@@ -361,10 +361,9 @@ class ProbeSettings(BaseModel):
 PROBE_SEED = 42
 
 
-def probe_settings(target: Target, family: str, config: ConfigArg) -> ProbeSettings:
+def probe_settings(target: Target, family: str, config: TrainerConfig) -> ProbeSettings:
     """The run's own sampling settings and reward weights; its group size capped at
     MAX_PROBE_SAMPLES (at least 2); its generation limit capped at PROBE_MAX_NEW_TOKENS."""
-    config = trainer_config(family, config)
     s, g = target.sampling, config.get
     group = int(g(target.group_key, 2) or 2)
     run_max = int(g(target.max_key, 128) or 128)
@@ -514,13 +513,9 @@ def calibration_enabled(flag: bool = True) -> bool:
     return flag and env not in {"0", "false", "no", "off"}
 
 
-def _override_keys(overrides: Iterable[Override | str]) -> set[str]:
-    """The keys ``overrides`` set (a string that is no ``key=value`` sets none)."""
-    return {
-        o.key if isinstance(o, Override) else o.partition("=")[0].strip()
-        for o in overrides
-        if isinstance(o, Override) or "=" in o
-    }
+def _override_keys(overrides: Iterable[Override]) -> set[str]:
+    """The keys ``overrides`` set."""
+    return {o.key for o in overrides}
 
 
 def _random_init_preset(model: str) -> bool:
@@ -573,8 +568,8 @@ def _overrides(
 def calibrate(
     family: str,
     algorithm: str,
-    config: ConfigArg,
-    requested_overrides: Iterable[Override | str],
+    config: TrainerConfig,
+    requested_overrides: Sequence[Override],
     *,
     probe: ProbeFn = run_probe,
     cache_dir: Path | None | str = "default",
@@ -587,7 +582,6 @@ def calibrate(
     concern (another family, prompts without a verifier, or no model). ``probe`` runs the probe
     (the subprocess by default; tests pass a stub); ``cache_dir`` None: no cache."""
     target = target_for(family, algorithm)
-    config = trainer_config(family, config)
     model = config.get("model.name", None)
     configured = target.specs_of(config) if target else None
     if target is None or configured is None or not isinstance(model, str):

@@ -6,7 +6,7 @@ calibration's overrides between the shrink rules and the user's, the run folder'
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -113,7 +113,7 @@ def current_policy() -> CalibrationPolicy:
 def shrink_calibrated(
     shrink_config: Callable[..., Any],
     recipe: Any,
-    overrides: Iterable[Override | str],
+    overrides: Sequence[Override],
     model: str | None,
     policy: CalibrationPolicy | None = None,
 ) -> tuple[Any, Calibration | None]:
@@ -122,7 +122,6 @@ def shrink_calibrated(
     run, whose overrides go after the shrink rules and before ``overrides`` (which win); the run
     shrunk again with them. Returns (the shrink result, the calibration or None)."""
     policy = policy or current_policy()
-    overrides = as_overrides(overrides)
     shrunk = shrink_config(recipe, overrides, model=model)
     if not policy.enabled:
         return shrunk, None

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = ["completion_tokens", "env_value", "is_multi_turn", "trajectory_bound"]
 
 
-def is_multi_turn(config: ConfigArg) -> bool:
+def is_multi_turn(config: TrainerConfig) -> bool:
     """Whether the config's rollouts are trajectories with an environment (``env.name`` set)."""
-    return trainer_config("policy_gradients", config).get("env.name") is not None
+    return config.get("env.name") is not None
 
 
 def env_value(key: str, value: Any) -> int:
@@ -50,7 +50,7 @@ def _config_bound(config: TrainerConfig, per_turn: int) -> int:
 
 
 def completion_tokens(
-    config: ConfigArg, per_turn: int | None = None, default_new_tokens: int = 512
+    config: TrainerConfig, per_turn: int | None = None, default_new_tokens: int = 512
 ) -> int:
     """The most tokens after the prompt one sequence of the config holds.
 
@@ -61,7 +61,6 @@ def completion_tokens(
     :func:`trajectory_bound` with ``per_turn`` (the trainer bounds every trajectory, held-out ones
     included, by the rollout's total). The trainer's ``max_completion_tokens`` for the rollout;
     less only where ``env.max_total_tokens`` is more than ``max_turns`` turns can fill."""
-    config = trainer_config("policy_gradients", config)
     rollout_new = int(config.get("rollout.max_new_tokens") or default_new_tokens)
     turn = rollout_new if per_turn is None else int(per_turn)
     if not is_multi_turn(config):

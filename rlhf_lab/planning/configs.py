@@ -9,7 +9,7 @@ the trainer's own :class:`ConfigError` message (the same text the trainer would 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from rlhf_lab.planning.catalog import (
     list_recipes,
 )
 from rlhf_lab.planning.config_models import config_model, dump, families_accepting, validate_data
-from rlhf_lab.planning.overrides import Override, as_overrides, format_override, texts
+from rlhf_lab.planning.overrides import Override, format_override, texts
 from rlhf_lab.planning.trainer_config import TrainerConfig
 from trainers.core.config import (
     ConfigError,
@@ -135,13 +135,14 @@ def apply(data: dict[str, Any], overrides: Iterable[Override]) -> dict[str, Any]
 
 
 def resolve_config(
-    recipe_or_file: str | Path | Recipe, overrides: Iterable[Override | str] | None = None
+    recipe_or_file: str | Path | Recipe, overrides: Sequence[Override] = ()
 ) -> ResolvedConfig:
     """Load a recipe (name, ``family/name``, algorithm or YAML path), apply the ``overrides``
-    (pairs; a ``key=value`` string is parsed first, for the callers that still hold strings),
-    validate with the family's model and diff against the shipped default."""
+    (pairs: a surface parses its ``key=value`` strings with
+    :func:`~rlhf_lab.planning.overrides.as_overrides`), validate with the family's model and
+    diff against the shipped default."""
     recipe = find_recipe(recipe_or_file)
-    pairs = as_overrides(overrides)
+    pairs = list(overrides)
     written = texts(pairs)
     raw = apply(_load_yaml(recipe.path()), pairs)
     source = recipe.config_path

@@ -75,8 +75,9 @@ def _parsed(text: str, *next_steps: NextStep) -> Override:
 
 def as_overrides(items: Iterable[Override | str] | None) -> list[Override]:
     """Overrides as pairs: pairs kept, each ``key=value`` string parsed once (a malformed one
-    refused with the trainer's message alone, as resolving refuses it). For the callers that
-    still hold strings (a pipeline stage's overrides, ``rlhf_lab.runs.pipelines``)."""
+    refused with the trainer's message alone, as resolving refuses it). What a surface (the CLI,
+    an MCP tool, a pipeline stage's YAML) calls on the strings it was given: planning takes
+    the pairs only."""
     return [o if isinstance(o, Override) else _parsed(o) for o in items or []]
 
 

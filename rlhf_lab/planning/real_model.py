@@ -30,8 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_lab.errors import LabError
-from rlhf_lab.planning.catalog import get_dotted
 from rlhf_lab.planning.overrides import Override
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "LORA_LR_CEILING",
@@ -64,10 +64,10 @@ CPU_OBSERVATION_TOKENS = 32
 CPU_TRAJECTORY_TOKENS = 2 * CPU_NEW_TOKENS
 
 
-def runs_on_cpu(data: dict[str, Any]) -> bool:
-    """Whether a run of ``data`` trains on the CPU here: ``model.device=cpu``, or ``auto`` on a
-    machine with no GPU the lab can see (:func:`rlhf_lab.runs.machine.this_machine`)."""
-    device = str(get_dotted(data, "model.device") or "auto")
+def runs_on_cpu(config: TrainerConfig) -> bool:
+    """Whether a run of ``config`` trains on the CPU here: ``model.device=cpu``, or ``auto`` on
+    a machine with no GPU the lab can see (:func:`rlhf_lab.runs.machine.this_machine`)."""
+    device = str(config.get("model.device") or "auto")
     if device == "cpu":
         return True
     if device.startswith("cuda"):
@@ -296,7 +296,7 @@ def pretrained_rules(
 ) -> None:
     """Every rule of this module for a pretrained model whose size is ``facts``
     (:class:`rlhf_lab.planning.memory.ModelFacts`; None when unknown here)."""
-    cpu = runs_on_cpu(r.base.to_data())
+    cpu = runs_on_cpu(r.base)
     if cpu:
         cpu_size_rules(r, family, algorithm, notes)
         if facts is not None:

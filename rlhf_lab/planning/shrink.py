@@ -44,7 +44,7 @@ always win.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from rlhf_lab.planning.configs import (
     config_model,
     resolve_config,
 )
-from rlhf_lab.planning.overrides import Override, as_overrides, format_override, texts
+from rlhf_lab.planning.overrides import Override, format_override, texts
 from rlhf_lab.planning.real_model import pretrained_model_rules
 from rlhf_lab.planning.steps import (
     StepsEstimate,
@@ -607,7 +607,7 @@ def _pre_shrink_base(
 
 def shrink_config(
     recipe_or_file: str | Path | Recipe,
-    overrides: Iterable[Override | str] | None = None,
+    overrides: Sequence[Override] = (),
     model: str | None = None,
     *,
     calibration: Iterable[Override] | None = None,
@@ -615,9 +615,9 @@ def shrink_config(
     """Shrink a recipe into a quick sanity run.
 
     ``model``: swap the model (None keeps the recipe's; a preset such as ``tiny`` also switches
-    to the offline data sets and tiny-model sizes). ``overrides``: the user's ``--set`` items,
-    applied last (pairs; a ``key=value`` string is parsed first, for the callers that still hold
-    strings). Raises :class:`LabError` for an unknown recipe, a family whose config model
+    to the offline data sets and tiny-model sizes). ``overrides``: the user's ``--set`` items as
+    pairs (parsed at the surface: :func:`~rlhf_lab.planning.overrides.as_overrides`), applied
+    last. Raises :class:`LabError` for an unknown recipe, a family whose config model
     does not exist yet, a shrunk config that does not validate, a model that cannot be resolved
     or a length above the model's context (:func:`rlhf_lab.planning.validation.check_config`); an
     implausible learning rate is a note. ``calibration``: overrides measured on the base model
@@ -625,7 +625,7 @@ def shrink_config(
     and before the user's.
     """
     recipe = find_recipe(recipe_or_file)
-    user = as_overrides(overrides)
+    user = list(overrides)
     config_model(recipe.family)  # a clear LabError when the family has no config model yet
     base, refused = _pre_shrink_base(recipe, user)  # the rules see the user's values
     swap = model or _user_model(user)

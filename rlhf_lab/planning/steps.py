@@ -9,7 +9,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, find_key, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig, find_key
 
 __all__ = ["StepsEstimate", "estimate_steps", "expected_optimizer_steps", "find_key"]
 
@@ -50,10 +50,9 @@ def estimate_steps(family: str, view: TrainerConfig) -> StepsEstimate:
     )
 
 
-def expected_optimizer_steps(family: str, config: ConfigArg) -> tuple[int | None, str]:
-    """(optimizer steps a run of ``config`` should take, how it was computed). None when it
+def expected_optimizer_steps(family: str, view: TrainerConfig) -> tuple[int | None, str]:
+    """(optimizer steps a run of ``view`` should take, how it was computed). None when it
     depends on a data set size the config does not fix."""
-    view = trainer_config(family, config)
     g = view.get
     batch = int(g("train.batch_size", 1) or 1)
     accum = int(g("train.gradient_accumulation_steps", 1) or 1)

@@ -36,12 +36,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rlhf_lab.planning.completion_length import completion_tokens
-from rlhf_lab.planning.trainer_config import (
-    EVALUATION,
-    ConfigArg,
-    TrainerConfig,
-    trainer_config,
-)
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "campaign_time_line",
@@ -396,13 +391,12 @@ def _rollout_steps(config: TrainerConfig) -> int:
 
 
 def predict_from_calibration(
-    cal: dict[str, Any], family: str, algorithm: str, config: ConfigArg
+    cal: dict[str, Any], family: str, algorithm: str, config: TrainerConfig
 ) -> TimeEstimate:
     """The prediction for a resolved ``config`` from a calibration (pure: no cache, no
     subprocess). ``calibrated`` is false for a family without a work model."""
     from rlhf_lab.planning.steps import expected_optimizer_steps
 
-    config = trainer_config(family, config)
     unit = "optimizer steps"
     if family == "policy_gradients":
         steps = _rollout_steps(config)
@@ -463,7 +457,7 @@ def _noted(estimate: TimeEstimate, result: Any) -> TimeEstimate:
 def predict_run(
     family: str,
     algorithm: str,
-    config: ConfigArg,
+    config: TrainerConfig,
     *,
     device: str = "cpu",
     threads: int | None = None,
@@ -473,7 +467,6 @@ def predict_run(
     :func:`rlhf_lab.planning.throughput_cache.calibration_mode`); never raises."""
     from rlhf_lab.runs.lineage import stand_in
 
-    config = trainer_config(family, config)
     model = config.get("model.name")
     try:
         name = stand_in(model) if isinstance(model, str) else None
@@ -490,11 +483,10 @@ def predict_run(
 
 
 def evaluation_from_calibration(
-    cal: dict[str, Any], eval_config: ConfigArg, policies: int
+    cal: dict[str, Any], eval_config: TrainerConfig, policies: int
 ) -> TimeEstimate:
     """An evaluation job (pure): ``prompts × n × max_new_tokens`` per policy, in batches of
     ``sampling.batch_size`` prompts, each policy loaded once."""
-    eval_config = trainer_config(EVALUATION, eval_config)
     if eval_config.get("suite") == "best_of_n":
         return best_of_n_from_calibration(cal, eval_config)
     prompts, n, new, batch = _job_sampling(eval_config, n=1, batch=16)
@@ -539,13 +531,13 @@ def _job_estimate(
     )
 
 
-def best_of_n_from_calibration(cal: dict[str, Any], eval_config: ConfigArg) -> TimeEstimate:
+def best_of_n_from_calibration(cal: dict[str, Any], eval_config: TrainerConfig) -> TimeEstimate:
     """A best_of_n job (pure): the policy samples ``n`` (n_max) completions of each prompt,
     ``batch_size`` prompts at a time (every row to ``max_new_tokens``: an upper bound), then
     the ORM and the PRM each score every completion once (a no-grad pass over the prompt and
     the completion, ``best_of_n.score_batch_size`` rows a pass); three models loaded. With
     ``best_of_n.samples_from`` nothing is sampled."""
-    config = trainer_config(EVALUATION, eval_config)
+    config = eval_config
     g = config.get
     prompts, n, new, batch = _job_sampling(config, n=16, batch=4)
     score_batch = int(g("best_of_n.score_batch_size", 16))
@@ -566,7 +558,7 @@ def best_of_n_from_calibration(cal: dict[str, Any], eval_config: ConfigArg) -> T
 
 def predict_evaluation(
     model: str | None,
-    eval_config: ConfigArg,
+    eval_config: TrainerConfig,
     *,
     policies: int = 2,
     device: str = "cpu",
@@ -615,14 +607,13 @@ def plan_time_total(runs: list[Any], notes: list[str]) -> dict[str, Any]:
 
 
 def launch_prediction(
-    family: str, algorithm: str, config: ConfigArg, device: str
+    family: str, algorithm: str, config: TrainerConfig, device: str
 ) -> dict[str, Any] | None:
     """What a launch writes into run.json (``predicted_time``): the prediction from the cached
     calibration only (a launch never measures), None when there is none or anything fails."""
     kind = "cpu" if device.startswith("cpu") else device.split(":")[0]
     if kind not in ("cpu", "cuda"):
         return None  # a Slurm job runs elsewhere: this machine's throughput says nothing
-    config = trainer_config(family, config)
     try:
         if family == "evaluation":
             policies = 1 + int(bool(config.get("baseline")))

@@ -1,9 +1,10 @@
 """A resolved trainer config as one read-only value: :class:`TrainerConfig`.
 
 Built once where a config is resolved and validated (:func:`rlhf_lab.planning.configs.resolve_config`,
-the shrink, a run's ``config.yaml`` the lab wrote after validating it), and handed to everything
-that reads it (memory, time, steps, calibration, checks) instead of a plain ``dict``. It holds the
-family, the values (read by dotted key with :meth:`TrainerConfig.get`), the family's validated
+the shrink), or where a config the lab wrote after validating it is read back (a run's
+``config.yaml``: :func:`written_config`), and handed to everything that reads it (memory, time,
+steps, calibration, checks, the results) instead of a plain ``dict``: no lab function takes a
+config as a mapping. It holds the family, the values (read by dotted key with :meth:`TrainerConfig.get`), the family's validated
 pydantic model (:attr:`TrainerConfig.model`, validated on first use when the view was built from
 data the lab validated before), and gives the plain data only to write it out
 (:meth:`TrainerConfig.to_data`, :meth:`TrainerConfig.to_yaml`). Nothing reads or changes the
@@ -24,11 +25,10 @@ from rlhf_lab.planning.config_models import dump, validate_data
 
 __all__ = [
     "EVALUATION",
-    "ConfigArg",
     "TrainerConfig",
     "config_leaf",
     "find_key",
-    "trainer_config",
+    "written_config",
 ]
 
 EVALUATION = "evaluation"
@@ -153,14 +153,7 @@ def _validate(family: str, data: dict[str, Any]) -> BaseModel:
     return EvalConfig.model_validate(data)
 
 
-ConfigArg = TrainerConfig | Mapping[str, Any]
-"""What the planning entry points that callers outside planning still hand a ``dict`` accept:
-the view, or the data of a config the lab validated (a run's ``config.yaml``)."""
-
-
-def trainer_config(family: str, config: ConfigArg) -> TrainerConfig:
-    """``config`` as a view: itself when it is one, else a view of the data of a config the
-    lab validated before (its model validated on first use)."""
-    if isinstance(config, TrainerConfig):
-        return config
-    return TrainerConfig(family, config)
+def written_config(family: str, data: Mapping[str, Any]) -> TrainerConfig:
+    """The view of a config the lab validated before it wrote it, as read back from disk (a
+    run's ``config.yaml``): its model is validated on first use."""
+    return TrainerConfig(family, data)

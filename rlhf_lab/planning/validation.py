@@ -44,7 +44,7 @@ from typing import Any
 
 from rlhf_lab.errors import InvalidArgument, LabError, NextStep, NotFound, Unavailable
 from rlhf_lab.planning.offline_data import check_data_files
-from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "LR_CEILING_PRESET",
@@ -293,7 +293,7 @@ def _lr_warnings(config: TrainerConfig, preset: bool) -> list[str]:
     return out
 
 
-def check_config(family: str, config: ConfigArg, *, launching: bool = False) -> ConfigChecks:
+def check_config(family: str, config: TrainerConfig, *, launching: bool = False) -> ConfigChecks:
     """Check a resolved (validated) config before anything is written.
 
     Raises a :class:`~rlhf_lab.errors.LabError` for a model that cannot be resolved (or, when
@@ -303,7 +303,6 @@ def check_config(family: str, config: ConfigArg, *, launching: bool = False) -> 
     from rlhf_lab.runs.lineage import base_model, check_ref, find_refs, is_ref, stand_in
     from trainers.core.tiny import PRESETS
 
-    config = trainer_config(family, config)
     out = ConfigChecks()
     for key, run_id in find_refs(config).items():
         check_ref(key, run_id)

@@ -77,13 +77,14 @@ def _checked_samples_job(run_id: str) -> str:
     return str(find_run(run_id))
 
 
-def resolve_scorer_refs(config: dict[str, Any]) -> list[str]:
-    """Replace run references in ``config["best_of_n"]`` by their folders (in place: a reward
-    model's final_model, an earlier best_of_n job's run folder for ``samples_from``) and return
-    the run ids the job must wait for; nothing for another suite."""
-    if config.get("suite") != SUITE:
+def resolve_scorer_refs(job_data: dict[str, Any]) -> list[str]:
+    """Replace run references in ``job_data["best_of_n"]`` (an evaluation job's validated data,
+    before its view is built) by their folders (in place: a reward model's final_model, an
+    earlier best_of_n job's run folder for ``samples_from``) and return the run ids the job must
+    wait for; nothing for another suite."""
+    if job_data.get("suite") != SUITE:
         return []
-    section = config.get(SUITE) or {}
+    section = job_data.get(SUITE) or {}
     runs = []
     drawn = section.get("samples_from")
     drawn_id = named_run_id(drawn.strip()) if isinstance(drawn, str) and drawn.strip() else None

@@ -56,8 +56,8 @@ from rlhf_lab.results.family_tables import (
     PG_WINDOW,
     RS_PAIRS,
     ComparisonRow,
+    recorded_config,
     render_table,
-    rs_config,
     table_row,
 )
 from rlhf_lab.results.stats import (
@@ -150,7 +150,7 @@ def compare_runs(run_ids: Sequence[str], record_in: str | None = None) -> Compar
         columns = [head.metric] + [c for c in columns if c != head.metric]  # the result first
     for rec in records:
         found = heldout_regression(
-            family, rec.algorithm, read_metric_rows(rec.run_id), rs_config(rec) or None
+            family, rec.algorithm, read_metric_rows(rec.run_id), recorded_config(rec)
         )
         if found is not None:
             warnings.append(f"{rec.run_id}: {found.message}")

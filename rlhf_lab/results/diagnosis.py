@@ -24,8 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.paths import find_run
-from rlhf_lab.planning.catalog import get_dotted
-from rlhf_lab.planning.trainer_config import ConfigArg
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.divergence import (
     divergence_hint,
     kl_blowup,
@@ -152,7 +151,7 @@ class Alert(BaseModel):
 def _check_regression(
     family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path
 ) -> Alert | None:
-    found = heldout_regression(family, algorithm, rows, read_run_config(run_dir))
+    found = heldout_regression(family, algorithm, rows, read_run_config(run_dir, family))
     if found is None:
         return None
     return Alert(
@@ -170,11 +169,11 @@ def _check_overoptimisation(
     found = overoptimisation(rows)
     if found is None:
         return None
-    config = read_run_config(run_dir)
+    config = read_run_config(run_dir, family)
     from trainers.core.spec import FAMILY_NAMES, family_spec
 
     kl_key = family_spec(family).kl_key if family in FAMILY_NAMES else None
-    kl_now = get_dotted(config, kl_key) if kl_key and isinstance(config, dict) else None
+    kl_now = config.get(kl_key) if kl_key and config is not None else None
     advice = overoptimisation_advice(family, algorithm, kl_now, found.gold_peak_step, steps)
     options = " or ".join(f"the override {a.override} ({a.why})" for a in advice)
     hint = (
@@ -231,7 +230,7 @@ def _check_kl_blowup(
     family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path
 ) -> Alert | None:
     found = kl_blowup(rows)
-    hint = divergence_hint(family, algorithm, read_run_config(run_dir)) if found else ""
+    hint = divergence_hint(family, algorithm, read_run_config(run_dir, family)) if found else ""
     return found and Alert(
         kind="kl_blowup", severity="warning", step=found.step, message=found.message, hint=hint
     )
@@ -469,7 +468,9 @@ def diagnose(
         and repetition.kind == "repetition"
         and status.family == "policy_gradients"
     ):
-        repetition.hint = divergence_hint(status.family, status.algorithm, read_run_config(run_dir))
+        repetition.hint = divergence_hint(
+            status.family, status.algorithm, read_run_config(run_dir, status.family)
+        )
     for check in (
         _check_nan(rows),
         _check_regression(status.family, status.algorithm, rows, run_dir),
@@ -503,7 +504,7 @@ def run_flags(
     algorithm: str | None,
     rows: list[dict],
     samples: list[dict] | None = None,
-    config: ConfigArg | None = None,
+    config: TrainerConfig | None = None,
 ) -> dict[str, str]:
     """The findings a ledger row and the Next section act on, flag -> one-line note:
     ``heldout_regression`` (:func:`heldout_regression`), ``noise_samples``
@@ -566,7 +567,7 @@ def run_notes(
 def status_headline(status: RunStatus) -> str | None:
     """The run's status line, held-out first: the headline metric from the last eval row (with
     its sampling noise), then the training signal from the last train row, labelled as such."""
-    config = read_run_config(Path(status.run_dir)) if status.run_dir else None
+    config = read_run_config(Path(status.run_dir), status.family) if status.run_dir else None
     # the eval rows from the start: the step-0 value, and whether a candidate ever moved
     evals = run_eval_rows(Path(status.run_dir) / "metrics.jsonl") if status.run_dir else []
     head = headline_for(status.family, status.algorithm, config, [*evals, status.last_eval])

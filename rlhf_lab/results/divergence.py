@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlhf_lab.results.overoptimisation import Advice
+
+if TYPE_CHECKING:
+    from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
     "KL_BOUND_NATS",
@@ -208,23 +212,22 @@ def degenerate_samples(samples: list[dict]) -> str | None:
     return found.message if found is not None and not found.inherited else None
 
 
-def divergence_advice(family: str | None, algorithm: str | None, config: Any) -> list[Advice]:
+def divergence_advice(
+    family: str | None, algorithm: str | None, value_of: Callable[[str], Any]
+) -> list[Advice]:
     """What to change after a KL blow-up or degenerate samples, one alternative per item: the
     family's learning rate ÷10; its KL coefficient ×2 (``DEFAULT_BETA`` when it was 0) where the
     algorithm has a KL term; ``loss.kl_estimator=k1`` where the KL sits in the reward with k3.
-    ``config``: the run's config, nested or as flat dotted settings (a ledger row's)."""
-    from rlhf_lab.planning.catalog import get_dotted as _dotted
+    ``value_of``: a dotted key's value in the run's settings (its config's
+    :meth:`~rlhf_lab.planning.trainer_config.TrainerConfig.get`, or ``.get`` of a ledger row's
+    flat dotted settings); None when unset."""
     from trainers.core.spec import FAMILY_NAMES, family_spec, spec_for
-
-    def get_dotted(data: dict, key: str) -> Any:  # a nested config or flat dotted settings
-        return data[key] if key in data else _dotted(data, key)
 
     if family not in FAMILY_NAMES:
         return []
     spec = family_spec(family)
-    cfg = config if isinstance(config, dict) else {}
     out: list[Advice] = []
-    lr = _number(get_dotted(cfg, spec.learning_rate_key)) if spec.learning_rate_key else None
+    lr = _number(value_of(spec.learning_rate_key)) if spec.learning_rate_key else None
     if lr and lr > 0:
         out.append(Advice(spec.learning_rate_key, lr / 10, f"smaller steps, lr now {lr:g}"))
     try:
@@ -232,7 +235,7 @@ def divergence_advice(family: str | None, algorithm: str | None, config: Any) ->
     except KeyError:
         algo = None
     if spec.kl_key and (algo is None or algo.kl != "none"):
-        now = _number(get_dotted(cfg, spec.kl_key)) or 0.0
+        now = _number(value_of(spec.kl_key)) or 0.0
         out.append(
             Advice(
                 spec.kl_key,
@@ -244,7 +247,7 @@ def divergence_advice(family: str | None, algorithm: str | None, config: Any) ->
         family == "policy_gradients"
         and algo is not None
         and algo.kl == "reward"
-        and get_dotted(cfg, "loss.kl_estimator") == "k3"
+        and value_of("loss.kl_estimator") == "k3"
     ):
         out.append(
             Advice("loss.kl_estimator", "k1", "k3 as a per-token reward pushes away from the ref")
@@ -252,9 +255,14 @@ def divergence_advice(family: str | None, algorithm: str | None, config: Any) ->
     return out
 
 
-def divergence_hint(family: str | None, algorithm: str | None, config: Any) -> str:
-    """The alert's one actionable line: the overrides of :func:`divergence_advice`."""
-    advice = divergence_advice(family, algorithm, config)
+def _unset(key: str) -> Any:
+    return None
+
+
+def divergence_hint(family: str | None, algorithm: str | None, config: TrainerConfig | None) -> str:
+    """The alert's one actionable line: the overrides of :func:`divergence_advice` for the run's
+    ``config`` (none known: the defaults)."""
+    advice = divergence_advice(family, algorithm, config.get if config is not None else _unset)
     options = " or ".join(f"the override {a.override} ({a.why})" for a in advice)
     if not options:
         return "lower the learning rate or tighten the KL leash to the reference"

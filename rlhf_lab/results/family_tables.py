@@ -26,6 +26,7 @@ from rlhf_lab.ledger import (
 from rlhf_lab.ledger.metrics import TOOL_LEGEND, TOOL_METRICS
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import matched_controls
+from rlhf_lab.planning.trainer_config import TrainerConfig, written_config
 from rlhf_lab.results.plots import as_float
 from trainers.core.spec import family_spec
 
@@ -293,23 +294,27 @@ def _rs_score(rec: RunRecord) -> float | None:
     return None
 
 
-def rs_config(rec: RunRecord) -> dict:
+def recorded_config(rec: RunRecord) -> TrainerConfig | None:
+    """A recorded run's config.yaml as the view, where the results code reads many runs'
+    configs (None when it is missing, unreadable or empty)."""
     try:
-        return load_yaml(find_run(rec.run_id) / "config.yaml")
+        data = load_yaml(find_run(rec.run_id) / "config.yaml")
     except LabError:
-        return {}
+        return None
+    return written_config(rec.family or "", data) if data else None
 
 
-def _rs_top_k(cfg: dict) -> Any:
-    sel = cfg.get("selection")
-    if isinstance(sel, dict) and "top_k" in sel:
-        return sel["top_k"]
+def _rs_top_k(cfg: TrainerConfig | None) -> Any:
+    if cfg is None:
+        return None
+    if cfg.has("selection.top_k"):
+        return cfg.get("selection.top_k")
     return cfg.get("top_k")
 
 
 def _rejection_sampling(records: list[RunRecord], notes: list[str], warnings: list[str]) -> _Rules:
     strategies = {r.run_id: norm_strategy(r.algorithm) for r in records}
-    configs = {r.run_id: rs_config(r) for r in records}
+    configs = {r.run_id: recorded_config(r) for r in records}
     scores = {r.run_id: _rs_score(r) for r in records}
     controls = {c for c in RS_PAIRS.values()}
     used: set[str] = set()

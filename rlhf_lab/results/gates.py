@@ -65,8 +65,8 @@ def held_out_metric(run_dir: Path, metric: str) -> tuple[float | None, int | Non
     if n is None:
         from rlhf_lab.results.headline import read_run_config
 
-        config = read_run_config(run_dir) or {}
-        size = _number((config.get("data") or {}).get("eval_size"))
+        config = read_run_config(run_dir)
+        size = _number(config.get("data.eval_size")) if config is not None else None
         n = int(size) if size else None
     return value, n
 

@@ -11,11 +11,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_lab.planning.trainer_config import ConfigArg
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.divergence import (
     sample_text as _sample_text,
 )
-from rlhf_lab.results.headline import headline_for, heldout_items, run_config
+from rlhf_lab.results.headline import headline_for, heldout_items
 from rlhf_lab.results.stats import newcombe_difference
 
 
@@ -164,14 +164,13 @@ def heldout_regression(
     family: str | None,
     algorithm: str | None,
     rows: list[dict],
-    config: ConfigArg | None = None,
+    config: TrainerConfig | None = None,
 ) -> Regression | None:
     """The held-out headline's last evaluation against its first: a :class:`Regression` when it
     is worse beyond noise — for an accuracy on n held-out items, Newcombe's 95 % interval of the
     difference excludes 0 (without n: a drop of ``REGRESSION_SHARE_DROP``); for a loss, a rise
     of ``REGRESSION_LOSS_RISE`` of the first value. Reports how the training signal moved
     (mean of the first vs the last up-to-5 training rows)."""
-    config = run_config(family, config)
     head = headline_for(family, algorithm, config, rows)
     if head is None:
         return None

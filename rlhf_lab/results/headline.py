@@ -29,13 +29,13 @@ eval-size config key (``data.eval_size``, ``data.max_test_samples``) in the run'
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from rlhf_lab.planning.catalog import metric_direction
-from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig, written_config
 from rlhf_lab.results.stats import Interval, wilson_interval
 from trainers.core.spec import FAMILY_NAMES, FamilySpec, family_spec
 
@@ -109,19 +109,10 @@ def _spec_headline(spec: FamilySpec, algorithm: str | None) -> Headline:
     )
 
 
-def run_config(family: str | None, config: ConfigArg | None) -> TrainerConfig | None:
-    """A run's config as the view (None for none, or for what is not a mapping: a config.yaml
-    that is damaged)."""
-    if isinstance(config, TrainerConfig):
-        return config
-    return trainer_config(family or "", config) if isinstance(config, Mapping) else None
-
-
-def rewarded_by_model(config: ConfigArg | None, rows: Sequence[dict] = ()) -> bool:
+def rewarded_by_model(config: TrainerConfig | None, rows: Sequence[dict] = ()) -> bool:
     """Whether a run optimises a learned reward model: ``reward.model`` in its config, or rows
     that log the proxy reward."""
-    view = run_config(None, config)
-    if view is not None and view.get("reward.model"):
+    if config is not None and config.get("reward.model"):
         return True
     return any(key in row for row in rows for key in _RM_ROW_KEYS)
 
@@ -225,7 +216,7 @@ def _resolve(
 def headline_for(
     family: str | None,
     algorithm: str | None = None,
-    config: ConfigArg | None = None,
+    config: TrainerConfig | None = None,
     rows: Sequence[dict] = (),
 ) -> Headline | None:
     """The headline of a run of ``family`` (and ``algorithm``); None for an unknown family.
@@ -237,9 +228,8 @@ def headline_for(
     head = _spec_headline(spec, algorithm)
     if config is None and not rows:
         return head
-    view = run_config(family, config)
-    metric = _resolve(spec, head.metric, view, rows)
-    return head if metric == head.metric else _reward_headline(spec, metric, view)
+    metric = _resolve(spec, head.metric, config, rows)
+    return head if metric == head.metric else _reward_headline(spec, metric, config)
 
 
 def _as_float(value: Any) -> float | None:
@@ -249,7 +239,7 @@ def _as_float(value: Any) -> float | None:
 
 
 def heldout_items(
-    family: str | None, config: ConfigArg | None, rows: Sequence[dict] = ()
+    family: str | None, config: TrainerConfig | None, rows: Sequence[dict] = ()
 ) -> ItemCount:
     """The number of held-out items behind the headline: a count metric the trainer logged, else
     the family's eval-size key in the run's config."""
@@ -258,10 +248,10 @@ def heldout_items(
             value = _as_float(row.get(name))
             if value is not None and value >= 1 and value.is_integer():
                 return ItemCount(int(value), f"{name} logged")
-    spec, view = _spec(family), run_config(family, config)
-    if spec is not None and view is not None:
+    spec = _spec(family)
+    if spec is not None and config is not None:
         for key in spec.eval_size_keys:
-            value = view.get(key)
+            value = config.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return ItemCount(value, f"{key} in its config; the trainer logs no count")
     return ItemCount(None, "unknown (no eval size in the config)")
@@ -309,15 +299,16 @@ def noise_interval(headline: Headline, value: float, n: int | None) -> Interval 
     return wilson_interval(value, n)
 
 
-def read_run_config(run_dir: Path) -> dict | None:
-    """A run's resolved config.yaml as a mapping (None when missing or unreadable)."""
+def read_run_config(run_dir: Path, family: str | None = None) -> TrainerConfig | None:
+    """A run's resolved config.yaml as the view (None when missing, unreadable or not a
+    mapping): where the results code reads one run's config from disk."""
     import yaml
 
     try:
         data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(errors="replace"))
     except (OSError, yaml.YAMLError):
         return None
-    return data if isinstance(data, dict) else None
+    return written_config(family or "", data) if isinstance(data, dict) else None
 
 
 def _num(value: float) -> str:
@@ -329,7 +320,7 @@ def headline_line(
     algorithm: str | None,
     last_eval: dict,
     last_train: dict,
-    config: ConfigArg | None = None,
+    config: TrainerConfig | None = None,
     rows: Sequence[dict] = (),
     eval_rows: Sequence[dict] = (),
 ) -> str | None:

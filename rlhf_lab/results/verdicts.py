@@ -19,8 +19,8 @@ from rlhf_lab.ledger import (
     read_metric_rows,
 )
 from rlhf_lab.ledger import Verdict as VerdictModel
-from rlhf_lab.planning.catalog import get_dotted
-from rlhf_lab.results.family_tables import RS_PAIRS, md_table, norm_strategy, rs_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
+from rlhf_lab.results.family_tables import RS_PAIRS, md_table, norm_strategy, recorded_config
 from rlhf_lab.results.headline import Headline, headline_for
 from rlhf_lab.results.stats import (
     VERDICT_RULE,
@@ -41,7 +41,9 @@ _IGNORED_PREFIXES = ("logging.", "checkpoint.", "model.device", "seed")
 class _Arm:
     """Runs of one setting (internal; becomes an :class:`ArmSummary`)."""
 
-    def __init__(self, key: tuple, records: list[RunRecord], configs: dict[str, dict | None]):
+    def __init__(
+        self, key: tuple, records: list[RunRecord], configs: dict[str, TrainerConfig | None]
+    ):
         self.key = key
         self.records = records
         self.configs = configs
@@ -71,7 +73,7 @@ class _Arm:
         names = {r.headline.metric for r in self.records if r.headline is not None}
         return names.pop() if len(names) == 1 else None
 
-    def config(self) -> dict | None:
+    def config(self) -> TrainerConfig | None:
         return next((c for r in self.records if (c := self.configs.get(r.run_id))), None)
 
     def overrides(self) -> list[str]:
@@ -82,16 +84,17 @@ def _override_keys(records: Sequence[RunRecord]) -> set[str]:
     return {o.split("=", 1)[0].strip() for r in records for o in r.overrides if "=" in o}
 
 
-def _arm_key(rec: RunRecord, cfg: dict | None) -> tuple:
+def _arm_key(rec: RunRecord, cfg: TrainerConfig | None) -> tuple:
     """Runs with equal keys form one arm: same algorithm and settings, any seed."""
     if rec.config_source:
         rest = tuple(sorted(o for o in rec.overrides if not o.startswith("seed=")))
         return (rec.algorithm, rec.config_source, rest)
-    without_seed = {k: v for k, v in (cfg or {}).items() if k != "seed"}
+    data = cfg.to_data() if cfg is not None else {}
+    without_seed = {k: v for k, v in data.items() if k != "seed"}
     return (rec.algorithm, None, json.dumps(without_seed, sort_keys=True, default=str))
 
 
-def _group_arms(records: list[RunRecord], configs: dict[str, dict | None]) -> list[_Arm]:
+def _group_arms(records: list[RunRecord], configs: dict[str, TrainerConfig | None]) -> list[_Arm]:
     groups: dict[tuple, list[RunRecord]] = {}
     for rec in records:
         groups.setdefault(_arm_key(rec, configs.get(rec.run_id)), []).append(rec)
@@ -111,13 +114,17 @@ def _group_arms(records: list[RunRecord], configs: dict[str, dict | None]) -> li
         for i, arm in enumerate(same, start=1):
             cfg = arm.config()
             shown = [
-                f"{k}={_short(get_dotted(cfg, k))}"
+                f"{k}={_short(_value(cfg, k))}"
                 for k in keys
                 if not k.startswith(_IGNORED_PREFIXES)
-                and len({json.dumps(get_dotted(a.config(), k), default=str) for a in same}) > 1
+                and len({json.dumps(_value(a.config(), k), default=str) for a in same}) > 1
             ]
             arm.label = f"{arm.label} ({', '.join(shown)})" if shown else f"{arm.label} #{i}"
     return arms
+
+
+def _value(cfg: TrainerConfig | None, key: str) -> Any:
+    return cfg.get(key) if cfg is not None else None
 
 
 def _recipe_of(rec: RunRecord) -> str | None:
@@ -177,7 +184,7 @@ def _heldout_difference(a: _Arm, b: _Arm, keys: Sequence[str]) -> str | None:
     if ca is None or cb is None:
         return None
     for key in keys:
-        va, vb = get_dotted(ca, key), get_dotted(cb, key)
+        va, vb = ca.get(key), cb.get(key)
         if json.dumps(va, sort_keys=True, default=str) != json.dumps(
             vb, sort_keys=True, default=str
         ):
@@ -199,7 +206,7 @@ def _setting_difference(a: _Arm, b: _Arm, knobs: Sequence[str]) -> str | None:
         if key.startswith(_IGNORED_PREFIXES) or _is_knob(key, knobs):
             continue
         if ca is not None and cb is not None:
-            va, vb = get_dotted(ca, key), get_dotted(cb, key)
+            va, vb = ca.get(key), cb.get(key)
         else:
             va = next((o for o in a.overrides() if o.split("=", 1)[0] == key), None)
             vb = next((o for o in b.overrides() if o.split("=", 1)[0] == key), None)
@@ -295,7 +302,7 @@ def _pairs(family: str, arms: list[ArmSummary], higher_is_better: bool) -> list[
 def arms_and_verdicts(
     family: str, records: list[RunRecord]
 ) -> tuple[Headline | None, list[ArmSummary], list[VerdictModel]]:
-    configs = {r.run_id: rs_config(r) or None for r in records}
+    configs = {r.run_id: recorded_config(r) for r in records}
     arms = _group_arms(records, configs)
     # one headline for all (else the family's, and the verdicts say "not comparable")
     heads = {r.headline.metric for r in records if r.headline is not None}

@@ -9,17 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.planning import time as pt
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.best_of_n import analyse_best_of_n, verdict_text
 from tests.lab.test_evaluations import write_run
 from tests.lab.test_time_predictor import STUB
 from trainers.evaluation import best_of_n_stats as bs
-
-CONFIGS = Path(__file__).resolve().parents[2] / "trainers" / "evaluation" / "configs"
-
 
 pytestmark = pytest.mark.usefixtures("lab_root")
 
@@ -36,7 +33,7 @@ def test_best_of_n_time_by_hand():
         "prompts": {"size": 8},
         "best_of_n": {"score_batch_size": 8},
     }
-    est = pt.evaluation_from_calibration(STUB, cfg, policies=1)
+    est = pt.evaluation_from_calibration(STUB, TrainerConfig("evaluation", cfg), policies=1)
     # generation: 4 batches of 2 prompts; each one prefill of 2 × 60 tokens at 2000/s, then 9
     # decode steps at 8 rows (0.02 + (0.05 − 0.02) × 4/12 = 0.03 s)
     generation = 4 * (2 * 60 / 2000 + 9 * 0.03)
@@ -49,12 +46,14 @@ def test_best_of_n_time_by_hand():
     assert "8 prompts × 4 samples, then ORM and PRM scoring" in est.text
     # scoring an earlier job's completions again samples nothing
     again = {**cfg, "best_of_n": {"score_batch_size": 8, "samples_from": "/x/runs/bon-1"}}
-    est_again = pt.evaluation_from_calibration(STUB, again, policies=1)
+    est_again = pt.evaluation_from_calibration(STUB, TrainerConfig("evaluation", again), policies=1)
     assert est_again.parts["generation"] == 0.0
     assert "scoring of 8 prompts × 4 earlier samples" in est_again.text
     assert est_again.parts["scoring"] == pytest.approx(scoring, abs=0.05)
     # another suite keeps its own work model
-    other = pt.evaluation_from_calibration(STUB, {**cfg, "suite": "reasoning"}, policies=1)
+    other = pt.evaluation_from_calibration(
+        STUB, TrainerConfig("evaluation", {**cfg, "suite": "reasoning"}), policies=1
+    )
     assert "scoring" not in other.parts
 
 
@@ -72,9 +71,9 @@ def test_cost_counts_the_tokens_sampled_and_none_when_samples_are_reused():
 def test_cpu_sizing_keeps_n_max_for_best_of_n():
     from rlhf_lab.evaluation import jobs as evaluations
 
-    data = yaml.safe_load((CONFIGS / "best_of_n.yaml").read_text())
+    data = evaluations.shipped_suite("best_of_n")
     assert evaluations.cpu_sized_overrides(data, "smollm2-135m-instruct", "cpu") == []
-    reasoning = yaml.safe_load((CONFIGS / "reasoning.yaml").read_text())
+    reasoning = evaluations.shipped_suite("reasoning")
     assert "sampling.n=1" in evaluations.cpu_sized_overrides(reasoning, "smollm2", "cpu")
 
 

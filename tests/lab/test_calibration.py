@@ -29,7 +29,9 @@ from rlhf_lab.planning.calibration_apply import (
     write_calibration,
 )
 from rlhf_lab.planning.candidates import CANDIDATE_SETS, as_candidate, candidates_for
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 
 def row(cid: str, pass_rate: float, contrast: float, **kw) -> ProbeRow:
@@ -149,8 +151,8 @@ def test_a_multi_turn_run_is_probed_with_its_environment_and_costs_its_turns():
         "env": {"name": "calculator", "max_turns": 3},
     }
     plain = {"rollout": {"num_rollouts": 4, "max_new_tokens": 64}}
-    with_env = probe_settings(target, "policy_gradients", tools)
-    without = probe_settings(target, "policy_gradients", plain)
+    with_env = probe_settings(target, "policy_gradients", TrainerConfig("policy_gradients", tools))
+    without = probe_settings(target, "policy_gradients", TrainerConfig("policy_gradients", plain))
     assert (with_env.environment, with_env.max_turns, with_env.turns) == ("calculator", 3, 3)
     assert without.environment is None and without.turns == 1
     cands = CANDIDATE_SETS["arithmetic"]
@@ -233,11 +235,13 @@ def test_shrink_calibrated_applies_the_choice_before_user_overrides(tmp_path):
     assert cal.settings.samples == 4 and cal.settings.temperature == 0.6
     assert cal.settings.prompts == PRESET_PROBE_PROMPTS  # random-init preset: a quick probe
     # an override outside the probe's settings: answered by the cache
-    shrink_calibrated(shrink_config, "grpo", ["train.learning_rate=0.0005"], "tiny", policy)
+    shrink_calibrated(
+        shrink_config, "grpo", as_overrides(["train.learning_rate=0.0005"]), "tiny", policy
+    )
     assert len(probe.calls) == 1
     # the user's generation limit wins (and the probe samples within it: a new probe)
     shrunk, cal = shrink_calibrated(
-        shrink_config, "grpo", ["rollout.max_new_tokens=48"], "tiny", policy
+        shrink_config, "grpo", as_overrides(["rollout.max_new_tokens=48"]), "tiny", policy
     )
     assert shrunk.config["rollout"]["max_new_tokens"] == 48
     assert not any(o.startswith("rollout.max_new_tokens") for o in cal.overrides)
@@ -250,7 +254,7 @@ def test_a_requested_task_is_kept_and_probed_first(tmp_path):
     asked = (
         'data.specs=[{"name": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 10}}]'
     )
-    shrunk, cal = shrink_calibrated(shrink_config, "grpo", [asked], "tiny", policy)
+    shrunk, cal = shrink_calibrated(shrink_config, "grpo", as_overrides([asked]), "tiny", policy)
     assert probe.calls[0][0] == "spell_backward/3-10-letters"
     assert shrunk.config["data"]["specs"][0]["name"] == "spell_backward"
     assert cal.choice.requested == "spell_backward/3-10-letters"
@@ -271,7 +275,10 @@ def test_calibration_skips_runs_it_does_not_concern(tmp_path):
     cal = calibrate(
         "policy_gradients",
         "grpo",
-        {"model": {"name": "run:<sft-run-id>"}, "data": {"specs": [{"name": "chain_sum"}]}},
+        TrainerConfig(
+            "policy_gradients",
+            {"model": {"name": "run:<sft-run-id>"}, "data": {"specs": [{"name": "chain_sum"}]}},
+        ),
         [],
         probe=probe,
         cache_dir=None,
@@ -305,7 +312,14 @@ def test_rejection_sampling_reads_and_writes_its_own_task_keys():
         "generation": {"num_completions_per_prompt": 8, "max_new_tokens": 512},
         "eval": {"eval_max_new_tokens": 512},
     }
-    cal = calibrate("rejection_sampling", "top_per_prompt", config, [], probe=probe, cache_dir=None)
+    cal = calibrate(
+        "rejection_sampling",
+        "top_per_prompt",
+        TrainerConfig("rejection_sampling", config),
+        [],
+        probe=probe,
+        cache_dir=None,
+    )
     assert cal.choice.chosen == "letter_counting/1-3-words"
     assert "data.dataset=builtin:letter_counting" in cal.overrides
     assert 'data.builtin_task_configs={"letter_counting": {"min_words": 1, "max_words": 3}}' in (
@@ -323,7 +337,7 @@ def test_a_warm_starts_trained_task_counts_as_requested():
     config = {"model": {"name": "tiny"}, "data": {"source": "reasoning_gym", "specs": spec}}
     view = TrainerConfig("policy_gradients", config)
     assert TARGETS["policy_gradients"].specs_of(view) == spec
-    cal = calibrate("policy_gradients", "grpo", config, ['data.specs=[{"name": "chain_sum"}]'],
+    cal = calibrate("policy_gradients", "grpo", TrainerConfig("policy_gradients", config), as_overrides(['data.specs=[{"name": "chain_sum"}]']),
                     probe=StubProbe(RATES), cache_dir=None)  # fmt: skip
     assert cal.choice.requested == "chain_sum[min_terms=2]"
     assert not any(o.startswith("data.specs") for o in cal.overrides)
@@ -425,7 +439,7 @@ def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monke
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
     found = find_recipe("sft")
-    config = resolve_config(found, ["model.name=tiny"]).config
+    config = resolve_config(found, as_overrides(["model.name=tiny"])).config
     run = NewRun(
         family=found.family,
         algorithm=found.algorithm,
@@ -438,7 +452,7 @@ def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monke
     specs = {"data": {"specs": [{"name": "chain_sum"}]}}
     probe = StubProbe(RATES)
     pending = calibrate(
-        "policy_gradients", "grpo", {"model": {"name": f"run:{info.id}"}, **specs}, [],
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", {"model": {"name": f"run:{info.id}"}, **specs}), [],
         probe=probe, cache_dir=None,
     )  # fmt: skip
     assert "not a model that exists yet" in pending.notes[0] and probe.calls == []
@@ -454,7 +468,7 @@ def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monke
         return probe(model, candidates, settings)
 
     cal = calibrate(
-        "policy_gradients", "grpo", {"model": {"name": f"run:{info.id}"}, **specs}, [],
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", {"model": {"name": f"run:{info.id}"}, **specs}), [],
         probe=probe_at, cache_dir=None,
     )  # fmt: skip
     assert seen == [str(final)] and cal.rows and cal.model == f"run:{info.id}"
@@ -474,7 +488,7 @@ def test_the_seeds_of_a_sweep_share_one_probe():
 
     for seed in (42, 43, 44):
         shrink_calibrated(
-            shrink_config, "grpo", [f"seed={seed}"], "tiny",
+            shrink_config, "grpo", as_overrides([f"seed={seed}"]), "tiny",
             CalibrationPolicy(probe=cached_probe, cache_dir=None),
         )  # fmt: skip
     assert len(probe.calls) == 1

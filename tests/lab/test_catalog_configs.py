@@ -22,6 +22,7 @@ from rlhf_lab.planning.catalog import (
     normalize_algorithm,
 )
 from rlhf_lab.planning.configs import config_model, resolve_config
+from rlhf_lab.planning.overrides import as_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 DPO_YAML = ROOT / "trainers" / "direct_alignment" / "configs" / "dpo.yaml"
@@ -256,7 +257,9 @@ def test_resolve_config_without_overrides_has_no_diff():
 
 
 def test_resolve_config_overrides_and_diff():
-    rc = resolve_config("dpo", ["train.learning_rate=1e-5", "data.max_samples=64", "loss=ipo"])
+    rc = resolve_config(
+        "dpo", as_overrides(["train.learning_rate=1e-5", "data.max_samples=64", "loss=ipo"])
+    )
     assert rc.algorithm == "ipo"
     assert rc.data["train"]["learning_rate"] == 1e-5
     diff = {d.key: (d.shipped, d.used) for d in rc.diff}
@@ -277,18 +280,18 @@ def test_resolve_config_fills_defaults_like_the_trainer():
 
 def test_resolve_config_bad_key_names_the_closest_field():
     with pytest.raises(LabError) as err:
-        resolve_config("dpo", ["train.learnin_rate=1e-5"])
+        resolve_config("dpo", as_overrides(["train.learnin_rate=1e-5"]))
     assert "train.learnin_rate" in str(err.value)
     assert "Did you mean: learning_rate" in str(err.value)
 
 
 def test_resolve_config_bad_value_and_bad_override_syntax():
     with pytest.raises(LabError, match="train.batch_size"):
-        resolve_config("dpo", ["train.batch_size=zero"])
+        resolve_config("dpo", as_overrides(["train.batch_size=zero"]))
     with pytest.raises(LabError, match="key=value"):
-        resolve_config("dpo", ["train.batch_size"])
+        resolve_config("dpo", as_overrides(["train.batch_size"]))
     with pytest.raises(LabError, match="loss"):
-        resolve_config("dpo", ["loss=not_a_loss"])
+        resolve_config("dpo", as_overrides(["loss=not_a_loss"]))
 
 
 def test_resolve_user_yaml_diffs_against_the_shipped_recipe_of_its_algorithm(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from rlhf_lab import ledger
 from rlhf_lab.results.diagnosis import diagnose
 from rlhf_lab.results.divergence import degenerate_samples, divergence_advice, kl_blowup
-from tests.lab.test_overoptimisation import CAMP, make_run
+from tests.lab.test_overoptimisation import CAMP, make_run, pg
 
 # kl_ref per rollout step, as logged (tiny rlhf pipeline, PPO stage, seed 42)
 DIVERGED_KL = [0.0, 4.1, 5.0, 19.1, 24.3, 72.4, 142.3, 120.0, 112.4, 107.4]
@@ -75,11 +75,11 @@ def test_degenerate_samples_fire_on_repetition_only():
 
 def test_advice_lowers_the_lr_tightens_beta_and_swaps_k3_in_the_reward():
     cfg = {"train": {"learning_rate": 1e-3}, "loss": {"beta": 0.05, "kl_estimator": "k3"}}
-    overrides = [a.override for a in divergence_advice("policy_gradients", "ppo", cfg)]
+    overrides = [a.override for a in divergence_advice("policy_gradients", "ppo", pg(cfg).get)]
     assert overrides == ["train.learning_rate=0.0001", "loss.beta=0.1", "loss.kl_estimator=k1"]
     # GRPO keeps its KL in the loss: k3 is fine there; flat dotted settings work the same
     flat = {"train.learning_rate": 1e-3, "loss.beta": 0.0, "loss.kl_estimator": "k3"}
-    overrides = [a.override for a in divergence_advice("policy_gradients", "grpo", flat)]
+    overrides = [a.override for a in divergence_advice("policy_gradients", "grpo", flat.get)]
     assert overrides == ["train.learning_rate=0.0001", "loss.beta=0.05"]
 
 

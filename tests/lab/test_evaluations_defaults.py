@@ -12,6 +12,7 @@ import yaml
 
 from rlhf_lab.evaluation.jobs import prepare_evaluation
 from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.overrides import as_overrides
 from tests.conftest import model_folder
 from trainers.core.builtin_data import DEFAULT_BUILTIN_TASKS
 from trainers.evaluation.config import EvalConfig
@@ -27,7 +28,7 @@ def trained_run(root: Path, recipe: str, overrides: list[str]) -> str:
 
     run_dir = root / "runs" / recipe
     (run_dir / "final_model").mkdir(parents=True)
-    data = resolve_config(recipe, ["model.name=tiny", *overrides]).data
+    data = resolve_config(recipe, as_overrides(["model.name=tiny", *overrides])).data
     (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
     shutil.copy(ensure_preset("tiny") / "config.json", run_dir / "final_model" / "config.json")
     return str(run_dir)

@@ -15,7 +15,7 @@ from rlhf_lab.results.compare import compare_runs
 from rlhf_lab.results.headline import PROXY_LABEL, headline_for, headline_line, start_text
 from rlhf_lab.results.stats import pooled_share_interval, wilson_interval
 from rlhf_lab.runs.folder import run_eval_rows
-from tests.lab.test_overoptimisation import REPO, make_run
+from tests.lab.test_overoptimisation import REPO, make_run, pg
 from trainers.core.config import read_yaml
 
 VERIFIER = ("model.name=tiny", "data.eval_size=32", "train.max_steps=20")
@@ -40,14 +40,14 @@ def test_a_correctness_stuck_at_zero_is_not_the_headline_of_a_verifier_run():
     cfg = read_yaml(REPO / "trainers/policy_gradients/configs/grpo.yaml")
     rows = stuck_rows()
     # before: a run without a reward model always kept eval/avg_correctness, 0 throughout
-    assert headline_for("policy_gradients", "grpo", cfg, rows).metric == "eval/avg_format"
+    assert headline_for("policy_gradients", "grpo", pg(cfg), rows).metric == "eval/avg_format"
     # one evaluation is not "throughout": the spec's headline stays
-    assert headline_for("policy_gradients", "grpo", cfg, rows[:2]).metric == (
+    assert headline_for("policy_gradients", "grpo", pg(cfg), rows[:2]).metric == (
         "eval/avg_correctness"
     )
     # when nothing moved, the spec's headline stays (it is the first logged)
     flat = stuck_rows(formats=(0.0, 0.0, 0.0))
-    assert headline_for("policy_gradients", "grpo", cfg, flat).metric == "eval/avg_correctness"
+    assert headline_for("policy_gradients", "grpo", pg(cfg), flat).metric == "eval/avg_correctness"
 
 
 def test_status_compare_and_ledger_agree_on_the_headline_and_show_step_0():
@@ -86,9 +86,9 @@ def test_a_proxy_headline_is_labelled_in_the_status_line():
     cfg["reward"]["model"] = "/rm"
     first = {"step": 0, "phase": "eval", "eval/proxy_reward": -0.5}
     last = {"step": 5, "phase": "eval", "eval/proxy_reward": 1.5}
-    line = headline_line("policy_gradients", "grpo", last, {}, cfg, eval_rows=[first])
+    line = headline_line("policy_gradients", "grpo", last, {}, pg(cfg), eval_rows=[first])
     assert line == f"held-out eval/proxy_reward 1.5 (step 5; step 0: -0.5) [{PROXY_LABEL}]"
-    assert PROXY_LABEL in headline_for("policy_gradients", "grpo", cfg, [last]).label
+    assert PROXY_LABEL in headline_for("policy_gradients", "grpo", pg(cfg), [last]).label
 
 
 def test_start_text():

@@ -12,8 +12,10 @@ import pytest
 
 from rlhf_lab.planning import time as pt
 from rlhf_lab.planning.gold_eval import GOLD_EVAL_POINTS, GOLD_NEW_TOKENS, GOLD_PROMPTS
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.steps import expected_optimizer_steps
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from tests.lab.test_time_predictor import STUB
 
 
@@ -29,7 +31,7 @@ def test_the_shrink_turns_gold_on_with_six_evaluations_along_training(smol, reci
     assert res.config["data"]["dataset"] == "builtin:reasoning-preferences"
     assert ev["gold_prompts"] == min(GOLD_PROMPTS, res.config["data"]["eval_size"]) == 32
     assert ev["gold_max_new_tokens"] == GOLD_NEW_TOKENS
-    steps = expected_optimizer_steps("direct_alignment", res.config)[0]
+    steps = expected_optimizer_steps("direct_alignment", res.trainer_config)[0]
     assert steps == 36  # 288 training pairs, 4 × 2 a step
     assert ev["eval_every"] == math.ceil(steps / GOLD_EVAL_POINTS) == 6
     assert pt.evals_in_run(steps, ev["eval_every"]) == 7  # step 0, then 6 along training
@@ -38,21 +40,23 @@ def test_the_shrink_turns_gold_on_with_six_evaluations_along_training(smol, reci
 
 
 def test_the_eval_interval_follows_the_users_data_size_and_user_values_win(smol):
-    longer = shrink_config("dpo", ["data.max_samples=512"], model=smol).config
+    longer = shrink_config("dpo", as_overrides(["data.max_samples=512"]), model=smol).trainer_config
     steps = expected_optimizer_steps("direct_alignment", longer)[0]
-    assert steps == 60 and longer["eval"]["eval_every"] == 10  # (512 − 32) / 8
+    assert steps == 60 and longer.get("eval.eval_every") == 10  # (512 − 32) / 8
     # the recipe's own data set is resolved before the shrink swaps it: a user's gold setting
     # comes with the built-in data set
     builtin = "data.dataset=builtin:reasoning-preferences"
     mine = shrink_config(
-        "dpo", [builtin, "eval.eval_every=4", "eval.gold_prompts=8"], model=smol
+        "dpo", as_overrides([builtin, "eval.eval_every=4", "eval.gold_prompts=8"]), model=smol
     ).config
     assert mine["eval"]["eval_every"] == 4 and mine["eval"]["gold_prompts"] == 8
     # the note tells the schedule the run will have (it told the rule's every 4 steps before)
-    own = shrink_config("dpo", ["data.max_samples=224", "eval.eval_every=6"], model=smol)
+    own = shrink_config(
+        "dpo", as_overrides(["data.max_samples=224", "eval.eval_every=6"]), model=smol
+    )
     assert own.config["eval"]["eval_every"] == 6
     assert any("every 6 steps and at step 0" in n for n in own.notes)
-    off = shrink_config("dpo", ["eval.gold_prompts=0"], model=smol)
+    off = shrink_config("dpo", as_overrides(["eval.gold_prompts=0"]), model=smol)
     assert off.config["eval"]["gold_prompts"] == 0
     assert not any("gold evaluation on" in n for n in off.notes)
 
@@ -61,30 +65,33 @@ def test_no_gold_on_a_preset_or_data_the_verifier_cannot_score(smol, tmp_path):
     assert shrink_config("dpo", model="tiny").config["eval"]["gold_prompts"] == 0
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
-    own = shrink_config("dpo", [f"data.dataset={pairs}"], model=smol)
+    own = shrink_config("dpo", as_overrides([f"data.dataset={pairs}"]), model=smol)
     assert own.config["eval"]["gold_prompts"] == 0
 
 
-def _dpo_config(gold: int, lora: bool = True) -> dict:
-    return {
-        "model": {"name": "x", "gradient_checkpointing": False, "lora": {"enabled": lora}},
-        "data": {
-            "dataset": "builtin:reasoning-preferences",
-            "max_samples": 320,
-            "eval_size": 32,
-            "max_length": 256,
+def _dpo_config(gold: int, lora: bool = True) -> TrainerConfig:
+    return TrainerConfig(
+        "direct_alignment",
+        {
+            "model": {"name": "x", "gradient_checkpointing": False, "lora": {"enabled": lora}},
+            "data": {
+                "dataset": "builtin:reasoning-preferences",
+                "max_samples": 320,
+                "eval_size": 32,
+                "max_length": 256,
+            },
+            "train": {"num_epochs": 1, "batch_size": 4, "gradient_accumulation_steps": 2},
+            "eval": {
+                "eval_every": 6,
+                "eval_batch_size": 8,
+                "sample_every": 0,
+                "num_samples": 0,
+                "gold_prompts": gold,
+                "gold_max_new_tokens": 96,
+            },
+            "checkpoint": {"save_final_model": True},
         },
-        "train": {"num_epochs": 1, "batch_size": 4, "gradient_accumulation_steps": 2},
-        "eval": {
-            "eval_every": 6,
-            "eval_batch_size": 8,
-            "sample_every": 0,
-            "num_samples": 0,
-            "gold_prompts": gold,
-            "gold_max_new_tokens": 96,
-        },
-        "checkpoint": {"save_final_model": True},
-    }
+    )
 
 
 def test_the_time_prediction_counts_the_gold_decodes_and_passes():

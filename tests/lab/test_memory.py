@@ -19,7 +19,9 @@ from rlhf_lab.planning.memory import (
     estimate_memory,
     model_facts,
 )
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from tests._helpers.model_configs import GPT2, LLAMA2_7B, QWEN25_05B
 
 # Models the shipped recipes name: their facts from the lab's table
@@ -175,12 +177,12 @@ def _by_name(est) -> dict[str, float]:
     return {c.name: c.gb for c in est.components}
 
 
-def _dpo_config(**changes) -> dict:
+def _dpo_config(**changes) -> TrainerConfig:
     overrides = [f"{k}={v}" for k, v in changes.items()]
-    return resolve_config("dpo", overrides).data
+    return resolve_config("dpo", as_overrides(overrides)).config
 
 
-def _dpo_estimate(arch, config: dict | None = None, *, device: str = "cuda", **assume):
+def _dpo_estimate(arch, config: TrainerConfig | None = None, *, device: str = "cuda", **assume):
     """The DPO estimate on ``arch`` with ``config`` (the shipped one by default) on ``device``,
     under the given :class:`memory.Assumptions`."""
     config = _dpo_config() if config is None else config
@@ -350,8 +352,8 @@ def test_gradients_without_accumulation_fill_in_as_activations_are_freed():
     assert accumulating == pytest.approx(grads / GIB, abs=1e-4) and accumulating > got
 
 
-def _pg_config(recipe: str, *overrides: str) -> dict:
-    return resolve_config(recipe, list(overrides)).data
+def _pg_config(recipe: str, *overrides: str) -> TrainerConfig:
+    return resolve_config(recipe, as_overrides(list(overrides))).config
 
 
 def test_policy_gradient_kv_cache_reference_and_value_model():
@@ -380,11 +382,11 @@ def test_policy_gradient_kv_cache_reference_and_value_model():
 def test_reward_model_body_and_frozen_backbone():
     pytest.importorskip("trainers.reward_models.config")
     arch = count_parameters(LLAMA2_7B)  # untied: the LM head is not part of a reward model
-    cfg = resolve_config("preference_rm").data
+    cfg = resolve_config("preference_rm").config
     est = estimate_memory("reward_models", "preference", cfg, arch, device="cuda")
     assert est.trainable_params == 6_738_415_616 - 32000 * 4096
     assert not any("logits" in c.name for c in est.components)
-    frozen = resolve_config("preference_rm", ["freeze_backbone=true"]).data
+    frozen = resolve_config("preference_rm", as_overrides(["freeze_backbone=true"])).config
     est = estimate_memory("reward_models", "preference", frozen, arch, device="cuda")
     assert est.trainable_params == 0
     assert not any("optimizer" in c.name for c in est.components)
@@ -392,10 +394,12 @@ def test_reward_model_body_and_frozen_backbone():
 
 def test_shrunk_tiny_run_is_small_and_param_count_only_is_accepted():
     shrunk = shrink_config("dpo", model="tiny")
-    est = estimate_memory("direct_alignment", "dpo", shrunk.config, device="cpu")
+    est = estimate_memory("direct_alignment", "dpo", shrunk.trainer_config, device="cpu")
     assert est.model == "tiny" and est.param_count == model_facts("tiny").params.total
     assert 0.8 < est.total_gb < 2.0  # dominated by the process baseline
-    only_count = estimate_memory("direct_alignment", "dpo", shrunk.config, 1_000_000, device="cpu")
+    only_count = estimate_memory(
+        "direct_alignment", "dpo", shrunk.trainer_config, 1_000_000, device="cpu"
+    )
     assert not any("activations" in c.name for c in only_count.components)
     assert any("only a parameter count" in n for n in only_count.notes)
 
@@ -404,7 +408,7 @@ def test_full_recipe_estimates_are_in_the_expected_range():
     """OLMo-2 1B DPO at batch 8 × 2048 with checkpointing: the book measured about 35 % of a
     120 GB machine for this cell including the OS; our GPU estimate should land in 15-45 GiB."""
     arch = arch_from_config(OLMO2_1B)
-    est = estimate_memory("direct_alignment", "dpo", resolve_config("dpo").data, arch)
+    est = estimate_memory("direct_alignment", "dpo", resolve_config("dpo").config, arch)
     assert est.device == "cuda" and est.dtype == "bf16"
     assert 15 < est.total_gb < 45
     assert est.peak_phase == "train"
@@ -412,4 +416,4 @@ def test_full_recipe_estimates_are_in_the_expected_range():
 
 def test_unknown_family():
     with pytest.raises(LabError, match="unknown family"):
-        estimate_memory("nope", None, {}, 1000)
+        estimate_memory("nope", None, TrainerConfig("nope", {}), 1000)

@@ -58,7 +58,7 @@ def test_estimate_memory_dispatches_on_the_registry(monkeypatch):
         return 7
 
     monkeypatch.setitem(FAMILY_ESTIMATORS, "sft", fake)
-    est = estimate_memory("sft", "sft", {}, 1000, device="cpu")
+    est = estimate_memory("sft", "sft", TrainerConfig("sft", {}), 1000, device="cpu")
     assert seen == ["sft"]
     assert est.trainable_params == 7
     assert [c.name for c in est.components][:2] == ["marker", "process baseline"]
@@ -105,12 +105,12 @@ def test_reference_model_follows_the_algorithm():
 
 def test_unknown_family_and_bad_model_are_typed_errors():
     with pytest.raises(InvalidArgument) as err:
-        estimate_memory("nope", None, {}, 1000)
+        estimate_memory("nope", None, TrainerConfig("nope", {}), 1000)
     assert [s.operation for s in err.value.next_steps] == ["list_recipes"]
     with pytest.raises(InvalidArgument):
-        estimate_memory("sft", "sft", {}, True)
+        estimate_memory("sft", "sft", TrainerConfig("sft", {}), True)
     with pytest.raises(InvalidArgument) as err:
-        estimate_memory("sft", "sft", {}, None)  # no model.name in the config
+        estimate_memory("sft", "sft", TrainerConfig("sft", {}), None)  # no model.name in the config
     assert err.value.next_steps
 
 

@@ -10,6 +10,7 @@ from rlhf_lab.errors import LabError
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import GIB, arch_from_config, estimate_memory
 from rlhf_lab.planning.memory.lora import LoraPlan, adapter_params, lora_plan
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.trainer_config import TrainerConfig
 from tests._helpers.model_configs import GPT2, LLAMA2_7B
 
@@ -66,8 +67,20 @@ def test_lora_plan_reads_the_config_and_full_fine_tuning_has_none():
 
 def test_dpo_with_lora_trains_the_adapters_only_and_loads_no_reference_copy():
     arch = arch_from_config(LLAMA2_7B)
-    full = estimate_memory("direct_alignment", "dpo", _config(DPO, None), arch, device="cuda")
-    lora = estimate_memory("direct_alignment", "dpo", _config(DPO, LORA), arch, device="cuda")
+    full = estimate_memory(
+        "direct_alignment",
+        "dpo",
+        TrainerConfig("direct_alignment", _config(DPO, None)),
+        arch,
+        device="cuda",
+    )
+    lora = estimate_memory(
+        "direct_alignment",
+        "dpo",
+        TrainerConfig("direct_alignment", _config(DPO, LORA)),
+        arch,
+        device="cuda",
+    )
     parts = _names(lora)
     assert lora.trainable_params == 39_976_960 and full.trainable_params == full.param_count
     assert parts["policy base weights (frozen)"] == pytest.approx(
@@ -84,42 +97,62 @@ def test_dpo_with_lora_trains_the_adapters_only_and_loads_no_reference_copy():
 
 def test_grpo_kl_with_lora_has_no_reference_copy_unless_ref_name_is_another_model():
     arch = arch_from_config(LLAMA2_7B)
-    lora = estimate_memory("policy_gradients", "grpo", _config(GRPO_KL, LORA), arch, device="cuda")
+    lora = estimate_memory(
+        "policy_gradients",
+        "grpo",
+        TrainerConfig("policy_gradients", _config(GRPO_KL, LORA)),
+        arch,
+        device="cuda",
+    )
     assert "reference weights (frozen)" not in _names(lora)
     assert any("adapters off" in n for n in lora.notes)
     other = _config(GRPO_KL, LORA)
     other["model"]["ref_name"] = "another/7b"
-    copy = estimate_memory("policy_gradients", "grpo", other, arch, device="cuda")
+    copy = estimate_memory(
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", other), arch, device="cuda"
+    )
     assert "reference weights (frozen)" in _names(copy)
 
 
 def test_ppo_with_lora_trains_two_adapter_sets():
     arch = arch_from_config(LLAMA2_7B)
     ppo = {**GRPO_KL, "algorithm": "ppo"}
-    est = estimate_memory("policy_gradients", "ppo", _config(ppo, LORA), arch, device="cuda")
+    est = estimate_memory(
+        "policy_gradients",
+        "ppo",
+        TrainerConfig("policy_gradients", _config(ppo, LORA)),
+        arch,
+        device="cuda",
+    )
     assert est.trainable_params == 2 * 39_976_960
     assert "value model base weights (frozen)" in _names(est)
 
 
 def test_the_lab_accepts_lora_overrides_and_refuses_them_without_enabled():
-    resolved = resolve_config("dpo", ["model.name=tiny", "model.lora.enabled=true"])
+    resolved = resolve_config("dpo", as_overrides(["model.name=tiny", "model.lora.enabled=true"]))
     assert resolved.data["model"]["lora"]["enabled"] is True
     assert resolved.data["model"]["lora"]["rank"] == 16
     with pytest.raises(LabError, match="model.lora.enabled=true"):
-        resolve_config("dpo", ["model.name=tiny", "model.lora.rank=8"])
+        resolve_config("dpo", as_overrides(["model.name=tiny", "model.lora.rank=8"]))
     with pytest.raises(LabError, match="model.lora.rnak"):
-        resolve_config("dpo", ["model.name=tiny", "model.lora.rnak=8"])
+        resolve_config("dpo", as_overrides(["model.name=tiny", "model.lora.rnak=8"]))
 
 
 def test_the_lab_refuses_target_modules_the_model_does_not_have():
     from rlhf_lab.planning.validation import check_config
 
-    good = resolve_config("dpo", ["model.name=tiny", "model.lora.enabled=true"])
-    check_config("direct_alignment", good.data)
+    good = resolve_config("dpo", as_overrides(["model.name=tiny", "model.lora.enabled=true"]))
+    check_config("direct_alignment", good.config)
     bad = resolve_config(
         "dpo",
-        ["model.name=tiny", "model.lora.enabled=true", "model.lora.target_modules=[q_proj,attn]"],
+        as_overrides(
+            [
+                "model.name=tiny",
+                "model.lora.enabled=true",
+                "model.lora.target_modules=[q_proj,attn]",
+            ]
+        ),
     )
     with pytest.raises(LabError, match="attn is not a linear layer of model tiny") as err:
-        check_config("direct_alignment", bad.data)
+        check_config("direct_alignment", bad.config)
     assert "gate_proj" in err.value.message

@@ -20,10 +20,17 @@ from rlhf_lab.planning.catalog import find_recipe
 from rlhf_lab.planning.completion_length import completion_tokens, is_multi_turn
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import Assumptions, estimate_memory
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from trainers.policy_gradients.config import REPLY_WRAPPER_TOKENS, PolicyGradientConfig
 
 from .test_time_predictor import STUB
+
+
+def pg(data: dict) -> TrainerConfig:
+    """A policy-gradient config's data as the view planning reads."""
+    return TrainerConfig("policy_gradients", data)
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +40,7 @@ def lab_root(offline_lab, cpu_box, no_queue_worker):
 
 def tools_config(*overrides: str) -> dict:
     """The shipped grpo_tools recipe, resolved with ``overrides``."""
-    return resolve_config(find_recipe("grpo_tools"), list(overrides)).data
+    return resolve_config(find_recipe("grpo_tools"), as_overrides(list(overrides))).data
 
 
 def without_env(config: dict, **rollout) -> dict:
@@ -60,23 +67,23 @@ def without_env(config: dict, **rollout) -> dict:
 def test_the_lab_reads_the_completion_length_as_the_trainer_computes_it(overrides):
     data = tools_config(*overrides)
     trainer = PolicyGradientConfig.model_validate(data).max_completion_tokens
-    assert completion_tokens(data) == trainer
+    assert completion_tokens(pg(data)) == trainer
 
 
 def test_a_trajectory_holds_its_turns_and_tool_replies():
     data = tools_config("rollout.max_new_tokens=100")  # 3 turns, replies of 32 tokens
-    assert is_multi_turn(data)
-    assert completion_tokens(data) == 3 * (100 + 32 + REPLY_WRAPPER_TOKENS)
+    assert is_multi_turn(pg(data))
+    assert completion_tokens(pg(data)) == 3 * (100 + 32 + REPLY_WRAPPER_TOKENS)
     # held-out turns of 20 tokens: bounded by their own turns, never above the rollout's total
-    assert completion_tokens(data, per_turn=20) == 3 * (20 + 32 + REPLY_WRAPPER_TOKENS)
+    assert completion_tokens(pg(data), per_turn=20) == 3 * (20 + 32 + REPLY_WRAPPER_TOKENS)
     capped = tools_config("rollout.max_new_tokens=100", "env.max_total_tokens=200")
-    assert completion_tokens(capped) == 200
-    assert completion_tokens(capped, per_turn=500) == 200
+    assert completion_tokens(pg(capped)) == 200
+    assert completion_tokens(pg(capped), per_turn=500) == 200
     # a dict that leaves env keys out takes the trainer's defaults (4 turns, 64-token replies)
     assert completion_tokens(
-        {"env": {"name": "calculator"}, "rollout": {"max_new_tokens": 10}}
+        pg({"env": {"name": "calculator"}, "rollout": {"max_new_tokens": 10}})
     ) == (4 * (10 + 64 + REPLY_WRAPPER_TOKENS))
-    assert completion_tokens({"rollout": {"max_new_tokens": 10}}) == 10
+    assert completion_tokens(pg({"rollout": {"max_new_tokens": 10}})) == 10
 
 
 # ----------------------------------------------------------------------------------- memory
@@ -86,8 +93,8 @@ def test_memory_of_grpo_tools_counts_the_tool_replies(smol):
     tools = tools_config(f"model.name={smol}", "rollout.max_new_tokens=64")
     plain = without_env(tools)
     assert tools["rollout"] == plain["rollout"]  # the same settings but for the environment
-    multi = estimate_memory("policy_gradients", "grpo", tools, device="cuda")
-    single = estimate_memory("policy_gradients", "grpo", plain, device="cuda")
+    multi = estimate_memory("policy_gradients", "grpo", pg(tools), device="cuda")
+    single = estimate_memory("policy_gradients", "grpo", pg(plain), device="cuda")
     assert multi.total_gb > single.total_gb
 
     def kv(est) -> str:
@@ -100,7 +107,7 @@ def test_memory_of_grpo_tools_counts_the_tool_replies(smol):
     assert f"seqs × {prompt + 64} tokens" in kv(single)
     # by exactly the observation tokens: a single-turn run of the trajectory's length costs the same
     as_long = estimate_memory(
-        "policy_gradients", "grpo", without_env(tools, max_new_tokens=trajectory), device="cuda"
+        "policy_gradients", "grpo", pg(without_env(tools, max_new_tokens=trajectory)), device="cuda"
     )
     assert multi.total_gb == pytest.approx(as_long.total_gb)
     assert any("multi-turn (env.name=calculator)" in n for n in multi.notes)
@@ -113,14 +120,14 @@ def test_memory_of_grpo_tools_counts_the_tool_replies(smol):
 def test_time_of_grpo_tools_counts_the_tool_replies():
     tools = tools_config("model.name=tiny", "rollout.max_new_tokens=64", "train.max_steps=10")
     tools["data"]["eval_size"] = 16
-    multi = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", tools)
-    single = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", without_env(tools))
+    multi = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", pg(tools))
+    single = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", pg(without_env(tools)))
     assert multi.per_step_s > single.per_step_s
     assert multi.parts["eval"] > single.parts["eval"]
-    trajectory = completion_tokens(tools)
+    trajectory = completion_tokens(pg(tools))
     assert trajectory == 3 * (64 + 32 + REPLY_WRAPPER_TOKENS)
     as_long = pt.predict_from_calibration(
-        STUB, "policy_gradients", "grpo", without_env(tools, max_new_tokens=trajectory)
+        STUB, "policy_gradients", "grpo", pg(without_env(tools, max_new_tokens=trajectory))
     )
     assert multi.per_step_s == pytest.approx(as_long.per_step_s)
     assert multi.parts["eval"] == pytest.approx(as_long.parts["eval"])
@@ -140,10 +147,10 @@ def test_the_shrink_onto_a_real_model_keeps_the_environment_and_sizes_the_trajec
     assert PolicyGradientConfig.model_validate(res.config).max_completion_tokens == 256
     assert any("trajectories of at most 3 model turns and 256 tokens" in n for n in res.notes)
     # one turn fills at most 128 + 32 + wrapper: the bound is that, not the CPU cap
-    one = shrink_config("grpo_tools", ["env.max_turns=1"], model=smol).config["env"]
+    one = shrink_config("grpo_tools", as_overrides(["env.max_turns=1"]), model=smol).config["env"]
     assert one["max_total_tokens"] == 128 + 32 + REPLY_WRAPPER_TOKENS
     # the user's value wins over the rule
-    mine = shrink_config("grpo_tools", ["env.max_total_tokens=400"], model=smol)
+    mine = shrink_config("grpo_tools", as_overrides(["env.max_total_tokens=400"]), model=smol)
     assert mine.config["env"]["max_total_tokens"] == 400
 
 
@@ -224,12 +231,12 @@ def test_the_cli_refuses_a_bad_environment_with_one_clear_line(argv, lab_root):
 def test_a_trajectory_longer_than_the_context_is_refused(lab_root):
     # tiny's context is 2048 tokens: 20 turns of 64 + 32 + wrapper reach 2240
     with pytest.raises(InvalidArgument) as err:
-        shrink_config("grpo_tools", ["env.max_turns=20"], model="tiny")
+        shrink_config("grpo_tools", as_overrides(["env.max_turns=20"]), model="tiny")
     assert "a trajectory of up to 2240 tokens" in err.value.message
     assert "context of model tiny (2048 tokens)" in err.value.message
     # a total above what the turns can fill is no longer than the turns: accepted
-    ok = shrink_config("grpo_tools", ["env.max_total_tokens=9000"], model="tiny")
-    assert completion_tokens(ok.config) == 3 * (64 + 32 + REPLY_WRAPPER_TOKENS)
+    ok = shrink_config("grpo_tools", as_overrides(["env.max_total_tokens=9000"]), model="tiny")
+    assert completion_tokens(ok.trainer_config) == 3 * (64 + 32 + REPLY_WRAPPER_TOKENS)
     nothing_written(lab_root)
 
 

@@ -11,8 +11,9 @@ from rlhf_lab.api import list_recipes
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.planning.catalog import find_recipe
 from rlhf_lab.planning.memory import estimate_memory
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
-from rlhf_lab.planning.trainer_config import trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.planning.validation import check_config
 from rlhf_lab.runs.lineage import REF_KEYS, find_refs
 
@@ -39,7 +40,7 @@ def test_shrink_distill_on_tiny_uses_the_warm_start_task_and_a_teacher_of_that_p
 
 
 def test_shrink_distill_keeps_a_teacher_that_is_a_run(tmp_path):
-    res = shrink_config("distill", model="tiny", overrides=["teacher.name=tiny"])
+    res = shrink_config("distill", model="tiny", overrides=as_overrides(["teacher.name=tiny"]))
     assert res.config["teacher"]["name"] == "tiny"
 
 
@@ -56,16 +57,22 @@ def test_shrink_online_dpo_on_tiny_ranks_with_the_verifier_and_warns_about_ties(
 
 def test_memory_of_online_dpo_counts_the_resident_reference_and_the_sampling_cache():
     cfg = shrink_config("online_dpo", model="tiny").config
-    est = estimate_memory("direct_alignment", "online_dpo", cfg, device="cpu")
+    est = estimate_memory(
+        "direct_alignment", "online_dpo", TrainerConfig("direct_alignment", cfg), device="cpu"
+    )
     names = [c.name for c in est.components]
     assert "reference weights (frozen)" in names and "generation KV cache" in names
     ref = next(c for c in est.components if c.name == "reference weights (frozen)")
     assert "train" in ref.phases  # kept loaded while training, unlike offline DPO's pass
-    offline = estimate_memory("direct_alignment", "dpo", cfg, device="cpu")
+    offline = estimate_memory(
+        "direct_alignment", "dpo", TrainerConfig("direct_alignment", cfg), device="cpu"
+    )
     off_ref = next(c for c in offline.components if c.name == "reference weights (frozen)")
     assert off_ref.phases == ["reference"]
     simpo = dict(cfg, online={**cfg["online"], "loss": "simpo"})
-    est = estimate_memory("direct_alignment", "online_dpo", simpo, device="cpu")
+    est = estimate_memory(
+        "direct_alignment", "online_dpo", TrainerConfig("direct_alignment", simpo), device="cpu"
+    )
     assert "reference weights (frozen)" not in [c.name for c in est.components]
 
 
@@ -74,7 +81,9 @@ def test_online_dpo_sampling_cache_grows_with_the_samples_per_prompt():
 
     def kv_gb(k: int) -> float:
         c = dict(cfg, online={**cfg["online"], "num_samples": k})
-        est = estimate_memory("direct_alignment", "online_dpo", c, device="cpu")
+        est = estimate_memory(
+            "direct_alignment", "online_dpo", TrainerConfig("direct_alignment", c), device="cpu"
+        )
         return next(x.gb for x in est.components if x.name == "generation KV cache")
 
     assert kv_gb(4) == pytest.approx(2 * kv_gb(2), rel=0.01)  # GiB rounded to 4 digits
@@ -82,7 +91,9 @@ def test_online_dpo_sampling_cache_grows_with_the_samples_per_prompt():
 
 def test_memory_of_distillation_counts_the_teacher_and_both_full_logits():
     cfg = shrink_config("distill", model="tiny").config
-    est = estimate_memory("distillation", "distill", cfg, device="cpu")
+    est = estimate_memory(
+        "distillation", "distill", TrainerConfig("distillation", cfg), device="cpu"
+    )
     by_name = {c.name: c for c in est.components}
     assert "teacher weights (frozen)" in by_name
     assert "student logits (full vocabulary)" in by_name
@@ -91,22 +102,27 @@ def test_memory_of_distillation_counts_the_teacher_and_both_full_logits():
         by_name["student weights"].gb, rel=1e-6
     )  # the same preset: the same size
     longer = dict(cfg, rollout={**cfg["rollout"], "max_new_tokens": 256})
-    assert estimate_memory("distillation", "distill", longer, device="cpu").total_gb > est.total_gb
+    assert (
+        estimate_memory(
+            "distillation", "distill", TrainerConfig("distillation", longer), device="cpu"
+        ).total_gb
+        > est.total_gb
+    )
 
 
 def test_a_teacher_of_another_preset_is_refused_before_anything_is_written(tmp_path):
     cfg = shrink_config("distill", model="tiny").config
     bad = dict(cfg, teacher={"name": "tiny-llama"})
     with pytest.raises(InvalidArgument, match="cannot teach model.name='tiny'"):
-        check_config("distillation", bad)
+        check_config("distillation", TrainerConfig("distillation", bad))
     with pytest.raises(InvalidArgument, match="cannot teach"):
-        shrink_config("distill", model="tiny", overrides=["teacher.name=tiny-llama"])
+        shrink_config("distill", model="tiny", overrides=as_overrides(["teacher.name=tiny-llama"]))
     assert not any(tmp_path.iterdir())
 
 
 def test_teacher_name_takes_a_run_reference():
     assert "teacher.name" in REF_KEYS
-    config = trainer_config("distillation", {"teacher": {"name": "run:abc"}})
+    config = TrainerConfig("distillation", {"teacher": {"name": "run:abc"}})
     assert find_refs(config) == {"teacher.name": "abc"}
 
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from rlhf_lab import api, ledger
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results import headline
 from rlhf_lab.results.compare import compare_runs
 from rlhf_lab.results.diagnosis import diagnose
@@ -27,6 +28,12 @@ from rlhf_lab.results.plots import plot_reward_vs_kl, reward_kl_points
 from tests._helpers.shipped_configs import set_dotted, shipped_config
 from trainers.core.config import read_yaml
 from trainers.core.spec import family_spec
+
+
+def pg(data: dict) -> TrainerConfig:
+    """A policy-gradient config's data as the view the headline reads."""
+    return TrainerConfig("policy_gradients", data)
+
 
 REPO = Path(__file__).resolve().parents[2]
 CAMP = "2026-03-02-rlhf"
@@ -378,9 +385,9 @@ def test_headline_falls_back_to_proxy_then_to_what_the_rows_log():
     set_dotted(pref, "data.source", "preference")
     set_dotted(pref, "reward.model", "/rm")
     # preference prompts, no gold model: the proxy, labelled as the optimised model's own score
-    head = headline_for("policy_gradients", "grpo", pref, [])
+    head = headline_for("policy_gradients", "grpo", pg(pref), [])
     assert head.metric == "eval/proxy_reward" and "not an independent judge" in head.label
-    line = headline_line("policy_gradients", "grpo", {}, {}, pref)
+    line = headline_line("policy_gradients", "grpo", {}, {}, pg(pref))
     assert (
         line
         == "held-out eval/proxy_reward: not evaluated yet [judged by its own reward model (proxy)]"
@@ -391,21 +398,21 @@ def test_headline_falls_back_to_proxy_then_to_what_the_rows_log():
     assert line.startswith("held-out eval/proxy_reward 1.5 (step 5)")
     # a gold model configured but not evaluated yet: the gold is the headline to come
     set_dotted(pref, "reward.gold_model", "/gold")
-    assert headline_for("policy_gradients", "grpo", pref, []).metric == "eval/gold_reward"
-    assert not headline_for("policy_gradients", "grpo", pref, []).share  # an RM score
+    assert headline_for("policy_gradients", "grpo", pg(pref), []).metric == "eval/gold_reward"
+    assert not headline_for("policy_gradients", "grpo", pg(pref), []).share  # an RM score
     # reasoning-gym prompts scored by an RM: gold = verifier correctness, a share with noise
     rg = json.loads(json.dumps(cfg))
     set_dotted(rg, "reward.model", "/rm")
     set_dotted(rg, "data.eval_size", 64)
-    head = headline_for("policy_gradients", "grpo", rg, [])
+    head = headline_for("policy_gradients", "grpo", pg(rg), [])
     assert head.metric == "eval/gold_reward" and head.share
-    line = headline_line("policy_gradients", "grpo", {"eval/gold_reward": 0.5}, {}, rg)
+    line = headline_line("policy_gradients", "grpo", {"eval/gold_reward": 0.5}, {}, pg(rg))
     assert "95% " in line and "n=64" in line
     # ... but when its eval rows log correctness and no gold, the spec's headline it is
     rows = [{"step": 3, "phase": "eval", "eval/avg_correctness": 0.4}]
-    assert headline_for("policy_gradients", "grpo", rg, rows).metric == "eval/avg_correctness"
+    assert headline_for("policy_gradients", "grpo", pg(rg), rows).metric == "eval/avg_correctness"
     # a verifier-only run keeps the spec's headline
-    assert headline_for("policy_gradients", "grpo", cfg, rows).metric == "eval/avg_correctness"
+    assert headline_for("policy_gradients", "grpo", pg(cfg), rows).metric == "eval/avg_correctness"
     # an RM-rewarded run whose gold (and correctness) stayed 0 at every evaluation: the gold
     # carries no signal, the held-out proxy leads (seen on the tiny rlhf pipeline's PPO stage)
     flat = [
@@ -413,11 +420,13 @@ def test_headline_falls_back_to_proxy_then_to_what_the_rows_log():
          "eval/proxy_reward": p}
         for s, p in ((0, -1.9), (5, 3.9), (10, -4.1))
     ]  # fmt: skip
-    assert headline_for("policy_gradients", "ppo", rg, flat).metric == "eval/proxy_reward"
-    assert headline_for("policy_gradients", "ppo", rg, flat[:1]).metric == "eval/gold_reward"
+    assert headline_for("policy_gradients", "ppo", pg(rg), flat).metric == "eval/proxy_reward"
+    assert headline_for("policy_gradients", "ppo", pg(rg), flat[:1]).metric == "eval/gold_reward"
     # a verifier-only run (no reward model, no proxy) keeps its headline even when it is 0
     no_proxy = [{k: v for k, v in r.items() if "proxy" not in k} for r in flat]
-    assert headline_for("policy_gradients", "ppo", cfg, no_proxy).metric == "eval/avg_correctness"
+    assert (
+        headline_for("policy_gradients", "ppo", pg(cfg), no_proxy).metric == "eval/avg_correctness"
+    )
 
 
 def test_a_spec_headline_the_rows_do_not_log_falls_back(monkeypatch):
@@ -430,13 +439,13 @@ def test_a_spec_headline_the_rows_do_not_log_falls_back(monkeypatch):
     assert headline_for("policy_gradients").metric == "eval/gold_reward"
     # a verifier-only run logs no gold, its correctness (the first rising key metric) it does
     rows = [{"step": 3, "phase": "eval", "eval/avg_correctness": 0.4}]
-    head = headline_for("policy_gradients", None, cfg, rows)
+    head = headline_for("policy_gradients", None, pg(cfg), rows)
     assert head.metric == "eval/avg_correctness" and head.training_signal == "avg_correctness"
-    line = headline_line("policy_gradients", None, rows[0], {}, cfg)
+    line = headline_line("policy_gradients", None, rows[0], {}, pg(cfg))
     assert line.startswith("held-out eval/avg_correctness 0.4 (step 3")
     # when the gold is logged, the spec's own headline and label
     rows = [{"step": 3, "phase": "eval", "eval/gold_reward": 0.4}]
-    head = headline_for("policy_gradients", None, cfg, rows)
+    head = headline_for("policy_gradients", None, pg(cfg), rows)
     assert head.metric == "eval/gold_reward" and head.label == "gold"
 
 

@@ -14,8 +14,10 @@ from rlhf_lab.planning.memory import (
     count_parameters,
     estimate_memory,
 )
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.plan import matched_overrides
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 NEW = ("reinforce_pp", "reinforce_pp_baseline", "remax", "gmpo")
 QWEN3_06B = KNOWN_ARCHITECTURES["Qwen/Qwen3-0.6B"]  # the model the recipes ship
@@ -40,18 +42,24 @@ def test_memory_reads_the_reference_and_the_greedy_baseline_from_the_spec():
     arch = count_parameters(QWEN3_06B)
     # reinforce_pp ships β 0.01 with its KL in the reward: the reference is loaded
     rpp = estimate_memory(
-        "policy_gradients", "reinforce_pp", resolve_config("reinforce_pp").data, arch, device="cuda"
+        "policy_gradients",
+        "reinforce_pp",
+        resolve_config("reinforce_pp").config,
+        arch,
+        device="cuda",
     )
     assert "reference weights (frozen)" in _components(rpp)
     # DAPO's spec has no KL term: β > 0 loads nothing
-    dapo_cfg = resolve_config("dapo", ["loss.beta=0.04"]).data
-    dapo = estimate_memory("policy_gradients", "dapo", dapo_cfg, arch, device="cuda")
+    dapo_cfg = resolve_config("dapo", as_overrides(["loss.beta=0.04"])).data
+    dapo = estimate_memory(
+        "policy_gradients", "dapo", TrainerConfig("policy_gradients", dapo_cfg), arch, device="cuda"
+    )
     assert "reference weights (frozen)" not in _components(dapo)
 
     remax = estimate_memory(
         "policy_gradients",
         "remax",
-        resolve_config("remax", ["eval.eval_batch_size=4"]).data,
+        resolve_config("remax", as_overrides(["eval.eval_batch_size=4"])).config,
         arch,
         device="cuda",
     )
@@ -61,7 +69,7 @@ def test_memory_reads_the_reference_and_the_greedy_baseline_from_the_spec():
     kv = 2 * 28 * 8 * 128 * 8 * 640 * 2 + 8 * 151936 * 8
     assert _components(remax)["generation KV cache"] == pytest.approx(kv / GIB, abs=1e-3)
     grpo = estimate_memory(
-        "policy_gradients", "grpo", resolve_config("grpo").data, arch, device="cuda"
+        "policy_gradients", "grpo", resolve_config("grpo").config, arch, device="cuda"
     )
     assert not any("greedy" in n for n in grpo.notes)
 

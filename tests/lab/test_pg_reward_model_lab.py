@@ -11,7 +11,9 @@ import pytest
 
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.memory import estimate_memory
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 # a small Llama-shaped reward model's config.json (what the estimate reads; no weights needed)
 RM_CONFIG = {
@@ -48,12 +50,18 @@ def _components(est) -> dict[str, float]:
 def test_memory_estimate_counts_the_reward_model_and_the_gold(tmp_path):
     rm = _rm_folder(tmp_path)
     base = ["model.name=tiny", "data.source=preference", "data.dataset=builtin"]
-    plain = resolve_config("grpo", ["model.name=tiny"]).data
-    with_rm = resolve_config("grpo", [*base, f"reward.model={rm}"]).data
-    with_gold = resolve_config("grpo", [*base, f"reward.model={rm}", f"reward.gold_model={rm}"])
-    e0 = estimate_memory("policy_gradients", "grpo", plain, device="cpu")
-    e1 = estimate_memory("policy_gradients", "grpo", with_rm, device="cpu")
-    e2 = estimate_memory("policy_gradients", "grpo", with_gold.data, device="cpu")
+    plain = resolve_config("grpo", as_overrides(["model.name=tiny"])).data
+    with_rm = resolve_config("grpo", as_overrides([*base, f"reward.model={rm}"])).data
+    with_gold = resolve_config(
+        "grpo", as_overrides([*base, f"reward.model={rm}", f"reward.gold_model={rm}"])
+    )
+    e0 = estimate_memory(
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", plain), device="cpu"
+    )
+    e1 = estimate_memory(
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", with_rm), device="cpu"
+    )
+    e2 = estimate_memory("policy_gradients", "grpo", with_gold.config, device="cpu")
     assert e0.total_gb < e1.total_gb < e2.total_gb
     c1 = _components(e1)
     # 4096·256 embeddings + 4 layers·(4·256² attention + 3·256·512 MLP + norms) + head ≈ 4.2M
@@ -65,8 +73,12 @@ def test_memory_estimate_counts_the_reward_model_and_the_gold(tmp_path):
 
 
 def test_memory_estimate_notes_a_reward_model_it_cannot_size(tmp_path):
-    data = resolve_config("grpo", ["model.name=tiny", f"reward.model={tmp_path / 'gone'}"]).data
-    est = estimate_memory("policy_gradients", "grpo", data, device="cpu")
+    data = resolve_config(
+        "grpo", as_overrides(["model.name=tiny", f"reward.model={tmp_path / 'gone'}"])
+    ).data
+    est = estimate_memory(
+        "policy_gradients", "grpo", TrainerConfig("policy_gradients", data), device="cpu"
+    )
     assert any(n.startswith("reward model ") and "not counted" in n for n in est.notes)
 
 
@@ -82,7 +94,9 @@ def test_reward_model_recipes_shrink_on_tiny_with_the_reward_model_kept(recipe):
     kept = shrink_config(recipe)
     assert kept.config["data"]["dataset"] == "builtin"
     assert any("Anthropic/hh-rlhf" in n for n in kept.notes)
-    mine = shrink_config(recipe, ["reward.model=/somewhere/final_model"], model="tiny")
+    mine = shrink_config(
+        recipe, as_overrides(["reward.model=/somewhere/final_model"]), model="tiny"
+    )
     assert mine.config["reward"]["model"] == "/somewhere/final_model"
     # against a reward model on tiny: 20 steps at lr 1e-4 (lr 1e-3 made PPO diverge), and PPO's
     # KL in the reward is k1 (k3 as a per-token reward pushed the policy off its reference)

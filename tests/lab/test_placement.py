@@ -22,7 +22,7 @@ from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
 from rlhf_lab.planning.memory import estimate_memory
 from rlhf_lab.planning.shrink import shrink_config
-from rlhf_lab.planning.trainer_config import trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.runs.launcher import trainer_argv
 from rlhf_lab.runs.machine import check_resources
 from rlhf_lab.runs.world import check_world_size
@@ -231,8 +231,8 @@ def test_sweep_of_four_arms_runs_on_four_gpus_at_once(lab, machine):
 
 def test_per_rank_estimate_shards_model_states_and_keeps_activations():
     shrunk = shrink_config("sft", [], model="tiny").config
-    one = estimate_memory("sft", "sft", shrunk, device="cuda")
-    four = estimate_memory("sft", "sft", shrunk, device="cuda", world_size=4)
+    one = estimate_memory("sft", "sft", TrainerConfig("sft", shrunk), device="cuda")
+    four = estimate_memory("sft", "sft", TrainerConfig("sft", shrunk), device="cuda", world_size=4)
     part = {c.name: c.gb for c in one.components}
     rank = {c.name: c.gb for c in four.components}
     for name in ("policy weights", "policy gradients", "policy optimizer (AdamW)"):
@@ -281,7 +281,7 @@ def test_estimate_memory_takes_gpus_and_nproc_like_a_launch(lab, machine):
 
 
 def test_world_size_against_the_batches():
-    pg = trainer_config(
+    pg = TrainerConfig(
         "policy_gradients", {"rollout": {"prompts_per_step": 4}, "train": {"batch_size": 2}}
     )
     check_world_size("policy_gradients", pg, 2)
@@ -290,7 +290,7 @@ def test_world_size_against_the_batches():
         check_world_size("policy_gradients", pg, 3)
     with pytest.raises(InvalidArgument, match="8 ranks are more than the global batch allows"):
         check_world_size("policy_gradients", pg, 8)
-    sft = trainer_config(
+    sft = TrainerConfig(
         "sft", {"data": {"max_samples": 32, "eval_size": 8}, "train": {"batch_size": 4}}
     )
     check_world_size("sft", sft, 6)  # 24 examples, one step of 4 × 6

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from rlhf_lab import api, cli, ledger
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.ledger.followups import next_items
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.compare import compare_runs
 from rlhf_lab.results.diagnosis import diagnose, heldout_regression, noise_reason, noisy_samples
 from tests._helpers.shipped_configs import shipped_config
@@ -269,11 +270,12 @@ def pg_samples(texts: list[str], step: int = 20) -> list[dict]:
 
 GRPO = "grpo-20260301-000000-0001"
 PG_TINY = ("model.name=tiny", "data.eval_size=64", "train.max_steps=20", "loss.beta=0.0")
+EVAL_64 = TrainerConfig("policy_gradients", {"data": {"eval_size": 64}})
 
 
 def test_heldout_regression_while_the_training_signal_rises_is_flagged_everywhere():
     make_run(CAMP, GRPO, "policy_gradients", "grpo", grpo_rows(), overrides=PG_TINY)
-    found = heldout_regression("policy_gradients", "grpo", grpo_rows(), {"data": {"eval_size": 64}})
+    found = heldout_regression("policy_gradients", "grpo", grpo_rows(), EVAL_64)
     assert found is not None and found.signal == "avg_correctness" and found.signal_improved
     assert "fell 0.5 → 0.28" in found.message
     assert "training signal avg_correctness rose 0.1995 → 0.4205" in found.message
@@ -302,7 +304,7 @@ def test_heldout_regression_while_the_training_signal_rises_is_flagged_everywher
 def test_a_small_held_out_dip_within_noise_is_not_a_regression():
     rows = grpo_rows()
     rows[-1]["eval/avg_correctness"] = 0.45  # 0.50 -> 0.45 on 64 prompts: noise
-    assert heldout_regression("policy_gradients", "grpo", rows, {"data": {"eval_size": 64}}) is None
+    assert heldout_regression("policy_gradients", "grpo", rows, EVAL_64) is None
     rows[-1]["eval/avg_correctness"] = 0.6  # better
     assert heldout_regression("policy_gradients", "grpo", rows, None) is None
 
@@ -619,11 +621,10 @@ def test_status_leads_with_the_held_out_headline():
 def test_held_out_count_comes_from_the_trainer_or_the_config():
     from rlhf_lab.results.headline import heldout_items
 
-    logged = heldout_items(
-        "rejection_sampling", {"data": {"max_test_samples": 200}}, [{"eval/num_prompts": 150.0}]
-    )
+    rs = TrainerConfig("rejection_sampling", {"data": {"max_test_samples": 200}})
+    logged = heldout_items("rejection_sampling", rs, [{"eval/num_prompts": 150.0}])
     assert (logged.n, logged.source) == (150, "eval/num_prompts logged")
-    configured = heldout_items("policy_gradients", {"data": {"eval_size": 64}}, [])
+    configured = heldout_items("policy_gradients", EVAL_64, [])
     assert configured.n == 64 and "data.eval_size" in configured.source
     assert heldout_items("sft", None, []).n is None
 

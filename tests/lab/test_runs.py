@@ -24,7 +24,7 @@ import rlhf_lab
 from rlhf_lab import _queue, runs
 from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
-from rlhf_lab.planning.trainer_config import TrainerConfig, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.diagnosis import diagnose
 from tests._helpers.races import at_once
 from tests._lab_processes import kill_live_runs, wait_until
@@ -56,7 +56,7 @@ QUEUE_DEVICE = "cuda:7"
 
 def config(overrides: list[str]) -> TrainerConfig:
     data = load_config(RECIPE, DirectAlignmentConfig, overrides).model_dump(mode="json")
-    return trainer_config("direct_alignment", data)
+    return TrainerConfig("direct_alignment", data)
 
 
 def new_run(
@@ -100,12 +100,12 @@ def lab_root(tmp_path_factory):
 LAUNCHER = """
 import sys
 from rlhf_lab import runs
-from rlhf_lab.planning.trainer_config import trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from trainers.core.config import load_config
 from trainers.direct_alignment.config import DirectAlignmentConfig
 overrides = sys.argv[2:]
 data = load_config(sys.argv[1], DirectAlignmentConfig, overrides).model_dump(mode="json")
-cfg = trainer_config("direct_alignment", data)
+cfg = TrainerConfig("direct_alignment", data)
 run = runs.NewRun(family="direct_alignment", algorithm="dpo", config=cfg,
                   campaign="orphan-test", source=sys.argv[1], overrides=overrides, device="cpu")
 result = runs.start_or_queue(run)
@@ -181,7 +181,7 @@ def test_unknown_run_and_bad_inputs_create_nothing(tmp_path, monkeypatch):
         ("unknown family", "ok", {"family": "../trainers"}),
         ("algorithm", "ok", {"algorithm": "dpo/../x"}),
         ("device", "ok", {"device": "tpu"}),
-        ("mapping", "ok", {"config": trainer_config("direct_alignment", {})}),
+        ("mapping", "ok", {"config": TrainerConfig("direct_alignment", {})}),
     ]
     for error, campaign, bad in bad_inputs:
         with pytest.raises(LabError, match=error):

@@ -15,6 +15,7 @@ from rlhf_lab.demo import DPO_SANITY_OVERRIDES
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import FAMILIES, Recipe, get_dotted, list_recipes
 from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.plan import parse_request, plan_experiment
 from rlhf_lab.planning.shrink import format_override, shrink_config
 from tests.conftest import fake_gpus
@@ -70,7 +71,7 @@ def test_shrink_every_recipe(recipe, model):
     assert res.family == recipe.family and res.algorithm == recipe.algorithm
     assert res.shrink_overrides and res.diff
     # the overrides reproduce the config from the shipped file (what the launcher will pass)
-    assert resolve_config(recipe, res.overrides).data == res.config
+    assert resolve_config(recipe, as_overrides(res.overrides)).data == res.config
     assert res.expected_optimizer_steps is not None and 0 < res.expected_optimizer_steps <= 200
     assert res.expected_progress_steps is not None and res.expected_progress_steps > 0
     cfg = res.config
@@ -114,7 +115,7 @@ def test_the_warm_start_recipe_is_kept_whole(model):
 
 def test_tiny_dpo_shrink_is_the_tested_demo_recipe():
     res = shrink_config("dpo", model="tiny")
-    demo = resolve_config("dpo", DPO_SANITY_OVERRIDES).data
+    demo = resolve_config("dpo", as_overrides(DPO_SANITY_OVERRIDES)).data
     # the shrink keeps the final model for the evaluation the plan proposes; the demo does not
     assert res.config["checkpoint"]["save_final_model"] is True
     demo["checkpoint"]["save_final_model"] = True
@@ -140,21 +141,23 @@ def test_keep_model_dpo_shrink_follows_the_book_habits(machine):
 
 def test_user_overrides_win_and_change_the_step_count():
     res = shrink_config(
-        "dpo", ["data.max_samples=64", "data.eval_size=16", "train.batch_size=8"], model="tiny"
+        "dpo",
+        as_overrides(["data.max_samples=64", "data.eval_size=16", "train.batch_size=8"]),
+        model="tiny",
     )
     assert res.user_overrides == ["data.max_samples=64", "data.eval_size=16", "train.batch_size=8"]
     assert res.overrides[-3:] == res.user_overrides
     assert res.config["data"]["max_samples"] == 64 and res.config["train"]["batch_size"] == 8
     assert res.expected_optimizer_steps == 6  # ceil(48 / 8)
-    capped = shrink_config("dpo", ["train.max_steps=2"], model="tiny")
+    capped = shrink_config("dpo", as_overrides(["train.max_steps=2"]), model="tiny")
     assert capped.expected_optimizer_steps == 2
 
 
 def test_model_name_given_with_set_counts_as_a_preset_swap():
-    res = shrink_config("dpo", ["model.name=tiny"])
+    res = shrink_config("dpo", as_overrides(["model.name=tiny"]))
     assert res.model_swap == "tiny"
     assert res.config["data"]["dataset"] == "builtin:reasoning-preferences"
-    other = shrink_config("dpo", ["model.name=some/other-model"])
+    other = shrink_config("dpo", as_overrides(["model.name=some/other-model"]))
     assert other.model_swap is None and other.model == "some/other-model"
 
 
@@ -178,7 +181,7 @@ def test_policy_gradient_steps_count_rollouts_and_updates():
     # 10 rollout steps × ceil(4×8 sequences / 2 per micro-batch / 4 accumulation) = 10 × 4
     assert res.expected_progress_steps == 10 and res.progress_unit == "rollout steps"
     assert res.expected_optimizer_steps == 40
-    two_updates = shrink_config("grpo", ["loss.updates_per_rollout=2"], model="tiny")
+    two_updates = shrink_config("grpo", as_overrides(["loss.updates_per_rollout=2"]), model="tiny")
     assert two_updates.expected_optimizer_steps == 80
 
 
@@ -206,10 +209,10 @@ def test_shrink_errors():
     with pytest.raises(LabError, match="unknown recipe"):
         shrink_config("dpoo")
     with pytest.raises(LabError, match="data.eval_size"):
-        shrink_config("dpo", ["data.eval_size=-1"])  # the user's own value is invalid
+        shrink_config("dpo", as_overrides(["data.eval_size=-1"]))  # the user's own value is invalid
     # valid alone, invalid with the shrink rules (640 samples, 700 held out): say so
     with pytest.raises(LabError, match="does not validate") as err:
-        shrink_config("sft", ["data.eval_size=700"], model="tiny")
+        shrink_config("sft", as_overrides(["data.eval_size=700"]), model="tiny")
     assert "data.max_samples=640" in str(err.value)
 
 
@@ -236,7 +239,7 @@ def test_expected_steps_match_the_trainer(tmp_path):
         "eval.sample_every=0",
         "eval.num_samples=0",
     ]
-    res = shrink_config("dpo", extra, model="tiny")
+    res = shrink_config("dpo", as_overrides(extra), model="tiny")
     argv = ["--config", str(res.recipe.path()), "--run-dir", str(tmp_path / "run")]
     for item in res.overrides:
         argv += ["--set", item]
@@ -276,7 +279,7 @@ def test_plan_every_recipe(recipe, no_gpu):
     sets = [trainer[i + 1] for i, a in enumerate(trainer) if a == "--set"]
     shrunk = shrink_config(recipe, [], model="tiny")
     assert sets == shrunk.overrides
-    resolved = resolve_config(recipe, sets)
+    resolved = resolve_config(recipe, as_overrides(sets))
     assert resolved.data == shrunk.config
     assert run.changes == resolved.diff == shrunk.diff  # one ConfigChange shape
     # memory next to every device
@@ -425,7 +428,7 @@ def _planned_config(run) -> dict:
     sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
     sets = [s for s in sets if "-run-id>" not in s]  # filled in once the upstream run exists
     model = argv[argv.index("--model") + 1] if "--model" in argv else None
-    return shrink_config(run.recipe, sets, model=model).config
+    return shrink_config(run.recipe, as_overrides(sets), model=model).config
 
 
 @pytest.mark.parametrize(
@@ -613,8 +616,8 @@ def test_a_task_config_for_the_offline_set_the_shrink_picks_is_accepted():
     # shrink swaps in, so the recipe alone refuses it (a PRM sweep of the PRM-vs-ORM campaign
     # was refused this way before the shrink ever ran)
     with pytest.raises(LabError, match="applies only to the offline sets"):
-        resolve_config("prm", [CHAIN_SUM_TASK])
-    result = shrink_config("prm", [CHAIN_SUM_TASK], model="tiny")
+        resolve_config("prm", as_overrides([CHAIN_SUM_TASK]))
+    result = shrink_config("prm", as_overrides([CHAIN_SUM_TASK]), model="tiny")
     assert get_dotted(result.config, "data.dataset") == "builtin:reasoning-steps"
     assert get_dotted(result.config, "data.builtin_task_configs") == {
         "chain_sum": {"min_terms": 3, "max_terms": 5}
@@ -623,7 +626,7 @@ def test_a_task_config_for_the_offline_set_the_shrink_picks_is_accepted():
 
 def test_a_bad_user_value_is_still_refused_in_the_users_terms():
     with pytest.raises(LabError, match="unknown key 'data.bogus_key'"):
-        shrink_config("prm", ["data.bogus_key=1"], model="tiny")
+        shrink_config("prm", as_overrides(["data.bogus_key=1"]), model="tiny")
     # a value the shrink does not make valid stays refused, beside a task config it does
     with pytest.raises(LabError, match="batch_size"):
-        shrink_config("prm", [CHAIN_SUM_TASK, "train.batch_size=0"], model="tiny")
+        shrink_config("prm", as_overrides([CHAIN_SUM_TASK, "train.batch_size=0"]), model="tiny")

@@ -19,9 +19,9 @@ import yaml
 from rlhf_lab import api, runs
 from rlhf_lab.errors import Conflict, InvalidArgument, NotFound
 from rlhf_lab.planning import offline_data, real_model
-from rlhf_lab.planning.overrides import Override
+from rlhf_lab.planning.overrides import Override, as_overrides
 from rlhf_lab.planning.shrink import shrink_config
-from rlhf_lab.planning.trainer_config import TrainerConfig, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.runs.identical import identical_runs
 from tests.conftest import model_folder
 from trainers.core.lora import DEFAULT_TARGETS
@@ -72,7 +72,7 @@ def test_a_cached_hub_dataset_and_a_users_choice_are_kept(smol, lab_root):
     snapshot = lab_root / "hf" / "hub" / "datasets--HuggingFaceH4--no_robots" / "snapshots" / "a"
     snapshot.mkdir(parents=True)
     assert shrink_config("sft", model=smol).config["data"]["dataset"] == "HuggingFaceH4/no_robots"
-    mine = shrink_config("sft", ["data.dataset=someone/else"], model=smol)
+    mine = shrink_config("sft", as_overrides(["data.dataset=someone/else"]), model=smol)
     assert mine.config["data"]["dataset"] == "someone/else"
     assert any("someone/else (yours) is not in the local" in n for n in mine.notes)
 
@@ -80,7 +80,7 @@ def test_a_cached_hub_dataset_and_a_users_choice_are_kept(smol, lab_root):
 def test_no_builtin_equivalent_is_refused_with_the_override_to_use(smol):
     # policy gradients have no built-in set of their own: only the preference source's prompts
     with pytest.raises(InvalidArgument) as pg:
-        shrink_config("grpo_rm", ["data.source=reasoning_gym"], model=smol)
+        shrink_config("grpo_rm", as_overrides(["data.source=reasoning_gym"]), model=smol)
     assert "has no built-in offline equivalent" in pg.value.message
     assert "overrides data.source=reasoning_gym data.dataset=null" in pg.value.message
     # a family that reads data files only (every such family has a set today) names a file
@@ -101,7 +101,7 @@ def test_lora_is_the_default_on_a_cpu_for_a_135m_model(smol):
     assert (lora["rank"], lora["alpha"]) == (16, 32.0)
     assert list(DEFAULT_TARGETS["llama"]) == LLAMA_TARGETS
     # the recipe's full fine-tuning learning rate ×10
-    full = shrink_config("dpo", ["model.lora.enabled=false"], model=smol).config
+    full = shrink_config("dpo", as_overrides(["model.lora.enabled=false"]), model=smol).config
     assert res.config["train"]["learning_rate"] == pytest.approx(
         min(10 * full["train"]["learning_rate"], real_model.LORA_LR_CEILING)
     )
@@ -109,14 +109,16 @@ def test_lora_is_the_default_on_a_cpu_for_a_135m_model(smol):
 
 
 def test_full_fine_tuning_on_request_and_user_lora_settings_win(smol):
-    full = shrink_config("sft", ["model.lora.enabled=false"], model=smol)
+    full = shrink_config("sft", as_overrides(["model.lora.enabled=false"]), model=smol)
     assert full.config["model"]["lora"]["enabled"] is False
     assert not any(o.startswith("model.lora.") for o in full.shrink_overrides)
     assert full.config["train"]["learning_rate"] == 5e-6  # the recipe's, not the LoRA rate
-    ranked = shrink_config("sft", ["model.lora.enabled=true", "model.lora.rank=4"], model=smol)
+    ranked = shrink_config(
+        "sft", as_overrides(["model.lora.enabled=true", "model.lora.rank=4"]), model=smol
+    )
     assert ranked.config["model"]["lora"]["rank"] == 4
     assert ranked.config["model"]["lora"]["target_modules"] is None  # the trainer's default
-    mine = shrink_config("sft", ["train.learning_rate=1e-4"], model=smol)
+    mine = shrink_config("sft", as_overrides(["train.learning_rate=1e-4"]), model=smol)
     assert mine.config["train"]["learning_rate"] == 1e-4
     assert mine.config["model"]["lora"]["enabled"] is True
 
@@ -167,7 +169,7 @@ def test_gradient_checkpointing_only_when_the_estimate_needs_it(smol, machine):
     tight = shrink_config("grpo", model=smol)
     assert tight.config["model"]["gradient_checkpointing"] is True
     assert any(n.startswith("gradient checkpointing on") for n in tight.notes)
-    mine = shrink_config("grpo", ["model.gradient_checkpointing=true"], model=smol)
+    mine = shrink_config("grpo", as_overrides(["model.gradient_checkpointing=true"]), model=smol)
     assert mine.config["model"]["gradient_checkpointing"] is True
 
 
@@ -214,7 +216,7 @@ def test_a_missing_data_file_is_refused_at_plan_launch_and_queue(lab_root):
 def test_an_existing_data_file_is_accepted(lab_root):
     pairs = lab_root / "pairs.jsonl"
     pairs.write_text("")
-    res = shrink_config("dpo", [f"data.dataset={pairs}"], model="tiny")
+    res = shrink_config("dpo", as_overrides([f"data.dataset={pairs}"]), model="tiny")
     assert res.config["data"]["dataset"] == str(pairs)
 
 
@@ -273,7 +275,7 @@ def test_an_identical_config_of_a_finished_run_is_not_refused(lab_root):
     again = api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True))
     assert again.run.id != first.run.id
     stored = yaml.safe_load((Path(again.run.run_dir) / "config.yaml").read_text())
-    assert identical_runs("direct_alignment", trainer_config("direct_alignment", stored)) == [
+    assert identical_runs("direct_alignment", TrainerConfig("direct_alignment", stored)) == [
         (again.run.id, "queued")
     ]
 
@@ -315,6 +317,6 @@ def test_one_lora_sft_step_of_smollm2_through_the_lab(lab_root, monkeypatch):
 
 
 def test_the_device_and_rank_rules_read_the_config_and_the_width():
-    assert real_model.runs_on_cpu({"model": {"device": "cpu"}}) is True
-    assert real_model.runs_on_cpu({"model": {"device": "cuda:1"}}) is False
+    assert real_model.runs_on_cpu(TrainerConfig("sft", {"model": {"device": "cpu"}})) is True
+    assert real_model.runs_on_cpu(TrainerConfig("sft", {"model": {"device": "cuda:1"}})) is False
     assert [real_model.lora_rank(w) for w in (256, 576, 2048, 4096)] == [8, 16, 16, 32]

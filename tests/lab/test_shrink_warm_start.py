@@ -11,6 +11,7 @@ import pytest
 
 from rlhf_lab.planning.catalog import find_recipe, recipe_flags
 from rlhf_lab.planning.configs import resolve_config
+from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import WARM_START_PG_LR, shrink_config
 from rlhf_lab.runs import NewRun, prepare_run
 from rlhf_lab.runs.lineage import trained_task_specs
@@ -26,7 +27,7 @@ def _lab_root(tmp_path, monkeypatch):
 def _run_of(recipe: str, overrides: list[str] | None = None) -> str:
     """A queued run of ``recipe`` in the lab (its run folder, config.yaml and run.json)."""
     found = find_recipe(recipe)
-    config = resolve_config(found, overrides or []).config
+    config = resolve_config(found, as_overrides(overrides or [])).config
     run = NewRun(
         family=found.family,
         algorithm=found.algorithm,
@@ -49,7 +50,7 @@ def test_pg_shrink_of_the_warm_start_takes_its_task_and_a_fine_tuning_lr():
     assert any("is a trained run: lr" in n for n in res.notes)
     assert any("chain_sum" in n and "lineage" in n for n in res.notes)
     # the explicit values still win
-    mine = shrink_config("grpo", ["train.learning_rate=3e-5"], model=f"run:{warm}")
+    mine = shrink_config("grpo", as_overrides(["train.learning_rate=3e-5"]), model=f"run:{warm}")
     assert mine.config["train"]["learning_rate"] == 3e-5
 
 
@@ -89,10 +90,14 @@ def test_online_dpo_and_distill_from_the_warm_start_use_its_task():
     online = shrink_config("online_dpo", model=f"run:{warm}").config
     assert online["data"]["dataset"] == "builtin:reasoning-preferences:letter_counting"
     assert set(online["data"]["builtin_task_configs"]) == {"letter_counting"}
-    student = shrink_config("distill", model=f"run:{warm}", overrides=[f"teacher.name=run:{warm}"])
+    student = shrink_config(
+        "distill", model=f"run:{warm}", overrides=as_overrides([f"teacher.name=run:{warm}"])
+    )
     assert [s["name"] for s in student.config["data"]["specs"]] == ["letter_counting"]
     # a preset student distilled from the run takes the teacher's task
-    fresh = shrink_config("distill", model="tiny", overrides=[f"teacher.name=run:{warm}"])
+    fresh = shrink_config(
+        "distill", model="tiny", overrides=as_overrides([f"teacher.name=run:{warm}"])
+    )
     assert [s["name"] for s in fresh.config["data"]["specs"]] == ["letter_counting"]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from rlhf_lab.planning import throughput_cache as tc
 from rlhf_lab.planning import time as pt
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from trainers.core.throughput import FORMAT_VERSION
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "time_predictor" / "tiny_recorded.json"
@@ -111,7 +112,7 @@ def test_step_start_and_evaluation_counts():
 
 
 def test_sft_work_model_by_hand():
-    est = pt.predict_from_calibration(STUB, "sft", "sft", SFT_CONFIG)
+    est = pt.predict_from_calibration(STUB, "sft", "sft", TrainerConfig("sft", SFT_CONFIG))
     assert est.calibrated and est.steps == 36 and est.step_unit == "optimizer steps"
     per_step = (0.1 + 16 * 100 / 1000) + 0.05  # one micro-batch of 16 × 100 tokens
     evals = 5 * 8 * (0.02 + 8 * 100 / 4000)  # 5 evaluations of 64 rows, 8 a pass
@@ -127,7 +128,7 @@ def test_sft_work_model_by_hand():
     lora = copy.deepcopy(SFT_CONFIG)
     lora["model"]["lora"]["enabled"] = True
     lora["data"]["dataset"] = "data/mine.jsonl"
-    est_lora = pt.predict_from_calibration(STUB, "sft", "sft", lora)
+    est_lora = pt.predict_from_calibration(STUB, "sft", "sft", TrainerConfig("sft", lora))
     assert est_lora.per_step_s == pytest.approx(0.1 + 16 * 160 / 2000 + 0.01, abs=0.01)
 
 
@@ -142,7 +143,9 @@ def test_policy_gradient_work_model_by_hand():
         "eval": {"eval_every": 5, "eval_batch_size": 16, "max_new_tokens": None},
         "checkpoint": {"save_final_model": False},
     }
-    est = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", config)
+    est = pt.predict_from_calibration(
+        STUB, "policy_gradients", "grpo", TrainerConfig("policy_gradients", config)
+    )
     gen = pt.generation_seconds(STUB, 4, 8, 60, 64)
     # 32 rows / 8 per micro-batch / 4 accumulation = 1 optimizer step: no π_old pass (β = 0)
     update = 4 * (0.1 + 8 * 124 / 1000) + 0.05
@@ -153,14 +156,18 @@ def test_policy_gradient_work_model_by_hand():
     # two optimizer steps per rollout: GRPO's π_old pass appears; β > 0 adds the reference
     config["train"]["gradient_accumulation_steps"] = 2
     config["loss"]["beta"] = 0.04
-    more = pt.predict_from_calibration(STUB, "policy_gradients", "grpo", config)
+    more = pt.predict_from_calibration(
+        STUB, "policy_gradients", "grpo", TrainerConfig("policy_gradients", config)
+    )
     passes = 2 * pt.forward_seconds(STUB, 32, 8, 124)
     assert more.per_step_s == pytest.approx(gen + passes + update + 0.05, abs=0.01)
     assert more.parts["start"] == pytest.approx(5 + 2 + 1)  # the reference model loads too
 
 
 def test_families_without_a_work_model_say_so():
-    est = pt.predict_from_calibration(STUB, "distillation", "distill", {"data": {"size": 8}})
+    est = pt.predict_from_calibration(
+        STUB, "distillation", "distill", TrainerConfig("distillation", {"data": {"size": 8}})
+    )
     assert not est.calibrated and est.text.startswith("time: not calibrated")
     assert est.total_s is None
 
@@ -174,9 +181,13 @@ def test_recorded_timings_of_real_runs_are_predicted_within_30_percent(case):
     run = next(r for r in recorded["runs"] if r["case"] == case)
     cal = recorded["calibration"]
     if case == "eval":
-        est = pt.evaluation_from_calibration(cal, run["config"], run["policies"])
+        est = pt.evaluation_from_calibration(
+            cal, TrainerConfig("evaluation", run["config"]), run["policies"]
+        )
     else:
-        est = pt.predict_from_calibration(cal, run["family"], run["algorithm"], run["config"])
+        est = pt.predict_from_calibration(
+            cal, run["family"], run["algorithm"], TrainerConfig(run["family"], run["config"])
+        )
     assert est.calibrated
     assert 0.7 <= est.total_s / run["actual_s"] <= 1.3, (est.total_s, run["actual_s"], est.parts)
 
@@ -271,8 +282,12 @@ def test_auto_measures_once_then_reads_the_cache(cache):
 
 def test_a_plan_says_when_a_calibration_ran_for_it_and_its_cost(cache):
     with tc.calibration_scope(None, measure=lambda *a: dict(STUB, load_avg_1m=0.5)):
-        ran = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
-        again = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", mode="auto")
+        ran = pt.predict_run(
+            "sft", "sft", TrainerConfig("sft", SFT_CONFIG), device="cpu", mode="auto"
+        )
+        again = pt.predict_run(
+            "sft", "sft", TrainerConfig("sft", SFT_CONFIG), device="cpu", mode="auto"
+        )
     assert ran.calibrated and ran.note.startswith("time calibration of tiny on cpu (1 thread(s))")
     assert " s, cached (machine load 0.5 while measuring)" in ran.note
     assert again.note is None and again.total_s == ran.total_s
@@ -291,7 +306,9 @@ def test_unresolvable_model_and_failed_measurement_are_not_calibrated(cache):
         raise RuntimeError("the calibration failed: out of memory")
 
     with tc.calibration_scope(None, measure=fail):
-        est = pt.predict_run("sft", "sft", SFT_CONFIG, device="cpu", threads=1, mode="auto")
+        est = pt.predict_run(
+            "sft", "sft", TrainerConfig("sft", SFT_CONFIG), device="cpu", threads=1, mode="auto"
+        )
     assert (
         not est.calibrated
         and est.text == "time: not calibrated (the calibration failed: out of memory)"
@@ -333,12 +350,12 @@ def test_plan_carries_each_runs_time_and_the_total(cache, tmp_path, monkeypatch)
 
 def test_launch_prediction_uses_the_cache_only(cache):
     with tc.calibration_scope(None, measure=lambda *a: pytest.fail("a launch never measures")):
-        assert pt.launch_prediction("sft", "sft", SFT_CONFIG, "cpu") is None
+        assert pt.launch_prediction("sft", "sft", TrainerConfig("sft", SFT_CONFIG), "cpu") is None
     tc.write_cached(tc.get_calibration("tiny", "cpu", 1, mode="cached").key, STUB)
-    written = pt.launch_prediction("sft", "sft", SFT_CONFIG, "cpu")
+    written = pt.launch_prediction("sft", "sft", TrainerConfig("sft", SFT_CONFIG), "cpu")
     assert written["total_s"] == pytest.approx(82.0, abs=0.5) and written["steps"] == 36
     assert written["text"] == "~82 s (36 steps × 1.8 s)"
-    assert pt.launch_prediction("sft", "sft", SFT_CONFIG, "slurm") is None
+    assert pt.launch_prediction("sft", "sft", TrainerConfig("sft", SFT_CONFIG), "slurm") is None
 
 
 # ------------------------------------------------------------------------------------ ledger
@@ -399,7 +416,7 @@ def test_cli_plan_prints_each_runs_time_and_the_total(cache, tmp_path, monkeypat
 
 def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypatch):
     from rlhf_lab.api.launching import with_predicted_time
-    from rlhf_lab.planning.trainer_config import trainer_config
+    from rlhf_lab.planning.trainer_config import TrainerConfig
     from rlhf_lab.runs.launcher import NewRun, prepare_run
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
@@ -407,7 +424,7 @@ def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypat
     run = NewRun(
         family="sft",
         algorithm="sft",
-        config=trainer_config("sft", SFT_CONFIG),
+        config=TrainerConfig("sft", SFT_CONFIG),
         campaign="timing",
         source="x.yaml",
         device="cpu",
@@ -425,7 +442,7 @@ def test_the_lm_head_counts_only_the_tokens_a_loss_needs():
     assert pt.head_seconds(cal, 400, grad=True) == pytest.approx(0.2)
     assert pt.head_seconds(cal, 400, grad=False) == pytest.approx(0.05)
     assert pt.head_seconds(STUB, 400, grad=True) == 0.0  # a calibration without the head apart
-    sft = pt.predict_from_calibration(cal, "sft", "sft", SFT_CONFIG)
+    sft = pt.predict_from_calibration(cal, "sft", "sft", TrainerConfig("sft", SFT_CONFIG))
     # 16 rows: the body over 100 tokens each, the head over the answer (100 − 60 prompt)
     assert sft.per_step_s == pytest.approx(0.1 + 1.6 + 16 * 40 / 2000 + 0.05, abs=0.01)
     rm_config = {
@@ -433,8 +450,12 @@ def test_the_lm_head_counts_only_the_tokens_a_loss_needs():
         "kind": "preference",
         "data": {**SFT_CONFIG["data"], "dataset": "builtin:reasoning-preferences"},
     }
-    with_head = pt.predict_from_calibration(cal, "reward_models", "preference_rm", rm_config)
-    without = pt.predict_from_calibration(STUB, "reward_models", "preference_rm", rm_config)
+    with_head = pt.predict_from_calibration(
+        cal, "reward_models", "preference_rm", TrainerConfig("reward_models", rm_config)
+    )
+    without = pt.predict_from_calibration(
+        STUB, "reward_models", "preference_rm", TrainerConfig("reward_models", rm_config)
+    )
     assert with_head.per_step_s == without.per_step_s  # a scalar head: no LM head at all
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from rlhf_lab.errors import InvalidArgument
-from rlhf_lab.planning.trainer_config import trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.runs.world import check_world_size
 
 
 def test_each_ranks_rollouts_must_fill_whole_micro_batches():
-    pg = trainer_config(
+    pg = TrainerConfig(
         "policy_gradients",
         {"rollout": {"prompts_per_step": 4, "num_rollouts": 2}, "train": {"batch_size": 4}},
     )
@@ -34,7 +34,7 @@ def test_each_ranks_rollouts_must_fill_whole_micro_batches():
     ],
 )
 def test_what_the_trainers_refuse_under_torchrun_is_refused_before_launch(family, config, message):
-    config = trainer_config(family, config)
+    config = TrainerConfig(family, config)
     check_world_size(family, config, 1)  # one process: fine
     with pytest.raises(InvalidArgument, match=message) as caught:
         check_world_size(family, config, 2)
@@ -42,5 +42,5 @@ def test_what_the_trainers_refuse_under_torchrun_is_refused_before_launch(family
 
 
 def test_lora_in_a_family_that_shards_it_passes():
-    lora = trainer_config("direct_alignment", {"model": {"lora": {"enabled": True}}})
+    lora = TrainerConfig("direct_alignment", {"model": {"lora": {"enabled": True}}})
     check_world_size("direct_alignment", lora, 2)

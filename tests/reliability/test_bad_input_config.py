@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from rlhf_lab import api
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.configs import validate_data
+from rlhf_lab.planning.overrides import as_overrides
 from trainers.core.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("lab_root")
@@ -60,6 +61,11 @@ def assert_usable_config(family: str, data: dict) -> None:
     json.dumps(data, allow_nan=False)
 
 
+def resolve(recipe: str, overrides: list[str]):
+    """``api.resolve_config`` with the strings parsed as a surface parses them."""
+    return api.resolve_config(recipe, as_overrides(overrides))
+
+
 def resolve_or_refuse(call, *args, **kwargs):
     """The result, or None for a LabError / ConfigError with a message; anything else raises."""
     try:
@@ -76,7 +82,7 @@ def resolve_or_refuse(call, *args, **kwargs):
     model=st.sampled_from([None, "tiny"]),
 )
 def test_fuzzed_overrides_give_a_valid_config_or_one_lab_error(recipe, overrides, model):
-    resolved = resolve_or_refuse(api.resolve_config, recipe, overrides)
+    resolved = resolve_or_refuse(resolve, recipe, overrides)
     if resolved is not None:
         assert_usable_config(resolved.family, resolved.data)
     shrunk = resolve_or_refuse(api.shrink_config, recipe, overrides, model=model)
@@ -100,7 +106,7 @@ TYPED_KEYS = [
 def test_every_hostile_value_on_every_kind_of_field(value):
     """The deterministic half of the fuzzing: each hostile value on each kind of field."""
     for key in TYPED_KEYS:
-        resolved = resolve_or_refuse(api.resolve_config, "dpo", [f"{key}={value}"])
+        resolved = resolve_or_refuse(resolve, "dpo", [f"{key}={value}"])
         if resolved is not None:
             assert_usable_config(resolved.family, resolved.data)
 
@@ -121,7 +127,7 @@ def test_override_values_yaml_or_python_cannot_hold_are_config_errors(override, 
     """Found by the fuzzer: these used to escape as ValueError / RecursionError or were accepted
     as inf / nan learning rates."""
     with pytest.raises(LabError) as err:
-        api.resolve_config("dpo", [override])
+        api.resolve_config("dpo", as_overrides([override]))
     text = str(err.value)
     assert needle in text and len(text) < 6000 + len(override), text[:500]
     assert_one_clear_message(text)

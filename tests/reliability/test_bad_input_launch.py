@@ -22,6 +22,7 @@ from _bad_input import (  # noqa: F401  (lab_root, no_trainer: fixtures)
 from rlhf_lab import api, runs
 from rlhf_lab.cli import app
 from rlhf_lab.paths import LabError
+from rlhf_lab.planning.overrides import as_overrides
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 pytestmark = pytest.mark.usefixtures("lab_root")
@@ -83,7 +84,7 @@ def test_impossible_shapes_are_refused_before_anything_starts(lab_root, no_train
     recipe, overrides, needle = IMPOSSIBLE[case]
     before = lab_tree(lab_root)
     calls = {
-        "resolve_config": lambda: api.resolve_config(recipe, overrides),
+        "resolve_config": lambda: api.resolve_config(recipe, as_overrides(overrides)),
         "shrink_config": lambda: api.shrink_config(recipe, overrides, model="tiny"),
         "plan_experiment": lambda: api.plan_experiment(
             algorithm=recipe, model="tiny", overrides=overrides
@@ -201,7 +202,7 @@ def test_a_model_that_cannot_load_is_one_message_before_launch_and_in_run_status
         (s.operation, dict(s.args)) for s in err.value.next_steps
     ]
     assert not (lab_root / "experiments").exists(), "a refused launch wrote something"
-    config = api.resolve_config("dpo", QUICK + [f"model.name={model}"]).config
+    config = api.resolve_config("dpo", as_overrides(QUICK + [f"model.name={model}"])).config
     launched = runs.start_or_queue(
         runs.NewRun(
             family="direct_alignment",

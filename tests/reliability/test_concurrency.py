@@ -338,13 +338,13 @@ from pathlib import Path
 gate, config = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
 from rlhf_lab import runs
 from rlhf_lab.paths import LabError
-from rlhf_lab.planning.trainer_config import trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 (gate / f"ready-{sys.argv[3]}").touch()
 while not (gate / "go").exists():
     time.sleep(0.002)
 try:
     run = runs.NewRun(family="direct_alignment", algorithm="dpo",
-                      config=trainer_config("direct_alignment", config),
+                      config=TrainerConfig("direct_alignment", config),
                       campaign="race", source="dpo.yaml", device="cpu")
     result = runs.start_or_queue(run)
     print(json.dumps({"started": result.run.id}))

@@ -27,7 +27,7 @@ from rlhf_lab.planning.memory.architecture import (
 from rlhf_lab.planning.memory.blocks import EstimateBuilder, MemoryComponent
 from rlhf_lab.planning.memory.families import FAMILY_ESTIMATORS, HOOK_ESTIMATORS, EstimateInputs
 from rlhf_lab.planning.memory.sharding import shard_components
-from rlhf_lab.planning.trainer_config import ConfigArg, TrainerConfig, trainer_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 ModelArg = int | ParamCount | ModelArch | str | None
 
@@ -156,7 +156,7 @@ def _estimator(family: str, algorithm: str | None):
 def estimate_memory(
     family: str,
     algorithm: str | None,
-    config: ConfigArg,
+    config: TrainerConfig,
     model: ModelArg = None,
     *,
     device: Literal["cuda", "cpu"] | None = None,
@@ -164,8 +164,7 @@ def estimate_memory(
     assume: Assumptions = Assumptions(),
 ) -> MemoryEstimate:
     """Peak memory of one run of ``family``/``algorithm`` with ``config`` (the resolved config's
-    view, e.g. ``ShrinkResult.trainer_config``, or the data of a config the lab validated), per
-    component, in GiB.
+    view, e.g. ``ShrinkResult.trainer_config``), per component, in GiB.
 
     ``model``: a parameter count, :class:`ParamCount`, :class:`ModelArch` or model name; None
     reads ``model.name`` from the config. ``device``: what to estimate for (None: the config's
@@ -178,7 +177,6 @@ def estimate_memory(
 
     if family not in FAMILIES or _estimator(family, None) is None:
         raise _unknown_family(family)
-    config = trainer_config(family, config)
     pc, params, model_name, notes = _resolve_model_arg(model, config)
     dev = _pick_device(device, config)
     dtype = _training_dtype(config, dev)
