@@ -114,38 +114,77 @@ def _decode(tokenizer, ids) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _held_out_split(records: list, cfg: RewardModelConfig, unit: str) -> tuple[list, list]:
-    """The training and held-out records (``data.eval_size`` held out, drawn with ``seed``); a
-    ConfigError when that would leave no training record (``unit`` names the records)."""
-    eval_size = cfg.data.eval_size
-    if eval_size >= len(records):
-        raise ConfigError(
-            f"data.eval_size ({eval_size}) must be smaller than the {len(records)} {unit}"
-        )
-    return split_train_eval(records, eval_size=eval_size, seed=cfg.seed)
+class Kind:
+    """What the three kinds share: the kind's records (:meth:`load`) split into training and
+    held-out records (``data.eval_size`` held out, drawn with ``seed``), both tokenised
+    (:meth:`tokenize`) and described (:meth:`describe`); the held-out set read in evaluation
+    batches. A kind adds its micro-batch loss, its evaluation and its samples."""
 
-
-class PreferenceKind:
-    """Bradley–Terry on (prompt, chosen, rejected) pairs; score = head at the last token."""
-
-    unit = "pairs"
+    records = "records"  # what the records are called in the held-out split's error
 
     def __init__(self, cfg: RewardModelConfig, tokenizer):
         self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
-        d = cfg.data
         load_stats: dict = {}
+        records = self.load(load_stats)
+        eval_size = cfg.data.eval_size
+        if eval_size >= len(records):
+            raise ConfigError(
+                f"data.eval_size ({eval_size}) must be smaller than the {len(records)} "
+                f"{self.records}"
+            )
+        train_r, eval_r = split_train_eval(records, eval_size=eval_size, seed=cfg.seed)
+        self.train, train_stats = self.tokenize(train_r)
+        self.held_out, eval_stats = self.tokenize(eval_r)
+        self.stats = self.describe(load_stats, (train_r, eval_r), (train_stats, eval_stats))
+
+    def load(self, stats: dict) -> list:
+        raise NotImplementedError
+
+    def tokenize(self, records: list) -> tuple[list, dict]:
+        raise NotImplementedError
+
+    def describe(self, load_stats: dict, records: tuple, tokenized: tuple) -> dict:
+        """The data's figures (``records``, ``tokenized``: the training and held-out parts)."""
+        raise NotImplementedError
+
+    def weight(self, example) -> float:
+        """An example's share of the step's loss (the PRM: its labelled steps)."""
+        return 1.0
+
+    def held_out_batches(self, size: int):
+        """The held-out examples ``size`` at a time, a stop check before each batch."""
+        for start in range(0, len(self.held_out), size):
+            raise_if_stopping("eval_batch")
+            yield self.held_out[start : start + size]
+
+    def n_sample_sources(self) -> int:
+        """How many held-out items the samples are drawn from, round-robin."""
+        return len(self.held_out)
+
+
+class PreferenceKind(Kind):
+    """Bradley–Terry on (prompt, chosen, rejected) pairs; score = head at the last token."""
+
+    records = "pairs"
+
+    def load(self, stats: dict) -> list:
+        d = self.cfg.data
         records = load_preference_records(
-            d.dataset, d.split, "auto", d.max_samples, seed=cfg.seed, stats=load_stats
+            d.dataset, d.split, "auto", d.max_samples, seed=self.cfg.seed, stats=stats
         )
         if not all(r.paired for r in records):
             raise ConfigError(
                 "kind preference needs paired data (chosen and rejected); this dataset is "
                 "unpaired (prompt, completion, label)"
             )
-        train_r, eval_r = _held_out_split(records, cfg, "pairs")
-        self.train, train_stats = tokenize_records(train_r, tokenizer, d.max_length)
-        self.held_out, eval_stats = tokenize_records(eval_r, tokenizer, d.max_length)
-        self.stats = {
+        return records
+
+    def tokenize(self, records: list) -> tuple[list, dict]:
+        return tokenize_records(records, self.tokenizer, self.cfg.data.max_length)
+
+    def describe(self, load_stats: dict, records: tuple, tokenized: tuple) -> dict:
+        train_stats, eval_stats = tokenized
+        return {
             **{f"load_{k}": v for k, v in load_stats.items() if k != "format"},
             "format": load_stats.get("format", "builtin"),
             "n_train": len(self.train),
@@ -154,9 +193,6 @@ class PreferenceKind:
             "truncated_response": train_stats["truncated_response"]
             + eval_stats["truncated_response"],
         }
-
-    def weight(self, example) -> float:
-        return 1.0
 
     def scores(self, model: RewardModel, examples):
         packed = pack_examples(examples, self.pad_id, model.backbone)  # one row per pair
@@ -178,10 +214,8 @@ class PreferenceKind:
     @torch.no_grad()
     def evaluate(self, model) -> tuple[dict, dict]:
         chosen, rejected = [], []
-        bs = max(1, self.cfg.eval.eval_batch_size // 2)
-        for start in range(0, len(self.held_out), bs):
-            raise_if_stopping("eval_batch")
-            r_c, r_r, _ = self.scores(model, self.held_out[start : start + bs])
+        for batch in self.held_out_batches(max(1, self.cfg.eval.eval_batch_size // 2)):
+            r_c, r_r, _ = self.scores(model, batch)
             chosen.append(r_c.float().cpu())
             rejected.append(r_r.float().cpu())
         r_c, r_r = torch.cat(chosen), torch.cat(rejected)
@@ -204,28 +238,29 @@ class PreferenceKind:
         return out
 
 
-class OutcomeKind:
+class OutcomeKind(Kind):
     """ORM: BCE on correctness labels; score = head at the last completion token."""
 
-    unit = "completions"
+    records = "prompts"
 
-    def __init__(self, cfg: RewardModelConfig, tokenizer):
-        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
-        d = cfg.data
-        load_stats: dict = {}
-        records = load_outcome_records(
+    def load(self, stats: dict) -> list:
+        d = self.cfg.data
+        return load_outcome_records(
             d.dataset,
             d.split,
             d.max_samples,
             d.rollouts_per_prompt,
-            seed=cfg.seed,
-            stats=load_stats,
+            seed=self.cfg.seed,
+            stats=stats,
             task_configs=d.builtin_task_configs,
         )
-        train_r, eval_r = _held_out_split(records, cfg, "prompts")
-        self.train, train_stats = tokenize_outcomes(train_r, tokenizer, d.max_length)
-        self.held_out, eval_stats = tokenize_outcomes(eval_r, tokenizer, d.max_length)
-        self.stats = {
+
+    def tokenize(self, records: list) -> tuple[list, dict]:
+        return tokenize_outcomes(records, self.tokenizer, self.cfg.data.max_length)
+
+    def describe(self, load_stats: dict, records: tuple, tokenized: tuple) -> dict:
+        (train_r, eval_r), (train_stats, eval_stats) = records, tokenized
+        return {
             **{f"load_{k}": v for k, v in load_stats.items()},
             "n_train_prompts": len(train_r),
             "n_eval_prompts": len(eval_r),
@@ -235,9 +270,6 @@ class OutcomeKind:
             "eval_correct_share": _share(ex.label for ex in self.held_out),
             "dropped_too_long": train_stats["dropped_too_long"] + eval_stats["dropped_too_long"],
         }
-
-    def weight(self, example) -> float:
-        return 1.0
 
     def _forward(self, model, examples):
         batch = collate_outcomes(examples, self.pad_id)
@@ -254,10 +286,8 @@ class OutcomeKind:
     @torch.no_grad()
     def evaluate(self, model) -> tuple[dict, dict]:
         scores, losses = [], []
-        bs = self.cfg.eval.eval_batch_size
-        for start in range(0, len(self.held_out), bs):
-            raise_if_stopping("eval_batch")
-            logits, labels, cmask, _ = self._forward(model, self.held_out[start : start + bs])
+        for batch in self.held_out_batches(self.cfg.eval.eval_batch_size):
+            logits, labels, cmask, _ = self._forward(model, batch)
             last = last_token_index(cmask)
             scores.append(logits.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu())
             per_seq = orm_per_sequence_loss(logits, labels, cmask, self.cfg.orm_loss_tokens)
@@ -310,28 +340,29 @@ class OutcomeKind:
         return len({ex.group for ex in self.held_out})
 
 
-class StepKind:
+class StepKind(Kind):
     """PRM: cross-entropy at step separators; per-step class probabilities."""
 
-    unit = "labelled steps"
+    records = "solutions"
 
-    def __init__(self, cfg: RewardModelConfig, tokenizer):
-        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
-        d = cfg.data
-        load_stats: dict = {}
-        records = load_step_records(
+    def load(self, stats: dict) -> list:
+        d = self.cfg.data
+        return load_step_records(
             d.dataset,
             d.split,
             d.max_samples,
-            seed=cfg.seed,
-            stats=load_stats,
+            seed=self.cfg.seed,
+            stats=stats,
             task_configs=d.builtin_task_configs,
         )
-        train_r, eval_r = _held_out_split(records, cfg, "solutions")
-        args = (tokenizer, d.max_length, d.step_separator, d.num_labels)
-        self.train, train_stats = tokenize_steps(train_r, *args)
-        self.held_out, eval_stats = tokenize_steps(eval_r, *args)
-        self.stats = {
+
+    def tokenize(self, records: list) -> tuple[list, dict]:
+        d = self.cfg.data
+        return tokenize_steps(records, self.tokenizer, d.max_length, d.step_separator, d.num_labels)
+
+    def describe(self, load_stats: dict, records: tuple, tokenized: tuple) -> dict:
+        (train_r, eval_r), (train_stats, eval_stats) = records, tokenized
+        return {
             **{f"load_{k}": v for k, v in load_stats.items()},
             "n_train_solutions": len(train_r),
             "n_eval_solutions": len(eval_r),
@@ -363,10 +394,8 @@ class StepKind:
     @torch.no_grad()
     def evaluate(self, model) -> tuple[dict, dict]:
         all_logits = []
-        bs = self.cfg.eval.eval_batch_size
-        for start in range(0, len(self.held_out), bs):
-            raise_if_stopping("eval_batch")
-            step_logits, _, _ = self._forward(model, self.held_out[start : start + bs])
+        for batch in self.held_out_batches(self.cfg.eval.eval_batch_size):
+            step_logits, _, _ = self._forward(model, batch)
             all_logits.append(step_logits.float().cpu())
         logits = torch.cat(all_logits)
         labels = torch.tensor([y for ex in self.held_out for y in ex.labels])
@@ -426,7 +455,7 @@ def _share(values) -> float:
 KINDS = {"preference": PreferenceKind, "orm": OutcomeKind, "prm": StepKind}
 
 
-def prepare_kind(cfg: RewardModelConfig, tokenizer: Any) -> PreferenceKind | OutcomeKind | StepKind:
+def prepare_kind(cfg: RewardModelConfig, tokenizer: Any) -> Kind:
     try:
         kind = KINDS[cfg.kind](cfg, tokenizer)
     except DatasetNotFoundError as err:
@@ -498,15 +527,18 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         best.update(row)
         n = min(cfg.eval.num_samples, len(kind.held_out))
         if n:
-            sources = getattr(kind, "n_sample_sources", lambda: len(kind.held_out))()
-            picks = round_robin(sources, n, loop.event(cfg.eval.eval_every))
+            picks = round_robin(kind.n_sample_sources(), n, loop.event(cfg.eval.eval_every))
             loop.log_samples(kind.samples(cache, picks))
         loop.last_eval = row
 
+    def after_step() -> None:  # the step's evaluation and samples, when due
+        if loop.every(cfg.eval.eval_every) and kind.held_out:
+            run_eval()
+
     if not resume and cfg.eval.eval_every > 0 and kind.held_out:
         run_eval()  # the starting point, for contrast
-    if loop.redo_events and loop.every(cfg.eval.eval_every) and kind.held_out:
-        run_eval()  # stopped during the evaluation after the checkpoint's step
+    if loop.redo_events:  # stopped during the evaluation after the checkpoint's step
+        after_step()
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(kind.train), cfg.train, cfg.seed, position):
@@ -528,11 +560,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
             agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every)
-        loop.print_step(row)
-        if loop.every(cfg.eval.eval_every) and kind.held_out:
-            run_eval()
-        loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop()
+        loop.end_step(after_step, epoch=pos.epoch)
 
     final_model = loop.save_final_model(model, tokenizer, save=save_reward_model)
     if final_model is not None:
