@@ -114,41 +114,26 @@ def _decode(tokenizer, ids) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def _held_out_split(records: list, cfg: RewardModelConfig, unit: str) -> tuple[list, list]:
+    """The training and held-out records (``data.eval_size`` held out, drawn with ``seed``); a
+    ConfigError when that would leave no training record (``unit`` names the records)."""
+    eval_size = cfg.data.eval_size
+    if eval_size >= len(records):
+        raise ConfigError(
+            f"data.eval_size ({eval_size}) must be smaller than the {len(records)} {unit}"
+        )
+    return split_train_eval(records, eval_size=eval_size, seed=cfg.seed)
+
+
 class Kind:
-    """What the three kinds share: the kind's records (:meth:`load`) split into training and
-    held-out records (``data.eval_size`` held out, drawn with ``seed``), both tokenised
-    (:meth:`tokenize`) and described (:meth:`describe`); the held-out set read in evaluation
-    batches. A kind adds its micro-batch loss, its evaluation and its samples."""
+    """What every kind shares: a training example's weight (1 unless the kind says otherwise),
+    the held-out set read in evaluation batches, and the held-out items samples are drawn from.
+    A kind loads and tokenises its data (``train``, ``held_out``, ``stats``) and adds its
+    micro-batch loss, its evaluation and its samples."""
 
-    records = "records"  # what the records are called in the held-out split's error
-
-    def __init__(self, cfg: RewardModelConfig, tokenizer):
-        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
-        load_stats: dict = {}
-        records = self.load(load_stats)
-        eval_size = cfg.data.eval_size
-        if eval_size >= len(records):
-            raise ConfigError(
-                f"data.eval_size ({eval_size}) must be smaller than the {len(records)} "
-                f"{self.records}"
-            )
-        train_r, eval_r = split_train_eval(records, eval_size=eval_size, seed=cfg.seed)
-        self.train, train_stats = self.tokenize(train_r)
-        self.held_out, eval_stats = self.tokenize(eval_r)
-        self.stats = self.describe(load_stats, (train_r, eval_r), (train_stats, eval_stats))
-
-    def load(self, stats: dict) -> list:
-        raise NotImplementedError
-
-    def tokenize(self, records: list) -> tuple[list, dict]:
-        raise NotImplementedError
-
-    def describe(self, load_stats: dict, records: tuple, tokenized: tuple) -> dict:
-        """The data's figures (``records``, ``tokenized``: the training and held-out parts)."""
-        raise NotImplementedError
+    held_out: list
 
     def weight(self, example) -> float:
-        """An example's share of the step's loss (the PRM: its labelled steps)."""
         return 1.0
 
     def held_out_batches(self, size: int):
@@ -158,33 +143,29 @@ class Kind:
             yield self.held_out[start : start + size]
 
     def n_sample_sources(self) -> int:
-        """How many held-out items the samples are drawn from, round-robin."""
+        """How many held-out items samples are drawn from, round-robin."""
         return len(self.held_out)
 
 
 class PreferenceKind(Kind):
     """Bradley–Terry on (prompt, chosen, rejected) pairs; score = head at the last token."""
 
-    records = "pairs"
-
-    def load(self, stats: dict) -> list:
-        d = self.cfg.data
+    def __init__(self, cfg: RewardModelConfig, tokenizer):
+        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
+        d = cfg.data
+        load_stats: dict = {}
         records = load_preference_records(
-            d.dataset, d.split, "auto", d.max_samples, seed=self.cfg.seed, stats=stats
+            d.dataset, d.split, "auto", d.max_samples, seed=cfg.seed, stats=load_stats
         )
         if not all(r.paired for r in records):
             raise ConfigError(
                 "kind preference needs paired data (chosen and rejected); this dataset is "
                 "unpaired (prompt, completion, label)"
             )
-        return records
-
-    def tokenize(self, records: list) -> tuple[list, dict]:
-        return tokenize_records(records, self.tokenizer, self.cfg.data.max_length)
-
-    def describe(self, load_stats: dict, records: tuple, tokenized: tuple) -> dict:
-        train_stats, eval_stats = tokenized
-        return {
+        train_r, eval_r = _held_out_split(records, cfg, "pairs")
+        self.train, train_stats = tokenize_records(train_r, tokenizer, d.max_length)
+        self.held_out, eval_stats = tokenize_records(eval_r, tokenizer, d.max_length)
+        self.stats = {
             **{f"load_{k}": v for k, v in load_stats.items() if k != "format"},
             "format": load_stats.get("format", "builtin"),
             "n_train": len(self.train),
@@ -241,26 +222,23 @@ class PreferenceKind(Kind):
 class OutcomeKind(Kind):
     """ORM: BCE on correctness labels; score = head at the last completion token."""
 
-    records = "prompts"
-
-    def load(self, stats: dict) -> list:
-        d = self.cfg.data
-        return load_outcome_records(
+    def __init__(self, cfg: RewardModelConfig, tokenizer):
+        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
+        d = cfg.data
+        load_stats: dict = {}
+        records = load_outcome_records(
             d.dataset,
             d.split,
             d.max_samples,
             d.rollouts_per_prompt,
-            seed=self.cfg.seed,
-            stats=stats,
+            seed=cfg.seed,
+            stats=load_stats,
             task_configs=d.builtin_task_configs,
         )
-
-    def tokenize(self, records: list) -> tuple[list, dict]:
-        return tokenize_outcomes(records, self.tokenizer, self.cfg.data.max_length)
-
-    def describe(self, load_stats: dict, records: tuple, tokenized: tuple) -> dict:
-        (train_r, eval_r), (train_stats, eval_stats) = records, tokenized
-        return {
+        train_r, eval_r = _held_out_split(records, cfg, "prompts")
+        self.train, train_stats = tokenize_outcomes(train_r, tokenizer, d.max_length)
+        self.held_out, eval_stats = tokenize_outcomes(eval_r, tokenizer, d.max_length)
+        self.stats = {
             **{f"load_{k}": v for k, v in load_stats.items()},
             "n_train_prompts": len(train_r),
             "n_eval_prompts": len(eval_r),
@@ -343,26 +321,23 @@ class OutcomeKind(Kind):
 class StepKind(Kind):
     """PRM: cross-entropy at step separators; per-step class probabilities."""
 
-    records = "solutions"
-
-    def load(self, stats: dict) -> list:
-        d = self.cfg.data
-        return load_step_records(
+    def __init__(self, cfg: RewardModelConfig, tokenizer):
+        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
+        d = cfg.data
+        load_stats: dict = {}
+        records = load_step_records(
             d.dataset,
             d.split,
             d.max_samples,
-            seed=self.cfg.seed,
-            stats=stats,
+            seed=cfg.seed,
+            stats=load_stats,
             task_configs=d.builtin_task_configs,
         )
-
-    def tokenize(self, records: list) -> tuple[list, dict]:
-        d = self.cfg.data
-        return tokenize_steps(records, self.tokenizer, d.max_length, d.step_separator, d.num_labels)
-
-    def describe(self, load_stats: dict, records: tuple, tokenized: tuple) -> dict:
-        (train_r, eval_r), (train_stats, eval_stats) = records, tokenized
-        return {
+        train_r, eval_r = _held_out_split(records, cfg, "solutions")
+        args = (tokenizer, d.max_length, d.step_separator, d.num_labels)
+        self.train, train_stats = tokenize_steps(train_r, *args)
+        self.held_out, eval_stats = tokenize_steps(eval_r, *args)
+        self.stats = {
             **{f"load_{k}": v for k, v in load_stats.items()},
             "n_train_solutions": len(train_r),
             "n_eval_solutions": len(eval_r),
