@@ -18,8 +18,7 @@ the bookkeeping each loop shares::
             ...                                               # forward, loss, backward
         ...                                                   # the optimizer step
         loop.step_done(train_row, step_tokens, cfg.logging.log_every)  # log, print the line
-        loop.end_step(after_step, epoch=pos.epoch)            # evaluation and samples when
-                                                              # due; checkpoint or stop
+        loop.end_step(after_step, epoch=pos.epoch)  # evaluation when due; checkpoint or stop
     loop.save_final_model(model, tokenizer)
     loop.finish()
     return loop.summary(algorithm, best, device, **family_fields)
@@ -396,8 +395,7 @@ class TrainingRun:
         self.run.log_samples(self.step, samples)
 
     def log_start(self, metrics: dict[str, Any]) -> None:
-        """The starting point's evaluation (step 0, before any update, for contrast):
-        metrics.jsonl and its line in train.log; W&B's history starts with the first step."""
+        """The starting point's evaluation (step 0, for contrast): metrics.jsonl and train.log."""
         self.run.log_metrics(0, "eval", metrics)
         print(eval_line(0, self.total_steps, metrics), flush=True)
 
