@@ -311,16 +311,22 @@ def describe() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def gather_sum(values: Sequence[float]) -> list[float]:
-    """Element-wise sum of ``values`` over the ranks (float64)."""
+def _all_reduce(values: Sequence[float], op: str) -> list[float]:
+    """``values`` reduced element-wise over the ranks in float64 with ``torch.distributed``'s
+    ``ReduceOp.<op>`` (the values as floats on one process)."""
     if not _world.distributed:
         return [float(v) for v in values]
     import torch
     import torch.distributed as dist
 
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
     return t.cpu().tolist()
+
+
+def gather_sum(values: Sequence[float]) -> list[float]:
+    """Element-wise sum of ``values`` over the ranks (float64)."""
+    return _all_reduce(values, "SUM")
 
 
 def sum_over_ranks(value: float) -> float:
@@ -329,14 +335,7 @@ def sum_over_ranks(value: float) -> float:
 
 def gather_max(values: Sequence[float]) -> list[float]:
     """Element-wise maximum of ``values`` over the ranks (float64)."""
-    if not _world.distributed:
-        return [float(v) for v in values]
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.cpu().tolist()
+    return _all_reduce(values, "MAX")
 
 
 def global_moments(values: torch.Tensor) -> tuple[float, float] | None:

@@ -17,10 +17,8 @@ the bookkeeping each loop shares::
             raise_if_stopping("micro_batch")                  # a stop check
             ...                                               # forward, loss, backward
         ...                                                   # the optimizer step
-        loop.step_done(train_row, step_tokens, cfg.logging.log_every)
-        after_step()                                          # evaluation, samples when due
-        loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop()                             # SIGTERM: checkpoint, stop
+        loop.step_done(train_row, step_tokens, cfg.logging.log_every)  # log, print the line
+        loop.end_step(after_step, epoch=pos.epoch)  # evaluation when due; checkpoint or stop
     loop.save_final_model(model, tokenizer)
     loop.finish()
     return loop.summary(algorithm, best, device, **family_fields)
@@ -287,16 +285,35 @@ class TrainingRun:
         self.after_update = {"rng": rng_state(), "rows": None}
         stop_anywhere(False)  # from now on there is work a checkpoint must keep
 
-    def step_done(self, train_row: dict[str, Any], step_tokens: int, log_every: int) -> None:
-        """:meth:`advance`, keep ``train_row`` as the last train metrics and log it when due
-        (every ``log_every`` steps and at the last one). ``step_tokens``: this rank's; the
-        tokens seen count every rank's."""
+    def step_done(
+        self,
+        train_row: dict[str, Any],
+        step_tokens: int,
+        log_every: int,
+        accuracy_key: str | None = None,
+        *,
+        show: bool = True,
+    ) -> None:
+        """:meth:`advance`, keep ``train_row`` as the last train metrics, log it when due
+        (every ``log_every`` steps and at the last one) and print the step's line
+        (:meth:`print_step`; ``show=False``: the caller prints its own). ``step_tokens``: this
+        rank's; the tokens seen count every rank's."""
         from trainers.core.distributed import sum_over_ranks
 
         self.advance(int(sum_over_ranks(step_tokens)))
         self.last_train = train_row
         if self.should_log(log_every):
             self.log("train", train_row)
+        if show:
+            self.print_step(train_row, accuracy_key)
+
+    def end_step(self, after_step: Callable[[], None], **progress: Any) -> None:
+        """The rest of a step whose update is done (:meth:`step_done`): its evaluation and
+        samples when due (``after_step()``), progress.json back to ``training`` (with the
+        family's ``progress`` extras), then :meth:`checkpoint_or_stop`."""
+        after_step()
+        self.progress("training", **progress)
+        self.checkpoint_or_stop()
 
     def epoch_steps(
         self,
@@ -376,6 +393,11 @@ class TrainingRun:
 
     def log_samples(self, samples: list[dict[str, Any]]) -> None:
         self.run.log_samples(self.step, samples)
+
+    def log_start(self, metrics: dict[str, Any]) -> None:
+        """The starting point's evaluation (step 0, for contrast): metrics.jsonl and train.log."""
+        self.run.log_metrics(0, "eval", metrics)
+        print(eval_line(0, self.total_steps, metrics), flush=True)
 
     # checkpoints -------------------------------------------------------------------------------
     def save_checkpoint(

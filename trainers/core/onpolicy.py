@@ -1,8 +1,9 @@
 """The "sample from the current policy" half of the loops that sample, then score the samples.
 
 Online DPO (trainers/direct_alignment/online.py) ranks what the policy sampled; on-policy
-distillation (trainers/distillation/train.py) has a teacher score every sampled token. Both start
-each step the same way, and the code for it lives here once:
+distillation (trainers/distillation/train.py) has a teacher score every sampled token; policy
+gradients sample each step's groups (trainers/policy_gradients/generation.py, and its difficulty
+probe the same way). They start each step the same way, and the code for it lives here once:
 
 - :func:`step_generator` — the step's sampling RNG, fixed by (seed, step) so a resumed run draws
   exactly what the uninterrupted one drew;

@@ -191,33 +191,39 @@ def save_checkpoint(
     Under torchrun the checkpoint is sharded (:func:`save_sharded_checkpoint`)."""
     from trainers.core.distributed import world
 
-    if world().distributed:
-        return save_sharded_checkpoint(
-            checkpoints_dir, step, model, optimizer, scheduler, data_position, extra, keep_last
-        )
-    checkpoints_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoints_dir / f"step-{step:07d}"
-    tmp = checkpoints_dir / f".tmp-step-{step:07d}-{os.getpid()}"
+    state = {
+        "step": step,
+        "scheduler": scheduler.state_dict(),
+        "data_position": data_position,
+        "extra": extra or {},
+    }
+    if world().distributed:
+        save_sharded_checkpoint(final, model, optimizer, state, keep_last)
+        return final
+    tmp = _fresh_folder(checkpoints_dir / f".tmp-{final.name}-{os.getpid()}")
+    torch.save(model.state_dict(), tmp / "model.pt")
+    torch.save({**state, "optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / "state.pt")
+    _publish(tmp, final, keep_last)
+    return final
+
+
+def _fresh_folder(tmp: Path) -> Path:
+    """``tmp`` created empty (its parent too), whatever an interrupted save left there."""
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(model.state_dict(), tmp / "model.pt")
-    torch.save(
-        {
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": rng_state(),
-            "data_position": data_position,
-            "extra": extra or {},
-        },
-        tmp / "state.pt",
-    )
+    return tmp
+
+
+def _publish(tmp: Path, final: Path, keep_last: int) -> None:
+    """The written checkpoint ``tmp`` renamed to ``final`` (replacing one of the same step),
+    then all but the ``keep_last`` newest checkpoints beside it removed."""
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
+    for old in list_checkpoints(final.parent)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
@@ -256,20 +262,18 @@ def _rng_file(rank: int) -> str:
 
 
 def save_sharded_checkpoint(
-    checkpoints_dir: Path,
-    step: int,
+    final: Path,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    data_position: dict[str, Any],
-    extra: dict[str, Any] | None = None,
-    keep_last: int = 1,
-) -> Path:
-    """A checkpoint every rank writes together: model and optimizer shards with
-    ``torch.distributed.checkpoint`` (``shards/``), each rank's random state
-    (``rng-rank<r>.pt``), and from rank 0 the scheduler, data position and family state
-    (``state.pt``, written last: its presence marks a complete checkpoint). Atomic as the
-    single-process one: a temp folder renamed by rank 0 once every rank has written."""
+    state: dict[str, Any],
+    keep_last: int,
+) -> None:
+    """The checkpoint ``final`` that every rank writes together: model and optimizer shards
+    with ``torch.distributed.checkpoint`` (``shards/``), each rank's random state
+    (``rng-rank<r>.pt``), and from rank 0 ``state`` (step, scheduler, data position, family
+    state) with the world size (``state.pt``, written last: its presence marks a complete
+    checkpoint). Atomic as the single-process one: a temp folder renamed by rank 0 once every
+    rank has written."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -277,12 +281,9 @@ def save_sharded_checkpoint(
     from trainers.core.lora import sharded_model_state
 
     w = world()
-    final = checkpoints_dir / f"step-{step:07d}"
-    tmp = checkpoints_dir / f".tmp-step-{step:07d}"
+    tmp = final.parent / f".tmp-{final.name}"
     if w.is_main:
-        checkpoints_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        _fresh_folder(tmp)
     barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_sharded_options(model))
     model_sd = sharded_model_state(model, model_sd)
@@ -290,23 +291,9 @@ def save_sharded_checkpoint(
     torch.save(rng_state(), tmp / _rng_file(w.rank))
     barrier()
     if w.is_main:
-        torch.save(
-            {
-                "step": step,
-                "scheduler": scheduler.state_dict(),
-                "data_position": data_position,
-                "extra": extra or {},
-                "world_size": w.size,
-            },
-            tmp / "state.pt",
-        )
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        torch.save({**state, "world_size": w.size}, tmp / "state.pt")
+        _publish(tmp, final, keep_last)
     barrier()
-    return final
 
 
 def load_sharded_checkpoint(

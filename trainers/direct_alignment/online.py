@@ -40,7 +40,6 @@ from trainers.core.loop import (
     StepTimer,
     TrainingRun,
     epoch_total_steps,
-    eval_line,
     pick_runtime,
     step_metrics,
 )
@@ -399,9 +398,7 @@ def train_online(
 
     if not resume and cfg.eval.eval_every > 0 and eval_prompts:  # the starting point
         loop.progress("evaluating")
-        start = held_out()
-        loop.run.log_metrics(0, "eval", start)
-        print(eval_line(0, total_steps, start), flush=True)
+        loop.log_start(held_out())
     if loop.redo_events:
         after_step()
 
@@ -439,14 +436,10 @@ def train_online(
             epoch=pos.epoch_progress,
         )
         last_samples[:] = pair_samples(tokenizer, ranker, prompts, completions, parts, ranked)
-        loop.step_done(row, step_tokens, cfg.logging.log_every)
-        if ranked:
-            loop.print_step(row, "accuracy")
-        else:
+        loop.step_done(row, step_tokens, cfg.logging.log_every, "accuracy", show=bool(ranked))
+        if not ranked:
             print(f"step {loop.step}/{total_steps}: every pair tied, no update", flush=True)
-        after_step()
-        loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop()
+        loop.end_step(after_step, epoch=pos.epoch)
 
     loop.save_final_model(model, tokenizer)
     loop.finish()

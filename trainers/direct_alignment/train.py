@@ -41,7 +41,6 @@ from trainers.core.loop import (
     StepTimer,
     TrainingRun,
     epoch_total_steps,
-    eval_line,
     pick_runtime,
     round_robin,
     step_metrics,
@@ -274,9 +273,7 @@ def train(
 
     if not resume and cfg.eval.eval_every > 0 and eval_ex:  # the starting point, for contrast
         loop.progress("evaluating")
-        start = held_out(0)
-        loop.run.log_metrics(0, "eval", start)
-        print(eval_line(0, total_steps, start), flush=True)
+        loop.log_start(held_out(0))
     if loop.redo_events:  # stopped during the evaluation after the checkpoint's step
         after_step()
 
@@ -297,11 +294,8 @@ def train(
         row = step_metrics(
             agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
-        loop.step_done(row, step_tokens, cfg.logging.log_every)
-        loop.print_step(row, "accuracy")
-        after_step()
-        loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop()
+        loop.step_done(row, step_tokens, cfg.logging.log_every, "accuracy")
+        loop.end_step(after_step, epoch=pos.epoch)
 
     loop.save_final_model(model, tokenizer)
     loop.finish()

@@ -36,7 +36,6 @@ from trainers.core.loop import (
     StepTimer,
     TrainingRun,
     epoch_total_steps,
-    eval_line,
     pick_runtime,
     step_metrics,
 )
@@ -262,9 +261,7 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     if not resume and cfg.eval.eval_every > 0 and held_out:  # the starting point
         loop.progress("evaluating")
         start, _ = evaluate(cfg, student, tokenizer, held_out)
-        start.update(teacher_eval)
-        loop.run.log_metrics(0, "eval", start)
-        print(eval_line(0, total_steps, start), flush=True)
+        loop.log_start({**start, **teacher_eval})
     if loop.redo_events:
         after_step()
 
@@ -313,10 +310,7 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
             epoch=pos.epoch_progress,
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every)
-        loop.print_step(row)
-        after_step()
-        loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop()
+        loop.end_step(after_step, epoch=pos.epoch)
 
     loop.save_final_model(student, tokenizer)
     loop.finish()

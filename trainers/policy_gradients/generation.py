@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainers.core.decoding import Sampling, sample_tokens
+from trainers.core.decoding import Sampling
 from trainers.core.environments import make_environment
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
 from trainers.core.multiturn import Trajectory, TrajectoryRollout, TurnLimits
-from trainers.core.onpolicy import cut_at_first_stop
+from trainers.core.onpolicy import cut_at_first_stop, pad_id_of, rows_of, sample_policy
 from trainers.core.records import Prompt
 from trainers.policy_gradients.config import PolicyGradientConfig
 from trainers.policy_gradients.experience import Experience, assemble
@@ -46,36 +46,25 @@ def generate_group_batch(
         return generate_trajectory_batch(model, tokenizer, prompts, cfg)
     rc = cfg.rollout
     G = rc.num_rollouts
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stop_ids = set(end_of_turn_ids(tokenizer))
-    sampling = _sampling(cfg)
-    groups_per_call = max(1, (rc.generation_batch_size or len(prompts) * G) // G)
-
-    was_training = model.training
-    model.eval()
-    prompt_rows, completion_rows, truncated, texts, owners = [], [], [], [], []
-    for start in range(0, len(prompts), groups_per_call):
-        chunk = prompts[start : start + groups_per_call]
-        encoded = [chat_prompt_ids(tokenizer, p.messages) for p in chunk]
-        new_tokens = sample_tokens(
-            model,
-            encoded,
-            max_new_tokens=rc.max_new_tokens,
-            stop_ids=stop_ids,
-            pad_id=pad_id,
-            sampling=sampling,
-            repeats=G,
-        )
-        for row, tokens in enumerate(new_tokens):
-            kept, cut = cut_at_first_stop(tokens, stop_ids)
-            prompt_rows.append(encoded[row // G])
-            completion_rows.append(kept)
-            truncated.append(cut)
-            body = kept if cut else kept[:-1]
-            texts.append(tokenizer.decode(body, skip_special_tokens=True))
-            owners.append(chunk[row // G])
-    model.train(was_training)
-    ids, attn, lens, cmask = assemble(prompt_rows, completion_rows, pad_id)
+    encoded = [chat_prompt_ids(tokenizer, p.messages) for p in prompts]
+    new_tokens = sample_policy(
+        model,
+        tokenizer,
+        encoded,
+        max_new_tokens=rc.max_new_tokens,
+        sampling=_sampling(cfg),
+        repeats=G,
+        batch_size=max(1, (rc.generation_batch_size or len(prompts) * G) // G),
+    )
+    completion_rows, truncated, texts = [], [], []
+    for tokens in new_tokens:
+        kept, cut = cut_at_first_stop(tokens, stop_ids)
+        completion_rows.append(kept)
+        truncated.append(cut)
+        texts.append(tokenizer.decode(kept if cut else kept[:-1], skip_special_tokens=True))
+    prompt_rows, owners = rows_of(encoded, G), rows_of(prompts, G)
+    ids, attn, lens, cmask = assemble(prompt_rows, completion_rows, pad_id_of(tokenizer))
     return Experience(
         input_ids=ids,
         attention_mask=attn,

@@ -217,13 +217,12 @@ def sample_and_score(model, tokenizer, prompts: list, settings: ProbeSettings) -
     reward; per-sample lists."""
     import torch
 
-    from trainers.core.decoding import Sampling, sample_tokens
+    from trainers.core.decoding import Sampling
     from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
-    from trainers.core.onpolicy import cut_at_first_stop
+    from trainers.core.onpolicy import cut_at_first_stop, sample_policy
     from trainers.core.tasks import extract_answer
     from trainers.core.verifier import compute_rewards
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stop_ids = set(end_of_turn_ids(tokenizer))
     sampling = Sampling(
         temperature=settings.temperature,
@@ -238,18 +237,16 @@ def sample_and_score(model, tokenizer, prompts: list, settings: ProbeSettings) -
         texts, lengths, truncated, metas, calls = sample_trajectories(
             model, tokenizer, prompts, settings, sampling
         )
-    for start in range(0, 0 if settings.environment else len(prompts), settings.batch_prompts):
-        chunk = prompts[start : start + settings.batch_prompts]
-        rows = [chat_prompt_ids(tokenizer, p.messages) for p in chunk]
-        new = sample_tokens(
+    else:
+        new = sample_policy(
             model,
-            rows,
+            tokenizer,
+            [chat_prompt_ids(tokenizer, p.messages) for p in prompts],
             max_new_tokens=settings.max_new_tokens,
-            stop_ids=stop_ids,
-            pad_id=pad_id,
             sampling=sampling,
             repeats=settings.samples,
             generator=generator,
+            batch_size=settings.batch_prompts,
         )
         for i, tokens in enumerate(new):
             kept, cut = cut_at_first_stop(tokens, stop_ids)
@@ -257,7 +254,7 @@ def sample_and_score(model, tokenizer, prompts: list, settings: ProbeSettings) -
             texts.append(tokenizer.decode(body, skip_special_tokens=True))
             lengths.append(len(kept))
             truncated.append(cut)
-            metas.append(chunk[i // settings.samples].meta)
+            metas.append(prompts[i // settings.samples].meta)
     parts = compute_rewards(texts, metas, lengths, format_weight=settings.format_weight)
     return {
         "correctness": parts["correctness"].tolist(),

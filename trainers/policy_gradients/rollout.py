@@ -250,6 +250,30 @@ def prepare_update(
     return exp, info
 
 
+def score_greedy(
+    cfg: PolicyGradientConfig,
+    prompts: list[Prompt],
+    out: dict[str, Any],
+    models: RewardModels | None = None,
+) -> dict[str, Tensor]:
+    """The reward parts of greedy completions (``out``: :func:`greedy_rollouts`' layout, with
+    ``env_rewards`` for multi-turn trajectories), scored as the samples are (:func:`score_texts`)
+    but leaving the reward model's running moments as they are: held-out evaluation and ReMax's
+    baseline."""
+    return score_texts(
+        cfg,
+        prompts,
+        out["texts"],
+        out["lengths"],
+        torch.tensor(out["truncated"], dtype=torch.bool),
+        models,
+        prompt_ids=out["prompt_ids"],
+        completion_ids=out["completion_ids"],
+        update_moments=False,
+        env_rewards=out.get("env_rewards"),
+    )
+
+
 def greedy_baseline(
     policy: nn.Module,
     tokenizer: Any,
@@ -265,18 +289,7 @@ def greedy_baseline(
     out = greedy_rollouts(
         policy, tokenizer, prompts, rc.max_new_tokens, min(per_call, len(prompts))
     )
-    rewards = score_texts(
-        cfg,
-        prompts,
-        out["texts"],
-        out["lengths"],
-        torch.tensor(out["truncated"], dtype=torch.bool),
-        models,
-        prompt_ids=out["prompt_ids"],
-        completion_ids=out["completion_ids"],
-        update_moments=False,
-    )
-    return rewards["total"].repeat_interleave(rc.num_rollouts)
+    return score_greedy(cfg, prompts, out, models)["total"].repeat_interleave(rc.num_rollouts)
 
 
 @dataclass

@@ -81,7 +81,7 @@ from trainers.policy_gradients.rollout import (
     RewardModels,
     prepare_update,
     rollout_step,
-    score_texts,
+    score_greedy,
 )
 from trainers.policy_gradients.token_passes import load_value_model
 from trainers.policy_gradients.update import optimizer_steps_per_update, update
@@ -223,18 +223,7 @@ def evaluate(
         out = greedy_trajectories(cfg, policy, tokenizer, mine, max_new)
     else:
         out = greedy_rollouts(policy, tokenizer, mine, max_new, cfg.eval.eval_batch_size)
-    r = score_texts(
-        cfg,
-        mine,
-        out["texts"],
-        out["lengths"],
-        torch.tensor(out["truncated"], dtype=torch.bool),
-        models,
-        prompt_ids=out["prompt_ids"],
-        completion_ids=out["completion_ids"],
-        update_moments=False,
-        env_rewards=out.get("env_rewards"),
-    )
+    r = score_greedy(cfg, mine, out, models)
     out, r = held_out_share(block, out, r, len(held_out))
     texts, lengths = out["texts"], out["lengths"]
     parts = ("correctness", "format", "binary", "total")

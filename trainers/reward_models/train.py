@@ -125,10 +125,30 @@ def _held_out_split(records: list, cfg: RewardModelConfig, unit: str) -> tuple[l
     return split_train_eval(records, eval_size=eval_size, seed=cfg.seed)
 
 
-class PreferenceKind:
-    """Bradley–Terry on (prompt, chosen, rejected) pairs; score = head at the last token."""
+class Kind:
+    """What every kind shares: a training example's weight (1 unless the kind says otherwise),
+    the held-out set read in evaluation batches, and the held-out items samples are drawn from.
+    A kind loads and tokenises its data (``train``, ``held_out``, ``stats``) and adds its
+    micro-batch loss, its evaluation and its samples."""
 
-    unit = "pairs"
+    held_out: list
+
+    def weight(self, example) -> float:
+        return 1.0
+
+    def held_out_batches(self, size: int):
+        """The held-out examples ``size`` at a time, a stop check before each batch."""
+        for start in range(0, len(self.held_out), size):
+            raise_if_stopping("eval_batch")
+            yield self.held_out[start : start + size]
+
+    def n_sample_sources(self) -> int:
+        """How many held-out items samples are drawn from, round-robin."""
+        return len(self.held_out)
+
+
+class PreferenceKind(Kind):
+    """Bradley–Terry on (prompt, chosen, rejected) pairs; score = head at the last token."""
 
     def __init__(self, cfg: RewardModelConfig, tokenizer):
         self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
@@ -155,9 +175,6 @@ class PreferenceKind:
             + eval_stats["truncated_response"],
         }
 
-    def weight(self, example) -> float:
-        return 1.0
-
     def scores(self, model: RewardModel, examples):
         packed = pack_examples(examples, self.pad_id, model.backbone)  # one row per pair
         if packed is not None:
@@ -178,10 +195,8 @@ class PreferenceKind:
     @torch.no_grad()
     def evaluate(self, model) -> tuple[dict, dict]:
         chosen, rejected = [], []
-        bs = max(1, self.cfg.eval.eval_batch_size // 2)
-        for start in range(0, len(self.held_out), bs):
-            raise_if_stopping("eval_batch")
-            r_c, r_r, _ = self.scores(model, self.held_out[start : start + bs])
+        for batch in self.held_out_batches(max(1, self.cfg.eval.eval_batch_size // 2)):
+            r_c, r_r, _ = self.scores(model, batch)
             chosen.append(r_c.float().cpu())
             rejected.append(r_r.float().cpu())
         r_c, r_r = torch.cat(chosen), torch.cat(rejected)
@@ -204,10 +219,8 @@ class PreferenceKind:
         return out
 
 
-class OutcomeKind:
+class OutcomeKind(Kind):
     """ORM: BCE on correctness labels; score = head at the last completion token."""
-
-    unit = "completions"
 
     def __init__(self, cfg: RewardModelConfig, tokenizer):
         self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
@@ -236,9 +249,6 @@ class OutcomeKind:
             "dropped_too_long": train_stats["dropped_too_long"] + eval_stats["dropped_too_long"],
         }
 
-    def weight(self, example) -> float:
-        return 1.0
-
     def _forward(self, model, examples):
         batch = collate_outcomes(examples, self.pad_id)
         dev = model.device
@@ -254,10 +264,8 @@ class OutcomeKind:
     @torch.no_grad()
     def evaluate(self, model) -> tuple[dict, dict]:
         scores, losses = [], []
-        bs = self.cfg.eval.eval_batch_size
-        for start in range(0, len(self.held_out), bs):
-            raise_if_stopping("eval_batch")
-            logits, labels, cmask, _ = self._forward(model, self.held_out[start : start + bs])
+        for batch in self.held_out_batches(self.cfg.eval.eval_batch_size):
+            logits, labels, cmask, _ = self._forward(model, batch)
             last = last_token_index(cmask)
             scores.append(logits.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu())
             per_seq = orm_per_sequence_loss(logits, labels, cmask, self.cfg.orm_loss_tokens)
@@ -310,10 +318,8 @@ class OutcomeKind:
         return len({ex.group for ex in self.held_out})
 
 
-class StepKind:
+class StepKind(Kind):
     """PRM: cross-entropy at step separators; per-step class probabilities."""
-
-    unit = "labelled steps"
 
     def __init__(self, cfg: RewardModelConfig, tokenizer):
         self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
@@ -363,10 +369,8 @@ class StepKind:
     @torch.no_grad()
     def evaluate(self, model) -> tuple[dict, dict]:
         all_logits = []
-        bs = self.cfg.eval.eval_batch_size
-        for start in range(0, len(self.held_out), bs):
-            raise_if_stopping("eval_batch")
-            step_logits, _, _ = self._forward(model, self.held_out[start : start + bs])
+        for batch in self.held_out_batches(self.cfg.eval.eval_batch_size):
+            step_logits, _, _ = self._forward(model, batch)
             all_logits.append(step_logits.float().cpu())
         logits = torch.cat(all_logits)
         labels = torch.tensor([y for ex in self.held_out for y in ex.labels])
@@ -426,7 +430,7 @@ def _share(values) -> float:
 KINDS = {"preference": PreferenceKind, "orm": OutcomeKind, "prm": StepKind}
 
 
-def prepare_kind(cfg: RewardModelConfig, tokenizer: Any) -> PreferenceKind | OutcomeKind | StepKind:
+def prepare_kind(cfg: RewardModelConfig, tokenizer: Any) -> Kind:
     try:
         kind = KINDS[cfg.kind](cfg, tokenizer)
     except DatasetNotFoundError as err:
@@ -498,15 +502,18 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
         best.update(row)
         n = min(cfg.eval.num_samples, len(kind.held_out))
         if n:
-            sources = getattr(kind, "n_sample_sources", lambda: len(kind.held_out))()
-            picks = round_robin(sources, n, loop.event(cfg.eval.eval_every))
+            picks = round_robin(kind.n_sample_sources(), n, loop.event(cfg.eval.eval_every))
             loop.log_samples(kind.samples(cache, picks))
         loop.last_eval = row
 
+    def after_step() -> None:  # the step's evaluation and samples, when due
+        if loop.every(cfg.eval.eval_every) and kind.held_out:
+            run_eval()
+
     if not resume and cfg.eval.eval_every > 0 and kind.held_out:
         run_eval()  # the starting point, for contrast
-    if loop.redo_events and loop.every(cfg.eval.eval_every) and kind.held_out:
-        run_eval()  # stopped during the evaluation after the checkpoint's step
+    if loop.redo_events:  # stopped during the evaluation after the checkpoint's step
+        after_step()
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(kind.train), cfg.train, cfg.seed, position):
@@ -528,11 +535,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
             agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every)
-        loop.print_step(row)
-        if loop.every(cfg.eval.eval_every) and kind.held_out:
-            run_eval()
-        loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop()
+        loop.end_step(after_step, epoch=pos.epoch)
 
     final_model = loop.save_final_model(model, tokenizer, save=save_reward_model)
     if final_model is not None:

@@ -559,11 +559,8 @@ def train(
             epoch=pos.epoch_progress,
             num_tokens=step_targets,
         )
-        loop.step_done(row, step_tokens, cfg.logging.log_every)
-        loop.print_step(row, "mean_token_accuracy")
-        eval_and_samples(at_start=False)
-        loop.progress("training", epoch=pos.epoch)
-        loop.checkpoint_or_stop()
+        loop.step_done(row, step_tokens, cfg.logging.log_every, "mean_token_accuracy")
+        loop.end_step(lambda: eval_and_samples(at_start=False), epoch=pos.epoch)
 
     final_model = loop.save_final_model(model, tokenizer)
     loop.finish()
