@@ -143,7 +143,7 @@ def _trained_reward_model(target_run: str | None) -> str | None:
     """The ``reward.model`` the target run was trained against (from its config.yaml)."""
     if not target_run:
         return None
-    from rlhf_lab.results.headline import read_run_config
+    from rlhf_lab.planning.trainer_config import read_run_config
 
     cfg = read_run_config(Path(target_run))
     return cfg.get("reward.model") if cfg is not None else None

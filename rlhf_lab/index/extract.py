@@ -167,21 +167,6 @@ class IndexedRun:
     metrics: dict[str, tuple[str, float, int | None]]
 
 
-def _config(run_dir: Path, family: str | None) -> TrainerConfig | None:
-    """The run's config.yaml as the view (libyaml's loader when present; None when missing,
-    unreadable or not a mapping)."""
-    import yaml
-
-    from rlhf_lab.planning.trainer_config import written_config
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        data = yaml.load((run_dir / "config.yaml").read_text(errors="replace"), Loader=loader)
-    except (OSError, yaml.YAMLError):
-        return None
-    return written_config(family or "", data) if isinstance(data, dict) else None
-
-
 def _finite(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -224,6 +209,7 @@ def extract_run(run_dir: Path, previous_scan: str | None, now_ns: int) -> Indexe
     folder scan did). ``previous_scan``: the stored scan to carry on (None: read from the
     start)."""
     from rlhf_lab.errors import LabError
+    from rlhf_lab.planning.trainer_config import read_run_config
     from rlhf_lab.runs.state import _status, _unreadable_run
 
     # signatures first: a file changing while it is read is then read again next time
@@ -232,7 +218,7 @@ def extract_run(run_dir: Path, previous_scan: str | None, now_ns: int) -> Indexe
         status = _status(run_dir)
     except LabError as err:
         status = _unreadable_run(run_dir, str(err))
-    config = _config(run_dir, status.family)
+    config = read_run_config(run_dir, status.family)
     scan = scan_metrics(run_dir / "metrics.jsonl", MetricScan.from_json(previous_scan))
     metric, higher, final, final_step, best, best_step = _headline(
         status.family, status.algorithm, config, scan

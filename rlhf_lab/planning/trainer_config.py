@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -28,6 +29,7 @@ __all__ = [
     "TrainerConfig",
     "config_leaf",
     "find_key",
+    "read_run_config",
     "written_config",
 ]
 
@@ -157,3 +159,15 @@ def written_config(family: str, data: Mapping[str, Any]) -> TrainerConfig:
     """The view of a config the lab validated before it wrote it, as read back from disk (a
     run's ``config.yaml``): its model is validated on first use."""
     return TrainerConfig(family, data)
+
+
+def read_run_config(run_dir: Path, family: str | None = None) -> TrainerConfig | None:
+    """A run folder's ``config.yaml`` as the view (:func:`written_config`), None when it is
+    missing, unreadable or not a mapping: the one reader of a run's config for the whole lab
+    (libyaml's safe loader when present: the run index reads every run's config)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load((Path(run_dir) / "config.yaml").read_text(errors="replace"), Loader=loader)
+    except (OSError, yaml.YAMLError):
+        return None
+    return written_config(family or "", data) if isinstance(data, dict) else None

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rlhf_lab.paths import find_run
-from rlhf_lab.planning.trainer_config import TrainerConfig
+from rlhf_lab.planning.trainer_config import TrainerConfig, read_run_config
 from rlhf_lab.results.divergence import (
     divergence_hint,
     kl_blowup,
@@ -38,7 +38,7 @@ from rlhf_lab.results.guards import (
     noisy_samples,
     regression_hint,
 )
-from rlhf_lab.results.headline import headline_for, headline_line, read_run_config
+from rlhf_lab.results.headline import headline_for, headline_line
 from rlhf_lab.results.metrics import MetricSeries, read_metrics
 from rlhf_lab.results.overoptimisation import overoptimisation, overoptimisation_advice
 from rlhf_lab.runs import RunStatus, run_state

@@ -63,7 +63,7 @@ def held_out_metric(run_dir: Path, metric: str) -> tuple[float | None, int | Non
         rows = [r for r in read_metric_rows(run_dir / "metrics.jsonl").rows if metric in r]
         value = _number(rows[-1][metric]) if rows else None
     if n is None:
-        from rlhf_lab.results.headline import read_run_config
+        from rlhf_lab.planning.trainer_config import read_run_config
 
         config = read_run_config(run_dir)
         size = _number(config.get("data.eval_size")) if config is not None else None

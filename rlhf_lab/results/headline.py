@@ -31,11 +31,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from rlhf_lab.planning.catalog import metric_direction
-from rlhf_lab.planning.trainer_config import TrainerConfig, written_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.stats import Interval, wilson_interval
 from trainers.core.spec import FAMILY_NAMES, FamilySpec, family_spec
 
@@ -49,7 +48,6 @@ __all__ = [
     "headline_line",
     "heldout_items",
     "last_value",
-    "read_run_config",
     "rewarded_by_model",
     "start_text",
     "start_value",
@@ -297,18 +295,6 @@ def noise_interval(headline: Headline, value: float, n: int | None) -> Interval 
     if not headline.share or n is None or not 0.0 <= value <= 1.0:
         return None
     return wilson_interval(value, n)
-
-
-def read_run_config(run_dir: Path, family: str | None = None) -> TrainerConfig | None:
-    """A run's resolved config.yaml as the view (None when missing, unreadable or not a
-    mapping): where the results code reads one run's config from disk."""
-    import yaml
-
-    try:
-        data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(errors="replace"))
-    except (OSError, yaml.YAMLError):
-        return None
-    return written_config(family or "", data) if isinstance(data, dict) else None
 
 
 def _num(value: float) -> str:

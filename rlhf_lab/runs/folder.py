@@ -2,8 +2,8 @@
 
 Every file a run folder holds is read here and nowhere else in the lab: ``run.json``,
 ``process.json``, ``exit.json``, ``progress.json`` and ``summary.json`` through the schemas of
-:mod:`trainers.core.runfolder`, ``metrics.jsonl`` / ``samples.jsonl`` as whole JSON lines, and
-``config.yaml`` (for the runs layer) as the typed view of the config the lab wrote.
+:mod:`trainers.core.runfolder`, ``metrics.jsonl`` / ``samples.jsonl`` as whole JSON lines (a run's ``config.yaml`` is read as the
+typed view by :func:`rlhf_lab.planning.trainer_config.read_run_config`).
 Nothing here raises on a damaged or old file: each reader returns what it could read plus at most
 one warning per file, and the caller decides whether that warning is shown, stored in a ledger
 row, or turned into a typed error (``run.json`` is the one file a status cannot do without).
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -33,9 +33,6 @@ from trainers.core.runfolder import (
     validate_data,
 )
 
-if TYPE_CHECKING:  # pragma: no cover
-    from rlhf_lab.planning.trainer_config import TrainerConfig
-
 __all__ = [
     "TAIL_BYTES",
     "JsonLines",
@@ -45,7 +42,6 @@ __all__ = [
     "last_train_eval",
     "live_clock",
     "phase_count_text",
-    "read_config",
     "read_exit",
     "read_folder",
     "read_json_lines",
@@ -131,20 +127,6 @@ def read_record(run_dir: Path) -> RecordRead:
         return RecordRead(None, None, warning)
     run, warning = record_as_run_file(run_dir, data)
     return RecordRead(data, run, warning)
-
-
-def read_config(run_dir: Path, family: str) -> TrainerConfig | None:
-    """``config.yaml`` of ``run_dir`` as the view of the config the lab validated when it wrote
-    it (of ``family``); None when it is missing, unreadable or not a mapping."""
-    import yaml
-
-    from rlhf_lab.planning.trainer_config import TrainerConfig
-
-    try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return TrainerConfig(family, data) if isinstance(data, dict) else None
 
 
 def read_process(run_dir: Path) -> tuple[ProcessFile | None, str | None]:

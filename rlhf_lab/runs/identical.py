@@ -20,14 +20,14 @@ def identical_runs(family: str, config: TrainerConfig) -> list[tuple[str, str]]:
     """(id, state) of the queued, starting or running runs of ``family`` whose resolved config
     (the seed included) equals ``config``, oldest first. Only unfinished runs are read
     (:func:`rlhf_lab.runs.state.unfinished_runs`)."""
-    from rlhf_lab.runs.folder import read_config
+    from rlhf_lab.planning.trainer_config import read_run_config
     from rlhf_lab.runs.state import unfinished_runs
 
     out = []
     for status in unfinished_runs():
         if status.family != family:
             continue
-        if read_config(Path(status.run_dir), config.family) == config:
+        if read_run_config(Path(status.run_dir), config.family) == config:
             out.append((status.id, status.state))
     return out
 

@@ -141,10 +141,10 @@ def run_of_path(name: Any) -> str | None:
 def _stored_config(run_dir: Path, record: dict[str, Any]) -> TrainerConfig:
     """A run's ``config.yaml`` as a view of the family its run.json names (empty when the file
     is missing or unreadable)."""
-    from rlhf_lab.runs.folder import read_config
+    from rlhf_lab.planning.trainer_config import read_run_config
 
     family = str(record.get("family") or "")
-    return read_config(run_dir, family) or TrainerConfig(family, {})
+    return read_run_config(run_dir, family) or TrainerConfig(family, {})
 
 
 def upstream(run_id: str) -> Upstream:
