@@ -12,7 +12,7 @@ from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
@@ -150,20 +150,15 @@ def test_wandb_offline_run_is_written(tmp_path, monkeypatch):
     assert summary["wandb_url"] is None  # offline: no URL
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         (["train.learning_rat=1"], "Did you mean: learning_rate"),
         (["train.batch_size=lots"], "train.batch_size"),
         (["loss=dpx"], "'loss'"),
         (["data.dataset=/no/such/file.jsonl"], "file not found"),
     ],
+    lambda run_dir, overrides: run("dpo", run_dir, [*QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(
-        run("dpo", run_dir, [*QUICK, *overrides]), run_dir, capsys, message
-    )
 
 
 def test_existing_run_dir_is_not_overwritten(tmp_path, capsys):

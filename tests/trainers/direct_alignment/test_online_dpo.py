@@ -12,7 +12,7 @@ from conftest import assert_complete_run_dir, trainer_argv
 from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from tests._helpers.paths import FIXTURES, configs_of
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig
@@ -192,18 +192,15 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
 # ---- bad input --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         (["data.dataset=tests/fixtures/prefs.jsonl"], "no way to rank"),
         (["reward.model=tiny"], "randomly initialised causal LM, not a reward model"),
         (["online.loss=kto"], "online.loss"),
         (["online.max_new_tokens=96"], "online.max_new_tokens (96) must be smaller"),
     ],
+    lambda run_dir, overrides: run(run_dir, [*QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(run(run_dir, [*QUICK, *overrides]), run_dir, capsys, message)
 
 
 def test_no_way_to_rank_is_a_config_error():

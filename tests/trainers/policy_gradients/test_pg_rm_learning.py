@@ -51,10 +51,15 @@ RM_OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("rm") / "preference_rm"
-    assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, RM_OVERRIDES)) == 0
+    return trained_reward_model(tmp_path_factory.mktemp("rm") / "preference_rm", RM_OVERRIDES)
+
+
+def trained_reward_model(run_dir: Path, overrides: list[str]) -> Path:
+    """Train the preference reward model into ``run_dir``; it must rank the held-out pairs it
+    was trained on above chance. Its final_model folder."""
+    assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, overrides)) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]  # above chance
+    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]
     return run_dir / "final_model"
 
 
@@ -214,12 +219,7 @@ def flipped_reward_model(tmp_path_factory) -> Path:
             for r in records
         )
     )
-    run_dir = base / "preference_rm"
-    overrides = [*RM_OVERRIDES, f"data.dataset={pairs}"]
-    assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, overrides)) == 0
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]  # it learnt them
-    return run_dir / "final_model"
+    return trained_reward_model(base / "preference_rm", [*RM_OVERRIDES, f"data.dataset={pairs}"])
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from stop_resume import assert_same_history, stop_at_step_then_resume
 
 from tests._helpers.paths import configs_of
 from tests._helpers.quick_runs import PG_TWO_STEPS_ON_TINY
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
@@ -386,8 +386,7 @@ def test_prompt_stream_is_seeded_resumable_and_drops_the_tail():
     assert b.take(4) == first[2]
 
 
-@pytest.mark.parametrize(
-    ("algorithm", "overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         ("grpo", ["rollout.num_rollouts=1"], "num_rollouts >= 2"),
         ("rloo", ["rollout.num_rollouts=1"], "num_rollouts >= 2"),
@@ -398,12 +397,8 @@ def test_prompt_stream_is_seeded_resumable_and_drops_the_tail():
         ("grpo", ["data.specs=[{name: no_such_task}]"], "no_such_task"),
         ("dapo", ["loss.l_cache=600"], "l_cache"),
     ],
+    lambda run_dir, algorithm, overrides: run(algorithm, run_dir, [*TINY, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, algorithm, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(
-        run(algorithm, run_dir, [*TINY, *overrides]), run_dir, capsys, message
-    )
 
 
 def test_shipped_configs_hold_the_book_defaults():
