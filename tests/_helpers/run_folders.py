@@ -25,14 +25,16 @@ def trainer_command(family: str, run_dir: Path) -> list[str]:
 def write_run_json(run_dir: Path, family: str, algorithm: str, **fields) -> RunFile:
     """Make ``run_dir`` (and its parents) and write its run.json: the id and the campaign from
     the path, the launcher's command line for ``family`` unless ``fields`` give ``argv``;
-    ``fields`` are the rest of the RunFile (state, created_at, overrides, ...). Returns it."""
+    ``fields`` are the rest of the RunFile (state, created_at, overrides, ...), the only ones
+    written besides those (a field left out is not written: readers take its default).
+    Returns the record."""
     run_dir.mkdir(parents=True, exist_ok=True)
     campaign = run_dir.parent.parent.name
     fields.setdefault("argv", trainer_command(family, run_dir))
     record = RunFile(
         id=run_dir.name, family=family, algorithm=algorithm, campaign=campaign, **fields
     )
-    (run_dir / "run.json").write_text(record.model_dump_json(exclude_none=True))
+    (run_dir / "run.json").write_text(record.model_dump_json(exclude_unset=True))
     return record
 
 

@@ -21,10 +21,10 @@ from mcp import Client
 from typer.testing import CliRunner
 
 from rlhf_lab import _queue, api, runs
+from rlhf_lab.api.pipelines import _recipe_exists
 from rlhf_lab.cli import app
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NotFound
 from rlhf_lab.mcp_server import server
-from rlhf_lab.planning.catalog import find_recipe
 from rlhf_lab.planning.shrink import WARM_START_PG_LR
 from rlhf_lab.runs.deps import rearm_dependents
 from rlhf_lab.runs.lineage import base_model
@@ -258,7 +258,7 @@ def test_shipped_pipelines_name_their_stages_references_and_order():
     assert "model.name=run:<sft-run-id>" in plan.runs[1].launch_command
     assert plan.pipeline_command.startswith("uv run rlhf-lab pipeline r1-zero --model tiny")
     assert any("grpo (grpo): groups have reward contrast" in s for s in plan.steps)
-    if _has_recipe("ppo_rm"):
+    if _recipe_exists("ppo_rm"):
         asked = api.plan_experiment("train a reward model then run PPO against it", model="tiny")
         assert asked.pipeline == "rlhf" and [r.name for r in asked.runs] == ["sft", "rm", "ppo"]
 
@@ -409,14 +409,6 @@ def _set_state(run_dir: Path, state: str) -> None:
     (run_dir / "run.json").write_text(json.dumps(rec))
 
 
-def _has_recipe(name: str) -> bool:
-    try:
-        find_recipe(name)
-    except LabError:
-        return False
-    return True
-
-
 # ---------------------------------------------------------------------------------------------
 # Real runs on tiny
 # ---------------------------------------------------------------------------------------------
@@ -461,7 +453,9 @@ def test_a_failed_upstream_cancels_its_dependent_and_resuming_it_rearms_it(lab_r
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _has_recipe("ppo_rm"), reason="the ppo_rm recipe is not in this checkout")
+@pytest.mark.skipif(
+    not _recipe_exists("ppo_rm"), reason="the ppo_rm recipe is not in this checkout"
+)
 def test_the_rlhf_pipeline_runs_end_to_end_on_tiny(lab_root):
     """SFT -> preference RM -> PPO against it, shrunk to a couple of steps per stage (the RM
     to its shrunk recipe, so that it clears ppo's gate): every stage succeeds in order, the PPO run scores with the RM run's model, and the ledger tells

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_complete_run_dir, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
@@ -90,11 +90,10 @@ def test_every_loss_runs_and_writes_a_complete_run_dir(tmp_path, loss):
 def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 steps straight == 2 steps, stop (the SIGTERM path: checkpoint + 'stopped'), resume, 2."""
     common = [*QUICK, "train.max_steps=4", "eval.sample_every=1"]
-    assert run("dpo", tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run("dpo", d, common, resume), half, sigterm_at, 2)
     keys = ("loss", "accuracy", "margins", "grad_norm", "learning_rate", "eval/loss")
-    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
+    assert_resume_equals_straight_run(
+        lambda d, resume: run("dpo", d, common, resume), tmp_path, sigterm_at, 2, keys, "completion"
+    )
 
 
 def test_reference_cache_is_reused_and_reference_free_losses_load_no_reference(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.refusals import refused_before_writing_test
@@ -182,11 +182,10 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     (same sampled pairs, same losses)."""
 
     common = [*QUICK, "train.max_steps=3", "eval.eval_every=0", "eval.sample_every=0"]
-    assert run(tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 1)
     keys = ("loss", "tie_frac", "score_chosen", "completion_length", "eval/score")
-    assert_same_history(tmp_path / "straight", half, keys)
+    assert_resume_equals_straight_run(
+        lambda d, resume: run(d, common, resume), tmp_path, sigterm_at, 1, keys
+    )
 
 
 # ---- bad input --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_complete_run_dir, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import configs_of
 from tests._helpers.refusals import refused_before_writing_test
@@ -60,11 +60,10 @@ def test_two_steps_write_a_complete_run_dir(tmp_path):
 def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """Student samples are seeded by (seed, step): 3 steps straight == 1, stop, resume, 2."""
     common = [*QUICK, "train.max_steps=3", "eval.eval_every=0"]
-    assert run(tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 1)
     keys = ("loss", "teacher_logp", "completion_length", "grad_norm")
-    assert_same_history(tmp_path / "straight", half, keys)
+    assert_resume_equals_straight_run(
+        lambda d, resume: run(d, common, resume), tmp_path, sigterm_at, 1, keys
+    )
 
 
 test_bad_input_fails_before_writing = refused_before_writing_test(

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import trainer_argv
 
+from tests._helpers.learning_runs import trained_model
 from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.rundir import read_jsonl
@@ -55,12 +56,12 @@ def reward_model(tmp_path_factory) -> Path:
 
 
 def trained_reward_model(run_dir: Path, overrides: list[str]) -> Path:
-    """Train the preference reward model into ``run_dir``; it must rank the held-out pairs it
-    was trained on above chance. Its final_model folder."""
-    assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, overrides)) == 0
+    """Train the preference reward model into ``run_dir``; it must rank its held-out pairs
+    above chance. Its final_model folder."""
+    final_model = trained_model(rm_train.main, RM_CONFIG, run_dir, overrides)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]
-    return run_dir / "final_model"
+    return final_model
 
 
 def rows(run_dir: Path, phase: str) -> list[dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import configs_of
 from tests._helpers.quick_runs import PG_TWO_STEPS_ON_TINY
@@ -360,16 +360,13 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at, algorithm):
     common = [*TINY, "train.max_steps=4", "eval.eval_every=2"]
     if algorithm == "ppo":
         common += ["rollout.prompts_per_step=4", "rollout.num_rollouts=1"]
-    assert run(algorithm, tmp_path / "straight", common, verifier=graded_rewards) == 0
-    half = tmp_path / "half"
 
-    def run_half(run_dir: Path, resume: bool) -> int:
+    def graded_run(run_dir: Path, resume: bool) -> int:
         return run(algorithm, run_dir, common, resume=resume, verifier=graded_rewards)
 
-    stop_at_step_then_resume(run_half, half, sigterm_at, 2)
     keys = ("loss", "grad_norm", "entropy", "avg_total", "response_length/mean", "value_loss")
     keys += ("explained_variance", "eval/avg_format")
-    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
+    assert_resume_equals_straight_run(graded_run, tmp_path, sigterm_at, 2, keys, "completion")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, trainer_argv
 
+from tests._helpers.learning_runs import trained_model
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import RS_ON_GSM8K_FIXTURE
 from tests._helpers.refusals import assert_refused_before_writing, refused_before_writing_test
@@ -469,11 +470,7 @@ def warm_start(tmp_path_factory) -> Path:
         "eval.sample_every=0",
         "eval.num_samples=0",
     ]
-    argv = ["--config", str(sft_train.CONFIGS / "sft.yaml"), "--run-dir", str(run_dir)]
-    for item in overrides:
-        argv += ["--set", item]
-    assert sft_train.main(argv) == 0
-    return run_dir / "final_model"
+    return trained_model(sft_train.main, sft_train.CONFIGS / "sft.yaml", run_dir, overrides)
 
 
 @pytest.fixture(scope="module")

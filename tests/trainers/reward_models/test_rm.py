@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, assert_same_gradients, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
@@ -594,11 +594,10 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
         "eval.eval_every=2",
         "checkpoint.save_final_model=false",
     ]
-    assert run("orm", tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run("orm", d, common, resume), half, sigterm_at, 2)
     keys = ("loss", "accuracy", "grad_norm", "learning_rate", "eval/loss", "eval/auroc")
-    assert_same_history(tmp_path / "straight", half, keys, sample_field="step")
+    assert_resume_equals_straight_run(
+        lambda d, resume: run("orm", d, common, resume), tmp_path, sigterm_at, 2, keys, "step"
+    )
 
 
 test_bad_input_fails_before_writing = refused_before_writing_test(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_phases, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import SFT_ON_TINY
@@ -356,11 +356,10 @@ def test_short_run_writes_a_complete_run_dir_and_a_loadable_final_model(
 def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 steps straight == 2 steps, stop (the SIGTERM path: checkpoint + 'stopped'), resume, 2."""
     common = [*QUICK, "train.max_steps=4", "eval.sample_every=1"]
-    assert run(tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 2)
     keys = ("loss", "mean_token_accuracy", "grad_norm", "learning_rate", "eval/loss")
-    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
+    half = assert_resume_equals_straight_run(
+        lambda d, resume: run(d, common, resume), tmp_path, sigterm_at, 2, keys, "completion"
+    )
     progress = json.loads((half / "progress.json").read_text())
     assert (
         progress["tokens_seen"]
