@@ -24,13 +24,13 @@ def trainer_command(family: str, run_dir: Path) -> list[str]:
 
 def write_run_json(run_dir: Path, family: str, algorithm: str, **fields) -> RunFile:
     """Make ``run_dir`` (and its parents) and write its run.json: the id and the campaign from
-    the path, the launcher's command line for ``family`` unless ``fields`` give ``argv``;
-    ``fields`` are the rest of the RunFile (state, created_at, overrides, ...), the only ones
-    written besides those (a field left out is not written: readers take its default).
+    the path, the launcher's command line for ``family`` and device ``cpu`` unless ``fields``
+    give ``argv`` or ``device``, then ``fields``, the other RunFile fields (state, created_at,
+    overrides, ...). A field none of these sets is not written (readers take its default).
     Returns the record."""
     run_dir.mkdir(parents=True, exist_ok=True)
     campaign = run_dir.parent.parent.name
-    fields.setdefault("argv", trainer_command(family, run_dir))
+    fields = {"argv": trainer_command(family, run_dir), "device": "cpu", **fields}
     record = RunFile(
         id=run_dir.name, family=family, algorithm=algorithm, campaign=campaign, **fields
     )
