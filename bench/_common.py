@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -61,6 +62,26 @@ def alternate(contenders: dict[str, Callable[[], dict]], rounds: int) -> dict[st
         for name in names if r % 2 == 0 else reversed(names):
             results[name].append(contenders[name]())
     return results
+
+
+def time_variants(variants: dict[str, Callable[[], Any]], reps: int) -> dict[str, dict]:
+    """Median wall and CPU seconds of each variant's call, alternating between them (after one
+    untimed call each) so drift of the machine falls on all."""
+    for fn in variants.values():
+        fn()
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(reps):
+        for name in names if r % 2 == 0 else reversed(names):
+            started, started_cpu = time.perf_counter(), time.process_time()
+            variants[name]()
+            wall[name].append(time.perf_counter() - started)
+            cpu[name].append(time.process_time() - started_cpu)
+    return {
+        "wall": {name: statistics.median(ts) for name, ts in wall.items()},
+        "cpu": {name: statistics.median(ts) for name, ts in cpu.items()},
+    }
 
 
 def median_of(rows: Sequence[dict], key: str) -> float | None:

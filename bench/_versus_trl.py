@@ -294,26 +294,6 @@ def first_logged_loss(trainer: Any) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def time_variants(variants: dict[str, Callable[[], Any]], reps: int) -> dict[str, dict]:
-    """Median wall and CPU seconds of each variant's call, alternating between them (after one
-    untimed call each) so drift of the machine falls on all."""
-    for fn in variants.values():
-        fn()
-    wall: dict[str, list[float]] = {name: [] for name in variants}
-    cpu: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(reps):
-        for name in names if r % 2 == 0 else reversed(names):
-            started, started_cpu = time.perf_counter(), time.process_time()
-            variants[name]()
-            wall[name].append(time.perf_counter() - started)
-            cpu[name].append(time.process_time() - started_cpu)
-    return {
-        "wall": {name: statistics.median(ts) for name, ts in wall.items()},
-        "cpu": {name: statistics.median(ts) for name, ts in cpu.items()},
-    }
-
-
 def micro_report(seconds: dict[str, dict], baseline: str) -> dict[str, Any]:
     """Median seconds and time relative to ``baseline`` (> 1: slower than it), wall and CPU."""
     return {

@@ -46,7 +46,7 @@ import math
 import tempfile
 from typing import Any
 
-from _common import ROOT, median_of, print_table
+from _common import ROOT, median_of, print_table, time_variants
 from _versus_trl import (
     MAX_LENGTH,
     SEED,
@@ -67,7 +67,6 @@ from _versus_trl import (
     run_trl_timed,
     set_target,
     set_threads,
-    time_variants,
     trl_common_args,
     write_versus_results,
 )

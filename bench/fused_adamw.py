@@ -26,11 +26,9 @@ Prints the figures and writes bench/results/fused_adamw.json. A benchmark, not a
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from typing import Any
 
-from _common import write_results
+from _common import time_variants, write_results
 
 IMPLEMENTATIONS = {"loop": {"foreach": False}, "fused": {"fused": True}}
 RUNS = {"loop": "loop", "fused": "fused", "loop_1ulp_start": "loop"}  # run -> implementation
@@ -185,19 +183,9 @@ def step_time(model_name: str, reps: int) -> dict[str, Any]:
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
     opts = {impl: adamw(params, impl) for impl in ("loop", "fused")}
-    for opt in opts.values():  # state allocated outside the timing
-        opt.step()
-    wall: dict[str, list[float]] = {k: [] for k in opts}
-    cpu: dict[str, list[float]] = {k: [] for k in opts}
-    names = list(opts)
-    for r in range(reps):
-        for name in names if r % 2 == 0 else reversed(names):
-            t0, c0 = time.perf_counter(), time.process_time()
-            opts[name].step()
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
-    med = {k: statistics.median(v) for k, v in wall.items()}
-    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    # one untimed step each first: the optimizer state is allocated outside the timing
+    seconds = time_variants({name: opt.step for name, opt in opts.items()}, reps)
+    med, med_cpu = seconds["wall"], seconds["cpu"]
     return {
         "parameters": sum(p.numel() for p in params),
         "tensors": len(params),

@@ -32,7 +32,7 @@ from typing import Any
 
 import _versus_trl as harness
 import dpo_vs_trl as dpo
-from _common import ROOT, print_table
+from _common import ROOT, print_table, time_variants
 
 TARGET_RATIO = harness.TARGET_RATIO
 RM_CONFIG = ROOT / "trainers" / "reward_models" / "configs" / "preference_rm.yaml"
@@ -249,7 +249,7 @@ def rm_micro_benchmarks(model: str, batch_size: int, reps: int) -> dict[str, Any
         "two forwards (chosen, rejected)": two_forwards,
         f"padded to max_length={MAX_LENGTH}": concatenated(*padded),
     }
-    seconds = harness.time_variants(variants, reps)
+    seconds = time_variants(variants, reps)
     return {
         **harness.micro_batch_facts(model, n, reps, ids, attn),
         **harness.micro_report(seconds, OURS_RM_VARIANT),

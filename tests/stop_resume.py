@@ -53,3 +53,21 @@ def assert_same_history(
         samples_a = read_jsonl(straight / "samples.jsonl")
         samples_b = read_jsonl(resumed / "samples.jsonl")
         assert [s[sample_field] for s in samples_a] == [s[sample_field] for s in samples_b]
+
+
+def assert_resume_equals_straight_run(
+    run: Run,
+    tmp_path: Path,
+    sigterm_at,
+    step: int,
+    keys: Sequence[str],
+    sample_field: str | None = None,
+) -> Path:
+    """The check itself: ``run`` once straight into ``tmp_path/straight`` and once stopped at
+    the end of ``step`` and resumed into ``tmp_path/half`` (:func:`stop_at_step_then_resume`);
+    the two histories must be the same (:func:`assert_same_history`). The resumed run's folder."""
+    straight, half = tmp_path / "straight", tmp_path / "half"
+    assert run(straight, False) == 0
+    stop_at_step_then_resume(run, half, sigterm_at, step)
+    assert_same_history(straight, half, keys, sample_field)
+    return half

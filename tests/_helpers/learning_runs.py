@@ -35,3 +35,10 @@ def stand_in_learning_settings(steps: int) -> list[str]:
         "checkpoint.save_final_model=false",
         "seed=42",
     ]
+
+
+def trained_model(main, config: Path, run_dir: Path, overrides: list[str]) -> Path:
+    """Run the trainer ``main`` on ``config`` with ``overrides`` into ``run_dir``; it must
+    succeed. The final_model folder it saved (a warm start, a reward model for a later run)."""
+    assert main(trainer_argv(config, run_dir, overrides)) == 0
+    return run_dir / "final_model"

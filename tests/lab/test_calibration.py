@@ -433,21 +433,10 @@ def test_a_finished_warm_start_is_probed_through_its_final_model(tmp_path, monke
     a run not finished yet still is not."""
     import json
 
-    from rlhf_lab.planning.catalog import find_recipe
-    from rlhf_lab.planning.configs import resolve_config
-    from rlhf_lab.runs import NewRun, prepare_run
+    from tests._helpers.prepared_runs import prepared_run
 
     monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
-    found = find_recipe("sft")
-    config = resolve_config(found, as_overrides(["model.name=tiny"])).config
-    run = NewRun(
-        family=found.family,
-        algorithm=found.algorithm,
-        config=config,
-        campaign="c",
-        source=found.config_path,
-    )
-    info = prepare_run(run)
+    info = prepared_run("sft", ["model.name=tiny"], campaign="c")
     run_dir = tmp_path / "experiments" / info.campaign / "runs" / info.id
     specs = {"data": {"specs": [{"name": "chain_sum"}]}}
     probe = StubProbe(RATES)

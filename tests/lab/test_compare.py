@@ -4,7 +4,6 @@ reward models, the rejection-sampling pairing rule, mixing families, recording i
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import yaml
 from rlhf_lab import ledger
 from rlhf_lab.paths import LabError
 from rlhf_lab.results.compare import compare_runs
+from tests._helpers.run_folders import write_jsonl, write_run_json
 
 pytestmark = pytest.mark.usefixtures("lab_root")
 
@@ -33,21 +33,11 @@ def make_run(
     campaign: str = CAMPAIGN,
 ) -> Path:
     path = ledger.experiments_dir() / campaign / "runs" / run_id
-    path.mkdir(parents=True)
-    meta = {
-        "id": run_id,
-        "family": family,
-        "algorithm": algorithm,
-        "campaign": campaign,
-        "config_source": None,
-        "argv": [sys.executable, "-m", f"trainers.{family}.train", "--run-dir", str(path)],
-        "state": state,
-    }
-    (path / "run.json").write_text(json.dumps(meta))
+    write_run_json(path, family, algorithm, state=state)
     cfg = config or {"model": {"name": "tiny"}, "seed": 42}
     (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples or []))
+    write_jsonl(path / "metrics.jsonl", rows)
+    write_jsonl(path / "samples.jsonl", samples or [])
     if state != "running":
         summary = {"outcome": state, "final_eval": final_eval or {}, "wall_time_s": 1.0}
         (path / "summary.json").write_text(json.dumps(summary))

@@ -16,7 +16,13 @@ from rlhf_lab import api
 from rlhf_lab.cli import app
 from rlhf_lab.evaluation.records import fmt_interval, read_eval_summary
 from rlhf_lab.mcp_server import server
-from trainers.core.runfolder import EvalFile, EvalMetric, RunFile
+from tests._helpers.run_folders import (
+    CREATED_AT,
+    write_ending,
+    write_run_json,
+    write_tiny_final_model,
+)
+from trainers.core.runfolder import EvalFile, EvalMetric
 from trainers.evaluation.cache import model_key, settings_of
 from trainers.evaluation.config import EvalConfig
 
@@ -39,28 +45,13 @@ def write_run(
 ) -> Path:
     """A run folder as the launcher and its job leave it."""
     run_dir = root / "experiments" / CAMPAIGN / "runs" / run_id
-    run_dir.mkdir(parents=True)
-    record = RunFile(
-        id=run_id,
-        family=family,
-        algorithm=algorithm,
-        campaign=CAMPAIGN,
-        state=state,
-        device="cpu",
-        created_at="2026-01-01T00:00:00.000+00:00",
-    )
-    (run_dir / "run.json").write_text(record.model_dump_json(exclude_none=True))
+    write_run_json(run_dir, family, algorithm, state=state, created_at=CREATED_AT)
     cfg = config or {"model": {"name": "tiny"}, "checkpoint": {"save_final_model": True}}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
     if state in ("succeeded", "failed"):
-        (run_dir / "summary.json").write_text(json.dumps({"outcome": state, "steps": 2}))
-        code = 0 if state == "succeeded" else 1
-        (run_dir / "exit.json").write_text(json.dumps({"exit_code": code, "signal": None}))
+        write_ending(run_dir, state, steps=2)
     if final_model and state == "succeeded":
-        from rlhf_lab.planning.memory.architecture import _preset_config
-
-        (run_dir / "final_model").mkdir()
-        (run_dir / "final_model" / "config.json").write_text(json.dumps(_preset_config("tiny")))
+        write_tiny_final_model(run_dir)
     return run_dir
 
 

@@ -21,7 +21,8 @@ import pytest
 
 from rlhf_lab import api, runs
 from rlhf_lab.runs import wait_for_end
-from trainers.core.runfolder import EvalFile, RunFile, read_file
+from tests._helpers.run_folders import CREATED_AT, write_run_json
+from trainers.core.runfolder import EvalFile, read_file
 
 CAMPAIGN = "2026-01-01-warm-then-grpo"
 TASK = "{name: chain_sum, config: {min_terms: 2, max_terms: 3, min_digits: 1, max_digits: 1}}"
@@ -46,17 +47,10 @@ def adopt_warm_start(root: Path) -> str:
     run_id = "sft-20260101-000000-0001"
     run_dir = root / "experiments" / CAMPAIGN / "runs" / run_id
     shutil.copytree(warm.parent, run_dir, ignore=shutil.ignore_patterns("checkpoints"))
-    record = RunFile(
-        id=run_id,
-        family="sft",
-        algorithm="sft",
-        campaign=CAMPAIGN,
-        state="succeeded",
-        device="cpu",
-        config_source="trainers/sft/configs/sft_tiny_warmstart.yaml",
-        created_at="2026-01-01T00:00:00.000+00:00",
+    source = "trainers/sft/configs/sft_tiny_warmstart.yaml"
+    write_run_json(
+        run_dir, "sft", "sft", state="succeeded", config_source=source, created_at=CREATED_AT
     )
-    (run_dir / "run.json").write_text(record.model_dump_json(exclude_none=True))
     (run_dir / "exit.json").write_text(json.dumps({"exit_code": 0, "signal": None}))
     return run_id
 

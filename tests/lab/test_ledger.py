@@ -20,6 +20,7 @@ from rlhf_lab import ledger
 from rlhf_lab.paths import LabError
 from rlhf_lab.results.compare import compare_runs
 from tests._helpers.imports import modules_left_imported
+from tests._helpers.run_folders import write_jsonl, write_run_json
 from trainers.core.config import read_yaml
 from trainers.direct_alignment.config import DirectAlignmentConfig
 
@@ -96,40 +97,24 @@ def make_run(
 ) -> Path:
     """Write a run folder by hand the way the launcher and a trainer would."""
     root = ledger.experiments_dir() / campaign / "runs" / run_id
-    root.mkdir(parents=True, exist_ok=True)
-    argv = [
-        sys.executable,
-        "-m",
-        f"trainers.{family}.train",
-        "--config",
-        str(root / "config.yaml"),
-        "--run-dir",
-        str(root),
-    ]
     meta = {
-        "id": run_id,
-        "family": family,
-        "algorithm": algorithm,
-        "campaign": campaign,
         "config_source": config_source,
         "overrides": ["train.learning_rate=3e-4"],
-        "argv": argv,
         "cwd": str(REPO),
         "state": state,
         "wandb_url": f"https://wandb.ai/lab/rlhf/runs/{run_id[-4:]}",
     }
-    meta.update(run_json or {})
-    (root / "run.json").write_text(json.dumps(meta))
+    write_run_json(root, family, algorithm, **{**meta, **(run_json or {})})
     cfg = config if config is not None else dpo_config(train__learning_rate=3e-4)
     (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     rows = da_rows() if rows is None else rows
-    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(root / "metrics.jsonl", rows)
     if samples is None:
         samples = [
             {"step": 12, "prompt": "Spell 'star' backwards", "completion": "<answer>rats</answer>"},
             {"step": 12, "prompt": "Sum 2 and 3", "completion": "<answer>5</answer>"},
         ]
-    (root / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    write_jsonl(root / "samples.jsonl", samples)
     if summary is None and state == "succeeded":
         summary = {
             "outcome": "succeeded",

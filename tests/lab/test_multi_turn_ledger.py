@@ -7,7 +7,6 @@ ledger is unchanged."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import yaml
 from rlhf_lab import ledger
 from rlhf_lab.ledger.metrics import TOOL_LEGEND
 from rlhf_lab.results.compare import compare_runs
+from tests._helpers.run_folders import write_jsonl, write_run_json
 
 CAMPAIGN = "2026-11-29-grpo-with-calculator-vs-grpo"
 TOOLS_RUN = "grpo-20261129-000000-0001"
@@ -75,24 +75,14 @@ def samples(tools: bool, turns: list[dict] | None = None) -> list[dict]:
 def make_run(run_id: str, tools: bool, sample_rows: list[dict] | None = None) -> Path:
     """A policy-gradient run folder as the launcher and the trainer write it."""
     path = ledger.experiments_dir() / CAMPAIGN / "runs" / run_id
-    path.mkdir(parents=True)
-    meta = {
-        "id": run_id,
-        "family": "policy_gradients",
-        "algorithm": "grpo",
-        "campaign": CAMPAIGN,
-        "config_source": None,
-        "argv": [sys.executable, "-m", "trainers.policy_gradients.train", "--run-dir", str(path)],
-        "state": "succeeded",
-    }
-    (path / "run.json").write_text(json.dumps(meta))
+    write_run_json(path, "policy_gradients", "grpo", state="succeeded")
     env = {"name": "calculator" if tools else None, "max_turns": 3}
     config = {"algorithm": "grpo", "model": {"name": "tiny"}, "env": env, "seed": 42}
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     rows = pg_rows(tools)
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path / "metrics.jsonl", rows)
     sample_rows = samples(tools) if sample_rows is None else sample_rows
-    (path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sample_rows))
+    write_jsonl(path / "samples.jsonl", sample_rows)
     summary = {"outcome": "succeeded", "steps": 10, "total_steps": 10, "wall_time_s": 2.0}
     (path / "summary.json").write_text(json.dumps(summary))
     return path

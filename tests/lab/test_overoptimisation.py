@@ -11,7 +11,6 @@ import json
 import math
 import random
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from rlhf_lab.results.diagnosis import diagnose
 from rlhf_lab.results.headline import headline_for, headline_line
 from rlhf_lab.results.overoptimisation import overoptimisation, overoptimisation_advice
 from rlhf_lab.results.plots import plot_reward_vs_kl, reward_kl_points
+from tests._helpers.run_folders import write_jsonl, write_run_json
 from tests._helpers.shipped_configs import set_dotted, shipped_config
 from trainers.core.config import read_yaml
 from trainers.core.spec import family_spec
@@ -62,23 +62,19 @@ def make_run(
 ) -> Path:
     """A policy-gradient run folder as the launcher and the trainer write it."""
     path = ledger.experiments_dir() / CAMP / "runs" / run_id
-    path.mkdir(parents=True)
     source, cfg = shipped_config("policy_gradients", recipe, overrides)
-    meta = {
-        "id": run_id,
-        "family": "policy_gradients",
-        "algorithm": recipe,
-        "campaign": CAMP,
-        "config_source": source,
-        "overrides": list(overrides),
-        "argv": [sys.executable, "-m", "trainers.policy_gradients.train", "--config", "c.yaml"],
-        "cwd": str(REPO),
-        "state": state,
-        "started_at": "2026-03-02T10:00:00.000+00:00",
-    }
-    (path / "run.json").write_text(json.dumps(meta))
+    write_run_json(
+        path,
+        "policy_gradients",
+        recipe,
+        config_source=source,
+        overrides=list(overrides),
+        cwd=str(REPO),
+        state=state,
+        started_at="2026-03-02T10:00:00.000+00:00",
+    )
     (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path / "metrics.jsonl", rows)
     steps = max(r["step"] for r in rows) if rows else 0
     (path / "summary.json").write_text(json.dumps({"outcome": state, "steps": steps}))
     return path

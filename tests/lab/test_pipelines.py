@@ -21,15 +21,20 @@ from mcp import Client
 from typer.testing import CliRunner
 
 from rlhf_lab import _queue, api, runs
+from rlhf_lab.api.pipelines import _recipe_exists
 from rlhf_lab.cli import app
 from rlhf_lab.errors import Conflict, InvalidArgument, LabError, NotFound
 from rlhf_lab.mcp_server import server
-from rlhf_lab.planning.catalog import find_recipe
 from rlhf_lab.planning.shrink import WARM_START_PG_LR
 from rlhf_lab.runs.deps import rearm_dependents
 from rlhf_lab.runs.lineage import base_model
 from rlhf_lab.runs.pipelines import check_stages, find_pipeline, plan_stages
-from trainers.core.runfolder import RunFile
+from tests._helpers.run_folders import (
+    CREATED_AT,
+    write_ending,
+    write_run_json,
+    write_tiny_final_model,
+)
 
 RUN_TIMEOUT_S = 300.0
 SFT_STEPS = ["train.max_steps=3", "data.max_samples=48", "data.eval_size=8", "eval.eval_every=0"]
@@ -46,12 +51,6 @@ def lab_root(tmp_path, monkeypatch):
         runs.stop_run(status.id, grace_s=5)
 
 
-def _tiny_config_json() -> dict:
-    from rlhf_lab.planning.memory.architecture import _preset_config
-
-    return _preset_config("tiny")
-
-
 def synthetic_run(
     root: Path,
     run_id: str,
@@ -66,27 +65,15 @@ def synthetic_run(
     """A run folder as the launcher and a trainer leave it; a succeeded one has final_model/
     (its config.json: the tiny preset's architecture)."""
     run_dir = root / "experiments" / campaign / "runs" / run_id
-    run_dir.mkdir(parents=True)
-    record = RunFile(
-        id=run_id,
-        family=family,
-        algorithm=algorithm,
-        campaign=campaign,
-        state=state,
-        created_at="2026-01-01T00:00:00.000+00:00",
-        references=references or {},
+    write_run_json(
+        run_dir, family, algorithm, state=state, created_at=CREATED_AT, references=references or {}
     )
-    (run_dir / "run.json").write_text(record.model_dump_json(exclude_none=True))
     config = {"model": {"name": model}, "checkpoint": {"save_final_model": True}}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     if state in ("succeeded", "failed"):
-        outcome = {"outcome": state, "steps": 2, "wall_time_s": 1.0}
-        (run_dir / "summary.json").write_text(json.dumps(outcome))
-        code = 0 if state == "succeeded" else 1
-        (run_dir / "exit.json").write_text(json.dumps({"exit_code": code, "signal": None}))
+        write_ending(run_dir, state, steps=2, wall_time_s=1.0)
     if state == "succeeded":
-        (run_dir / "final_model").mkdir()
-        (run_dir / "final_model" / "config.json").write_text(json.dumps(_tiny_config_json()))
+        write_tiny_final_model(run_dir)
     return run_dir
 
 
@@ -271,7 +258,7 @@ def test_shipped_pipelines_name_their_stages_references_and_order():
     assert "model.name=run:<sft-run-id>" in plan.runs[1].launch_command
     assert plan.pipeline_command.startswith("uv run rlhf-lab pipeline r1-zero --model tiny")
     assert any("grpo (grpo): groups have reward contrast" in s for s in plan.steps)
-    if _has_recipe("ppo_rm"):
+    if _recipe_exists("ppo_rm"):
         asked = api.plan_experiment("train a reward model then run PPO against it", model="tiny")
         assert asked.pipeline == "rlhf" and [r.name for r in asked.runs] == ["sft", "rm", "ppo"]
 
@@ -422,14 +409,6 @@ def _set_state(run_dir: Path, state: str) -> None:
     (run_dir / "run.json").write_text(json.dumps(rec))
 
 
-def _has_recipe(name: str) -> bool:
-    try:
-        find_recipe(name)
-    except LabError:
-        return False
-    return True
-
-
 # ---------------------------------------------------------------------------------------------
 # Real runs on tiny
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +453,9 @@ def test_a_failed_upstream_cancels_its_dependent_and_resuming_it_rearms_it(lab_r
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _has_recipe("ppo_rm"), reason="the ppo_rm recipe is not in this checkout")
+@pytest.mark.skipif(
+    not _recipe_exists("ppo_rm"), reason="the ppo_rm recipe is not in this checkout"
+)
 def test_the_rlhf_pipeline_runs_end_to_end_on_tiny(lab_root):
     """SFT -> preference RM -> PPO against it, shrunk to a couple of steps per stage (the RM
     to its shrunk recipe, so that it clears ppo's gate): every stage succeeds in order, the PPO run scores with the RM run's model, and the ledger tells

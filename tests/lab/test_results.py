@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from rlhf_lab.ledger.followups import next_items
 from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.compare import compare_runs
 from rlhf_lab.results.diagnosis import diagnose, heldout_regression, noise_reason, noisy_samples
+from tests._helpers.run_folders import write_jsonl, write_run_json
 from tests._helpers.shipped_configs import shipped_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,34 +46,19 @@ def make_run(
     from the shipped recipe) and a trainer (metrics.jsonl, samples.jsonl, summary.json) write
     it."""
     path = ledger.experiments_dir() / campaign / "runs" / run_id
-    path.mkdir(parents=True)
     source, cfg = shipped_config(family, recipe, overrides)
     meta = {
-        "id": run_id,
-        "family": family,
-        "algorithm": algorithm or recipe,
-        "campaign": campaign,
         "config_source": source,
         "overrides": list(overrides),
-        "argv": [
-            sys.executable,
-            "-m",
-            f"trainers.{family}.train",
-            "--config",
-            str(path / "config.yaml"),
-            "--run-dir",
-            str(path),
-        ],
         "cwd": str(REPO),
         "state": state,
         "started_at": "2026-03-01T10:00:00.000+00:00",
-        **(run_json or {}),
     }
-    (path / "run.json").write_text(json.dumps(meta))
+    write_run_json(path, family, algorithm or recipe, **{**meta, **(run_json or {})})
     (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path / "metrics.jsonl", rows)
     if samples is not None:
-        (path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+        write_jsonl(path / "samples.jsonl", samples)
     if state not in ("running", "queued", "killed", "died"):
         body = {"outcome": state, "wall_time_s": 30.0, "steps": rows[-1]["step"] if rows else 0}
         (path / "summary.json").write_text(json.dumps({**body, **(summary or {})}))

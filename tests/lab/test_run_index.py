@@ -22,6 +22,7 @@ from rlhf_lab import api, index
 from rlhf_lab.errors import InvalidArgument
 from rlhf_lab.index import extract as extract_module
 from rlhf_lab.index import sync as sync_module
+from tests._helpers.run_folders import write_ending, write_jsonl, write_run_json
 
 OLD = time.time() - 120
 
@@ -50,19 +51,7 @@ def write_run(
     extra_eval: dict | None = None,
 ) -> Path:
     run_dir = exp / campaign / "runs" / run_id
-    run_dir.mkdir(parents=True)
-    record = {
-        "id": run_id,
-        "family": family,
-        "algorithm": algorithm,
-        "campaign": campaign,
-        "device": "cpu",
-        "argv": ["python", "-m", f"trainers.{family}.train"],
-        "state": state,
-        "created_at": created,
-        "ended_at": ended,
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
+    write_run_json(run_dir, family, algorithm, state=state, created_at=created, ended_at=ended)
     (run_dir / "config.yaml").write_text(
         f"algorithm: {algorithm}\nmodel:\n  name: {model}\nseed: 7\n{config_extra}"
     )
@@ -72,13 +61,10 @@ def write_run(
         rows.append(
             {"step": step, "time_s": step, "phase": "eval", eval_key: value, **(extra_eval or {})}
         )
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(run_dir / "metrics.jsonl", rows)
     (run_dir / "progress.json").write_text(json.dumps({"step": len(evals), "total_steps": 3}))
     if state != "died":
-        outcome = "succeeded" if state == "succeeded" else "failed"
-        (run_dir / "summary.json").write_text(json.dumps({"outcome": outcome}))
-        code = 0 if state == "succeeded" else 1
-        (run_dir / "exit.json").write_text(json.dumps({"exit_code": code, "signal": None}))
+        write_ending(run_dir, "succeeded" if state == "succeeded" else "failed")
     _age(run_dir)
     return run_dir
 

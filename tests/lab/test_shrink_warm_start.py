@@ -13,8 +13,8 @@ from rlhf_lab.planning.catalog import find_recipe, recipe_flags
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import WARM_START_PG_LR, shrink_config
-from rlhf_lab.runs import NewRun, prepare_run
 from rlhf_lab.runs.lineage import trained_task_specs
+from tests._helpers.prepared_runs import prepared_run
 
 WARM_TASK = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
 
@@ -26,17 +26,7 @@ def _lab_root(tmp_path, monkeypatch):
 
 def _run_of(recipe: str, overrides: list[str] | None = None) -> str:
     """A queued run of ``recipe`` in the lab (its run folder, config.yaml and run.json)."""
-    found = find_recipe(recipe)
-    config = resolve_config(found, as_overrides(overrides or [])).config
-    run = NewRun(
-        family=found.family,
-        algorithm=found.algorithm,
-        config=config,
-        campaign="warm",
-        source=found.config_path,
-    )
-    info = prepare_run(run, state="queued")
-    return info.id
+    return prepared_run(recipe, overrides or [], campaign="warm", state="queued").id
 
 
 def test_pg_shrink_of_the_warm_start_takes_its_task_and_a_fine_tuning_lr():

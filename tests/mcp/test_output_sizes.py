@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -23,8 +22,9 @@ from mcp import Client
 
 from rlhf_lab import api
 from rlhf_lab.mcp_server import TOOL_NAMES, server
+from tests._helpers.run_folders import write_jsonl, write_run_json
 from tests.mcp._fixtures import asyncio_backend  # noqa: F401  (pytest fixtures)
-from trainers.core.runfolder import ExitFile, MetricRow, ProgressFile, RunFile, SummaryFile
+from trainers.core.runfolder import ExitFile, MetricRow, ProgressFile, SummaryFile
 
 pytestmark = pytest.mark.anyio
 
@@ -67,25 +67,18 @@ def _write(path: Path, model) -> None:
 def _write_run(exp: Path, i: int, steps: int, rng: random.Random) -> None:
     campaign, run_id = _campaign(i % CAMPAIGNS), _run_id(i)
     run_dir = exp / campaign / "runs" / run_id
-    run_dir.mkdir(parents=True)
-    config = run_dir / "config.yaml"
-    _write(
-        run_dir / "run.json",
-        RunFile(
-            id=run_id,
-            family="direct_alignment",
-            algorithm="dpo",
-            campaign=campaign,
-            device="cpu",
-            config_source="trainers/direct_alignment/configs/dpo.yaml",
-            overrides=["model.name=tiny", f"train.max_steps={steps}"],
-            argv=[sys.executable, "-m", "trainers.direct_alignment.train", "--config", str(config)],
-            state="succeeded",
-            created_at=f"2026-03-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}.000+00:00",
-            ended_at="2026-03-02T00:00:00.000+00:00",
-            exit_code=0,
-        ),
+    write_run_json(
+        run_dir,
+        "direct_alignment",
+        "dpo",
+        config_source="trainers/direct_alignment/configs/dpo.yaml",
+        overrides=["model.name=tiny", f"train.max_steps={steps}"],
+        state="succeeded",
+        created_at=f"2026-03-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}.000+00:00",
+        ended_at="2026-03-02T00:00:00.000+00:00",
+        exit_code=0,
     )
+    config = run_dir / "config.yaml"
     config.write_text("algorithm: dpo\nmodel:\n  name: tiny\nseed: 42\n")
     rows = []
     for step in range(1, steps + 1):
@@ -95,7 +88,7 @@ def _write_run(exp: Path, i: int, steps: int, rng: random.Random) -> None:
             held_out = {k: rng.random() for k in EVAL_KEYS}
             rows.append(MetricRow(step=step, time_s=step * 0.731, phase="eval", **held_out))
     dumped = [r.model_dump(exclude_none=True) for r in rows]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dumped))
+    write_jsonl(run_dir / "metrics.jsonl", dumped)
     log = "".join(f"step {s}/{steps} loss 0.5 accuracy 0.6\n" for s in range(1, min(steps, 300)))
     (run_dir / "train.log").write_text(log)
     _write(run_dir / "progress.json", ProgressFile(step=steps, total_steps=steps, elapsed_s=9.0))

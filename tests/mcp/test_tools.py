@@ -25,6 +25,7 @@ from mcp import MCPError
 from rlhf_lab import api, mcp_server
 from rlhf_lab.mcp_server import TOOL_NAMES
 from rlhf_lab.planning.catalog import FAMILIES
+from tests._helpers.run_folders import write_jsonl, write_run_json
 from tests.mcp._fixtures import asyncio_backend, fresh_lab, in_memory_client  # noqa: F401  (pytest fixtures)
 from tests.mcp._lab import QUICK
 
@@ -77,21 +78,16 @@ def make_run(
     else:
         config = {"model": {"name": "tiny"}, "seed": 42}
     (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    argv = [sys.executable, "-m", f"trainers.{family}.train", "--config", str(path / "config.yaml")]
-    record = {
-        "id": run_id,
-        "family": family,
-        "algorithm": algorithm,
-        "campaign": campaign,
-        "device": "cpu",
-        "config_source": f"trainers/{family}/configs/{algorithm}.yaml",
-        "overrides": QUICK,
-        "argv": argv,
-        "state": state,
-        "created_at": "2026-03-01T12:00:00.000+00:00",
-        "exit_code": 0,
-    }
-    (path / "run.json").write_text(json.dumps(record))
+    write_run_json(
+        path,
+        family,
+        algorithm,
+        config_source=f"trainers/{family}/configs/{algorithm}.yaml",
+        overrides=QUICK,
+        state=state,
+        created_at="2026-03-01T12:00:00.000+00:00",
+        exit_code=0,
+    )
     if rows is None:
         rows = []
         for step in range(1, 5):
@@ -116,7 +112,7 @@ def make_run(
                     "eval/rejected_rewards": -0.1,
                 }
             )
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path / "metrics.jsonl", rows)
     (path / "train.log").write_text(
         "".join(f"step {i} loss {0.7 - i / 100:.3f}\n" for i in range(log_lines))
     )

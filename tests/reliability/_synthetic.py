@@ -5,8 +5,9 @@ it: the lab only reads files, so its bookkeeping can be tested without training 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
+
+from tests._helpers.run_folders import CREATED_AT, write_ending, write_jsonl, write_run_json
 
 DEFAULT_CONFIG = "algorithm: dpo\nmodel:\n  name: tiny\nseed: 42\n"
 
@@ -21,27 +22,17 @@ def finished_run(
     """Write ``run_dir`` (``<root>/experiments/<campaign>/runs/<run-id>``). ``state`` died leaves
     no summary.json and no exit.json, as a SIGKILL does. Rows: one train and one eval per step,
     ``loss`` 0.7/step, ``accuracy`` 0.5 + 0.05·step, ``eval/accuracy`` 0.5."""
-    run_id, campaign = run_dir.name, run_dir.parent.parent.name
-    run_dir.mkdir(parents=True)
-    record = {
-        "id": run_id,
-        "family": "direct_alignment",
-        "algorithm": "dpo",
-        "campaign": campaign,
-        "device": "cpu",
-        "argv": [sys.executable, "-m", "trainers.direct_alignment.train"],
-        "state": state,
-        "created_at": "2026-01-01T00:00:00.000+00:00",
-        "ended_at": "2026-01-01T00:01:00.000+00:00",
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
+    ended = "2026-01-01T00:01:00.000+00:00"
+    write_run_json(
+        run_dir, "direct_alignment", "dpo", state=state, created_at=CREATED_AT, ended_at=ended
+    )
     (run_dir / "config.yaml").write_text(config_text)
     rows = []
     for step in range(1, steps + 1):
         train = {"step": step, "time_s": step * 0.5, "phase": "train", "loss": 0.7 / step}
         rows.append({**train, "accuracy": 0.5 + 0.05 * step})
         rows.append({"step": step, "time_s": step * 0.5, "phase": "eval", "eval/accuracy": 0.5})
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(run_dir / "metrics.jsonl", rows)
     (run_dir / "samples.jsonl").write_text("")
     (run_dir / "train.log").write_text(
         "".join(f"step {s}/{steps} loss 0.5\n" for s in range(1, steps + 1))
@@ -49,8 +40,5 @@ def finished_run(
     (run_dir / "progress.json").write_text(json.dumps({"step": steps, "total_steps": steps}))
     outcome = {"succeeded": "succeeded", "died": None}.get(state, state)
     if outcome:
-        summary = {"outcome": outcome, "steps": steps, "wall_time_s": 1.0}
-        (run_dir / "summary.json").write_text(json.dumps(summary))
-        code = 0 if outcome == "succeeded" else 1
-        (run_dir / "exit.json").write_text(json.dumps({"exit_code": code, "signal": None}))
+        write_ending(run_dir, outcome, steps=steps, wall_time_s=1.0)
     return run_dir

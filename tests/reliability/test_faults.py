@@ -42,20 +42,21 @@ from tests._lab_processes import wait_until as poll_until
 RUN_TIMEOUT_S = 300.0
 POLL_S = 0.05
 
+# The preference families (DPO, the preference reward model): 96 pairs, 16 held out, batches of
+# 8 for 10 steps, evaluated every 5.
+PAIRS_FOR_10_STEPS = [
+    "data.max_samples=96",
+    "data.eval_size=16",
+    "data.max_length=96",
+    "train.batch_size=8",
+    "train.max_steps=10",
+    "eval.eval_every=5",
+]
 # Quick tiny configs (applied after the lab's `--model tiny` shrink): ~10 optimizer steps each.
 QUICK = {
     "direct_alignment": (
         "dpo",
-        [
-            "data.max_samples=96",
-            "data.eval_size=16",
-            "data.max_length=96",
-            "train.batch_size=8",
-            "train.max_steps=10",
-            "eval.eval_every=5",
-            "eval.num_samples=0",
-            "checkpoint.save_final_model=false",
-        ],
+        [*PAIRS_FOR_10_STEPS, "eval.num_samples=0", "checkpoint.save_final_model=false"],
     ),
     # Full-vocabulary sampling: the random tiny model then emits a format tag now and then, so
     # some groups have reward contrast and the updates (and the resumed ones) really move.
@@ -83,12 +84,7 @@ QUICK = {
     "reward_models": (
         "preference_rm",
         [
-            "data.max_samples=96",
-            "data.eval_size=16",
-            "data.max_length=96",
-            "train.batch_size=8",
-            "train.max_steps=10",
-            "eval.eval_every=5",
+            *PAIRS_FOR_10_STEPS,
             "eval.eval_batch_size=8",
             "eval.num_samples=0",
             "checkpoint.save_final_model=false",

@@ -53,13 +53,32 @@ def config(algorithm: str, world_size: int, extra: list[str] = ()):
     return load_config(CONFIGS / f"{algorithm}.yaml", PolicyGradientConfig, over)
 
 
+def untruncated_experience(prompt_rows, completion_rows, owners, texts, rewards):
+    """A rollout batch of these token rows (padded with 0), none cut at the token limit: each
+    sequence's prompt (a ``Prompt``), text and rewards (name -> tensor, one value a sequence)."""
+    import torch
+
+    from trainers.policy_gradients.experience import Experience, assemble
+
+    ids, attn, lens, cmask = assemble(prompt_rows, completion_rows, pad_id=0)
+    return Experience(
+        input_ids=ids,
+        attention_mask=attn,
+        prompt_lens=lens,
+        completion_mask=cmask,
+        truncated=torch.zeros(len(completion_rows), dtype=torch.bool),
+        texts=texts,
+        prompts=owners,
+        rewards=rewards,
+    )
+
+
 def fixed_experience(seed: int = 5):
     """A rollout batch of P groups of G sequences: random prompt and completion tokens of
     unequal lengths, graded rewards with contrast in each group (the same on every rank)."""
     import torch
 
     from trainers.core.records import Prompt
-    from trainers.policy_gradients.experience import Experience, assemble
 
     g = torch.Generator().manual_seed(seed)
     prompts, completions, owners = [], [], []
@@ -73,19 +92,12 @@ def fixed_experience(seed: int = 5):
             completions.append(torch.randint(10, 900, (length,), generator=g).tolist())
             prompts.append(prompt)
             owners.append(owner)
-    ids, attn, lens, cmask = assemble(prompts, completions, pad_id=0)
     n = len(completions)
     correct = torch.tensor([float((i * 7 + i // G) % 3 == 0) for i in range(n)])
     total = correct + 0.1 * torch.rand(n, generator=g)
-    return Experience(
-        input_ids=ids,
-        attention_mask=attn,
-        prompt_lens=lens,
-        completion_mask=cmask,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        texts=[f"t{i}" for i in range(n)],
-        prompts=owners,
-        rewards={"total": total, "correctness": correct, "binary": correct},
+    rewards = {"total": total, "correctness": correct, "binary": correct}
+    return untruncated_experience(
+        prompts, completions, owners, [f"t{i}" for i in range(n)], rewards
     )
 
 
@@ -159,25 +171,16 @@ KEPT_PATTERN = {0: (1.0, 0.0), 3: (0.0, 1.0), 5: (1.0, 0.0), 6: (0.0, 1.0), 9: (
 def _pattern_draw(rounds: list[list[int]]):
     import torch
 
-    from trainers.policy_gradients.experience import Experience, assemble
-
     def draw(prompts):
         idx = [int(p.messages[-1]["content"][1:]) for p in prompts]
         rounds.append(idx)
         correct = [c for i in idx for c in KEPT_PATTERN.get(i, (0.0,) * G)]
-        ids, attn, lens, cmask = assemble(
-            [[5 + i] for i in idx for _ in range(G)], [[7]] * len(correct), 0
-        )
-        n = len(correct)
-        exp = Experience(
-            input_ids=ids,
-            attention_mask=attn,
-            prompt_lens=lens,
-            completion_mask=cmask,
-            truncated=torch.zeros(n, dtype=torch.bool),
-            texts=[f"p{i}" for i in idx for _ in range(G)],
-            prompts=[p for p in prompts for _ in range(G)],
-            rewards={"correctness": torch.tensor(correct), "total": torch.tensor(correct)},
+        exp = untruncated_experience(
+            [[5 + i] for i in idx for _ in range(G)],
+            [[7]] * len(correct),
+            [p for p in prompts for _ in range(G)],
+            [f"p{i}" for i in idx for _ in range(G)],
+            {"correctness": torch.tensor(correct), "total": torch.tensor(correct)},
         )
         return exp, 0.0, 0.0
 

@@ -48,6 +48,16 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _read_as(path: Path, fmt: str, detected: str) -> tuple[list, list[dict]]:
+    """The fixture at ``path`` loaded with ``fmt``: read as the ``detected`` format, one record
+    a row. Its records and its rows as written."""
+    stats: dict = {}
+    recs = load_preference_records(str(path), fmt=fmt, stats=stats)
+    rows = _rows(path)
+    assert stats["format"] == detected and len(recs) == len(rows)
+    return recs, rows
+
+
 # ---------------------------------------------------------------------------------------------
 # A throwaway ChatML tokenizer (byte-level BPE trained on the fixture text)
 # ---------------------------------------------------------------------------------------------
@@ -150,20 +160,14 @@ def test_parse_hh_conversation_roles_and_whitespace():
 
 @pytest.mark.parametrize("fmt", ["auto", "plain"])
 def test_plain_fixture(fmt):
-    stats: dict = {}
-    recs = load_preference_records(str(PLAIN), fmt=fmt, stats=stats)
-    rows = _rows(PLAIN)
-    assert stats["format"] == "plain" and len(recs) == len(rows)
+    recs, rows = _read_as(PLAIN, fmt, "plain")
     assert recs[0].prompt == [{"role": "user", "content": rows[0]["prompt"]}]
     assert (recs[0].chosen, recs[0].rejected) == (rows[0]["chosen"], rows[0]["rejected"])
 
 
 @pytest.mark.parametrize("fmt", ["auto", "unpaired"])
 def test_unpaired_fixture(fmt):
-    stats: dict = {}
-    recs = load_preference_records(str(KTO), fmt=fmt, stats=stats)
-    rows = _rows(KTO)
-    assert stats["format"] == "unpaired" and len(recs) == len(rows)
+    recs, rows = _read_as(KTO, fmt, "unpaired")
     for rec, row in zip(recs, rows, strict=True):
         assert not rec.paired
         if row["label"]:

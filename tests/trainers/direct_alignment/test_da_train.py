@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_complete_run_dir, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
@@ -90,11 +90,10 @@ def test_every_loss_runs_and_writes_a_complete_run_dir(tmp_path, loss):
 def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 steps straight == 2 steps, stop (the SIGTERM path: checkpoint + 'stopped'), resume, 2."""
     common = [*QUICK, "train.max_steps=4", "eval.sample_every=1"]
-    assert run("dpo", tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run("dpo", d, common, resume), half, sigterm_at, 2)
     keys = ("loss", "accuracy", "margins", "grad_norm", "learning_rate", "eval/loss")
-    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
+    assert_resume_equals_straight_run(
+        lambda d, resume: run("dpo", d, common, resume), tmp_path, sigterm_at, 2, keys, "completion"
+    )
 
 
 def test_reference_cache_is_reused_and_reference_free_losses_load_no_reference(
@@ -150,20 +149,15 @@ def test_wandb_offline_run_is_written(tmp_path, monkeypatch):
     assert summary["wandb_url"] is None  # offline: no URL
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         (["train.learning_rat=1"], "Did you mean: learning_rate"),
         (["train.batch_size=lots"], "train.batch_size"),
         (["loss=dpx"], "'loss'"),
         (["data.dataset=/no/such/file.jsonl"], "file not found"),
     ],
+    lambda run_dir, overrides: run("dpo", run_dir, [*QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(
-        run("dpo", run_dir, [*QUICK, *overrides]), run_dir, capsys, message
-    )
 
 
 def test_existing_run_dir_is_not_overwritten(tmp_path, capsys):

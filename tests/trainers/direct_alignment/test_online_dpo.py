@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import FIXTURES, configs_of
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
 from trainers.direct_alignment.config import DirectAlignmentConfig
@@ -182,28 +182,24 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     (same sampled pairs, same losses)."""
 
     common = [*QUICK, "train.max_steps=3", "eval.eval_every=0", "eval.sample_every=0"]
-    assert run(tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 1)
     keys = ("loss", "tie_frac", "score_chosen", "completion_length", "eval/score")
-    assert_same_history(tmp_path / "straight", half, keys)
+    assert_resume_equals_straight_run(
+        lambda d, resume: run(d, common, resume), tmp_path, sigterm_at, 1, keys
+    )
 
 
 # ---- bad input --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         (["data.dataset=tests/fixtures/prefs.jsonl"], "no way to rank"),
         (["reward.model=tiny"], "randomly initialised causal LM, not a reward model"),
         (["online.loss=kto"], "online.loss"),
         (["online.max_new_tokens=96"], "online.max_new_tokens (96) must be smaller"),
     ],
+    lambda run_dir, overrides: run(run_dir, [*QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(run(run_dir, [*QUICK, *overrides]), run_dir, capsys, message)
 
 
 def test_no_way_to_rank_is_a_config_error():

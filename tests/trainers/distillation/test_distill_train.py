@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_complete_run_dir, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import configs_of
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from trainers.core.rundir import read_jsonl
 from trainers.distillation import train as distill_train
 
@@ -60,25 +60,21 @@ def test_two_steps_write_a_complete_run_dir(tmp_path):
 def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """Student samples are seeded by (seed, step): 3 steps straight == 1, stop, resume, 2."""
     common = [*QUICK, "train.max_steps=3", "eval.eval_every=0"]
-    assert run(tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 1)
     keys = ("loss", "teacher_logp", "completion_length", "grad_norm")
-    assert_same_history(tmp_path / "straight", half, keys)
+    assert_resume_equals_straight_run(
+        lambda d, resume: run(d, common, resume), tmp_path, sigterm_at, 1, keys
+    )
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         (["teacher.name=tiny-llama"], "has a different tokenizer from the student"),
         (["teacher.name=run:abc123"], "resolved by the lab"),
         (["teacher.name=/no/such/model"], "teacher.name='/no/such/model'"),
         (["loss.beta=1.5"], "loss.beta"),
     ],
+    lambda run_dir, overrides: run(run_dir, [*QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(run(run_dir, [*QUICK, *overrides]), run_dir, capsys, message)
 
 
 def test_same_tokenizer_but_another_vocabulary_size_is_refused(tmp_path, monkeypatch):

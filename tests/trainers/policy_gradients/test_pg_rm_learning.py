@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import trainer_argv
 
+from tests._helpers.learning_runs import trained_model
 from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.rundir import read_jsonl
@@ -51,11 +52,16 @@ RM_OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def reward_model(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("rm") / "preference_rm"
-    assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, RM_OVERRIDES)) == 0
+    return trained_reward_model(tmp_path_factory.mktemp("rm") / "preference_rm", RM_OVERRIDES)
+
+
+def trained_reward_model(run_dir: Path, overrides: list[str]) -> Path:
+    """Train the preference reward model into ``run_dir``; it must rank its held-out pairs
+    above chance. Its final_model folder."""
+    final_model = trained_model(rm_train.main, RM_CONFIG, run_dir, overrides)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]  # above chance
-    return run_dir / "final_model"
+    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]
+    return final_model
 
 
 def rows(run_dir: Path, phase: str) -> list[dict]:
@@ -214,12 +220,7 @@ def flipped_reward_model(tmp_path_factory) -> Path:
             for r in records
         )
     )
-    run_dir = base / "preference_rm"
-    overrides = [*RM_OVERRIDES, f"data.dataset={pairs}"]
-    assert rm_train.main(trainer_argv(RM_CONFIG, run_dir, overrides)) == 0
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_eval"]["eval/accuracy"] > 0.55, summary["final_eval"]  # it learnt them
-    return run_dir / "final_model"
+    return trained_reward_model(base / "preference_rm", [*RM_OVERRIDES, f"data.dataset={pairs}"])
 
 
 @pytest.mark.slow

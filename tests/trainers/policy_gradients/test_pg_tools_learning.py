@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from stop_resume import assert_same_history
 
+from tests._helpers.learning_runs import trained_model
 from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from tests.conftest import trainer_argv
@@ -76,8 +77,7 @@ def grpo_overrides(warm_start: Path, steps: int) -> list[str]:
 @pytest.fixture(scope="module")
 def tool_warm_start(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tool-sft") / "run"
-    assert sft_train.main(trainer_argv(SFT_CONFIG, run_dir, SFT_OVERRIDES)) == 0
-    return run_dir / "final_model"
+    return trained_model(sft_train.main, SFT_CONFIG, run_dir, SFT_OVERRIDES)
 
 
 def called(run_dir: Path) -> list[float]:

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_complete_run_dir, assert_same_gradients, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import configs_of
 from tests._helpers.quick_runs import PG_TWO_STEPS_ON_TINY
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.prompts import PromptStream
 from trainers.core.rundir import read_jsonl
@@ -360,16 +360,13 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at, algorithm):
     common = [*TINY, "train.max_steps=4", "eval.eval_every=2"]
     if algorithm == "ppo":
         common += ["rollout.prompts_per_step=4", "rollout.num_rollouts=1"]
-    assert run(algorithm, tmp_path / "straight", common, verifier=graded_rewards) == 0
-    half = tmp_path / "half"
 
-    def run_half(run_dir: Path, resume: bool) -> int:
+    def graded_run(run_dir: Path, resume: bool) -> int:
         return run(algorithm, run_dir, common, resume=resume, verifier=graded_rewards)
 
-    stop_at_step_then_resume(run_half, half, sigterm_at, 2)
     keys = ("loss", "grad_norm", "entropy", "avg_total", "response_length/mean", "value_loss")
     keys += ("explained_variance", "eval/avg_format")
-    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
+    assert_resume_equals_straight_run(graded_run, tmp_path, sigterm_at, 2, keys, "completion")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,8 +383,7 @@ def test_prompt_stream_is_seeded_resumable_and_drops_the_tail():
     assert b.take(4) == first[2]
 
 
-@pytest.mark.parametrize(
-    ("algorithm", "overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         ("grpo", ["rollout.num_rollouts=1"], "num_rollouts >= 2"),
         ("rloo", ["rollout.num_rollouts=1"], "num_rollouts >= 2"),
@@ -398,12 +394,8 @@ def test_prompt_stream_is_seeded_resumable_and_drops_the_tail():
         ("grpo", ["data.specs=[{name: no_such_task}]"], "no_such_task"),
         ("dapo", ["loss.l_cache=600"], "l_cache"),
     ],
+    lambda run_dir, algorithm, overrides: run(algorithm, run_dir, [*TINY, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, algorithm, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(
-        run(algorithm, run_dir, [*TINY, *overrides]), run_dir, capsys, message
-    )
 
 
 def test_shipped_configs_hold_the_book_defaults():

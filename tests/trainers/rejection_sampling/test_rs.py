@@ -15,9 +15,10 @@ import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, trainer_argv
 
+from tests._helpers.learning_runs import trained_model
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import RS_ON_GSM8K_FIXTURE
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import assert_refused_before_writing, refused_before_writing_test
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
 from trainers.core.rundir import read_jsonl
@@ -376,8 +377,7 @@ def test_diagnostics_cli_reads_a_cache_file(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         (["strategy=best_of_n"], "'strategy'"),
         (["generation.temperatur=1.0"], "Did you mean: temperature"),
@@ -389,12 +389,8 @@ def test_diagnostics_cli_reads_a_cache_file(tmp_path, capsys):
         (["sft.eval_size=24"], "sft.eval_size"),
         (["data.builtin_task_configs={chain_sum: {}}", "data.dataset=openai/gsm8k"], "builtin"),
     ],
+    lambda run_dir, overrides: run("top_per_prompt", run_dir, [*GSM8K_QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(
-        run("top_per_prompt", run_dir, [*GSM8K_QUICK, *overrides]), run_dir, capsys, message
-    )
 
 
 def test_wrong_schema_file_fails_before_writing(tmp_path, capsys):
@@ -474,11 +470,7 @@ def warm_start(tmp_path_factory) -> Path:
         "eval.sample_every=0",
         "eval.num_samples=0",
     ]
-    argv = ["--config", str(sft_train.CONFIGS / "sft.yaml"), "--run-dir", str(run_dir)]
-    for item in overrides:
-        argv += ["--set", item]
-    assert sft_train.main(argv) == 0
-    return run_dir / "final_model"
+    return trained_model(sft_train.main, sft_train.CONFIGS / "sft.yaml", run_dir, overrides)
 
 
 @pytest.fixture(scope="module")

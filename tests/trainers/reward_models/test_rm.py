@@ -14,11 +14,11 @@ import pytest
 import torch
 from conftest import assert_complete_run_dir as assert_complete_trainer_run
 from conftest import assert_phases, assert_same_gradients, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import PREFERENCES_TO_LEARN
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import load_config
 from trainers.core.reward_model import RewardModelError, build_reward_model, save_reward_model
@@ -594,15 +594,13 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
         "eval.eval_every=2",
         "checkpoint.save_final_model=false",
     ]
-    assert run("orm", tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run("orm", d, common, resume), half, sigterm_at, 2)
     keys = ("loss", "accuracy", "grad_norm", "learning_rate", "eval/loss", "eval/auroc")
-    assert_same_history(tmp_path / "straight", half, keys, sample_field="step")
+    assert_resume_equals_straight_run(
+        lambda d, resume: run("orm", d, common, resume), tmp_path, sigterm_at, 2, keys, "step"
+    )
 
 
-@pytest.mark.parametrize(
-    ("kind", "overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         ("preference", ["train.learning_rat=1"], "Did you mean: learning_rate"),
         ("orm", ["data.max_samples=lots"], "data.max_samples"),
@@ -613,12 +611,8 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
         ("preference", ["data.max_samples=10", "data.eval_size=10"], "must be smaller"),
         ("orm", ["model.name=./no/such/model"], "model.name"),
     ],
+    lambda run_dir, kind, overrides: run(kind, run_dir, [*QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, kind, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(
-        run(kind, run_dir, [*QUICK, *overrides]), run_dir, capsys, message
-    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_phases, trainer_argv
-from stop_resume import assert_same_history, stop_at_step_then_resume
+from stop_resume import assert_resume_equals_straight_run
 
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import SFT_ON_TINY
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import refused_before_writing_test
 from trainers.core.config import load_config
 from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.rundir import read_jsonl
@@ -356,11 +356,10 @@ def test_short_run_writes_a_complete_run_dir_and_a_loadable_final_model(
 def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     """4 steps straight == 2 steps, stop (the SIGTERM path: checkpoint + 'stopped'), resume, 2."""
     common = [*QUICK, "train.max_steps=4", "eval.sample_every=1"]
-    assert run(tmp_path / "straight", common) == 0
-    half = tmp_path / "half"
-    stop_at_step_then_resume(lambda d, resume: run(d, common, resume), half, sigterm_at, 2)
     keys = ("loss", "mean_token_accuracy", "grad_norm", "learning_rate", "eval/loss")
-    assert_same_history(tmp_path / "straight", half, keys, sample_field="completion")
+    half = assert_resume_equals_straight_run(
+        lambda d, resume: run(d, common, resume), tmp_path, sigterm_at, 2, keys, "completion"
+    )
     progress = json.loads((half / "progress.json").read_text())
     assert (
         progress["tokens_seen"]
@@ -368,8 +367,7 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
     )
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         (["train.learning_rat=1"], "Did you mean: learning_rate"),
         (["data.train_on=everything"], "data.train_on"),
@@ -379,10 +377,8 @@ def test_stop_then_resume_equals_straight_run(tmp_path, sigterm_at):
         (["data.dataset=someone/not-cached-dataset"], "builtin:reasoning-sft"),
         (["data.max_samples=8", "data.eval_size=8"], "eval_size"),
     ],
+    lambda run_dir, overrides: run(run_dir, [*QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(run(run_dir, [*QUICK, *overrides]), run_dir, capsys, message)
 
 
 def test_shipped_configs_validate_and_warm_start_recipe_matches_its_yaml():

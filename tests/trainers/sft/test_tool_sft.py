@@ -13,7 +13,7 @@ from conftest import trainer_argv
 
 from tests._helpers.paths import configs_of
 from tests._helpers.quick_runs import SFT_ON_TINY
-from tests._helpers.refusals import assert_refused_before_writing
+from tests._helpers.refusals import assert_refused_before_writing, refused_before_writing_test
 from trainers.core.config import load_config
 from trainers.core.generation import chat_prompt_ids
 from trainers.core.models import load_tokenizer
@@ -94,8 +94,7 @@ def test_the_call_turn_fits_a_small_turn_budget(model, tokens):
     assert len(load_tokenizer(model).encode(turn, add_special_tokens=False)) == tokens
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
+test_bad_input_fails_before_writing = refused_before_writing_test(
     [
         (["data.train_on=final"], "data.train_on=all_assistant"),
         (["data.dataset=builtin:tool-sft:spell_backward"], "metadata['expression']"),
@@ -103,10 +102,8 @@ def test_the_call_turn_fits_a_small_turn_budget(model, tokens):
         (["data.dataset=builtin:tool-sft:no_such_task"], "no_such_task"),
         (["data.dataset=builtin:tools-sft"], "builtin:tool-sft"),
     ],
+    lambda run_dir, overrides: run(run_dir, [*QUICK, *overrides]),
 )
-def test_bad_input_fails_before_writing(tmp_path, capsys, overrides, message):
-    run_dir = tmp_path / "run"
-    assert_refused_before_writing(run(run_dir, [*QUICK, *overrides]), run_dir, capsys, message)
 
 
 def test_a_max_length_that_cuts_tool_demonstrations_is_refused(tmp_path, capsys):
