@@ -33,7 +33,7 @@ from trainers.core.config import ConfigError
 from trainers.core.harness import raise_if_stopping
 from trainers.evaluation import best_of_n_stats as bs
 from trainers.evaluation.config import EvalConfig
-from trainers.evaluation.targets import FINAL_MODEL
+from trainers.evaluation.targets import saved_reward_model
 
 N_SAMPLE_ROWS = 8
 
@@ -50,19 +50,9 @@ _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 def reward_model_folder(given: str, kind: str) -> str:
     """The folder of the saved reward model ``given`` names (a reward-model run folder or its
     ``final_model/``), checked to be of ``kind``; ConfigError otherwise."""
-    path = Path(given).expanduser()
-    if (path / "config.yaml").is_file() and (path / FINAL_MODEL).is_dir():
-        path = path / FINAL_MODEL
-    meta_path = path / "reward_model.json"
-    if not meta_path.is_file():
-        raise ConfigError(
-            f"best_of_n.{kind} {given!r} is not a reward model (no reward_model.json): name a "
-            f"{kind} reward-model run folder or its final_model/"
-        )
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"best_of_n.{kind}: {meta_path} cannot be read ({err})") from None
+    path, meta = saved_reward_model(
+        given, f"best_of_n.{kind}", f"name a {kind} reward-model run folder or its final_model/"
+    )
     if meta.get("kind") != kind:
         raise ConfigError(
             f"best_of_n.{kind} {given!r} is a {meta.get('kind')!r} reward model; this slot "

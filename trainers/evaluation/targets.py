@@ -142,28 +142,37 @@ def check_policy(ref: ModelRef, role: str) -> None:
 JUDGE_KINDS = ("preference", "orm")
 
 
+def saved_reward_model(given: str, label: str, fix: str) -> tuple[Path, dict]:
+    """(folder, ``reward_model.json``) of the saved reward model ``given`` names: a reward-model
+    run folder or its ``final_model/``. ConfigError, starting with ``label`` and ending with
+    ``fix``, when it holds no reward model or its metadata cannot be read."""
+    path = Path(given).expanduser()
+    if (path / "config.yaml").is_file() and (path / FINAL_MODEL).is_dir():
+        path = path / FINAL_MODEL
+    meta_path = path / "reward_model.json"
+    if not meta_path.is_file():
+        raise ConfigError(f"{label} {given!r} is not a reward model (no reward_model.json): {fix}")
+    try:
+        return path, json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{label} {given!r}: {meta_path} cannot be read ({err})") from None
+
+
 def check_judge(given: str) -> tuple[str, dict]:
     """The judge's model folder and its ``reward_model.json``; ConfigError unless it is a saved
     scalar reward model (preference or orm)."""
-    ref_path = Path(given).expanduser()
-    if (ref_path / "config.yaml").is_file() and (ref_path / FINAL_MODEL).is_dir():
-        ref_path = ref_path / FINAL_MODEL
-    meta_path = ref_path / "reward_model.json"
-    if not meta_path.is_file():
-        raise ConfigError(
-            f"judge {given!r} is not a reward model (no reward_model.json): pass a reward-model "
-            "run folder or its final_model/ (trainers.reward_models, kind preference or orm)"
-        )
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"judge {given!r}: {meta_path} cannot be read ({err})") from None
+    path, meta = saved_reward_model(
+        given,
+        "judge",
+        "pass a reward-model run folder or its final_model/ (trainers.reward_models, kind "
+        "preference or orm)",
+    )
     if meta.get("kind") not in JUDGE_KINDS:
         raise ConfigError(
             f"judge {given!r} is a {meta.get('kind')!r} reward model; a judge scores whole "
             f"responses with one number: use a {' or '.join(JUDGE_KINDS)} reward model"
         )
-    return str(ref_path.absolute()), meta
+    return str(path.absolute()), meta
 
 
 def same_tokenizer(a: str, b: str) -> str | None:

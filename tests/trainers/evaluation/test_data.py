@@ -4,11 +4,13 @@ checks that run before anything is written."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from trainers.core.config import ConfigError
+from trainers.evaluation.best_of_n_suite import reward_model_folder
 from trainers.evaluation.config import EvalConfig
 from trainers.evaluation.math_answers import (
     builtin_arithmetic_rows,
@@ -152,3 +154,29 @@ def test_a_judge_must_be_a_scalar_reward_model(tmp_path):
         check_judge(str(tmp_path))
     (tmp_path / "reward_model.json").write_text(json.dumps({"kind": "orm", "format_version": 1}))
     assert check_judge(str(tmp_path))[1]["kind"] == "orm"
+
+
+@pytest.mark.parametrize(
+    ("check", "label"),
+    [
+        (check_judge, "judge"),
+        (lambda given: reward_model_folder(given, "orm"), "best_of_n.orm"),
+    ],
+    ids=["judge", "best_of_n slot"],
+)
+def test_a_reward_model_named_by_its_run_folder_or_final_model_is_read_once_for_both_uses(
+    tmp_path, check, label
+):
+    run = tmp_path / "rm-run"
+    final = run / "final_model"
+    final.mkdir(parents=True)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(label)} '.*' is not a reward model"):
+        check(str(run))  # a folder that holds no final model's metadata
+    (run / "config.yaml").write_text("kind: orm\n")
+    (final / "reward_model.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(label)} '.*': .*cannot be read"):
+        check(str(run))
+    (final / "reward_model.json").write_text(json.dumps({"kind": "orm", "format_version": 1}))
+    found = check(str(run))  # the run folder resolves to its final_model/
+    folder = found[0] if isinstance(found, tuple) else found
+    assert Path(folder) == final.absolute()
