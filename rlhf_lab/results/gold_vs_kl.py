@@ -39,7 +39,6 @@ runs and draws the figure into its ``plots/`` (gold (y) against √KL (x), one l
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_lab.results.stats import Interval, mean_interval, wilson_interval
+from rlhf_lab.runs.folder import read_json_lines, read_metric_rows
 
 __all__ = [
     "ArmGold",
@@ -308,28 +308,18 @@ def plot_gold_vs_kl(arms: list[ArmGold], out_path: str | Path, title: str = "") 
     return str(save_figure(fig, out_path))
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a stop: skipped
-    return out
-
-
 def read_run_gold(run_dir: Path, run_id: str = "") -> RunGold | None:
     """A run folder's :class:`RunGold` (arm ``beta=<β>`` from config.yaml), None when it logged
     no gold evaluation."""
     import yaml
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    evals = [r for r in _read_jsonl(run_dir / "metrics.jsonl") if r.get("phase") == "eval"]
+    evals = [
+        r for r in read_metric_rows(run_dir / "metrics.jsonl").rows if r.get("phase") == "eval"
+    ]
     if not any(GOLD in r for r in evals):
         return None
-    lines = _read_jsonl(run_dir / "eval_gold.jsonl")
+    lines = read_json_lines(run_dir / "eval_gold.jsonl").rows
     right = {int(x["step"]): list(map(float, x["right"])) for x in lines} if lines else None
     return RunGold(f"beta={config.get('beta')}", evals, right, run_id or run_dir.name)
 
