@@ -38,6 +38,12 @@ GRPO_KL = {
 }
 
 
+def _estimate_7b(family: str, algorithm: str, algorithm_keys: dict, lora: dict | None):
+    """The CUDA memory estimate of a Llama-2-7B run of ``algorithm`` (LoRA settings or None)."""
+    config = TrainerConfig(family, _config(algorithm_keys, lora))
+    return estimate_memory(family, algorithm, config, arch_from_config(LLAMA2_7B), device="cuda")
+
+
 def _names(estimate) -> dict[str, float]:
     return {c.name: c.gb for c in estimate.components}
 
@@ -66,21 +72,8 @@ def test_lora_plan_reads_the_config_and_full_fine_tuning_has_none():
 
 
 def test_dpo_with_lora_trains_the_adapters_only_and_loads_no_reference_copy():
-    arch = arch_from_config(LLAMA2_7B)
-    full = estimate_memory(
-        "direct_alignment",
-        "dpo",
-        TrainerConfig("direct_alignment", _config(DPO, None)),
-        arch,
-        device="cuda",
-    )
-    lora = estimate_memory(
-        "direct_alignment",
-        "dpo",
-        TrainerConfig("direct_alignment", _config(DPO, LORA)),
-        arch,
-        device="cuda",
-    )
+    full = _estimate_7b("direct_alignment", "dpo", DPO, None)
+    lora = _estimate_7b("direct_alignment", "dpo", DPO, LORA)
     parts = _names(lora)
     assert lora.trainable_params == 39_976_960 and full.trainable_params == full.param_count
     assert parts["policy base weights (frozen)"] == pytest.approx(
@@ -97,13 +90,7 @@ def test_dpo_with_lora_trains_the_adapters_only_and_loads_no_reference_copy():
 
 def test_grpo_kl_with_lora_has_no_reference_copy_unless_ref_name_is_another_model():
     arch = arch_from_config(LLAMA2_7B)
-    lora = estimate_memory(
-        "policy_gradients",
-        "grpo",
-        TrainerConfig("policy_gradients", _config(GRPO_KL, LORA)),
-        arch,
-        device="cuda",
-    )
+    lora = _estimate_7b("policy_gradients", "grpo", GRPO_KL, LORA)
     assert "reference weights (frozen)" not in _names(lora)
     assert any("adapters off" in n for n in lora.notes)
     other = _config(GRPO_KL, LORA)
@@ -115,15 +102,7 @@ def test_grpo_kl_with_lora_has_no_reference_copy_unless_ref_name_is_another_mode
 
 
 def test_ppo_with_lora_trains_two_adapter_sets():
-    arch = arch_from_config(LLAMA2_7B)
-    ppo = {**GRPO_KL, "algorithm": "ppo"}
-    est = estimate_memory(
-        "policy_gradients",
-        "ppo",
-        TrainerConfig("policy_gradients", _config(ppo, LORA)),
-        arch,
-        device="cuda",
-    )
+    est = _estimate_7b("policy_gradients", "ppo", {**GRPO_KL, "algorithm": "ppo"}, LORA)
     assert est.trainable_params == 2 * 39_976_960
     assert "value model base weights (frozen)" in _names(est)
 
