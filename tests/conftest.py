@@ -418,20 +418,37 @@ def stand_in_trainer(supervise):
 
 
 _OPENED: list[list[str]] = []  # the lists of the run_json_reads fixtures in force
+_READ: list[list[str]] = []  # the lists of the files_read fixtures in force
 _HOOKED: list[bool] = []  # the audit hook is installed (it cannot be removed)
 
 
-def _note_run_json_reads(event: str, args: tuple) -> None:
-    """Audit hook: an ``open`` of a run.json for reading, noted as its run folder's name."""
-    if event != "open" or not _OPENED or not isinstance(args[0], str):
+def _note_reads(event: str, args: tuple) -> None:
+    """Audit hook: a file opened for reading, noted by every ``files_read`` fixture in force
+    (its path) and, for a run.json opened by a ``str`` path (as the lab's run-file readers do),
+    by the innermost ``run_json_reads`` one (its run folder's name)."""
+    if event != "open" or not (_OPENED or _READ) or not isinstance(args[0], (str, os.PathLike)):
         return
-    path, mode, flags = args
+    path, mode, flags = os.fspath(args[0]), args[1], args[2]
+    if not isinstance(path, str):  # a bytes path
+        return
     if mode is None:  # os.open
         reading = flags & os.O_ACCMODE == os.O_RDONLY
     else:
         reading = mode.startswith("r") and "+" not in mode
-    if reading and path.endswith(f"{os.sep}run.json"):
+    if not reading:
+        return
+    for seen in _READ:
+        seen.append(path)
+    if _OPENED and isinstance(args[0], str) and path.endswith(f"{os.sep}run.json"):
         _OPENED[-1].append(os.path.basename(os.path.dirname(path)))
+
+
+def _hook_reads() -> None:
+    import sys
+
+    if not _HOOKED:
+        sys.addaudithook(_note_reads)
+        _HOOKED.append(True)
 
 
 @pytest.fixture
@@ -439,14 +456,23 @@ def run_json_reads():
     """The names of the run folders whose run.json this process opened for reading during the
     test (in order, repeats kept): what the lab really read, seen by an audit hook (installed
     once; it records only while such a fixture is in force)."""
-    import sys
-
-    if not _HOOKED:
-        sys.addaudithook(_note_run_json_reads)
-        _HOOKED.append(True)
+    _hook_reads()
     seen: list[str] = []
     _OPENED.append(seen)
     try:
         yield seen
     finally:
         _OPENED.remove(seen)
+
+
+@pytest.fixture
+def files_read():
+    """The paths of the files this process opened for reading during the test (in order,
+    repeats kept), seen by the same audit hook as :func:`run_json_reads`."""
+    _hook_reads()
+    seen: list[str] = []
+    _READ.append(seen)
+    try:
+        yield seen
+    finally:
+        _READ.remove(seen)

@@ -149,9 +149,9 @@ class Alert(BaseModel):
 
 
 def _check_regression(
-    family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path
+    family: str | None, algorithm: str | None, rows: list[dict], config: TrainerConfig | None
 ) -> Alert | None:
-    found = heldout_regression(family, algorithm, rows, read_run_config(run_dir, family))
+    found = heldout_regression(family, algorithm, rows, config)
     if found is None:
         return None
     return Alert(
@@ -164,12 +164,15 @@ def _check_regression(
 
 
 def _check_overoptimisation(
-    family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path, steps: Any
+    family: str | None,
+    algorithm: str | None,
+    rows: list[dict],
+    config: TrainerConfig | None,
+    steps: Any,
 ) -> Alert | None:
     found = overoptimisation(rows)
     if found is None:
         return None
-    config = read_run_config(run_dir, family)
     from trainers.core.spec import FAMILY_NAMES, family_spec
 
     kl_key = family_spec(family).kl_key if family in FAMILY_NAMES else None
@@ -191,8 +194,8 @@ def _check_overoptimisation(
     )
 
 
-def _check_noise(path: Path) -> Alert | None:
-    finding = noisy_samples(read_json_lines(path).rows)
+def _check_noise(samples: list[dict]) -> Alert | None:
+    finding = noisy_samples(samples)
     if finding is None:
         return None
     return Alert(
@@ -204,10 +207,10 @@ def _check_noise(path: Path) -> Alert | None:
     )
 
 
-def _check_samples(path: Path) -> Alert | None:
+def _check_samples(samples: list[dict]) -> Alert | None:
     """Repetition in the latest samples, compared with the first sampled step: a divergence
     (warning) or looping inherited from the starting model (info; rlhf_lab.results.divergence)."""
-    found = repetition_finding(read_json_lines(path).rows, excerpt_chars=160)
+    found = repetition_finding(samples, excerpt_chars=160)
     if found is None:
         return None
     if found.inherited:
@@ -227,10 +230,10 @@ def _check_samples(path: Path) -> Alert | None:
 
 
 def _check_kl_blowup(
-    family: str | None, algorithm: str | None, rows: list[dict], run_dir: Path
+    family: str | None, algorithm: str | None, rows: list[dict], config: TrainerConfig | None
 ) -> Alert | None:
     found = kl_blowup(rows)
-    hint = divergence_hint(family, algorithm, read_run_config(run_dir, family)) if found else ""
+    hint = divergence_hint(family, algorithm, config) if found else ""
     return found and Alert(
         kind="kl_blowup", severity="warning", step=found.step, message=found.message, hint=hint
     )
@@ -453,6 +456,8 @@ def diagnose(
     log = _read_log(run_dir / "train.log")
     rows = read_metric_rows(run_dir / "metrics.jsonl").rows
     summary, _ = read_summary(run_dir)
+    config = read_run_config(run_dir, status.family)  # read once for every check below
+    samples = read_json_lines(run_dir / "samples.jsonl").rows
     alerts: list[Alert] = []
     for check in (
         _check_process_end(status, log),
@@ -462,23 +467,21 @@ def diagnose(
         if check is not None:
             alerts.append(check)
 
-    repetition = _check_samples(run_dir / "samples.jsonl")
+    repetition = _check_samples(samples)
     if (
         repetition is not None
         and repetition.kind == "repetition"
         and status.family == "policy_gradients"
     ):
-        repetition.hint = divergence_hint(
-            status.family, status.algorithm, read_run_config(run_dir, status.family)
-        )
+        repetition.hint = divergence_hint(status.family, status.algorithm, config)
     for check in (
         _check_nan(rows),
-        _check_regression(status.family, status.algorithm, rows, run_dir),
-        _check_overoptimisation(status.family, status.algorithm, rows, run_dir, status.step),
-        _check_kl_blowup(status.family, status.algorithm, rows, run_dir),
+        _check_regression(status.family, status.algorithm, rows, config),
+        _check_overoptimisation(status.family, status.algorithm, rows, config, status.step),
+        _check_kl_blowup(status.family, status.algorithm, rows, config),
         _check_zero_std([r for r in rows if r.get("phase") in ("train", "rollout")]),
         repetition,
-        None if repetition else _check_noise(run_dir / "samples.jsonl"),
+        None if repetition else _check_noise(samples),
         _check_flat(status.family, rows),
         _check_stalled(status, run_dir, stall_after_s),
     ):

@@ -7,6 +7,7 @@ name the exact overrides, and the ledger's Next section proposes the commands.""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
@@ -147,3 +148,15 @@ def test_diagnose_and_ledger_call_inherited_looping_inherited():
     text = open(ledger.show_campaign(CAMP).campaign.path).read()
     nxt = text.split("<!-- rlhf-lab:begin next -->")[1].split("<!-- rlhf-lab:end")[0]
     assert "degenerated" not in nxt
+
+
+def test_diagnose_reads_the_config_and_the_samples_of_a_run_once(files_read):
+    """Every check of a diagnosis reads the same config.yaml and samples.jsonl: they are read
+    once and handed to the checks, not once a check."""
+    run = ppo_run("ppo-20260302-000000-0001", kl_rows(DIVERGED_KL))
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples(COLLAPSED)))
+    files_read.clear()
+    kinds = {a.kind for a in diagnose(run.name)}
+    assert {"kl_blowup", "repetition"} <= kinds  # the checks that read both still ran
+    opened = [os.path.relpath(p, run) for p in files_read if p.startswith(str(run))]
+    assert opened.count("config.yaml") == 1 and opened.count("samples.jsonl") == 1, opened
