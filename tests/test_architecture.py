@@ -206,8 +206,6 @@ DICT_CONFIG_ALLOWED: dict[str, str] = {
     "rlhf_lab/planning/trainer_config.py::__init__(data)": "the view's constructor: the data "
     "it wraps",
     "rlhf_lab/planning/trainer_config.py::_validate(data)": "the view validating the data it holds",
-    "rlhf_lab/planning/trainer_config.py::written_config(data)": "where a config the lab wrote "
-    "and reads back off disk becomes the view",
     "rlhf_lab/planning/memory/architecture.py::arch_from_config(cfg)": "a model's Hugging Face "
     "config.json, not a trainer config",
     "rlhf_lab/planning/memory/architecture.py::_int(cfg)": "a model's Hugging Face config.json",

@@ -40,7 +40,7 @@ from rlhf_lab.paths import find_run, repo_root
 from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.catalog import source_root
 from rlhf_lab.planning.time import predicted_total_s
-from rlhf_lab.planning.trainer_config import TrainerConfig, written_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.diagnosis import run_flags, run_notes
 from rlhf_lab.results.headline import (
     headline_for,
@@ -283,7 +283,7 @@ def _read_config(path: Path, family: str | None, warnings: list[str]) -> Trainer
         warnings.append("config.yaml is missing")
         return None
     try:
-        return written_config(family or "", load_yaml(path / "config.yaml"))
+        return TrainerConfig(family or "", load_yaml(path / "config.yaml"))
     except LabError as err:
         warnings.append(f"config.yaml unreadable: {err}")
         return None

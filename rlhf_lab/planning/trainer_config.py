@@ -2,7 +2,7 @@
 
 Built once where a config is resolved and validated (:func:`rlhf_lab.planning.configs.resolve_config`,
 the shrink), or where a config the lab wrote after validating it is read back (a run's
-``config.yaml``: :func:`written_config`), and handed to everything that reads it (memory, time,
+``config.yaml``: :func:`read_run_config`), and handed to everything that reads it (memory, time,
 steps, calibration, checks, the results) instead of a plain ``dict``: no lab function takes a
 config as a mapping. It holds the family, the values (read by dotted key with :meth:`TrainerConfig.get`), the family's validated
 pydantic model (:attr:`TrainerConfig.model`, validated on first use when the view was built from
@@ -30,7 +30,6 @@ __all__ = [
     "config_leaf",
     "find_key",
     "read_run_config",
-    "written_config",
 ]
 
 EVALUATION = "evaluation"
@@ -155,19 +154,14 @@ def _validate(family: str, data: dict[str, Any]) -> BaseModel:
     return EvalConfig.model_validate(data)
 
 
-def written_config(family: str, data: Mapping[str, Any]) -> TrainerConfig:
-    """The view of a config the lab validated before it wrote it, as read back from disk (a
-    run's ``config.yaml``): its model is validated on first use."""
-    return TrainerConfig(family, data)
-
-
 def read_run_config(run_dir: Path, family: str | None = None) -> TrainerConfig | None:
-    """A run folder's ``config.yaml`` as the view (:func:`written_config`), None when it is
-    missing, unreadable or not a mapping: the one reader of a run's config for the whole lab
-    (libyaml's safe loader when present: the run index reads every run's config)."""
+    """A run folder's ``config.yaml`` as the view (the lab validated it before writing it: its
+    model is validated again only on first use), None when it is missing, unreadable or not a
+    mapping: the one reader of a run's config for the whole lab (libyaml's safe loader when
+    present: the run index reads every run's config)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         data = yaml.load((Path(run_dir) / "config.yaml").read_text(errors="replace"), Loader=loader)
     except (OSError, yaml.YAMLError):
         return None
-    return written_config(family or "", data) if isinstance(data, dict) else None
+    return TrainerConfig(family or "", data) if isinstance(data, dict) else None

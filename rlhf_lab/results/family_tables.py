@@ -26,7 +26,7 @@ from rlhf_lab.ledger import (
 from rlhf_lab.ledger.metrics import TOOL_LEGEND, TOOL_METRICS
 from rlhf_lab.paths import LabError
 from rlhf_lab.planning.catalog import matched_controls
-from rlhf_lab.planning.trainer_config import TrainerConfig, written_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.results.plots import as_float
 from trainers.core.spec import family_spec
 
@@ -301,7 +301,7 @@ def recorded_config(rec: RunRecord) -> TrainerConfig | None:
         data = load_yaml(find_run(rec.run_id) / "config.yaml")
     except LabError:
         return None
-    return written_config(rec.family or "", data) if data else None
+    return TrainerConfig(rec.family or "", data) if data else None
 
 
 def _rs_top_k(cfg: TrainerConfig | None) -> Any:

@@ -247,13 +247,11 @@ def _saves_final_model(config: TrainerConfig) -> bool:
 
 
 def _stored_config(run_dir: Path) -> TrainerConfig:
-    """The run's ``config.yaml`` as a view of the family its run.json names (empty when the file
-    is missing or unreadable)."""
-    from rlhf_lab.planning.trainer_config import TrainerConfig, read_run_config
+    """The run's ``config.yaml`` as a view (:func:`rlhf_lab.runs.lineage.stored_config`)."""
     from rlhf_lab.runs.folder import read_record
+    from rlhf_lab.runs.lineage import stored_config
 
-    family = str((read_record(run_dir).data or {}).get("family") or "")
-    return read_run_config(run_dir, family) or TrainerConfig(family, {})
+    return stored_config(run_dir, read_record(run_dir).data or {})
 
 
 def ensure_final_model(run_id: str, *, write: bool) -> bool:

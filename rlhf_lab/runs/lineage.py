@@ -56,6 +56,7 @@ __all__ = [
     "resolve_refs",
     "run_of_path",
     "stand_in",
+    "stored_config",
     "trained_task_specs",
     "upstream",
 ]
@@ -138,7 +139,7 @@ def run_of_path(name: Any) -> str | None:
     return path.parent.name if (path.parent / "run.json").is_file() else None
 
 
-def _stored_config(run_dir: Path, record: dict[str, Any]) -> TrainerConfig:
+def stored_config(run_dir: Path, record: dict[str, Any]) -> TrainerConfig:
     """A run's ``config.yaml`` as a view of the family its run.json names (empty when the file
     is missing or unreadable)."""
     from rlhf_lab.planning.trainer_config import read_run_config
@@ -168,7 +169,7 @@ def upstream(run_id: str) -> Upstream:
         state = run_state(run_id).state
     except LabError:
         state = str(record.get("state") or "died")
-    config = _stored_config(run_dir, record)
+    config = stored_config(run_dir, record)
     refs = record.get("references") if isinstance(record.get("references"), dict) else {}
     source = refs.get("model.name")
     model = f"{RUN_REF}{source}" if source else config.get("model.name")
@@ -330,7 +331,7 @@ def trained_task_specs(name: Any, _depth: int = 0) -> list[dict[str, Any]] | Non
     from rlhf_lab.runs.folder import read_record
 
     record = read_record(run_dir).data or {}
-    config = _stored_config(run_dir, record)
+    config = stored_config(run_dir, record)
     own = _own_task_specs(config)
     if own is not None:
         return own

@@ -8,7 +8,7 @@ import pytest
 from rlhf_lab.errors import InvalidArgument, LabError
 from rlhf_lab.planning.configs import resolve_config
 from rlhf_lab.planning.overrides import FIX_OVERRIDES, Override, as_overrides, texts
-from rlhf_lab.planning.trainer_config import TrainerConfig, written_config
+from rlhf_lab.planning.trainer_config import TrainerConfig
 
 DATA = {
     "model": {"name": "tiny", "lora": {"enabled": False}},
@@ -41,7 +41,7 @@ def test_the_view_of_a_resolved_config_carries_its_validated_model():
     view = resolved.config
     assert view.family == "direct_alignment" and view.get("train.learning_rate") == 1e-5
     assert view.model.train.learning_rate == 1e-5
-    assert written_config("direct_alignment", resolved.data) == view  # data from disk: same view
+    assert TrainerConfig("direct_alignment", resolved.data) == view  # data from disk: same view
 
 
 def test_a_view_built_from_data_validates_its_model_on_first_use():
