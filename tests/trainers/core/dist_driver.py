@@ -6,7 +6,8 @@
 SPEC.json: a list of {"module": "trainers.sft.train", "argv": [...], "env": {...},
 "rank_env": {"1": {...}}} (a trainer's own ``main(argv)``, exactly as ``python -m`` runs it;
 ``env`` for that invocation only, ``rank_env`` on one rank only) or {"call": "dist_driver:NAME",
-"args": [...]} (a check below). Rank 0 writes the exit codes to ``SPEC.json.codes``. A trainer
+"args": [...]} (a check below). Rank 0 writes the exit codes to ``SPEC.json.codes``, another
+rank r to ``SPEC.json.codes.rank<r>``. A trainer
 that fails ends the process with its code, as ``python -m`` would (torchrun then stops the
 other rank).
 """
@@ -40,10 +41,12 @@ def main(spec_path: str) -> int:
                 else:
                     os.environ[k] = v
         codes.append(code)
-        if rank == "0":  # whole file or none: torchrun may kill this rank right after
-            with open(spec_path + ".codes.tmp", "w") as f:
-                json.dump(codes, f)
-            os.replace(spec_path + ".codes.tmp", spec_path + ".codes")
+        # every rank writes its codes, whole file or none: torchrun may kill a rank right after
+        # another one failed (rank 0 may then never write the failed run's code)
+        out = spec_path + ".codes" + ("" if rank == "0" else f".rank{rank}")
+        with open(out + ".tmp", "w") as f:
+            json.dump(codes, f)
+        os.replace(out + ".tmp", out)
         if code not in (0, 143):
             return code
     return 0

@@ -250,7 +250,11 @@ def one_process(tmp_path_factory) -> dict[str, Path]:
 
 def test_the_two_rank_runs_succeed_and_rank_zero_alone_writes(two_ranks):
     codes, output = two_ranks["codes"], two_ranks["output"]
-    assert codes == [0, 0, 0, 143, 0, 0, 0, 1], output[-3000:]
+    # the last run crashes on rank 1, which records its code before it ends; torchrun then
+    # stops rank 0, which may or may not have written that run's code (it is 1 when it did)
+    rank1 = json.loads((two_ranks["where"] / "spec.json.codes.rank1").read_text())
+    assert rank1 == [0, 0, 0, 143, 0, 0, 0, 1], output[-3000:]
+    assert codes[:7] == [0, 0, 0, 143, 0, 0, 0] and codes[7:] in ([], [1]), output[-3000:]
     sft = two_ranks["runs"]["sft"]
     summary = json.loads((sft / "summary.json").read_text())
     assert summary["outcome"] == "succeeded"
