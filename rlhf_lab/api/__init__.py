@@ -322,14 +322,6 @@ def _check_gpu_present(device: str, config: TrainerConfig) -> None:
     )
 
 
-def _describe_run(status: RunStatus) -> str:
-    """``<id> (pid P, step s/t, ETA e, campaign c)``: enough to recognise a run holding a device."""
-    step = "?" if status.step is None else status.step
-    total = "?" if status.total_steps is None else status.total_steps
-    eta = "" if status.eta_s is None else f", ETA {status.eta_s:.0f}s"
-    return f"{status.id} (pid {status.pid}, step {step}/{total}{eta}, campaign {status.campaign})"
-
-
 def device_busy_error(
     device: str,
     busy: list[RunStatus],
@@ -346,14 +338,11 @@ def device_busy_error(
         why = "no memory check said both fit"
     if estimate_gb is not None and free_gb is not None:
         why += f": ~{estimate_gb:.2f} GiB needed, {free_gb:.2f} GiB {_where(device)} free"
-    more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
-    steps = [
-        NextStep("run_status", {"run_id": busy[0].id}, note="wait until it ends"),
+    from rlhf_lab.runs.launcher import busy_conflict
+
+    ways_on = [
         NextStep("launch_run", {"queue": True}, note="starts after it ends"),
         NextStep("launch_run", {"force": True}, note="only when both runs fit in memory"),
     ]
-    return Conflict(
-        f"device {device} is busy: run {_describe_run(busy[0])} is training on it{more}; a "
-        f"second job starts beside it only when its memory estimate fits ({why})",
-        next=steps,
-    )
+    rule = f"a second job starts beside it only when its memory estimate fits ({why})"
+    return busy_conflict(device, busy, rule, ways_on)

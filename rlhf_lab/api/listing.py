@@ -9,7 +9,7 @@ standard library and one SQLite query. Torch-free.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlhf_lab.errors import InvalidArgument, NextStep
 
@@ -17,6 +17,7 @@ __all__ = [
     "LIST_DETAIL_LIMIT",
     "LIST_LIMIT",
     "RUN_STATES",
+    "RunQuery",
     "cached_campaigns",
     "check_list_arguments",
     "run_page",
@@ -75,21 +76,27 @@ def _note(page_total: int, shown: int, rows: int, offset: int, filtered: bool) -
     return None
 
 
-def run_page(
-    campaign: str | None = None,
-    state: str | None = None,
-    limit: int | None = None,
-    detail: bool = False,
-    offset: int = 0,
-    family: str | None = None,
-    algorithm: str | None = None,
-) -> dict[str, Any]:
+class RunQuery(NamedTuple):
+    """Which runs a list shows: the filters (None: any), how many rows (None: the default,
+    smaller with ``detail``) and how many of the newest to skip."""
+
+    campaign: str | None = None
+    state: str | None = None
+    limit: int | None = None
+    detail: bool = False
+    offset: int = 0
+    family: str | None = None
+    algorithm: str | None = None
+
+
+def run_page(query: RunQuery) -> dict[str, Any]:
     """A page of the run list as ``RunList`` JSON without the full statuses (``detail`` only
     picks the default limit): the newest ``limit`` matching runs after the newest ``offset``,
     oldest first, each with its own headline metric final and best; their total; a note when
     empty or cut; the index's warnings. Raises InvalidArgument before reading anything."""
     from rlhf_lab.index import page_runs
 
+    campaign, state, limit, detail, offset, family, algorithm = query
     check_list_arguments(campaign, state, limit, offset)
     shown = limit or (LIST_DETAIL_LIMIT if detail else LIST_LIMIT)
     page = page_runs(campaign, state, family, algorithm, limit=shown, offset=offset)

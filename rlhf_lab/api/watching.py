@@ -212,9 +212,9 @@ def run_list(
     (``detail``: with the full status; the default limit is then smaller), their total, and a
     note when empty or cut. Read from the run index (filters, order and the page in one SQL
     query), which is checked against the run folders first."""
-    from rlhf_lab.api.listing import run_page
+    from rlhf_lab.api.listing import RunQuery, run_page
 
-    page = run_page(campaign, state, limit, detail, offset, family, algorithm)
+    page = run_page(RunQuery(campaign, state, limit, detail, offset, family, algorithm))
     rows = [RunRow(**r) for r in page.pop("runs")]
     if detail:
         rows = [r.model_copy(update={"status": run_state(r.id)}) for r in rows]

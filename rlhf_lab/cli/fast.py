@@ -99,10 +99,10 @@ def _runs(args: list[str]) -> int | None:
     parsed = _parse_runs(args)
     if parsed is None:
         return None
-    from rlhf_lab.api.listing import run_page
+    from rlhf_lab.api.listing import RunQuery, run_page
 
     as_json = parsed.pop("as_json")
-    listed = run_page(**parsed)
+    listed = run_page(RunQuery(**parsed))
     for warning in listed["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     if as_json:

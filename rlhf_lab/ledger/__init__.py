@@ -29,6 +29,7 @@ models.
 
 from __future__ import annotations
 
+from rlhf_lab.ledger import schema
 from rlhf_lab.ledger.campaigns import list_campaigns, resolve_campaign, show_campaign
 from rlhf_lab.ledger.index import regenerate_index
 from rlhf_lab.ledger.inspect import _CONFIG_CLASSES, _config_model, inspect_run, read_metric_rows
@@ -51,24 +52,8 @@ from rlhf_lab.ledger.render import (
     _split_front_matter,
     replace_blocks,
 )
-from rlhf_lab.ledger.schema import (
-    BLOCKS,
-    MANUAL_STATUSES,
-    AnswerEntry,
-    ArmSummary,
-    Attempt,
-    Campaign,
-    CampaignView,
-    ComparisonEntry,
-    ConfigChange,
-    HeadlineValue,
-    MetricSummary,
-    RunRecord,
-    SampleExcerpt,
-    SampleTurn,
-    Verdict,
-    _Model,
-)
+from rlhf_lab.ledger.schema import *  # noqa: F403  (the models, named once in schema.__all__)
+from rlhf_lab.ledger.schema import _Model
 from rlhf_lab.ledger.store import (
     answer_figure_path,
     create_campaign,
@@ -83,27 +68,13 @@ from trainers.core.rundir import atomic_write_text
 from trainers.core.runfolder import ACTIVE_STATES, TERMINAL_STATES
 
 __all__ = [
+    *schema.__all__,
     "ACTIVE_STATES",
-    "BLOCKS",
     "FAMILIES",
     "FAMILY_METRICS",
     "LOCK_TIMEOUT_S",
-    "MANUAL_STATUSES",
     "TERMINAL_STATES",
-    "AnswerEntry",
     "_CONFIG_CLASSES",
-    "ArmSummary",
-    "Attempt",
-    "Campaign",
-    "CampaignView",
-    "ComparisonEntry",
-    "ConfigChange",
-    "HeadlineValue",
-    "MetricSummary",
-    "RunRecord",
-    "SampleExcerpt",
-    "SampleTurn",
-    "Verdict",
     "_Model",
     "_cell",
     "_code",

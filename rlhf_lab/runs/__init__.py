@@ -94,7 +94,6 @@ _LAZY: dict[str, str] = {
     "_build_status": "rlhf_lab.runs.state",
     "_collect": "rlhf_lab.runs.state",
     "_derive_state": "rlhf_lab.runs.state",
-    "_describe": "rlhf_lab.runs.state",
     "_eta": "rlhf_lab.runs.state",
     "_status": "rlhf_lab.runs.state",
     "_unreadable_run": "rlhf_lab.runs.state",

@@ -65,7 +65,7 @@ from rlhf_lab.runs.records import (
     _read_run_json,
     _source_dir,
 )
-from rlhf_lab.runs.state import _describe, active_runs, held_devices, queued_runs, run_state
+from rlhf_lab.runs.state import active_runs, describe_run, held_devices, queued_runs, run_state
 from rlhf_lab.runs.supervisor import supervisor
 
 __all__ = [
@@ -477,26 +477,30 @@ def _mark_failed(run_dir: Path, error: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _busy_error(dev: str, busy: list, why: str | None, *, resuming: str | None = None) -> Conflict:
-    """The refusal of a start on a device another run trains on, with the ways forward."""
-    first = busy[0]
+def busy_conflict(dev: str, busy: list, rule: str, ways_on: list[NextStep]) -> Conflict:
+    """The refusal of a start on a device another run trains on: names the run holding it (and
+    how many more), the ``rule`` that refuses, and the ways forward: wait for it, then ``ways_on``."""
     more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
-    reason = f" ({why})" if why else ""
-    steps = [NextStep("run_status", {"run_id": first.id}, note="wait for it to end")]
+    wait = NextStep("run_status", {"run_id": busy[0].id}, note="wait for it to end")
+    return Conflict(
+        f"device {dev} is busy: run {describe_run(busy[0])} is training on it{more}; {rule}",
+        next=[wait, *ways_on],
+    )
+
+
+def _busy_error(dev: str, busy: list, why: str | None, *, resuming: str | None = None) -> Conflict:
+    """The lab's own refusal (one training job per device), with the ways forward."""
     if resuming is not None:
-        steps.append(
+        ways_on = [
             NextStep("resume_run", {"run_id": resuming, "force": True}, note="resume anyway")
-        )
+        ]
     else:
-        steps += [
+        ways_on = [
             NextStep("launch_run", {"queue": True}, note="start after it ends"),
             NextStep("launch_run", {"force": True}, note="start anyway"),
         ]
-    return Conflict(
-        f"device {dev} is busy: run {_describe(first)} is training on it{more}; one training "
-        f"job per device{reason}",
-        next=steps,
-    )
+    reason = f" ({why})" if why else ""
+    return busy_conflict(dev, busy, f"one training job per device{reason}", ways_on)
 
 
 def _queue(run: NewRun, placement: Placement, upstream: list[str]) -> LaunchResult:

@@ -504,7 +504,8 @@ def unfinished_runs() -> list[RunStatus]:
     return [s for s in found if s.state in UNFINISHED_STATES]
 
 
-def _describe(status: RunStatus) -> str:
+def describe_run(status: RunStatus) -> str:
+    """``<id> (pid P, step s/t, ETA e, campaign c)``: enough to recognise a run holding a device."""
     step = "?" if status.step is None else status.step
     total = "?" if status.total_steps is None else status.total_steps
     eta = "" if status.eta_s is None else f", ETA {status.eta_s:.0f}s"
