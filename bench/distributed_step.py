@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests._helpers.quick_runs import TINY_FP32_ON_CPU
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FAMILIES = {
@@ -66,17 +68,7 @@ FAMILIES = {
         ],
     ),
 }
-COMMON = [
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "model.device=cpu",
-    "model.dtype=fp32",
-    "train.gradient_accumulation_steps=1",
-    "train.num_epochs=1",
-    "logging.log_every=1",
-    "checkpoint.save_every=null",
-    "checkpoint.save_final_model=false",
-]
+COMMON = [*TINY_FP32_ON_CPU, "checkpoint.save_final_model=false"]
 
 
 def command(family: str, run_dir: Path, procs: int, global_batch: int, steps: int) -> list[str]:

@@ -451,28 +451,31 @@ def _hook_reads() -> None:
         _HOOKED.append(True)
 
 
+@contextlib.contextmanager
+def _reads_noted_in(in_force: list[list[str]]):
+    """A new list that the audit hook fills while the block runs (``in_force`` is _OPENED or
+    _READ: which reads it notes)."""
+    _hook_reads()
+    seen: list[str] = []
+    in_force.append(seen)
+    try:
+        yield seen
+    finally:
+        in_force.remove(seen)
+
+
 @pytest.fixture
 def run_json_reads():
     """The names of the run folders whose run.json this process opened for reading during the
     test (in order, repeats kept): what the lab really read, seen by an audit hook (installed
     once; it records only while such a fixture is in force)."""
-    _hook_reads()
-    seen: list[str] = []
-    _OPENED.append(seen)
-    try:
+    with _reads_noted_in(_OPENED) as seen:
         yield seen
-    finally:
-        _OPENED.remove(seen)
 
 
 @pytest.fixture
 def files_read():
     """The paths of the files this process opened for reading during the test (in order,
     repeats kept), seen by the same audit hook as :func:`run_json_reads`."""
-    _hook_reads()
-    seen: list[str] = []
-    _READ.append(seen)
-    try:
+    with _reads_noted_in(_READ) as seen:
         yield seen
-    finally:
-        _READ.remove(seen)

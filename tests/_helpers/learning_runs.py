@@ -1,6 +1,6 @@
 """A learning check's run: a trainer whose verifier is the vowel-share stand-in
 (tests/stand_in_rewards.py), on one torch thread (a 1M-parameter model gains nothing from
-OpenMP workers)."""
+OpenMP workers); the start of a run from a trained checkpoint on chain sums."""
 
 from __future__ import annotations
 
@@ -19,6 +19,23 @@ def metrics_of_a_vowel_share_run(main, config: Path, run_dir: Path, overrides: l
         argv = trainer_argv(config, run_dir, overrides)
         assert main.with_options(verifier=vowel_share_rewards)(argv) == 0
     return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def chain_sum_task(max_terms: int) -> dict[str, int]:
+    """The reasoning-gym ``chain_sum`` settings of the learning checks: sums of 2 to
+    ``max_terms`` one-digit terms."""
+    return {"min_terms": 2, "max_terms": max_terms, "min_digits": 1, "max_digits": 1}
+
+
+def from_checkpoint_on_chain_sums(policy: Path, max_terms: int) -> list[str]:
+    """The overrides that start a learning run from the checkpoint ``policy`` (a warm start),
+    without gradient checkpointing, on the prompts of :func:`chain_sum_task`."""
+    task = ", ".join(f"{key}: {value}" for key, value in chain_sum_task(max_terms).items())
+    return [
+        f"model.name={policy}",
+        "model.gradient_checkpointing=false",
+        f"data.specs=[{{name: chain_sum, config: {{{task}}}}}]",
+    ]
 
 
 def stand_in_learning_settings(steps: int) -> list[str]:

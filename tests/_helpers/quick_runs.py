@@ -3,6 +3,21 @@ file adds what its tests need (a data set, sizes, saving)."""
 
 from tests._helpers.paths import FIXTURES
 
+# The tiny preset in fp32 on the CPU, plain optimizer steps (no gradient checkpointing, no
+# accumulation) for one epoch, every step logged, no periodic checkpoint: the runs that
+# tests/trainers/core/test_distributed.py and bench/distributed_step.py compare across 1 and 2
+# processes; each adds the family's data, sizes and saving.
+TINY_FP32_ON_CPU = [
+    "model.name=tiny",
+    "model.gradient_checkpointing=false",
+    "model.device=cpu",
+    "model.dtype=fp32",
+    "train.gradient_accumulation_steps=1",
+    "train.num_epochs=1",
+    "logging.log_every=1",
+    "checkpoint.save_every=null",
+]
+
 # SFT: batches of 4 at lr 1e-3 for one epoch, evaluated and sampled every 2 steps, no saving.
 SFT_ON_TINY = [
     "model.name=tiny",

@@ -13,6 +13,16 @@ from pathlib import Path
 from trainers.core.runfolder import RunFile
 
 CREATED_AT = "2026-01-01T00:00:00.000+00:00"
+# The keys a supervised family's train row carries after its own metrics (trainers/core/loop.py
+# step_metrics): what a real SFT run is checked to log, and what hand-written DPO rows carry.
+STEP_KEYS = [
+    "grad_norm",
+    "learning_rate",
+    "epoch",
+    "throughput/tokens_per_s",
+    "timing/step_s",
+    "memory/peak_gb",
+]
 
 
 def trainer_command(family: str, run_dir: Path) -> list[str]:

@@ -22,7 +22,7 @@ from mcp import Client
 
 from rlhf_lab import api
 from rlhf_lab.mcp_server import TOOL_NAMES, server
-from tests._helpers.run_folders import write_jsonl, write_run_json
+from tests._helpers.run_folders import STEP_KEYS, write_jsonl, write_run_json
 from tests.mcp._fixtures import asyncio_backend  # noqa: F401  (pytest fixtures)
 from trainers.core.runfolder import ExitFile, MetricRow, ProgressFile, SummaryFile
 
@@ -42,12 +42,7 @@ TRAIN_KEYS = [
     "rejected_rewards",
     "chosen_logps",
     "rejected_logps",
-    "grad_norm",
-    "learning_rate",
-    "epoch",
-    "throughput/tokens_per_s",
-    "timing/step_s",
-    "memory/peak_gb",
+    *STEP_KEYS,
 ]
 EVAL_KEYS = ["eval/loss", "eval/accuracy", "eval/margins", "eval/chosen_rewards"]
 

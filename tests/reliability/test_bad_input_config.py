@@ -3,7 +3,7 @@ shrink_config, they give a valid, finite, YAML-writable config or a LabError / C
 a message, never another error (docs/architecture.md, "Engineering rules").
 
 tests/lab/test_ledger.py holds the basic cases; this file adds the fuzzing. The shared helpers
-are in _bad_input.py, the fixtures in conftest.py.
+and the fixtures are in _bad_input.py.
 """
 
 from __future__ import annotations

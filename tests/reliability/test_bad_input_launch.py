@@ -2,7 +2,7 @@
 method, prompt budget above max_length, unknown algorithm, missing model, hub offline, cuda
 without a GPU; each is one clear message before anything starts.
 
-The shared helpers are in _bad_input.py, the fixtures in conftest.py.
+The shared helpers and the fixtures are in _bad_input.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ refusal); the HTTP transport binds to loopback by default, a public address only
 --allow-remote.
 
 tests/mcp/test_wiring.py holds the basic cases; this file adds the fuzzing and the bind checks.
-The shared helpers are in _bad_input.py, the fixtures in conftest.py.
+The shared helpers and the fixtures are in _bad_input.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Bad input, paths: path-like slugs and run ids are refused by the paths checks, the api and
 the CLI, and nothing is written.
 
-The shared helpers are in _bad_input.py, the fixtures in conftest.py.
+The shared helpers and the fixtures are in _bad_input.py.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import torch
 from conftest import trainer_argv
 
 from tests._helpers.paths import ROOT
+from tests._helpers.quick_runs import TINY_FP32_ON_CPU
 from trainers.core import distributed as dist_mod
 from trainers.core.config import ConfigError
 from trainers.core.distributed import (
@@ -46,14 +47,7 @@ DRIVER = Path(__file__).resolve().parent / "dist_driver.py"
 
 LR = 1.0e-4
 COMMON = [  # every family: 28 examples, 4 held out, up to 96 tokens
-    "model.name=tiny",
-    "model.gradient_checkpointing=false",
-    "model.device=cpu",
-    "model.dtype=fp32",
-    "train.gradient_accumulation_steps=1",
-    "train.num_epochs=1",
-    "logging.log_every=1",
-    "checkpoint.save_every=null",
+    *TINY_FP32_ON_CPU,
     "checkpoint.save_final_model=true",
     "data.max_samples=28",
     "data.eval_size=4",

@@ -27,6 +27,7 @@ import torch
 from conftest import trainer_argv
 
 from rlhf_lab.results.stats import newcombe_difference
+from tests._helpers.learning_runs import from_checkpoint_on_chain_sums
 from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.rundir import read_jsonl
@@ -41,11 +42,8 @@ STUDENT_STEP = 250
 
 def distill_overrides(student: Path, teacher: Path) -> list[str]:
     return [
-        f"model.name={student}",
+        *from_checkpoint_on_chain_sums(student, max_terms=3),
         f"teacher.name={teacher}",
-        "model.gradient_checkpointing=false",
-        "data.specs=[{name: chain_sum, config: {min_terms: 2, max_terms: 3, min_digits: 1, "
-        "max_digits: 1}}]",
         "data.size=4000",
         f"data.eval_size={HELD_OUT}",
         "rollout.max_new_tokens=24",

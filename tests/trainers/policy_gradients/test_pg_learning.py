@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._helpers.learning_runs import chain_sum_task, from_checkpoint_on_chain_sums
 from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.config import DatasetSpecSection
@@ -33,7 +34,7 @@ from trainers.core.verifier import compute_rewards
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
 
-TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+TASK = chain_sum_task(2)
 SEED = 42
 POOL = 32
 MAX_NEW = 24
@@ -57,10 +58,7 @@ SFT_OVERRIDES = [
 
 def grpo_overrides(warm_start: Path) -> list[str]:
     return [
-        f"model.name={warm_start}",
-        "model.gradient_checkpointing=false",
-        "data.specs=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, "
-        "max_digits: 1}}]",
+        *from_checkpoint_on_chain_sums(warm_start, max_terms=2),
         f"data.size={POOL}",
         "data.eval_size=64",
         "rollout.prompts_per_step=8",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from stop_resume import assert_same_history
 
-from tests._helpers.learning_runs import trained_model
+from tests._helpers.learning_runs import from_checkpoint_on_chain_sums, trained_model
 from tests._helpers.paths import configs_of
 from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from tests.conftest import trainer_argv
@@ -47,10 +47,7 @@ SFT_OVERRIDES = [
 
 def grpo_overrides(warm_start: Path, steps: int) -> list[str]:
     return [
-        f"model.name={warm_start}",
-        "model.gradient_checkpointing=false",
-        "data.specs=[{name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, "
-        "max_digits: 1}}]",
+        *from_checkpoint_on_chain_sums(warm_start, max_terms=2),
         "data.size=64",
         "data.eval_size=8",
         "env.name=scripted_tool",

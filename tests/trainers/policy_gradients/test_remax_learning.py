@@ -32,7 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from tests._helpers.learning_runs import metrics_of_a_vowel_share_run, stand_in_learning_settings
+from tests._helpers.learning_runs import (
+    from_checkpoint_on_chain_sums,
+    metrics_of_a_vowel_share_run,
+    stand_in_learning_settings,
+)
 from tests._helpers.paths import configs_of
 from trainers.policy_gradients import train as pg_train
 from trainers.sft import train as sft_train
@@ -45,10 +49,7 @@ HELD_OUT_GAIN = 0.05  # measured +0.099
 
 def overrides(warm_start: Path) -> list[str]:
     return [
-        f"model.name={warm_start}",
-        "model.gradient_checkpointing=false",
-        "data.specs=[{name: chain_sum, config: {min_terms: 2, max_terms: 3, min_digits: 1, "
-        "max_digits: 1}}]",
+        *from_checkpoint_on_chain_sums(warm_start, max_terms=3),
         "data.size=64",
         "data.eval_size=64",
         "rollout.prompts_per_step=4",
