@@ -40,13 +40,18 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
-    pick_runtime,
+    data_info,
     round_robin,
     step_metrics,
 )
 from trainers.core.lora import add_adapters, needs_reference_copy, reference_view
-from trainers.core.models import load_causal_lm, load_reference, load_tokenizer, model_fingerprint
+from trainers.core.models import (
+    load_causal_lm,
+    load_reference,
+    load_tokenizer,
+    model_fingerprint,
+    pick_runtime,
+)
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.tiny import cache_root
@@ -214,15 +219,11 @@ def train(
 
     run.update_phase("tokenizing")
     train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
-    info: dict[str, Any] = {
-        "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
-    }
-    print(f"data: {info['data']}", flush=True)
-    total_steps = epoch_total_steps(len(train_ex), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+    info = data_info(data_stats, len(train_ex), len(eval_ex))
+    loop = TrainingRun.over_epochs(run, cfg, len(train_ex))
 
     def load_policy() -> torch.nn.Module:
-        run.update_phase("loading_model", total_steps)
+        run.update_phase("loading_model", loop.total_steps)
         model = load_causal_lm(
             cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
         )
@@ -233,7 +234,7 @@ def train(
     model = None if needs_reference_copy(cfg.model) else load_policy()
     ref = ref_eval = None
     if cfg.needs_reference:
-        run.update_phase("reference_logprobs", total_steps)
+        run.update_phase("reference_logprobs", loop.total_steps)
         ref, cache_info = load_or_compute_reference(
             cfg, train_ex + eval_ex, pad_id, device, dtype, attn, policy=model
         )

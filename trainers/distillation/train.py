@@ -22,7 +22,6 @@ computed once and logged beside it (``eval/teacher_avg_correctness``).
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import torch
 
@@ -35,11 +34,16 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
-    pick_runtime,
+    data_info,
     step_metrics,
 )
-from trainers.core.models import ModelError, load_causal_lm, load_tokenizer, resolve_model
+from trainers.core.models import (
+    ModelError,
+    load_causal_lm,
+    load_tokenizer,
+    pick_runtime,
+    resolve_model,
+)
 from trainers.core.onpolicy import (
     greedy_rollouts,
     pad_id_of,
@@ -215,15 +219,10 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     run.update_phase("tokenizing")
     train_prompts, held_out, data_stats = load_run_prompts(cfg.data, cfg.seed)
     prompt_ids = [chat_prompt_ids(tokenizer, p.messages) for p in train_prompts]
-    info: dict[str, Any] = {
-        "data": {**data_stats, "n_train": len(train_prompts), "n_eval": len(held_out)},
-        "teacher": cfg.teacher.name,
-    }
-    print(f"data: {info['data']}; teacher: {cfg.teacher.name}", flush=True)
-    total_steps = epoch_total_steps(len(train_prompts), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+    info = data_info(data_stats, len(train_prompts), len(held_out), teacher=cfg.teacher.name)
+    loop = TrainingRun.over_epochs(run, cfg, len(train_prompts))
 
-    run.update_phase("loading_model", total_steps)
+    run.update_phase("loading_model", loop.total_steps)
     teacher = load_causal_lm(
         cfg.teacher.name, device=device, dtype=dtype, attn_implementation=attn, trainable=False
     )

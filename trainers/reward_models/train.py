@@ -34,7 +34,6 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
     round_robin,
     step_metrics,
 )
@@ -461,10 +460,9 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     kind = prepare_kind(cfg, tokenizer)
     info: dict[str, Any] = {"data": kind.stats}
     print(f"data: {kind.stats}", flush=True)
-    total_steps = epoch_total_steps(len(kind.train), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+    loop = TrainingRun.over_epochs(run, cfg, len(kind.train))
 
-    run.update_phase("loading_model", total_steps)
+    run.update_phase("loading_model", loop.total_steps)
     model = build_reward_model(
         cfg.model.name,
         cfg.kind,

@@ -39,8 +39,7 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
-    pick_runtime,
+    data_info,
     round_robin,
     step_metrics,
 )
@@ -50,6 +49,7 @@ from trainers.core.models import (
     hub_reachable,
     load_causal_lm,
     load_tokenizer,
+    pick_runtime,
 )
 from trainers.core.multiturn import check_tool_format
 from trainers.core.rundir import RunDir
@@ -492,14 +492,10 @@ def train(
 
     run.update_phase("tokenizing")
     train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
-    info: dict[str, Any] = {
-        "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
-    }
-    print(f"data: {info['data']}", flush=True)
-    total_steps = epoch_total_steps(len(train_ex), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps, tracker=tracker)
+    info = data_info(data_stats, len(train_ex), len(eval_ex))
+    loop = TrainingRun.over_epochs(run, cfg, len(train_ex), tracker=tracker)
 
-    run.update_phase("loading_model", total_steps)
+    run.update_phase("loading_model", loop.total_steps)
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
