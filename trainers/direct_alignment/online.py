@@ -48,6 +48,7 @@ from trainers.core.preferences import (
     configured_preference_records,
     tokenize_records,
 )
+from trainers.core.reward_scorer import PolicyCompletions
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.splits import split_train_eval
@@ -183,11 +184,13 @@ class Ranker:
         total = torch.zeros(len(completions))
         if self.model is not None:
             parts["model"] = self.model.score_completions(
-                [p.messages for p in prompts],
-                texts,
-                [p.ids for p in prompts],
-                completions,
-                self.stop_ids,
+                PolicyCompletions(
+                    [p.messages for p in prompts],
+                    texts,
+                    [p.ids for p in prompts],
+                    completions,
+                    self.stop_ids,
+                )
             )
             total = total + parts["model"]
         if self.verifier:
