@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from trainers.core.spec import AlgorithmSpec, FamilySpec, KLPlacement, metrics
 
-FAMILY_NAME = "policy_gradients"
 PAPER_DEFAULT_CLIP = (0.2, 0.2)
 
 
@@ -33,10 +32,8 @@ def _pg(name: str, *, advantage: str, loss: str, kl: KLPlacement, **fields) -> A
     range and headline are the family's unless the row gives its own."""
     fields.setdefault("loss_agg", "seq_mean_token_mean")
     fields.setdefault("clip_eps", PAPER_DEFAULT_CLIP)
-    fields.setdefault("headline_metric", "eval/avg_correctness")
     return AlgorithmSpec(
         name=name,
-        family=FAMILY_NAME,
         advantage=advantage,
         loss=loss,
         kl=kl,
@@ -217,7 +214,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 
 FAMILY = FamilySpec(
-    name=FAMILY_NAME,
+    name="policy_gradients",
     config_class="PolicyGradientConfig",
     algorithm_field="algorithm",
     default_algorithm="grpo",
