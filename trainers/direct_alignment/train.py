@@ -34,14 +34,13 @@ from trainers.core.distributed import (
     shard_model,
     world,
 )
-from trainers.core.generation import generate_completions
+from trainers.core.generation import sample_held_out
 from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
     data_info,
-    round_robin,
     step_metrics,
 )
 from trainers.core.lora import add_adapters, needs_reference_copy, reference_view
@@ -163,19 +162,7 @@ def sample_generations(
     event: int,
 ) -> list[dict[str, Any]]:
     """Completions for ``eval.num_samples`` held-out prompts, taken round-robin by event."""
-    n = min(cfg.eval.num_samples, len(eval_records))
-    picked = [eval_records[i] for i in round_robin(len(eval_records), n, event)]
-    if not picked:
-        return []
-    completions = generate_completions(
-        model,
-        tokenizer,
-        [r.prompt for r in picked],
-        max_new_tokens=cfg.eval.sample_max_new_tokens,
-        do_sample=cfg.eval.sample_do_sample,
-        temperature=cfg.eval.sample_temperature,
-        top_p=cfg.eval.sample_top_p,
-    )
+    picked, completions = sample_held_out(model, tokenizer, eval_records, event, cfg.eval)
     return [
         {"prompt": r.prompt[-1]["content"], "completion": c, "chosen": r.chosen}
         for r, c in zip(picked, completions, strict=True)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
 from trainers.core.distributed import shard_model
-from trainers.core.generation import generate_completions
+from trainers.core.generation import generate_completions, sample_held_out
 from trainers.core.harness import (
     MetricsTracker,
     raise_if_stopping,
@@ -40,7 +40,6 @@ from trainers.core.loop import (
     StepTimer,
     TrainingRun,
     data_info,
-    round_robin,
     step_metrics,
 )
 from trainers.core.lora import add_adapters
@@ -438,20 +437,9 @@ def sample_generations(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Completions for ``eval.num_samples`` held-out prompts, taken round-robin by event.
     Returns the sample rows and, for built-in data, their format rate and mean score."""
-    n = min(cfg.eval.num_samples, len(eval_records))
-    picked = [eval_records[i] for i in round_robin(len(eval_records), n, event)]
+    picked, completions = sample_held_out(model, tokenizer, eval_records, event, cfg.eval)
     if not picked:
         return [], {}
-    completions = generate_completions(
-        model,
-        tokenizer,
-        [r.prompt for r in picked],
-        max_new_tokens=cfg.eval.sample_max_new_tokens,
-        do_sample=cfg.eval.sample_do_sample,
-        temperature=cfg.eval.sample_temperature,
-        top_p=cfg.eval.sample_top_p,
-        max_input_tokens=cfg.eval.sample_max_input_tokens,
-    )
     rows, scores, formats = [], [], []
     for rec, completion in zip(picked, completions, strict=True):
         row = {
