@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from trainers.core.registry import Registry
+from trainers.policy_gradients.spec import BINARY_ADVANTAGES
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 Estimator = Callable[[Tensor, int], Tensor]  # (rewards r (N,), G) -> advantages (N,)
@@ -48,10 +49,11 @@ ADVANTAGES = Registry("sequence advantage estimator", ("rewards", "G"))
 penalty, binary) and G; GSPO, CISPO, SAPO and DAPO use ``grpo``."""
 
 
-def sequence_estimator(name: str, reads: str) -> Callable[[Estimator], Estimator]:
+def sequence_estimator(name: str) -> Callable[[Estimator], Estimator]:
     """Decorator: file the estimator ``f(r, G)`` in :data:`ADVANTAGES` under ``name``, called
-    on the ``reads`` column of the rewards dict (``total``, or MaxRL's ``binary``); the estimator
-    itself is returned unchanged."""
+    on one column of the rewards dict: ``binary`` for the estimators in the spec's
+    ``BINARY_ADVANTAGES`` (MaxRL), else ``total``; the estimator itself is returned unchanged."""
+    reads = "binary" if name in BINARY_ADVANTAGES else "total"
 
     def add(estimator: Estimator) -> Estimator:
         def on_rewards(rewards: dict[str, Tensor], G: int) -> Tensor:
@@ -63,20 +65,20 @@ def sequence_estimator(name: str, reads: str) -> Callable[[Estimator], Estimator
     return add
 
 
-@sequence_estimator("reinforce", reads="total")
+@sequence_estimator("reinforce")
 def reinforce_advantages(r: Tensor, G: int) -> Tensor:
     """REINFORCE (Williams 1992): A_i = r_i, no baseline."""
     return _grouped(r, G).reshape(-1).clone()
 
 
-@sequence_estimator("rloo", reads="total")
+@sequence_estimator("rloo")
 def rloo_advantages(r: Tensor, G: int) -> Tensor:
     """RLOO (Ahmadian et al. 2024): A_i = r_i − mean_{j≠i} r_j = G/(G−1)·(r_i − mean_G r)."""
     centred, _ = _centred(_grouped(r, G, min_G=2))
     return (centred * (G / (G - 1))).reshape(-1)
 
 
-@sequence_estimator("grpo", reads="total")
+@sequence_estimator("grpo")
 def grpo_advantages(r: Tensor, G: int, eps: float = 1e-8) -> Tensor:
     """GRPO (Shao et al. 2024, DeepSeekMath): A_i = (r_i − mean_G r) / (std_G r + eps).
 
@@ -90,14 +92,14 @@ def grpo_advantages(r: Tensor, G: int, eps: float = 1e-8) -> Tensor:
     return (centred / (std + eps)).reshape(-1)
 
 
-@sequence_estimator("drgrpo", reads="total")
+@sequence_estimator("drgrpo")
 def drgrpo_advantages(r: Tensor, G: int) -> Tensor:
     """Dr. GRPO (Liu et al. 2025): A_i = r_i − mean_G r (no division by the group std)."""
     centred, _ = _centred(_grouped(r, G))
     return centred.reshape(-1)
 
 
-@sequence_estimator("maxrl", reads="binary")
+@sequence_estimator("maxrl")
 def maxrl_advantages(b: Tensor, G: int) -> Tensor:
     """MaxRL: A_i = (b_i − mean_G b) / mean_G b if mean_G b > 0 else 0, on the binary reward b.
 
