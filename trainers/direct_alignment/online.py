@@ -56,8 +56,8 @@ from trainers.core.tokenization import chat_template_ids
 from trainers.core.training import (
     StepMetrics,
     optimizer_step,
+    ready_to_train,
     seed_everything,
-    use_gradient_checkpointing,
 )
 from trainers.core.verifier import Verifier, compute_rewards
 from trainers.direct_alignment.config import DirectAlignmentConfig
@@ -319,8 +319,7 @@ def load_models(cfg: DirectAlignmentConfig, device, dtype, attn) -> tuple[Any, A
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
-    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
-    model.train()
+    ready_to_train(model, cfg.model)  # one process: no sharding
     return model, ref_model
 
 

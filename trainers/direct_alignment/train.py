@@ -57,8 +57,8 @@ from trainers.core.tiny import cache_root
 from trainers.core.training import (
     StepMetrics,
     optimizer_step,
+    ready_to_train,
     seed_everything,
-    use_gradient_checkpointing,
 )
 from trainers.core.verifier import Verifier, compute_rewards
 from trainers.direct_alignment.config import BUILTIN_DATASET, ONLINE, DirectAlignmentConfig
@@ -231,9 +231,7 @@ def train(
         print(f"reference log-probs: cache {cache_info['ref_cache']}", flush=True)
 
     model = model if model is not None else load_policy()
-    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
-    shard_model(model)  # FSDP2 under torchrun; nothing on one process
-    model.train()
+    ready_to_train(model, cfg.model)
     optimizer, scheduler, state = loop.optimizer_and_resume(
         model, model.parameters(), cfg.train, resume
     )

@@ -58,8 +58,8 @@ from trainers.core.tokenization import same_tokenizer
 from trainers.core.training import (
     StepMetrics,
     optimizer_step,
+    ready_to_train,
     seed_everything,
-    use_gradient_checkpointing,
 )
 from trainers.core.verifier import compute_rewards
 from trainers.distillation.config import DistillationConfig
@@ -230,8 +230,7 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     student = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
-    use_gradient_checkpointing(student, cfg.model.gradient_checkpointing)
-    student.train()
+    ready_to_train(student, cfg.model)  # one process: no sharding
     optimizer, scheduler, state = loop.optimizer_and_resume(
         student, student.parameters(), cfg.train, resume
     )

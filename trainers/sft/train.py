@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
-from trainers.core.distributed import shard_model
 from trainers.core.generation import generate_completions, sample_held_out
 from trainers.core.harness import (
     MetricsTracker,
@@ -59,8 +58,8 @@ from trainers.core.tool_demonstrations import check_tool_tasks, default_demonstr
 from trainers.core.training import (
     StepMetrics,
     optimizer_step,
+    ready_to_train,
     seed_everything,
-    use_gradient_checkpointing,
 )
 from trainers.core.verifier import has_tag_format
 from trainers.sft.config import BUILTIN_DATASET, TOOL_DATASET, SFTConfig, is_tool_dataset
@@ -488,9 +487,7 @@ def train(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
     model = add_adapters(model, cfg.model.lora)  # LoRA when model.lora.enabled
-    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
-    shard_model(model)  # FSDP2 under torchrun; nothing on one process
-    model.train()
+    ready_to_train(model, cfg.model)
     optimizer, scheduler, state = loop.optimizer_and_resume(
         model, model.parameters(), cfg.train, resume
     )
