@@ -1,11 +1,14 @@
-"""Chat prompts to token ids, and batched chat generation (shared by every family); the sampling
-loop itself is trainers/core/decoding.py."""
+"""Chat prompts to token ids, and batched chat generation (shared by every family), including
+the held-out samples a loop logs; the sampling loop itself is trainers/core/decoding.py."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from trainers.core.decoding import GREEDY, Sampling, sample_tokens
+from trainers.core.loop import round_robin
 from trainers.core.tokenization import chat_template_ids  # noqa: F401  (re-exported)
 from trainers.core.tokenization import token_id_lists as _token_ids
 
@@ -72,3 +75,27 @@ def generate_completions(
             texts.append(tokenizer.decode(body, skip_special_tokens=False))
     model.train(was_training)
     return texts
+
+
+def sample_held_out(
+    model, tokenizer, records: list[Any], event: int, section: Any
+) -> tuple[list[Any], list[str]]:
+    """The held-out records sample event ``event`` shows (``section.num_samples`` of them, taken
+    round-robin) and one completion of each record's ``prompt``, sampled as the eval ``section``
+    says (``sample_max_new_tokens``, ``sample_do_sample``, ``sample_temperature``,
+    ``sample_top_p``, and ``sample_max_input_tokens`` where the section has it)."""
+    n = min(section.num_samples, len(records))
+    picked = [records[i] for i in round_robin(len(records), n, event)]
+    if not picked:
+        return [], []
+    completions = generate_completions(
+        model,
+        tokenizer,
+        [r.prompt for r in picked],
+        max_new_tokens=section.sample_max_new_tokens,
+        do_sample=section.sample_do_sample,
+        temperature=section.sample_temperature,
+        top_p=section.sample_top_p,
+        max_input_tokens=getattr(section, "sample_max_input_tokens", None),
+    )
+    return picked, completions

@@ -3,7 +3,7 @@
 A family's ``train()`` keeps its algorithm's lines (forward, loss, backward) and calls these for
 the bookkeeping each loop shares::
 
-    loop = TrainingRun(run, cfg.checkpoint, epoch_total_steps(n_examples, cfg.train))
+    loop = TrainingRun.over_epochs(run, cfg, n_examples)  # checkpoints, steps of the epochs
     ...                                                       # load the model
     optimizer, scheduler, state = loop.optimizer_and_resume(  # what a checkpoint holds;
         model, model.parameters(), cfg.train, resume          # restored when resuming
@@ -51,7 +51,6 @@ from trainers.core.config import (
     CheckpointSection,
     ConfigError,
     LoggingSection,
-    ModelSection,
     OptimSection,
 )
 from trainers.core.harness import (
@@ -72,18 +71,12 @@ from trainers.core.runfolder import Phase, SummaryFile
 # ---------------------------------------------------------------------------------------------
 
 
-def pick_runtime(model: ModelSection) -> tuple[Any, Any, str]:
-    """(device, dtype, attention implementation) the ``model`` section asks for, resolved on
-    this machine (``auto`` picks CUDA, bf16 and the fastest attention available). Under
-    torchrun: this rank's GPU, and fp32 weights computed in bf16 by FSDP where the run asked
-    for bf16 on CUDA (:func:`trainers.core.distributed.plan_precision`)."""
-    from trainers.core.distributed import plan_precision, rank_device
-    from trainers.core.models import pick_attn_implementation, pick_device, pick_dtype
-
-    device = rank_device(pick_device(model.device))
-    dtype = pick_dtype(model.dtype, device)
-    attn = pick_attn_implementation(model.attn_implementation, device, dtype)
-    return device, plan_precision(device, dtype), attn
+def data_info(stats: dict[str, Any], n_train: int, n_eval: int, **more: Any) -> dict[str, Any]:
+    """What the summary records about the data (the loader's figures and the two split sizes)
+    and ``more`` family fields (e.g. the teacher); printed once as the run starts."""
+    info: dict[str, Any] = {"data": {**stats, "n_train": n_train, "n_eval": n_eval}, **more}
+    print("; ".join(f"{key}: {value}" for key, value in info.items()), flush=True)
+    return info
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +222,15 @@ class TrainingRun:
         self._stepping: EpochStep | None = None
         self._checkpointer: tuple | None = None
         set_stop_handler(self.on_stop)
+
+    @classmethod
+    def over_epochs(
+        cls, run: RunDir, cfg: Any, n_examples: int, *, tracker: MetricsTracker | None = None
+    ) -> TrainingRun:
+        """The run of an epoch-based loop over ``n_examples``: ``cfg.checkpoint`` and the total
+        steps of ``cfg.train``'s epochs (:func:`epoch_total_steps`)."""
+        total_steps = epoch_total_steps(n_examples, cfg.train)
+        return cls(run, cfg.checkpoint, total_steps, tracker=tracker)
 
     # W&B ---------------------------------------------------------------------------------------
     def start_tracker(self, logging: LoggingSection, config: dict[str, Any], name: str) -> None:

@@ -41,6 +41,7 @@ from trainers.core.tiny import (
 if TYPE_CHECKING:
     import torch
 
+    from trainers.core.config import ModelSection
     from trainers.core.distributed import CudaInfo
 
 ModelKind = Literal["preset", "local", "gguf", "hub"]
@@ -456,6 +457,19 @@ def pick_attn_implementation(
         if flash_attn_available() if flash_attn is None else flash_attn:
             return "flash_attention_2"
     return "sdpa"
+
+
+def pick_runtime(model: ModelSection) -> tuple[Any, Any, str]:
+    """(device, dtype, attention implementation) the ``model`` section asks for, resolved on
+    this machine (``auto`` picks CUDA, bf16 and the fastest attention available). Under
+    torchrun: this rank's GPU, and fp32 weights computed in bf16 by FSDP where the run asked
+    for bf16 on CUDA (:func:`trainers.core.distributed.plan_precision`)."""
+    from trainers.core.distributed import plan_precision, rank_device
+
+    device = rank_device(pick_device(model.device))
+    dtype = pick_dtype(model.dtype, device)
+    attn = pick_attn_implementation(model.attn_implementation, device, dtype)
+    return device, plan_precision(device, dtype), attn
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ evaluation (winrate, best_of_n).
     scorer.score([[{"role": "user", "content": q}, {"role": "assistant", "content": a}], ...])
     scorer.score(["raw text scored as is", ...])                          # strings as they are
     scorer = RewardScorer.load(inspect_reward_model(name), policy_tokenizer=tokenizer)
-    scorer.score_completions(prompts, texts, prompt_ids, completion_ids, stop_ids)  # a policy's
+    scorer.score_completions(PolicyCompletions(prompts, texts, prompt_ids, completion_ids, stops))
 
 What a name may point to (:func:`inspect_reward_model` checks it before anything is written):
 
@@ -250,6 +250,19 @@ def _pair_text(prompt: list[dict]) -> str:
     return "\n\n".join(m["content"] for m in prompt if m["content"])
 
 
+@dataclass(frozen=True)
+class PolicyCompletions:
+    """A policy's completions to score: each one's prompt (its messages) and text; with the
+    policy's token ids (the prompt's, the sampled completion's and the policy's end-of-turn
+    ids) a reward model that shares the policy's tokenizer reuses them (see the module doc)."""
+
+    prompts: list[list[dict]]
+    texts: list[str]
+    prompt_ids: list[list[int]] | None = None
+    completion_ids: list[list[int]] | None = None
+    stop_ids: set[int] | None = None
+
+
 # ---------------------------------------------------------------------------------------------
 # The scorer
 # ---------------------------------------------------------------------------------------------
@@ -361,19 +374,13 @@ class RewardScorer:
             raise ValueError("cannot score an empty text")
         return self._truncate(ids)
 
-    def encode_completions(
-        self,
-        prompts: list[list[dict]],
-        texts: list[str],
-        prompt_ids: list[list[int]] | None = None,
-        completion_ids: list[list[int]] | None = None,
-        stop_ids: set[int] | None = None,
-    ) -> list[list[int]]:
+    def encode_completions(self, batch: PolicyCompletions) -> list[list[int]]:
         """The reward model's input ids of each (prompt, completion)."""
-        if self.reuse_ids and prompt_ids is not None and completion_ids is not None:
-            stops = stop_ids or set()
+        prompts, texts = batch.prompts, batch.texts
+        if self.reuse_ids and batch.prompt_ids is not None and batch.completion_ids is not None:
+            stops = batch.stop_ids or set()
             out = []
-            for p, c in zip(prompt_ids, completion_ids, strict=True):
+            for p, c in zip(batch.prompt_ids, batch.completion_ids, strict=True):
                 body = list(c[:-1]) if c and c[-1] in stops else list(c)
                 out.append(list(p) + body + list(self.suffix or []))
         elif getattr(self.tokenizer, "chat_template", None) is not None:
@@ -427,17 +434,9 @@ class RewardScorer:
             return torch.sigmoid(torch.tensor(scores, dtype=torch.float64)).tolist()
         return scores
 
-    def score_completions(
-        self,
-        prompts: list[list[dict]],
-        texts: list[str],
-        prompt_ids: list[list[int]] | None = None,
-        completion_ids: list[list[int]] | None = None,
-        stop_ids: set[int] | None = None,
-    ) -> Tensor:
+    def score_completions(self, batch: PolicyCompletions) -> Tensor:
         """One reward per completion of a policy (float32, CPU): see :data:`SCORE_MEANING`."""
-        ids = self.encode_completions(prompts, texts, prompt_ids, completion_ids, stop_ids)
-        raw = self.raw_scores(ids)
+        raw = self.raw_scores(self.encode_completions(batch))
         return torch.sigmoid(raw) if self.kind == "orm" else raw
 
     # ---- a PRM's steps -----------------------------------------------------------------------

@@ -13,7 +13,7 @@ them without pulling in torch.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from typing import Any, Literal, NamedTuple
 
@@ -107,9 +107,10 @@ class AlgorithmSpec:
     """
 
     name: str
-    family: str
     summary: str
     loss: str
+    family: str = ""
+    """Filled in by the :class:`FamilySpec` that holds it."""
     paper: str = ""
     aliases: tuple[str, ...] = ()
     advantage: str | None = None
@@ -130,6 +131,7 @@ class AlgorithmSpec:
     greedy_baseline: bool = False
     key_metrics: tuple[MetricSpec, ...] = ()
     headline_metric: str | None = None
+    """Its held-out headline; left out, its family's (filled in by the family)."""
     acceptance: tuple[str, ...] = ()
     watch: tuple[str, ...] = ()
     builtin_dataset: str | None = None
@@ -156,7 +158,10 @@ class AlgorithmSpec:
 
 @dataclass(frozen=True)
 class FamilySpec:
-    """One algorithm family: where its code lives, how its runs are judged, its algorithms."""
+    """One algorithm family: where its code lives, how its runs are judged, its algorithms.
+
+    Its algorithms are declared without their family: it fills in its name as their ``family``
+    and its headline metric where they name none."""
 
     name: str
     config_class: str
@@ -197,6 +202,18 @@ class FamilySpec:
     """Its trainer runs under torchrun (False: one process only in this version)."""
     lora_multi_process: bool = False
     """Its LoRA runs were checked under torchrun too (else a LoRA run stays on one process)."""
+
+    def __post_init__(self) -> None:
+        for algo in self.algorithms:
+            if algo.family not in ("", self.name):
+                raise ValueError(
+                    f"{algo.name} is declared in family {algo.family}, not {self.name}"
+                )
+        own = tuple(
+            replace(a, family=self.name, headline_metric=a.headline_metric or self.headline_metric)
+            for a in self.algorithms
+        )
+        object.__setattr__(self, "algorithms", own)
 
     @property
     def config_module(self) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.core.config import OptimSection
+from trainers.core.config import ModelSection, OptimSection
 
 # ---------------------------------------------------------------------------------------------
 # Seeding
@@ -123,6 +123,17 @@ def use_gradient_checkpointing(module: torch.nn.Module, enabled: bool) -> None:
     a third more compute), when ``enabled``; the non-reentrant variant, as every family uses."""
     if enabled:
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def ready_to_train(model: torch.nn.Module, section: ModelSection) -> None:
+    """Make a loaded policy ready for its updates: gradient checkpointing when the ``model``
+    ``section`` asks for it, FSDP2 sharding under torchrun (nothing on one process), train mode.
+    Before the optimizer is built."""
+    from trainers.core.distributed import shard_model
+
+    use_gradient_checkpointing(model, section.gradient_checkpointing)
+    shard_model(model)
+    model.train()
 
 
 def optimizer_step(

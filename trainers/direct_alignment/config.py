@@ -16,24 +16,21 @@ from trainers.core.config import (
 from trainers.direct_alignment.spec import BUILTIN_DATASET as DA_BUILTIN
 from trainers.direct_alignment.spec import FAMILY as DA_FAMILY
 
-LOSS_NAMES: tuple[str, ...] = DA_FAMILY.algorithm_names
 LossName = DA_FAMILY.algorithm_literal
 
 # Derived from the specs (trainers/direct_alignment/spec.py); kept for callers that import it.
 DEFAULT_BETA: dict[str, float] = {
     a.name: a.default_beta for a in DA_FAMILY.algorithms if a.default_beta is not None
 }
-# Derived from the specs; kept for callers that import it.
-REFERENCE_FREE: frozenset[str] = frozenset(
-    a.name for a in DA_FAMILY.algorithms if not a.needs_reference
-)
 
 BUILTIN_DATASET = DA_BUILTIN  # data.py re-exports it
 
 ONLINE = "online_dpo"
 # The losses online DPO may apply to its sampled pairs: every pairwise loss of the family (KTO
 # works on unpaired examples; online_dpo itself is the sampling loop, not a loss).
-PAIRWISE_LOSSES: tuple[str, ...] = tuple(n for n in LOSS_NAMES if n not in ("kto", ONLINE))
+PAIRWISE_LOSSES: tuple[str, ...] = tuple(
+    n for n in DA_FAMILY.algorithm_names if n not in ("kto", ONLINE)
+)
 PairwiseLoss = Literal[PAIRWISE_LOSSES]  # type: ignore[valid-type]
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainers.direct_alignment.config import DEFAULT_BETA, REFERENCE_FREE  # noqa: F401
+from trainers.direct_alignment.config import DEFAULT_BETA  # noqa: F401
 from trainers.direct_alignment.spec import FAMILY as DA_FAMILY
 
 Metrics = dict[str, Tensor]

@@ -39,17 +39,16 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
-    pick_runtime,
     step_metrics,
 )
-from trainers.core.models import load_causal_lm, load_reference, load_tokenizer
+from trainers.core.models import load_causal_lm, load_reference, load_tokenizer, pick_runtime
 from trainers.core.onpolicy import rows_of, sample_policy, step_generator
 from trainers.core.preferences import (
     TokenizedExample,
     configured_preference_records,
     tokenize_records,
 )
+from trainers.core.reward_scorer import PolicyCompletions
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.splits import split_train_eval
@@ -57,8 +56,8 @@ from trainers.core.tokenization import chat_template_ids
 from trainers.core.training import (
     StepMetrics,
     optimizer_step,
+    ready_to_train,
     seed_everything,
-    use_gradient_checkpointing,
 )
 from trainers.core.verifier import Verifier, compute_rewards
 from trainers.direct_alignment.config import DirectAlignmentConfig
@@ -185,11 +184,13 @@ class Ranker:
         total = torch.zeros(len(completions))
         if self.model is not None:
             parts["model"] = self.model.score_completions(
-                [p.messages for p in prompts],
-                texts,
-                [p.ids for p in prompts],
-                completions,
-                self.stop_ids,
+                PolicyCompletions(
+                    [p.messages for p in prompts],
+                    texts,
+                    [p.ids for p in prompts],
+                    completions,
+                    self.stop_ids,
+                )
             )
             total = total + parts["model"]
         if self.verifier:
@@ -318,8 +319,7 @@ def load_models(cfg: DirectAlignmentConfig, device, dtype, attn) -> tuple[Any, A
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
-    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
-    model.train()
+    ready_to_train(model, cfg.model)  # one process: no sharding
     return model, ref_model
 
 
@@ -348,10 +348,9 @@ def train_online(
     train_prompts, eval_prompts, eval_pairs = load_prompt_sets(cfg, tokenizer)
     info = run_info(cfg, train_prompts, eval_prompts, eval_pairs)
     print(f"data: {info['data']}; ranker: {info['ranker']}", flush=True)
-    total_steps = epoch_total_steps(len(train_prompts), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+    loop = TrainingRun.over_epochs(run, cfg, len(train_prompts))
 
-    run.update_phase("loading_model", total_steps)
+    run.update_phase("loading_model", loop.total_steps)
     ranker = Ranker(cfg, tokenizer, device, dtype, attn, verifier)
     model, ref_model = load_models(cfg, device, dtype, attn)
     optimizer, scheduler, state = loop.optimizer_and_resume(
@@ -363,7 +362,7 @@ def train_online(
     pair_cfg = cfg.model_copy(update={"loss": cfg.online.loss})
     ref_eval = None
     if ref_model is not None and eval_pairs:
-        run.update_phase("reference_logprobs", total_steps)
+        run.update_phase("reference_logprobs", loop.total_steps)
         ref_eval = compute_reference_logps(
             ref_model, eval_pairs, pad_id, device, cfg.eval.eval_batch_size, with_kl=False
         )
@@ -438,7 +437,7 @@ def train_online(
         last_samples[:] = pair_samples(tokenizer, ranker, prompts, completions, parts, ranked)
         loop.step_done(row, step_tokens, cfg.logging.log_every, "accuracy", show=bool(ranked))
         if not ranked:
-            print(f"step {loop.step}/{total_steps}: every pair tied, no update", flush=True)
+            print(f"step {loop.step}/{loop.total_steps}: every pair tied, no update", flush=True)
         loop.end_step(after_step, epoch=pos.epoch)
 
     loop.save_final_model(model, tokenizer)

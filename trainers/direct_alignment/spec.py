@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
-FAMILY_NAME = "direct_alignment"
 BUILTIN_DATASET = "builtin:reasoning-preferences"
 
 
@@ -18,8 +17,7 @@ def _da(name: str, **fields) -> AlgorithmSpec:
     fields.setdefault("loss", name)
     fields.setdefault("default_beta", 0.1)
     fields.setdefault("needs_reference", True)
-    fields.setdefault("headline_metric", "eval/accuracy")
-    return AlgorithmSpec(name=name, family=FAMILY_NAME, **fields)
+    return AlgorithmSpec(name=name, **fields)
 
 
 ALGORITHMS: tuple[AlgorithmSpec, ...] = (
@@ -125,7 +123,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 )
 
 FAMILY = FamilySpec(
-    name=FAMILY_NAME,
+    name="direct_alignment",
     lora_multi_process=True,
     config_class="DirectAlignmentConfig",
     algorithm_field="loss",

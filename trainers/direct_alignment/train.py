@@ -34,27 +34,31 @@ from trainers.core.distributed import (
     shard_model,
     world,
 )
-from trainers.core.generation import generate_completions
+from trainers.core.generation import sample_held_out
 from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
-    pick_runtime,
-    round_robin,
+    data_info,
     step_metrics,
 )
 from trainers.core.lora import add_adapters, needs_reference_copy, reference_view
-from trainers.core.models import load_causal_lm, load_reference, load_tokenizer, model_fingerprint
+from trainers.core.models import (
+    load_causal_lm,
+    load_reference,
+    load_tokenizer,
+    model_fingerprint,
+    pick_runtime,
+)
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
 from trainers.core.tiny import cache_root
 from trainers.core.training import (
     StepMetrics,
     optimizer_step,
+    ready_to_train,
     seed_everything,
-    use_gradient_checkpointing,
 )
 from trainers.core.verifier import Verifier, compute_rewards
 from trainers.direct_alignment.config import BUILTIN_DATASET, ONLINE, DirectAlignmentConfig
@@ -158,19 +162,7 @@ def sample_generations(
     event: int,
 ) -> list[dict[str, Any]]:
     """Completions for ``eval.num_samples`` held-out prompts, taken round-robin by event."""
-    n = min(cfg.eval.num_samples, len(eval_records))
-    picked = [eval_records[i] for i in round_robin(len(eval_records), n, event)]
-    if not picked:
-        return []
-    completions = generate_completions(
-        model,
-        tokenizer,
-        [r.prompt for r in picked],
-        max_new_tokens=cfg.eval.sample_max_new_tokens,
-        do_sample=cfg.eval.sample_do_sample,
-        temperature=cfg.eval.sample_temperature,
-        top_p=cfg.eval.sample_top_p,
-    )
+    picked, completions = sample_held_out(model, tokenizer, eval_records, event, cfg.eval)
     return [
         {"prompt": r.prompt[-1]["content"], "completion": c, "chosen": r.chosen}
         for r, c in zip(picked, completions, strict=True)
@@ -214,15 +206,11 @@ def train(
 
     run.update_phase("tokenizing")
     train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
-    info: dict[str, Any] = {
-        "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
-    }
-    print(f"data: {info['data']}", flush=True)
-    total_steps = epoch_total_steps(len(train_ex), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+    info = data_info(data_stats, len(train_ex), len(eval_ex))
+    loop = TrainingRun.over_epochs(run, cfg, len(train_ex))
 
     def load_policy() -> torch.nn.Module:
-        run.update_phase("loading_model", total_steps)
+        run.update_phase("loading_model", loop.total_steps)
         model = load_causal_lm(
             cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
         )
@@ -233,7 +221,7 @@ def train(
     model = None if needs_reference_copy(cfg.model) else load_policy()
     ref = ref_eval = None
     if cfg.needs_reference:
-        run.update_phase("reference_logprobs", total_steps)
+        run.update_phase("reference_logprobs", loop.total_steps)
         ref, cache_info = load_or_compute_reference(
             cfg, train_ex + eval_ex, pad_id, device, dtype, attn, policy=model
         )
@@ -243,9 +231,7 @@ def train(
         print(f"reference log-probs: cache {cache_info['ref_cache']}", flush=True)
 
     model = model if model is not None else load_policy()
-    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
-    shard_model(model)  # FSDP2 under torchrun; nothing on one process
-    model.train()
+    ready_to_train(model, cfg.model)
     optimizer, scheduler, state = loop.optimizer_and_resume(
         model, model.parameters(), cfg.train, resume
     )

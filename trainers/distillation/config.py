@@ -21,7 +21,6 @@ from trainers.core.config import (
 )
 from trainers.distillation.spec import FAMILY as DISTILL_FAMILY
 
-ALGORITHMS: tuple[str, ...] = DISTILL_FAMILY.algorithm_names
 Algorithm = DISTILL_FAMILY.algorithm_literal
 DivergenceName = Literal["reverse_kl", "forward_kl", "jsd"]
 

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
-FAMILY_NAME = "distillation"
-
 ALGORITHMS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec(
         name="distill",
-        family=FAMILY_NAME,
         summary="On-policy distillation: the student samples completions, a frozen teacher "
         "gives its next-token distribution at every sampled position, and the student "
         "minimises the per-token reverse KL to it (or the generalised JSD with beta).",
@@ -22,12 +19,11 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         aliases=("gkd", "on-policy distillation", "on policy distillation", "distillation"),
         loss="reverse_kl",
         needs_teacher=True,
-        headline_metric="eval/avg_correctness",
     ),
 )
 
 FAMILY = FamilySpec(
-    name=FAMILY_NAME,
+    name="distillation",
     multi_process=False,  # the student's sampling and the teacher are not split across ranks yet
     config_class="DistillationConfig",
     algorithm_field="algorithm",

@@ -22,7 +22,6 @@ computed once and logged beside it (``eval/teacher_avg_correctness``).
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import torch
 
@@ -35,11 +34,16 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
-    pick_runtime,
+    data_info,
     step_metrics,
 )
-from trainers.core.models import ModelError, load_causal_lm, load_tokenizer, resolve_model
+from trainers.core.models import (
+    ModelError,
+    load_causal_lm,
+    load_tokenizer,
+    pick_runtime,
+    resolve_model,
+)
 from trainers.core.onpolicy import (
     greedy_rollouts,
     pad_id_of,
@@ -54,8 +58,8 @@ from trainers.core.tokenization import same_tokenizer
 from trainers.core.training import (
     StepMetrics,
     optimizer_step,
+    ready_to_train,
     seed_everything,
-    use_gradient_checkpointing,
 )
 from trainers.core.verifier import compute_rewards
 from trainers.distillation.config import DistillationConfig
@@ -215,15 +219,10 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     run.update_phase("tokenizing")
     train_prompts, held_out, data_stats = load_run_prompts(cfg.data, cfg.seed)
     prompt_ids = [chat_prompt_ids(tokenizer, p.messages) for p in train_prompts]
-    info: dict[str, Any] = {
-        "data": {**data_stats, "n_train": len(train_prompts), "n_eval": len(held_out)},
-        "teacher": cfg.teacher.name,
-    }
-    print(f"data: {info['data']}; teacher: {cfg.teacher.name}", flush=True)
-    total_steps = epoch_total_steps(len(train_prompts), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+    info = data_info(data_stats, len(train_prompts), len(held_out), teacher=cfg.teacher.name)
+    loop = TrainingRun.over_epochs(run, cfg, len(train_prompts))
 
-    run.update_phase("loading_model", total_steps)
+    run.update_phase("loading_model", loop.total_steps)
     teacher = load_causal_lm(
         cfg.teacher.name, device=device, dtype=dtype, attn_implementation=attn, trainable=False
     )
@@ -231,8 +230,7 @@ def train(cfg: DistillationConfig, run: RunDir, resume: bool) -> SummaryFile:
     student = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
-    use_gradient_checkpointing(student, cfg.model.gradient_checkpointing)
-    student.train()
+    ready_to_train(student, cfg.model)  # one process: no sharding
     optimizer, scheduler, state = loop.optimizer_and_resume(
         student, student.parameters(), cfg.train, resume
     )

@@ -428,8 +428,7 @@ def pair_accuracy_suite(job: Job) -> SuiteResult:
     chosen above rejected (trainers.direct_alignment.pairs.micro_batch_loss on one pair): the one
     place evaluation reads a family's own code, since a direct-alignment loss defines what its
     implicit reward is."""
-    from trainers.core.loop import pick_runtime
-    from trainers.core.models import load_causal_lm, load_reference, load_tokenizer
+    from trainers.core.models import load_causal_lm, load_reference, load_tokenizer, pick_runtime
     from trainers.direct_alignment.pairs import (
         compute_reference_logps,
         micro_batch_loss,

@@ -20,7 +20,10 @@ import torch
 from torch import Tensor
 
 from trainers.core.registry import Registry
+from trainers.policy_gradients.spec import BINARY_ADVANTAGES
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
+
+Estimator = Callable[[Tensor, int], Tensor]  # (rewards r (N,), G) -> advantages (N,)
 
 
 def _grouped(r: Tensor, G: int, min_G: int = 1) -> Tensor:
@@ -41,17 +44,41 @@ def _centred(groups: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(constant, torch.zeros_like(centred), centred), constant
 
 
+ADVANTAGES = Registry("sequence advantage estimator", ("rewards", "G"))
+"""One advantage per sequence (N,), from the rewards dict (keys total, correctness, format,
+penalty, binary) and G; GSPO, CISPO, SAPO and DAPO use ``grpo``."""
+
+
+def sequence_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Decorator: file the estimator ``f(r, G)`` in :data:`ADVANTAGES` under ``name``, called
+    on one column of the rewards dict: ``binary`` for the estimators in the spec's
+    ``BINARY_ADVANTAGES`` (MaxRL), else ``total``; the estimator itself is returned unchanged."""
+    reads = "binary" if name in BINARY_ADVANTAGES else "total"
+
+    def add(estimator: Estimator) -> Estimator:
+        def on_rewards(rewards: dict[str, Tensor], G: int) -> Tensor:
+            return estimator(rewards[reads], G)
+
+        ADVANTAGES.register(name)(on_rewards)
+        return estimator
+
+    return add
+
+
+@sequence_estimator("reinforce")
 def reinforce_advantages(r: Tensor, G: int) -> Tensor:
     """REINFORCE (Williams 1992): A_i = r_i, no baseline."""
     return _grouped(r, G).reshape(-1).clone()
 
 
+@sequence_estimator("rloo")
 def rloo_advantages(r: Tensor, G: int) -> Tensor:
     """RLOO (Ahmadian et al. 2024): A_i = r_i − mean_{j≠i} r_j = G/(G−1)·(r_i − mean_G r)."""
     centred, _ = _centred(_grouped(r, G, min_G=2))
     return (centred * (G / (G - 1))).reshape(-1)
 
 
+@sequence_estimator("grpo")
 def grpo_advantages(r: Tensor, G: int, eps: float = 1e-8) -> Tensor:
     """GRPO (Shao et al. 2024, DeepSeekMath): A_i = (r_i − mean_G r) / (std_G r + eps).
 
@@ -65,12 +92,14 @@ def grpo_advantages(r: Tensor, G: int, eps: float = 1e-8) -> Tensor:
     return (centred / (std + eps)).reshape(-1)
 
 
+@sequence_estimator("drgrpo")
 def drgrpo_advantages(r: Tensor, G: int) -> Tensor:
     """Dr. GRPO (Liu et al. 2025): A_i = r_i − mean_G r (no division by the group std)."""
     centred, _ = _centred(_grouped(r, G))
     return centred.reshape(-1)
 
 
+@sequence_estimator("maxrl")
 def maxrl_advantages(b: Tensor, G: int) -> Tensor:
     """MaxRL: A_i = (b_i − mean_G b) / mean_G b if mean_G b > 0 else 0, on the binary reward b.
 
@@ -154,13 +183,10 @@ def remax_advantages(r: Tensor, r_greedy: Tensor, kl_penalty: Tensor, mask: Tens
 
 
 # ---------------------------------------------------------------------------------------------
-# The registries: one per kind of estimator, each with one signature; an algorithm's spec names
-# its estimator (``advantage``), which is in exactly one of them.
+# The token-level registries (the sequence one, ADVANTAGES, is above its estimators): one per
+# kind of estimator, each with one signature; an algorithm's spec names its estimator
+# (``advantage``), which is in exactly one of them.
 # ---------------------------------------------------------------------------------------------
-
-ADVANTAGES = Registry("sequence advantage estimator", ("rewards", "G"))
-"""One advantage per sequence (N,), from the rewards dict (keys total, correctness, format,
-penalty, binary) and G; GSPO, CISPO, SAPO and DAPO use ``grpo``."""
 
 TOKEN_REWARD_ADVANTAGES = Registry(
     "critic-free token advantage estimator", ("rewards", "kl_penalty", "mask", "G", "moments")
@@ -174,31 +200,6 @@ TOKEN_ADVANTAGES = Registry(
     "value-model advantage estimator", ("token_rewards", "values", "mask", "gamma", "lam")
 )
 """Token-level estimators on a learned value model (PPO's ``gae``): (advantages, returns)."""
-
-
-@ADVANTAGES.register("reinforce")
-def _reinforce(rewards: dict[str, Tensor], G: int) -> Tensor:
-    return reinforce_advantages(rewards["total"], G)
-
-
-@ADVANTAGES.register("rloo")
-def _rloo(rewards: dict[str, Tensor], G: int) -> Tensor:
-    return rloo_advantages(rewards["total"], G)
-
-
-@ADVANTAGES.register("grpo")
-def _grpo(rewards: dict[str, Tensor], G: int) -> Tensor:
-    return grpo_advantages(rewards["total"], G)
-
-
-@ADVANTAGES.register("drgrpo")
-def _drgrpo(rewards: dict[str, Tensor], G: int) -> Tensor:
-    return drgrpo_advantages(rewards["total"], G)
-
-
-@ADVANTAGES.register("maxrl")
-def _maxrl(rewards: dict[str, Tensor], G: int) -> Tensor:
-    return maxrl_advantages(rewards["binary"], G)
 
 
 @TOKEN_REWARD_ADVANTAGES.register("reinforce_pp")

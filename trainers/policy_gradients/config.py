@@ -29,7 +29,6 @@ from trainers.core.config import (
 from trainers.core.spec import AlgorithmSpec
 from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
-ALGORITHMS: tuple[str, ...] = PG_FAMILY.algorithm_names
 Algorithm = PG_FAMILY.algorithm_literal
 
 LossAgg = Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"]

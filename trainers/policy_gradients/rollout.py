@@ -45,6 +45,7 @@ from trainers.core.distributed import global_moments, world
 from trainers.core.lora import reference_view
 from trainers.core.onpolicy import greedy_rollouts
 from trainers.core.prompts import Prompt, PromptStream
+from trainers.core.reward_scorer import PolicyCompletions
 from trainers.core.verifier import Verifier, compute_rewards, text_rewards
 from trainers.policy_gradients.advantages import (
     ADVANTAGES,
@@ -123,14 +124,14 @@ def score_texts(
     else:
         parts = text_rewards(texts, lengths, penalty=penalty)
     messages = [p.messages for p in prompts]
-    ids = dict(prompt_ids=prompt_ids, completion_ids=completion_ids, stop_ids=models.stop_ids)
+    batch = PolicyCompletions(messages, texts, prompt_ids, completion_ids, models.stop_ids)
     if models.proxy is not None:
-        raw = models.proxy.score_completions(messages, texts, **ids)
+        raw = models.proxy.score_completions(batch)
         parts["model"] = raw
         mode = rw.normalize if update_moments else "none"
         parts["model_norm"] = normalise_over_ranks(raw, mode, models.moments)
     if models.gold is not None:
-        parts["gold"] = models.gold.score_completions(messages, texts, **ids)
+        parts["gold"] = models.gold.score_completions(batch)
     if env_rewards is not None:
         parts["env"] = env_rewards.float()
     parts["total"] = shaped_total(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from trainers.core.spec import AlgorithmSpec, FamilySpec, KLPlacement, metrics
 
-FAMILY_NAME = "policy_gradients"
 PAPER_DEFAULT_CLIP = (0.2, 0.2)
 
 
@@ -25,24 +24,26 @@ RATIO_LOSSES = frozenset({"clipped_surrogate", "gspo", "cispo", "sapo", "gmpo"})
 """Losses on the ratio π/π_old: they need the old log-probs (``reinforce`` only reports it)."""
 CRITIC_ADVANTAGE = "gae"
 """PPO's estimator: it reads a learned value model."""
+BINARY_ADVANTAGES = frozenset({"maxrl"})
+"""Sequence estimators on the binary reward (correct or not) rather than the total: the
+algorithm's ``reward_signal``, and the rewards column the estimator is called on."""
 
 
 def _pg(name: str, *, advantage: str, loss: str, kl: KLPlacement, **fields) -> AlgorithmSpec:
     """A policy-gradient spec. The row names its estimator, its loss and where β·KL goes; what
-    they need (groups, old log-probs, a value model) follows from them; the aggregation, clip
-    range and headline are the family's unless the row gives its own."""
+    they need (groups, old log-probs, a value model, the binary reward) follows from them; the
+    aggregation, clip range and headline are the family's unless the row gives its own."""
     fields.setdefault("loss_agg", "seq_mean_token_mean")
     fields.setdefault("clip_eps", PAPER_DEFAULT_CLIP)
-    fields.setdefault("headline_metric", "eval/avg_correctness")
     return AlgorithmSpec(
         name=name,
-        family=FAMILY_NAME,
         advantage=advantage,
         loss=loss,
         kl=kl,
         needs_groups=advantage in GROUP_ADVANTAGES,
         needs_old_logprobs=loss in RATIO_LOSSES,
         needs_value_model=advantage == CRITIC_ADVANTAGE,
+        reward_signal="binary" if advantage in BINARY_ADVANTAGES else "total",
         **fields,
     )
 
@@ -162,7 +163,6 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         aliases=("max rl", "max-rl"),
         advantage="maxrl",
         loss="reinforce",
-        reward_signal="binary",
         kl="none",
         acceptance=("avg_binary must be above 0 in some groups: MaxRL's advantage is 0 otherwise",),
     ),
@@ -217,7 +217,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 
 
 FAMILY = FamilySpec(
-    name=FAMILY_NAME,
+    name="policy_gradients",
     config_class="PolicyGradientConfig",
     algorithm_field="algorithm",
     default_algorithm="grpo",

@@ -51,14 +51,14 @@ from trainers.core.distributed import (
 )
 from trainers.core.generation import end_of_turn_ids
 from trainers.core.harness import trainer_main
-from trainers.core.loop import BestMetric, StepTimer, TrainingRun, pick_runtime
+from trainers.core.loop import BestMetric, StepTimer, TrainingRun
 from trainers.core.lora import (
     add_adapters,
     checkpoint_state,
     load_checkpoint_state,
     needs_reference_copy,
 )
-from trainers.core.models import load_causal_lm, load_reference, load_tokenizer
+from trainers.core.models import load_causal_lm, load_reference, load_tokenizer, pick_runtime
 from trainers.core.multiturn import check_tool_format, trajectory_stats
 from trainers.core.onpolicy import greedy_rollouts
 from trainers.core.prompts import PromptStream, check_specs, load_run_prompts

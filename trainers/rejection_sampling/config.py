@@ -28,7 +28,6 @@ from trainers.core.config import (
 )
 from trainers.rejection_sampling.spec import FAMILY as RS_FAMILY
 
-STRATEGIES: tuple[str, ...] = RS_FAMILY.algorithm_names
 Strategy = RS_FAMILY.algorithm_literal
 
 MATCHED_CONTROL: dict[str, str] = {

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
-FAMILY_NAME = "rejection_sampling"
 BUILTIN_DATASET = "builtin:chain_sum"
 
 
@@ -19,11 +18,9 @@ def _rs(name: str, control: str, **fields) -> AlgorithmSpec:
     match against ``control``."""
     return AlgorithmSpec(
         name=name,
-        family=FAMILY_NAME,
         loss="token_nll",
         selection=name,
         matched_control=control,
-        headline_metric="eval/exact_match",
         **fields,
     )
 
@@ -59,7 +56,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 )
 
 FAMILY = FamilySpec(
-    name=FAMILY_NAME,
+    name="rejection_sampling",
     config_class="RejectionSamplingConfig",
     algorithm_field="strategy",
     default_algorithm="top_per_prompt",

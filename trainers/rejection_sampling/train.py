@@ -42,13 +42,14 @@ from trainers.core.distributed import (
     world_from_env,
 )
 from trainers.core.harness import StopRequested, Tracker, stop_requested, trainer_main
-from trainers.core.loop import eval_line, pick_runtime
+from trainers.core.loop import eval_line
 from trainers.core.models import (
     ModelError,
     hub_offline,
     hub_reachable,
     load_causal_lm,
     load_tokenizer,
+    pick_runtime,
     resolve_model,
 )
 from trainers.core.rundir import RunDir, atomic_write_json, atomic_write_text, read_jsonl

@@ -26,7 +26,6 @@ from trainers.core.config import (
 from trainers.reward_models import spec as RM_SPEC
 from trainers.reward_models.spec import FAMILY as RM_FAMILY
 
-KINDS: tuple[str, ...] = RM_FAMILY.algorithm_names
 RMKind = RM_FAMILY.algorithm_literal
 
 # Offline sets generated from reasoning-gym (data.py); the preference one is the direct-alignment

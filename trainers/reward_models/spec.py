@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
-FAMILY_NAME = "reward_models"
 BUILTIN_PREFERENCES = "builtin:reasoning-preferences"
 BUILTIN_OUTCOMES = "builtin:reasoning-outcomes"
 BUILTIN_STEPS = "builtin:reasoning-steps"
@@ -18,7 +17,6 @@ BUILTIN_STEPS = "builtin:reasoning-steps"
 ALGORITHMS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec(
         name="preference",
-        family=FAMILY_NAME,
         summary="Scalar head trained with the Bradley-Terry loss on chosen/rejected pairs.",
         paper="Bradley & Terry 1952; Ouyang et al. 2022, InstructGPT",
         aliases=(
@@ -34,26 +32,22 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
         ),
         loss="bradley_terry",
         key_metrics=metrics("eval/accuracy+ eval/reward_margin+"),
-        headline_metric="eval/accuracy",
         acceptance=("eval/accuracy above 0.5 and eval/reward_margin growing",),
         builtin_dataset=BUILTIN_PREFERENCES,
         run_name="preference_rm",
     ),
     AlgorithmSpec(
         name="orm",
-        family=FAMILY_NAME,
         summary="Outcome reward model: scalar head, binary cross-entropy on correctness labels.",
         paper="Cobbe et al. 2021, Training Verifiers to Solve Math Word Problems",
         aliases=("outcome reward model",),
         loss="orm",
         key_metrics=metrics("eval/accuracy+ eval/auroc+ eval/ranking_accuracy+"),
-        headline_metric="eval/accuracy",
         acceptance=("eval/auroc above 0.5 and eval/ranking_accuracy above 0.5",),
         builtin_dataset=BUILTIN_OUTCOMES,
     ),
     AlgorithmSpec(
         name="prm",
-        family=FAMILY_NAME,
         summary="Process reward model: a class per reasoning step, read at each step separator.",
         paper="Lightman et al. 2023, Let's Verify Step by Step",
         aliases=("process reward model",),
@@ -66,7 +60,7 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
 )
 
 FAMILY = FamilySpec(
-    name=FAMILY_NAME,
+    name="reward_models",
     lora_multi_process=True,
     config_class="RewardModelConfig",
     algorithm_field="kind",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,6 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
     round_robin,
     step_metrics,
 )
@@ -50,7 +50,7 @@ from trainers.core.training import (
     seed_everything,
     use_gradient_checkpointing,
 )
-from trainers.reward_models.config import RewardModelConfig
+from trainers.reward_models.config import DataSection, RewardModelConfig
 from trainers.reward_models.data import (
     DatasetNotFoundError,
     collate_outcomes,
@@ -125,13 +125,49 @@ def _held_out_split(records: list, cfg: RewardModelConfig, unit: str) -> tuple[l
     return split_train_eval(records, eval_size=eval_size, seed=cfg.seed)
 
 
-class Kind:
-    """What every kind shares: a training example's weight (1 unless the kind says otherwise),
-    the held-out set read in evaluation batches, and the held-out items samples are drawn from.
-    A kind loads and tokenises its data (``train``, ``held_out``, ``stats``) and adds its
-    micro-batch loss, its evaluation and its samples."""
+@dataclass(frozen=True)
+class LoadedData:
+    """A kind's data on its way in: the loader's stats, the training and held-out records, and
+    the tokenisation stats of each side (``both`` adds a count over the two)."""
 
+    load: dict
+    train_records: list
+    eval_records: list
+    train: dict
+    eval: dict
+
+    def both(self, key: str) -> int:
+        return self.train[key] + self.eval[key]
+
+
+class Kind:
+    """What every kind shares: loading its data (``load``: the records, checked), holding
+    ``data.eval_size`` of them out (``unit`` names them) and tokenising both sides
+    (``tokenize``) into ``train``, ``held_out`` and ``stats`` (``describe``); a training
+    example's weight (1 unless the kind says otherwise), the held-out set read in evaluation
+    batches, and the held-out items samples are drawn from. A kind adds its micro-batch loss,
+    its evaluation and its samples."""
+
+    unit: str
     held_out: list
+
+    def __init__(self, cfg: RewardModelConfig, tokenizer):
+        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
+        load_stats: dict = {}
+        records = self.load(cfg.data, cfg.seed, load_stats)
+        train_r, eval_r = _held_out_split(records, cfg, self.unit)
+        self.train, train_stats = self.tokenize(train_r)
+        self.held_out, eval_stats = self.tokenize(eval_r)
+        self.stats = self.describe(LoadedData(load_stats, train_r, eval_r, train_stats, eval_stats))
+
+    def load(self, d: DataSection, seed: int, stats: dict) -> list:
+        raise NotImplementedError
+
+    def tokenize(self, records: list) -> tuple[list, dict]:
+        raise NotImplementedError
+
+    def describe(self, data: LoadedData) -> dict[str, Any]:
+        raise NotImplementedError
 
     def weight(self, example) -> float:
         return 1.0
@@ -150,29 +186,30 @@ class Kind:
 class PreferenceKind(Kind):
     """Bradley–Terry on (prompt, chosen, rejected) pairs; score = head at the last token."""
 
-    def __init__(self, cfg: RewardModelConfig, tokenizer):
-        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
-        d = cfg.data
-        load_stats: dict = {}
+    unit = "pairs"
+
+    def load(self, d: DataSection, seed: int, stats: dict) -> list:
         records = load_preference_records(
-            d.dataset, d.split, "auto", d.max_samples, seed=cfg.seed, stats=load_stats
+            d.dataset, d.split, "auto", d.max_samples, seed=seed, stats=stats
         )
         if not all(r.paired for r in records):
             raise ConfigError(
                 "kind preference needs paired data (chosen and rejected); this dataset is "
                 "unpaired (prompt, completion, label)"
             )
-        train_r, eval_r = _held_out_split(records, cfg, "pairs")
-        self.train, train_stats = tokenize_records(train_r, tokenizer, d.max_length)
-        self.held_out, eval_stats = tokenize_records(eval_r, tokenizer, d.max_length)
-        self.stats = {
-            **{f"load_{k}": v for k, v in load_stats.items() if k != "format"},
-            "format": load_stats.get("format", "builtin"),
+        return records
+
+    def tokenize(self, records: list) -> tuple[list, dict]:
+        return tokenize_records(records, self.tokenizer, self.cfg.data.max_length)
+
+    def describe(self, data: LoadedData) -> dict[str, Any]:
+        return {
+            **{f"load_{k}": v for k, v in data.load.items() if k != "format"},
+            "format": data.load.get("format", "builtin"),
             "n_train": len(self.train),
             "n_eval": len(self.held_out),
-            "dropped_identical": train_stats["dropped_identical"] + eval_stats["dropped_identical"],
-            "truncated_response": train_stats["truncated_response"]
-            + eval_stats["truncated_response"],
+            "dropped_identical": data.both("dropped_identical"),
+            "truncated_response": data.both("truncated_response"),
         }
 
     def scores(self, model: RewardModel, examples):
@@ -222,31 +259,32 @@ class PreferenceKind(Kind):
 class OutcomeKind(Kind):
     """ORM: BCE on correctness labels; score = head at the last completion token."""
 
-    def __init__(self, cfg: RewardModelConfig, tokenizer):
-        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
-        d = cfg.data
-        load_stats: dict = {}
-        records = load_outcome_records(
+    unit = "prompts"
+
+    def load(self, d: DataSection, seed: int, stats: dict) -> list:
+        return load_outcome_records(
             d.dataset,
             d.split,
             d.max_samples,
             d.rollouts_per_prompt,
-            seed=cfg.seed,
-            stats=load_stats,
+            seed=seed,
+            stats=stats,
             task_configs=d.builtin_task_configs,
         )
-        train_r, eval_r = _held_out_split(records, cfg, "prompts")
-        self.train, train_stats = tokenize_outcomes(train_r, tokenizer, d.max_length)
-        self.held_out, eval_stats = tokenize_outcomes(eval_r, tokenizer, d.max_length)
-        self.stats = {
-            **{f"load_{k}": v for k, v in load_stats.items()},
-            "n_train_prompts": len(train_r),
-            "n_eval_prompts": len(eval_r),
+
+    def tokenize(self, records: list) -> tuple[list, dict]:
+        return tokenize_outcomes(records, self.tokenizer, self.cfg.data.max_length)
+
+    def describe(self, data: LoadedData) -> dict[str, Any]:
+        return {
+            **{f"load_{k}": v for k, v in data.load.items()},
+            "n_train_prompts": len(data.train_records),
+            "n_eval_prompts": len(data.eval_records),
             "n_train": len(self.train),
             "n_eval": len(self.held_out),
             "train_correct_share": _share(ex.label for ex in self.train),
             "eval_correct_share": _share(ex.label for ex in self.held_out),
-            "dropped_too_long": train_stats["dropped_too_long"] + eval_stats["dropped_too_long"],
+            "dropped_too_long": data.both("dropped_too_long"),
         }
 
     def _forward(self, model, examples):
@@ -321,33 +359,33 @@ class OutcomeKind(Kind):
 class StepKind(Kind):
     """PRM: cross-entropy at step separators; per-step class probabilities."""
 
-    def __init__(self, cfg: RewardModelConfig, tokenizer):
-        self.cfg, self.tokenizer, self.pad_id = cfg, tokenizer, tokenizer.pad_token_id
-        d = cfg.data
-        load_stats: dict = {}
-        records = load_step_records(
+    unit = "solutions"
+
+    def load(self, d: DataSection, seed: int, stats: dict) -> list:
+        return load_step_records(
             d.dataset,
             d.split,
             d.max_samples,
-            seed=cfg.seed,
-            stats=load_stats,
+            seed=seed,
+            stats=stats,
             task_configs=d.builtin_task_configs,
         )
-        train_r, eval_r = _held_out_split(records, cfg, "solutions")
-        args = (tokenizer, d.max_length, d.step_separator, d.num_labels)
-        self.train, train_stats = tokenize_steps(train_r, *args)
-        self.held_out, eval_stats = tokenize_steps(eval_r, *args)
-        self.stats = {
-            **{f"load_{k}": v for k, v in load_stats.items()},
-            "n_train_solutions": len(train_r),
-            "n_eval_solutions": len(eval_r),
+
+    def tokenize(self, records: list) -> tuple[list, dict]:
+        d = self.cfg.data
+        return tokenize_steps(records, self.tokenizer, d.max_length, d.step_separator, d.num_labels)
+
+    def describe(self, data: LoadedData) -> dict[str, Any]:
+        return {
+            **{f"load_{k}": v for k, v in data.load.items()},
+            "n_train_solutions": len(data.train_records),
+            "n_eval_solutions": len(data.eval_records),
             "n_train": len(self.train),
             "n_eval": len(self.held_out),
-            "n_train_steps": train_stats["n_steps"],
-            "n_eval_steps": eval_stats["n_steps"],
-            "split_solutions": train_stats["split_solutions"] + eval_stats["split_solutions"],
-            "truncated_solutions": train_stats["truncated_solutions"]
-            + eval_stats["truncated_solutions"],
+            "n_train_steps": data.train["n_steps"],
+            "n_eval_steps": data.eval["n_steps"],
+            "split_solutions": data.both("split_solutions"),
+            "truncated_solutions": data.both("truncated_solutions"),
         }
 
     def weight(self, example) -> float:
@@ -461,10 +499,9 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     kind = prepare_kind(cfg, tokenizer)
     info: dict[str, Any] = {"data": kind.stats}
     print(f"data: {kind.stats}", flush=True)
-    total_steps = epoch_total_steps(len(kind.train), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps)
+    loop = TrainingRun.over_epochs(run, cfg, len(kind.train))
 
-    run.update_phase("loading_model", total_steps)
+    run.update_phase("loading_model", loop.total_steps)
     model = build_reward_model(
         cfg.model.name,
         cfg.kind,

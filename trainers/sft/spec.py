@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from trainers.core.spec import AlgorithmSpec, FamilySpec, metrics
 
-FAMILY_NAME = "sft"
 BUILTIN_DATASET = "builtin:reasoning-sft"
 
 ALGORITHMS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec(
         name="sft",
-        family=FAMILY_NAME,
         summary="Supervised fine-tuning: token-level negative log-likelihood of the "
         "demonstrations' assistant turns.",
         paper="Ouyang et al. 2022, InstructGPT (SFT stage); Wei et al. 2021, FLAN",
@@ -22,12 +20,11 @@ ALGORITHMS: tuple[AlgorithmSpec, ...] = (
             "supervised fine tuning",
         ),
         loss="token_nll",
-        headline_metric="eval/loss",
     ),
 )
 
 FAMILY = FamilySpec(
-    name=FAMILY_NAME,
+    name="sft",
     lora_multi_process=True,
     config_class="SFTConfig",
     algorithm_field=None,

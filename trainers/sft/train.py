@@ -27,8 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
-from trainers.core.distributed import shard_model
-from trainers.core.generation import generate_completions
+from trainers.core.generation import generate_completions, sample_held_out
 from trainers.core.harness import (
     MetricsTracker,
     raise_if_stopping,
@@ -39,9 +38,7 @@ from trainers.core.loop import (
     BestMetric,
     StepTimer,
     TrainingRun,
-    epoch_total_steps,
-    pick_runtime,
-    round_robin,
+    data_info,
     step_metrics,
 )
 from trainers.core.lora import add_adapters
@@ -50,6 +47,7 @@ from trainers.core.models import (
     hub_reachable,
     load_causal_lm,
     load_tokenizer,
+    pick_runtime,
 )
 from trainers.core.multiturn import check_tool_format
 from trainers.core.rundir import RunDir
@@ -60,8 +58,8 @@ from trainers.core.tool_demonstrations import check_tool_tasks, default_demonstr
 from trainers.core.training import (
     StepMetrics,
     optimizer_step,
+    ready_to_train,
     seed_everything,
-    use_gradient_checkpointing,
 )
 from trainers.core.verifier import has_tag_format
 from trainers.sft.config import BUILTIN_DATASET, TOOL_DATASET, SFTConfig, is_tool_dataset
@@ -438,20 +436,9 @@ def sample_generations(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Completions for ``eval.num_samples`` held-out prompts, taken round-robin by event.
     Returns the sample rows and, for built-in data, their format rate and mean score."""
-    n = min(cfg.eval.num_samples, len(eval_records))
-    picked = [eval_records[i] for i in round_robin(len(eval_records), n, event)]
+    picked, completions = sample_held_out(model, tokenizer, eval_records, event, cfg.eval)
     if not picked:
         return [], {}
-    completions = generate_completions(
-        model,
-        tokenizer,
-        [r.prompt for r in picked],
-        max_new_tokens=cfg.eval.sample_max_new_tokens,
-        do_sample=cfg.eval.sample_do_sample,
-        temperature=cfg.eval.sample_temperature,
-        top_p=cfg.eval.sample_top_p,
-        max_input_tokens=cfg.eval.sample_max_input_tokens,
-    )
     rows, scores, formats = [], [], []
     for rec, completion in zip(picked, completions, strict=True):
         row = {
@@ -492,21 +479,15 @@ def train(
 
     run.update_phase("tokenizing")
     train_ex, eval_ex, eval_records, data_stats = prepare_examples(cfg, tokenizer)
-    info: dict[str, Any] = {
-        "data": {**data_stats, "n_train": len(train_ex), "n_eval": len(eval_ex)}
-    }
-    print(f"data: {info['data']}", flush=True)
-    total_steps = epoch_total_steps(len(train_ex), cfg.train)
-    loop = TrainingRun(run, cfg.checkpoint, total_steps, tracker=tracker)
+    info = data_info(data_stats, len(train_ex), len(eval_ex))
+    loop = TrainingRun.over_epochs(run, cfg, len(train_ex), tracker=tracker)
 
-    run.update_phase("loading_model", total_steps)
+    run.update_phase("loading_model", loop.total_steps)
     model = load_causal_lm(
         cfg.model.name, device=device, dtype=dtype, attn_implementation=attn, trainable=True
     )
     model = add_adapters(model, cfg.model.lora)  # LoRA when model.lora.enabled
-    use_gradient_checkpointing(model, cfg.model.gradient_checkpointing)
-    shard_model(model)  # FSDP2 under torchrun; nothing on one process
-    model.train()
+    ready_to_train(model, cfg.model)
     optimizer, scheduler, state = loop.optimizer_and_resume(
         model, model.parameters(), cfg.train, resume
     )

@@ -16,7 +16,7 @@ from tests._helpers.refusals import refused_before_writing_test
 from trainers.core.harness import FAULT_ENV
 from trainers.core.rundir import read_jsonl
 from trainers.direct_alignment import train as da_train
-from trainers.direct_alignment.config import LOSS_NAMES
+from trainers.direct_alignment.spec import FAMILY as DA_FAMILY
 
 CONFIGS = configs_of("direct_alignment")
 
@@ -68,7 +68,9 @@ def test_dpo_raises_held_out_accuracy_above_chance(tmp_path):
 
 
 # online_dpo samples its pairs: its own end-to-end tests are in test_online_dpo.py
-@pytest.mark.parametrize("loss", [n for n in LOSS_NAMES if n not in ("dpo", "online_dpo")])
+@pytest.mark.parametrize(
+    "loss", [n for n in DA_FAMILY.algorithm_names if n not in ("dpo", "online_dpo")]
+)
 def test_every_loss_runs_and_writes_a_complete_run_dir(tmp_path, loss):
     overrides = [*QUICK, "train.max_steps=2", "checkpoint.save_final_model=true"]
     assert run(loss, tmp_path / "run", overrides) == 0

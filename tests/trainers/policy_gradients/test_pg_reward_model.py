@@ -28,7 +28,12 @@ from trainers.core.generation import chat_prompt_ids, end_of_turn_ids
 from trainers.core.models import load_tokenizer
 from trainers.core.prompts import preference_prompts
 from trainers.core.reward_model import build_reward_model, save_reward_model
-from trainers.core.reward_scorer import RewardScorer, inspect_reward_model, template_suffix
+from trainers.core.reward_scorer import (
+    PolicyCompletions,
+    RewardScorer,
+    inspect_reward_model,
+    template_suffix,
+)
 from trainers.core.rundir import read_jsonl
 from trainers.core.tiny import ensure_preset
 from trainers.core.tokenization import same_tokenizer, text_ids
@@ -76,6 +81,7 @@ MESSAGES = [
     [{"role": "user", "content": "Count the letters in apple."}],
 ]
 TEXTS = ["<think>2 plus 3</think><answer>5</answer>", "t a c", "five letters, I think"]
+COMPLETIONS = PolicyCompletions(MESSAGES, TEXTS)  # scored from their text alone
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,15 +191,16 @@ def test_policy_ids_are_reused_only_with_the_same_tokenizer(rm_dirs):
     prompt_ids = [chat_prompt_ids(policy_tok, m) for m in MESSAGES]
     completion_ids = [text_ids(policy_tok, t) + [min(stops)] for t in TEXTS]
     completion_ids[1] = completion_ids[1][:-1]  # a completion cut at max_new_tokens
-    reused = same.encode_completions(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
-    rendered = same.encode_completions(MESSAGES, TEXTS)
+    with_ids = PolicyCompletions(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
+    reused = same.encode_completions(with_ids)
+    rendered = same.encode_completions(COMPLETIONS)
     assert reused == rendered
-    scores_ids = same.score_completions(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
-    scores_text = same.score_completions(MESSAGES, TEXTS)
+    scores_ids = same.score_completions(with_ids)
+    scores_text = same.score_completions(COMPLETIONS)
     assert torch.allclose(scores_ids, scores_text)
 
     # another template: ids come from the RM's template, never from the policy's ids
-    encoded = other.encode_completions(MESSAGES, TEXTS, prompt_ids, completion_ids, stops)
+    encoded = other.encode_completions(with_ids)
     assert other.tokenizer.decode(encoded[1]).startswith("### user:\nSpell cat backwards.")
 
 
@@ -204,10 +211,10 @@ def test_scores_are_batched_frozen_and_per_kind(rm_dirs):
     alone = RewardScorer.load(
         inspect_reward_model(str(rm_dirs["preference"])), device="cpu", dtype="fp32", batch_size=1
     )
-    s = pref.score_completions(MESSAGES, TEXTS)
+    s = pref.score_completions(COMPLETIONS)
     assert s.shape == (3,) and s.dtype == torch.float32 and not s.requires_grad
     assert torch.allclose(
-        s, alone.score_completions(MESSAGES, TEXTS), atol=1e-5
+        s, alone.score_completions(COMPLETIONS), atol=1e-5
     )  # padding changes nothing
     # the same value the scorer gives the conversations (this project's RM folder)
     scorer = RewardScorer.from_pretrained(rm_dirs["preference"], device="cpu", dtype="fp32")
@@ -216,7 +223,7 @@ def test_scores_are_batched_frozen_and_per_kind(rm_dirs):
     ]
     assert s.tolist() == pytest.approx(scorer.score(convs), abs=1e-5)
     orm = RewardScorer.load(inspect_reward_model(str(rm_dirs["orm"])), device="cpu", dtype="fp32")
-    p = orm.score_completions(MESSAGES, TEXTS)
+    p = orm.score_completions(COMPLETIONS)
     assert bool(((p > 0) & (p < 1)).all())  # P(correct)
 
 
@@ -225,11 +232,11 @@ def test_a_sequence_classification_checkpoint_scores_with_its_logit(tmp_path):
     info = inspect_reward_model(str(folder))
     assert info.kind == "sequence_classification" and not info.own
     rm = RewardScorer.load(info, device="cpu", dtype="fp32", batch_size=2)
-    scores = rm.score_completions(MESSAGES, TEXTS)
+    scores = rm.score_completions(COMPLETIONS)
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    for ids, value in zip(rm.encode_completions(MESSAGES, TEXTS), scores.tolist(), strict=True):
+    for ids, value in zip(rm.encode_completions(COMPLETIONS), scores.tolist(), strict=True):
         with torch.no_grad():
             logit = model(input_ids=torch.tensor([ids])).logits[0, 0]
         assert value == pytest.approx(float(logit), abs=1e-4)

@@ -26,7 +26,7 @@ from trainers.policy_gradients.advantages import (
     returns_to_go,
     sequence_reward_to_tokens,
 )
-from trainers.policy_gradients.config import ALGORITHMS, PolicyGradientConfig, algorithm_spec
+from trainers.policy_gradients.config import PolicyGradientConfig, algorithm_spec
 from trainers.policy_gradients.experience import Experience
 from trainers.policy_gradients.generation import experience_of
 from trainers.policy_gradients.losses import (
@@ -36,6 +36,7 @@ from trainers.policy_gradients.losses import (
     aggregate,
 )
 from trainers.policy_gradients.rollout import turn_reward_shift
+from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 
 CONFIGS = configs_of("policy_gradients")
 
@@ -75,7 +76,7 @@ def run(config: str, run_dir: Path, overrides: list[str]) -> int:
 # two rows: model, model, [tool, tool, tool], model, model | model, model, model, pad, ...
 MASK = torch.tensor([[1, 1, 0, 0, 0, 1, 1], [1, 1, 1, 0, 0, 0, 0]], dtype=torch.float32)
 OBSERVATION = torch.tensor([[0, 0, 1, 1, 1, 0, 0], [0] * 7], dtype=torch.bool)
-LOSSES = sorted({algorithm_spec(a).loss for a in ALGORITHMS})
+LOSSES = sorted({algorithm_spec(a).loss for a in PG_FAMILY.algorithm_names})
 
 
 def loss_of(name: str, logp, old, ref, adv, mode: str) -> torch.Tensor:

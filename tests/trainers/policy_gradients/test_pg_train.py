@@ -27,8 +27,9 @@ from trainers.core.rundir import read_jsonl
 from trainers.core.verifier import Verifier, compute_rewards
 from trainers.policy_gradients import rollout as pg_rollout
 from trainers.policy_gradients import train as pg_train
-from trainers.policy_gradients.config import ALGORITHMS, PolicyGradientConfig, algorithm_spec
+from trainers.policy_gradients.config import PolicyGradientConfig, algorithm_spec
 from trainers.policy_gradients.experience import assemble
+from trainers.policy_gradients.spec import FAMILY as PG_FAMILY
 from trainers.policy_gradients.token_passes import ValueModel, completion_token_stats
 
 CONFIGS = configs_of("policy_gradients")
@@ -107,7 +108,7 @@ TRAIN_KEYS = (
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", PG_FAMILY.algorithm_names)
 def test_every_algorithm_runs_two_rollout_steps(tmp_path, algorithm):
     extra = []
     if algorithm in ("reinforce", "ppo"):  # one rollout per prompt, as their configs
@@ -404,7 +405,7 @@ def test_shipped_configs_hold_the_book_defaults():
     # REINFORCE++ puts a token-level KL in the reward by design: its papers' β (the book's
     # algorithms run without a KL term)
     paper_beta = {"reinforce_pp": 0.01, "reinforce_pp_baseline": 0.001}
-    for algorithm in ALGORITHMS:
+    for algorithm in PG_FAMILY.algorithm_names:
         cfg = load_config(CONFIGS / f"{algorithm}.yaml", PolicyGradientConfig)
         assert cfg.algorithm == algorithm
         assert cfg.model.name == "Qwen/Qwen3-1.7B" and cfg.train.learning_rate == 5e-6

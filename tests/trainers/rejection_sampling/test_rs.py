@@ -26,7 +26,6 @@ from trainers.rejection_sampling import pipeline
 from trainers.rejection_sampling import train as rs_train
 from trainers.rejection_sampling.config import (
     MATCHED_CONTROL,
-    STRATEGIES,
     RejectionSamplingConfig,
     selection_size,
 )
@@ -47,6 +46,7 @@ from trainers.rejection_sampling.selection import (
     top_k_overall,
     top_per_prompt,
 )
+from trainers.rejection_sampling.spec import FAMILY as RS_FAMILY
 
 CONFIGS = configs_of("rejection_sampling")
 GSM8K_FIXTURE = FIXTURES / "gsm8k.jsonl"
@@ -143,7 +143,9 @@ def test_random_strategies_are_seeded_and_match_their_counterparts_sizes():
     assert len(select("top_per_prompt", SCORES, top_k=1, seed=0)) == len(
         select("random_per_prompt", SCORES, top_k=1, seed=0)
     )
-    assert {MATCHED_CONTROL[MATCHED_CONTROL[s]] for s in STRATEGIES} == set(STRATEGIES)
+    assert {MATCHED_CONTROL[MATCHED_CONTROL[s]] for s in RS_FAMILY.algorithm_names} == set(
+        RS_FAMILY.algorithm_names
+    )
     with pytest.raises(ValueError, match="unknown strategy"):
         select("best_of_n", SCORES, top_k=1, seed=0)
 
@@ -170,7 +172,7 @@ def _fake_reward_model(folder: Path, head: bytes = b"head") -> Path:
 
 def test_cache_key_leaves_out_the_strategy_and_keeps_everything_that_changes_the_pool(tmp_path):
     base = _key(quick_config())
-    for strategy in STRATEGIES:  # one pool for the four strategies
+    for strategy in RS_FAMILY.algorithm_names:  # one pool for the four strategies
         assert _key(quick_config(strategy)) == base
     same = [
         "top_k=3",
