@@ -337,17 +337,21 @@ def _format_weight(config: TrainerConfig) -> float:
 
 
 class ProbeSettings(BaseModel):
+    """What a probe's numbers depend on besides the model and the candidates: always the run's
+    own sampling settings and reward weight (:func:`probe_settings`), so the lab states no
+    sampling defaults of its own (the probe's command line has them for a probe run by hand)."""
+
     prompts: int = PROBE_PROMPTS
-    samples: int = MAX_PROBE_SAMPLES
-    max_new_tokens: int = 128
-    temperature: float = 0.6
-    top_p: float = 0.95
-    top_k: int = 20
-    min_p: float = 0.0
-    format_weight: float = 0.5
-    seed: int = 42
+    samples: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    format_weight: float
+    seed: int
     environment: str | None = None  # multi-turn runs (env.name): probe trajectories with it
-    max_turns: int = 3
+    max_turns: int
 
     @property
     def turns(self) -> int:

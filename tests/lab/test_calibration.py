@@ -34,6 +34,12 @@ from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.trainer_config import TrainerConfig
 
 
+def run_probe_settings() -> ProbeSettings:
+    """What a GRPO run with the shipped defaults is probed with."""
+    config = TrainerConfig("policy_gradients", {})
+    return probe_settings(target_for("policy_gradients", "grpo"), "policy_gradients", config)
+
+
 def row(cid: str, pass_rate: float, contrast: float, **kw) -> ProbeRow:
     return ProbeRow(id=cid, pass_rate=pass_rate, contrast=contrast, prompts=32, samples=4, **kw)
 
@@ -133,7 +139,9 @@ def test_generation_limit(p90, cap, clipped, want):
 
 def test_fit_budget_lowers_prompts_then_drops_candidates_but_keeps_the_first():
     cands = CANDIDATE_SETS["arithmetic"] + CANDIDATE_SETS["spelling"]
-    settings = ProbeSettings(prompts=32, samples=4, max_new_tokens=128)
+    settings = run_probe_settings().model_copy(
+        update={"prompts": 32, "samples": 4, "max_new_tokens": 128}
+    )
     kept, s, notes = fit_budget(cands, settings, budget=4 * 16 * 4 * 128)
     assert s.prompts == MIN_PROBE_PROMPTS
     assert [c.id for c in kept] == [c.id for c in cands[:4]]
@@ -167,12 +175,12 @@ def test_a_multi_turn_run_is_probed_with_its_environment_and_costs_its_turns():
 
 def test_cache_key_changes_with_model_candidates_settings_and_seed():
     cands = CANDIDATE_SETS["counting"]
-    s = ProbeSettings()
+    s = run_probe_settings()
     base = probe_cache_key("fp1", cands, s)
-    assert base == probe_cache_key("fp1", list(cands), ProbeSettings())
+    assert base == probe_cache_key("fp1", list(cands), run_probe_settings())
     assert base != probe_cache_key("fp2", cands, s)
     assert base != probe_cache_key("fp1", cands[:1], s)
-    assert base != probe_cache_key("fp1", cands, s.model_copy(update={"temperature": 1.0}))
+    assert base != probe_cache_key("fp1", cands, s.model_copy(update={"temperature": s.temperature / 2}))
     assert base != probe_cache_key("fp1", cands, s.model_copy(update={"seed": 7}))
 
 
