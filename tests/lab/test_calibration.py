@@ -180,7 +180,9 @@ def test_cache_key_changes_with_model_candidates_settings_and_seed():
     assert base == probe_cache_key("fp1", list(cands), run_probe_settings())
     assert base != probe_cache_key("fp2", cands, s)
     assert base != probe_cache_key("fp1", cands[:1], s)
-    assert base != probe_cache_key("fp1", cands, s.model_copy(update={"temperature": s.temperature / 2}))
+    assert base != probe_cache_key(
+        "fp1", cands, s.model_copy(update={"temperature": s.temperature / 2})
+    )
     assert base != probe_cache_key("fp1", cands, s.model_copy(update={"seed": 7}))
 
 

@@ -29,6 +29,7 @@ from rlhf_lab.planning.shrink import WARM_START_PG_LR
 from rlhf_lab.runs.deps import rearm_dependents
 from rlhf_lab.runs.lineage import base_model
 from rlhf_lab.runs.pipelines import check_stages, find_pipeline, plan_stages
+from tests._helpers.lab_launches import queue_on_tiny
 from tests._helpers.run_folders import (
     CREATED_AT,
     write_ending,
@@ -360,14 +361,7 @@ def test_an_output_another_run_takes_is_always_saved(lab_root, no_queue_worker):
     """The shrink turns final models off for large models (and a user may too): a queued
     upstream is made to save it when a run that takes its model is launched; one that already
     ran without saving it is refused. A plain ``after`` is replayed in the ledger's command."""
-    up = api.launch(
-        api.RunRequest(
-            recipe="sft",
-            overrides=[*SFT_STEPS, "checkpoint.save_final_model=false"],
-            model="tiny",
-            queue=True,
-        )
-    ).run
+    up = queue_on_tiny("sft", [*SFT_STEPS, "checkpoint.save_final_model=false"]).run
     down = api.launch(
         api.RunRequest(recipe="dpo", overrides=[f"model.name=run:{up.id}"], shrink=True)
     )
@@ -391,10 +385,8 @@ def test_an_output_another_run_takes_is_always_saved(lab_root, no_queue_worker):
 def test_runs_waiting_for_each_other_are_cancelled_not_left_waiting(lab_root, no_queue_worker):
     """Only a hand-edited run.json can make two queued runs wait for each other; the queue
     worker then cancels both instead of polling forever."""
-    a = api.launch(api.RunRequest(recipe="dpo", overrides=[], model="tiny", queue=True)).run
-    b = api.launch(
-        api.RunRequest(recipe="dpo", overrides=["seed=1"], model="tiny", after=[a.id], queue=True)
-    ).run
+    a = queue_on_tiny("dpo", []).run
+    b = queue_on_tiny("dpo", ["seed=1"], after=[a.id]).run
     rec = record(Path(a.run_dir))
     (Path(a.run_dir) / "run.json").write_text(json.dumps({**rec, "after": [b.id]}))
     assert _queue._next_queued(set()) == (None, False)
@@ -430,7 +422,7 @@ def test_a_failed_upstream_cancels_its_dependent_and_resuming_it_rearms_it(lab_r
     started, the reason named, nothing hangs); resuming the SFT run re-arms it, and it then
     starts from the SFT run's final model."""
     monkeypatch.setenv("RLHF_LAB_FAULT_AT_STEP", "3")  # the queue worker's trainers inherit it
-    upstream = api.launch(api.RunRequest(recipe="sft", overrides=[*SFT_STEPS, "train.max_steps=4", "checkpoint.save_every=1"], model="tiny", campaign="fails", queue=True, force=True)).run  # fmt: skip
+    upstream = queue_on_tiny("sft", [*SFT_STEPS, "train.max_steps=4", "checkpoint.save_every=1"], campaign="fails", force=True).run  # fmt: skip
     dependent = api.launch(api.RunRequest(recipe="sft", overrides=[*SFT_STEPS, "train.max_steps=2", f"model.name=run:{upstream.id}"], shrink=True, campaign="fails", force=True))  # fmt: skip
     assert dependent.queued and f"starts once {upstream.id} succeeded" in dependent.message
     assert _wait_state(upstream.id, {"failed", "succeeded"}) == "failed"

@@ -26,6 +26,7 @@ from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.runs.launcher import trainer_argv
 from rlhf_lab.runs.machine import check_resources
 from rlhf_lab.runs.world import check_world_size
+from tests._helpers.lab_launches import queue_on_tiny
 
 QUICK = ["data.max_samples=32", "data.eval_size=8", "train.max_steps=2", "train.batch_size=4"]
 
@@ -199,10 +200,8 @@ def test_sweep_of_four_arms_runs_on_four_gpus_at_once(lab, machine):
     )
     queued = [launch.run.id for launch in swept.launches]
     assert all(launch.queued and launch.devices == [] for launch in swept.launches)
-    extra = api.launch(
-        api.RunRequest(
-            recipe="dpo", overrides=[*QUICK, "seed=2"], model="tiny", campaign="four", queue=True
-        )
+    extra = queue_on_tiny(
+        "dpo", [*QUICK, "seed=2"], campaign="four"
     )  # another seed: the dpo arm's config again would be refused as a repeat
     for run_id in queued:  # the worker's start-when-free: each starts at once on a free GPU
         started = runs._start_when_free(run_id, poll_s=0.1)

@@ -12,6 +12,7 @@ import pytest
 import rlhf_lab.api as api
 from rlhf_lab import runs
 from rlhf_lab.errors import LabError
+from tests._helpers.lab_launches import queue_on_tiny
 
 from .test_placement import QUICK, lab  # noqa: F401 (lab: a fixture)
 
@@ -58,19 +59,8 @@ def holders() -> list[str]:
 
 
 def test_a_picked_gpu_and_a_named_gpu_never_go_to_two_runs(one_gpu_lab):
-    picked = api.launch(
-        api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="race", queue=True)
-    )
-    named = api.launch(
-        api.RunRequest(
-            recipe="sft",
-            overrides=[*QUICK, "seed=2"],
-            model="tiny",
-            campaign="race",
-            device="cuda:0",
-            queue=True,
-        )
-    )
+    picked = queue_on_tiny("sft", QUICK, campaign="race")
+    named = queue_on_tiny("sft", [*QUICK, "seed=2"], campaign="race", device="cuda:0")
     assert picked.devices == [] and named.devices == ["cuda:0"]
     _, threads = race(
         lambda: runs._start_when_free(picked.run.id, poll_s=0.1),
@@ -83,9 +73,7 @@ def test_a_picked_gpu_and_a_named_gpu_never_go_to_two_runs(one_gpu_lab):
 
 
 def test_a_queued_pick_and_an_explicit_launch_on_the_same_gpu(one_gpu_lab):
-    queued = api.launch(
-        api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", campaign="race", queue=True)
-    )
+    queued = queue_on_tiny("sft", QUICK, campaign="race")
     results, threads = race(
         lambda: runs._start_when_free(queued.run.id, poll_s=0.1),
         lambda: api.launch(

@@ -23,6 +23,7 @@ from rlhf_lab.planning.overrides import Override, as_overrides
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.trainer_config import TrainerConfig
 from rlhf_lab.runs.identical import identical_runs
+from tests._helpers.lab_launches import queue_on_tiny
 from tests.conftest import model_folder
 from trainers.core.lora import DEFAULT_TARGETS
 
@@ -202,14 +203,7 @@ def test_a_missing_data_file_is_refused_at_plan_launch_and_queue(lab_root):
             api.launch(api.RunRequest(recipe="dpo", overrides=missing, model="tiny", queue=queue))
     nothing_written(lab_root)
     with pytest.raises(NotFound, match="data.test_dataset"):
-        api.launch(
-            api.RunRequest(
-                recipe="top_per_prompt",
-                overrides=["data.test_dataset=held.jsonl"],
-                model="tiny",
-                queue=True,
-            )
-        )
+        queue_on_tiny("top_per_prompt", ["data.test_dataset=held.jsonl"])
     nothing_written(lab_root)
 
 
@@ -239,15 +233,9 @@ QUICK = ["data.max_samples=48", "data.eval_size=16", "train.max_steps=2"]
 
 
 def test_an_identical_launch_beside_a_queued_one_is_refused_with_its_id(lab_root):
-    first = api.launch(
-        api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True, campaign="same")
-    )
+    first = queue_on_tiny("dpo", QUICK, campaign="same")
     with pytest.raises(Conflict) as err:
-        api.launch(
-            api.RunRequest(
-                recipe="dpo", overrides=QUICK, model="tiny", queue=True, campaign="other"
-            )
-        )
+        queue_on_tiny("dpo", QUICK, campaign="other")
     assert (
         first.run.id in err.value.message and "same resolved config and seed" in err.value.message
     )
@@ -255,24 +243,18 @@ def test_an_identical_launch_beside_a_queued_one_is_refused_with_its_id(lab_root
     assert len(list((lab_root / "experiments").glob("*/runs/*"))) == 1
     assert not list((lab_root / "experiments").glob("*-other*"))
     # another seed is another sample; --force runs the same one anyway
-    api.launch(
-        api.RunRequest(
-            recipe="dpo", overrides=[*QUICK, "seed=7"], model="tiny", queue=True, campaign="same"
-        )
-    )
-    forced = api.launch(
-        api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True, force=True)
-    )
+    queue_on_tiny("dpo", [*QUICK, "seed=7"], campaign="same")
+    forced = queue_on_tiny("dpo", QUICK, force=True)
     assert forced.run.id != first.run.id
     assert len(list((lab_root / "experiments").glob("*/runs/*"))) == 3
 
 
 def test_an_identical_config_of_a_finished_run_is_not_refused(lab_root):
-    first = api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True))
+    first = queue_on_tiny("dpo", QUICK)
     record = Path(first.run.run_dir) / "run.json"
     data = json.loads(record.read_text())
     record.write_text(json.dumps({**data, "state": "cancelled"}))
-    again = api.launch(api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", queue=True))
+    again = queue_on_tiny("dpo", QUICK)
     assert again.run.id != first.run.id
     stored = yaml.safe_load((Path(again.run.run_dir) / "config.yaml").read_text())
     assert identical_runs("direct_alignment", TrainerConfig("direct_alignment", stored)) == [

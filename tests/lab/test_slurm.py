@@ -27,6 +27,7 @@ import rlhf_lab.api as api
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
 from rlhf_lab.runs.slurm import SlurmOptions, job_script, signal_lead_s, time_limit_s
+from tests._helpers.lab_launches import queue_on_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = [
@@ -299,9 +300,7 @@ def test_bad_slurm_options_and_world_size_are_refused(tmp_path, monkeypatch):
             api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", gpus="0,1", slurm={})
         )
     with pytest.raises(LabError, match="does not apply to a Slurm job"):
-        api.launch(
-            api.RunRequest(recipe="sft", overrides=QUICK, model="tiny", queue=True, slurm={})
-        )
+        queue_on_tiny("sft", QUICK, slurm={})
     assert not list(tmp_path.glob("experiments/*/runs/*"))
 
 

@@ -31,6 +31,7 @@ from rlhf_lab.planning.validation import (
     LR_FLOOR,
     model_context,
 )
+from tests._helpers.lab_launches import queue_on_tiny
 from tests.conftest import live_run_on
 from trainers.core.config import ConfigError, load_config
 
@@ -95,7 +96,7 @@ def test_learning_rate_above_one_is_refused_at_shrink_plan_and_launch(lab_root):
     for call in (
         lambda: api.shrink_config("dpo", bad, model="tiny"),
         lambda: api.plan_experiment(algorithm="dpo", model="tiny", overrides=bad),
-        lambda: api.launch(api.RunRequest(recipe="dpo", overrides=bad, model="tiny", queue=True)),
+        lambda: queue_on_tiny("dpo", bad),
     ):
         with pytest.raises(InvalidArgument, match="learning rate above 1 is refused"):
             call()
@@ -118,18 +119,10 @@ def test_implausible_learning_rates_warn_in_shrink_plan_and_launch(lab_root):
     pretrained = api.shrink_config("dpo", mid)  # the recipe's OLMo-2 (hub, known architecture)
     assert any("plausible top for full fine-tuning" in n for n in pretrained.notes)
     # the launch goes ahead and says so, in the API result, the agent's result and the CLI
-    launched = api.launch(
-        api.RunRequest(recipe="dpo", overrides=high, model="tiny", queue=True, campaign="lr")
-    )
+    launched = queue_on_tiny("dpo", high, campaign="lr")
     assert launched.queued and any("is above 0.01" in w for w in launched.warnings)
     # other seeds: the same config as a queued run would be refused as a repeat
-    agent = api.launch_run_result(
-        api.launch(
-            api.RunRequest(
-                recipe="dpo", overrides=[*high, "seed=2"], model="tiny", queue=True, campaign="lr"
-            )
-        )
-    )
+    agent = api.launch_run_result(queue_on_tiny("dpo", [*high, "seed=2"], campaign="lr"))
     assert any("is above 0.01" in w for w in agent.warnings)
     code, out = cli(
         "launch", "dpo", "--model", "tiny", "--queue", "--campaign", "lr", *sets([*high, "seed=3"])
@@ -152,9 +145,7 @@ def test_max_length_above_the_context_is_refused_everywhere(lab_root):
         "launch": lambda: api.launch(
             api.RunRequest(recipe="dpo", overrides=bad, model="tiny", device="cpu")
         ),
-        "queue": lambda: api.launch(
-            api.RunRequest(recipe="dpo", overrides=bad, model="tiny", queue=True)
-        ),
+        "queue": lambda: queue_on_tiny("dpo", bad),
         "full launch": lambda: api.launch(
             api.RunRequest(recipe="dpo", overrides=bad + ["model.name=tiny"], shrink=False)
         ),
@@ -174,14 +165,7 @@ def test_generation_lengths_must_leave_room_for_the_prompt(lab_root):
     with pytest.raises(InvalidArgument, match="rollout.max_new_tokens=4096 new tokens leave no"):
         api.shrink_config("grpo", ["rollout.max_new_tokens=4096"], model="tiny")
     with pytest.raises(InvalidArgument, match="generation.max_new_tokens=2048"):
-        api.launch(
-            api.RunRequest(
-                recipe="top_k_overall",
-                overrides=["generation.max_new_tokens=2048"],
-                model="tiny",
-                queue=True,
-            )
-        )
+        queue_on_tiny("top_k_overall", ["generation.max_new_tokens=2048"])
     with pytest.raises(InvalidArgument, match="sft.max_seq_length=4096 is above the context"):
         api.shrink_config("top_k_overall", ["sft.max_seq_length=4096"], model="tiny")
     assert api.shrink_config("grpo", ["rollout.max_new_tokens=1024"], model="tiny")
@@ -272,14 +256,7 @@ def test_an_uncached_hub_model_offline_is_refused_at_launch_and_warned_in_the_pl
 
 def test_a_scorer_that_is_no_reward_model_is_refused(lab_root, tmp_path):
     with pytest.raises(NotFound, match="scorer.name=.* is neither 'verifier'"):
-        api.launch(
-            api.RunRequest(
-                recipe="top_k_overall",
-                overrides=[f"scorer.name={tmp_path}"],
-                model="tiny",
-                queue=True,
-            )
-        )
+        queue_on_tiny("top_k_overall", [f"scorer.name={tmp_path}"])
     nothing_written(lab_root)
 
 
@@ -302,9 +279,7 @@ def test_launch_refuses_a_run_that_does_not_fit_free_memory_unless_forced(
     # a queued run is refused only when it could never fit the device
     machine(total_ram_gb=0.001)
     with pytest.raises(Conflict, match="queued, it could never start"):
-        api.launch(
-            api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", device="cpu", queue=True)
-        )
+        queue_on_tiny("dpo", QUICK, device="cpu")
     nothing_written(lab_root)
     # force starts it anyway
     code, out = cli("launch", "dpo", "--model", "tiny", "--device", "cpu", "--force", *sets(QUICK))
@@ -347,16 +322,7 @@ def test_a_busy_device_takes_a_second_run_only_when_its_estimate_fits(
             )
         assert "both do not fit: ~" in err.value.message and "0.00 GiB" in err.value.message
         assert len(list(lab_root.glob("experiments/*/runs/*"))) == 1  # only the holder
-        queued = api.launch(
-            api.RunRequest(
-                recipe="dpo",
-                overrides=QUICK,
-                model="tiny",
-                device=device,
-                campaign="two",
-                queue=True,
-            )
-        )
+        queued = queue_on_tiny("dpo", QUICK, device=device, campaign="two")
         assert queued.queued and HOLDER in queued.message
         free_memory_on(machine, device, 1000.0)
         # another seed: an identical config beside the queued one would be refused as a repeat
@@ -405,9 +371,7 @@ def _ledger_state(lab_root: Path, run_id: str) -> str | None:
 def test_direct_and_queued_launches_are_recorded_the_same_way(lab_root, fake_trainer):
     """Both get their ledger row at launch, and a direct launch is recorded again when it ends
     (by a recorder process, as the queue worker records the runs it starts)."""
-    queued = api.launch(
-        api.RunRequest(recipe="dpo", overrides=QUICK, model="tiny", campaign="rec", queue=True)
-    )
+    queued = queue_on_tiny("dpo", QUICK, campaign="rec")
     assert _ledger_state(lab_root, queued.run.id) == "queued"
     again = [*QUICK, "seed=2"]  # the queued run's config again would be refused as a repeat
     direct = api.launch(

@@ -30,6 +30,7 @@ import yaml
 
 import rlhf_lab.runs.launcher as runs_launch
 from rlhf_lab import api, ledger
+from tests._helpers.lab_launches import queue_on_tiny
 from tests._helpers.races import at_once
 from tests._lab_processes import kill_live_runs, wait_until
 
@@ -377,16 +378,7 @@ def test_two_processes_launching_at_once_start_one_trainer_and_refuse_the_other(
 
 def test_two_queued_launches_at_once_run_one_at_a_time(lab_root):
     def launch():
-        return api.launch(
-            api.RunRequest(
-                recipe="dpo",
-                overrides=ENDLESS,
-                model="tiny",
-                campaign="queue-race",
-                device="cpu",
-                queue=True,
-            )
-        )
+        return queue_on_tiny("dpo", ENDLESS, campaign="queue-race", device="cpu")
 
     # any failure is reported by the assert below
     results, failures = at_once(launch, 2, join_s=120, catch=Exception)
