@@ -189,6 +189,7 @@ def _submit_to_slurm(request: RunRequest, resolved: Resolved, slug: str) -> Laun
         overrides=resolved.applied,
     )
     result = submit_slurm_run(run, options)
+    warnings += _keep_calibration(result.run.run_dir, resolved.calibration)
     warnings += record_now(result.run.id)
     warnings += record_when_ended(result.run.id)
     return result.model_copy(update={"warnings": [*result.warnings, *warnings]})

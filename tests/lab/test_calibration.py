@@ -32,6 +32,7 @@ from rlhf_lab.planning.candidates import CANDIDATE_SETS, as_candidate, candidate
 from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
 from rlhf_lab.planning.trainer_config import TrainerConfig
+from tests._helpers.stub_probe import RATES, StubProbe
 
 
 def run_probe_settings() -> ProbeSettings:
@@ -203,35 +204,6 @@ def test_candidates_for_a_request_lead_with_it_then_its_ladder():
 
 
 # ---- calibrate() with a stubbed probe ------------------------------------------------------------
-
-
-class StubProbe:
-    """Answers a probe from a table of pass rates by candidate id; counts its calls."""
-
-    def __init__(self, rates: dict[str, tuple[float, float, int]]):
-        self.rates, self.calls = rates, []
-
-    def __call__(self, model, candidates, settings):
-        self.calls.append([c.id for c in candidates])
-        rows = []
-        for c in candidates:
-            p, contrast, p90 = self.rates.get(c.id, (0.0, 0.0, 30))
-            rows.append(
-                {
-                    "id": c.id,
-                    "specs": c.specs,
-                    "prompts": settings.prompts,
-                    "samples": settings.samples,
-                    "pass_rate": p,
-                    "contrast": contrast,
-                    "length_p90": p90,
-                    "clipped": 0.0,
-                }  # fmt: skip
-            )
-        return {"model": model, "seconds": 1.0, "candidates": rows}
-
-
-RATES = {"letter_counting/1-3-words": (0.3, 0.5, 40), "chain_sum/2x1-digit": (0.8, 0.3, 20)}
 
 
 def test_shrink_calibrated_applies_the_choice_before_user_overrides(tmp_path):

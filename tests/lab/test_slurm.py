@@ -26,8 +26,10 @@ import pytest
 import rlhf_lab.api as api
 from rlhf_lab import runs
 from rlhf_lab.errors import InvalidArgument, LabError, Unavailable
+from rlhf_lab.planning.calibration_apply import CalibrationPolicy, read_calibration, using
 from rlhf_lab.runs.slurm import SlurmOptions, job_script, signal_lead_s, time_limit_s
 from tests._helpers.lab_launches import queue_on_tiny
+from tests._helpers.stub_probe import RATES, StubProbe
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = [
@@ -122,6 +124,24 @@ def test_a_slurm_run_goes_from_pending_to_succeeded(cluster):
     assert (run_dir / "exit.json").is_file()  # the lab's exit record, written inside the job
     log = api.tail_logs(run_id, lines=50)  # tail reads the job's log in the run folder
     assert f"Slurm job {final.slurm_job}" in log.text and "exited with code 0" in log.text
+
+
+@pytest.mark.slow
+def test_a_calibrated_slurm_launch_keeps_its_calibration_in_the_run_folder(cluster):
+    """A shrunk GRPO run probes its task on this machine before it is submitted; the probe's
+    table and choice go into the run folder (calibration.json) and the ledger, as for a local
+    run (a Slurm launch wrote none before). The job is cancelled once submitted."""
+    small = ["train.max_steps=1", "data.size=4", "data.eval_size=2", "rollout.num_rollouts=2"]
+    with using(CalibrationPolicy(probe=StubProbe(RATES), cache_dir=None)):
+        result = api.launch(
+            api.RunRequest(recipe="grpo", overrides=small, model="tiny", campaign="cal", slurm={})
+        )
+    job = (runs.run_state(result.run.id).slurm_job or "").strip()
+    if job:
+        subprocess.run(["scancel", job], capture_output=True)
+    cal = read_calibration(result.run.run_dir)
+    assert cal is not None and cal.choice.chosen == "letter_counting/1-3-words"
+    assert "difficulty calibration of tiny" in api.show_campaign("cal").markdown
 
 
 @pytest.mark.slow
