@@ -1,5 +1,5 @@
 """The lab's wall-time prediction (rlhf_lab.planning.time) against real trainer runs: SFT, DPO,
-a preference reward model, GRPO and an evaluation job, each predicted from the throughput
+a preference reward model, GRPO, on-policy distillation and an evaluation job, each predicted from the throughput
 calibration and then run as a fresh trainer process. Target: predicted/actual within ±30 %.
 
     uv run python bench/time_predictor.py                  # tiny, the lab's shrunk runs (~4 min)
@@ -33,12 +33,18 @@ from rlhf_lab.planning.trainer_config import EVALUATION, TrainerConfig
 sys.path.insert(0, str(ROOT))
 
 TARGET = 0.30
-CASES = ("sft", "dpo", "preference_rm", "grpo", "eval")
+CASES = ("sft", "dpo", "preference_rm", "grpo", "distill", "eval")
 SMOLLM2 = "smollm2-135m-instruct"
 # A real model on a CPU: a few LoRA steps (the issue's CPU shrink), short generations.
 SMOLLM2_OVERRIDES = {
     "*": ["train.max_steps=3", "model.lora.enabled=true", "model.gradient_checkpointing=false"],
     "grpo": ["rollout.max_new_tokens=64", "data.eval_size=8", "eval.eval_every=0"],
+    "distill": [
+        f"teacher.name={SMOLLM2}",  # the same model: a timing case, not a distillation study
+        "rollout.max_new_tokens=64",
+        "data.eval_size=8",
+        "eval.eval_every=0",
+    ],
     "sft": ["data.dataset=builtin:reasoning-sft", "data.max_length=256", "eval.eval_every=0"],
     "dpo": [
         "data.dataset=builtin:reasoning-preferences",

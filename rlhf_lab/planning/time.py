@@ -22,6 +22,12 @@ calibration (``cal``, the JSON of ``trainers.core.throughput``):
   replies as decode steps too, an upper bound since a reply is fed in one forward),
   the no-grad passes (π_old when the spec needs it, π_ref when β > 0) and the update passes;
   greedy held-out generation at step 0 and every ``eval_every`` steps;
+* distillation: per optimizer step, the student's sampling loop (prefill + ``max_new_tokens``
+  decode steps at ``prompts × num_samples`` rows, an upper bound), then per micro-batch a
+  no-grad pass of the frozen teacher and a forward + backward of the student, every completion
+  token through both LM heads; greedy held-out generation by the student at step 0, every
+  ``eval_every`` steps and at the end, and once by the teacher (its ceiling). The teacher is
+  timed with its own calibration (the student's when both are the same model);
 * evaluation jobs: ``prompts × n × max_new_tokens`` sampled per policy, in batches.
 
 Gradient checkpointing adds one forward pass to every forward + backward. The prediction says
@@ -36,6 +42,19 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rlhf_lab.planning.completion_length import completion_tokens
+from rlhf_lab.planning.time_formulas import (
+    batched_generation_seconds,
+    decode_step_seconds,
+    evals_in_run,
+    format_duration,
+    forward_seconds,
+    generation_seconds,
+    pass_seconds,
+    startup_seconds,
+    supervised_step_seconds,
+    time_text,
+    typical_length,
+)
 from rlhf_lab.planning.trainer_config import TrainerConfig
 
 __all__ = [
@@ -80,158 +99,6 @@ class TimeEstimate(BaseModel):
     threads: int | None = None
     calibration: str | None = None  # the calibration's cache key
     note: str | None = None  # a calibration that ran for this plan, and its cost
-
-
-# ---------------------------------------------------------------------------------------------
-# Formulas (pure)
-# ---------------------------------------------------------------------------------------------
-
-
-def format_duration(seconds: float) -> str:
-    """``4.2 s``, ``42 s``, ``2.5 min``, ``14 min``, ``2.5 h``: a duration as people read one."""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def time_text(total_s: float, steps: int | None, per_step_s: float | None) -> str:
-    """``~14 min (32 steps × 26 s)``; without steps, ``~14 min``."""
-    if steps and per_step_s is not None:
-        return f"~{format_duration(total_s)} ({steps} steps × {format_duration(per_step_s)})"
-    return f"~{format_duration(total_s)}"
-
-
-def pass_seconds(rate: dict[str, Any], tokens: float) -> float:
-    """One pass over ``tokens`` tokens: ``fixed_s + tokens / tokens_per_s`` (a fit of the
-    calibration's two shapes)."""
-    return float(rate.get("fixed_s", 0.0)) + tokens / float(rate["tokens_per_s"])
-
-
-def head_seconds(cal: dict[str, Any], tokens: float, *, grad: bool) -> float:
-    """``tokens`` through the LM head (the positions a loss or a log-prob needs); 0 for a
-    calibration that counted the head inside its passes (format 1-2)."""
-    head = cal.get("head")
-    if not head or tokens <= 0:
-        return 0.0
-    return tokens / float(head["train_tokens_per_s" if grad else "forward_tokens_per_s"])
-
-
-def train_pass_seconds(
-    cal: dict[str, Any], tokens: float, *, lora: bool, checkpointing: bool, head: float = 0.0
-) -> float:
-    """A forward + backward over ``tokens`` (LoRA or full), ``head`` of them through the LM
-    head; gradient checkpointing recomputes the forward during the backward, one more."""
-    seconds = pass_seconds(cal["lora" if lora else "train"], tokens)
-    if checkpointing:
-        seconds += pass_seconds(cal["forward"], tokens)
-    return seconds + head_seconds(cal, head, grad=True)
-
-
-def supervised_step_seconds(
-    cal: dict[str, Any],
-    rows: int,
-    micro_batch: int,
-    length: float,
-    *,
-    lora: bool,
-    gc: bool,
-    head: float = 0.0,
-) -> float:
-    """One optimizer step over ``rows`` rows of ``length`` tokens (``head`` of them per row
-    through the LM head) in micro-batches of ``micro_batch``: the passes, then AdamW's step."""
-    micro = max(1, math.ceil(rows / max(micro_batch, 1)))
-    size = min(rows, micro_batch)
-    one = train_pass_seconds(cal, size * length, lora=lora, checkpointing=gc, head=size * head)
-    return micro * one + float(cal["lora" if lora else "train"]["optimizer_s"])
-
-
-def forward_seconds(
-    cal: dict[str, Any], rows: int, batch: int, length: float, head: float = 0.0
-) -> float:
-    """No-grad passes over ``rows`` rows of ``length`` tokens (``head`` per row through the
-    LM head), ``batch`` rows a pass."""
-    if rows <= 0:
-        return 0.0
-    passes = math.ceil(rows / max(batch, 1))
-    size = min(rows, batch)
-    return passes * pass_seconds(cal["forward"], size * length) + head_seconds(
-        cal, rows * head, grad=False
-    )
-
-
-def decode_step_seconds(cal: dict[str, Any], rows: int) -> float:
-    """One decode step at ``rows`` rows: linear between the measured row counts (made
-    non-decreasing: more rows never cost less, whatever noise the measurement had), extended by
-    the last two beyond them."""
-    table = monotone_steps(cal["decode"]["rows"])
-    if rows <= table[0][0]:
-        return table[0][1]
-    for (r1, s1), (r2, s2) in zip(table, table[1:], strict=False):
-        if rows <= r2:
-            return s1 + (s2 - s1) * (rows - r1) / (r2 - r1)
-    (r1, s1), (r2, s2) = table[-2], table[-1]
-    return s2 + (s2 - s1) / (r2 - r1) * (rows - r2)
-
-
-def monotone_steps(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(rows, seconds per step) sorted by rows, each step at least the one before it."""
-    out: list[tuple[int, float]] = []
-    for count, seconds in sorted((int(r["rows"]), float(r["step_s"])) for r in rows):
-        out.append((count, max(seconds, out[-1][1] if out else 0.0)))
-    return out
-
-
-def generation_seconds(
-    cal: dict[str, Any], prompts: int, repeats: int, prompt_tokens: float, new_tokens: int
-) -> float:
-    """The sampling loop: one prefill of ``prompts`` prompts, then ``new_tokens`` − 1 decode
-    steps at ``prompts × repeats`` rows (every row running to the limit: an upper bound)."""
-    if prompts <= 0 or new_tokens <= 0:
-        return 0.0
-    prefill = prompts * prompt_tokens / float(cal["decode"]["prefill_tokens_per_s"])
-    return prefill + (new_tokens - 1) * decode_step_seconds(cal, prompts * repeats)
-
-
-def batched_generation_seconds(
-    cal: dict[str, Any], prompts: int, batch: int, repeats: int, prompt_tokens: float, new: int
-) -> float:
-    """``prompts`` prompts sampled ``batch`` at a time (the last batch may be smaller)."""
-    if prompts <= 0:
-        return 0.0
-    batch = max(1, min(batch, prompts))
-    full, rest = divmod(prompts, batch)
-    seconds = full * generation_seconds(cal, batch, repeats, prompt_tokens, new)
-    return seconds + generation_seconds(cal, rest, repeats, prompt_tokens, new)
-
-
-def startup_seconds(cal: dict[str, Any], models: int = 1, saves: int = 0) -> float:
-    """Imports and the first model load, each further model's load, the final model's save."""
-    start = cal["startup"]
-    reload_s = float(start.get("reload_s", start["load_s"]))
-    seconds = float(start["import_s"]) + float(start["load_s"]) + (models - 1) * reload_s
-    return seconds + saves * float(start.get("save_s", 0.0))
-
-
-def evals_in_run(steps: int, every: int | None, *, at_start: bool = True) -> int:
-    """Evaluations in a run of ``steps`` steps: at step 0 (``at_start``), every ``every`` steps
-    and at the end (once when the last step is also a multiple)."""
-    if not every or every <= 0:
-        return 0
-    return int(at_start) + steps // every + (1 if steps % every else 0)
-
-
-def typical_length(cal: dict[str, Any], kind: str, cap: int | None) -> float:
-    """The 90th-percentile token count of one kind of built-in text, capped by ``cap``."""
-    value = float(((cal.get("lengths") or {}).get(kind) or {}).get("p90") or 0.0)
-    if not value:
-        return float(cap or 0)
-    return min(value, float(cap)) if cap else value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,6 +248,34 @@ def _policy_gradients(cal: dict[str, Any], config: TrainerConfig, algorithm: str
     return per_step, {"steps": steps * per_step, "eval": evals * one_eval}, models
 
 
+def _distillation(
+    cal: dict[str, Any], config: TrainerConfig, steps: int, teacher: dict[str, Any]
+) -> tuple[float, dict[str, float], int]:
+    """On-policy distillation (trainers/distillation/train.py): ``teacher`` is the teacher's
+    calibration."""
+    batch = int(_g(config, "train.batch_size", 8))
+    accum = int(_g(config, "train.gradient_accumulation_steps", 1))
+    k = int(_g(config, "rollout.num_samples", 1))
+    new = int(_g(config, "rollout.max_new_tokens", 128))
+    prompt = typical_length(cal, "prompt", None)
+    rows, micro, length = batch * accum * k, batch * k, prompt + new
+    per_step = generation_seconds(cal, batch * accum, k, prompt, new)
+    per_step += forward_seconds(teacher, rows, micro, length, head=new)
+    per_step += supervised_step_seconds(
+        cal, rows, micro, length, lora=_lora(config), gc=_gc(config), head=new
+    )
+    held_out = int(_g(config, "data.eval_size", 0))
+    eval_new = int(_g(config, "eval.max_new_tokens", 0) or new)
+    eval_batch = int(_g(config, "eval.eval_batch_size", 32))
+    every = int(_g(config, "eval.eval_every", 0))
+    student_evals = evals_in_run(steps, every) if every > 0 else int(held_out > 0)  # the end
+    evals = student_evals * batched_generation_seconds(
+        cal, held_out, eval_batch, 1, prompt, eval_new
+    )
+    evals += batched_generation_seconds(teacher, held_out, eval_batch, 1, prompt, eval_new)
+    return per_step, {"steps": steps * per_step, "eval": evals}, 2
+
+
 def _rollout_steps(config: TrainerConfig) -> int:
     max_steps = _g(config, "train.max_steps")
     if max_steps:
@@ -391,10 +286,15 @@ def _rollout_steps(config: TrainerConfig) -> int:
 
 
 def predict_from_calibration(
-    cal: dict[str, Any], family: str, algorithm: str, config: TrainerConfig
+    cal: dict[str, Any],
+    family: str,
+    algorithm: str,
+    config: TrainerConfig,
+    teacher: dict[str, Any] | None = None,
 ) -> TimeEstimate:
     """The prediction for a resolved ``config`` from a calibration (pure: no cache, no
-    subprocess). ``calibrated`` is false for a family without a work model."""
+    subprocess); ``teacher``: a distillation teacher's calibration (None: the same model's).
+    ``calibrated`` is false for a family without a work model."""
     from rlhf_lab.planning.steps import expected_optimizer_steps
 
     unit = "optimizer steps"
@@ -402,12 +302,19 @@ def predict_from_calibration(
         steps = _rollout_steps(config)
         per_step, parts, models = _policy_gradients(cal, config, algorithm, steps)
         unit = "rollout steps"
+    elif algorithm == "online_dpo":  # samples its pairs each step: not the offline work model
+        return not_calibrated("no time model for online DPO yet")
     elif family in ("sft", "direct_alignment", "reward_models"):
         steps = expected_optimizer_steps(family, config)[0] or 0
         if not steps:
             return not_calibrated("the number of steps depends on the data set size")
         model = {"sft": _sft, "direct_alignment": _direct_alignment}.get(family, _reward_models)
         per_step, parts, models = model(cal, config, steps)
+    elif family == "distillation":
+        steps = expected_optimizer_steps(family, config)[0] or 0
+        if not steps:
+            return not_calibrated("the number of steps depends on the data set size")
+        per_step, parts, models = _distillation(cal, config, steps, teacher or cal)
     else:
         return not_calibrated(f"no time model for family {family} yet")
     saves = int(bool(_g(config, "checkpoint.save_final_model", False)))
@@ -454,6 +361,16 @@ def _noted(estimate: TimeEstimate, result: Any) -> TimeEstimate:
     return estimate
 
 
+def _stand_in_name(model: Any) -> str | None:
+    """The model whose calibration times ``model`` (a run's final model: its base model's)."""
+    from rlhf_lab.runs.lineage import stand_in
+
+    try:
+        return stand_in(model) if isinstance(model, str) else None
+    except Exception:  # noqa: BLE001 - a pending upstream run: its base model's speed
+        return None
+
+
 def predict_run(
     family: str,
     algorithm: str,
@@ -465,18 +382,19 @@ def predict_run(
 ) -> TimeEstimate:
     """A run's predicted wall time on ``device`` (``mode``: see
     :func:`rlhf_lab.planning.throughput_cache.calibration_mode`); never raises."""
-    from rlhf_lab.runs.lineage import stand_in
-
-    model = config.get("model.name")
-    try:
-        name = stand_in(model) if isinstance(model, str) else None
-    except Exception:  # noqa: BLE001 - a pending upstream run: its base model's speed
-        name = None
+    name = _stand_in_name(config.get("model.name"))
     cal, missing, result = _with_calibration(name, device, threads, mode)
     if cal is None:
         return missing  # type: ignore[return-value]
+    teacher = None
+    if family == "distillation":
+        teacher_name = _stand_in_name(config.get("teacher.name"))
+        if teacher_name != name:
+            teacher, _, _ = _with_calibration(teacher_name, device, threads, mode)
+            if teacher is None:
+                return not_calibrated(f"no throughput calibration of the teacher {teacher_name}")
     try:
-        estimate = predict_from_calibration(cal, family, algorithm, config)
+        estimate = predict_from_calibration(cal, family, algorithm, config, teacher)
     except (KeyError, TypeError, ValueError) as err:
         return not_calibrated(f"the calibration lacks a figure: {err}")
     return _noted(estimate, result)

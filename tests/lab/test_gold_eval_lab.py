@@ -11,6 +11,7 @@ import math
 import pytest
 
 from rlhf_lab.planning import time as pt
+from rlhf_lab.planning import time_formulas as tf
 from rlhf_lab.planning.gold_eval import GOLD_EVAL_POINTS, GOLD_NEW_TOKENS, GOLD_PROMPTS
 from rlhf_lab.planning.overrides import as_overrides
 from rlhf_lab.planning.shrink import shrink_config
@@ -34,7 +35,7 @@ def test_the_shrink_turns_gold_on_with_six_evaluations_along_training(smol, reci
     steps = expected_optimizer_steps("direct_alignment", res.trainer_config)[0]
     assert steps == 36  # 288 training pairs, 4 × 2 a step
     assert ev["eval_every"] == math.ceil(steps / GOLD_EVAL_POINTS) == 6
-    assert pt.evals_in_run(steps, ev["eval_every"]) == 7  # step 0, then 6 along training
+    assert tf.evals_in_run(steps, ev["eval_every"]) == 7  # step 0, then 6 along training
     assert res.config["checkpoint"]["save_final_model"] is True
     assert any("gold evaluation on" in n for n in res.notes)
 

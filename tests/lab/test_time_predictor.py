@@ -14,6 +14,7 @@ import pytest
 
 from rlhf_lab.planning import throughput_cache as tc
 from rlhf_lab.planning import time as pt
+from rlhf_lab.planning import time_formulas as tf
 from rlhf_lab.planning.trainer_config import TrainerConfig
 from trainers.core.throughput import FORMAT_VERSION
 
@@ -75,40 +76,40 @@ SFT_CONFIG = {
 
 
 def test_pass_and_decode_formulas_on_the_stub():
-    assert pt.pass_seconds(STUB["train"], 500) == pytest.approx(0.6)
+    assert tf.pass_seconds(STUB["train"], 500) == pytest.approx(0.6)
     # gradient checkpointing adds one forward: 0.6 + (0.02 + 500/4000)
-    assert pt.train_pass_seconds(STUB, 500, lora=False, checkpointing=True) == pytest.approx(0.745)
-    assert pt.train_pass_seconds(STUB, 500, lora=True, checkpointing=False) == pytest.approx(0.35)
+    assert tf.train_pass_seconds(STUB, 500, lora=False, checkpointing=True) == pytest.approx(0.745)
+    assert tf.train_pass_seconds(STUB, 500, lora=True, checkpointing=False) == pytest.approx(0.35)
     # decode: measured points, linear between them, the last slope beyond them
-    assert pt.decode_step_seconds(STUB, 1) == pytest.approx(0.01)
-    assert pt.decode_step_seconds(STUB, 10) == pytest.approx(0.035)
-    assert pt.decode_step_seconds(STUB, 64) == pytest.approx(0.17)
+    assert tf.decode_step_seconds(STUB, 1) == pytest.approx(0.01)
+    assert tf.decode_step_seconds(STUB, 10) == pytest.approx(0.035)
+    assert tf.decode_step_seconds(STUB, 64) == pytest.approx(0.17)
     # a noisy measurement where 32 rows came out cheaper than 16: never below 16's
     noisy = copy.deepcopy(STUB)
     noisy["decode"]["rows"][3]["step_s"] = 0.03
-    assert pt.monotone_steps(noisy["decode"]["rows"])[-1] == (32, 0.05)
-    assert pt.decode_step_seconds(noisy, 24) == pytest.approx(0.05)
+    assert tf.monotone_steps(noisy["decode"]["rows"])[-1] == (32, 0.05)
+    assert tf.decode_step_seconds(noisy, 24) == pytest.approx(0.05)
     # one prefill of 4 prompts × 60 tokens, then 63 steps at 32 rows
-    assert pt.generation_seconds(STUB, 4, 8, 60, 64) == pytest.approx(4 * 60 / 2000 + 63 * 0.09)
-    assert pt.generation_seconds(STUB, 0, 8, 60, 64) == 0.0
+    assert tf.generation_seconds(STUB, 4, 8, 60, 64) == pytest.approx(4 * 60 / 2000 + 63 * 0.09)
+    assert tf.generation_seconds(STUB, 0, 8, 60, 64) == 0.0
     # 20 prompts 8 at a time: two full batches and one of 4
-    want = 2 * pt.generation_seconds(STUB, 8, 2, 60, 16) + pt.generation_seconds(STUB, 4, 2, 60, 16)
-    assert pt.batched_generation_seconds(STUB, 20, 8, 2, 60, 16) == pytest.approx(want)
+    want = 2 * tf.generation_seconds(STUB, 8, 2, 60, 16) + tf.generation_seconds(STUB, 4, 2, 60, 16)
+    assert tf.batched_generation_seconds(STUB, 20, 8, 2, 60, 16) == pytest.approx(want)
 
 
 def test_step_start_and_evaluation_counts():
     # 2 micro-batches of 8 rows × 50 tokens, then the AdamW step
-    assert pt.supervised_step_seconds(STUB, 16, 8, 50, lora=False, gc=False) == pytest.approx(
+    assert tf.supervised_step_seconds(STUB, 16, 8, 50, lora=False, gc=False) == pytest.approx(
         2 * (0.1 + 400 / 1000) + 0.05
     )
-    assert pt.startup_seconds(STUB, models=2, saves=1) == pytest.approx(5 + 2 + 1 + 0.5)
-    assert pt.evals_in_run(36, 10) == 5  # 0, 10, 20, 30 and the end
-    assert pt.evals_in_run(40, 10) == 5  # the end is step 40 already
-    assert pt.evals_in_run(40, 10, at_start=False) == 4
-    assert pt.evals_in_run(36, 0) == 0 and pt.evals_in_run(36, None) == 0
-    assert pt.typical_length(STUB, "demonstration", 64) == 64.0  # capped by max_length
-    assert pt.typical_length(STUB, "demonstration", None) == 100.0
-    assert pt.typical_length({"lengths": {}}, "demonstration", 160) == 160.0  # not measured
+    assert tf.startup_seconds(STUB, models=2, saves=1) == pytest.approx(5 + 2 + 1 + 0.5)
+    assert tf.evals_in_run(36, 10) == 5  # 0, 10, 20, 30 and the end
+    assert tf.evals_in_run(40, 10) == 5  # the end is step 40 already
+    assert tf.evals_in_run(40, 10, at_start=False) == 4
+    assert tf.evals_in_run(36, 0) == 0 and tf.evals_in_run(36, None) == 0
+    assert tf.typical_length(STUB, "demonstration", 64) == 64.0  # capped by max_length
+    assert tf.typical_length(STUB, "demonstration", None) == 100.0
+    assert tf.typical_length({"lengths": {}}, "demonstration", 160) == 160.0  # not measured
 
 
 def test_sft_work_model_by_hand():
@@ -116,7 +117,7 @@ def test_sft_work_model_by_hand():
     assert est.calibrated and est.steps == 36 and est.step_unit == "optimizer steps"
     per_step = (0.1 + 16 * 100 / 1000) + 0.05  # one micro-batch of 16 × 100 tokens
     evals = 5 * 8 * (0.02 + 8 * 100 / 4000)  # 5 evaluations of 64 rows, 8 a pass
-    samples = 3 * (2 * 60 / 2000 + 63 * pt.decode_step_seconds(STUB, 2))
+    samples = 3 * (2 * 60 / 2000 + 63 * tf.decode_step_seconds(STUB, 2))
     start = 5 + 2 + 0.5  # imports, the model, the final model's save
     assert est.per_step_s == pytest.approx(per_step, abs=0.01)
     assert est.parts["eval"] == pytest.approx(evals, abs=0.1)
@@ -146,12 +147,12 @@ def test_policy_gradient_work_model_by_hand():
     est = pt.predict_from_calibration(
         STUB, "policy_gradients", "grpo", TrainerConfig("policy_gradients", config)
     )
-    gen = pt.generation_seconds(STUB, 4, 8, 60, 64)
+    gen = tf.generation_seconds(STUB, 4, 8, 60, 64)
     # 32 rows / 8 per micro-batch / 4 accumulation = 1 optimizer step: no π_old pass (β = 0)
     update = 4 * (0.1 + 8 * 124 / 1000) + 0.05
     assert est.steps == 10 and est.step_unit == "rollout steps"
     assert est.per_step_s == pytest.approx(gen + update, abs=0.01)
-    one_eval = pt.generation_seconds(STUB, 16, 1, 60, 64)
+    one_eval = tf.generation_seconds(STUB, 16, 1, 60, 64)
     assert est.parts["eval"] == pytest.approx(3 * one_eval, abs=0.1)  # steps 0, 5, 10
     # two optimizer steps per rollout: GRPO's π_old pass appears; β > 0 adds the reference
     config["train"]["gradient_accumulation_steps"] = 2
@@ -159,16 +160,21 @@ def test_policy_gradient_work_model_by_hand():
     more = pt.predict_from_calibration(
         STUB, "policy_gradients", "grpo", TrainerConfig("policy_gradients", config)
     )
-    passes = 2 * pt.forward_seconds(STUB, 32, 8, 124)
+    passes = 2 * tf.forward_seconds(STUB, 32, 8, 124)
     assert more.per_step_s == pytest.approx(gen + passes + update + 0.05, abs=0.01)
     assert more.parts["start"] == pytest.approx(5 + 2 + 1)  # the reference model loads too
 
 
 def test_families_without_a_work_model_say_so():
-    est = pt.predict_from_calibration(
-        STUB, "distillation", "distill", TrainerConfig("distillation", {"data": {"size": 8}})
-    )
-    assert not est.calibrated and est.text.startswith("time: not calibrated")
+    rs = TrainerConfig("rejection_sampling", {"strategy": "top_per_prompt"})
+    est = pt.predict_from_calibration(STUB, "rejection_sampling", "top_per_prompt", rs)
+    assert not est.calibrated
+    assert est.text == "time: not calibrated (no time model for family rejection_sampling yet)"
+    # online DPO samples and ranks its pairs every step: the offline work model would leave
+    # that out (it predicted a shrunk tiny run at 9 s, its reference pass over pairs it never has)
+    online = TrainerConfig("direct_alignment", {"loss": "online_dpo", "data": {"max_samples": 64}})
+    est = pt.predict_from_calibration(STUB, "direct_alignment", "online_dpo", online)
+    assert est.text == "time: not calibrated (no time model for online DPO yet)"
     assert est.total_s is None
 
 
@@ -192,6 +198,71 @@ def test_recorded_timings_of_real_runs_are_predicted_within_30_percent(case):
     assert 0.7 <= est.total_s / run["actual_s"] <= 1.3, (est.total_s, run["actual_s"], est.parts)
 
 
+DISTILL_CONFIG = {
+    "model": {"name": "tiny", "gradient_checkpointing": False, "lora": {"enabled": False}},
+    "teacher": {"name": "tiny"},
+    "data": {"size": 40, "eval_size": 8},
+    "rollout": {"num_samples": 2, "max_new_tokens": 16},
+    "train": {"num_epochs": 1, "batch_size": 4, "gradient_accumulation_steps": 1},
+    "eval": {"eval_every": 5, "eval_batch_size": 4},
+    "checkpoint": {"save_final_model": True},
+}
+
+
+def test_distillation_work_model_by_hand():
+    """10 steps of 4 prompts × 2 samples: the student samples (prefill 4 × 60 tokens, 15 decode
+    steps at 8 rows), the teacher reads the 8 rows of 76 tokens without gradients, the student
+    trains on them; greedy held-out generation of 8 prompts 4 at a time by the student at steps
+    0, 5 and 10 and by the teacher once; two models loaded, the final model saved."""
+    est = pt.predict_from_calibration(
+        STUB, "distillation", "distill", TrainerConfig("distillation", DISTILL_CONFIG)
+    )
+    sampling = 4 * 60 / 2000 + 15 * 0.03  # decode at 8 rows: 0.02 + 0.03 × 4/12
+    teacher = 0.02 + 8 * 76 / 4000
+    student = 0.1 + 8 * 76 / 1000 + 0.05
+    assert est.calibrated and est.steps == 10 and est.step_unit == "optimizer steps"
+    assert est.per_step_s == pytest.approx(sampling + teacher + student, abs=0.01)
+    one_eval = 2 * (4 * 60 / 2000 + 15 * 0.02)
+    assert est.parts["eval"] == pytest.approx((3 + 1) * one_eval, abs=0.05)
+    assert est.parts["start"] == pytest.approx(5 + 2 + 1 + 0.5)
+    assert est.total_s == pytest.approx(
+        10 * (sampling + teacher + student) + 4 * one_eval + 8.5, abs=0.1
+    )
+
+
+def test_a_distillation_teacher_is_timed_with_its_own_calibration(cache):
+    """A slower teacher (half the no-grad throughput) costs its own passes; a teacher with no
+    calibration leaves the run uncalibrated, saying which model lacks one."""
+    config = TrainerConfig("distillation", DISTILL_CONFIG)
+    slow = copy.deepcopy(STUB)
+    slow["forward"]["tokens_per_s"] = 2000.0
+    same = pt.predict_from_calibration(STUB, "distillation", "distill", config)
+    slower = pt.predict_from_calibration(STUB, "distillation", "distill", config, teacher=slow)
+    assert slower.parts["steps"] - same.parts["steps"] == pytest.approx(10 * 8 * 76 / 4000, abs=0.1)
+    assert slower.parts["eval"] == same.parts["eval"]  # its decoding is the same here
+    other = dict(DISTILL_CONFIG, teacher={"name": "tiny-llama"})
+    with tc.calibration_scope(None, measure=lambda model, *a: dict(STUB, model=model)):
+        tc.get_calibration("tiny", "cpu", None, mode="auto")  # the student only
+    est = pt.predict_run(
+        "distillation", "distill", TrainerConfig("distillation", other), device="cpu", mode="cached"
+    )
+    assert not est.calibrated
+    assert est.text == "time: not calibrated (no throughput calibration of the teacher tiny-llama)"
+
+
+def test_a_recorded_distillation_run_is_predicted_within_30_percent():
+    """The same check for on-policy distillation (tiny student and teacher, 40 steps; its
+    calibration measured right before the run, bench/time_predictor.py --recalibrate)."""
+    recorded = json.loads(FIXTURE.with_name("tiny_recorded_distill.json").read_text())
+    (run,) = recorded["runs"]
+    config = TrainerConfig(run["family"], run["config"])
+    est = pt.predict_from_calibration(
+        recorded["calibration"], run["family"], run["algorithm"], config
+    )
+    assert est.calibrated and est.steps == 40
+    assert 0.7 <= est.total_s / run["actual_s"] <= 1.3, (est.total_s, run["actual_s"], est.parts)
+
+
 # -------------------------------------------------------------------------------------- text
 
 
@@ -208,12 +279,12 @@ def test_recorded_timings_of_real_runs_are_predicted_within_30_percent(case):
     ],
 )
 def test_durations_read_as_people_read_them(seconds, text):
-    assert pt.format_duration(seconds) == text
+    assert tf.format_duration(seconds) == text
 
 
 def test_time_text():
-    assert pt.time_text(840, 32, 26) == "~14 min (32 steps × 26 s)"
-    assert pt.time_text(840, None, None) == "~14 min"
+    assert tf.time_text(840, 32, 26) == "~14 min (32 steps × 26 s)"
+    assert tf.time_text(840, None, None) == "~14 min"
     assert pt.not_calibrated("no model").text == "time: not calibrated (no model)"
 
 
@@ -439,9 +510,9 @@ def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypat
 
 def test_the_lm_head_counts_only_the_tokens_a_loss_needs():
     cal = dict(STUB, head={"train_tokens_per_s": 2000.0, "forward_tokens_per_s": 8000.0})
-    assert pt.head_seconds(cal, 400, grad=True) == pytest.approx(0.2)
-    assert pt.head_seconds(cal, 400, grad=False) == pytest.approx(0.05)
-    assert pt.head_seconds(STUB, 400, grad=True) == 0.0  # a calibration without the head apart
+    assert tf.head_seconds(cal, 400, grad=True) == pytest.approx(0.2)
+    assert tf.head_seconds(cal, 400, grad=False) == pytest.approx(0.05)
+    assert tf.head_seconds(STUB, 400, grad=True) == 0.0  # a calibration without the head apart
     sft = pt.predict_from_calibration(cal, "sft", "sft", TrainerConfig("sft", SFT_CONFIG))
     # 16 rows: the body over 100 tokens each, the head over the answer (100 − 60 prompt)
     assert sft.per_step_s == pytest.approx(0.1 + 1.6 + 16 * 40 / 2000 + 0.05, abs=0.01)
