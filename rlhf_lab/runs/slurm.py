@@ -268,23 +268,39 @@ def submit(run_dir: Path, script: str) -> str:
 
 def job_state(job_id: str) -> tuple[str | None, str | None]:
     """(Slurm's state of the job, its reason) from squeue, else scontrol, else sacct; (None,
-    None) when none of them knows the job any more."""
+    None) when Slurm answered that it does not know the job any more. Raises ``Unavailable``
+    when the controller could not be asked (down, or too busy to answer in time): a job Slurm
+    was never heard to forget is not a job that is gone."""
     done = _slurm("squeue", "-h", "-j", job_id, "-o", "%T|%r")
     if done.returncode == 0 and done.stdout.strip():
         state, _, reason = done.stdout.strip().splitlines()[0].partition("|")
         return state.strip(), reason.strip() or None
+    answered = done.returncode == 0 or _says_unknown_job(done)
+    why = (done.stderr or done.stdout).strip()
     done = _slurm("scontrol", "show", "job", "-o", job_id)
     if done.returncode == 0 and "JobState=" in done.stdout:
         fields = dict(
             part.split("=", 1) for part in done.stdout.split() if "=" in part and part[0] != "="
         )
         return fields.get("JobState"), fields.get("Reason")
+    answered = answered or _says_unknown_job(done)
     if _which("sacct"):
         done = _slurm("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State")
         lines = [x.strip() for x in done.stdout.splitlines() if x.strip()]
         if done.returncode == 0 and lines:
             return lines[0].split()[0], None
+    if not answered:
+        raise Unavailable(
+            f"Slurm's controller did not answer about job {job_id} ({why[-300:] or 'no reply'})",
+            next=NextStep("check_resources"),
+        )
     return None, None
+
+
+def _says_unknown_job(done: subprocess.CompletedProcess) -> bool:
+    """squeue and scontrol exit 1 both for a job the controller has forgotten and for a
+    controller they cannot reach; only the first says so."""
+    return "invalid job id" in (done.stderr or "").lower()
 
 
 def slurm_run_state(
@@ -306,7 +322,11 @@ def slurm_run_state(
         return recorded, record.get("error"), False, slurm.get("state")
     if not job_id:
         return "failed", "the Slurm job was never submitted", False, None
-    state, reason = job_state(job_id)
+    try:
+        state, reason = job_state(job_id)
+    except Unavailable:  # unknown now: the last state seen stands, and nothing is written
+        last = recorded if recorded in ("queued", "running") else "queued"
+        return last, None, last == "running", slurm.get("state")
     if state in QUEUED_STATES:
         return "queued", None, False, state
     if state in RUNNING_STATES:  # COMPLETING too: Slurm's final word (TIMEOUT ...) comes next
@@ -349,8 +369,11 @@ def stop_slurm_run(record: dict, grace_s: float) -> bool:
     _slurm(*SIGNAL_TASKS, job_id)
     deadline = time.time() + max(grace_s, 0.0)
     while time.time() < deadline:
-        if job_state(job_id)[0] not in RUNNING_STATES:
-            return False
+        try:
+            if job_state(job_id)[0] not in RUNNING_STATES:
+                return False
+        except Unavailable:  # a busy controller: the job is still taken to run
+            pass
         time.sleep(0.5)
     _slurm("scancel", job_id)
     return True

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from rlhf_lab.errors import Unavailable
 from rlhf_lab.paths import find_run
 from rlhf_lab.runs.folder import (
     read_exit,
@@ -95,7 +96,14 @@ def _stop_slurm(run_dir: Path, status: RunStatus, grace_s: float) -> StopResult:
         record["stop_requested_at"] = _now()
         _atomic_write_json(run_dir / "run.json", record)
     pending = status.state == "queued"
-    cancelled = stop_slurm_run(record, grace_s)
+    try:
+        cancelled = stop_slurm_run(record, grace_s)
+    except Unavailable:  # Slurm could not be asked: nothing was stopped, so nothing is recorded
+        with _run_lock(run_dir):
+            record = _read_record(run_dir)
+            record.pop("stop_requested_at", None)
+            _atomic_write_json(run_dir / "run.json", record)
+        raise
     if pending or cancelled:
         with _run_lock(run_dir):
             record = _read_record(run_dir)

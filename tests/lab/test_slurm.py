@@ -15,6 +15,7 @@ a machine without sbatch, bad options) need no cluster.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -162,6 +163,67 @@ def test_stop_signals_the_job_and_the_run_is_stopped_then_resubmitted(cluster):
     assert "--resume" in (Path(resumed.run.run_dir) / "job.sh").read_text()
     again = runs.stop_run(run_id, grace_s=5)  # pending or starting: ends without training
     assert again.state in ("stopped", "killed")
+
+
+def _deafen_slurm(folder: Path, monkeypatch) -> Path:
+    """SLURM_CONF pointed at a copy of this cluster's configuration whose controller port
+    nobody listens on: the real squeue, scontrol and scancel then fail as they do when slurmctld
+    is down or too busy to answer (MessageTimeout=1, so each fails at once). Returns the
+    configuration in use before."""
+    conf = Path(os.environ.get("SLURM_CONF") or _slurm_setup().CONF)
+    kept = [x for x in conf.read_text().splitlines() if not x.startswith(("SlurmctldPort", "Mess"))]
+    deaf = folder / "unreachable-slurm.conf"
+    deaf.write_text("\n".join([*kept, "SlurmctldPort=6899", "MessageTimeout=1", ""]))
+    monkeypatch.setenv("SLURM_CONF", str(deaf))
+    return conf
+
+
+def test_a_job_slurm_has_forgotten_is_died_but_an_unanswered_query_changes_nothing(
+    cluster, monkeypatch, tmp_path
+):
+    """A CI failure: squeue timed out on a busy controller just after a resubmission, and the
+    lab wrote the queued run down as died. Only Slurm saying it does not know the job may end
+    a run; a controller that cannot be asked leaves the last state seen, written nowhere."""
+    from rlhf_lab.runs.slurm import job_state, slurm_run_state
+
+    forgotten = {"state": "queued", "slurm": {"job_id": "999999", "state": "PENDING"}}
+    assert job_state("999999") == (None, None)
+    assert slurm_run_state(forgotten, False, ("died", None))[0] == "died"
+
+    _deafen_slurm(tmp_path, monkeypatch)
+    with pytest.raises(Unavailable, match="controller did not answer about job 999999"):
+        job_state("999999")
+    for recorded, alive in (("queued", False), ("running", True)):
+        record = {**forgotten, "state": recorded}
+        assert slurm_run_state(record, False, ("died", None)) == (recorded, None, alive, "PENDING")
+
+
+@pytest.mark.slow
+def test_a_stop_slurm_cannot_hear_is_refused_and_leaves_the_run_as_it_was(
+    cluster, monkeypatch, tmp_path
+):
+    """The run a stop could not reach Slurm for is neither died nor marked as being stopped
+    (a stale stop request would turn its later end into ``stopped``); once Slurm answers
+    again the same stop works."""
+    launched = api.launch(
+        api.RunRequest(recipe="sft", overrides=LONG, model="tiny", campaign="deaf", slurm={})
+    )
+    run_id = launched.run.id
+    run_json = Path(launched.run.run_dir) / "run.json"
+    conf = _deafen_slurm(tmp_path, monkeypatch)
+    try:
+        seen = runs.run_state(run_id)
+        assert seen.state in ("queued", "running") and not seen.terminal, seen
+        with pytest.raises(Unavailable, match="controller did not answer"):
+            runs.stop_run(run_id, grace_s=5)
+        record = json.loads(run_json.read_text())
+        assert record["state"] in ("queued", "running") and "stop_requested_at" not in record
+        monkeypatch.setenv("SLURM_CONF", str(conf))
+        assert runs.stop_run(run_id, grace_s=30).state in ("stopped", "killed")
+    finally:
+        job = str(launched.run.slurm["job_id"])
+        heard = {**os.environ, "SLURM_CONF": str(conf)}
+        subprocess.run(["scancel", job], capture_output=True, env=heard)
 
 
 @pytest.mark.slow
