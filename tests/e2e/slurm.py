@@ -83,6 +83,9 @@ def _conf_text() -> str:
             "MinJobAge=600",
             "KillWait=10",
             "Waittime=0",
+            # a client waits this long for a busy controller (10 s by default): two cores
+            # shared with the suite and three torch jobs starved slurmctld past 10 s in CI
+            "MessageTimeout=20",
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
             f"SlurmctldLogFile={LOG_DIR}/slurmctld.log",
