@@ -1,5 +1,6 @@
 """The lab's wall-time prediction (rlhf_lab.planning.time) against real trainer runs: SFT, DPO,
-a preference reward model, GRPO, on-policy distillation and an evaluation job, each predicted from the throughput
+online DPO, a preference reward model, GRPO, on-policy distillation, rejection sampling
+(top_per_prompt, its pool not cached) and an evaluation job, each predicted from the throughput
 calibration and then run as a fresh trainer process. Target: predicted/actual within ±30 %.
 
     uv run python bench/time_predictor.py                  # tiny, the lab's shrunk runs (~4 min)
@@ -33,11 +34,31 @@ from rlhf_lab.planning.trainer_config import EVALUATION, TrainerConfig
 sys.path.insert(0, str(ROOT))
 
 TARGET = 0.30
-CASES = ("sft", "dpo", "preference_rm", "grpo", "distill", "eval")
+CASES = (
+    "sft",
+    "dpo",
+    "online_dpo",
+    "preference_rm",
+    "grpo",
+    "distill",
+    "top_per_prompt",
+    "eval",
+)
 SMOLLM2 = "smollm2-135m-instruct"
 # A real model on a CPU: a few LoRA steps (the issue's CPU shrink), short generations.
 SMOLLM2_OVERRIDES = {
     "*": ["train.max_steps=3", "model.lora.enabled=true", "model.gradient_checkpointing=false"],
+    "online_dpo": ["online.max_new_tokens=48", "data.eval_size=8", "eval.eval_every=0"],
+    # rejection sampling has its own sections (no train.*): these replace "*"
+    "top_per_prompt": [
+        "sft.max_steps=3",
+        "model.lora.enabled=true",
+        "model.gradient_checkpointing=false",
+        "data.max_train_samples=8",
+        "data.max_test_samples=8",
+        "generation.max_new_tokens=64",
+        "eval.eval_max_new_tokens=64",
+    ],
     "grpo": ["rollout.max_new_tokens=64", "data.eval_size=8", "eval.eval_every=0"],
     "distill": [
         f"teacher.name={SMOLLM2}",  # the same model: a timing case, not a distillation study
@@ -94,7 +115,8 @@ def shrunk(case: str, model: str) -> tuple[str, str, TrainerConfig]:
 
     overrides = []
     if model == SMOLLM2:
-        overrides = SMOLLM2_OVERRIDES["*"] + SMOLLM2_OVERRIDES.get(case, [])
+        shared = [] if case == "top_per_prompt" else SMOLLM2_OVERRIDES["*"]
+        overrides = shared + SMOLLM2_OVERRIDES.get(case, [])
     result = shrink_config(case, as_overrides(overrides), model=model)
     return result.family, result.algorithm, result.trainer_config
 

@@ -13,7 +13,7 @@ calibration (``cal``, the JSON of ``trainers.core.throughput``):
   the AdamW step); ``length`` is the data's typical padded length
   (the 90th percentile of the built-in data through this tokenizer, capped by
   ``data.max_length``; ``max_length`` for other data); direct alignment adds the reference
-  pass over every pair once; held-out loss passes at step 0, every ``eval_every`` steps and at
+  pass over every pair once (a loss with a reference: not SimPO or ORPO); held-out loss passes at step 0, every ``eval_every`` steps and at
   the end; samples every ``sample_every`` steps; the gold evaluation (``eval.gold_prompts``) at
   each evaluation: a greedy and a sampled decode of its prompts and two no-grad passes;
 * policy gradients: per rollout step, the sampling loop (prefill + ``max_new_tokens`` decode
@@ -28,6 +28,10 @@ calibration (``cal``, the JSON of ``trainers.core.throughput``):
   token through both LM heads; greedy held-out generation by the student at step 0, every
   ``eval_every`` steps and at the end, and once by the teacher (its ceiling). The teacher is
   timed with its own calibration (the student's when both are the same model);
+* online DPO: per optimizer step the sampling of its pairs, the ranker's reward model, the
+  policy's update and the reference's pass over the packed pairs (:func:`_online_dpo`);
+* rejection sampling: the pool, its scores, the baseline, the SFT stage and the final
+  evaluation (:func:`_rejection_sampling`; an upper bound where the pool is cached);
 * evaluation jobs: ``prompts × n × max_new_tokens`` sampled per policy, in batches.
 
 Gradient checkpointing adds one forward pass to every forward + backward. The prediction says
@@ -173,18 +177,141 @@ def _pair_length(cal: dict[str, Any], config: TrainerConfig, packed: bool) -> fl
     return min(length, float(cap)) if cap else length
 
 
-def _direct_alignment(cal: dict[str, Any], config: TrainerConfig, steps: int):
+def _needs_reference(loss: str) -> bool:
+    """Whether a direct-alignment loss compares against a frozen reference (SimPO, ORPO: no)."""
+    from rlhf_lab.planning.catalog import algorithm_spec
+
+    return bool(algorithm_spec(loss).needs_reference)
+
+
+def _direct_alignment(cal: dict[str, Any], config: TrainerConfig, algorithm: str, steps: int):
     length = _pair_length(cal, config, packed=True)
     responses = typical_length(cal, "chosen", None) + typical_length(cal, "rejected", None)
     head = min(responses, length) or length  # log-probs of both responses
     per_step, parts = _supervised(cal, config, steps, (length, head, 1))
-    pairs = int(_g(config, "data.max_samples", 0))
+    reference = _needs_reference(algorithm)
+    pairs = int(_g(config, "data.max_samples", 0)) if reference else 0
     batch = int(_g(config, "eval.eval_batch_size", _g(config, "train.batch_size", 1)))
     parts["reference"] = forward_seconds(cal, pairs, batch, length, head)
     parts["gold"] = _gold_seconds(cal, config, steps)
-    models = 1 if _lora(config) else 2  # full fine-tuning loads the reference on its own
-    models += int(parts["gold"] > 0 and not _lora(config))  # ... and again for the gold KL
+    copies = not _lora(config)  # full fine-tuning loads the reference on its own ...
+    models = 1 + int(reference and copies) + int(parts["gold"] > 0 and copies)  # ... gold KL too
     return per_step, parts, models
+
+
+def _online_dpo(cal: dict[str, Any], config: TrainerConfig, steps: int):
+    """Online DPO (trainers/direct_alignment/online.py). Per optimizer step: ``batch × accum``
+    prompts, each sampled ``online.num_samples`` times by the current policy (prefill +
+    ``online.max_new_tokens`` decode steps at prompts × samples rows); the ranker's reward model,
+    when there is one, reads every sample without gradients (timed with the policy's
+    calibration: a reward model of the policy's size); then, per micro-batch of ``batch_size``
+    pairs, a forward + backward of the policy and a no-grad pass of the reference (when the
+    pair loss has one) over the packed pair rows (prompt + both completions, the completions
+    through the LM head). Every prompt counts as a pair and every sample runs to the limit: an
+    upper bound (a tie gives no pair). Held out, at step 0, every ``eval_every`` steps and at
+    the end: the held-out pairs through the policy (through the reference once) and greedy
+    completions of their prompts, ``eval_batch_size`` a call, scored by the ranker (at the end
+    only when ``eval_every`` is 0)."""
+    batch = int(_g(config, "train.batch_size", 1))
+    prompts = batch * int(_g(config, "train.gradient_accumulation_steps", 1))
+    k = int(_g(config, "online.num_samples", 2))
+    new = int(_g(config, "online.max_new_tokens", 64))
+    reward_model = bool(_g(config, "reward.model"))
+    score_batch = int(_g(config, "reward.score_batch_size", 16))
+    reference = _needs_reference(str(_g(config, "online.loss", "dpo")))
+    prompt = typical_length(cal, "prompt", None)
+    pair, completion = prompt + 2 * new, prompt + new
+
+    per_step = generation_seconds(cal, prompts, k, prompt, new)
+    per_step += reward_model * forward_seconds(cal, prompts * k, score_batch, completion)
+    per_step += supervised_step_seconds(
+        cal, prompts, batch, pair, lora=_lora(config), gc=_gc(config), head=2 * new
+    )
+    per_step += reference * forward_seconds(cal, prompts, batch, pair, head=2 * new)
+
+    held_out = int(_g(config, "data.eval_size", 0))
+    eval_batch = int(_g(config, "eval.eval_batch_size", batch))
+    one_eval = forward_seconds(cal, held_out, eval_batch, pair, head=2 * new)
+    one_eval += batched_generation_seconds(cal, held_out, eval_batch, 1, prompt, new)
+    one_eval += reward_model * forward_seconds(cal, held_out, score_batch, completion)
+    every = int(_g(config, "eval.eval_every", 0))
+    evals = (evals_in_run(steps, every) if every > 0 else 1) if held_out else 0  # the end's
+    parts = {
+        "steps": steps * per_step,
+        "eval": evals * one_eval,
+        "reference": reference * forward_seconds(cal, held_out, eval_batch, pair, head=2 * new),
+    }
+    return per_step, parts, 1 + int(reference) + int(reward_model)
+
+
+def _rejection_sampling_steps(config: TrainerConfig) -> int | None:
+    """The SFT stage's optimizer steps (trainers/rejection_sampling/train.py
+    ``planned_sft_steps``): the selection less ``sft.eval_size``, ``batch × accum`` a step,
+    ``sft.num_epochs`` times, capped by ``sft.max_steps``; None when the number of training
+    prompts is not fixed (``data.max_train_samples`` null)."""
+    prompts = _g(config, "data.max_train_samples")
+    if prompts is None:
+        return None
+    n = int(_g(config, "generation.num_completions_per_prompt", 1))
+    strategy = str(_g(config, "strategy", ""))
+    size = (
+        int(prompts)
+        if strategy.endswith("per_prompt")
+        else min(int(_g(config, "top_k", 0)), int(prompts) * n)
+    )
+    rows = max(size - int(_g(config, "sft.eval_size", 0)), 0)
+    per_step = int(_g(config, "sft.batch_size", 1)) * int(
+        _g(config, "sft.gradient_accumulation_steps", 1)
+    )
+    steps = math.ceil(rows / max(per_step, 1)) * int(_g(config, "sft.num_epochs", 1))
+    cap = _g(config, "sft.max_steps")
+    return min(steps, int(cap)) if cap else steps
+
+
+def _rejection_sampling(cal: dict[str, Any], config: TrainerConfig, steps: int):
+    """Rejection sampling (trainers/rejection_sampling/train.py), stage by stage: the pool
+    (``max_train_samples`` prompts, ``rollout_batch_size`` a call, each sampled
+    ``num_completions_per_prompt`` times to ``max_new_tokens``: every row to the limit, an
+    upper bound); its scores (the verifier is free here; a reward model, ``scorer.name``, reads
+    every completion, ``score_batch_size`` a pass, timed with the policy's calibration); the
+    starting policy's greedy completions of the ``max_test_samples`` held-out prompts
+    (``eval.baseline``); the SFT stage, ``steps`` optimizer steps over prompt + completion rows
+    (the completion through the LM head); the SFT model's greedy completions of the held-out
+    prompts. Models: the policy, the SFT stage's own load, the final model (and a reward model).
+    The pool and the baseline are cached per model, data and sampling, shared by the four
+    strategies: a run that finds them skips parts ``pool``, ``scoring`` and ``baseline``."""
+    prompts = int(_g(config, "data.max_train_samples", 0))
+    held_out = int(_g(config, "data.max_test_samples", 0) or 0)
+    n = int(_g(config, "generation.num_completions_per_prompt", 1))
+    new = int(_g(config, "generation.max_new_tokens", 512))
+    call = int(_g(config, "generation.rollout_batch_size", 8))
+    eval_new = int(_g(config, "eval.eval_max_new_tokens", new))
+    eval_batch = int(_g(config, "eval.eval_batch_size", 8))
+    prompt = typical_length(cal, "prompt", None)
+    reward_model = str(_g(config, "scorer.name", "verifier")) != "verifier"
+    score_batch = int(_g(config, "scorer.score_batch_size", 2))
+    cap = int(_g(config, "sft.max_seq_length", 0)) or None
+    row = min(prompt + new, float(cap)) if cap else prompt + new
+    batch = int(_g(config, "sft.batch_size", 1))
+    per_step = supervised_step_seconds(
+        cal,
+        batch * int(_g(config, "sft.gradient_accumulation_steps", 1)),
+        batch,
+        row,
+        lora=_lora(config),
+        gc=_gc(config),
+        head=max(row - prompt, 0.0),
+    )
+    greedy = batched_generation_seconds(cal, held_out, eval_batch, 1, prompt, eval_new)
+    sft_eval = int(_g(config, "sft.eval_size", 0))
+    parts = {
+        "pool": batched_generation_seconds(cal, prompts, call, n, prompt, new),
+        "scoring": reward_model * forward_seconds(cal, prompts * n, score_batch, prompt + new),
+        "baseline": greedy if bool(_g(config, "eval.baseline", True)) else 0.0,
+        "steps": steps * per_step,
+        "eval": greedy + forward_seconds(cal, sft_eval, eval_batch, row, head=row - prompt),
+    }
+    return per_step, parts, 3 + int(reward_model)
 
 
 def _gold_seconds(cal: dict[str, Any], config: TrainerConfig, steps: int) -> float:
@@ -302,14 +429,22 @@ def predict_from_calibration(
         steps = _rollout_steps(config)
         per_step, parts, models = _policy_gradients(cal, config, algorithm, steps)
         unit = "rollout steps"
-    elif algorithm == "online_dpo":  # samples its pairs each step: not the offline work model
-        return not_calibrated("no time model for online DPO yet")
     elif family in ("sft", "direct_alignment", "reward_models"):
         steps = expected_optimizer_steps(family, config)[0] or 0
         if not steps:
             return not_calibrated("the number of steps depends on the data set size")
-        model = {"sft": _sft, "direct_alignment": _direct_alignment}.get(family, _reward_models)
-        per_step, parts, models = model(cal, config, steps)
+        if algorithm == "online_dpo":  # samples and ranks its pairs each step
+            per_step, parts, models = _online_dpo(cal, config, steps)
+        elif family == "direct_alignment":
+            per_step, parts, models = _direct_alignment(cal, config, algorithm, steps)
+        else:
+            per_step, parts, models = {"sft": _sft}.get(family, _reward_models)(cal, config, steps)
+    elif family == "rejection_sampling":
+        steps = _rejection_sampling_steps(config)
+        if steps is None:
+            return not_calibrated("the number of prompts depends on the data set size")
+        per_step, parts, models = _rejection_sampling(cal, config, steps)
+        unit = "SFT steps"
     elif family == "distillation":
         steps = expected_optimizer_steps(family, config)[0] or 0
         if not steps:
@@ -317,7 +452,8 @@ def predict_from_calibration(
         per_step, parts, models = _distillation(cal, config, steps, teacher or cal)
     else:
         return not_calibrated(f"no time model for family {family} yet")
-    saves = int(bool(_g(config, "checkpoint.save_final_model", False)))
+    # rejection sampling's SFT stage always writes final_model/: its final evaluation loads it
+    saves = int(family == "rejection_sampling" or bool(_g(config, "checkpoint.save_final_model")))
     parts["start"] = startup_seconds(cal, models=models, saves=saves)
     total = sum(parts.values())
     return TimeEstimate(

@@ -165,17 +165,165 @@ def test_policy_gradient_work_model_by_hand():
     assert more.parts["start"] == pytest.approx(5 + 2 + 1)  # the reference model loads too
 
 
-def test_families_without_a_work_model_say_so():
-    rs = TrainerConfig("rejection_sampling", {"strategy": "top_per_prompt"})
-    est = pt.predict_from_calibration(STUB, "rejection_sampling", "top_per_prompt", rs)
+ONLINE_CONFIG = {
+    "loss": "online_dpo",
+    "model": {"name": "tiny", "gradient_checkpointing": False, "lora": {"enabled": False}},
+    "data": {"dataset": "builtin:reasoning-preferences", "max_samples": 40, "eval_size": 8},
+    "train": {"num_epochs": 1, "batch_size": 4, "gradient_accumulation_steps": 1},
+    "online": {"loss": "dpo", "num_samples": 2, "max_new_tokens": 16},
+    "reward": {"model": None, "score_batch_size": 16},
+    "eval": {"eval_every": 5, "eval_batch_size": 4},
+    "checkpoint": {"save_final_model": True},
+}
+
+
+def _online(**sections) -> TrainerConfig:
+    config = copy.deepcopy(ONLINE_CONFIG)
+    for section, values in sections.items():
+        config[section].update(values)
+    return TrainerConfig("direct_alignment", config)
+
+
+def test_online_dpo_work_model_by_hand():
+    """8 steps of 4 prompts × 2 samples: the policy samples (prefill 4 × 60 tokens, 15 decode
+    steps at 8 rows), trains on the 4 packed pairs (60 + 2 × 16 tokens) in one micro-batch and
+    the reference reads them; at steps 0, 5 and 8 the 8 held-out pairs through the policy and
+    greedy completions of their prompts, 4 a call; the reference reads the held-out pairs once;
+    the policy and the reference loaded, the final model saved. Until now it said "not
+    calibrated": the offline model had predicted 9 s for a shrunk tiny run, from a reference
+    pass over pairs it never has."""
+    est = pt.predict_from_calibration(STUB, "direct_alignment", "online_dpo", _online())
+    sampling = 4 * 60 / 2000 + 15 * 0.03  # decode at 8 rows: 0.02 + 0.03 × 4/12
+    update = 0.1 + 4 * 92 / 1000 + 0.05
+    reference = 0.02 + 4 * 92 / 4000
+    assert est.calibrated and est.steps == 8 and est.step_unit == "optimizer steps"
+    assert est.per_step_s == pytest.approx(sampling + update + reference, abs=0.01)
+    one_eval = 2 * (0.02 + 4 * 92 / 4000) + 2 * (4 * 60 / 2000 + 15 * 0.02)
+    assert est.parts["eval"] == pytest.approx(3 * one_eval, abs=0.05)
+    assert est.parts["reference"] == pytest.approx(2 * (0.02 + 4 * 92 / 4000), abs=0.05)
+    assert est.parts["start"] == pytest.approx(5 + 2 + 1 + 0.5)
+    assert est.total_s == pytest.approx(8 * 1.2 + 3 * one_eval + 0.224 + 8.5, abs=0.1)
+
+
+def test_online_dpo_times_its_pair_loss_reference_and_its_reward_model():
+    """A reference-free pair loss (SimPO) has no reference pass and loads one model fewer; a
+    ranker's reward model reads every sample (8 rows of 76 tokens, one pass of 16) and each
+    held-out greedy completion, and is loaded too."""
+    base = pt.predict_from_calibration(STUB, "direct_alignment", "online_dpo", _online())
+    simpo = pt.predict_from_calibration(
+        STUB, "direct_alignment", "online_dpo", _online(online={"loss": "simpo"})
+    )
+    assert base.per_step_s - simpo.per_step_s == pytest.approx(0.02 + 4 * 92 / 4000, abs=0.01)
+    assert simpo.parts["reference"] == 0 and simpo.parts["start"] == pytest.approx(7.5)
+    ranked = pt.predict_from_calibration(
+        STUB, "direct_alignment", "online_dpo", _online(reward={"model": "run:rm-1"})
+    )
+    read = 0.02 + 8 * 76 / 4000
+    assert ranked.per_step_s - base.per_step_s == pytest.approx(read, abs=0.01)
+    assert ranked.parts["eval"] - base.parts["eval"] == pytest.approx(3 * read, abs=0.05)
+    assert ranked.parts["start"] - base.parts["start"] == pytest.approx(1.0)
+
+
+def test_offline_reference_free_losses_have_no_reference_pass():
+    """SimPO and ORPO never load a reference: no pass over the pairs, one model (the DPO
+    prediction had counted both for them)."""
+    config = {
+        "model": {"name": "tiny", "lora": {"enabled": False}},
+        "data": {"dataset": "builtin:reasoning-preferences", "max_samples": 40, "eval_size": 8},
+        "train": {"num_epochs": 1, "batch_size": 4},
+        "eval": {"eval_every": 0, "eval_batch_size": 4},
+    }
+    dpo, simpo, orpo = (
+        pt.predict_from_calibration(
+            STUB, "direct_alignment", loss, TrainerConfig("direct_alignment", config)
+        )
+        for loss in ("dpo", "simpo", "orpo")
+    )
+    assert dpo.parts["reference"] > 0 and dpo.parts["start"] == pytest.approx(8.0)
+    for free in (simpo, orpo):
+        assert free.parts["reference"] == 0 and free.parts["start"] == pytest.approx(7.0)
+        assert free.parts["steps"] == dpo.parts["steps"]
+
+
+RS_CONFIG = {
+    "strategy": "top_per_prompt",
+    "top_k": 64,
+    "model": {"name": "tiny", "gradient_checkpointing": False, "lora": {"enabled": False}},
+    "scorer": {"name": "verifier", "score_batch_size": 2},
+    "data": {"dataset": "builtin:chain_sum", "max_train_samples": 16, "max_test_samples": 8},
+    "generation": {"num_completions_per_prompt": 4, "max_new_tokens": 16, "rollout_batch_size": 4},
+    "sft": {
+        "num_epochs": 1,
+        "max_steps": None,
+        "batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "max_seq_length": 1024,
+        "eval_size": 0,
+    },
+    "eval": {"eval_max_new_tokens": 16, "eval_batch_size": 4, "baseline": True},
+}
+
+
+def _rs(**changes) -> TrainerConfig:
+    config = copy.deepcopy(RS_CONFIG)
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            config[key].update(value)
+        else:
+            config[key] = value
+    return TrainerConfig("rejection_sampling", config)
+
+
+def test_rejection_sampling_work_model_by_hand():
+    """16 prompts × 4 samples, 4 prompts a call (prefill 4 × 60, 15 decode steps at 16 rows);
+    the verifier scores for free; the baseline and the final evaluation each decode the 8
+    held-out prompts greedily, 4 a call; SFT on the 16 selected completions (one per prompt),
+    2 × 2 a step: 4 steps of two micro-batches of 2 rows × 76 tokens; the policy, the SFT
+    stage's load and the final model's (three), the final model saved."""
+    est = pt.predict_from_calibration(STUB, "rejection_sampling", "top_per_prompt", _rs())
+    assert est.calibrated and est.steps == 4 and est.step_unit == "SFT steps"
+    assert est.per_step_s == pytest.approx(2 * (0.1 + 2 * 76 / 1000) + 0.05, abs=0.01)
+    assert est.parts["pool"] == pytest.approx(4 * (4 * 60 / 2000 + 15 * 0.05), abs=0.05)
+    greedy = 2 * (4 * 60 / 2000 + 15 * 0.02)
+    assert est.parts["baseline"] == pytest.approx(greedy, abs=0.05)
+    assert est.parts["eval"] == pytest.approx(greedy, abs=0.05)
+    assert est.parts["scoring"] == 0
+    assert est.parts["start"] == pytest.approx(5 + 2 + 2 * 1 + 0.5)
+    assert est.total_s == pytest.approx(3.48 + 2 * 0.84 + 4 * 0.554 + 9.5, abs=0.1)
+
+
+def test_rejection_sampling_steps_follow_the_strategy_and_its_caps():
+    """An overall strategy keeps min(top_k, pool) completions; ``sft.max_steps`` caps; no
+    baseline, no baseline part; a reward model reads the pool (64 rows of 76 tokens, 2 a pass)
+    and loads; an unfixed prompt count is not guessed."""
+
+    def steps(**changes):
+        return pt.predict_from_calibration(STUB, "rejection_sampling", "x", _rs(**changes)).steps
+
+    assert steps(strategy="top_k_overall", top_k=10) == 3  # ceil(10 / 4)
+    assert steps(strategy="random_k_overall", top_k=1000) == 16  # the whole pool of 64
+    assert steps(sft={"max_steps": 2}) == 2
+    assert steps(sft={"eval_size": 4, "num_epochs": 3}) == 9  # ceil(12 / 4) × 3
+    plain = pt.predict_from_calibration(STUB, "rejection_sampling", "x", _rs())
+    quiet = pt.predict_from_calibration(
+        STUB, "rejection_sampling", "x", _rs(eval={"baseline": False})
+    )
+    assert quiet.parts["baseline"] == 0 and quiet.parts["eval"] == plain.parts["eval"]
+    scored = pt.predict_from_calibration(
+        STUB, "rejection_sampling", "x", _rs(scorer={"name": "run:rm-1"})
+    )
+    assert scored.parts["scoring"] == pytest.approx(32 * (0.02 + 2 * 76 / 4000), abs=0.05)
+    assert scored.parts["start"] - plain.parts["start"] == pytest.approx(1.0)
+    open_ended = _rs(data={"max_train_samples": None})
+    est = pt.predict_from_calibration(STUB, "rejection_sampling", "x", open_ended)
     assert not est.calibrated
-    assert est.text == "time: not calibrated (no time model for family rejection_sampling yet)"
-    # online DPO samples and ranks its pairs every step: the offline work model would leave
-    # that out (it predicted a shrunk tiny run at 9 s, its reference pass over pairs it never has)
-    online = TrainerConfig("direct_alignment", {"loss": "online_dpo", "data": {"max_samples": 64}})
-    est = pt.predict_from_calibration(STUB, "direct_alignment", "online_dpo", online)
-    assert est.text == "time: not calibrated (no time model for online DPO yet)"
-    assert est.total_s is None
+    assert est.text == "time: not calibrated (the number of prompts depends on the data set size)"
+
+
+def test_a_family_without_a_work_model_says_so():
+    est = pt.predict_from_calibration(STUB, "bandits", "ucb", TrainerConfig("bandits", {}))
+    assert not est.calibrated and est.total_s is None
+    assert est.text == "time: not calibrated (no time model for family bandits yet)"
 
 
 @pytest.mark.parametrize("case", ["sft", "dpo", "preference_rm", "grpo", "eval"])
