@@ -113,23 +113,31 @@ def expected_optimizer_steps(family: str, view: TrainerConfig) -> tuple[int | No
         return steps, detail
 
     if family == "rejection_sampling":
-        m = g(view.find_key("max_train_samples") or "", None)
-        if m is None:
-            return None, "depends on the number of training prompts"
-        strategy = str(g(view.find_key("strategy") or "", "") or "")
-        n = int(m)
-        if strategy.endswith("k_overall"):
-            k = g(view.find_key("top_k") or "", None)
-            c = g(view.find_key("num_completions_per_prompt") or "", 1)
-            if k is not None:
-                n = min(int(k), n * int(c or 1))
-        bkey = view.find_key("batch_size") or view.find_key("train_batch_size")
-        akey = view.find_key("gradient_accumulation_steps") or view.find_key("batch_acc")
-        ekey = view.find_key("num_epochs")
-        b = int(g(bkey or "", 1) or 1)
-        a = int(g(akey or "", 1) or 1)
-        e = int(g(ekey or "", 1) or 1)
-        steps = math.ceil(n / (b * a)) * e
-        return steps, f"SFT on {n} selected completions: ceil({n} / ({b} × {a})) × {e} epoch(s)"
+        return _rejection_sampling_steps(view)
 
     return None, f"no step rule for family {family}"
+
+
+def _rejection_sampling_steps(view: TrainerConfig) -> tuple[int | None, str]:
+    """The SFT stage's optimizer steps, the trainer's rule (trainers/rejection_sampling/train.py
+    ``planned_sft_steps``): the selection (one completion per prompt, or min(``top_k``, the
+    pool) for the overall strategies) less ``sft.eval_size``, ``batch × accum`` a step,
+    ``sft.num_epochs`` times, capped by ``sft.max_steps``."""
+    g = view.get
+    prompts = g("data.max_train_samples")
+    if prompts is None:
+        return None, "depends on the number of training prompts (data.max_train_samples is null)"
+    n = int(g("generation.num_completions_per_prompt", 1) or 1)
+    per_prompt = str(g("strategy", "") or "").endswith("per_prompt")
+    size = int(prompts) if per_prompt else min(int(g("top_k", 0) or 0), int(prompts) * n)
+    held = int(g("sft.eval_size", 0) or 0)
+    batch = int(g("sft.batch_size", 1) or 1)
+    accum = int(g("sft.gradient_accumulation_steps", 1) or 1)
+    epochs = int(g("sft.num_epochs", 1) or 1)
+    cap = g("sft.max_steps")
+    steps = _epochs_steps(size - held, batch * accum, epochs, int(cap) if cap else None)
+    what = "one per prompt" if per_prompt else f"min(top_k {g('top_k')}, {prompts} × {n})"
+    detail = f"SFT on {size} selected completions ({what})"
+    detail += f" less {held} held out" if held else ""
+    detail += f": ceil({size - held} / ({batch} × {accum})) × {epochs} epoch(s)"
+    return steps, detail + (f", capped by sft.max_steps = {cap}" if cap else "")

@@ -244,30 +244,6 @@ def _online_dpo(cal: dict[str, Any], config: TrainerConfig, steps: int):
     return per_step, parts, 1 + int(reference) + int(reward_model)
 
 
-def _rejection_sampling_steps(config: TrainerConfig) -> int | None:
-    """The SFT stage's optimizer steps (trainers/rejection_sampling/train.py
-    ``planned_sft_steps``): the selection less ``sft.eval_size``, ``batch × accum`` a step,
-    ``sft.num_epochs`` times, capped by ``sft.max_steps``; None when the number of training
-    prompts is not fixed (``data.max_train_samples`` null)."""
-    prompts = _g(config, "data.max_train_samples")
-    if prompts is None:
-        return None
-    n = int(_g(config, "generation.num_completions_per_prompt", 1))
-    strategy = str(_g(config, "strategy", ""))
-    size = (
-        int(prompts)
-        if strategy.endswith("per_prompt")
-        else min(int(_g(config, "top_k", 0)), int(prompts) * n)
-    )
-    rows = max(size - int(_g(config, "sft.eval_size", 0)), 0)
-    per_step = int(_g(config, "sft.batch_size", 1)) * int(
-        _g(config, "sft.gradient_accumulation_steps", 1)
-    )
-    steps = math.ceil(rows / max(per_step, 1)) * int(_g(config, "sft.num_epochs", 1))
-    cap = _g(config, "sft.max_steps")
-    return min(steps, int(cap)) if cap else steps
-
-
 def _rejection_sampling(cal: dict[str, Any], config: TrainerConfig, steps: int):
     """Rejection sampling (trainers/rejection_sampling/train.py), stage by stage: the pool
     (``max_train_samples`` prompts, ``rollout_batch_size`` a call, each sampled
@@ -440,7 +416,7 @@ def predict_from_calibration(
         else:
             per_step, parts, models = {"sft": _sft}.get(family, _reward_models)(cal, config, steps)
     elif family == "rejection_sampling":
-        steps = _rejection_sampling_steps(config)
+        steps = expected_optimizer_steps(family, config)[0]
         if steps is None:
             return not_calibrated("the number of prompts depends on the data set size")
         per_step, parts, models = _rejection_sampling(cal, config, steps)

@@ -249,6 +249,30 @@ def test_expected_steps_match_the_trainer(tmp_path):
     assert progress["total_steps"] == res.expected_progress_steps == 4
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["sft.max_steps=2"],  # the plan had ignored the cap: 8 steps said, 2 run
+        ["sft.eval_size=12", "sft.num_epochs=3"],
+        ["top_k=20"],
+    ],
+)
+@pytest.mark.parametrize("strategy", ["top_per_prompt", "top_k_overall"])
+def test_rejection_sampling_steps_are_the_trainers(strategy, extra):
+    """The plan's SFT-stage steps follow the trainer's own rule (its selection size and
+    ``planned_sft_steps``) for each strategy, cap and held-out share."""
+    from trainers.core.config import validate_config
+    from trainers.rejection_sampling.config import RejectionSamplingConfig, selection_size
+    from trainers.rejection_sampling.train import planned_sft_steps
+
+    res = shrink_config(strategy, as_overrides(extra), model="tiny")
+    cfg = validate_config(res.config, RejectionSamplingConfig, source="test")
+    n = cfg.generation.num_completions_per_prompt
+    size = selection_size(cfg.strategy, cfg.data.max_train_samples, n, cfg.top_k)
+    assert res.expected_optimizer_steps == planned_sft_steps(cfg, size)
+
+
 # ---------------------------------------------------------------------------------------------
 # plan on every shipped recipe
 # ---------------------------------------------------------------------------------------------
