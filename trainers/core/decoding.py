@@ -107,7 +107,9 @@ def filter_logits(logits: Tensor, sampling: Sampling) -> Tensor:
         kth_largest = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))  # ties with k-th kept
     if sampling.top_p < 1.0:
-        ascending, order = torch.sort(logits, dim=-1)
+        # stable: of tied tokens the nucleus's edge drops the lower ids first, wherever the
+        # row is sorted (the whole vocabulary, or the top-k candidates in vocabulary order)
+        ascending, order = torch.sort(logits, dim=-1, stable=True)
         mass_below = ascending.softmax(dim=-1).cumsum(dim=-1)
         drop_sorted = mass_below <= 1.0 - sampling.top_p
         drop_sorted[..., -1] = False
@@ -124,9 +126,56 @@ def choose_next(logits: Tensor, sampling: Sampling, generator=None) -> Tensor:
     """One token id per row: argmax when greedy, else a draw from softmax(filtered logits)."""
     if not sampling.do_sample:
         return logits.argmax(dim=-1)
-    probs = filter_logits(logits, sampling).softmax(dim=-1)
-    uniforms = torch.rand(probs.shape[0], generator=generator, device=probs.device)
-    return pick_by_inverse_cdf(probs, uniforms)
+    uniforms = torch.rand(logits.shape[0], generator=generator, device=logits.device)
+    return draw(logits, sampling, uniforms)
+
+
+def draw(logits: Tensor, sampling: Sampling, uniforms: Tensor) -> Tensor:
+    """Row i's draw from softmax(filtered logits) by ``uniforms[i]`` (:func:`pick_by_inverse_cdf`).
+    With top-k on, only the k candidates are filtered and drawn from (:func:`draw_within_top_k`):
+    the same tokens as the whole-vocabulary computation (:func:`draw_dense`), whose sort and
+    cumulative sum over every token cost more than the model's forward at 32 rows on a CPU."""
+    if 0 < sampling.top_k < logits.shape[-1]:
+        picked = draw_within_top_k(logits, sampling, uniforms)
+        if picked is not None:
+            return picked
+    return draw_dense(logits, sampling, uniforms)
+
+
+def draw_dense(logits: Tensor, sampling: Sampling, uniforms: Tensor) -> Tensor:
+    """The draw over the whole vocabulary: every filter, the softmax and the cumulative sum on
+    all ``vocab`` logits of each row."""
+    return pick_by_inverse_cdf(filter_logits(logits, sampling).softmax(dim=-1), uniforms)
+
+
+# Candidates beyond which tokens tied with the k-th are left to the whole-vocabulary draw.
+TIED_CANDIDATES_MAX = 1024
+
+
+def draw_within_top_k(logits: Tensor, sampling: Sampling, uniforms: Tensor) -> Tensor | None:
+    """The top-k draw computed on the candidates alone: the temperature-scaled logits' top k
+    (and every token tied with the k-th, as top-k keeps them), put back in vocabulary order so
+    that the cumulative sum runs as it does over the whole row, then top-p and min-p among them
+    and the inverse-CDF pick. Tokens outside the candidates have probability zero in the dense
+    computation, so the picks are the same (up to the order of additions in the softmax's sum:
+    a last-bit difference that moves a pick only when a uniform falls on it). None when more
+    than :data:`TIED_CANDIDATES_MAX` tokens tie with the k-th (a row with too few finite
+    logits): the dense draw takes those."""
+    k = sampling.top_k
+    scaled = logits / sampling.temperature  # ties are decided after scaling, as the filter does
+    values, ids = torch.topk(scaled, k, dim=-1)
+    kth = values[..., -1:]
+    width = int((scaled >= kth).sum(dim=-1).max())  # k unless tokens tie with the k-th
+    if width > TIED_CANDIDATES_MAX:
+        return None
+    if width > k:
+        values, ids = torch.topk(scaled, width, dim=-1)
+        values = values.masked_fill(values < kth, float("-inf"))  # rows with fewer ties
+    ids, order = ids.sort(dim=-1)
+    among = values.gather(-1, order)
+    rest = Sampling(temperature=1.0, top_p=sampling.top_p, min_p=sampling.min_p)
+    picked = pick_by_inverse_cdf(filter_logits(among, rest).softmax(dim=-1), uniforms)
+    return ids.gather(-1, picked[:, None]).squeeze(-1)
 
 
 def pick_by_inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:

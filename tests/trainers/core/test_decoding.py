@@ -26,6 +26,9 @@ from trainers.core.decoding import (
     _last_logits_only,
     choose_next,
     cut_after_first_stop,
+    draw,
+    draw_dense,
+    draw_within_top_k,
     filter_logits,
     left_pad,
     pick_by_inverse_cdf,
@@ -116,6 +119,41 @@ def test_draws_over_a_real_vocabulary_match_the_distribution():
     assert freq[expected == 0].sum() == 0, "a token outside the top-p nucleus was drawn"
     top = expected.topk(5).indices
     assert torch.allclose(freq[top], expected[top], atol=0.01), (freq[top], expected[top])
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        Sampling(temperature=0.6, top_k=20, top_p=0.95),  # the policy-gradient recipes'
+        Sampling(temperature=0.8, top_k=20, top_p=0.95),  # rejection sampling's
+        Sampling(temperature=1.0, top_k=5),
+        Sampling(temperature=0.8, top_k=50, top_p=0.5, min_p=0.05),
+        Sampling(temperature=1.3, top_k=2, top_p=0.3),
+    ],
+    ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}-minp{s.min_p}",
+)
+def test_a_top_k_draw_on_its_candidates_picks_what_the_whole_vocabulary_picks(sampling):
+    """The draw computed on the k candidates (the fast path) against the draw over all 49,152
+    tokens with the same uniforms: random rows, rows rounded to bfloat16 (many ties near the
+    k-th value), rows that tie at the k-th on purpose, and rows with fewer finite logits than
+    k (the dense draw takes those)."""
+    gen = torch.Generator().manual_seed(5)
+    vocab = 49152
+    rows = torch.randn(64, vocab, generator=gen) * 4
+    rounded = (torch.randn(64, vocab, generator=gen) * 4).bfloat16().float()
+    tied = torch.randn(8, vocab, generator=gen)
+    tied[:, :40] = 9.0  # 40 tokens share the top value: top-k keeps all of them
+    tied[:4, 40:43] = 8.0
+    short = torch.full((4, vocab), float("-inf"))
+    short[:, 0] = 1.0  # one finite logit, fewer than any k here
+    for logits in (rows, rounded, tied, short):
+        uniforms = torch.rand(logits.shape[0], generator=gen)
+        assert torch.equal(draw(logits, sampling, uniforms), draw_dense(logits, sampling, uniforms))
+    assert draw_within_top_k(short, sampling, torch.rand(4)) is None  # the rest tie at -inf
+    assert draw(short, sampling, torch.rand(4)).tolist() == [0, 0, 0, 0]
+    kept = filter_logits(rounded, sampling)
+    picks = draw(rounded, sampling, torch.rand(64, generator=gen))
+    assert torch.isfinite(kept.gather(-1, picks[:, None])).all()  # never a filtered-out token
 
 
 def test_bad_sampling_settings_are_refused_with_the_rule():
