@@ -24,6 +24,7 @@ from rlhf_lab.cli.commands import (
 from rlhf_lab.cli.interrupts import Interrupts, sigint_restored
 from rlhf_lab.cli.render import table as _table
 from rlhf_lab.cli.steps import lab_errors
+from rlhf_lab.planning.notices import listening
 
 NoCalibrateOpt = Annotated[
     bool,
@@ -134,10 +135,17 @@ def plan(o: PlanFlags) -> None:
         for choice in p.offline_choices:
             typer.echo(f"offline choice: {choice}")
 
-    planned = api.plan_experiment(
-        o.request, o.algorithm, o.model, o.campaign, o.set_ or [], calibrate=not o.no_calibrate
-    )
+    with listening(_say_on_stderr):
+        planned = api.plan_experiment(
+            o.request, o.algorithm, o.model, o.campaign, o.set_ or [], calibrate=not o.no_calibrate
+        )
     emit(planned, o.as_json, human)
+
+
+def _say_on_stderr(message: str) -> None:
+    """A slow planning step starting (a throughput calibration, a probe): on stderr, so that
+    stdout keeps only the answer (``--json`` stays parseable)."""
+    typer.echo(message, err=True)
 
 
 @app.command()
@@ -298,7 +306,8 @@ def launch(o: LaunchFlags) -> None:
     device's jobs end, --force starts it regardless. A learning rate outside the plausible
     range is a warning; above 1 is refused."""
     interrupts = Interrupts().install() if o.foreground else Interrupts()  # before the run starts
-    result = api.launch(o.request())
+    with listening(_say_on_stderr):
+        result = api.launch(o.request())
     if o.as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:

@@ -608,6 +608,12 @@ def calibrate(
     report = load_cached(Path(folder) if folder else None, key)
     cal.cached = report is not None
     if report is None:
+        from rlhf_lab.planning.notices import starting
+
+        starting(
+            f"probing {cal.model} on {len(candidates)} candidate task(s), {settings.prompts} "
+            f"prompts × {settings.samples} samples each, to pick the run's task (once: cached)..."
+        )
         try:
             report = probe(model, candidates, settings)
         except Exception as err:  # noqa: BLE001 - a failed probe leaves the run as configured

@@ -260,6 +260,13 @@ def get_calibration(
         return CalibrationResult(
             key=key, reason=f"model {model} cannot be loaded here (no download is attempted)"
         )
+    from rlhf_lab.planning.notices import starting
+
+    where = f"{device}, {threads} thread(s)" if threads else device
+    starting(
+        f"measuring the throughput of {model} on {where} for the time estimates "
+        "(once: cached for later plans)..."
+    )
     start = time.perf_counter()
     try:
         data = (_scope().measure or _measure)(model, device, threads)

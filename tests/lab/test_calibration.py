@@ -206,6 +206,21 @@ def test_candidates_for_a_request_lead_with_it_then_its_ladder():
 # ---- calibrate() with a stubbed probe ------------------------------------------------------------
 
 
+def test_a_probe_says_when_it_starts_and_a_cached_one_says_nothing(tmp_path):
+    """The probe takes minutes on a real model the first time: a listener (the CLI's stderr)
+    hears that it starts, with its size; an answer from the cache is silent."""
+    from rlhf_lab.planning.notices import listening
+
+    heard: list[str] = []
+    policy = CalibrationPolicy(probe=StubProbe(RATES), cache_dir=tmp_path)
+    with listening(heard.append):
+        _, cal = shrink_calibrated(shrink_config, "grpo", [], "tiny", policy)
+        shrink_calibrated(shrink_config, "grpo", [], "tiny", policy)
+    assert len(heard) == 1, heard
+    assert heard[0].startswith("probing tiny on ") and "to pick the run's task" in heard[0]
+    assert f"{cal.settings.prompts} prompts × {cal.settings.samples} samples" in heard[0]
+
+
 def test_shrink_calibrated_applies_the_choice_before_user_overrides(tmp_path):
     probe = StubProbe(RATES)
     policy = CalibrationPolicy(probe=probe, cache_dir=tmp_path)

@@ -652,6 +652,25 @@ def test_cli_plan_prints_each_runs_time_and_the_total(cache, tmp_path, monkeypat
     assert "time: not calibrated (no calibration cached for this model here)" in bare.output
 
 
+def test_cli_plan_says_on_stderr_when_it_measures_a_calibration(cache, tmp_path, monkeypatch):
+    """A first plan of a model measures its throughput (about a minute for SmolLM2): the CLI
+    says so on stderr while stdout keeps only the plan (--json stays parseable); a second plan
+    reads the cache and says nothing."""
+    from typer.testing import CliRunner
+
+    from rlhf_lab.cli import app
+
+    monkeypatch.setenv("RLHF_LAB_ROOT", str(tmp_path))
+    argv = ["plan", "sft sanity check", "--model", "tiny", "--json"]
+    with tc.calibration_scope(None, measure=lambda model, *a: dict(STUB, model=model)):
+        first = CliRunner().invoke(app, argv)
+        again = CliRunner().invoke(app, argv)
+    assert first.exit_code == 0, first.output
+    assert "measuring the throughput of tiny on cpu" in first.stderr
+    assert json.loads(first.stdout)["runs"][0]["time"]["calibrated"]
+    assert "measuring" not in again.stderr
+
+
 def test_a_launch_writes_the_prediction_into_run_json(cache, tmp_path, monkeypatch):
     from rlhf_lab.api.launching import with_predicted_time
     from rlhf_lab.planning.trainer_config import TrainerConfig
