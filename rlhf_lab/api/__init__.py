@@ -73,6 +73,7 @@ _LAZY: dict[str, str] = {
     "estimate_memory": "rlhf_lab.api.recipes",
     "device_free_gb": "rlhf_lab.api.recipes",
     "slurm_job_preview": "rlhf_lab.api.placement",
+    "listening": "rlhf_lab.planning.notices",  # slow planning steps say they start
     "acceptance_text": "rlhf_lab.api.recipes",
     "find_known_recipe": "rlhf_lab.api.recipes",
     # runs

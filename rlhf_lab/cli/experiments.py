@@ -24,7 +24,6 @@ from rlhf_lab.cli.commands import (
 from rlhf_lab.cli.interrupts import Interrupts, sigint_restored
 from rlhf_lab.cli.render import table as _table
 from rlhf_lab.cli.steps import lab_errors
-from rlhf_lab.planning.notices import listening
 
 NoCalibrateOpt = Annotated[
     bool,
@@ -135,7 +134,7 @@ def plan(o: PlanFlags) -> None:
         for choice in p.offline_choices:
             typer.echo(f"offline choice: {choice}")
 
-    with listening(_say_on_stderr):
+    with api.listening(_say_on_stderr):
         planned = api.plan_experiment(
             o.request, o.algorithm, o.model, o.campaign, o.set_ or [], calibrate=not o.no_calibrate
         )
@@ -306,7 +305,7 @@ def launch(o: LaunchFlags) -> None:
     device's jobs end, --force starts it regardless. A learning rate outside the plausible
     range is a warning; above 1 is refused."""
     interrupts = Interrupts().install() if o.foreground else Interrupts()  # before the run starts
-    with listening(_say_on_stderr):
+    with api.listening(_say_on_stderr):
         result = api.launch(o.request())
     if o.as_json:
         typer.echo(result.model_dump_json(indent=2))
