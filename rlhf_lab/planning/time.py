@@ -146,6 +146,10 @@ def predict_from_calibration(
     saves = int(family == "rejection_sampling" or saved)
     parts["start"] = startup_seconds(cal, models=models, saves=saves)
     total = sum(parts.values())
+    text = time_text(total, steps, per_step)
+    if family == "rejection_sampling":  # most of it is the pool, sampled before any step
+        pool, step = format_duration(parts["pool"]), format_duration(per_step)
+        text = f"~{format_duration(total)} (the pool {pool}, then {steps} SFT steps × {step})"
     return TimeEstimate(
         calibrated=True,
         total_s=round(total, 1),
@@ -153,7 +157,7 @@ def predict_from_calibration(
         steps=steps,
         step_unit=unit,
         parts={k: round(v, 1) for k, v in parts.items()},
-        text=time_text(total, steps, per_step),
+        text=text,
         device=str(cal.get("device")),
         threads=cal.get("threads"),
     )

@@ -291,6 +291,7 @@ def test_rejection_sampling_work_model_by_hand():
     assert est.parts["start"] == pytest.approx(5 + 2 + 2 * 1 + 0.5)
     assert est.parts["stages"] == 5.0  # the stages' own imports: one more import_s
     assert est.total_s == pytest.approx(3.48 + 2 * 0.84 + 4 * 0.554 + 9.5 + 5, abs=0.1)
+    assert est.text == "~22 s (the pool 3.5 s, then 4 SFT steps × 0.6 s)"  # where the time goes
 
 
 def test_rejection_sampling_steps_follow_the_strategy_and_its_caps():
