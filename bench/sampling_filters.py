@@ -25,7 +25,6 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from _common import ROOT, alternate, print_table, write_results
 
@@ -62,24 +61,22 @@ def one_draw(rows: int, settings: dict, repeats: int = 30) -> dict:
 
 def end_to_end(model_name: str, rows: int, new: int, rounds: int) -> dict:
     import torch
+    from decoding import chat_prompts  # bench/decoding.py: this script's folder is on the path
 
-    import trainers.core.decoding as decoding
+    import trainers.core.decoding as engine
     from trainers.core.decoding import Sampling, sample_tokens
     from trainers.core.models import load_causal_lm, load_tokenizer
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from decoding import chat_prompts
 
     tok = load_tokenizer(model_name)
     model = load_causal_lm(model_name, device="cpu", dtype="fp32", trainable=False)
     prompts = chat_prompts(tok, rows)
     sampling = Sampling(**SETTINGS["policy gradients"])
-    fast = decoding.draw
+    fast = engine.draw
     outputs: dict[str, list] = {}
 
     def contender(name: str, chosen):
         def go() -> dict:
-            decoding.draw = chosen  # choose_next looks the draw up at call time
+            engine.draw = chosen  # choose_next looks the draw up at call time
             try:
                 start = time.perf_counter()
                 out = sample_tokens(
@@ -93,7 +90,7 @@ def end_to_end(model_name: str, rows: int, new: int, rounds: int) -> dict:
                 )
                 wall = time.perf_counter() - start
             finally:
-                decoding.draw = fast
+                engine.draw = fast
             outputs[name] = out
             return {"wall_s": wall, "tokens_per_s": sum(len(r) for r in out) / wall}
 
@@ -102,7 +99,7 @@ def end_to_end(model_name: str, rows: int, new: int, rounds: int) -> dict:
     with torch.no_grad():
         results = alternate(
             {
-                "whole vocabulary": contender("whole vocabulary", decoding.draw_dense),
+                "whole vocabulary": contender("whole vocabulary", engine.draw_dense),
                 "candidates": contender("candidates", fast),
             },
             rounds,

@@ -120,16 +120,19 @@ def expected_optimizer_steps(family: str, view: TrainerConfig) -> tuple[int | No
 
 def _rejection_sampling_steps(view: TrainerConfig) -> tuple[int | None, str]:
     """The SFT stage's optimizer steps, the trainer's rule (trainers/rejection_sampling/train.py
-    ``planned_sft_steps``): the selection (one completion per prompt, or min(``top_k``, the
-    pool) for the overall strategies) less ``sft.eval_size``, ``batch × accum`` a step,
+    ``planned_sft_steps``): the selection (the trainer's ``selection_size``: one completion per
+    prompt, or min(``top_k``, the pool) for the overall strategies) less ``sft.eval_size``, ``batch × accum`` a step,
     ``sft.num_epochs`` times, capped by ``sft.max_steps``."""
+    from trainers.rejection_sampling.config import selection_size  # torch-free
+
     g = view.get
     prompts = g("data.max_train_samples")
     if prompts is None:
         return None, "depends on the number of training prompts (data.max_train_samples is null)"
     n = int(g("generation.num_completions_per_prompt", 1) or 1)
-    per_prompt = str(g("strategy", "") or "").endswith("per_prompt")
-    size = int(prompts) if per_prompt else min(int(g("top_k", 0) or 0), int(prompts) * n)
+    strategy = str(g("strategy", "") or "")
+    per_prompt = strategy.endswith("per_prompt")
+    size = selection_size(strategy, int(prompts), n, int(g("top_k", 0) or 0))
     held = int(g("sft.eval_size", 0) or 0)
     batch = int(g("sft.batch_size", 1) or 1)
     accum = int(g("sft.gradient_accumulation_steps", 1) or 1)

@@ -353,14 +353,14 @@ def slurm_run_state(
     return run_state, error, False, state
 
 
-def stop_slurm_run(record: dict, grace_s: float) -> bool:
-    """SIGTERM to the job's steps (the trainer checkpoints and exits), or cancel a job that has
-    not started; after ``grace_s`` seconds still in Slurm's queue, cancel it. True when it had
-    to cancel a running job (the run is then ``killed``)."""
-    job_id = str((record.get("slurm") or {}).get("job_id") or "")
+def stop_slurm_run(job_id: str, state: str | None, grace_s: float) -> bool:
+    """SIGTERM to the steps of job ``job_id`` (the trainer checkpoints and exits), or cancel it
+    when it has not started; after ``grace_s`` seconds still in Slurm's queue, cancel it.
+    ``state``: Slurm's state of the job, asked by the caller before it recorded the stop (a
+    controller that does not answer refuses the stop before anything is written). True when it
+    had to cancel a running job (the run is then ``killed``)."""
     if not job_id:
         return False
-    state, _ = job_state(job_id)
     if state in QUEUED_STATES:
         _slurm("scancel", job_id)
         return False

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from pydantic import Field
 
-from rlhf_lab.errors import Unavailable
 from rlhf_lab.paths import find_run
 from rlhf_lab.runs.folder import (
     read_exit,
@@ -89,21 +88,16 @@ def stop_run(run_id: str, grace_s: float = STOP_GRACE_S) -> StopResult:
 def _stop_slurm(run_dir: Path, status: RunStatus, grace_s: float) -> StopResult:
     """Stop a Slurm run: a pending job is cancelled (``stopped``, it never started); a running
     one gets SIGTERM in its steps and, after ``grace_s``, is cancelled (``killed``)."""
-    from rlhf_lab.runs.slurm import stop_slurm_run
+    from rlhf_lab.runs.slurm import job_state, stop_slurm_run
 
+    job_id = status.slurm_job or ""
+    slurm_state = job_state(job_id)[0] if job_id else None  # Unavailable: nothing written yet
     with _run_lock(run_dir):
         record = _read_record(run_dir)
         record["stop_requested_at"] = _now()
         _atomic_write_json(run_dir / "run.json", record)
     pending = status.state == "queued"
-    try:
-        cancelled = stop_slurm_run(record, grace_s)
-    except Unavailable:  # Slurm could not be asked: nothing was stopped, so nothing is recorded
-        with _run_lock(run_dir):
-            record = _read_record(run_dir)
-            record.pop("stop_requested_at", None)
-            _atomic_write_json(run_dir / "run.json", record)
-        raise
+    cancelled = stop_slurm_run(job_id, slurm_state, grace_s)
     if pending or cancelled:
         with _run_lock(run_dir):
             record = _read_record(run_dir)
