@@ -25,6 +25,7 @@ from trainers.core.pair_packing import (
     place_pairs,
 )
 from trainers.core.reward_model import build_reward_model
+from trainers.core.training import use_gradient_checkpointing
 from trainers.direct_alignment.config import DirectAlignmentConfig
 from trainers.direct_alignment.data import TokenizedExample
 from trainers.direct_alignment.losses import LOSSES, LossInputs
@@ -184,6 +185,15 @@ def test_packed_log_probs_equal_one_pair_per_row_and_the_two_row_path(attn, name
     torch.manual_seed(3)
     model = load_causal_lm("tiny", device="cpu", attn_implementation=attn, trainable=True)
     check_log_probs_of_every_layout(model, SETS[name])
+
+
+def test_packed_log_probs_hold_under_gradient_checkpointing():
+    torch.manual_seed(3)
+    model = load_causal_lm("tiny", device="cpu", trainable=True)
+    use_gradient_checkpointing(model, True)
+    model.train()
+    assert model.get_decoder().gradient_checkpointing
+    check_log_probs_of_every_layout(model, SETS["very_different"])
 
 
 def moved_log_probs(model, packed, **wrong) -> torch.Tensor:
