@@ -49,9 +49,9 @@ def random_pairs(sizes: list[tuple[int, int, int]], seed: int) -> list[Tokenized
     return [TokenizedExample(ids(p), ids(c), ids(r)) for p, c, r in sizes]
 
 
-# eight short pairs (4-6 tokens) and one of 24: rows [long], [6, 6, 5, 5], [4, 4, 4, 4]
-SHORT_AND_LONG = [(2, 1, 1), (2, 2, 1), (2, 2, 2), (2, 1, 1)] * 2
-SHORT_AND_LONG = random_pairs([*SHORT_AND_LONG[:4], (10, 8, 6), *SHORT_AND_LONG[4:]], seed=1)
+# eight short pairs (4-6 tokens) around one of 24 (pair 4): rows [24], [6, 6, 5, 5], [4, 4, 4, 4]
+SHORT = [(2, 1, 1), (2, 2, 1), (2, 2, 2), (2, 1, 1)]
+SHORT_AND_LONG = random_pairs([*SHORT, (10, 8, 6), *SHORT], seed=1)
 SETS = {
     "mixed": EXAMPLES,
     "single": random_pairs([(5, 3, 4)], seed=2),
