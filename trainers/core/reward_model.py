@@ -120,8 +120,8 @@ class RewardModel(nn.Module):
         return self.head(hidden[rows, last].float()).squeeze(-1)
 
     def packed_pair_scores(self, packed: PackedPairs) -> Tensor:
-        """:meth:`sequence_scores` of N pairs packed one row per pair
-        (``trainers.core.pair_packing``): (2N,), every chosen score then every rejected one."""
+        """:meth:`sequence_scores` of N packed pairs (``trainers.core.pair_packing``, any number
+        of pairs a row): (2N,), every chosen score then every rejected one."""
         if self.num_labels != 1:
             raise ValueError("packed_pair_scores needs a scalar head (preference or orm)")
         hidden = packed_last_hidden(self.backbone.get_decoder(), packed)

@@ -74,8 +74,9 @@ def batch_logps(
     """One concatenated forward over every sequence of the micro-batch, each example's prompt
     run once for its chosen, rejected (and KL) responses.
     Returns {"chosen"|"rejected"|"kl": (sum_logps, n_tokens)} and the token count.
-    Pairs without KL responses go one row per pair (``trainers.core.pair_packing``) where the
-    attention implementation allows it: the same numbers, less padding and no cache to gather."""
+    Pairs without KL responses are packed several to a row (``trainers.core.pair_packing``) where
+    the attention implementation allows it: the same numbers, almost no padding and no cache to
+    gather."""
     packed = None if with_kl else pack_examples(examples, pad_id, model)
     if packed is not None and isinstance(model.get_output_embeddings(), torch.nn.Linear):
         sums, counts = packed_response_logps(model, packed.to(device))

@@ -213,7 +213,7 @@ class PreferenceKind(Kind):
         }
 
     def scores(self, model: RewardModel, examples):
-        packed = pack_examples(examples, self.pad_id, model.backbone)  # one row per pair
+        packed = pack_examples(examples, self.pad_id, model.backbone)  # pairs share rows
         if packed is not None:
             s = model.packed_pair_scores(packed.to(model.device))
             n = packed.n_pairs
