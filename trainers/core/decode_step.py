@@ -19,13 +19,21 @@ fixed shapes:
   depends on a host value that changes per token.
 * **Attention covers the cache's whole capacity**, the positions not yet written (and each row's
   padding and sat-out steps) hidden by the engine's key mask, a static buffer read in place.
+* **Grouped heads without copies** (:func:`grouped_decode_attention`): with a mask, transformers'
+  sdpa path repeats each key/value head for every query head of its group (``repeat_kv``: on a
+  Qwen3-0.6B shape at 256 rows, a copy of twice the cache per layer per token), because the
+  fused kernels take grouped heads only without a mask. A decode step has one query position per
+  row, so the query heads of a group can stand in as that group's query positions instead (they
+  share the keys, the values and the mask): the same attention, no copy.
 
 Modes (:data:`STEP_MODES`, the engine's ``step`` argument or the ``RLHF_LAB_DECODE_STEP``
 environment variable): ``dynamic`` is the eager step over the cache's filled positions (the CPU
 default); ``fixed`` runs the fixed-shape step eagerly (what the CPU tests check against
 ``dynamic`` and ``generate``: the same code a graph records, minus the recording); ``graphs``
-records one CUDA graph per bucket the first time the bucket is needed (a warm-up pass on a side
-stream, then the capture) and replays it afterwards; ``auto`` is ``graphs`` on CUDA with sdpa
+records one CUDA graph per bucket the first time the bucket is needed with at least
+:data:`STEPS_WORTH_A_CAPTURE` steps of the budget left (a warm-up pass on a side stream, which is
+the step itself, then the capture: one eager forward's worth of host time) and replays it
+afterwards, until the engine's cache is rebuilt (every ``prefill``); ``auto`` is ``graphs`` on CUDA with sdpa
 attention, else ``dynamic``. If a capture fails (a model whose forward synchronises with the
 host), the step says so once on stderr and runs ``fixed`` eagerly from then on: same outputs,
 no speed-up.
@@ -40,10 +48,16 @@ import os
 import sys
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 STEP_MODES = ("auto", "dynamic", "fixed", "graphs")
 STEP_ENV = "RLHF_LAB_DECODE_STEP"
+# A bucket is recorded only when at least this many steps may still run in it: recording costs
+# about one eager forward of host time, which a handful of replays does not pay back.
+STEPS_WORTH_A_CAPTURE = 8
 
 
 def resolve_step_mode(requested: str, device: torch.device, attention: str | None) -> str:
@@ -68,6 +82,38 @@ def resolve_step_mode(requested: str, device: torch.device, attention: str | Non
     if mode == "graphs" and device.type != "cuda":
         raise ValueError(f"CUDA graphs need a CUDA device, not {device.type}: use step='fixed'")
     return mode
+
+
+GROUPED_DECODE = "rlhf_lab_grouped_decode"
+
+
+def grouped_decode_attention(
+    module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask,
+    dropout=0.0,
+    scaling=None,
+    **kw,
+):
+    """transformers' attention-function interface: for one query position per row and fewer
+    key/value heads than query heads, the group's query heads become its query positions (the
+    module doc); anything else goes to transformers' sdpa function unchanged."""
+    rows, heads, positions, dim = query.shape
+    kv_heads = key.shape[1]
+    if positions != 1 or heads == kv_heads or dropout:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw
+        )
+    grouped = query.view(rows, kv_heads, heads // kv_heads, dim)  # head h = kv head h // group
+    out = F.scaled_dot_product_attention(
+        grouped, key, value, attn_mask=attention_mask, scale=scaling
+    )
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_DECODE, grouped_decode_attention)
 
 
 def buckets_for(slots: int) -> tuple[int, ...]:
@@ -106,9 +152,10 @@ class FixedShapeStep:
         self.outputs: dict[int, Tensor] = {}
         self.captures = 0  # graphs recorded (the bench reports it)
 
-    def __call__(self, token: Tensor, positions: Tensor, at: int) -> Tensor:
+    def __call__(self, token: Tensor, positions: Tensor, at: int, steps_left: int) -> Tensor:
         """Feed ``token`` (rows,) at ``positions`` (rows,), writing cache position ``at``; the
-        rows' next-token logits (rows, vocab) in fp32, valid until the next call."""
+        rows' next-token logits (rows, vocab) in fp32, valid until the next call.
+        ``steps_left``: how many more steps the budget allows (whether a capture pays)."""
         rows = len(token)
         bucket = bucket_for(rows, self.buckets)
         self.ids[:rows, 0] = token
@@ -118,21 +165,32 @@ class FixedShapeStep:
         self.write_at.fill_(at)
         self.cache.begin_fixed_steps(self.write_at)
         try:
-            logits = self._replay(bucket) if self.graphs is not None else self._forward(bucket)
+            if self.graphs is not None and (
+                bucket in self.graphs or steps_left >= STEPS_WORTH_A_CAPTURE
+            ):
+                logits = self._replay(bucket)
+            else:
+                logits = self._forward(bucket)
         finally:
             self.cache.end_fixed_steps()
         self.cache.advance(1)
         return logits[:rows]
 
     def _forward(self, bucket: int) -> Tensor:
-        out = self.model(
-            input_ids=self.ids[:bucket],
-            attention_mask=self.key_ok[:bucket, None, None, :],
-            position_ids=self.positions[:bucket],
-            past_key_values=self.cache,
-            use_cache=True,
-            **self.extra,
-        )
+        config = self.model.config
+        attention = config._attn_implementation
+        config._attn_implementation = GROUPED_DECODE
+        try:
+            out = self.model(
+                input_ids=self.ids[:bucket],
+                attention_mask=self.key_ok[:bucket, None, None, :],
+                position_ids=self.positions[:bucket],
+                past_key_values=self.cache,
+                use_cache=True,
+                **self.extra,
+            )
+        finally:
+            config._attn_implementation = attention
         return out.logits[:, -1].float()
 
     def _replay(self, bucket: int) -> Tensor:
@@ -145,13 +203,13 @@ class FixedShapeStep:
         return self.outputs[bucket]
 
     def _capture(self, bucket: int):
-        """Record the step for ``bucket`` rows: warm-up passes on a side stream (they compute
-        this very step: rewriting the same position with the same values), then the capture."""
+        """Record the step for ``bucket`` rows: a warm-up pass on a side stream (it computes
+        this very step; the replay rewrites the same position with the same values), then the
+        capture."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):
-                self._forward(bucket)
+            self._forward(bucket)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:

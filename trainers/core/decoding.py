@@ -416,7 +416,7 @@ class RolloutEngine:
                 keep = (~finished).nonzero().squeeze(-1)
                 self._set_aside(keep.tolist(), finished.nonzero().squeeze(-1).tolist())
                 live, token, finished = live[keep], token[keep], finished[keep]
-            logits = self._step(token, finished)
+            logits = self._step(token, finished, steps_left=max_new_tokens - step - 1)
         if bool(non_finite):
             raise _non_finite_error()
         return dict(zip(started, tokens.tolist(), strict=True))
@@ -442,13 +442,13 @@ class RolloutEngine:
         self._arrange(order)
         self.active = len(keep)
 
-    def _step(self, token: Tensor, finished: Tensor) -> Tensor:
+    def _step(self, token: Tensor, finished: Tensor, steps_left: int = 1) -> Tensor:
         """Feed one token per decoding row; a row that has stopped (still in the batch until
         it is set aside) feeds padding that no later position of its own will see."""
         rows, at = len(token), self.cache.length
         self.key_ok[:rows, at] = ~finished
         if self._fixed is not None:
-            logits = self._fixed(token, self.next_pos[:rows], at)
+            logits = self._fixed(token, self.next_pos[:rows], at, steps_left)
         else:
             logits = self._forward(token[:, None], self.next_pos[:rows, None])
         self.next_pos[:rows] += (~finished).long()

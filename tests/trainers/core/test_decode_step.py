@@ -183,3 +183,30 @@ def test_smollm2_fixed_steps_greedy_equal_generate_and_sampled_rows_mostly_the_s
     fixed, dynamic = (decoded(model, prompts, step, seed=11, **kw) for step in ("fixed", "dynamic"))
     same = sum(f == d for f, d in zip(fixed, dynamic, strict=True))
     assert same >= 0.9 * len(fixed), f"{same} of {len(fixed)} rows the same"
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 8])
+def test_grouped_decode_attention_equals_sdpa_with_repeated_heads(kv_heads):
+    """One query position per row, 8 query heads over ``kv_heads`` key/value heads, a key mask
+    with holes (padding, unwritten positions): the same output as transformers' sdpa function,
+    which repeats the key/value heads; a longer query goes to that function unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from trainers.core.decode_step import grouped_decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 8 // kv_heads, True
+    query = torch.randn(3, 8, 1, 16, generator=gen)
+    key, value = (torch.randn(3, kv_heads, 10, 16, generator=gen) for _ in range(2))
+    mask = torch.rand(3, 1, 1, 10, generator=gen) > 0.3
+    mask[:, :, :, 0] = True
+    ours, _ = grouped_decode_attention(module, query, key, value, mask, scaling=0.25)
+    theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    assert ours.shape == (3, 1, 8, 16)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+    longer = torch.randn(3, 8, 4, 16, generator=gen)
+    causal = mask.expand(3, 1, 4, 10)
+    ours, _ = grouped_decode_attention(module, longer, key, value, causal, scaling=0.25)
+    theirs, _ = sdpa_attention_forward(module, longer, key, value, causal, scaling=0.25)
+    torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
