@@ -33,8 +33,10 @@ default); ``fixed`` runs the fixed-shape step eagerly (what the CPU tests check 
 records one CUDA graph per bucket the first time the bucket is needed with at least
 :data:`STEPS_WORTH_A_CAPTURE` steps of the budget left (a warm-up pass on a side stream, which is
 the step itself, then the capture: one eager forward's worth of host time) and replays it
-afterwards, until the engine's cache is rebuilt (every ``prefill``); ``auto`` is ``graphs`` on CUDA with sdpa
-attention, else ``dynamic``. If a capture fails (a model whose forward synchronises with the
+afterwards, until the engine's cache is rebuilt (every ``prefill``); ``auto`` is ``graphs`` on
+CUDA, else ``dynamic``. The fixed step runs its own attention function whatever the model was
+loaded with (sdpa, eager or flash-attention 2 for the prefill): it passes a 4-D key mask, which
+every implementation's dispatch would otherwise treat differently. If a capture fails (a model whose forward synchronises with the
 host), the step says so once on stderr and runs ``fixed`` eagerly from then on: same outputs,
 no speed-up.
 
@@ -60,9 +62,9 @@ STEP_ENV = "RLHF_LAB_DECODE_STEP"
 STEPS_WORTH_A_CAPTURE = 8
 
 
-def resolve_step_mode(requested: str, device: torch.device, attention: str | None) -> str:
-    """The step the engine runs: ``requested`` (``auto`` defers to :data:`STEP_ENV` when set),
-    checked against what the device and the attention implementation allow."""
+def resolve_step_mode(requested: str, device: torch.device) -> str:
+    """The step the engine runs: ``requested`` (``auto`` defers to :data:`STEP_ENV` when set,
+    else picks ``graphs`` on CUDA and ``dynamic`` elsewhere), checked against the device."""
     mode = requested
     if mode == "auto":
         mode = os.environ.get(STEP_ENV, "").strip() or "auto"
@@ -71,14 +73,8 @@ def resolve_step_mode(requested: str, device: torch.device, attention: str | Non
             f"unknown decode step {mode!r} (from {STEP_ENV} or the caller): "
             f"choose one of {', '.join(STEP_MODES)}"
         )
-    fixed_ok = attention == "sdpa"
     if mode == "auto":
-        return "graphs" if device.type == "cuda" and fixed_ok else "dynamic"
-    if mode in ("fixed", "graphs") and not fixed_ok:
-        raise ValueError(
-            f"the {mode!r} decode step needs sdpa attention (it passes a 4-D key mask); this "
-            f"model uses {attention!r}: use step='dynamic'"
-        )
+        return "graphs" if device.type == "cuda" else "dynamic"
     if mode == "graphs" and device.type != "cuda":
         raise ValueError(f"CUDA graphs need a CUDA device, not {device.type}: use step='fixed'")
     return mode

@@ -255,7 +255,7 @@ class RolloutEngine:
 
     ``step`` chooses how a decode step runs (``trainers/core/decode_step.py``): ``dynamic`` over
     the filled positions, ``fixed`` at a bucket's fixed shapes, ``graphs`` (the fixed step as
-    CUDA graphs), ``auto`` (graphs on CUDA with sdpa, else dynamic). All give the same tokens.
+    CUDA graphs), ``auto`` (graphs on CUDA, else dynamic). All give the same tokens.
 
     The methods need no gradients and run the model as it is (``model.eval()`` first); under
     torchrun call them inside :func:`gathered`.
@@ -264,9 +264,8 @@ class RolloutEngine:
     def __init__(self, model, *, pad_id: int, keep_stopped: bool = False, step: str = "auto"):
         self.model, self.pad_id, self.keep_stopped = model, pad_id, keep_stopped
         self.device = next(model.parameters()).device
-        attention = getattr(model.config, "_attn_implementation", None)
-        self._sdpa = attention == "sdpa"
-        self.step_mode = resolve_step_mode(step, self.device, attention)
+        self._sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self.step_mode = resolve_step_mode(step, self.device)
         self._fixed: FixedShapeStep | None = None  # built per cache (it holds its addresses)
         self._keep_last = _last_logits_only(model)
         self.cache = None

@@ -33,27 +33,32 @@ def test_buckets_are_powers_of_two_up_to_the_slots():
         bucket_for(13, buckets_for(12))
 
 
-def test_step_mode_follows_the_device_the_attention_and_the_environment(monkeypatch):
+def test_step_mode_follows_the_device_and_the_environment(monkeypatch):
     monkeypatch.delenv(STEP_ENV, raising=False)
-    assert resolve_step_mode("auto", CPU, "sdpa") == "dynamic"
-    assert resolve_step_mode("auto", torch.device("cuda"), "sdpa") == "graphs"
-    assert resolve_step_mode("auto", torch.device("cuda"), "flash_attention_2") == "dynamic"
-    assert resolve_step_mode("fixed", CPU, "sdpa") == "fixed"
+    assert resolve_step_mode("auto", CPU) == "dynamic"
+    assert resolve_step_mode("auto", torch.device("cuda")) == "graphs"
+    assert resolve_step_mode("fixed", CPU) == "fixed"
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        resolve_step_mode("graphs", CPU, "sdpa")
-    with pytest.raises(ValueError, match="needs sdpa attention"):
-        resolve_step_mode("fixed", CPU, "eager")
+        resolve_step_mode("graphs", CPU)
     with pytest.raises(ValueError, match="unknown decode step 'fast'"):
-        resolve_step_mode("fast", CPU, "sdpa")
+        resolve_step_mode("fast", CPU)
     monkeypatch.setenv(STEP_ENV, "fixed")
-    assert resolve_step_mode("auto", CPU, "sdpa") == "fixed"
-    assert resolve_step_mode("dynamic", CPU, "sdpa") == "dynamic"  # the caller's choice wins
+    assert resolve_step_mode("auto", CPU) == "fixed"
+    assert resolve_step_mode("dynamic", CPU) == "dynamic"  # the caller's choice wins
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-llama"])
+@pytest.fixture(scope="module", params=["tiny", "tiny-llama", "tiny-eager"])
 def lm(request):
-    tok = load_tokenizer(request.param)
-    model = load_causal_lm(request.param, device="cpu", dtype="fp32", trainable=False).eval()
+    """The presets under sdpa, and ``tiny`` loaded with eager attention (its prefill takes the
+    2-D mask; the fixed step runs its own attention function either way)."""
+    name, attention = request.param.removesuffix("-eager"), "eager"
+    if not request.param.endswith("-eager"):
+        name, attention = request.param, "sdpa"
+    tok = load_tokenizer(name)
+    model = load_causal_lm(
+        name, device="cpu", dtype="fp32", trainable=False, attn_implementation=attention
+    )
+    model.eval()
     prompts = [chat_prompt_ids(tok, [{"role": "user", "content": q}]) for q in QUESTIONS]
     return model, tok, prompts
 
