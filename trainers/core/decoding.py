@@ -97,6 +97,9 @@ class TextStop:
 
 # Stopped rows leave the batch once they are this share of the rows still in it.
 DROP_STOPPED_SHARE = 0.25
+# With fixed-shape steps the cache's capacity is rounded up to a multiple of this (the attention
+# reads every position; the fused kernels want aligned key lengths).
+CAPACITY_MULTIPLE = 64
 
 
 def filter_logits(logits: Tensor, sampling: Sampling) -> Tensor:
@@ -337,9 +340,12 @@ class RolloutEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = position_ids_of(mask)
         slots, width = len(prompts) * repeats, ids.shape[1]
-        self.cache = buffer_cache_for(self.model, slots, width + room)
+        capacity = width + room
+        if self.step_mode != "dynamic":  # fixed steps read the whole capacity: kernel-friendly
+            capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+        self.cache = buffer_cache_for(self.model, slots, capacity)
         self._fixed = None
-        self.key_ok = torch.zeros((slots, width + room), dtype=torch.bool, device=self.device)
+        self.key_ok = torch.zeros((slots, capacity), dtype=torch.bool, device=self.device)
         self.key_ok[: len(prompts), :width] = mask.bool()
         self.next_pos = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.next_pos[: len(prompts)] = positions[:, -1] + 1
