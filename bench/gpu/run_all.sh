@@ -4,11 +4,12 @@
 # its own timeout and writes into $OUT as it goes, so a stage that fails leaves the others.
 # MFU_DEVICE=cpu MFU_SHAPE=tiny MFU_QUICK=1 bash bench/gpu/run_all.sh   # the CPU dry run
 # STAGES="padding mfu" MFU_PHASES=grpo,generate bash bench/gpu/run_all.sh  # a subset
+# RLHF_LAB_DECODE_STEP=dynamic ... : every rollout without CUDA graphs (the "before" figures)
 set -u
 OUT="${OUT:-/tmp/mfu-out}"; mkdir -p "$OUT"
 DEVICE="${MFU_DEVICE:-cuda}"; SHAPE="${MFU_SHAPE:-qwen3-0.6b}"
 QUICK=${MFU_QUICK:+--quick}
-STAGES=" ${STAGES:-mfu torchrun} "; PHASES=${MFU_PHASES:+--phases $MFU_PHASES}
+STAGES=" ${STAGES:-decode mfu torchrun} "; PHASES=${MFU_PHASES:+--phases $MFU_PHASES}
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 LOG="$OUT/run_all.log"
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
@@ -28,6 +29,10 @@ fi
 PY=python3; [[ "$DEVICE" == cpu ]] && PY="uv run python"
 want padding && stage padding 150 $PY bench/gpu/padding_nan.py --device "$DEVICE" --shape "$SHAPE" \
   --out "$OUT/padding_nan.json"
+# the decode step modes (dynamic = eager over the filled cache, graphs = CUDA graphs per bucket):
+# tokens/s at 32/64/256 rows x 256 new tokens, greedy agreement with each other and `generate`
+want decode && stage decode "${DECODE_LIMIT:-180}" $PY bench/decode_steps.py --device "$DEVICE" \
+  --shape "$SHAPE" ${QUICK} ${DECODE_ARGS:-} --out "$OUT/decode_steps.json"
 want mfu && stage mfu "${MFU_LIMIT:-330}" $PY bench/mfu.py --device "$DEVICE" --shape "$SHAPE" \
   $QUICK $PHASES ${MFU_ARGS:-} --out "$OUT/mfu.json"
 want torchrun || { echo "--- summary"; cat "$OUT/summary.txt"; grep -A30 "^MFU on" "$LOG" | head -40; exit 0; }

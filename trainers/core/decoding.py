@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from trainers.core.decode_step import FixedShapeStep, resolve_step_mode
 from trainers.core.distributed import gathered
 from trainers.core.harness import raise_if_stopping
 from trainers.core.kv_cache import buffer_cache_for
@@ -96,6 +97,9 @@ class TextStop:
 
 # Stopped rows leave the batch once they are this share of the rows still in it.
 DROP_STOPPED_SHARE = 0.25
+# With fixed-shape steps the cache's capacity is rounded up to a multiple of this (the attention
+# reads every position; the fused kernels want aligned key lengths).
+CAPACITY_MULTIPLE = 64
 
 
 def filter_logits(logits: Tensor, sampling: Sampling) -> Tensor:
@@ -252,14 +256,20 @@ class RolloutEngine:
     valid keys are marked in ``key_ok`` (prompt padding and the steps it sat out are not), and
     its position ids count only its own tokens.
 
+    ``step`` chooses how a decode step runs (``trainers/core/decode_step.py``): ``dynamic`` over
+    the filled positions, ``fixed`` at a bucket's fixed shapes, ``graphs`` (the fixed step as
+    CUDA graphs), ``auto`` (graphs on CUDA, else dynamic). All give the same tokens.
+
     The methods need no gradients and run the model as it is (``model.eval()`` first); under
     torchrun call them inside :func:`gathered`.
     """
 
-    def __init__(self, model, *, pad_id: int, keep_stopped: bool = False):
+    def __init__(self, model, *, pad_id: int, keep_stopped: bool = False, step: str = "auto"):
         self.model, self.pad_id, self.keep_stopped = model, pad_id, keep_stopped
         self.device = next(model.parameters()).device
         self._sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self.step_mode = resolve_step_mode(step, self.device)
+        self._fixed: FixedShapeStep | None = None  # built per cache (it holds its addresses)
         self._keep_last = _last_logits_only(model)
         self.cache = None
         self.rows: list[int] = []  # the row held in each slot
@@ -284,6 +294,7 @@ class RolloutEngine:
         """Room in the cache for ``positions`` in all (grown, the filled part kept)."""
         if positions <= self.cache.capacity:
             return
+        self._fixed = None  # its buffers and graphs point at the old cache
         self.cache.grow(positions)
         grown = self.key_ok.new_zeros((self.key_ok.shape[0], positions))
         grown[:, : self.key_ok.shape[1]] = self.key_ok
@@ -329,8 +340,12 @@ class RolloutEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = position_ids_of(mask)
         slots, width = len(prompts) * repeats, ids.shape[1]
-        self.cache = buffer_cache_for(self.model, slots, width + room)
-        self.key_ok = torch.zeros((slots, width + room), dtype=torch.bool, device=self.device)
+        capacity = width + room
+        if self.step_mode != "dynamic":  # fixed steps read the whole capacity: kernel-friendly
+            capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+        self.cache = buffer_cache_for(self.model, slots, capacity)
+        self._fixed = None
+        self.key_ok = torch.zeros((slots, capacity), dtype=torch.bool, device=self.device)
         self.key_ok[: len(prompts), :width] = mask.bool()
         self.next_pos = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.next_pos[: len(prompts)] = positions[:, -1] + 1
@@ -361,6 +376,15 @@ class RolloutEngine:
             return {}
         stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
         self._reserve(self.cache.length + max_new_tokens)
+        if self.step_mode != "dynamic" and self._fixed is None:
+            self._fixed = FixedShapeStep(
+                self.model,
+                self.cache,
+                self.key_ok,
+                pad_id=self.pad_id,
+                graphs=self.step_mode == "graphs",
+                extra=self._keep_last,
+            )
         self._text_stop, self._text_stopped = text_stop, {}
         if text_stop is not None:
             ids = sorted(text_stop.trigger_ids)
@@ -397,7 +421,7 @@ class RolloutEngine:
                 keep = (~finished).nonzero().squeeze(-1)
                 self._set_aside(keep.tolist(), finished.nonzero().squeeze(-1).tolist())
                 live, token, finished = live[keep], token[keep], finished[keep]
-            logits = self._step(token, finished)
+            logits = self._step(token, finished, steps_left=max_new_tokens - step - 1)
         if bool(non_finite):
             raise _non_finite_error()
         return dict(zip(started, tokens.tolist(), strict=True))
@@ -423,12 +447,15 @@ class RolloutEngine:
         self._arrange(order)
         self.active = len(keep)
 
-    def _step(self, token: Tensor, finished: Tensor) -> Tensor:
+    def _step(self, token: Tensor, finished: Tensor, steps_left: int = 1) -> Tensor:
         """Feed one token per decoding row; a row that has stopped (still in the batch until
         it is set aside) feeds padding that no later position of its own will see."""
         rows, at = len(token), self.cache.length
         self.key_ok[:rows, at] = ~finished
-        logits = self._forward(token[:, None], self.next_pos[:rows, None])
+        if self._fixed is not None:
+            logits = self._fixed(token, self.next_pos[:rows], at, steps_left)
+        else:
+            logits = self._forward(token[:, None], self.next_pos[:rows, None])
         self.next_pos[:rows] += (~finished).long()
         return logits
 
@@ -481,13 +508,18 @@ def sample_tokens(
     sampling: Sampling = GREEDY,
     repeats: int = 1,
     generator=None,
+    step: str = "auto",
 ) -> list[list[int]]:
     """New token ids for ``len(prompts) * repeats`` rows (the ``repeats`` rows of a prompt are
     consecutive), each cut after its first stop token or at ``max_new_tokens``. Rows that have
     stopped leave the batch (and the KV cache) once they are a quarter of it, so the remaining
     steps cost only the rows still decoding.
 
-    The model is used as it is (call ``model.eval()`` first to switch dropout off)."""
+    The model is used as it is (call ``model.eval()`` first to switch dropout off). ``step``:
+    how each decode step runs (:class:`RolloutEngine`; ``auto`` = CUDA graphs on a GPU).
+
+    This function is the rollout seam: every family samples through it, so another engine
+    (vLLM, on machines where it can be installed and tested) would plug in here."""
     if not prompts:
         return []
     if max_new_tokens < 1 or repeats < 1:
@@ -495,7 +527,7 @@ def sample_tokens(
             f"max_new_tokens and repeats must be >= 1, got {max_new_tokens}, {repeats}"
         )
     with gathered(model):  # under torchrun: whole weights, no collective per token
-        engine = RolloutEngine(model, pad_id=pad_id)
+        engine = RolloutEngine(model, pad_id=pad_id, step=step)
         engine.prefill(prompts, repeats=repeats, room=max_new_tokens)
         rows = engine.decode(
             max_new_tokens=max_new_tokens, stop_ids=stop_ids, sampling=sampling, generator=generator

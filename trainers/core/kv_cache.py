@@ -9,6 +9,14 @@ positions. The engine keeps the rows it is decoding in the first slots (:meth:`a
 rows between slots, copying only the slots that change), so a row that leaves the batch costs
 nothing more afterwards.
 
+**Fixed-shape steps.** A CUDA graph replays the kernels it recorded with the same shapes and
+addresses, so a decode step it captures cannot slice the cache at a length that grows by one
+each token. Between :meth:`BufferCache.begin_fixed_steps` and :meth:`BufferCache.end_fixed_steps`
+a layer writes the step's keys/values at the position held in a one-element device tensor
+(``index_copy_``, no host value involved) and returns the whole capacity of the rows' slots; the
+caller's attention mask hides the positions not yet written, and the caller advances the host
+length after each step (:meth:`BufferCache.advance`), since a replayed graph runs no Python.
+
 It is a ``transformers.Cache`` (the models call ``update``, ``get_seq_length`` and
 ``get_mask_sizes``) holding full-attention layers only: the engine refuses models whose layers
 are sliding-window, chunked or linear attention (their caches keep other state).
@@ -32,6 +40,7 @@ class BufferLayer(CacheLayerMixin):
     def __init__(self, slots: int, capacity: int):
         super().__init__()
         self.slots, self.capacity, self.length = slots, capacity, 0
+        self.write_at: Tensor | None = None  # set during fixed-shape steps (module doc)
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         kv_heads = key_states.shape[1]
@@ -45,6 +54,10 @@ class BufferLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         rows, new = key_states.shape[0], key_states.shape[-2]
+        if self.write_at is not None:  # a fixed-shape step: device-side position, whole capacity
+            self.keys[:rows].index_copy_(2, self.write_at, key_states)
+            self.values[:rows].index_copy_(2, self.write_at, value_states)
+            return self.keys[:rows], self.values[:rows]
         end = self.length + new
         if end > self.capacity:
             raise RuntimeError(f"KV cache full: {end} positions, capacity {self.capacity}")
@@ -54,6 +67,8 @@ class BufferLayer(CacheLayerMixin):
         return self.keys[:rows, :, :end], self.values[:rows, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.write_at is not None:
+            return self.capacity, 0
         return self.length + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -115,6 +130,27 @@ class BufferCache(Cache):
     def grow(self, capacity: int) -> None:
         for layer in self.layers:
             layer.grow(capacity)
+
+    def begin_fixed_steps(self, write_at: Tensor) -> None:
+        """From now on each forward writes one position, ``write_at`` (a one-element long tensor
+        on the cache's device, updated in place by the caller), and attends over the whole
+        capacity (module doc)."""
+        if write_at.shape != (1,):
+            raise ValueError(f"write_at must hold one position, got shape {tuple(write_at.shape)}")
+        for layer in self.layers:
+            layer.write_at = write_at
+
+    def end_fixed_steps(self) -> None:
+        for layer in self.layers:
+            layer.write_at = None
+
+    def advance(self, positions: int = 1) -> None:
+        """Count ``positions`` more as filled (after fixed-shape steps, which do not)."""
+        end = self.length + positions
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: {end} positions, capacity {self.capacity}")
+        for layer in self.layers:
+            layer.length = end
 
 
 def cache_layer_types(config) -> list[str]:

@@ -6,8 +6,6 @@ prefill of the concatenation (``append``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -18,6 +16,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from tests._helpers.decoding import QUESTIONS, SMOLLM2, SMOLLM2_DIR, staggered_stops
 from trainers.core.decoding import (
     GREEDY,
     NonFiniteLogitsError,
@@ -38,12 +37,6 @@ from trainers.core.decoding_oracles import generate_greedy, previous_sample_toke
 from trainers.core.generation import chat_prompt_ids, end_of_turn_ids, generate_completions
 from trainers.core.logprobs import position_ids_of
 from trainers.core.models import load_causal_lm, load_tokenizer
-
-QUESTIONS = [
-    "What is 3 + 4?",
-    "Sort these words alphabetically: pear, apple, fig, banana, cherry.",
-    "Spell 'cat' backward.",
-]
 
 
 def hf_filter(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
@@ -343,12 +336,6 @@ def test_nan_logits_stop_sampling_with_one_clear_error_not_an_out_of_range_token
 # The rollout engine against the loop it replaced
 
 
-def staggered_stops(rows: list[list[int]]) -> list[int]:
-    """Stop tokens taken from the rows at different steps (row i's token at step 2 + 3i), so
-    that rows end at different steps when decoded again."""
-    return sorted({row[min(2 + 3 * i, len(row) - 1)] for i, row in enumerate(rows[:4])})
-
-
 def both(model, prompts, seed=None, **kw):
     """The engine's rows and the previous loop's, from the same random state."""
     if seed is not None:
@@ -563,11 +550,6 @@ def test_eager_attention_takes_the_2d_mask_path(lm):
     engine.append([1], [[9, 9, 9]])
     full = [prompts[1] + first[1] + [9, 9, 9]]
     torch.testing.assert_close(engine.logits, last_logits(eager, full, pad_id), atol=1e-4, rtol=0)
-
-
-SMOLLM2 = "smollm2-135m-instruct"
-# the tests run on a temporary lab cache: look for the pulled model where the user's lab keeps it
-SMOLLM2_DIR = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / SMOLLM2
 
 
 @pytest.mark.slow
