@@ -3,7 +3,7 @@ and stop tokens that make rows end at different steps."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from tests._helpers.paths import SMOLLM2_DIR
 
 QUESTIONS = [
     "What is 3 + 4?",
@@ -11,9 +11,8 @@ QUESTIONS = [
     "Spell 'cat' backward.",
 ]
 
-SMOLLM2 = "smollm2-135m-instruct"
-# the tests run on a temporary lab cache: look for the pulled model where the user's lab keeps it
-SMOLLM2_DIR = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / SMOLLM2
+SMOLLM2 = SMOLLM2_DIR.name
+__all__ = ["QUESTIONS", "SMOLLM2", "SMOLLM2_DIR", "staggered_stops"]
 
 
 def staggered_stops(rows: list[list[int]]) -> list[int]:

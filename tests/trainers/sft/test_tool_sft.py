@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import trainer_argv
 
-from tests._helpers.paths import configs_of
+from tests._helpers.paths import SMOLLM2_DIR, configs_of
 from tests._helpers.quick_runs import SFT_ON_TINY
 from tests._helpers.refusals import assert_refused_before_writing, refused_before_writing_test
 from trainers.core.config import load_config
@@ -25,7 +25,6 @@ from trainers.sft.config import SFTConfig
 from trainers.sft.data import load_sft_records, longest_tool_demonstration, tokenize_records
 
 CONFIGS = configs_of("sft")
-SMOLLM2_DIR = Path.home() / ".cache" / "rlhf-lab" / "models" / "pulled" / "smollm2-135m-instruct"
 
 QUICK = [
     *SFT_ON_TINY,
