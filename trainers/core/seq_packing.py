@@ -215,11 +215,26 @@ def pack_values(packed: PackedRows, values: Sequence[list[int]], fill: int = 0) 
 def unpack(values: Tensor, packed: PackedRows) -> Tensor:
     """Per-position outputs of the packed rows (R, W, ...) as per-sequence rows (N, L, ...) in
     the input order, zero past each sequence's end (differentiable)."""
-    flat = values.reshape(packed.n_rows * packed.width, *values.shape[2:])
-    index = packed.seq_index.to(values.device)
-    valid = index >= 0
+    return take(values, packed.seq_index)
+
+
+def take(values: Tensor, index: Tensor) -> Tensor:
+    """``values`` (R, W, ...) at flat positions ``index`` (any shape; −1: zero there),
+    differentiable."""
+    flat = values.reshape(values.shape[0] * values.shape[1], *values.shape[2:])
+    index = index.to(values.device)
     picked = flat[index.clamp(min=0)]
-    return picked * valid.view(*valid.shape, *([1] * (picked.dim() - 2))).to(picked.dtype)
+    keep = (index >= 0).view(*index.shape, *([1] * (picked.dim() - index.dim())))
+    return picked * keep.to(picked.dtype)
+
+
+def sequence_positions(packed: PackedRows, starts: Tensor, count: int) -> Tensor:
+    """Flat positions of tokens ``starts[i] … starts[i] + count − 1`` of each sequence ``i``
+    (N, count), −1 where a sequence has no such token (before its start or past its end)."""
+    cols = starts[:, None] + torch.arange(count)
+    inside = (cols >= 0) & (cols < packed.seq_lengths[:, None])
+    index = packed.seq_index.gather(1, cols.clamp(0, packed.seq_index.shape[1] - 1))
+    return torch.where(inside, index, -1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,7 +264,7 @@ def check_packable(module: torch.nn.Module, has_branches: bool = False) -> str:
 def visible(seg_q: Tensor, seg_k: Tensor, br_q: Tensor, br_k: Tensor, q: Tensor, k: Tensor):
     """The attention rule on (broadcast) indices: same unit, key not after the query, key in the
     prefix or in the query's branch; or the key is the query itself (padding sees itself)."""
-    same = (seg_q == seg_k) & (k <= q) & ((br_k == 0) | (br_k == br_q))
+    same = (seg_q == seg_k) & (seg_k >= 0) & (k <= q) & ((br_k == 0) | (br_k == br_q))
     return same | (q == k)
 
 
@@ -329,3 +344,107 @@ def padding_share(lengths: Sequence[int], packed_rows: int, width: int) -> dict[
         "padded_padding_share": 1 - real / padded_slots,
         "packed_padding_share": 1 - real / packed_slots,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows that share a prompt: [left-padded prompt | right-padded completion], packed
+# ---------------------------------------------------------------------------------------------
+
+
+def split_row_parts(
+    input_ids: Tensor, attention_mask: Tensor, width_p: int
+) -> tuple[list[list[int]], list[list[int]]] | None:
+    """The prompt and completion tokens of each ``[left-padded prompt | right-padded
+    completion]`` row (``trainers.core.logprobs.split_rows``), or None when a row's attended
+    tokens are not one left-padded prompt and one right-padded completion."""
+    attn, ids = attention_mask.bool().cpu(), input_ids.cpu()
+    n_p, n_c = attn[:, :width_p].sum(-1), attn[:, width_p:].sum(-1)
+    want_p = torch.arange(width_p) >= width_p - n_p[:, None]
+    want_c = torch.arange(attn.shape[1] - width_p) < n_c[:, None]
+    if not bool((attn[:, :width_p] == want_p).all() and (attn[:, width_p:] == want_c).all()):
+        return None
+    rows = ids.tolist()
+    prompts = [r[width_p - p : width_p] for r, p in zip(rows, n_p.tolist(), strict=True)]
+    completions = [r[width_p : width_p + c] for r, c in zip(rows, n_c.tolist(), strict=True)]
+    return prompts, completions
+
+
+def prompt_units(
+    prompts: Sequence[list[int]], completions: Sequence[list[int]], width: int
+) -> tuple[list[Unit], list[int]]:
+    """Units of at most ``width`` tokens: each prompt once, followed by as many of its rows'
+    completions (in row order) as fit; returns the units and the row of each of their
+    sequences (the units' order)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(tuple(p), []).append(i)
+    units: list[Unit] = []
+    order: list[int] = []
+    for prompt, rows in groups.items():
+        taken: list[int] = []
+        for i in rows:
+            used = len(prompt) + sum(len(completions[j]) for j in taken)
+            if taken and used + len(completions[i]) > width:
+                units.append(Unit(list(prompt), tuple(completions[j] for j in taken)))
+                order += taken
+                taken = []
+            taken.append(i)
+        units.append(Unit(list(prompt), tuple(completions[j] for j in taken)))
+        order += taken
+    return units, order
+
+
+def shared_prompt_cost(n_rows: int, n_prompts: int, width_p: int, width: int, full_rows: bool):
+    """(token slots, attention score entries) of the shared-prompt forward
+    (``trainers.core.logprobs.shared_prompt_hidden``) over ``n_rows`` rows of ``width`` with
+    ``n_prompts`` distinct prompts of width ``width_p``; ``full_rows``: it runs whole rows (no
+    prompt repeats, or gradient checkpointing)."""
+    if full_rows or n_prompts == n_rows:
+        return n_rows * width, n_rows * width * width
+    width_c = width - width_p
+    slots = n_prompts * width_p + n_rows * width_c
+    return slots, n_prompts * width_p * width_p + n_rows * width_c * width
+
+
+def pack_split_rows(
+    decoder: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, width_p: int
+) -> tuple[PackedRows, Tensor] | None:
+    """``[left-padded prompt | right-padded completion]`` rows packed as prompt units no wider
+    than the rows (:func:`prompt_units`) and, for each row, the flat positions of the hidden
+    states that predict its completion tokens (B, T = width − ``width_p``); None when the
+    decoder's attention cannot share a prompt in a packed row, the rows are not in that
+    layout, or packing costs no fewer token slots and attention entries than the
+    shared-prompt forward (both counted, not timed)."""
+    if attention_of(decoder) not in PACKED_ATTENTION or attention_of(decoder) == VARLEN_ATTENTION:
+        return None
+    parts = split_row_parts(input_ids, attention_mask, width_p)
+    if parts is None:
+        return None
+    prompts, completions = parts
+    width = input_ids.shape[1]
+    units, order = prompt_units(prompts, completions, width)
+    packed = pack_units(units, pad_id=0, width=width)
+    full = bool(getattr(decoder, "gradient_checkpointing", False)) and decoder.training
+    slots, scores = shared_prompt_cost(len(prompts), len(units), width_p, width, full)
+    if packed.n_rows * width >= slots or packed.n_rows * width * width > scores:
+        return None
+    # completion token t of a row is predicted by its sequence's token len(prompt) - 1 + t
+    starts = torch.tensor([len(prompts[i]) - 1 for i in order])
+    index = sequence_positions(packed, starts, width - width_p)
+    by_row = torch.empty_like(index)
+    by_row[torch.tensor(order)] = index
+    return packed, by_row
+
+
+def packed_completion_hidden(
+    decoder: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, width_p: int
+) -> Tensor | None:
+    """The hidden states that predict each row's completion tokens (B, T, H), zero past a
+    row's completion, from the packed rows (:func:`pack_split_rows`); None where those are not
+    used (the caller's shared-prompt forward then)."""
+    layout = pack_split_rows(decoder, input_ids, attention_mask, width_p)
+    if layout is None:
+        return None
+    packed, index = layout
+    hidden = packed_forward(decoder, packed.to(input_ids.device))
+    return take(hidden, index)

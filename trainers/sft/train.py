@@ -382,13 +382,17 @@ def token_nll(
 
 def packed_batch(
     model: torch.nn.Module, examples: list[TokenizedSFT], pad_id: int, device: torch.device | str
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """A micro-batch packed several conversations per row (``trainers.core.seq_packing``):
-    ``token_nll``'s inputs. Each conversation's first token is never a target (as in the padded
-    layout, where no position predicts it), so the label shift never crosses two
-    conversations."""
+    ``token_nll``'s inputs; None when packing leaves as many token slots as padding (no two
+    conversations share a row), where the plain causal layout is the faster one. Each
+    conversation's first token is never a target (as in the padded layout, where no position
+    predicts it), so the label shift never crosses two conversations."""
     decoder = model.get_decoder()
     packed = pack_for(decoder, [Unit(ex.input_ids) for ex in examples], pad_id)
+    longest = max(len(ex.input_ids) for ex in examples)
+    if packed.n_rows * packed.width >= len(examples) * longest:
+        return None
     loss_mask = pack_values(packed, [[0, *ex.loss_mask[1:]] for ex in examples])
     packed = packed.to(device)
     dtype = decoder.get_input_embeddings().weight.dtype
@@ -416,10 +420,9 @@ def micro_batch_terms(
     pack: bool = False,
 ) -> tuple[torch.Tensor, int, int, int]:
     """(summed NLL, target tokens, correct argmax tokens, non-pad tokens) of a micro-batch,
-    packed (``pack``) or padded: the same targets either way."""
-    if pack:
-        batch = packed_batch(model, examples, pad_id, device)
-    else:
+    packed (``pack``, where that saves token slots) or padded: the same targets either way."""
+    batch = packed_batch(model, examples, pad_id, device) if pack else None
+    if batch is None:
         batch = padded_batch(examples, pad_id, device)
     n_tokens = batch.pop("n_tokens")
     nll, n, hits = token_nll(model, **batch)
