@@ -425,7 +425,8 @@ def pack_split_rows(
     units, order = prompt_units(prompts, completions, width)
     packed = pack_units(units, pad_id=0, width=width)
     full = bool(getattr(decoder, "gradient_checkpointing", False)) and decoder.training
-    slots, scores = shared_prompt_cost(len(prompts), len(units), width_p, width, full)
+    distinct = len({tuple(p) for p in prompts})
+    slots, scores = shared_prompt_cost(len(prompts), distinct, width_p, width, full)
     if packed.n_rows * width >= slots or packed.n_rows * width * width > scores:
         return None
     # completion token t of a row is predicted by its sequence's token len(prompt) - 1 + t

@@ -42,12 +42,12 @@ def trim(
 
 
 def completion_hidden(
-    decoder: nn.Module, input_ids: Tensor, attention_mask: Tensor, width_p: int
+    decoder: nn.Module, input_ids: Tensor, attention_mask: Tensor, width_p: int, pack: bool = True
 ) -> Tensor:
     """The decoder's hidden states that predict each completion token (B, T, H), T = input
-    width − ``width_p``: from packed rows where packing pays, else from the shared-prompt
-    forward (see the module doc)."""
-    hidden = packed_completion_hidden(decoder, input_ids, attention_mask, width_p)
+    width − ``width_p``: from packed rows where packing pays (and ``pack``), else from the
+    shared-prompt forward (see the module doc)."""
+    hidden = packed_completion_hidden(decoder, input_ids, attention_mask, width_p) if pack else None
     if hidden is None:
         hidden = shared_prompt_hidden(decoder, input_ids[:, :-1], attention_mask[:, :-1], width_p)
     return hidden
@@ -59,10 +59,12 @@ def completion_token_stats(
     attention_mask: Tensor,
     width_p: int,
     with_entropy: bool = False,
+    pack: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob (and entropy, detached) of every completion position: (B, T) float32 each, with
     T = input width − ``width_p``. A prompt shared by several rows runs once
-    (:func:`completion_hidden`, packed or not); the LM head runs chunk by chunk
+    (:func:`completion_hidden`, packed where that pays unless ``pack`` is False); the LM head
+    runs chunk by chunk
     (recomputed in backward), so the full float32 logits tensor is never built."""
     labels = input_ids[:, width_p:]
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
@@ -72,7 +74,7 @@ def completion_token_stats(
         logits = logits[:, width_p - 1 : -1]
         logp = selective_log_softmax(logits, labels)
         return logp, (token_entropy(logits) if with_entropy else None)
-    hidden = completion_hidden(decoder, input_ids, attention_mask, width_p)
+    hidden = completion_hidden(decoder, input_ids, attention_mask, width_p, pack)
     return hidden_to_token_stats(hidden, lm_head, labels, with_entropy=with_entropy)
 
 

@@ -27,6 +27,7 @@ from trainers.core.seq_packing import (
     packed_forward,
     padding_share,
     prompt_units,
+    shared_prompt_cost,
     take,
     unpack,
 )
@@ -298,6 +299,13 @@ def packed_completion_broken(decoder, packed, index, **fields):
         current = getattr(packed, name)
         setattr(packed, name, torch.as_tensor(value).expand_as(current).clone())
     return take(packed_forward(decoder, packed), index)
+
+
+def test_the_shared_prompt_forward_is_counted_as_it_runs():
+    # 7 rows of 10 columns, 3 distinct prompts of width 6: the prompts once, then 7 x 4
+    assert shared_prompt_cost(7, 3, 6, 10, full_rows=False) == (3 * 6 + 7 * 4, 3 * 36 + 7 * 40)
+    assert shared_prompt_cost(7, 3, 6, 10, full_rows=True) == (70, 700)  # checkpointing
+    assert shared_prompt_cost(7, 7, 6, 10, full_rows=False) == (70, 700)  # no prompt repeats
 
 
 def test_rows_that_gain_nothing_from_packing_keep_the_shared_prompt_forward():
