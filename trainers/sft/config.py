@@ -75,11 +75,11 @@ class DataSection(StrictModel):
         default_factory=dict,
         description="per-task reasoning-gym settings merged over trainers.core.tasks.TASK_CONFIGS",
     )
-    packing: Literal["auto", "on", "off"] = Field(
-        default="auto",
-        description="several conversations per row, each attending only to itself (same loss, "
-        "less padding); auto: on where the attention implementation takes packed rows (sdpa, "
-        "eager, flex_attention, flash_attention_2), off: one right-padded row per conversation",
+    packing: bool = Field(
+        default=True,
+        description="several conversations per row, each attending only to itself, where that "
+        "saves token slots (same loss and gradients, less padding); false: one right-padded "
+        "row per conversation",
     )
 
 

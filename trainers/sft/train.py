@@ -194,7 +194,6 @@ def warm_start_model(root: str | Path | None = None) -> Path:
 
 def preflight(cfg: SFTConfig) -> None:
     """Checks that need no model: fail before anything is written."""
-    check_packing(cfg)
     ds = cfg.data.dataset
     if ds.startswith("builtin:"):
         try:
@@ -236,18 +235,6 @@ def preflight(cfg: SFTConfig) -> None:
         raise ConfigError(
             f"data.dataset: {ds!r} is a hub id but the Hugging Face Hub cannot be reached. "
             "Set HF_HUB_OFFLINE=1 to use a cached copy. " + builtin_hint()
-        )
-
-
-def check_packing(cfg: SFTConfig) -> None:
-    """``data.packing: on`` needs an attention implementation that takes packed rows (``auto``
-    picks ``sdpa`` or ``flash_attention_2``, both do)."""
-    attn = cfg.model.attn_implementation
-    if cfg.data.packing == "on" and attn != "auto" and attn not in PACKED_ATTENTION:
-        raise ConfigError(
-            f"data.packing=on needs an attention implementation that takes packed rows "
-            f"({', '.join(PACKED_ATTENTION)}), not model.attn_implementation={attn!r}; "
-            "set data.packing=auto (packs where it can) or off"
         )
 
 
@@ -430,12 +417,12 @@ def micro_batch_terms(
 
 
 def packs(cfg: SFTConfig, model: torch.nn.Module) -> bool:
-    """Whether micro-batches are packed: ``data.packing`` ``on``, or ``auto`` with a decoder
-    whose attention takes the packed layout (``trainers.core.seq_packing.PACKED_ATTENTION``).
-    ``on`` with another attention was refused by :func:`preflight`."""
-    if cfg.data.packing == "off" or not hasattr(model, "get_decoder"):
+    """Whether micro-batches may be packed: ``data.packing`` and a decoder whose attention
+    takes packed rows (``trainers.core.seq_packing.PACKED_ATTENTION``: every implementation
+    ``model.attn_implementation`` offers); anything else keeps the padded layout."""
+    if not cfg.data.packing or not hasattr(model, "get_decoder"):
         return False
-    return cfg.data.packing == "on" or attention_of(model.get_decoder()) in PACKED_ATTENTION
+    return attention_of(model.get_decoder()) in PACKED_ATTENTION
 
 
 @torch.no_grad()
