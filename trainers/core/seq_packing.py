@@ -86,6 +86,9 @@ class PackedRows:
     seq_index: Tensor
     seq_lengths: Tensor
 
+    def to(self, device: torch.device | str) -> PackedRows:
+        return PackedRows(*(getattr(self, f).to(device) for f in _TENSOR_FIELDS))
+
     @property
     def n_rows(self) -> int:
         return self.input_ids.shape[0]
@@ -102,9 +105,6 @@ class PackedRows:
     def n_tokens(self) -> int:
         """Real (non-padding) tokens in the rows."""
         return int((self.segment_ids >= 0).sum())
-
-    def to(self, device: torch.device | str) -> PackedRows:
-        return PackedRows(*(getattr(self, f).to(device) for f in _TENSOR_FIELDS))
 
 
 _TENSOR_FIELDS = (

@@ -10,6 +10,7 @@ import torch
 from conftest import assert_same_gradients
 
 from tests._helpers.packing_models import model_names, trainable_model
+from tests._helpers.threads import one_torch_thread  # noqa: F401  (autouse)
 from trainers.core.logprobs import shared_prompt_hidden, split_rows
 from trainers.core.seq_packing import (
     PackingUnsupported,
@@ -42,14 +43,6 @@ SEQUENCES = [
     list(range(100, 111)),
     [3, 4, 5],
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_cpu_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class _Config:
