@@ -437,15 +437,9 @@ def pack_split_rows(
     return packed, by_row
 
 
-def packed_completion_hidden(
-    decoder: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, width_p: int
-) -> Tensor | None:
-    """The hidden states that predict each row's completion tokens (B, T, H), zero past a
-    row's completion, from the packed rows (:func:`pack_split_rows`); None where those are not
-    used (the caller's shared-prompt forward then)."""
-    layout = pack_split_rows(decoder, input_ids, attention_mask, width_p)
-    if layout is None:
-        return None
-    packed, index = layout
-    hidden = packed_forward(decoder, packed.to(input_ids.device))
-    return take(hidden, index)
+def completion_states(decoder: torch.nn.Module, packed: PackedRows, index: Tensor) -> Tensor:
+    """The decoder's hidden states of ``packed`` at the flat positions ``index`` (B, T, H):
+    with :func:`pack_split_rows`' layout, the states that predict each row's completion tokens,
+    zero past a row's completion."""
+    device = decoder.get_input_embeddings().weight.device
+    return take(packed_forward(decoder, packed.to(device)), index)

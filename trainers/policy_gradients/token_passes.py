@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from trainers.core.config import LoraSection
+from trainers.core.distributed import any_rank
 from trainers.core.logprobs import (
     forward_left_padded,
     hidden_to_token_stats,
@@ -25,7 +26,7 @@ from trainers.core.logprobs import (
     shared_prompt_hidden,
     token_entropy,
 )
-from trainers.core.seq_packing import packed_completion_hidden
+from trainers.core.seq_packing import completion_states, pack_split_rows
 from trainers.policy_gradients.experience import Experience
 
 
@@ -46,11 +47,12 @@ def completion_hidden(
 ) -> Tensor:
     """The decoder's hidden states that predict each completion token (B, T, H), T = input
     width − ``width_p``: from packed rows where packing pays (and ``pack``), else from the
-    shared-prompt forward (see the module doc)."""
-    hidden = packed_completion_hidden(decoder, input_ids, attention_mask, width_p) if pack else None
-    if hidden is None:
-        hidden = shared_prompt_hidden(decoder, input_ids[:, :-1], attention_mask[:, :-1], width_p)
-    return hidden
+    shared-prompt forward (see the module doc). Under torchrun the ranks pack only together
+    (FSDP gathers each layer's weights once per forward: every rank must run the same ones)."""
+    layout = pack_split_rows(decoder, input_ids, attention_mask, width_p) if pack else None
+    if any_rank(layout is None):
+        return shared_prompt_hidden(decoder, input_ids[:, :-1], attention_mask[:, :-1], width_p)
+    return completion_states(decoder, *layout)
 
 
 def completion_token_stats(

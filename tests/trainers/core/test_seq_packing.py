@@ -5,6 +5,8 @@ varlen layout); plus the prompt-sharing layout of the policy-gradient passes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import assert_same_gradients
@@ -18,18 +20,17 @@ from trainers.core.seq_packing import (
     attention_mask_for,
     block_causal_mask,
     check_packable,
+    completion_states,
     first_fit_decreasing,
     pack_for,
     pack_sequences,
     pack_split_rows,
     pack_units,
     pack_values,
-    packed_completion_hidden,
     packed_forward,
     padding_share,
     prompt_units,
     shared_prompt_cost,
-    take,
     unpack,
 )
 from trainers.core.tokenization import right_pad
@@ -261,13 +262,12 @@ def test_packed_completion_states_equal_the_shared_prompt_forward(name, attn):
     model = trainable_model(name, attn)
     decoder = model.get_decoder()
     ids, mask, _, width_p = split_rows(PROMPTS, COMPLETIONS, pad_id=0)
-    assert pack_split_rows(decoder, ids, mask, width_p) is not None  # it pays here
     want = shared_prompt_hidden(decoder, ids[:, :-1], mask[:, :-1], width_p)
-    got = packed_completion_hidden(decoder, ids, mask, width_p)
+    packed, index = pack_split_rows(decoder, ids, mask, width_p)  # not None: it pays here
+    got = completion_states(decoder, packed, index)
     valid = torch.cat([mask[:, width_p - 1 : width_p], mask[:, width_p:-1]], dim=1).bool()
     torch.testing.assert_close(got[valid], want[valid], rtol=1e-5, atol=1e-4)
     assert bool((got[~valid] == 0).all())
-    packed, index = pack_split_rows(decoder, ids, mask, width_p)
     with torch.no_grad():  # the checks below must see a broken layout
         leaked = packed_completion_broken(decoder, packed, index, branch_ids=0)
         continued = packed_completion_broken(
@@ -286,12 +286,12 @@ def test_packed_completion_states_equal_the_shared_prompt_forward(name, attn):
 
 
 def packed_completion_broken(decoder, packed, index, **fields):
-    """The completion states of ``packed`` with some of its per-token fields replaced: branch
-    ids 0 (branches see each other) or positions that run on through the branches."""
-    for name, value in fields.items():
-        current = getattr(packed, name)
-        setattr(packed, name, torch.as_tensor(value).expand_as(current).clone())
-    return take(packed_forward(decoder, packed), index)
+    """The completion states of a copy of ``packed`` with some of its per-token fields
+    replaced: branch ids 0 (branches see each other) or positions that run on through the
+    branches."""
+    shape = packed.input_ids.shape
+    broken = {name: torch.as_tensor(v).expand(shape).clone() for name, v in fields.items()}
+    return completion_states(decoder, dataclasses.replace(packed, **broken), index)
 
 
 def test_the_shared_prompt_forward_is_counted_as_it_runs():
