@@ -30,7 +30,9 @@ wider than the padded layout's), and the rows are fewer:
   sequence, which transformers' flash path turns into ``cu_seqlens`` for
   ``flash_attn_varlen_func`` (only units without branches: a varlen kernel cannot share a
   prompt between branches). Any other implementation is refused (:class:`PackingUnsupported`);
-  callers keep their padded path then.
+  callers keep their padded path then. (On the CPU, torch runs FlexAttention forward only: its
+  backward needs CUDA. transformers returns a 4-D mask or ``BlockMask`` given as
+  ``attention_mask`` unchanged.)
 * **unpack.** ``seq_index`` (sequences, longest sequence) holds, for every token of every
   sequence in input order, its flat position ``row · W + column`` in the packed rows (−1 past
   the sequence's end); :func:`unpack` turns any per-position output (hidden states, log-probs)
