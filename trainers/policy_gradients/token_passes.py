@@ -2,7 +2,12 @@
 tokens, PPO's value model, and the no-grad passes that fill π_old / π_ref / values.
 
 Position ids are ``cumsum(attention_mask) − 1``, as the sampling loop uses, so scoring a
-left-padded row reproduces the log-probs of its generation.
+left-padded row reproduces the log-probs of its generation. Each pass runs the decoder over a
+micro-batch in one of two layouts (:func:`completion_hidden`): packed, each prompt once and its
+rows' completions after it in rows without padding between them
+(``trainers.core.seq_packing.pack_split_rows``), where that costs fewer token slots and
+attention entries; else each distinct prompt once with its cache gathered for its rows
+(``trainers.core.logprobs.shared_prompt_hidden``). The values are the same either way.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from trainers.core.config import LoraSection
+from trainers.core.distributed import any_rank
 from trainers.core.logprobs import (
     forward_left_padded,
     hidden_to_token_stats,
@@ -20,6 +26,7 @@ from trainers.core.logprobs import (
     shared_prompt_hidden,
     token_entropy,
 )
+from trainers.core.seq_packing import completion_states, pack_split_rows
 from trainers.policy_gradients.experience import Experience
 
 
@@ -35,16 +42,31 @@ def trim(
     return ids, attn[:, left : width_p + width_t], width_t, width_p - left
 
 
+def completion_hidden(
+    decoder: nn.Module, input_ids: Tensor, attention_mask: Tensor, width_p: int, pack: bool = True
+) -> Tensor:
+    """The decoder's hidden states that predict each completion token (B, T, H), T = input
+    width − ``width_p``: from packed rows where packing pays (and ``pack``), else from the
+    shared-prompt forward (see the module doc). Under torchrun the ranks pack only together
+    (FSDP gathers each layer's weights once per forward: every rank must run the same ones)."""
+    layout = pack_split_rows(decoder, input_ids, attention_mask, width_p) if pack else None
+    if any_rank(layout is None):
+        return shared_prompt_hidden(decoder, input_ids[:, :-1], attention_mask[:, :-1], width_p)
+    return completion_states(decoder, *layout)
+
+
 def completion_token_stats(
     model: nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,
     width_p: int,
     with_entropy: bool = False,
+    pack: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob (and entropy, detached) of every completion position: (B, T) float32 each, with
     T = input width − ``width_p``. A prompt shared by several rows runs once
-    (``trainers.core.logprobs.shared_prompt_hidden``); the LM head runs chunk by chunk
+    (:func:`completion_hidden`, packed where that pays unless ``pack`` is False); the LM head
+    runs chunk by chunk
     (recomputed in backward), so the full float32 logits tensor is never built."""
     labels = input_ids[:, width_p:]
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
@@ -54,7 +76,7 @@ def completion_token_stats(
         logits = logits[:, width_p - 1 : -1]
         logp = selective_log_softmax(logits, labels)
         return logp, (token_entropy(logits) if with_entropy else None)
-    hidden = shared_prompt_hidden(decoder, input_ids[:, :-1], attention_mask[:, :-1], width_p)
+    hidden = completion_hidden(decoder, input_ids, attention_mask, width_p, pack)
     return hidden_to_token_stats(hidden, lm_head, labels, with_entropy=with_entropy)
 
 
@@ -73,7 +95,7 @@ class ValueModel(nn.Module):
         self.head.to(device=next(self.body.parameters()).device)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, width_p: int) -> Tensor:
-        hidden = shared_prompt_hidden(self.body, input_ids[:, :-1], attention_mask[:, :-1], width_p)
+        hidden = completion_hidden(self.body, input_ids, attention_mask, width_p)
         return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
 
 

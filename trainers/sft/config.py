@@ -75,6 +75,12 @@ class DataSection(StrictModel):
         default_factory=dict,
         description="per-task reasoning-gym settings merged over trainers.core.tasks.TASK_CONFIGS",
     )
+    packing: bool = Field(
+        default=True,
+        description="several conversations per row, each attending only to itself, where that "
+        "saves token slots (same loss and gradients, less padding); false: one right-padded "
+        "row per conversation",
+    )
 
 
 class EvalSection(StrictModel):

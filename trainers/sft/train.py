@@ -52,6 +52,14 @@ from trainers.core.models import (
 from trainers.core.multiturn import check_tool_format
 from trainers.core.rundir import RunDir
 from trainers.core.runfolder import SummaryFile
+from trainers.core.seq_packing import (
+    PACKED_ATTENTION,
+    Unit,
+    attention_mask_for,
+    attention_of,
+    pack_for,
+    pack_values,
+)
 from trainers.core.tasks import TASK_KITS, import_reasoning_gym
 from trainers.core.tiny import BUILDER_VERSION, cache_root
 from trainers.core.tool_demonstrations import check_tool_tasks, default_demonstration_tasks
@@ -148,7 +156,9 @@ def warm_start_model(root: str | Path | None = None) -> Path:
     from filelock import FileLock
 
     cfg = warm_start_config()
-    recipe = {"config": cfg.model_dump(mode="json"), "tiny": BUILDER_VERSION, "version": 2}
+    # data.packing changes the layout, not the loss: a warm start cached before it existed stays
+    config = cfg.model_dump(mode="json", exclude={"data": {"packing"}})
+    recipe = {"config": config, "tiny": BUILDER_VERSION, "version": 2}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     base = Path(root) if root is not None else cache_root() / "sft-warmstart"
     run_dir = base / key
@@ -316,19 +326,28 @@ def prepare_examples(
 
 
 def token_nll(
-    model, input_ids, attention_mask, loss_mask, chunk_size: int = DEFAULT_CHUNK
+    model,
+    input_ids,
+    attention_mask,
+    loss_mask,
+    chunk_size: int = DEFAULT_CHUNK,
+    position_ids=None,
 ) -> tuple[torch.Tensor, int, int]:
     """Summed negative log-likelihood of the target tokens, their count, and how many of them
     the model's argmax predicts. Targets: positions t >= 1 with ``loss_mask[t] == 1``, predicted
     from positions < t. Only target positions go through the LM head (chunked, fp32
-    log-softmax one chunk at a time)."""
+    log-softmax one chunk at a time). Packed rows (:func:`packed_batch`) bring their own
+    ``attention_mask`` form and ``position_ids``."""
     labels = input_ids[:, 1:]
     mask = loss_mask[:, 1:].bool()
     targets = labels[mask]
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
     if decoder is not None and isinstance(lm_head, torch.nn.Linear):
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = decoder(**inputs).last_hidden_state
         picked = hidden[:, :-1][mask]  # (N, H): the positions that predict a target
         logps = hidden_to_logps(picked.unsqueeze(0), lm_head, targets.unsqueeze(0), chunk_size)
         with torch.no_grad():
@@ -342,24 +361,68 @@ def token_nll(
                 for s in range(0, picked.shape[0], chunk_size)
             )
     else:  # generic fallback: the model builds logits itself
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][mask]
+        logits = model(**inputs).logits[:, :-1][mask]
         logps = selective_log_softmax(logits.unsqueeze(0), targets.unsqueeze(0), chunk_size)
         hits = int(logits.detach().argmax(-1).eq(targets).sum())
     return -logps.sum(), int(targets.numel()), hits
 
 
-def micro_batch_terms(
+def packed_batch(
     model: torch.nn.Module, examples: list[TokenizedSFT], pad_id: int, device: torch.device | str
+) -> dict[str, Any] | None:
+    """A micro-batch packed several conversations per row (``trainers.core.seq_packing``):
+    ``token_nll``'s inputs; None when packing leaves as many token slots as padding (no two
+    conversations share a row), where the plain causal layout is the faster one. Each
+    conversation's first token is never a target (as in the padded layout, where no position
+    predicts it), so the label shift never crosses two conversations."""
+    decoder = model.get_decoder()
+    packed = pack_for(decoder, [Unit(ex.input_ids) for ex in examples], pad_id)
+    longest = max(len(ex.input_ids) for ex in examples)
+    if packed.n_rows * packed.width >= len(examples) * longest:
+        return None
+    loss_mask = pack_values(packed, [[0, *ex.loss_mask[1:]] for ex in examples])
+    packed = packed.to(device)
+    dtype = decoder.get_input_embeddings().weight.dtype
+    return {
+        "input_ids": packed.input_ids,
+        "attention_mask": attention_mask_for(decoder, packed, dtype),
+        "position_ids": packed.position_ids,
+        "loss_mask": loss_mask.to(device),
+        "n_tokens": packed.n_tokens,
+    }
+
+
+def padded_batch(examples: list[TokenizedSFT], pad_id: int, device: torch.device | str) -> dict:
+    """A micro-batch one conversation per row, right-padded to its longest: ``token_nll``'s
+    inputs."""
+    batch = {k: v.to(device) for k, v in collate(examples, pad_id).items()}
+    return {**batch, "n_tokens": int(batch["attention_mask"].sum())}
+
+
+def micro_batch_terms(
+    model: torch.nn.Module,
+    examples: list[TokenizedSFT],
+    pad_id: int,
+    device: torch.device | str,
+    pack: bool = False,
 ) -> tuple[torch.Tensor, int, int, int]:
-    """(summed NLL, target tokens, correct argmax tokens, non-pad tokens) of a micro-batch."""
-    batch = collate(examples, pad_id)
-    nll, n, hits = token_nll(
-        model,
-        batch["input_ids"].to(device),
-        batch["attention_mask"].to(device),
-        batch["loss_mask"].to(device),
-    )
-    return nll, n, hits, int(batch["attention_mask"].sum())
+    """(summed NLL, target tokens, correct argmax tokens, non-pad tokens) of a micro-batch,
+    packed (``pack``, where that saves token slots) or padded: the same targets either way."""
+    batch = packed_batch(model, examples, pad_id, device) if pack else None
+    if batch is None:
+        batch = padded_batch(examples, pad_id, device)
+    n_tokens = batch.pop("n_tokens")
+    nll, n, hits = token_nll(model, **batch)
+    return nll, n, hits, n_tokens
+
+
+def packs(cfg: SFTConfig, model: torch.nn.Module) -> bool:
+    """Whether micro-batches may be packed: ``data.packing`` and a decoder whose attention
+    takes packed rows (``trainers.core.seq_packing.PACKED_ATTENTION``: every implementation
+    ``model.attn_implementation`` offers); anything else keeps the padded layout."""
+    if not cfg.data.packing or not hasattr(model, "get_decoder"):
+        return False
+    return attention_of(model.get_decoder()) in PACKED_ATTENTION
 
 
 @torch.no_grad()
@@ -370,7 +433,7 @@ def evaluate(cfg: SFTConfig, model, examples, pad_id, device) -> dict[str, float
     for start in range(0, len(examples), cfg.eval.eval_batch_size):
         raise_if_stopping("eval_batch")
         chunk = examples[start : start + cfg.eval.eval_batch_size]
-        nll, n, hits, _ = micro_batch_terms(model, chunk, pad_id, device)
+        nll, n, hits, _ = micro_batch_terms(model, chunk, pad_id, device, packs(cfg, model))
         nll_sum, n_sum, hit_sum = nll_sum + float(nll), n_sum + n, hit_sum + hits
     model.train()
     return {"eval/loss": nll_sum / n_sum, "eval/mean_token_accuracy": hit_sum / n_sum}
@@ -516,6 +579,7 @@ def train(
         eval_and_samples(at_start=False)
 
     position = state["data_position"] if state else None
+    pack = packs(cfg, model)
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
         timer = StepTimer()
         step_targets = sum(train_ex[i].n_targets for i in pos.ids)  # over every rank's share
@@ -523,7 +587,7 @@ def train(
         for m in range(0, len(pos.local_ids), cfg.train.batch_size):
             raise_if_stopping("micro_batch")
             chunk = [train_ex[i] for i in pos.local_ids[m : m + cfg.train.batch_size]]
-            nll, n, hits, n_tok = micro_batch_terms(model, chunk, pad_id, device)
+            nll, n, hits, n_tok = micro_batch_terms(model, chunk, pad_id, device, pack)
             (nll / step_targets).backward()
             agg.add({"loss": float(nll.detach()) / n, "mean_token_accuracy": hits / n}, weight=n)
             step_tokens += n_tok

@@ -303,7 +303,9 @@ def _grads(model) -> torch.Tensor:
 @pytest.mark.parametrize("preset", ["tiny", "tiny-llama"])
 def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, record_forward_shapes):
     """A group's prompt runs once (KV cache gathered per row): log-probs, entropies, values and
-    every gradient equal one forward of the full rows; the prompt really runs once."""
+    every gradient equal one forward of the full rows; the prompt really runs once. Packed
+    (each prompt once, its rows' completions after it: where that costs less than the full
+    rows, here under gradient checkpointing) they are the same again."""
     from trainers.core.models import load_causal_lm
 
     model = load_causal_lm(preset, device="cpu", dtype="fp32", trainable=True)
@@ -316,7 +318,7 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, record_fo
     width_p = ids.shape[1] - cmask.shape[1]
     decoder = model.get_decoder()
     forwards = record_forward_shapes(decoder)
-    shared, shared_ent = completion_token_stats(model, ids, attn, width_p, True)
+    shared, shared_ent = completion_token_stats(model, ids, attn, width_p, True)  # packing: no gain
     (shared * cmask).sum().backward()
     shared_grads = _grads(model)
     # 3 distinct prompts x width_p, then 7 rows x (completion width - 1)
@@ -326,15 +328,23 @@ def test_shared_prompt_forward_equals_full_rows_with_gradients(preset, record_fo
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert model.training
     forwards.clear()
-    full, full_ent = completion_token_stats(model, ids, attn, width_p, True)
+    full, full_ent = completion_token_stats(model, ids, attn, width_p, True, pack=False)
     (full * cmask).sum().backward()
     full_grads = _grads(model)
     assert forwards == [(7, ids.shape[1] - 1)]  # the last token predicts nothing
+    forwards.clear()
+    packed, packed_ent = completion_token_stats(model, ids, attn, width_p, True)
+    (packed * cmask).sum().backward()
+    packed_grads = _grads(model)
+    assert forwards == [(4, ids.shape[1])]  # 7 rows of 10 columns in 4 (seq_packing)
 
     m = cmask.bool()
     assert torch.allclose(shared[m], full[m], atol=1e-5)
     assert torch.allclose(shared_ent[m], full_ent[m], atol=1e-5)
     assert_same_gradients(shared_grads, full_grads)
+    assert torch.allclose(packed[m], full[m], atol=1e-5)
+    assert torch.allclose(packed_ent[m], full_ent[m], atol=1e-5)
+    assert_same_gradients(packed_grads, full_grads)
     assert full_grads.abs().sum() > 0
 
     value = ValueModel(model)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_phases, trainer_argv
+from conftest import assert_phases, assert_same_gradients, trainer_argv
 from stop_resume import assert_resume_equals_straight_run
 
+from tests._helpers.packing_models import model_names, trainable_model
 from tests._helpers.paths import FIXTURES, configs_of
 from tests._helpers.quick_runs import SFT_ON_TINY
 from tests._helpers.refusals import refused_before_writing_test
@@ -26,6 +27,7 @@ from trainers.sft import train as sft_train
 from trainers.sft.config import SFTConfig
 from trainers.sft.data import (
     SFTRecord,
+    TokenizedSFT,
     builtin_sft_records,
     collate,
     load_sft_records,
@@ -189,6 +191,66 @@ def test_token_weighted_accumulation_equals_one_big_batch(tokenizer):
         (nll / n / 3).backward()
     naive = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     assert not torch.allclose(one, naive, rtol=1e-3, atol=1e-6)
+
+
+def mixed_length_examples() -> list[TokenizedSFT]:
+    """Conversations of very different lengths (one much longer than the rest, a two-token
+    one whose first token is marked: no position predicts it), random ids in every vocabulary."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for n in (60, 7, 23, 2, 31, 12):
+        ids = torch.randint(5, 200, (n,), generator=g).tolist()
+        out.append(TokenizedSFT(ids, [0] * (n // 3) + [1] * (n - n // 3)))
+    return out
+
+
+@pytest.mark.parametrize("name", model_names())
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_packed_micro_batch_gives_the_padded_loss_and_gradients(name, attn):
+    """Several conversations per row (trainers/core/seq_packing.py): the same summed NLL,
+    target count, argmax hits, token count and gradients as one padded row each."""
+    examples = mixed_length_examples()
+
+    def terms(pack: bool):
+        model = trainable_model(name, attn)
+        nll, n, hits, n_tok = sft_train.micro_batch_terms(model, examples, 0, "cpu", pack)
+        nll.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        return float(nll), (n, hits, n_tok), grads, model
+
+    padded, padded_counts, padded_grads, model = terms(pack=False)
+    packed_rows = sft_train.packed_batch(model, examples, 0, "cpu")
+    assert packed_rows is not None and packed_rows["input_ids"].shape == (3, 60)  # not 6 rows
+    packed, packed_counts, packed_grads, _ = terms(pack=True)
+    assert packed == pytest.approx(padded, rel=1e-5)
+    assert packed_counts == padded_counts
+    assert padded_counts[0] == sum(ex.n_targets for ex in examples)
+    assert_same_gradients(packed_grads, padded_grads, rel=1e-4)
+    # no two conversations share a row: the padded layout (plain causal attention) is kept
+    assert sft_train.packed_batch(model, examples[:1], 0, "cpu") is None
+
+
+def test_packing_changes_nothing_in_the_training_loop(tmp_path):
+    """One optimizer step and the held-out evaluation over conversations of very different
+    lengths, packed and not: the same loss, accuracy, gradient norm and held-out loss."""
+    rows = [
+        {"prompt": f"Count {i}.", "completion": " ".join(["one two three"] * (1 + (i * 7) % 11))}
+        for i in range(24)
+    ]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = [*QUICK, f"data.dataset={data}", "data.max_samples=null", "train.max_steps=1"]
+    common += ["eval.sample_every=0", "eval.num_samples=0", "eval.eval_every=1"]
+    common += ["checkpoint.save_final_model=false", "train.batch_size=8"]
+    assert run(tmp_path / "packed", [*common, "data.packing=true"]) == 0
+    assert run(tmp_path / "padded", [*common, "data.packing=false"]) == 0
+    packed = read_jsonl(tmp_path / "packed" / "metrics.jsonl")
+    padded = read_jsonl(tmp_path / "padded" / "metrics.jsonl")
+    assert len(packed) == len(padded) and any("eval/loss" in r for r in packed)
+    for a, b in zip(packed, padded, strict=True):
+        for key in ("loss", "mean_token_accuracy", "grad_norm", "num_tokens", "eval/loss"):
+            if key in b:
+                assert a[key] == pytest.approx(b[key], rel=1e-4), key
 
 
 def test_accumulation_in_the_training_loop_matches_one_big_batch(tmp_path):
