@@ -16,8 +16,8 @@ algorithm needs, not what the kernels happen to execute.
 
 The peak (:func:`measured_peak`) is the best FLOP/s of a short square matmul in the run's dtype
 on the run's device: ``n × n @ n × n`` (n = 512 on the CPU, 4096 on CUDA), one warm-up product,
-then the best of a few. It is measured once per process and kept for the process (about 10 ms on
-the CPU, a few ms on a GPU). It is deliberately not cached on disk: a peak measured now, under
+then the best of 20 (10 on CUDA). It is measured once per process and kept for the process
+(tens of ms on the CPU, a few ms on a GPU). It is deliberately not cached on disk: a peak measured now, under
 this process's thread setting and the machine's present load, is the honest denominator for the
 steps that follow, and a stale file from another load (or another build of torch) is not.
 
@@ -71,17 +71,31 @@ class ModelFlops:
 
 def model_flops(model: nn.Module) -> ModelFlops:
     """``model``'s :class:`ModelFlops`: its LM head (``get_output_embeddings``, when it has one)
-    apart, every other matrix in the body."""
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weight = getattr(out, "weight", None)
-    matrices = matrix_params(model)
-    if weight is None or weight.dim() != 2:
-        return ModelFlops(body=matrices)
-    head = weight.numel()
-    counted = any(p is weight for p in model.parameters())
+    apart, every other matrix in the body but the LM head of a wrapped model that never runs
+    it (a reward model's backbone: its hidden states feed a scalar head)."""
     lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    untied = counted and id(weight) not in lookups
-    return ModelFlops(body=matrices - head if untied else matrices, head=head)
+    head = _output_weight(model)
+    unused = {
+        id(w): w.numel()
+        for sub in model.modules()
+        if sub is not model and (w := _output_weight(sub)) is not None and w is not head
+    }
+    params = {id(p) for p in model.parameters()}
+    body = matrix_params(model)
+    body -= sum(n for k, n in unused.items() if k in params and k not in lookups)
+    if head is None:
+        return ModelFlops(body=body)
+    if id(head) in params and id(head) not in lookups:  # untied: counted among the matrices
+        body -= head.numel()
+    return ModelFlops(body=body, head=head.numel())
+
+
+def _output_weight(module: nn.Module) -> Any:
+    """The weight of ``module``'s LM head (None: none)."""
+    get = getattr(module, "get_output_embeddings", None)
+    out = get() if callable(get) else None
+    weight = getattr(out, "weight", None)
+    return weight if weight is not None and weight.dim() == 2 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +112,7 @@ def _sync(device: torch.device) -> None:
 def _peak(device_type: str, index: int | None, dtype: torch.dtype, threads: int) -> float:
     """Best FLOP/s of square products (module doc); ``threads`` keys the cache only."""
     device = torch.device(device_type, index) if index is not None else torch.device(device_type)
-    n, repeats = (4096, 10) if device.type == "cuda" else (512, 5)
+    n, repeats = (4096, 10) if device.type == "cuda" else (512, 20)
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
     torch.mm(a, b)  # warm-up
@@ -231,9 +245,12 @@ def step_account(
     model: nn.Module, device: Any, dtype: torch.dtype, frozen: nn.Module | None = None
 ) -> StepAccount:
     """The :class:`StepAccount` of a family whose step trains ``model`` (and runs ``frozen``
-    over the same tokens), on ``device`` in ``dtype`` (the peak measured now, once a process)."""
+    over the same tokens), on ``device`` in ``dtype``: the peak measured now (once a process),
+    times the processes of the run (a step's tokens are every rank's)."""
+    from trainers.core.distributed import world
+
     return StepAccount(
         trained=model_flops(model),
-        peak=measured_peak(device, dtype),
+        peak=measured_peak(device, dtype) * world().size,
         frozen=model_flops(frozen) if frozen is not None else None,
     )

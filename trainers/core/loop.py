@@ -657,11 +657,13 @@ def step_metrics(
     device: Any,
     *,
     epoch: float | None = None,
+    account: Any = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The train row of a step, in the order every family logs it: the step's aggregated
     metrics, grad_norm, learning_rate, epoch, family extras, then throughput (tokens per second
-    since ``timer`` started), the step's wall time and peak memory on ``device``."""
+    since ``timer`` started), the step's wall time, peak memory on ``device`` and, given the
+    run's ``account`` (:func:`trainers.core.flops.step_account`), ``mfu/step``."""
     from trainers.core.distributed import sum_over_ranks
     from trainers.core.training import peak_memory_gb
 
@@ -674,6 +676,8 @@ def step_metrics(
     row["throughput/tokens_per_s"] = step_tokens / max(dt, 1e-9)
     row["timing/step_s"] = dt
     row["memory/peak_gb"] = peak_memory_gb(device)
+    if account is not None:
+        row["mfu/step"] = account.mfu(step_tokens, dt)
     return row
 
 

@@ -34,6 +34,7 @@ from trainers.core.distributed import (
     shard_model,
     world,
 )
+from trainers.core.flops import step_account
 from trainers.core.generation import sample_held_out
 from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.loop import (
@@ -235,6 +236,7 @@ def train(
     optimizer, scheduler, state = loop.optimizer_and_resume(
         model, model.parameters(), cfg.train, resume
     )
+    account = step_account(model, device, dtype)  # reference log-probs precomputed: no pass
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
     best = BestMetric("eval/accuracy")
     gold = gold_evaluation(cfg, run, tokenizer, eval_records, (device, dtype, attn))
@@ -278,7 +280,14 @@ def train(
             model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
         )
         row = step_metrics(
-            agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
+            agg.mean(),
+            grad_norm,
+            lr,
+            step_tokens,
+            timer,
+            device,
+            epoch=pos.epoch_progress,
+            account=account,
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every, "accuracy")
         loop.end_step(after_step, epoch=pos.epoch)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from trainers.core.config import ConfigError
 from trainers.core.distributed import plan_precision, rank_device, shard_model
+from trainers.core.flops import step_account
 from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.loop import (
     BestMetric,
@@ -523,6 +524,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     trainable = [p for p in model.parameters() if p.requires_grad]
     info["trainable_parameters"] = sum(p.numel() for p in trainable)
     optimizer, scheduler, state = loop.optimizer_and_resume(model, trainable, cfg.train, resume)
+    account = step_account(model, device, dtype)  # the step's FLOPs and the peak: mfu/step
     name = f"{cfg.algorithm}-{run.path.name}"
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), name)
     best = BestMetric(KEY_METRIC[cfg.kind])
@@ -569,7 +571,14 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
             step_tokens += n_tok
         grad_norm, lr = optimizer_step(trainable, optimizer, scheduler, cfg.train.max_grad_norm)
         row = step_metrics(
-            agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
+            agg.mean(),
+            grad_norm,
+            lr,
+            step_tokens,
+            timer,
+            device,
+            epoch=pos.epoch_progress,
+            account=account,
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every)
         loop.end_step(after_step, epoch=pos.epoch)

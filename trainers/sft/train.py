@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
+from trainers.core.flops import step_account
 from trainers.core.generation import generate_completions, sample_held_out
 from trainers.core.harness import (
     MetricsTracker,
@@ -491,6 +492,7 @@ def train(
     optimizer, scheduler, state = loop.optimizer_and_resume(
         model, model.parameters(), cfg.train, resume
     )
+    account = step_account(model, device, dtype)  # the step's FLOPs and the peak: mfu/step
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"sft-{run.path.name}")
     best = BestMetric("eval/loss", higher=False)
 
@@ -538,6 +540,7 @@ def train(
             timer,
             device,
             epoch=pos.epoch_progress,
+            account=account,
             num_tokens=step_targets,
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every, "mean_token_accuracy")
