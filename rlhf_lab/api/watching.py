@@ -45,11 +45,6 @@ class RunView(BaseModel):
         default=None, description="the held-out headline metric first, the training signal after"
     )
     alerts: list[Alert] = Field(default_factory=list)
-    time_split: str | None = Field(
-        default=None,
-        description="where the latest step's time went: each stage's share and MFU, then the "
-        "step's seconds and MFU (from the last train row)",
-    )
 
 
 class RunStatusResult(RunView):
@@ -187,15 +182,9 @@ def advice_for(view: RunView) -> str:
 def run_status(run_id: str) -> RunStatusResult:
     """A run's state, step, ETA, latest metrics, diagnosed alerts and advice."""
     from rlhf_lab.results.diagnosis import status_headline
-    from rlhf_lab.results.stages import time_split
 
     status = run_state(run_id)
-    view = RunView(
-        status=status,
-        headline=status_headline(status),
-        alerts=_alerts(run_id, status),
-        time_split=time_split(status.last_train),
-    )
+    view = RunView(status=status, headline=status_headline(status), alerts=_alerts(run_id, status))
     return RunStatusResult(**view.model_dump(), advice=advice_for(view))
 
 

@@ -53,11 +53,11 @@ def test_status_shows_where_the_latest_step_went():
     run_id = "grpo-20260101-000001-5eed"
     rows = [pg_train_row(1, 0.9), pg_train_row(2, 0.6)]
     make_run(camp.id, run_id, family="policy_gradients", algorithm="grpo", rows=rows)
-    view = api.run_status(run_id)
-    assert view.time_split is not None and view.time_split.startswith("generate 60% (MFU")
+    split = api.run_status(run_id).status.time_split
+    assert split is not None and split.startswith("generate 60% (MFU")
     shown = CliRunner().invoke(app, ["status", run_id])
     assert shown.exit_code == 0, shown.output
-    assert f"  time: {view.time_split}" in shown.output
+    assert f"  time: {split}" in shown.output
     assert (
         '"time_split": "generate 60%'
         in CliRunner().invoke(app, ["status", run_id, "--json"]).output
