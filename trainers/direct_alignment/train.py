@@ -267,7 +267,7 @@ def train(
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
-        timer = StepTimer()
+        timer = StepTimer(account)
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.local_ids), cfg.train.batch_size):
             raise_if_stopping("micro_batch")
@@ -280,14 +280,7 @@ def train(
             model.parameters(), optimizer, scheduler, cfg.train.max_grad_norm
         )
         row = step_metrics(
-            agg.mean(),
-            grad_norm,
-            lr,
-            step_tokens,
-            timer,
-            device,
-            epoch=pos.epoch_progress,
-            account=account,
+            agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every, "accuracy")
         loop.end_step(after_step, epoch=pos.epoch)

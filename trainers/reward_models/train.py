@@ -556,7 +556,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(kind.train), cfg.train, cfg.seed, position):
-        timer = StepTimer()
+        timer = StepTimer(account)
         step_weight = sum(kind.weight(kind.train[i]) for i in pos.ids)  # over every rank's share
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.local_ids), cfg.train.batch_size):
@@ -571,14 +571,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
             step_tokens += n_tok
         grad_norm, lr = optimizer_step(trainable, optimizer, scheduler, cfg.train.max_grad_norm)
         row = step_metrics(
-            agg.mean(),
-            grad_norm,
-            lr,
-            step_tokens,
-            timer,
-            device,
-            epoch=pos.epoch_progress,
-            account=account,
+            agg.mean(), grad_norm, lr, step_tokens, timer, device, epoch=pos.epoch_progress
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every)
         loop.end_step(after_step, epoch=pos.epoch)

@@ -519,7 +519,7 @@ def train(
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
-        timer = StepTimer()
+        timer = StepTimer(account)
         step_targets = sum(train_ex[i].n_targets for i in pos.ids)  # over every rank's share
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.local_ids), cfg.train.batch_size):
@@ -540,7 +540,6 @@ def train(
             timer,
             device,
             epoch=pos.epoch_progress,
-            account=account,
             num_tokens=step_targets,
         )
         loop.step_done(row, step_tokens, cfg.logging.log_every, "mean_token_accuracy")

@@ -20,21 +20,15 @@ from trainers.core.loop import StepTimer, step_metrics
 from trainers.policy_gradients.stages import StepShapes, StepTokens, stage_work
 
 # hidden 64, MLP 128, 2 layers, 4 heads of 16 with 2 key/value heads, vocabulary 100
-SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=100,
-)
+SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100}
 # per layer: q 64·64 + k 64·32 + v 64·32 + o 64·64 + gate, up, down 3·64·128 = 36,864
 BODY = 2 * (64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128)
 HEAD = 100 * 64
 
 
 def llama(tied: bool) -> torch.nn.Module:
-    return LlamaForCausalLM(LlamaConfig(**SHAPE, tie_word_embeddings=tied))
+    return LlamaForCausalLM(LlamaConfig(**SIZES, **HEADS, tie_word_embeddings=tied))
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -55,11 +49,9 @@ def test_a_step_account_is_six_n_per_token_plus_two_n_per_frozen_pass():
     assert with_reference.flops(10) == 8 * 80_128 * 10
 
 
-def test_step_metrics_log_the_step_mfu_when_given_an_account():
+def test_step_metrics_log_the_step_mfu_when_the_timer_carries_an_account():
     account = StepAccount(ModelFlops(body=BODY, head=HEAD), peak=1e9)
-    row = step_metrics(
-        {"loss": 1.0}, 0.5, 1e-3, 10, StepTimer(), torch.device("cpu"), account=account
-    )
+    row = step_metrics({"loss": 1.0}, 0.5, 1e-3, 10, StepTimer(account), torch.device("cpu"))
     assert row["mfu/step"] == pytest.approx(account.flops(10) / row["timing/step_s"] / 1e9)
     assert "mfu/step" not in step_metrics({}, 0.5, 1e-3, 10, StepTimer(), torch.device("cpu"))
 
