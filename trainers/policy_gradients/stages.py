@@ -70,15 +70,17 @@ def step_tokens(exp: Experience, group_size: int) -> StepTokens:
     return StepTokens(*gather_sum([prompt, completion, sampled, rows]))
 
 
-def stage_work(t: StepTokens, s: StepShapes, updates: int) -> dict[str, Work]:
-    """Tokens and model FLOPs of every stage that runs a model (module doc); ``updates``: the
-    passes over the batch the update makes (``loss.updates_per_rollout``)."""
+def stage_work(drawn: StepTokens, t: StepTokens, s: StepShapes, updates: int) -> dict[str, Work]:
+    """Tokens and model FLOPs of every stage that runs a model (module doc): ``drawn`` are the
+    tokens the step generated and scored (DAPO: every round, before its filter), ``t`` those it
+    updates on; ``updates``: the passes over the batch (``loss.updates_per_rollout``)."""
     batch = t.prompt + t.completion
     logps = Work(batch, s.policy.forward(batch, t.completion))
     train = s.policy.training(batch, t.completion)
+    sampled = drawn.prompt + drawn.completion
     work = {
-        "generate": Work(t.sampled, s.policy.forward(batch, t.sampled)),
-        "score": Work(t.rows, sum(rm.forward(t.rows, 0) for rm in s.scorers)),
+        "generate": Work(drawn.sampled, s.policy.forward(sampled, drawn.sampled)),
+        "score": Work(drawn.rows, sum(rm.forward(drawn.rows, 0) for rm in s.scorers)),
         "reference": logps,
         "old_logps": logps,
     }
@@ -89,10 +91,12 @@ def stage_work(t: StepTokens, s: StepShapes, updates: int) -> dict[str, Work]:
     return work
 
 
-def stage_metrics(clock, exp: Experience, shapes: StepShapes, cfg: Any) -> dict[str, float]:
-    """The step's stage metrics (:meth:`StageClock.row`) for ``exp`` after its update."""
+def stage_metrics(clock, drawn: Experience, exp: Experience, shapes: StepShapes, cfg: Any):
+    """The step's stage metrics (:meth:`StageClock.row` up to now) for the rollouts it
+    ``drawn`` and the batch ``exp`` it updated on (collective)."""
+    G = cfg.rollout.num_rollouts
     work = stage_work(
-        step_tokens(exp, cfg.rollout.num_rollouts), shapes, cfg.loss.updates_per_rollout
+        step_tokens(drawn, G), step_tokens(exp, G), shapes, cfg.loss.updates_per_rollout
     )
     return clock.row(work, shapes.peak, clock.dt)
 

@@ -583,6 +583,7 @@ def train(
             )
         step_tokens = int(sum_over_ranks(int(exp.attention_mask.sum())))  # every rank's
         loop.advance(step_tokens)
+        stages = stage_metrics(clock, ri.drawn, exp, shapes, cfg)  # seconds, tokens/s, MFU
         dt = clock.dt
 
         # 6. log
@@ -593,7 +594,7 @@ def train(
             "timing/step_s": dt,
             "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
             "memory/peak_gb": peak_memory_gb(device),
-            **stage_metrics(clock, exp, shapes, cfg),
+            **stages,
         }
         if loop.should_log(cfg.logging.log_every):
             loop.log("rollout", last_rollout)

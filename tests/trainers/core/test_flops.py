@@ -90,10 +90,15 @@ def test_policy_gradient_stage_work_by_hand():
     shapes = StepShapes(policy=policy, peak=1e9, value=ModelFlops(body=BODY + 64))
     # 2 groups of prompts of 5 tokens, 24 completion tokens attended, 20 of them sampled
     tokens = StepTokens(prompt=10, completion=24, sampled=20, rows=4 * 5 + 24)
-    work = stage_work(tokens, shapes, updates=2)
+    work = stage_work(tokens, tokens, shapes, updates=2)
     assert work["generate"] == Work(20, 2 * (BODY * 34 + HEAD * 20))
     assert work["reference"] == work["old_logps"] == Work(34, 2 * (BODY * 34 + HEAD * 24))
     assert work["values"] == Work(34, 2 * (BODY + 64) * 34)
     assert work["score"] == Work(44, 0)  # no reward model: nothing counted
     update = 6 * (BODY * 34 + HEAD * 24) + 6 * (BODY + 64) * 34
     assert work["update"] == Work(68, 2 * update)
+    # DAPO drew twice the groups it kept: generation and scoring did the work of every draw
+    drawn = StepTokens(prompt=20, completion=48, sampled=40, rows=88)
+    dapo = stage_work(drawn, tokens, shapes, updates=2)
+    assert dapo["generate"] == Work(40, 2 * (BODY * 68 + HEAD * 40))
+    assert dapo["score"].tokens == 88 and dapo["update"] == work["update"]
