@@ -15,11 +15,13 @@ algorithm needs, not what the kernels happen to execute.
   frozen weights (which skip the weight gradient) and attention scores are not corrected for.
 
 The peak (:func:`measured_peak`) is the best FLOP/s of a short square matmul in the run's dtype
-on the run's device: ``n × n @ n × n`` (n = 512 on the CPU, 4096 on CUDA), one warm-up product,
-then the best of 20 (10 on CUDA). It is measured once per process and kept for the process
-(tens of ms on the CPU, a few ms on a GPU). It is deliberately not cached on disk: a peak measured now, under
-this process's thread setting and the machine's present load, is the honest denominator for the
-steps that follow, and a stale file from another load (or another build of torch) is not.
+on the run's device: ``n × n @ n × n`` (n = 512 on the CPU, the best of 20 products; n = 8192
+on CUDA, the best of 3 timings of 5 products each), after one warm-up product, from a private
+random generator (the run's random state is untouched). It is measured once per process and
+kept for the process (tens of ms on the CPU or a GPU). It is deliberately not cached on disk: a
+peak measured now, under this process's thread setting and the machine's present load, is the
+honest denominator for the steps that follow, and a stale file from another load (or another
+build of torch) is not.
 
 :class:`StageClock` times the named stages of one step (``with clock.stage("generate"): ...``)
 and turns them, with each stage's tokens and FLOPs (:class:`Work`), into the metric row:
@@ -112,17 +114,19 @@ def _sync(device: torch.device) -> None:
 def _peak(device_type: str, index: int | None, dtype: torch.dtype, threads: int) -> float:
     """Best FLOP/s of square products (module doc); ``threads`` keys the cache only."""
     device = torch.device(device_type, index) if index is not None else torch.device(device_type)
-    n, repeats = (4096, 10) if device.type == "cuda" else (512, 20)
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    # CUDA: several products between synchronisations, so launch gaps vanish from the figure
+    n, inner, repeats = (8192, 5, 3) if device.type == "cuda" else (512, 1, 20)
+    gen = torch.Generator(device=device).manual_seed(0)  # the run's random state is untouched
+    a, b = (torch.randn(n, n, generator=gen, device=device, dtype=dtype) for _ in range(2))
     torch.mm(a, b)  # warm-up
     best = float("inf")
     for _ in range(repeats):
         _sync(device)
         started = time.perf_counter()
-        torch.mm(a, b)
+        for _ in range(inner):
+            torch.mm(a, b)
         _sync(device)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, (time.perf_counter() - started) / inner)
     return 2.0 * n**3 / max(best, 1e-12)
 
 
