@@ -4,7 +4,8 @@ Model FLOPs (the "MFU" convention: work the algorithm needs, not what the kernel
 execute — recomputation under checkpointing, padding and attention are not in the headline):
 
 * ``N_body`` = the matrix parameters of the decoder body (attention and MLP projections; the
-  token embedding is a lookup, not a matmul; norms and biases are left out), ``N_head`` =
+  token embedding is a lookup, not a matmul; norms and biases are left out; counted by
+  ``trainers.core.flops.matrix_params``, the count the trainers' ``mfu/*`` metrics use), ``N_head`` =
   vocabulary x hidden (the LM head; with tied embeddings the same tensor as the embedding).
 * A token that goes through the body costs ``2·N_body`` FLOPs forward; a position that goes
   through the LM head costs ``2·N_head``. Under a gradient (training) each costs three times
@@ -75,10 +76,11 @@ def shape_of(config: Any) -> ModelShape:
     import torch
     from transformers import AutoModel
 
+    from trainers.core.flops import matrix_params  # the trainers' own count (mfu/* metrics)
+
     with torch.device("meta"):
         body = AutoModel.from_config(config)
-    embed = body.get_input_embeddings().weight
-    matrices = sum(p.numel() for p in body.parameters() if p.dim() == 2 and p is not embed)
+    matrices = matrix_params(body)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return ModelShape(

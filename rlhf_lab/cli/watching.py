@@ -49,6 +49,8 @@ def _print_status(view: Any) -> None:
         if shown:
             items = "  ".join(f"{k}={_fmt(v)}" for k, v in list(shown.items())[:8])
             typer.echo(f"  {label}: {items}")
+    if s.time_split:
+        typer.echo(f"  time: {s.time_split}")
     if s.error:
         typer.echo(f"  error: {s.error}")
     if s.wandb_url:

@@ -24,6 +24,7 @@ from rlhf_lab.ledger.schema import MetricSummary
 from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.catalog import key_metrics_for, metric_direction
 from rlhf_lab.results.plots import EVAL_PREFIX, as_float
+from rlhf_lab.results.stages import stage_names
 
 __all__ = [
     "FAMILY_METRICS",
@@ -166,7 +167,8 @@ def summarize_metrics(
 
 def summarize_performance(rows: Sequence[dict]) -> dict[str, float]:
     """Speed and memory of a run from its train rows: the median ``throughput/tokens_per_s``,
-    the highest ``memory/peak_gb`` and the median seconds of each ``timing/*`` phase per step.
+    the highest ``memory/peak_gb``, the median seconds of each ``timing/*`` phase per step and
+    the median of each ``mfu/*`` figure.
     The first train row is left out of the medians when there are others (it carries warm-up)."""
     train = [r for r in rows if r.get("phase", "train") == "train"]
     steady = train[1:] if len(train) > 1 else train
@@ -181,7 +183,7 @@ def summarize_performance(rows: Sequence[dict]) -> dict[str, float]:
     peaks = values("memory/peak_gb", train)
     if peaks:
         out["memory/peak_gb"] = max(peaks)
-    phases = sorted({k for r in steady for k in r if k.startswith("timing/")})
+    phases = sorted({k for r in steady for k in r if k.startswith(("timing/", "mfu/"))})
     for key in phases:
         if found := values(key, steady):
             out[key] = statistics.median(found)
@@ -194,7 +196,12 @@ def _performance_text(perf: dict[str, float]) -> str | None:
         parts.append(f"{perf['throughput/tokens_per_s']:.0f} tokens/s (median)")
     if "memory/peak_gb" in perf:
         parts.append(f"peak memory {perf['memory/peak_gb']:.2f} GB")
-    timing = [(k.removeprefix("timing/"), v) for k, v in perf.items() if k.startswith("timing/")]
+    stages = {f"timing/{name}_s" for name in stage_names(perf)}  # in time_split's line
+    timing = [
+        (k.removeprefix("timing/"), v)
+        for k, v in perf.items()
+        if k.startswith("timing/") and k not in stages
+    ]
     if timing:
         parts.append("per step: " + ", ".join(f"{name} {v:.3g} s" for name, v in timing))
     return "; ".join(parts) or None

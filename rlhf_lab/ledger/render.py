@@ -31,6 +31,7 @@ from rlhf_lab.planning.catalog import FAMILIES as CATALOG_FAMILIES
 from rlhf_lab.planning.time import wall_with_prediction
 from rlhf_lab.results.headline import PROXY_HEADLINE, PROXY_LABEL, headline_for
 from rlhf_lab.results.plots import as_float
+from rlhf_lab.results.stages import time_split
 from trainers.core.runfolder import ACTIVE_STATES
 
 __all__ = ["replace_blocks"]
@@ -383,6 +384,7 @@ def _run_view(r: RunRecord) -> dict[str, Any]:
         "command": r.command,
         "metrics": r.metrics,
         "performance": _performance_text(r.performance),
+        "time_split": time_split(r.performance),
     }
 
 

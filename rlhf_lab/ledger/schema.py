@@ -147,7 +147,7 @@ class RunRecord(_Model):
     metrics: list[MetricSummary] = Field(default_factory=list)
     performance: dict[str, float] = Field(
         default_factory=dict,
-        description="median throughput/tokens_per_s, max memory/peak_gb, median timing/* (s)",
+        description="medians of throughput/tokens_per_s, timing/*, mfu/*; max memory/peak_gb",
     )
     steps: int | None = None
     total_steps: int | None = None

@@ -101,6 +101,9 @@ class RunStatus(BaseModel):
     progress_updated_at: float | None = None
     last_train: dict[str, Any] = Field(default_factory=dict, description="last train row")
     last_eval: dict[str, Any] = Field(default_factory=dict, description="last eval row")
+    time_split: str | None = Field(
+        default=None, description="where the last train row's step went: stage shares, MFU"
+    )
     outcome: str | None = Field(default=None, description="summary.json outcome")
     exit_code: int | None = None
     signal: int | None = None

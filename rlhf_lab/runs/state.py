@@ -361,6 +361,7 @@ def _build_status(
         progress_updated_at=progress.updated_at if progress else None,
         last_train=last_train,
         last_eval=last_eval,
+        time_split=_time_split(last_train),
         outcome=summary.outcome if summary else None,
         exit_code=exit_code,
         signal=sig if sig is not None else record.get("signal"),
@@ -570,3 +571,10 @@ def follow_run(
         if deadline is not None and time.time() > deadline:
             return status
         time.sleep(poll_s)
+
+
+def _time_split(last_train: dict) -> str | None:
+    """Where the last train row's step went (rlhf_lab.results.stages.time_split)."""
+    from rlhf_lab.results.stages import time_split
+
+    return time_split(last_train)

@@ -22,6 +22,7 @@ STEP_KEYS = [
     "throughput/tokens_per_s",
     "timing/step_s",
     "memory/peak_gb",
+    "mfu/step",
 ]
 
 

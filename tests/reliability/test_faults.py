@@ -92,7 +92,7 @@ QUICK = {
     ),
 }
 # Metric keys that measure the machine, not the training: never compared between runs.
-VOLATILE_KEY_PARTS = ("time_s", "timing/", "throughput/", "memory/", "elapsed")
+VOLATILE_KEY_PARTS = ("time_s", "timing/", "throughput/", "memory/", "mfu/", "elapsed")
 
 
 @pytest.fixture(autouse=True)

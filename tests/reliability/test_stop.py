@@ -82,7 +82,7 @@ PG = [
     "checkpoint.save_every=null",
     "checkpoint.save_final_model=false",
 ]
-VOLATILE = ("time_s", "timing/", "throughput/", "memory/", "elapsed")
+VOLATILE = ("time_s", "timing/", "throughput/", "memory/", "mfu/", "elapsed")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -38,6 +38,7 @@ import contextlib
 import io
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -517,15 +518,38 @@ def gathered(module: Any) -> Iterator[None]:
         yield
         return
     layer_ids = {id(layer) for layer in decoder_layers(module)}
-    for unit in units:
-        unit.set_reshard_after_forward(False, recurse=False)
-        unit.unshard()
+    with _gathering_clock():
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
     try:
         yield
     finally:
-        for unit in units:  # back as shard_model left them: layers reshard after forward
-            unit.reshard()
-            unit.set_reshard_after_forward(id(unit) in layer_ids, recurse=False)
+        with _gathering_clock():
+            for unit in units:  # back as shard_model left them: layers reshard after forward
+                unit.reshard()
+                unit.set_reshard_after_forward(id(unit) in layer_ids, recurse=False)
+
+
+_GATHER_S = [0.0]  # seconds this process spent gathering and releasing weights in gathered()
+
+
+def gather_seconds() -> float:
+    """Seconds this process has spent so far gathering whole weights (and releasing them) in
+    :func:`gathered`: 0 in one process (trainers.core.flops.StageClock's ``weight_gather``)."""
+    return _GATHER_S[0]
+
+
+@contextlib.contextmanager
+def _gathering_clock() -> Iterator[None]:
+    import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    started = time.perf_counter()
+    yield
+    if cuda:  # the all-gathers run on their own streams: wait for them
+        torch.cuda.synchronize()
+    _GATHER_S[0] += time.perf_counter() - started
 
 
 def full_state_dict(module: Any) -> dict[str, Any] | None:

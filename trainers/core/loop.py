@@ -638,10 +638,12 @@ class TrainingRun:
 
 
 class StepTimer:
-    """Wall time of one step: ``dt`` seconds since it was created."""
+    """Wall time of one step: ``dt`` seconds since it was created; with the run's ``account``
+    (:func:`trainers.core.flops.step_account`) :func:`step_metrics` adds the step's MFU."""
 
-    def __init__(self) -> None:
+    def __init__(self, account: Any = None) -> None:
         self.start = time.time()
+        self.account = account
 
     @property
     def dt(self) -> float:
@@ -661,7 +663,8 @@ def step_metrics(
 ) -> dict[str, Any]:
     """The train row of a step, in the order every family logs it: the step's aggregated
     metrics, grad_norm, learning_rate, epoch, family extras, then throughput (tokens per second
-    since ``timer`` started), the step's wall time and peak memory on ``device``."""
+    since ``timer`` started), the step's wall time, peak memory on ``device`` and, when the
+    timer carries the run's account, ``mfu/step``."""
     from trainers.core.distributed import sum_over_ranks
     from trainers.core.training import peak_memory_gb
 
@@ -674,6 +677,8 @@ def step_metrics(
     row["throughput/tokens_per_s"] = step_tokens / max(dt, 1e-9)
     row["timing/step_s"] = dt
     row["memory/peak_gb"] = peak_memory_gb(device)
+    if timer.account is not None:
+        row["mfu/step"] = timer.account.mfu(step_tokens, dt)
     return row
 
 

@@ -34,6 +34,7 @@ from trainers.core.distributed import (
     shard_model,
     world,
 )
+from trainers.core.flops import step_account
 from trainers.core.generation import sample_held_out
 from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.loop import (
@@ -235,6 +236,7 @@ def train(
     optimizer, scheduler, state = loop.optimizer_and_resume(
         model, model.parameters(), cfg.train, resume
     )
+    account = step_account(model, device, dtype)  # reference log-probs precomputed: no pass
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"{cfg.loss}-{run.path.name}")
     best = BestMetric("eval/accuracy")
     gold = gold_evaluation(cfg, run, tokenizer, eval_records, (device, dtype, attn))
@@ -265,7 +267,7 @@ def train(
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
-        timer = StepTimer()
+        timer = StepTimer(account)
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.local_ids), cfg.train.batch_size):
             raise_if_stopping("micro_batch")

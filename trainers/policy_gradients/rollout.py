@@ -33,7 +33,6 @@ from the module that defines it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from trainers.core.distributed import global_moments, world
+from trainers.core.flops import StageClock
 from trainers.core.lora import reference_view
 from trainers.core.onpolicy import greedy_rollouts
 from trainers.core.prompts import Prompt, PromptStream
@@ -191,23 +191,40 @@ def prepare_update(
     ref_model: nn.Module | None,
     value_model: ValueModel | None,
     device: torch.device | str,
+    clock: StageClock | None = None,
 ) -> tuple[Experience, dict[str, float]]:
-    """Fill π_old / π_ref log-probs, PPO values, KL shaping and advantages. Returns the batch
-    and the rollout-side metrics it produced (kl in the reward, explained variance)."""
-    mask = exp.completion_mask
+    """Fill π_old / π_ref log-probs, PPO values, KL shaping and advantages, each pass timed as
+    a stage of ``clock`` (``old_logps``, ``reference``, ``values``, ``advantages``). Returns
+    the batch and the rollout-side metrics it produced (kl in the reward, explained variance)."""
+    clock = clock or StageClock(device)
     bs = cfg.train.batch_size
+    if cfg.needs_old_logps or (cfg.uses_kl and cfg.spec.kl == "reward"):
+        with clock.stage("old_logps"):
+            exp.old_logps = sequence_logps(policy, exp, bs, device)
+    if cfg.uses_kl:  # ref_model None with LoRA: the policy with its adapters off
+        with clock.stage("reference"), reference_view(policy, ref_model) as reference:
+            exp.ref_logps = sequence_logps(reference, exp, bs, device)
+    if cfg.spec.needs_value_model:
+        with clock.stage("values"):
+            was_training = value_model.training
+            value_model.eval()
+            exp.values = per_token_pass(value_model, exp, bs, device)
+            value_model.train(was_training)
+    with clock.stage("advantages"):
+        info = fill_advantages(exp, cfg)
+    return exp, info
+
+
+def fill_advantages(exp: Experience, cfg: PolicyGradientConfig) -> dict[str, float]:
+    """The KL to the reference, KL shaping of the reward and the advantages (and PPO's returns)
+    of a batch whose log-probs and values are filled; returns the metrics it produced."""
+    mask = exp.completion_mask
     G = cfg.rollout.num_rollouts
     info: dict[str, float] = {}
     spec = cfg.spec
     kl_in_reward = cfg.uses_kl and spec.kl == "reward"
-    if cfg.needs_old_logps or kl_in_reward:
-        exp.old_logps = sequence_logps(policy, exp, bs, device)
-    if cfg.uses_kl:  # ref_model None with LoRA: the policy with its adapters off
-        with reference_view(policy, ref_model) as reference:
-            exp.ref_logps = sequence_logps(reference, exp, bs, device)
-        if exp.old_logps is not None:  # else the update's first pass fills it (π = π_old there)
-            exp.kl_ref = sequence_kl(exp.old_logps, exp.ref_logps, mask)
-
+    if exp.ref_logps is not None and exp.old_logps is not None:  # else the update's first
+        exp.kl_ref = sequence_kl(exp.old_logps, exp.ref_logps, mask)  # pass fills it (π = π_old)
     total = exp.rewards["total"].clone()
     shift = turn_reward_shift(exp)
     token_kl = None
@@ -216,10 +233,6 @@ def prepare_update(
         info["kl_reward"] = global_mean(masked_mean_rows(token_kl, mask))
 
     if spec.needs_value_model:  # a token-level estimator on the critic's values (PPO: GAE)
-        was_training = value_model.training
-        value_model.eval()
-        exp.values = per_token_pass(value_model, exp, bs, device)
-        value_model.train(was_training)
         token_rewards = sequence_reward_to_tokens(total, mask)
         if shift is not None:
             token_rewards = token_rewards + shift
@@ -248,7 +261,7 @@ def prepare_update(
         seq_adv = ADVANTAGES[spec.advantage or ""](shaped, G)
         exp.advantages = seq_adv.float().unsqueeze(-1) * mask
         exp.shaped_total = total
-    return exp, info
+    return info
 
 
 def score_greedy(
@@ -298,13 +311,11 @@ class RolloutInfo:
     prompts_drawn: int  # over every rank
     groups_drawn: int
     groups_kept: int
-    generate_s: float
-    score_s: float
     drawn: Experience  # this rank's scored rollouts of the step (DAPO: before filtering)
 
 
-Draw = Callable[[list[Prompt]], tuple[Experience, float, float]]
-"""Roll out and score a list of prompts: (the scored batch, generation s, scoring s)."""
+Draw = Callable[[list[Prompt]], Experience]
+"""Roll out and score a list of prompts: the scored batch."""
 
 
 def draw_groups(
@@ -312,21 +323,22 @@ def draw_groups(
     tokenizer: Any,
     cfg: PolicyGradientConfig,
     models: RewardModels | None = None,
+    clock: StageClock | None = None,
 ) -> Draw:
     """The rollout of one round of prompts: generate, score (ReMax: and its greedy baseline,
-    counted as generation)."""
+    timed as generation), each timed as a stage of ``clock``."""
+    clock = clock or StageClock()
 
-    def draw(prompts: list[Prompt]) -> tuple[Experience, float, float]:
-        t0 = time.time()
-        batch = generate_group_batch(policy, tokenizer, prompts, cfg)
-        t1 = time.time()
-        batch.rewards = score(batch, cfg, models)
-        score_s, gen_s = time.time() - t1, t1 - t0
+    def draw(prompts: list[Prompt]) -> Experience:
+        with clock.stage("generate"):
+            batch = generate_group_batch(policy, tokenizer, prompts, cfg)
+        with clock.stage("score"):
+            batch.rewards = score(batch, cfg, models)
         if cfg.spec.greedy_baseline:
-            t2 = time.time()
-            batch.rewards["greedy"] = greedy_baseline(policy, tokenizer, prompts, cfg, models)
-            gen_s += time.time() - t2
-        return batch, gen_s, score_s
+            with clock.stage("generate"):
+                greedy = greedy_baseline(policy, tokenizer, prompts, cfg, models)
+            batch.rewards["greedy"] = greedy
+        return batch
 
     return draw
 
@@ -339,6 +351,7 @@ def rollout_step(
     cfg: PolicyGradientConfig,
     models: RewardModels | None = None,
     draw: Draw | None = None,
+    clock: StageClock | None = None,
 ) -> tuple[Experience, RolloutInfo]:
     """Sample prompts, generate, score. DAPO keeps drawing ``prompts_per_step`` prompts at a
     time and keeps only groups whose correctness is not all-min / all-max, until
@@ -349,11 +362,11 @@ def rollout_step(
     rolls out its contiguous share of them (whole groups); DAPO counts the groups kept on every
     rank, so all ranks draw the same number of rounds and stop together, and the first
     ``prompts_per_step`` kept groups (in one process's order) are dealt out again, as many to
-    each rank. ``draw`` (tests): what rolls out and scores a round (:func:`draw_groups`)."""
+    each rank. ``draw`` (tests): what rolls out and scores a round (:func:`draw_groups`, its
+    generation and scoring timed as stages of ``clock``)."""
     P, G = cfg.rollout.prompts_per_step, cfg.rollout.num_rollouts
-    draw = draw or draw_groups(policy, tokenizer, cfg, models)
+    draw = draw or draw_groups(policy, tokenizer, cfg, models, clock)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    gen_s = score_s = 0.0
     kept: list[Experience] = []
     drawn: list[Experience] = []
     n_kept = n_drawn_prompts = 0
@@ -361,8 +374,7 @@ def rollout_step(
     while True:
         ids = prompt_share(stream.take(P))
         prompts = [train_prompts[i] for i in ids]
-        batch, t_gen, t_score = draw(prompts)
-        gen_s, score_s = gen_s + t_gen, score_s + t_score
+        batch = draw(prompts)
         n_drawn_prompts += P
         drawn.append(batch)
         if not cfg.spec.dynamic_sampling:
@@ -399,8 +411,6 @@ def rollout_step(
         prompts_drawn=n_drawn_prompts,
         groups_drawn=n_drawn_prompts,
         groups_kept=n_kept,
-        generate_s=gen_s,
-        score_s=score_s,
         drawn=concat_experiences(drawn, pad_id),
     )
     return exp, info

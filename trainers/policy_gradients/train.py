@@ -30,7 +30,6 @@ number is a statistic of the whole step (README "Several processes"; :mod:`.rank
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,9 +48,10 @@ from trainers.core.distributed import (
     world,
     world_from_env,
 )
+from trainers.core.flops import StageClock
 from trainers.core.generation import end_of_turn_ids
 from trainers.core.harness import trainer_main
-from trainers.core.loop import BestMetric, StepTimer, TrainingRun
+from trainers.core.loop import BestMetric, TrainingRun
 from trainers.core.lora import (
     add_adapters,
     checkpoint_state,
@@ -83,6 +83,7 @@ from trainers.policy_gradients.rollout import (
     rollout_step,
     score_greedy,
 )
+from trainers.policy_gradients.stages import prepare_seconds, stage_metrics, step_shapes
 from trainers.policy_gradients.token_passes import load_value_model
 from trainers.policy_gradients.update import optimizer_steps_per_update, update
 
@@ -455,15 +456,15 @@ def checkpointed_modules(m: Models) -> tuple[torch.nn.Module, bool]:
 # ---------------------------------------------------------------------------------------------
 
 
-def rollout_log(cfg, ri, exp: Experience, prep_info: dict, prepare_s: float, models) -> dict:
+def rollout_log(cfg, ri, exp: Experience, prep_info: dict, clock: StageClock, models) -> dict:
     """The ``rollout`` row: reward statistics of everything the step sampled, the KL to the
     reference, the reward model's running normalisation, DAPO's filter, the phases' times."""
     row = {
         **reward_metrics(ri.drawn, cfg),
         **prep_info,
-        "timing/generate_s": ri.generate_s,
-        "timing/score_s": ri.score_s,
-        "timing/prepare_s": prepare_s,
+        "timing/generate_s": clock.seconds.get("generate", 0.0),
+        "timing/score_s": clock.seconds.get("score", 0.0),
+        "timing/prepare_s": prepare_seconds(clock),
     }
     if exp.kl_ref is not None:
         row["kl_ref"] = _global_mean(exp.kl_ref)
@@ -476,7 +477,7 @@ def rollout_log(cfg, ri, exp: Experience, prep_info: dict, prepare_s: float, mod
     return row
 
 
-def step_line(step: int, total: int, rollout: dict, loss: float, generate_s, train_s) -> str:
+def step_line(step: int, total: int, rollout: dict, train: dict) -> str:
     """The step's line in train.log."""
     shown = [
         f"{label} {rollout[key]:.3f}"
@@ -490,8 +491,8 @@ def step_line(step: int, total: int, rollout: dict, loss: float, generate_s, tra
         if key in rollout
     ]
     return (
-        f"step {step}/{total} " + " ".join(shown) + f" loss {loss:.4f} "
-        f"gen {generate_s:.1f}s train {train_s:.1f}s"
+        f"step {step}/{total} " + " ".join(shown) + f" loss {train['loss']:.4f} "
+        f"gen {rollout['timing/generate_s']:.1f}s train {train['timing/train_s']:.1f}s"
     )
 
 
@@ -526,6 +527,7 @@ def train(
     policy, value_model = m.policy, m.value_model
     seed_the_ranks(cfg, info)
     models = load_reward_models(cfg, tokenizer, (device, dtype, attn), info, verifier)
+    shapes = step_shapes(policy, value_model, models, device, dtype)  # FLOPs and the peak
 
     opt_steps = total_steps * cfg.loss.updates_per_rollout
     opt_steps *= optimizer_steps_per_update(cfg, world().size)
@@ -567,44 +569,39 @@ def train(
         run_eval()  # stopped during the evaluation after the checkpoint's step
 
     while not loop.done:
-        timer = StepTimer()
+        clock = StageClock(device)  # each stage's seconds (README "Where the time goes")
         # 1-3. sample prompts, roll out, score (on CPU afterwards)
         loop.progress("generating", data=stream.state())
-        exp, ri = rollout_step(policy, tokenizer, stream, train_prompts, cfg, models)
+        exp, ri = rollout_step(policy, tokenizer, stream, train_prompts, cfg, models, clock=clock)
         # 4. log-probs / values / advantages
-        t_prep = time.time()
-        exp, prep_info = prepare_update(exp, cfg, policy, m.ref_model, value_model, device)
-        prepare_s = time.time() - t_prep
+        exp, prep_info = prepare_update(exp, cfg, policy, m.ref_model, value_model, device, clock)
         # 5. update
         loop.progress("training", data=stream.state())
-        t_train = time.time()
-        train_metrics = update(
-            cfg, policy, value_model, optimizer, scheduler, m.params, exp, loop.step, device
-        )
-        train_s = time.time() - t_train
+        with clock.stage("update"):
+            train_metrics = update(
+                cfg, policy, value_model, optimizer, scheduler, m.params, exp, loop.step, device
+            )
         step_tokens = int(sum_over_ranks(int(exp.attention_mask.sum())))  # every rank's
         loop.advance(step_tokens)
-        dt = timer.dt
+        stages = stage_metrics(clock, ri.drawn, exp, shapes, cfg)  # seconds, tokens/s, MFU
+        dt = clock.dt
 
         # 6. log
-        last_rollout = rollout_log(cfg, ri, exp, prep_info, prepare_s, models)
+        last_rollout = rollout_log(cfg, ri, exp, prep_info, clock, models)
         loop.last_train = {
             **train_metrics,
-            "timing/train_s": train_s,
+            "timing/train_s": clock.seconds["update"],
             "timing/step_s": dt,
             "throughput/tokens_per_s": step_tokens / max(dt, 1e-9),
             "memory/peak_gb": peak_memory_gb(device),
+            **stages,
         }
         if loop.should_log(cfg.logging.log_every):
             loop.log("rollout", last_rollout)
             loop.log("train", loop.last_train)
         if loop.every(cfg.eval.sample_every, at_end=bool(cfg.eval.sample_every)):
             loop.log_samples(rollout_samples(cfg, exp))
-        loss = loop.last_train["loss"]
-        print(
-            step_line(loop.step, total_steps, last_rollout, loss, ri.generate_s, train_s),
-            flush=True,
-        )
+        print(step_line(loop.step, total_steps, last_rollout, loop.last_train), flush=True)
         if loop.every(cfg.eval.eval_every):
             run_eval()
         loop.progress("training", data=stream.state())

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from trainers.core.config import ConfigError
 from trainers.core.distributed import plan_precision, rank_device, shard_model
+from trainers.core.flops import step_account
 from trainers.core.harness import raise_if_stopping, trainer_main
 from trainers.core.loop import (
     BestMetric,
@@ -523,6 +524,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
     trainable = [p for p in model.parameters() if p.requires_grad]
     info["trainable_parameters"] = sum(p.numel() for p in trainable)
     optimizer, scheduler, state = loop.optimizer_and_resume(model, trainable, cfg.train, resume)
+    account = step_account(model, device, dtype)  # the step's FLOPs and the peak: mfu/step
     name = f"{cfg.algorithm}-{run.path.name}"
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), name)
     best = BestMetric(KEY_METRIC[cfg.kind])
@@ -554,7 +556,7 @@ def train(cfg: RewardModelConfig, run: RunDir, resume: bool) -> SummaryFile:
 
     position = state["data_position"] if state else None
     for pos in loop.epoch_steps(len(kind.train), cfg.train, cfg.seed, position):
-        timer = StepTimer()
+        timer = StepTimer(account)
         step_weight = sum(kind.weight(kind.train[i]) for i in pos.ids)  # over every rank's share
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.local_ids), cfg.train.batch_size):

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.config import ConfigError, apply_overrides, read_yaml, validate_config
+from trainers.core.flops import step_account
 from trainers.core.generation import generate_completions, sample_held_out
 from trainers.core.harness import (
     MetricsTracker,
@@ -554,6 +555,7 @@ def train(
     optimizer, scheduler, state = loop.optimizer_and_resume(
         model, model.parameters(), cfg.train, resume
     )
+    account = step_account(model, device, dtype)  # the step's FLOPs and the peak: mfu/step
     loop.start_tracker(cfg.logging, cfg.model_dump(mode="json"), f"sft-{run.path.name}")
     best = BestMetric("eval/loss", higher=False)
 
@@ -581,7 +583,7 @@ def train(
     position = state["data_position"] if state else None
     pack = packs(cfg, model)
     for pos in loop.epoch_steps(len(train_ex), cfg.train, cfg.seed, position):
-        timer = StepTimer()
+        timer = StepTimer(account)
         step_targets = sum(train_ex[i].n_targets for i in pos.ids)  # over every rank's share
         agg, step_tokens = StepMetrics(), 0
         for m in range(0, len(pos.local_ids), cfg.train.batch_size):

@@ -182,7 +182,7 @@ def _pattern_draw(rounds: list[list[int]]):
             [f"p{i}" for i in idx for _ in range(G)],
             {"correctness": torch.tensor(correct), "total": torch.tensor(correct)},
         )
-        return exp, 0.0, 0.0
+        return exp
 
     return draw
 

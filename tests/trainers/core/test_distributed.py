@@ -142,7 +142,7 @@ def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-STEP_KEYS_SKIPPED = ("timing/", "throughput/", "memory/")
+STEP_KEYS_SKIPPED = ("timing/", "throughput/", "memory/", "mfu/")
 
 
 def assert_same_history(

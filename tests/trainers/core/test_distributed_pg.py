@@ -175,6 +175,17 @@ def test_grpo_on_two_ranks_learns_like_one_process(two_ranks, grpo_one_process):
 
 
 @pytest.mark.slow
+def test_two_ranks_time_the_weight_gather_as_a_stage_of_its_own(two_ranks):
+    """Generation under FSDP gathers whole weights first: its seconds are the step's
+    ``weight_gather`` stage, apart from ``generate`` (trainers/core/flops.py StageClock)."""
+    for row in rollout_rows(two_ranks["runs"]["ppo"], "train"):
+        assert row["timing/weight_gather_s"] > 0
+        parts = [v for k, v in row.items() if k.startswith("timing/") and k.endswith("_s")]
+        stages = sum(parts) - row["timing/step_s"] - row["timing/train_s"]  # the stages alone
+        assert stages <= row["timing/step_s"]
+
+
+@pytest.mark.slow
 def test_ppo_stopped_and_resumed_on_two_ranks_equals_an_uninterrupted_run(two_ranks):
     straight, stopped = two_ranks["runs"]["ppo"], two_ranks["runs"]["ppo_stopped"]
     ckpt = sorted((stopped / "checkpoints").glob("step-*"))[-1]
@@ -186,7 +197,7 @@ def test_ppo_stopped_and_resumed_on_two_ranks_equals_an_uninterrupted_run(two_ra
         assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
         for ra, rb in zip(a, b, strict=True):
             for key, value in ra.items():
-                if key.startswith(("timing/", "throughput/", "memory/")) or key == "time_s":
+                if key.startswith(("timing/", "throughput/", "memory/", "mfu/")) or key == "time_s":
                     continue
                 if isinstance(value, float):
                     assert rb[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (phase, key)

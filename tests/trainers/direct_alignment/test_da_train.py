@@ -82,6 +82,7 @@ def test_every_loss_runs_and_writes_a_complete_run_dir(tmp_path, loss):
     assert len(train_rows) == 2
     for key in ("loss", "accuracy", "margins", "chosen_rewards", "rejected_rewards", "grad_norm"):
         assert key in train_rows[-1], (loss, key)
+    assert 0 < train_rows[-1]["mfu/step"] < 1, loss  # trainers/core/flops.py
     extras = {"orpo": ["sft_loss", "or_loss", "log_odds_ratio"], "kto": ["kl"]}.get(loss, [])
     for key in extras:
         assert key in train_rows[-1], (loss, key)

@@ -103,6 +103,29 @@ TRAIN_KEYS = (
 )
 
 
+def assert_stage_breakdown(train: dict, rollout: dict, algorithm: str) -> None:
+    """The step's stages (README "Where the time goes"): those the algorithm runs, their seconds
+    within the step's, tokens and MFU where a model ran; the rollout row's phases from them."""
+    spec = algorithm_spec(algorithm)
+    stages = {
+        k.removeprefix("timing/").removesuffix("_s") for k in train if k.startswith("timing/")
+    }
+    expected = {"generate", "score", "advantages", "update"}
+    expected |= {"values"} if spec.needs_value_model else set()
+    assert expected <= stages, (algorithm, stages)
+    assert ("values" in stages) == spec.needs_value_model
+    assert "weight_gather" not in stages  # one process: nothing gathered
+    parts = stages - {"step", "train"}
+    assert sum(train[f"timing/{s}_s"] for s in parts) <= train["timing/step_s"], algorithm
+    assert train["timing/update_s"] == train["timing/train_s"]
+    assert rollout["timing/generate_s"] == train["timing/generate_s"]
+    for stage in ("generate", "update", *({"reference", "old_logps", "values"} & stages)):
+        assert train[f"tokens/{stage}"] > 0 and train[f"throughput/{stage}_tokens_per_s"] > 0
+        assert 0 < train[f"mfu/{stage}"] < 1, (algorithm, stage)
+    assert "mfu/advantages" not in train and "mfu/score" not in train  # no model runs there
+    assert 0 < train["mfu/step"] < 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Every algorithm end to end
 # ---------------------------------------------------------------------------------------------
@@ -128,6 +151,7 @@ def test_every_algorithm_runs_two_rollout_steps(tmp_path, algorithm):
     for key in TRAIN_KEYS:
         assert key in train_rows[-1], (algorithm, key)
     assert all(r["grad_norm"] > 0 for r in train_rows), algorithm  # advantages were not all 0
+    assert_stage_breakdown(train_rows[-1], rollout_rows[-1], algorithm)
     if algorithm not in ("reinforce", "ppo"):
         assert rollout_rows[-1]["frac_reward_zero_std"] == 0.0
     if algorithm == "ppo":

@@ -568,6 +568,7 @@ def test_each_kind_writes_a_complete_run_dir_from_its_real_schema_fixture(
     for key in [*TRAIN_KEYS[kind], "grad_norm", "learning_rate", "epoch"]:
         assert key in train_rows[-1], key
         assert not key.startswith("eval/")
+    assert 0 < train_rows[-1]["mfu/step"] < 1  # trainers/core/flops.py
     for key in EVAL_KEYS[kind]:
         assert f"eval/{key}" in eval_rows[-1], key
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
