@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The one device run (bench/gpu/README.md): wheels, then bench/mfu.py on a Qwen3-0.6B-shaped
-# random model in bf16, then a torchrun SFT run through the trainer's CLI. Every stage runs under
-# its own timeout and writes into $OUT as it goes, so a stage that fails leaves the others.
+# The device run (bench/gpu/README.md): wheels, then on a Qwen3-0.6B-shaped random model in bf16
+# the stages named in STAGES (default "decode stages", ~6 min: the decode step modes and the
+# per-stage breakdown; also: padding, mfu = bench/mfu.py, torchrun = a torchrun SFT run). Every
+# stage runs under its own timeout and writes into $OUT as it goes: a failed stage leaves the rest.
 # MFU_DEVICE=cpu MFU_SHAPE=tiny MFU_QUICK=1 bash bench/gpu/run_all.sh   # the CPU dry run
 # STAGES="padding mfu" MFU_PHASES=grpo,generate bash bench/gpu/run_all.sh  # a subset
 # RLHF_LAB_DECODE_STEP=dynamic ... : every rollout without CUDA graphs (the "before" figures)
@@ -9,7 +10,7 @@ set -u
 OUT="${OUT:-/tmp/mfu-out}"; mkdir -p "$OUT"
 DEVICE="${MFU_DEVICE:-cuda}"; SHAPE="${MFU_SHAPE:-qwen3-0.6b}"
 QUICK=${MFU_QUICK:+--quick}
-STAGES=" ${STAGES:-decode mfu torchrun} "; PHASES=${MFU_PHASES:+--phases $MFU_PHASES}
+STAGES=" ${STAGES:-decode stages} "; PHASES=${MFU_PHASES:+--phases $MFU_PHASES}
 want() { [[ "$STAGES" == *" $1 "* ]]; }
 LOG="$OUT/run_all.log"
 export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
@@ -33,6 +34,10 @@ want padding && stage padding 150 $PY bench/gpu/padding_nan.py --device "$DEVICE
 # tokens/s at 32/64/256 rows x 256 new tokens, greedy agreement with each other and `generate`
 want decode && stage decode "${DECODE_LIMIT:-180}" $PY bench/decode_steps.py --device "$DEVICE" \
   --shape "$SHAPE" ${QUICK} ${DECODE_ARGS:-} --out "$OUT/decode_steps.json"
+# where a step's time goes (bench/stage_breakdown.py): GRPO stages, SFT and DPO mfu/step, from the
+# trainers' own metrics
+want stages && stage stages "${STAGES_LIMIT:-240}" $PY bench/stage_breakdown.py --device "$DEVICE" \
+  --shape "$SHAPE" ${QUICK} --out "$OUT/stage_breakdown.json"
 want mfu && stage mfu "${MFU_LIMIT:-330}" $PY bench/mfu.py --device "$DEVICE" --shape "$SHAPE" \
   $QUICK $PHASES ${MFU_ARGS:-} --out "$OUT/mfu.json"
 want torchrun || { echo "--- summary"; cat "$OUT/summary.txt"; grep -A30 "^MFU on" "$LOG" | head -40; exit 0; }
