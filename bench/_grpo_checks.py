@@ -39,7 +39,6 @@ from trainers.core.models import load_causal_lm, load_tokenizer
 from trainers.core.prompts import Prompt
 from trainers.core.tasks import format_response
 from trainers.core.verifier import compute_rewards
-from trainers.policy_gradients import train as pg_train
 from trainers.policy_gradients.advantages import (
     drgrpo_advantages,
     grpo_advantages,
@@ -55,6 +54,7 @@ from trainers.policy_gradients.losses import (
 )
 from trainers.policy_gradients.rollout import prepare_update
 from trainers.policy_gradients.token_passes import completion_token_stats, trim
+from trainers.policy_gradients.update import micro_batch_loss
 
 # ---------------------------------------------------------------------------------------------
 # First-step loss agreement: one fixed batch through our loss and TRL's _compute_loss
@@ -258,7 +258,7 @@ def loss_agreement(w: Workload, prompts: list[Prompt]) -> dict[str, Any]:
         exp, _ = prepare_update(replace(batch), cfg, model, None, None, torch.device("cpu"))
         rows = list(range(exp.num_sequences))
         step_tokens = float(exp.completion_mask.sum())
-        ours_loss, _, _, _ = pg_train.micro_batch_loss(
+        ours_loss, _, _, _ = micro_batch_loss(
             cfg, model, None, exp, rows, len(rows), step_tokens, torch.device("cpu")
         )
         ours_loss.backward()
