@@ -128,6 +128,14 @@ def torchrun(specs: list[dict], where: Path, timeout: int = 900) -> tuple[list[i
     return codes, out.stdout + out.stderr
 
 
+def failure_text(output: str, tail: int = 3000) -> str:
+    """What a failed torchrun said: every line that names an error, a signal or a traceback's
+    last frame (a rank's own message is often far from the end), then the output's tail."""
+    marks = ("Error", "error:", "Signal", "signal", "Traceback", "Fatal", "terminate", "abort")
+    flagged = [line for line in output.splitlines() if any(m in line for m in marks)]
+    return "\n".join(flagged[-60:]) + "\n--- tail ---\n" + output[-tail:]
+
+
 def rows(run_dir: Path, phase: str) -> list[dict]:
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["phase"] == phase]
 
@@ -247,8 +255,8 @@ def test_the_two_rank_runs_succeed_and_rank_zero_alone_writes(two_ranks):
     # the last run crashes on rank 1, which records its code before it ends; torchrun then
     # stops rank 0, which may or may not have written that run's code (it is 1 when it did)
     rank1 = json.loads((two_ranks["where"] / "spec.json.codes.rank1").read_text())
-    assert rank1 == [0, 0, 0, 143, 0, 0, 0, 1], output[-3000:]
-    assert codes[:7] == [0, 0, 0, 143, 0, 0, 0] and codes[7:] in ([], [1]), output[-3000:]
+    assert rank1 == [0, 0, 0, 143, 0, 0, 0, 1], failure_text(output)
+    assert codes[:7] == [0, 0, 0, 143, 0, 0, 0] and codes[7:] in ([], [1]), failure_text(output)
     sft = two_ranks["runs"]["sft"]
     summary = json.loads((sft / "summary.json").read_text())
     assert summary["outcome"] == "succeeded"
