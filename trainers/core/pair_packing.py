@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from trainers.core.logprobs import DEFAULT_CHUNK, hidden_to_logps
+from trainers.core.seq_packing import first_fit_decreasing
 
 PACKABLE_ATTENTION = ("sdpa", "eager")
 
@@ -123,18 +124,7 @@ def place_pairs(
 ) -> list[list[int]]:
     """Rows of pair indices: first-fit decreasing by length into rows of ``width`` tokens (ties
     in input order), at most ``pairs_per_row`` pairs a row (None: as many as fit)."""
-    cap = len(lengths) if pairs_per_row is None else pairs_per_row
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: ties keep order
-        fits = (k for k in range(len(rows)) if room[k] >= lengths[i] and len(rows[k]) < cap)
-        k = next(fits, len(rows))
-        if k == len(rows):
-            rows.append([])
-            room.append(width)
-        rows[k].append(i)
-        room[k] -= lengths[i]
-    return rows
+    return first_fit_decreasing(lengths, width, pairs_per_row)
 
 
 def pair_mask(p: int, c: int, r: int) -> Tensor:

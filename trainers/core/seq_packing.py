@@ -119,16 +119,20 @@ _TENSOR_FIELDS = (
 )
 
 
-def first_fit_decreasing(lengths: Sequence[int], width: int) -> list[list[int]]:
+def first_fit_decreasing(
+    lengths: Sequence[int], width: int, per_row: int | None = None
+) -> list[list[int]]:
     """Place items of ``lengths`` (each <= ``width``) into rows of ``width``: longest first
-    (ties in input order), each into the first row with room, else a new row. Returns each
-    row's item indices in placement order."""
+    (ties in input order), each into the first row with room (and fewer than ``per_row`` items,
+    when given), else a new row. Returns each row's item indices in placement order."""
     if any(n > width for n in lengths):
         raise ValueError(f"an item of {max(lengths)} tokens does not fit a row of {width}")
+    cap = len(lengths) if per_row is None else per_row
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        slot = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        fits = (r for r, free in enumerate(room) if free >= lengths[i] and len(rows[r]) < cap)
+        slot = next(fits, None)
         if slot is None:
             rows.append([])
             room.append(width)
